@@ -1,0 +1,70 @@
+// The public entry point: load a GGUF model, decode tokens, sample.
+//
+// A Session owns one model and one KV cache. It is not thread-safe: one caller at a time
+// (the Python bindings release the GIL around decode() but serialize calls per session).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sharpi/errors.h"
+#include "sharpi/options.h"
+#include "sharpi/types.h"
+
+namespace sharpi {
+
+class Model;
+class Engine;
+
+// One named activation captured during decode() when SessionOptions::dump_activations is set.
+// Name follows llama.cpp's convention with the layer appended: "ffn_moe_out-3", "result_norm".
+struct Activation {
+    std::vector<int64_t> shape;  // [n_tokens, width]
+    std::vector<float> data;
+};
+
+class Session {
+public:
+    // Throws FormatError / UnsupportedError / MissingTensorError / IoError / InvalidArgument.
+    Session(const std::string& model_path, const SessionOptions& options = {});
+    ~Session();
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+
+    const ModelInfo& info() const;
+
+    // Appends tokens at position n_past() and returns logits: [n_vocab] for the last token, or
+    // [n_tokens * n_vocab] (row-major) when all_logits. Throws ContextOverflowError if the tokens
+    // do not fit; in that case nothing is appended and the session is unchanged.
+    std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits = false);
+
+    int64_t n_past() const;
+    void reset();  // forget the KV cache
+
+    // Activations recorded by the last decode() (empty unless dump_activations).
+    const std::map<std::string, Activation>& dump() const;
+
+    // GGUF metadata as strings (arrays rendered as "[n items]") for hosts without the Python side.
+    std::string metadata_string(const std::string& key) const;
+
+private:
+    std::unique_ptr<Engine> engine_;
+};
+
+// Samples one token from logits. Stateless apart from its RNG; the caller passes the recent tokens
+// for the repetition penalty. Throws InvalidArgument on out-of-range params.
+class Sampler {
+public:
+    explicit Sampler(const SamplingParams& params);
+    token_t sample(const float* logits, int64_t n_vocab, const std::vector<token_t>& recent_tokens);
+    const SamplingParams& params() const { return params_; }
+
+private:
+    SamplingParams params_;
+    uint64_t rng_state_;
+};
+
+}  // namespace sharpi

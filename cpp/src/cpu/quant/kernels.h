@@ -1,0 +1,45 @@
+// Row kernels for every supported GGML type: dequantize a row to f32 and dot a quantized row with
+// an f32 vector. One scalar reference per type (kernels_scalar.cpp), fast versions per ISA
+// (kernels_avx2.cpp, kernels_avx512.cpp), chosen at run time by CPUID in dispatch.cpp.
+//
+// Activations are never quantized: dot_row computes sum_i dequant(w)_i * x_i in f32, so every
+// path is "exact mode" math (DESIGN §8) up to summation order.
+//
+// Invariant (tested): for one ISA, dot_row(w, x, n) is bit-identical to
+// dot_f32(dequant_row(w), x, n), so a prefill (which dequantizes a row once and reuses it for
+// every token) and token-by-token decoding produce the same logits bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "quant/ggml_type.h"
+
+namespace sharpi::cpu {
+
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+
+const char* isa_name(Isa isa);
+// The best ISA this CPU supports (CPUID), regardless of any override.
+Isa detect_isa();
+// detect_isa(), capped by SHARPI_ISA=scalar|avx2|avx512 when set (never above what the CPU has).
+Isa active_isa();
+
+// n: elements, a multiple of the type's block size. src: n / block_size consecutive blocks.
+using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
+using DotRowFn = float (*)(const void* src, const float* x, int64_t n);
+using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
+
+struct RowKernels {
+    DequantRowFn dequant_row = nullptr;
+    DotRowFn dot_row = nullptr;
+};
+
+// Kernels of `type` for `isa` (a SIMD table falls back to scalar entries it lacks).
+// Throws UnsupportedError naming the type when sharpi has no kernel for it.
+const RowKernels& row_kernels(GgmlType type, Isa isa);
+inline const RowKernels& row_kernels(GgmlType type) { return row_kernels(type, active_isa()); }
+
+DotF32Fn dot_f32_kernel(Isa isa);
+inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_f32_kernel(active_isa())(a, b, n); }
+
+}  // namespace sharpi::cpu

@@ -1,0 +1,123 @@
+// GGUF reader: parses the header, every metadata key/value (all value types, nested arrays) and the
+// tensor directory of a version 2 or 3 file, validates it against the file size, and maps the
+// tensor data read-only with mmap for the resident case.
+//
+// Owns the file descriptor and the mapping; tensor data pointers stay valid while the GgufFile
+// lives. Parsing never trusts a count or a length from the file: every read is bounds-checked and
+// a violation is a FormatError naming the file, the byte offset and what was being read
+// ("[gguf] m.gguf: truncated tensor directory at offset 0x1a0 (tensor 3 of 12, name)").
+// Thread-safe for concurrent reads after open().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quant/ggml_type.h"
+
+namespace sharpi {
+
+enum class GgufValueType : uint32_t {
+    UINT8 = 0,
+    INT8 = 1,
+    UINT16 = 2,
+    INT16 = 3,
+    UINT32 = 4,
+    INT32 = 5,
+    FLOAT32 = 6,
+    BOOL = 7,
+    STRING = 8,
+    ARRAY = 9,
+    UINT64 = 10,
+    INT64 = 11,
+    FLOAT64 = 12,
+};
+
+const char* gguf_value_type_name(GgufValueType type);
+
+// One metadata value. Scalars: integer kinds in `i` (u64 stored bit-for-bit; use `u()`), floats in
+// `f`, BOOL in `i` (0/1), STRING in `str`. ARRAY: `array_type` and one of `arr_int`, `arr_float`,
+// `arr_str` (by element kind), or `arr_nested` for arrays of arrays.
+struct GgufValue {
+    GgufValueType type = GgufValueType::UINT8;
+    int64_t i = 0;
+    double f = 0.0;
+    std::string str;
+    GgufValueType array_type = GgufValueType::UINT8;
+    std::vector<int64_t> arr_int;
+    std::vector<double> arr_float;
+    std::vector<std::string> arr_str;
+    std::vector<GgufValue> arr_nested;
+
+    uint64_t u() const { return static_cast<uint64_t>(i); }
+    bool is_integer() const;  // any of the integer scalar kinds or BOOL
+    bool is_float() const;    // FLOAT32 / FLOAT64
+    size_t array_size() const;
+};
+
+struct GgufTensor {
+    std::string name;
+    GgmlType type = GgmlType::F32;
+    std::vector<int64_t> ne;     // ggml order: ne[0] is the contiguous (innermost) dimension
+    int64_t n_elements = 0;
+    uint64_t offset = 0;         // relative to the start of the data section, as stored
+    uint64_t file_offset = 0;    // absolute byte offset in the file
+    uint64_t nbytes = 0;
+};
+
+class GgufFile {
+public:
+    // Throws IoError (cannot open/map), FormatError (malformed, truncated, out of bounds),
+    // UnsupportedError (version 1, tensor of unknown type id).
+    static std::unique_ptr<GgufFile> open(const std::string& path);
+    ~GgufFile();
+    GgufFile(const GgufFile&) = delete;
+    GgufFile& operator=(const GgufFile&) = delete;
+
+    const std::string& path() const { return path_; }
+    uint32_t version() const { return version_; }
+    uint64_t file_size() const { return file_size_; }
+    uint64_t alignment() const { return alignment_; }
+    uint64_t data_offset() const { return data_offset_; }
+    int fd() const { return fd_; }
+
+    // Metadata in file order (keys are unique; a duplicate key is a FormatError).
+    const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
+    const GgufValue* find(const std::string& key) const;  // nullptr when absent
+    bool has(const std::string& key) const { return find(key) != nullptr; }
+
+    // Typed getters. The *_or forms return the default when the key is absent; all throw FormatError
+    // naming the key when it is present with an incompatible type. The plain forms throw
+    // MissingTensorError ("missing metadata key ...") when absent.
+    uint64_t get_uint(const std::string& key) const;
+    uint64_t get_uint_or(const std::string& key, uint64_t def) const;
+    double get_float_or(const std::string& key, double def) const;
+    bool get_bool_or(const std::string& key, bool def) const;
+    std::string get_string(const std::string& key) const;
+    std::string get_string_or(const std::string& key, const std::string& def) const;
+
+    const std::vector<GgufTensor>& tensors() const { return tensors_; }
+    const GgufTensor* find_tensor(const std::string& name) const;  // nullptr when absent
+
+    // Pointer to a tensor's bytes in the read-only mapping (valid while this object lives).
+    const uint8_t* tensor_data(const GgufTensor& t) const { return mapping_ + t.file_offset; }
+
+private:
+    GgufFile() = default;
+
+    std::string path_;
+    uint32_t version_ = 0;
+    uint64_t file_size_ = 0;
+    uint64_t alignment_ = 32;
+    uint64_t data_offset_ = 0;
+    int fd_ = -1;
+    const uint8_t* mapping_ = nullptr;
+    std::vector<std::pair<std::string, GgufValue>> kv_;
+    std::map<std::string, size_t> kv_index_;
+    std::vector<GgufTensor> tensors_;
+    std::map<std::string, size_t> tensor_index_;
+};
+
+}  // namespace sharpi

@@ -1,0 +1,25 @@
+"""sharpi: run Mixture-of-Experts LLMs from GGUF files with experts streamed from fast memory tiers.
+
+The engine is C++ (sharpi._core); this package adds the tokenizer, generation loop and CLI.
+"""
+
+import os as _os
+
+from ._core import (  # noqa: F401
+    ContextOverflowError,
+    FormatError,
+    InvalidArgument,
+    IoError,
+    MissingTensorError,
+    SharpiError,
+    UnsupportedError,
+    cuda_available,
+    cuda_describe,
+)
+
+__version__ = "0.1.0"
+
+
+def cmake_prefix() -> str:
+    """A CMAKE_PREFIX_PATH entry for find_package(sharpi) against this installation."""
+    return _os.path.dirname(_os.path.abspath(__file__))

@@ -1,0 +1,13 @@
+// One bind_* function per area; module.cpp calls them in order.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace sharpi::py_bindings {
+
+void bind_errors(pybind11::module_& m);   // module.cpp
+void bind_gguf(pybind11::module_& m);     // gguf_bindings.cpp
+void bind_quant(pybind11::module_& m);    // quant_bindings.cpp
+void bind_session(pybind11::module_& m);  // session_bindings.cpp
+
+}  // namespace sharpi::py_bindings
