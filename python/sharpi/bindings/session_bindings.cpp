@@ -1,7 +1,108 @@
+// sharpi._core.Session: type conversion around sharpi::Session. Compute runs with the GIL
+// released; a per-session mutex serialises Python threads that share one session.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+
 #include "bindings.h"
+#include "sharpi/session.h"
+
+namespace py = pybind11;
 
 namespace sharpi::py_bindings {
 
-void bind_session(pybind11::module_& m) {}
+namespace {
+
+struct PySession {
+    std::unique_ptr<Session> session;
+    std::mutex mutex;
+};
+
+// Moves a vector into a numpy array without copying (the capsule owns it).
+py::array_t<float> to_numpy(std::vector<float>&& v, std::vector<py::ssize_t> shape) {
+    auto* owned = new std::vector<float>(std::move(v));
+    py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+    return py::array_t<float>(shape, owned->data(), free_when_done);
+}
+
+py::dict info_dict(const ModelInfo& i) {
+    py::dict d;
+    d["path"] = i.path;
+    d["arch"] = i.arch;
+    d["name"] = i.name;
+    d["n_vocab"] = i.n_vocab;
+    d["n_embd"] = i.n_embd;
+    d["n_layer"] = i.n_layer;
+    d["n_head"] = i.n_head;
+    d["n_head_kv"] = i.n_head_kv;
+    d["head_dim"] = i.head_dim;
+    d["n_ff"] = i.n_ff;
+    d["n_ff_exp"] = i.n_ff_exp;
+    d["n_ff_shexp"] = i.n_ff_shexp;
+    d["n_expert"] = i.n_expert;
+    d["n_expert_used"] = i.n_expert_used;
+    d["n_ctx_train"] = i.n_ctx_train;
+    d["n_ctx"] = i.n_ctx;
+    d["bytes_dense"] = i.bytes_dense;
+    d["bytes_experts"] = i.bytes_experts;
+    return d;
+}
+
+}  // namespace
+
+void bind_session(py::module_& m) {
+    py::class_<PySession>(m, "Session")
+        .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations) {
+                 SessionOptions o;
+                 o.n_threads = threads;
+                 o.n_ctx = n_ctx;
+                 o.exact = exact;
+                 o.dump_activations = dump_activations;
+                 auto s = std::make_unique<PySession>();
+                 py::gil_scoped_release release;
+                 s->session = std::make_unique<Session>(path, o);
+                 return s;
+             }),
+             py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
+             py::arg("dump_activations") = false)
+        .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
+        .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
+        .def(
+            "decode",
+            [](PySession& s, std::vector<token_t> tokens, bool all_logits) {
+                std::vector<float> logits;
+                const int64_t n_vocab = s.session->info().n_vocab;
+                {
+                    py::gil_scoped_release release;
+                    std::lock_guard<std::mutex> lock(s.mutex);
+                    logits = s.session->decode(tokens, all_logits);
+                }
+                if (all_logits) {
+                    return to_numpy(std::move(logits), {static_cast<py::ssize_t>(tokens.size()), n_vocab});
+                }
+                return to_numpy(std::move(logits), {n_vocab});
+            },
+            py::arg("tokens"), py::arg("all_logits") = false,
+            "Append tokens and return f32 logits: [n_vocab] for the last token or [n_tokens, n_vocab].")
+        .def("reset",
+             [](PySession& s) {
+                 std::lock_guard<std::mutex> lock(s.mutex);
+                 s.session->reset();
+             })
+        .def("dump",
+             [](PySession& s) {
+                 py::dict d;
+                 for (const auto& [name, act] : s.session->dump()) {
+                     std::vector<float> copy = act.data;
+                     std::vector<py::ssize_t> shape(act.shape.begin(), act.shape.end());
+                     d[py::str(name)] = to_numpy(std::move(copy), shape);
+                 }
+                 return d;
+             })
+        .def("metadata_string", [](PySession& s, const std::string& key) { return s.session->metadata_string(key); });
+}
 
 }  // namespace sharpi::py_bindings

@@ -1,0 +1,123 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/ops/matmul.h"
+#include "cpu/ops/norm.h"
+#include "cpu/quant/kernels.h"
+
+namespace sharpi {
+
+Engine::Engine(const std::string& path, const SessionOptions& options) : options_(options) {
+    if (options.n_ctx < 0) throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
+    if (options.n_threads < 0) {
+        throw InvalidArgument("threads must be >= 0 (0 = one per core), got " + std::to_string(options.n_threads));
+    }
+    model_ = load_model(path);
+    const HParams& h = model_->hp;
+
+    const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
+    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads : cpu::hardware_threads());
+    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
+    experts_ = std::make_unique<ResidentExperts>(*model_);
+    routing_.resize(static_cast<size_t>(h.n_layer));
+
+    info_.path = path;
+    info_.arch = h.arch;
+    info_.name = model_->file->get_string_or("general.name", "");
+    info_.n_vocab = h.n_vocab;
+    info_.n_embd = h.n_embd;
+    info_.n_layer = h.n_layer;
+    info_.n_head = h.n_head;
+    info_.n_head_kv = h.n_head_kv;
+    info_.head_dim = h.head_dim;
+    info_.n_ff = h.n_ff;
+    info_.n_ff_exp = h.n_ff_exp;
+    info_.n_ff_shexp = h.n_ff_shexp;
+    info_.n_expert = h.n_expert;
+    info_.n_expert_used = h.n_expert_used;
+    info_.n_ctx_train = h.n_ctx_train;
+    info_.n_ctx = n_ctx;
+    info_.bytes_dense = model_->bytes_dense;
+    info_.bytes_experts = model_->bytes_experts;
+}
+
+std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_logits) {
+    const HParams& h = model_->hp;
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    if (n == 0) throw InvalidArgument("decode: no tokens");
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] >= h.n_vocab) {
+            throw InvalidArgument("decode: token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                                  " is outside the vocabulary [0, " + std::to_string(h.n_vocab) + ")");
+        }
+    }
+    if (n_past_ + n > kv_->n_ctx()) {
+        throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " + std::to_string(n_past_) +
+                                   " exceed the context of " + std::to_string(kv_->n_ctx()) +
+                                   " tokens (use a larger n_ctx or reset())");
+    }
+    dump_.clear();
+    const int64_t n_logit_rows = all_logits ? n : 1;
+    std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
+
+    const int64_t start_pos = n_past_;
+    std::vector<Routing> routing(static_cast<size_t>(h.n_layer));
+    for (int64_t c = 0; c < n; c += kMaxBatch) {
+        const int64_t m = std::min(kMaxBatch, n - c);
+        // Rows of this chunk whose logits are wanted, and where they go in `logits`.
+        const int64_t first = all_logits ? 0 : (c + m == n ? m - 1 : m);
+        float* out = logits.data() + (all_logits ? c * h.n_vocab : 0);
+        n_past_ = start_pos + c;
+        try {
+            forward_chunk(tokens.data() + c, m, first, out);
+        } catch (...) {
+            n_past_ = start_pos;
+            throw;
+        }
+        for (size_t il = 0; il < routing.size(); ++il) {
+            routing[il].ids.insert(routing[il].ids.end(), routing_[il].ids.begin(), routing_[il].ids.end());
+            routing[il].weights.insert(routing[il].weights.end(), routing_[il].weights.begin(),
+                                       routing_[il].weights.end());
+        }
+    }
+    n_past_ = start_pos + n;
+    routing_ = std::move(routing);
+    return logits;
+}
+
+void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits) {
+    const Model& m = *model_;
+    const HParams& h = m.hp;
+    Forward f(m, *kv_, *pool_, *experts_, scratch_, options_.dump_activations ? &dump_ : nullptr);
+    f.set_pos0(n_past_);
+    f.routing().resize(static_cast<size_t>(h.n_layer));
+
+    residual_.resize(static_cast<size_t>(n * h.n_embd));
+    Act x{residual_.data(), n, h.n_embd};
+    const cpu::DequantRowFn embed = cpu::row_kernels(m.token_embd.type).dequant_row;
+    for (int64_t t = 0; t < n; ++t) {
+        embed(m.token_embd.data + static_cast<size_t>(tokens[t]) * m.token_embd.row_bytes, x.row(t), h.n_embd);
+    }
+    f.name(x, "inp_embd", -1);
+
+    for (int il = 0; il < h.n_layer; ++il) {
+        scratch_.reset();
+        Act out = m.spec->build_layer(f, x, il);
+        std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(n * h.n_embd));
+    }
+    scratch_.reset();
+    for (int il = 0; il < h.n_layer; ++il) routing_[static_cast<size_t>(il)] = std::move(f.routing()[static_cast<size_t>(il)]);
+
+    const int64_t n_out = n - first_logit_row;
+    if (n_out <= 0) return;
+    Act normed = f.alloc(n_out, h.n_embd);
+    cpu::rms_norm(x.row(first_logit_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd, m.output_norm.data(),
+                  h.rms_eps);
+    f.name(normed, "result_norm", -1);
+    cpu::matmul(*pool_, m.output, normed.data, h.n_embd, n_out, logits, h.n_vocab);
+    if (options_.dump_activations) f.name(Act{logits, n_out, h.n_vocab}, "result_output", -1);
+}
+
+}  // namespace sharpi

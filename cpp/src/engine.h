@@ -1,0 +1,57 @@
+// The engine behind sharpi::Session: owns the model, the KV cache, the thread pool, the expert
+// source and the scratch arena, and runs the forward pass over a batch of tokens.
+//
+// Single-threaded API: one caller at a time drives decode(); parallelism is inside (the pool).
+// Failure atomicity: decode() validates everything before it touches state, and advances n_past
+// only after the whole batch succeeded, so an exception leaves the session usable at the old
+// position (positions beyond n_past in the KV cache are never read).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/threadpool.h"
+#include "model/expert_source.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "sharpi/session.h"
+
+namespace sharpi {
+
+class Engine {
+public:
+    Engine(const std::string& path, const SessionOptions& options);
+
+    const ModelInfo& info() const { return info_; }
+    const Model& model() const { return *model_; }
+    int64_t n_past() const { return n_past_; }
+    void reset() { n_past_ = 0; }
+
+    std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
+
+    const std::map<std::string, Activation>& dump() const { return dump_; }
+    // Expert choices of every layer for the tokens of the last decode(): [n_tokens, n_expert_used].
+    const std::vector<Routing>& routing() const { return routing_; }
+
+private:
+    // One chunk of at most kMaxBatch tokens; writes logits of rows [first_logit_row, n) to `logits`.
+    void forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits);
+
+    static constexpr int64_t kMaxBatch = 256;
+
+    SessionOptions options_;
+    std::unique_ptr<Model> model_;
+    ModelInfo info_;
+    std::unique_ptr<cpu::ThreadPool> pool_;
+    std::unique_ptr<KvCache> kv_;
+    std::unique_ptr<ExpertSource> experts_;
+    Scratch scratch_;
+    std::vector<float> residual_;
+    int64_t n_past_ = 0;
+    std::map<std::string, Activation> dump_;
+    std::vector<Routing> routing_;
+};
+
+}  // namespace sharpi

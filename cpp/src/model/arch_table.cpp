@@ -1,0 +1,30 @@
+// The architecture table: the only place that lists the supported GGUF architecture strings.
+#include "model/arch.h"
+
+namespace sharpi {
+
+extern const ArchSpec kArchLlama;
+extern const ArchSpec kArchQwen2Moe;
+extern const ArchSpec kArchQwen3Moe;
+extern const ArchSpec kArchOlmoe;
+extern const ArchSpec kArchQwen2;
+extern const ArchSpec kArchQwen3;
+
+static const ArchSpec* const kArchTable[] = {
+    &kArchLlama, &kArchQwen2Moe, &kArchQwen3Moe, &kArchOlmoe, &kArchQwen2, &kArchQwen3,
+};
+
+const ArchSpec* find_arch(const std::string& name) {
+    for (const ArchSpec* spec : kArchTable) {
+        if (name == spec->name) return spec;
+    }
+    return nullptr;
+}
+
+std::vector<std::string> arch_names() {
+    std::vector<std::string> names;
+    for (const ArchSpec* spec : kArchTable) names.emplace_back(spec->name);
+    return names;
+}
+
+}  // namespace sharpi

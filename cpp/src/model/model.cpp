@@ -1,0 +1,175 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "cpu/quant/kernels.h"
+#include "quant/fp16.h"
+#include "sharpi/errors.h"
+
+namespace sharpi {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& ne) {
+    std::ostringstream s;
+    s << "[";
+    for (size_t i = 0; i < ne.size(); ++i) s << (i ? ", " : "") << ne[i];
+    s << "]";
+    return s.str();
+}
+
+bool is_expert_tensor(const std::string& name) {
+    return name.find("_exps.") != std::string::npos;
+}
+
+}  // namespace
+
+std::string ModelLoader::where(const std::string& tensor) const {
+    return "[model] " + model_.file->path() + ": tensor " + tensor;
+}
+
+const GgufTensor& ModelLoader::require(const std::string& name) {
+    const GgufTensor* t = model_.file->find_tensor(name);
+    if (!t) {
+        throw MissingTensorError("[model] " + model_.file->path() + ": missing tensor " + name + " (required by arch " +
+                                 model_.hp.arch + ")");
+    }
+    return *t;
+}
+
+cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack) {
+    std::vector<int64_t> want{n_cols, n_rows};
+    if (n_stack > 1) want.push_back(n_stack);
+    std::vector<int64_t> got = t.ne;
+    // Trailing ones do not change the layout: [n, 1] == [n] (writers differ, DESIGN §8).
+    while (got.size() > 1 && got.back() == 1) got.pop_back();
+    while (want.size() > 1 && want.back() == 1) want.pop_back();
+    if (got != want) {
+        throw FormatError(where(t.name) + " has shape " + shape_str(t.ne) + ", expected " + shape_str(want));
+    }
+    const GgmlTypeTraits& traits = ggml_type_traits(t.type);
+    if (!traits.supported) {
+        throw UnsupportedError(where(t.name) + " has type " + traits.name + ", which sharpi cannot compute");
+    }
+    if (n_cols % traits.block_size != 0) {
+        throw FormatError(where(t.name) + ": row width " + std::to_string(n_cols) + " is not a multiple of the " +
+                          traits.name + " block size " + std::to_string(traits.block_size));
+    }
+    cpu::WeightView w;
+    w.type = t.type;
+    w.data = model_.file->tensor_data(t);
+    w.n_rows = n_rows * n_stack;
+    w.n_cols = n_cols;
+    w.row_bytes = ggml_row_size(t.type, n_cols);
+    return w;
+}
+
+cpu::WeightView ModelLoader::matrix(const std::string& name, int64_t n_cols, int64_t n_rows) {
+    return view(require(name), n_cols, n_rows);
+}
+
+cpu::WeightView ModelLoader::optional_matrix(const std::string& name, int64_t n_cols, int64_t n_rows) {
+    const GgufTensor* t = model_.file->find_tensor(name);
+    return t ? view(*t, n_cols, n_rows) : cpu::WeightView{};
+}
+
+std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
+    cpu::WeightView w = view(require(name), n, 1);
+    std::vector<float> out(static_cast<size_t>(n));
+    cpu::row_kernels(w.type, cpu::Isa::scalar).dequant_row(w.data, out.data(), n);
+    return out;
+}
+
+std::vector<float> ModelLoader::optional_vector(const std::string& name, int64_t n) {
+    return model_.file->find_tensor(name) ? vector(name, n) : std::vector<float>{};
+}
+
+void ModelLoader::attention(int il) {
+    const HParams& h = hp();
+    LayerWeights& L = layer(il);
+    L.attn_norm = vector(blk(il, "attn_norm.weight"), h.n_embd);
+    L.wq.w = matrix(blk(il, "attn_q.weight"), h.n_embd, h.n_embd_q());
+    L.wk.w = matrix(blk(il, "attn_k.weight"), h.n_embd, h.n_embd_kv());
+    L.wv.w = matrix(blk(il, "attn_v.weight"), h.n_embd, h.n_embd_kv());
+    L.wo.w = matrix(blk(il, "attn_output.weight"), h.n_embd_q(), h.n_embd);
+    L.wq.bias = optional_vector(blk(il, "attn_q.bias"), h.n_embd_q());
+    L.wk.bias = optional_vector(blk(il, "attn_k.bias"), h.n_embd_kv());
+    L.wv.bias = optional_vector(blk(il, "attn_v.bias"), h.n_embd_kv());
+    L.wo.bias = optional_vector(blk(il, "attn_output.bias"), h.n_embd);
+}
+
+void ModelLoader::qk_norm(int il, int64_t q_width, int64_t k_width) {
+    LayerWeights& L = layer(il);
+    L.attn_q_norm = vector(blk(il, "attn_q_norm.weight"), q_width);
+    L.attn_k_norm = vector(blk(il, "attn_k_norm.weight"), k_width);
+}
+
+void ModelLoader::moe(int il) {
+    const HParams& h = hp();
+    LayerWeights& L = layer(il);
+    L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
+    L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
+    StackedExperts& x = L.experts;
+    x.gate_tensor = &require(blk(il, "ffn_gate_exps.weight"));
+    x.up_tensor = &require(blk(il, "ffn_up_exps.weight"));
+    x.down_tensor = &require(blk(il, "ffn_down_exps.weight"));
+    x.gate = view(*x.gate_tensor, h.n_embd, h.n_ff_exp, h.n_expert);
+    x.up = view(*x.up_tensor, h.n_embd, h.n_ff_exp, h.n_expert);
+    x.down = view(*x.down_tensor, h.n_ff_exp, h.n_embd, h.n_expert);
+}
+
+void ModelLoader::dense_ffn(int il) {
+    const HParams& h = hp();
+    LayerWeights& L = layer(il);
+    if (h.n_ff <= 0) throw MissingTensorError("[model] " + model_.file->path() + ": feed_forward_length is missing");
+    L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
+    L.ffn_gate.w = matrix(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
+    L.ffn_up.w = matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
+    L.ffn_down.w = matrix(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
+}
+
+void ModelLoader::shared_expert(int il) {
+    const HParams& h = hp();
+    LayerWeights& L = layer(il);
+    if (h.n_ff_shexp <= 0) return;  // qwen2moe without a shared expert
+    L.ffn_gate.w = matrix(blk(il, "ffn_gate_shexp.weight"), h.n_embd, h.n_ff_shexp);
+    L.ffn_up.w = matrix(blk(il, "ffn_up_shexp.weight"), h.n_embd, h.n_ff_shexp);
+    L.ffn_down.w = matrix(blk(il, "ffn_down_shexp.weight"), h.n_ff_shexp, h.n_embd);
+    // [n_embd] after llama.cpp's quantizer, [n_embd, 1] from the converter: both are one row.
+    L.ffn_gate_inp_shexp = optional_matrix(blk(il, "ffn_gate_inp_shexp.weight"), h.n_embd, 1);
+}
+
+std::unique_ptr<Model> load_model(const std::string& path) {
+    auto model = std::make_unique<Model>();
+    model->file = GgufFile::open(path);
+    const GgufFile& f = *model->file;
+
+    const std::string arch = f.get_string_or("general.architecture", "");
+    if (arch.empty()) throw MissingTensorError("[model] " + path + ": missing metadata key general.architecture");
+    model->spec = find_arch(arch);
+    if (!model->spec) {
+        std::string known;
+        for (const auto& n : arch_names()) known += (known.empty() ? "" : ", ") + n;
+        throw UnsupportedError("[model] " + path + ": unknown architecture '" + arch + "' (supported: " + known + ")");
+    }
+    model->hp = read_hparams(f, *model->spec);
+    const HParams& h = model->hp;
+
+    ModelLoader loader(*model);
+    if (h.n_vocab <= 0) throw MissingTensorError("[model] " + path + ": missing tensor token_embd.weight");
+    model->token_embd = loader.matrix("token_embd.weight", h.n_embd, h.n_vocab);
+    model->output_norm = loader.vector("output_norm.weight", h.n_embd);
+    model->output = loader.optional_matrix("output.weight", h.n_embd, h.n_vocab);
+    if (!model->output.data) model->output = model->token_embd;  // tied embeddings
+
+    model->layers.resize(static_cast<size_t>(h.n_layer));
+    for (int il = 0; il < h.n_layer; ++il) model->spec->load_layer(loader, il);
+
+    for (const GgufTensor& t : f.tensors()) {
+        (is_expert_tensor(t.name) ? model->bytes_experts : model->bytes_dense) += t.nbytes;
+    }
+    return model;
+}
+
+}  // namespace sharpi

@@ -1,0 +1,105 @@
+// A loaded model: hyper-parameters plus views of every weight tensor in the GGUF mapping.
+//
+// Dense weights are views into the read-only mapping (zero copies); small 1-D tensors (norms,
+// biases) are copied to f32 so the ops never care how the file stored them. Routed experts are
+// described here (stacked tensor views) but compute reaches them only through an ExpertSource
+// (model/expert_source.h), so streaming can replace residency without touching architecture code.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/ops/matmul.h"
+#include "gguf/gguf_file.h"
+#include "model/arch.h"
+#include "model/hparams.h"
+
+namespace sharpi {
+
+// y = W x (+ bias). W: [n_out rows, n_in cols].
+struct Linear {
+    cpu::WeightView w;
+    std::vector<float> bias;  // empty: no bias
+    bool present() const { return w.data != nullptr; }
+};
+
+// The three stacked tensors of a layer's routed experts, expert-major: expert e of ffn_up_exps is
+// rows [e * n_ff_exp, (e + 1) * n_ff_exp), one contiguous byte range per tensor.
+struct StackedExperts {
+    cpu::WeightView gate, up, down;  // n_rows = n_expert * (n_ff_exp | n_embd)
+    const GgufTensor* gate_tensor = nullptr;
+    const GgufTensor* up_tensor = nullptr;
+    const GgufTensor* down_tensor = nullptr;
+};
+
+struct LayerWeights {
+    std::vector<float> attn_norm;
+    Linear wq, wk, wv, wo;
+    std::vector<float> attn_q_norm, attn_k_norm;  // empty when the arch has none
+    std::vector<float> ffn_norm;
+    // dense FFN (dense archs), or the shared expert (qwen2moe)
+    Linear ffn_gate, ffn_up, ffn_down;
+    cpu::WeightView ffn_gate_inp_shexp;  // [1, n_embd] shared-expert gate; data == nullptr: none
+    // routed experts
+    cpu::WeightView ffn_gate_inp;  // router [n_expert, n_embd]
+    StackedExperts experts;
+};
+
+struct Model {
+    std::unique_ptr<GgufFile> file;
+    const ArchSpec* spec = nullptr;
+    HParams hp;
+    cpu::WeightView token_embd;  // [n_vocab, n_embd]
+    std::vector<float> output_norm;
+    cpu::WeightView output;      // [n_vocab, n_embd]; token_embd when the file ties them
+    std::vector<LayerWeights> layers;
+    uint64_t bytes_dense = 0;
+    uint64_t bytes_experts = 0;
+};
+
+// Opens `path`, finds its architecture and loads every tensor it needs, checking names, shapes and
+// types. Throws FormatError / MissingTensorError / UnsupportedError / IoError with the file and
+// tensor named.
+std::unique_ptr<Model> load_model(const std::string& path);
+
+// The shared tensor loaders that architecture files call from their load_layer.
+class ModelLoader {
+public:
+    ModelLoader(Model& model) : model_(model) {}
+
+    Model& model() { return model_; }
+    const HParams& hp() const { return model_.hp; }
+    LayerWeights& layer(int il) { return model_.layers[static_cast<size_t>(il)]; }
+
+    // A matrix with ggml shape [n_cols, n_rows] (a row = n_cols elements). Throws when absent.
+    cpu::WeightView matrix(const std::string& name, int64_t n_cols, int64_t n_rows);
+    // Same, but returns an empty view when the tensor is absent.
+    cpu::WeightView optional_matrix(const std::string& name, int64_t n_cols, int64_t n_rows);
+    // A 1-D tensor of n elements ([n] or [n, 1]) as f32. Throws when absent.
+    std::vector<float> vector(const std::string& name, int64_t n);
+    std::vector<float> optional_vector(const std::string& name, int64_t n);
+
+    // Shared layer pieces (tensor names as llama.cpp's converter writes them):
+    // attn_norm, attn_q/k/v/output (+ biases when present).
+    void attention(int il);
+    // attn_q_norm / attn_k_norm of width `width` (head_dim per head, or the full projection).
+    void qk_norm(int il, int64_t q_width, int64_t k_width);
+    // ffn_norm, router ffn_gate_inp and ffn_{gate,up,down}_exps.
+    void moe(int il);
+    // ffn_norm and dense ffn_{gate,up,down}.
+    void dense_ffn(int il);
+    // qwen2moe's shared expert: ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp.
+    void shared_expert(int il);
+
+    static std::string blk(int il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
+
+private:
+    const GgufTensor& require(const std::string& name);
+    cpu::WeightView view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack = 1);
+    std::string where(const std::string& tensor) const;
+
+    Model& model_;
+};
+
+}  // namespace sharpi

@@ -1,0 +1,39 @@
+// sharpi::Session: the public face of Engine (pimpl keeps the public headers free of internals).
+#include "sharpi/session.h"
+
+#include "engine.h"
+#include "gguf/gguf_file.h"
+
+namespace sharpi {
+
+Session::Session(const std::string& model_path, const SessionOptions& options)
+    : engine_(std::make_unique<Engine>(model_path, options)) {}
+
+Session::~Session() = default;
+
+const ModelInfo& Session::info() const { return engine_->info(); }
+
+std::vector<float> Session::decode(const std::vector<token_t>& tokens, bool all_logits) {
+    return engine_->decode(tokens, all_logits);
+}
+
+int64_t Session::n_past() const { return engine_->n_past(); }
+
+void Session::reset() { engine_->reset(); }
+
+const std::map<std::string, Activation>& Session::dump() const { return engine_->dump(); }
+
+std::string Session::metadata_string(const std::string& key) const {
+    const GgufValue* v = engine_->model().file->find(key);
+    if (!v) return "";
+    switch (v->type) {
+        case GgufValueType::STRING: return v->str;
+        case GgufValueType::ARRAY: return "[" + std::to_string(v->array_size()) + " items]";
+        case GgufValueType::FLOAT32:
+        case GgufValueType::FLOAT64: return std::to_string(v->f);
+        case GgufValueType::BOOL: return v->i ? "true" : "false";
+        default: return std::to_string(v->i);
+    }
+}
+
+}  // namespace sharpi

@@ -1,0 +1,154 @@
+"""sharpi.Session: the C++ engine plus tokenizer, sampling loop and streaming text."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+
+
+class Session:
+    """A loaded GGUF model with its KV cache.
+
+    decode() appends tokens and returns logits; generate() tokenizes a prompt, decodes it and samples
+    up to max_tokens new tokens, yielding text as soon as it is complete UTF-8. Not thread-safe
+    for concurrent generate() calls on one session (decode() itself is serialised in C++).
+    """
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        threads: int = 0,
+        n_ctx: int = 0,
+        exact: bool = False,
+        dump_activations: bool = False,
+    ):
+        self.path = os.fspath(path)
+        self._core = _core.Session(
+            self.path, threads=threads, n_ctx=n_ctx, exact=exact, dump_activations=dump_activations
+        )
+        self._metadata: Optional[dict] = None
+        self._tokenizer = None
+        self.last_stats: dict = {}
+
+    # -- model -------------------------------------------------------------------------------
+    @property
+    def info(self) -> dict:
+        return self._core.info
+
+    @property
+    def metadata(self) -> dict:
+        if self._metadata is None:
+            self._metadata = _core.GgufFile(self.path).metadata()
+        return self._metadata
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+
+            self._tokenizer = Tokenizer.from_metadata(self.metadata)
+        return self._tokenizer
+
+    # -- tokens ------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: Optional[bool] = None, special: bool = False) -> list:
+        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    # -- compute -----------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return self._core.n_past
+
+    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Append tokens at n_past; f32 logits [n_vocab] (last token) or [n_tokens, n_vocab]."""
+        return self._core.decode([int(t) for t in tokens], all_logits)
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def dump(self) -> dict:
+        """Named activations of the last decode() ("attn_norm-0", ...) when dump_activations=True."""
+        return self._core.dump()
+
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        max_tokens: int = 64,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        repeat_last_n: int = 64,
+        seed: Optional[int] = None,
+        stop_at_eos: bool = True,
+    ) -> Iterator[str]:
+        """Decode `prompt` after what the session already holds and stream sampled text.
+
+        Stops after max_tokens, at an end-of-generation token (unless stop_at_eos is False), or
+        when the context is full. Timing lands in self.last_stats when the iterator is exhausted.
+        """
+        if max_tokens < 0:
+            raise _core.InvalidArgument(f"max_tokens must be >= 0, got {max_tokens}")
+        sampler = _core.Sampler(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n,
+            seed=int(time.time_ns() & 0xFFFFFFFF) if seed is None else int(seed),
+        )
+        tok = self.tokenizer
+        prompt_ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt)
+        if not prompt_ids:
+            raise _core.InvalidArgument("generate: empty prompt")
+        stop_ids = set(getattr(tok, "eog_ids", None) or {tok.eos_id})
+        n_ctx = self.info["n_ctx"]
+
+        t0 = time.perf_counter()
+        logits = self.decode(prompt_ids)
+        t_prefill = time.perf_counter() - t0
+        recent = list(prompt_ids)
+        generated: list = []
+        emitted = ""
+        t_first = None
+        t1 = time.perf_counter()
+        while len(generated) < max_tokens:
+            token = sampler.sample(logits, recent[-max(repeat_last_n, 0):] if repeat_last_n else [])
+            if t_first is None:
+                t_first = time.perf_counter() - t0
+            if stop_at_eos and token in stop_ids:
+                break
+            generated.append(token)
+            recent.append(token)
+            # Emit only complete UTF-8: a byte-level token may end inside a multi-byte character.
+            text = tok.decode(generated)
+            if not text.endswith("\ufffd") and len(text) > len(emitted):
+                yield text[len(emitted):]
+                emitted = text
+            if len(generated) == max_tokens or self.n_past >= n_ctx:
+                break
+            logits = self.decode([token])
+        t_decode = time.perf_counter() - t1
+        text = tok.decode(generated)
+        if len(text) > len(emitted):
+            yield text[len(emitted):]
+        n_steps = max(len(generated) - 1, 0)
+        self.last_stats = {
+            "n_prompt": len(prompt_ids),
+            "n_generated": len(generated),
+            "prefill_s": t_prefill,
+            "decode_s": t_decode,
+            "ttft_s": t_first if t_first is not None else t_prefill,
+            "prefill_tok_s": len(prompt_ids) / t_prefill if t_prefill > 0 else 0.0,
+            "decode_tok_s": n_steps / t_decode if t_decode > 0 and n_steps else 0.0,
+            "tpot_s": t_decode / n_steps if n_steps else 0.0,
+        }
