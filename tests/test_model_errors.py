@@ -1,0 +1,98 @@
+"""Bad model files get a clear, typed error naming the thing at fault — never a crash.
+
+Each test derives a broken file from a valid tiny model with the gguf package (model_files.py);
+file-format damage (bad magic, truncation, out-of-bounds data) is covered in test_gguf.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+import sharpi
+from sharpi.make_model import write_model
+
+from model_files import rewrite_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("errors") / "tiny.gguf")
+    write_model(path, arch="qwen3moe", preset="tiny", quant="q8_0", seed=1)
+    return path
+
+
+def test_valid_file_loads(tiny):
+    s = sharpi.Session(tiny, threads=1)
+    assert s.info["arch"] == "qwen3moe"
+    assert np.isfinite(s.decode([1, 2, 3])).all()
+
+
+def test_unknown_architecture(tiny, tmp_path):
+    bad = str(tmp_path / "arch.gguf")
+    rewrite_gguf(tiny, bad, set_kv={"general.architecture": "mamba9"})
+    with pytest.raises(sharpi.UnsupportedError, match=r"unknown architecture 'mamba9'.*qwen3moe"):
+        sharpi.Session(bad)
+
+
+def test_missing_tensor(tiny, tmp_path):
+    bad = str(tmp_path / "missing.gguf")
+    rewrite_gguf(tiny, bad, drop_tensors=("blk.1.ffn_up_exps.weight",))
+    with pytest.raises(sharpi.MissingTensorError, match=r"missing tensor blk\.1\.ffn_up_exps\.weight"):
+        sharpi.Session(bad)
+
+
+def test_missing_metadata_key(tiny, tmp_path):
+    bad = str(tmp_path / "nokey.gguf")
+    rewrite_gguf(tiny, bad, drop_kv=("qwen3moe.embedding_length",))
+    with pytest.raises(sharpi.MissingTensorError, match="qwen3moe.embedding_length"):
+        sharpi.Session(bad)
+
+
+def test_wrong_tensor_shape(tiny, tmp_path):
+    bad = str(tmp_path / "shape.gguf")
+
+    def edit(name, raw, ttype, shape):
+        if name == "blk.0.ffn_gate_inp.weight":  # router [n_embd, n_expert] -> [n_embd, n_expert - 1]
+            row = raw.size // shape[1]
+            return raw[: row * (shape[1] - 1)], ttype, [shape[0], shape[1] - 1]
+        return None
+
+    rewrite_gguf(tiny, bad, tensor_edit=edit)
+    with pytest.raises(sharpi.FormatError, match=r"blk\.0\.ffn_gate_inp\.weight has shape \[256, 7\], expected \[256, 8\]"):
+        sharpi.Session(bad)
+
+
+def test_unsupported_quant_type(tiny, tmp_path):
+    bad = str(tmp_path / "iq2.gguf")
+
+    def edit(name, raw, ttype, shape):
+        if name == "blk.0.attn_q.weight":  # same element count, stored as IQ2_XXS (no sharpi kernel)
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType.IQ2_XXS]
+            n_blocks = int(np.prod(shape)) // block
+            return np.zeros(n_blocks * size, dtype=np.uint8), GGMLQuantizationType.IQ2_XXS, shape
+        return None
+
+    rewrite_gguf(tiny, bad, tensor_edit=edit)
+    with pytest.raises(sharpi.UnsupportedError, match=r"blk\.0\.attn_q\.weight has type iq2_xxs"):
+        sharpi.Session(bad)
+
+
+def test_unsupported_rope_scaling(tiny, tmp_path):
+    bad = str(tmp_path / "rope.gguf")
+    rewrite_gguf(tiny, bad, set_kv={"qwen3moe.rope.scaling.type": "su", "qwen3moe.rope.scaling.factor": 4.0})
+    with pytest.raises(sharpi.UnsupportedError, match="rope scaling type 'su'"):
+        sharpi.Session(bad)
+
+
+def test_inconsistent_expert_count(tiny, tmp_path):
+    bad = str(tmp_path / "topk.gguf")
+    rewrite_gguf(tiny, bad, set_kv={"qwen3moe.expert_used_count": 99})
+    with pytest.raises(sharpi.FormatError, match="expert_used_count 99"):
+        sharpi.Session(bad)
+
+
+def test_missing_file():
+    with pytest.raises(sharpi.IoError, match="no-such-model.gguf"):
+        sharpi.Session("/nonexistent/no-such-model.gguf")
