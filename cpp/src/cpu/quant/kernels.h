@@ -43,3 +43,12 @@ DotF32Fn dot_f32_kernel(Isa isa);
 inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_f32_kernel(active_isa())(a, b, n); }
 
 }  // namespace sharpi::cpu
+
+// ---- additions (kernels engineer) ----------------------------------------------------------------
+namespace sharpi::cpu {
+
+// "scalar" | "avx2" | "avx512" -> Isa; false for any other spelling. Used for SHARPI_ISA and by
+// the bindings' isa= arguments.
+bool parse_isa_name(const char* name, Isa* isa);
+
+}  // namespace sharpi::cpu

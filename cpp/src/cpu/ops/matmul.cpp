@@ -1,0 +1,109 @@
+// Quantized weight matrix times f32 activations (see matmul.h).
+//
+// Owns nothing but per-thread scratch for dequantized rows (thread_local, reused across calls,
+// sized to the largest tile seen). Called from the decode thread; runs its body on the pool.
+// Every Y element is computed by a fixed function of (weight row, token) -- dot_row for one token,
+// dot_f32 on the dequantized row for several -- and those two are bit-identical for one ISA
+// (kernels.h), so Y never depends on n_tokens, the thread count, the tiling or timing.
+#include "cpu/ops/matmul.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cpu/quant/kernels.h"
+#include "sharpi/errors.h"
+
+namespace sharpi::cpu {
+
+namespace {
+
+// Prefill tiling: a tile of weight rows is dequantized into scratch and dotted with a block of
+// tokens, so that the tile (kTileBytes) stays in L1/L2 while the token block (kTokenBlockBytes of
+// activations) streams from L2. Rows are re-dequantized once per token block; with at least
+// kMinTokenBlock tokens per block that costs little next to the dots.
+constexpr size_t kTileBytes = 32 * 1024;
+constexpr size_t kTokenBlockBytes = 1024 * 1024;
+constexpr int64_t kMinTokenBlock = 16;
+
+std::string weight_desc(const WeightView& w) {
+    return std::string("[matmul] ") + ggml_type_traits(w.type).name + " weight [" + std::to_string(w.n_rows) + ", " +
+           std::to_string(w.n_cols) + "]";
+}
+
+void validate(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, const float* y, int64_t ldy) {
+    const GgmlTypeTraits& traits = ggml_type_traits(w.type);
+    if (w.n_rows < 0 || w.n_cols < 0 || n_tokens < 0) {
+        throw InvalidArgument(weight_desc(w) + ": negative size (n_tokens " + std::to_string(n_tokens) + ")");
+    }
+    if (traits.block_size > 0 && w.n_cols % traits.block_size != 0) {
+        throw InvalidArgument(weight_desc(w) + ": n_cols is not a multiple of the block size " +
+                              std::to_string(traits.block_size));
+    }
+    if (w.row_bytes != ggml_row_size(w.type, w.n_cols)) {
+        throw InvalidArgument(weight_desc(w) + ": row_bytes " + std::to_string(w.row_bytes) + ", expected " +
+                              std::to_string(ggml_row_size(w.type, w.n_cols)));
+    }
+    if (ldx < w.n_cols || ldy < w.n_rows) {
+        throw InvalidArgument(weight_desc(w) + ": ldx " + std::to_string(ldx) + " < n_cols or ldy " +
+                              std::to_string(ldy) + " < n_rows");
+    }
+    if (w.n_rows > 0 && w.n_cols > 0 && n_tokens > 0 && (w.data == nullptr || x == nullptr || y == nullptr)) {
+        throw InvalidArgument(weight_desc(w) + ": null data pointer");
+    }
+}
+
+}  // namespace
+
+void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+            int64_t ldy) {
+    validate(w, x, ldx, n_tokens, y, ldy);
+    const Isa isa = active_isa();
+    const RowKernels& kernels = row_kernels(w.type, isa);  // UnsupportedError names the type
+    if (w.n_rows == 0 || n_tokens == 0) return;
+    if (w.n_cols == 0) {
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int64_t r = 0; r < w.n_rows; ++r) y[t * ldy + r] = 0.0f;
+        }
+        return;
+    }
+
+    if (n_tokens == 1) {
+        // Decode: memory-bound; each thread streams its contiguous share of the rows once.
+        const DotRowFn dot_row = kernels.dot_row;
+        pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+            for (int64_t r = begin; r < end; ++r) {
+                y[r] = dot_row(w.data + static_cast<size_t>(r) * w.row_bytes, x, w.n_cols);
+            }
+        });
+        return;
+    }
+
+    // Prefill.
+    const DequantRowFn dequant_row = kernels.dequant_row;
+    const DotF32Fn dot = dot_f32_kernel(isa);
+    const size_t row_floats_bytes = static_cast<size_t>(w.n_cols) * sizeof(float);
+    const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / row_floats_bytes));
+    const int64_t token_block = std::max<int64_t>(kMinTokenBlock, static_cast<int64_t>(kTokenBlockBytes / row_floats_bytes));
+    pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+        thread_local std::vector<float> scratch;
+        const size_t need = static_cast<size_t>(std::min(tile_rows, end - begin)) * static_cast<size_t>(w.n_cols);
+        if (scratch.size() < need) scratch.resize(need);
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
+            const int64_t t1 = std::min(n_tokens, t0 + token_block);
+            for (int64_t r0 = begin; r0 < end; r0 += tile_rows) {
+                const int64_t r1 = std::min(end, r0 + tile_rows);
+                for (int64_t r = r0; r < r1; ++r) {
+                    dequant_row(w.data + static_cast<size_t>(r) * w.row_bytes, scratch.data() + (r - r0) * w.n_cols,
+                                w.n_cols);
+                }
+                for (int64_t t = t0; t < t1; ++t) {
+                    const float* xt = x + t * ldx;
+                    for (int64_t r = r0; r < r1; ++r) y[t * ldy + r] = dot(scratch.data() + (r - r0) * w.n_cols, xt, w.n_cols);
+                }
+            }
+        }
+    });
+}
+
+}  // namespace sharpi::cpu

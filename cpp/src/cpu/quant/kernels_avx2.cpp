@@ -1,0 +1,443 @@
+// AVX2 + FMA + F16C kernels. Compiled with those flags; dispatch.cpp calls into this file only when
+// CPUID reports all three. Only intrinsics, static functions and libc here (see kernels_impl.h on
+// the ODR hazard).
+//
+// Accumulation layout of this ISA: four accumulators of 8 f32 lanes; chunk c of a row (elements
+// 8c .. 8c + 7) is multiplied and added, with one FMA, into accumulator c % 4, chunks in increasing
+// order; reduce() combines the accumulators in one fixed order. Every block holds a multiple of
+// four chunks, so each block starts on accumulator 0. Each type has ONE block decoder that both
+// dequant_row (StoreSink) and dot_row (DotSink) call, so dot_row(w, x) == dot_f32(dequant_row(w), x)
+// bit for bit.
+//
+// Decoding: AVX2 has no 16-entry float shuffle, so most types widen their quant bits to dword
+// lanes, convert and scale with the gguf package's roundings (multiply, then add or subtract).
+// Q2_K and Q3_K have at most 8 values per sub-block and use an 8-entry vpermps table instead.
+#include "cpu/quant/kernels_impl.h"
+SHARPI_NO_FP_CONTRACT
+
+#include <immintrin.h>
+
+namespace sharpi::cpu::detail {
+namespace {
+
+constexpr int kChunk = 8;  // f32 lanes per vector
+
+// ---- accumulation -------------------------------------------------------------------------------
+
+inline float reduce(const __m256 acc[4]) {
+    const __m256 s8 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+}
+
+// Sinks receive the decoded 8-element chunks of a block, numbered from the block's start.
+struct StoreSink {
+    float* dst;
+    void put(int chunk, __m256 w) { _mm256_storeu_ps(dst + kChunk * chunk, w); }
+};
+
+struct DotSink {
+    const float* x;  // activations at the start of the current block
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    void put(int chunk, __m256 w) {
+        acc[chunk & 3] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + kChunk * chunk), acc[chunk & 3]);
+    }
+};
+
+template <typename D>
+void dequant_row_blocks(const void* src, float* dst, int64_t n) {
+    const typename D::Block* blocks = static_cast<const typename D::Block*>(src);
+    for (int64_t ib = 0; ib < n / D::kBlockSize; ++ib) {
+        StoreSink sink{dst + ib * D::kBlockSize};
+        D::decode(blocks + ib, sink);
+    }
+}
+
+template <typename D>
+float dot_row_blocks(const void* src, const float* x, int64_t n) {
+    static_assert(D::kBlockSize % (4 * kChunk) == 0, "every block must start on accumulator 0");
+    const typename D::Block* blocks = static_cast<const typename D::Block*>(src);
+    DotSink sink{x};
+    for (int64_t ib = 0; ib < n / D::kBlockSize; ++ib) {
+        sink.x = x + ib * D::kBlockSize;
+        D::decode(blocks + ib, sink);
+    }
+    return reduce(sink.acc);
+}
+
+// ---- plain float rows (F32, F16, BF16): any n -------------------------------------------------------
+
+// Lane mask with the first `count` (< 8) lanes set.
+inline __m256i first_lanes(int64_t count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Copies `count` (< 8) 16-bit values into a zero-padded vector (no read past the row).
+inline __m128i load_partial_u16(const uint16_t* p, int64_t count) {
+    uint16_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    memcpy(buf, p, static_cast<size_t>(count) * 2);
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf));
+}
+
+struct LoadF32 {
+    static __m256 full(const void* p, int64_t i) { return _mm256_loadu_ps(static_cast<const float*>(p) + i); }
+    static __m256 part(const void* p, int64_t i, int64_t count) {
+        return _mm256_maskload_ps(static_cast<const float*>(p) + i, first_lanes(count));
+    }
+};
+struct LoadF16 {
+    static __m256 full(const void* p, int64_t i) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+    }
+    static __m256 part(const void* p, int64_t i, int64_t count) {
+        return _mm256_cvtph_ps(load_partial_u16(static_cast<const uint16_t*>(p) + i, count));
+    }
+};
+struct LoadBF16 {
+    static __m256 widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+    static __m256 full(const void* p, int64_t i) {
+        return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+    }
+    static __m256 part(const void* p, int64_t i, int64_t count) {
+        return widen(load_partial_u16(static_cast<const uint16_t*>(p) + i, count));
+    }
+};
+
+// Main loop four chunks at a time, then whole chunks into accumulators 0, 1, 2 in order, then a
+// partial chunk whose missing lanes keep their accumulator value (blend, not +0: -0 stays -0).
+template <typename Load>
+float dot_plain(const void* w, const float* x, int64_t n) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        for (int k = 0; k < 4; ++k) {
+            acc[k] = _mm256_fmadd_ps(Load::full(w, i + kChunk * k), _mm256_loadu_ps(x + i + kChunk * k), acc[k]);
+        }
+    }
+    int k = 0;
+    for (; i + kChunk <= n; i += kChunk, ++k) {
+        acc[k] = _mm256_fmadd_ps(Load::full(w, i), _mm256_loadu_ps(x + i), acc[k]);
+    }
+    if (i < n) {
+        const __m256i lanes = first_lanes(n - i);
+        const __m256 sum = _mm256_fmadd_ps(Load::part(w, i, n - i), _mm256_maskload_ps(x + i, lanes), acc[k]);
+        acc[k] = _mm256_blendv_ps(acc[k], sum, _mm256_castsi256_ps(lanes));
+    }
+    return reduce(acc);
+}
+
+template <typename Load>
+void dequant_plain(const void* w, float* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + kChunk <= n; i += kChunk) _mm256_storeu_ps(dst + i, Load::full(w, i));
+    if (i < n) _mm256_maskstore_ps(dst + i, first_lanes(n - i), Load::part(w, i, n - i));
+}
+
+float dot_f32_avx2(const float* a, const float* b, int64_t n) { return dot_plain<LoadF32>(a, b, n); }
+
+// ---- decoding helpers ---------------------------------------------------------------------------
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// 8 consecutive bytes widened to 8 dword lanes.
+inline __m256i bytes_to_lanes(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i sbytes_to_lanes(const int8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 to_float(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+// Shift every dword left by s (right by -s when s < 0); s is a compile-time constant after inlining.
+inline __m256i shift_left(__m256i v, int s) {
+    if (s > 0) return _mm256_slli_epi32(v, s);
+    if (s < 0) return _mm256_srli_epi32(v, -s);
+    return v;
+}
+
+// ---- block decoders (chunk numbers count 8 elements from the block start) -----------------------
+
+// Q4_0 / Q4_1: element i (i < 16) is the low nibble of qs[i], element 16 + i the high nibble.
+struct DecodeQ4_0 {  // d * (q - 8)
+    using Block = block_q4_0;
+    static constexpr int kBlockSize = QK4_0;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d));
+        const __m256i low4 = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+        for (int c = 0; c < 2; ++c) {
+            const __m256i q = bytes_to_lanes(b->qs + 8 * c);
+            sink.put(c, _mm256_mul_ps(d, to_float(_mm256_sub_epi32(_mm256_and_si256(q, low4), eight))));
+            sink.put(2 + c, _mm256_mul_ps(d, to_float(_mm256_sub_epi32(_mm256_srli_epi32(q, 4), eight))));
+        }
+    }
+};
+
+struct DecodeQ4_1 {  // d * q + m
+    using Block = block_q4_1;
+    static constexpr int kBlockSize = QK4_1;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d)), m = _mm256_set1_ps(half_to_float(b->m));
+        const __m256i low4 = _mm256_set1_epi32(0x0F);
+        for (int c = 0; c < 2; ++c) {
+            const __m256i q = bytes_to_lanes(b->qs + 8 * c);
+            sink.put(c, _mm256_add_ps(_mm256_mul_ps(d, to_float(_mm256_and_si256(q, low4))), m));
+            sink.put(2 + c, _mm256_add_ps(_mm256_mul_ps(d, to_float(_mm256_srli_epi32(q, 4))), m));
+        }
+    }
+};
+
+// Q5_0 / Q5_1: the fifth bit of element e is bit e of qh. Each half (16 elements) is broadcast
+// pre-shifted left by 4, so a per-lane right shift by the element's offset lands its bit on bit 4.
+// Calls value(q) on the 5-bit q of each chunk.
+template <typename Sink, typename Value>
+inline void decode_q5(const uint8_t* qs, const uint8_t* qh_bytes, Sink& sink, Value value) {
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, 4);
+    const __m256i low4 = _mm256_set1_epi32(0x0F), bit4 = _mm256_set1_epi32(0x10);
+    const __m256i high_lo = _mm256_set1_epi32(static_cast<int>((qh & 0xFFFFu) << 4));
+    const __m256i high_hi = _mm256_set1_epi32(static_cast<int>((qh >> 16) << 4));
+    for (int c = 0; c < 2; ++c) {
+        const __m256i offsets = _mm256_setr_epi32(8 * c, 8 * c + 1, 8 * c + 2, 8 * c + 3, 8 * c + 4, 8 * c + 5,
+                                                  8 * c + 6, 8 * c + 7);
+        const __m256i q = bytes_to_lanes(qs + 8 * c);
+        const __m256i q_lo = _mm256_or_si256(_mm256_and_si256(q, low4),
+                                             _mm256_and_si256(_mm256_srlv_epi32(high_lo, offsets), bit4));
+        const __m256i q_hi =
+            _mm256_or_si256(_mm256_srli_epi32(q, 4), _mm256_and_si256(_mm256_srlv_epi32(high_hi, offsets), bit4));
+        sink.put(c, value(q_lo));
+        sink.put(2 + c, value(q_hi));
+    }
+}
+
+struct DecodeQ5_0 {  // d * (q - 16)
+    using Block = block_q5_0;
+    static constexpr int kBlockSize = QK5_0;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d));
+        const __m256i sixteen = _mm256_set1_epi32(16);
+        decode_q5(b->qs, b->qh, sink, [&](__m256i q) { return _mm256_mul_ps(d, to_float(_mm256_sub_epi32(q, sixteen))); });
+    }
+};
+
+struct DecodeQ5_1 {  // d * q + m
+    using Block = block_q5_1;
+    static constexpr int kBlockSize = QK5_1;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d)), m = _mm256_set1_ps(half_to_float(b->m));
+        decode_q5(b->qs, b->qh, sink, [&](__m256i q) { return _mm256_add_ps(_mm256_mul_ps(d, to_float(q)), m); });
+    }
+};
+
+struct DecodeQ8_0 {  // float(q) * d
+    using Block = block_q8_0;
+    static constexpr int kBlockSize = QK8_0;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d));
+        for (int c = 0; c < 4; ++c) sink.put(c, _mm256_mul_ps(to_float(sbytes_to_lanes(b->qs + 8 * c)), d));
+    }
+};
+
+// Q2_K: sub-block s = 8h + 2j + l covers chunks 2s, 2s + 1. T[k] = dl * (k & 3) - ml; the index is
+// the qs byte shifted right by 2j, whose bit 2 (the next element's) selects the table's repeat.
+struct DecodeQ2_K {
+    using Block = block_q2_K;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        alignas(32) float dl[16], ml[16];
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d)), dmin = _mm256_set1_ps(half_to_float(b->dmin));
+        for (int c = 0; c < 2; ++c) {
+            const __m256i sc = bytes_to_lanes(b->scales + 8 * c);
+            _mm256_store_ps(dl + 8 * c, _mm256_mul_ps(d, to_float(_mm256_and_si256(sc, _mm256_set1_epi32(0x0F)))));
+            _mm256_store_ps(ml + 8 * c, _mm256_mul_ps(dmin, to_float(_mm256_srli_epi32(sc, 4))));
+        }
+        const __m256 q_values = _mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3);
+        for (int h = 0; h < 2; ++h) {
+            __m256i q[4];  // qs bytes 32h + 8c .. 32h + 8c + 7
+            for (int c = 0; c < 4; ++c) q[c] = bytes_to_lanes(b->qs + 32 * h + 8 * c);
+            for (int j = 0; j < 4; ++j) {
+                for (int l = 0; l < 2; ++l) {
+                    const int s = 8 * h + 2 * j + l;
+                    const __m256 table =
+                        _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl[s]), q_values), _mm256_set1_ps(ml[s]));
+                    for (int c = 0; c < 2; ++c) {
+                        sink.put(2 * s + c, _mm256_permutevar8x32_ps(table, shift_left(q[2 * l + c], -2 * j)));
+                    }
+                }
+            }
+        }
+    }
+};
+
+// Q3_K: index bits 1:0 = the low bits (qs >> 2j), bit 2 = the hmask bit (bit 4h + j);
+// T[k] = dl * (k - 4), since k = low + 4 * high and q = low - (high ? 0 : 4).
+struct DecodeQ3_K {
+    using Block = block_q3_K;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        alignas(32) float dl[16];
+        int8_t scales[16];
+        unpack_q3_K_scales(b->scales, scales);
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d));
+        for (int c = 0; c < 2; ++c) _mm256_store_ps(dl + 8 * c, _mm256_mul_ps(d, to_float(sbytes_to_lanes(scales + 8 * c))));
+        const __m256 q_values = _mm256_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3);
+        const __m256i low_bits = _mm256_set1_epi32(0x03), high_bit = _mm256_set1_epi32(0x04);
+        __m256i hm[4];  // hmask bytes 8c .. 8c + 7
+        for (int c = 0; c < 4; ++c) hm[c] = bytes_to_lanes(b->hmask + 8 * c);
+        for (int h = 0; h < 2; ++h) {
+            __m256i q[4];
+            for (int c = 0; c < 4; ++c) q[c] = bytes_to_lanes(b->qs + 32 * h + 8 * c);
+            for (int j = 0; j < 4; ++j) {
+                for (int l = 0; l < 2; ++l) {
+                    const int s = 8 * h + 2 * j + l;
+                    const __m256 table = _mm256_mul_ps(_mm256_set1_ps(dl[s]), q_values);
+                    for (int c = 0; c < 2; ++c) {
+                        const __m256i idx =
+                            _mm256_or_si256(_mm256_and_si256(shift_left(q[2 * l + c], -2 * j), low_bits),
+                                            _mm256_and_si256(shift_left(hm[2 * l + c], 2 - (4 * h + j)), high_bit));
+                        sink.put(2 * s + c, _mm256_permutevar8x32_ps(table, idx));
+                    }
+                }
+            }
+        }
+    }
+};
+
+// Q4_K / Q5_K scales as floats: out[0..7] = d * sc[j], out[8..15] = dmin * m[j].
+inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float out[16]) {
+    const Q4KScaleWords w = unpack_q4_K_scale_min(packed);
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(w.sc_hi), static_cast<int>(w.sc_lo)));
+    const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(w.m_hi), static_cast<int>(w.m_lo)));
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(half_to_float(d_half)), to_float(sc)));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_set1_ps(half_to_float(dmin_half)), to_float(m)));
+}
+
+// Q4_K: group j = sub-block 2j (low nibbles of qs[32j..32j+31], chunks 8j..8j+3) and 2j + 1 (high
+// nibbles, chunks 8j+4..8j+7); value = (d * sc) * q - dmin * m.
+struct DecodeQ4_K {
+    using Block = block_q4_K;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        alignas(32) float scale_min[16];
+        q4_K_scales(b->scales, b->d, b->dmin, scale_min);
+        const __m256i low4 = _mm256_set1_epi32(0x0F);
+        for (int j = 0; j < 4; ++j) {
+            const __m256 d_lo = _mm256_set1_ps(scale_min[2 * j]), m_lo = _mm256_set1_ps(scale_min[8 + 2 * j]);
+            const __m256 d_hi = _mm256_set1_ps(scale_min[2 * j + 1]), m_hi = _mm256_set1_ps(scale_min[8 + 2 * j + 1]);
+            for (int c = 0; c < 4; ++c) {
+                const __m256i q = bytes_to_lanes(b->qs + 32 * j + 8 * c);
+                sink.put(8 * j + c, _mm256_sub_ps(_mm256_mul_ps(d_lo, to_float(_mm256_and_si256(q, low4))), m_lo));
+                sink.put(8 * j + 4 + c, _mm256_sub_ps(_mm256_mul_ps(d_hi, to_float(_mm256_srli_epi32(q, 4))), m_hi));
+            }
+        }
+    }
+};
+
+// Q5_K: as Q4_K plus bit 4 from qh[i] at bit 2j (low nibbles) or 2j + 1 (high nibbles).
+struct DecodeQ5_K {
+    using Block = block_q5_K;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        alignas(32) float scale_min[16];
+        q4_K_scales(b->scales, b->d, b->dmin, scale_min);
+        const __m256i low4 = _mm256_set1_epi32(0x0F), bit4 = _mm256_set1_epi32(0x10);
+        __m256i qh[4];
+        for (int c = 0; c < 4; ++c) qh[c] = bytes_to_lanes(b->qh + 8 * c);
+        for (int j = 0; j < 4; ++j) {
+            const __m256 d_lo = _mm256_set1_ps(scale_min[2 * j]), m_lo = _mm256_set1_ps(scale_min[8 + 2 * j]);
+            const __m256 d_hi = _mm256_set1_ps(scale_min[2 * j + 1]), m_hi = _mm256_set1_ps(scale_min[8 + 2 * j + 1]);
+            for (int c = 0; c < 4; ++c) {
+                const __m256i q = bytes_to_lanes(b->qs + 32 * j + 8 * c);
+                const __m256i q_lo = _mm256_or_si256(_mm256_and_si256(q, low4),
+                                                     _mm256_and_si256(shift_left(qh[c], 4 - 2 * j), bit4));
+                const __m256i q_hi = _mm256_or_si256(_mm256_srli_epi32(q, 4),
+                                                     _mm256_and_si256(shift_left(qh[c], 3 - 2 * j), bit4));
+                sink.put(8 * j + c, _mm256_sub_ps(_mm256_mul_ps(d_lo, to_float(q_lo)), m_lo));
+                sink.put(8 * j + 4 + c, _mm256_sub_ps(_mm256_mul_ps(d_hi, to_float(q_hi)), m_hi));
+            }
+        }
+    }
+};
+
+// Q6_K: q - 32 assembled 32 elements at a time with byte operations (bit layout in the scalar
+// reference), parked in a stack buffer and widened 8 at a time; value = (d * scales[e / 16]) * (q - 32).
+struct DecodeQ6_K {
+    using Block = block_q6_K;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        alignas(32) float dsc[16];
+        alignas(32) int8_t q[128];
+        const __m256 d = _mm256_set1_ps(half_to_float(b->d));
+        for (int c = 0; c < 2; ++c) _mm256_store_ps(dsc + 8 * c, _mm256_mul_ps(d, to_float(sbytes_to_lanes(b->scales + 8 * c))));
+        const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h));
+            // k = 0..3: low 4 bits from ql0 / ql1 low nibbles, then ql0 / ql1 high nibbles; high
+            // 2 bits from qh at bit 2k, moved to bits 4-5 (16-bit shifts; the 0x30 mask drops the
+            // bits that crossed a byte boundary).
+            const __m256i parts[4] = {
+                _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+                _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
+            };
+            for (int k = 0; k < 4; ++k) {
+                _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32 * k), _mm256_sub_epi8(parts[k], bias));
+            }
+            for (int c = 0; c < 16; ++c) {
+                const int chunk = 16 * h + c;  // elements 8 * chunk .. + 7, sub-block chunk / 2
+                sink.put(chunk, _mm256_mul_ps(_mm256_set1_ps(dsc[chunk / 2]), to_float(sbytes_to_lanes(q + 8 * c))));
+            }
+        }
+    }
+};
+
+template <typename D>
+constexpr RowKernels block_entry() {
+    return RowKernels{&dequant_row_blocks<D>, &dot_row_blocks<D>};
+}
+template <typename Load>
+constexpr RowKernels plain_entry() {
+    return RowKernels{&dequant_plain<Load>, &dot_plain<Load>};
+}
+
+constexpr IsaKernels make_avx2_table() {
+    IsaKernels t{};
+    t.by_type[static_cast<int>(GgmlType::F32)] = plain_entry<LoadF32>();
+    t.by_type[static_cast<int>(GgmlType::F16)] = plain_entry<LoadF16>();
+    t.by_type[static_cast<int>(GgmlType::BF16)] = plain_entry<LoadBF16>();
+    t.by_type[static_cast<int>(GgmlType::Q4_0)] = block_entry<DecodeQ4_0>();
+    t.by_type[static_cast<int>(GgmlType::Q4_1)] = block_entry<DecodeQ4_1>();
+    t.by_type[static_cast<int>(GgmlType::Q5_0)] = block_entry<DecodeQ5_0>();
+    t.by_type[static_cast<int>(GgmlType::Q5_1)] = block_entry<DecodeQ5_1>();
+    t.by_type[static_cast<int>(GgmlType::Q8_0)] = block_entry<DecodeQ8_0>();
+    t.by_type[static_cast<int>(GgmlType::Q2_K)] = block_entry<DecodeQ2_K>();
+    t.by_type[static_cast<int>(GgmlType::Q3_K)] = block_entry<DecodeQ3_K>();
+    t.by_type[static_cast<int>(GgmlType::Q4_K)] = block_entry<DecodeQ4_K>();
+    t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>();
+    t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>();
+    t.dot_f32 = &dot_f32_avx2;
+    return t;
+}
+
+constexpr IsaKernels kAvx2Kernels = make_avx2_table();
+
+}  // namespace
+
+const IsaKernels& avx2_kernels() { return kAvx2Kernels; }
+
+}  // namespace sharpi::cpu::detail

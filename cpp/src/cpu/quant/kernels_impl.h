@@ -1,0 +1,86 @@
+// Private to cpu/quant: the per-ISA kernel tables that dispatch.cpp chooses from, and the scale
+// unpacking that every ISA shares.
+//
+// ODR hazard, and the rule that avoids it: kernels_avx2.cpp and kernels_avx512.cpp are compiled
+// with ISA flags. An inline function with external linkage (a header `inline`, a template, most of
+// the STL) used there may be emitted out of line with AVX-512 instructions, and the linker may then
+// pick that copy for a caller on a CPU without AVX-512. So everything in this header is `static`
+// (one private copy per file) or plain data, and the SIMD files use only intrinsics, their own
+// static functions and libc.
+//
+// Floating-point contraction: GCC fuses a*b+c into an FMA by default (-ffp-contract=fast), even
+// across separate intrinsics. The dequantized values must be rounded exactly like the gguf
+// package computes them (a multiply rounded, then an add rounded), and dot_row must rebuild exactly
+// the values dequant_row stores, so every kernel file turns contraction off with SHARPI_NO_FP_CONTRACT
+// below, placed right after this header and before <immintrin.h> or any floating-point code.
+// Explicit FMAs (_mm512_fmadd_ps) are unaffected.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/quant/kernels.h"
+#include "quant/blocks.h"
+
+namespace sharpi::cpu::detail {
+
+// Tables are indexed by the GGML type id; ids at or above this have no kernel.
+constexpr int kTypeTableSize = 40;
+
+// One ISA's kernels. Every type sharpi supports has both entries in every table (tested): a SIMD
+// table may not borrow scalar entries, because the bitwise invariant of kernels.h ties dot_row to
+// the same ISA's dot_f32.
+struct IsaKernels {
+    RowKernels by_type[kTypeTableSize];
+    DotF32Fn dot_f32;
+};
+
+const IsaKernels& scalar_kernels();
+const IsaKernels& avx2_kernels();    // call only when detect_isa() >= Isa::avx2
+const IsaKernels& avx512_kernels();  // call only when detect_isa() == Isa::avx512
+
+// Q4_K / Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min packed in 12 bytes:
+//   j < 4:  sc = s[j] & 63,                           m = s[j + 4] & 63
+//   j >= 4: sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m = (s[j + 4] >> 4) | (s[j] >> 6) << 4
+// Computed four bytes at a time on 32-bit little-endian words (each byte lane is independent
+// because every shift is followed by a mask that drops the bits that crossed from the
+// neighbouring byte). Returns the words {sc[0..3], sc[4..7], m[0..3], m[4..7]}.
+struct Q4KScaleWords {
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+};
+static inline Q4KScaleWords unpack_q4_K_scale_min(const uint8_t* s) {
+    uint32_t w0, w1, w2;  // bytes 0-3, 4-7, 8-11
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
+    Q4KScaleWords out;
+    out.sc_lo = w0 & 0x3F3F3F3Fu;
+    out.m_lo = w1 & 0x3F3F3F3Fu;
+    out.sc_hi = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    out.m_hi = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    return out;
+}
+
+// Q3_K: 16 signed 6-bit scales in 12 bytes. Scale i has its low 4 bits in byte i (i < 8, low
+// nibble) or byte i - 8 (i >= 8, high nibble), and its high 2 bits in byte 8 + i % 4 at bit
+// 2 * (i / 4). The stored value is biased by 32. Writes scale - 32 for i = 0..15.
+static inline void unpack_q3_K_scales(const uint8_t* s, int8_t out[16]) {
+    for (int i = 0; i < 16; ++i) {
+        const int low = (i < 8) ? (s[i] & 0x0F) : (s[i - 8] >> 4);
+        const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+        out[i] = static_cast<int8_t>((low | (high << 4)) - 32);
+    }
+}
+
+}  // namespace sharpi::cpu::detail
+
+// Right after this header in a kernel file (see the header comment). GCC honours the optimize pragma
+// for the whole file, inlined intrinsics included; clang contracts only within one expression
+// by default, which intrinsics never are, and is told explicitly anyway.
+#if defined(__clang__)
+#define SHARPI_NO_FP_CONTRACT _Pragma("clang fp contract(off)")
+#elif defined(__GNUC__)
+#define SHARPI_NO_FP_CONTRACT _Pragma("GCC optimize(\"fp-contract=off\")")
+#else
+#define SHARPI_NO_FP_CONTRACT
+#endif
