@@ -48,6 +48,48 @@ std::string hex(uint64_t v) {
     return buf;
 }
 
+// Keys and tensor names come from the file and go into error messages, which must stay valid UTF-8
+// text (Python turns them into str). Well-formed printable UTF-8 passes through; any other byte is
+// written as \xNN; the result is capped at ~200 bytes.
+std::string printable(const std::string& s) {
+    std::string out;
+    size_t i = 0;
+    while (i < s.size() && out.size() < 200) {
+        const auto c = static_cast<unsigned char>(s[i]);
+        size_t len = 0;
+        unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+        if (c >= 0x20 && c < 0x7F) {
+            len = 1;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;  // no overlong forms
+            if (c == 0xED) hi = 0x9F;  // no surrogates
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        }
+        bool ok = len > 0 && i + len <= s.size();
+        for (size_t k = 1; ok && k < len; ++k) {
+            const auto b = static_cast<unsigned char>(s[i + k]);
+            ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+        }
+        if (ok) {
+            out.append(s, i, len);
+            i += len;
+        } else {
+            char buf[8];
+            std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+            out += buf;
+            i += 1;
+        }
+    }
+    if (i < s.size()) out += "...";
+    return out;
+}
+
 // Bytes one element of an array of `type` needs at least (strings: their u64 length; arrays: type + count).
 uint64_t min_element_size(GgufValueType type) {
     switch (type) {
@@ -363,12 +405,12 @@ void GgufFile::parse() {
         const std::string nth = std::to_string(i) + " of " + std::to_string(n_kv);
         r.set_context("metadata", "key " + nth);
         std::string key = r.read_string("key");
-        r.set_context("metadata", "key " + nth + ", '" + key + "'");
+        r.set_context("metadata", "key " + nth + ", '" + printable(key) + "'");
         const uint32_t type_raw = r.read_scalar<uint32_t>();
         if (!is_known_value_type(type_raw)) r.fail_here("unknown value type " + std::to_string(type_raw));
         GgufValue value;
         read_value(r, static_cast<GgufValueType>(type_raw), value, 0);
-        if (kv_index_.count(key)) r.fail("duplicate metadata key '" + key + "'");
+        if (kv_index_.count(key)) r.fail("duplicate metadata key '" + printable(key) + "'");
         kv_index_.emplace(key, kv_.size());
         kv_.emplace_back(std::move(key), std::move(value));
     }
@@ -399,8 +441,8 @@ void GgufFile::parse() {
         GgufTensor t;
         t.name = r.read_string("tensor name");
         if (t.name.empty()) r.fail_here("empty tensor name");
-        r.set_context("tensor directory", "tensor " + nth + ", " + t.name);
-        const std::string who = "tensor " + t.name;
+        r.set_context("tensor directory", "tensor " + nth + ", " + printable(t.name));
+        const std::string who = "tensor " + printable(t.name);
 
         const uint32_t n_dims = r.read_scalar<uint32_t>();
         if (n_dims == 0 || n_dims > kMaxDims) {
@@ -442,7 +484,7 @@ void GgufFile::parse() {
             r.fail(who + ": data offset " + hex(t.offset) + " is not a multiple of the alignment " +
                    std::to_string(alignment_));
         }
-        if (tensor_index_.count(t.name)) r.fail("duplicate tensor name '" + t.name + "'");
+        if (tensor_index_.count(t.name)) r.fail("duplicate tensor name '" + printable(t.name) + "'");
         tensor_index_.emplace(t.name, tensors_.size());
         tensors_.push_back(std::move(t));
     }
@@ -456,7 +498,7 @@ void GgufFile::parse() {
         uint64_t begin = 0, end = 0;
         if (__builtin_add_overflow(data_offset_, t.offset, &begin) || __builtin_add_overflow(begin, t.nbytes, &end) ||
             end > file_size_) {
-            r.fail("tensor " + t.name + ": data [" + hex(data_offset_ + t.offset) + ", " +
+            r.fail("tensor " + printable(t.name) + ": data [" + hex(data_offset_ + t.offset) + ", " +
                    hex(data_offset_ + t.offset + t.nbytes) + ") beyond end of file (size " + std::to_string(file_size_) +
                    ")");
         }
@@ -472,8 +514,8 @@ void GgufFile::parse() {
     for (size_t i = 1; i < by_offset.size(); ++i) {
         const GgufTensor* prev = by_offset[i - 1];
         if (prev->offset + prev->nbytes > by_offset[i]->offset) {
-            r.fail("tensor " + by_offset[i]->name + ": data at " + hex(by_offset[i]->file_offset) +
-                   " overlaps tensor " + prev->name + " [" + hex(prev->file_offset) + ", " +
+            r.fail("tensor " + printable(by_offset[i]->name) + ": data at " + hex(by_offset[i]->file_offset) +
+                   " overlaps tensor " + printable(prev->name) + " [" + hex(prev->file_offset) + ", " +
                    hex(prev->file_offset + prev->nbytes) + ")");
         }
     }
