@@ -2,11 +2,13 @@
 // tensor directory of a version 2 or 3 file, validates it against the file size, and maps the
 // tensor data read-only with mmap for the resident case.
 //
-// Owns the file descriptor and the mapping; tensor data pointers stay valid while the GgufFile
-// lives. Parsing never trusts a count or a length from the file: every read is bounds-checked and
-// a violation is a FormatError naming the file, the byte offset and what was being read
-// ("[gguf] m.gguf: truncated tensor directory at offset 0x1a0 (tensor 3 of 12, name)").
-// Thread-safe for concurrent reads after open().
+// Owns the file descriptor (O_RDONLY, kept open for the streaming readers' pread / io_uring) and the
+// read-only mapping; tensor data pointers stay valid while the GgufFile lives. The header is read
+// with pread, never through the mapping, and never trusts a count or a length from the file: every
+// read is bounds-checked and a violation is a FormatError naming the file, the byte offset and what
+// was being read ("[gguf] m.gguf: truncated tensor directory at offset 0x1a0 (tensor 3 of 12,
+// blk.0.attn_q.weight): needs 8 bytes, file size 420"). It never writes to the file and never touches
+// tensor bytes itself. Immutable after open(), so concurrent reads from any thread are safe.
 #pragma once
 
 #include <cstdint>
@@ -70,8 +72,10 @@ struct GgufTensor {
 class GgufFile {
 public:
     // Throws IoError (cannot open/map), FormatError (malformed, truncated, out of bounds),
-    // UnsupportedError (version 1, tensor of unknown type id).
-    static std::unique_ptr<GgufFile> open(const std::string& path);
+    // UnsupportedError (version 1, big-endian, tensor of unknown type id).
+    // map_data = false skips the mmap (a streaming host that reads experts with pread / O_DIRECT and
+    // wants no mapping at all); tensor_data() then returns nullptr.
+    static std::unique_ptr<GgufFile> open(const std::string& path, bool map_data = true);
     ~GgufFile();
     GgufFile(const GgufFile&) = delete;
     GgufFile& operator=(const GgufFile&) = delete;
@@ -101,11 +105,14 @@ public:
     const std::vector<GgufTensor>& tensors() const { return tensors_; }
     const GgufTensor* find_tensor(const std::string& name) const;  // nullptr when absent
 
-    // Pointer to a tensor's bytes in the read-only mapping (valid while this object lives).
-    const uint8_t* tensor_data(const GgufTensor& t) const { return mapping_ + t.file_offset; }
+    // Pointer to a tensor's bytes in the read-only mapping (valid while this object lives);
+    // nullptr when opened with map_data = false.
+    const uint8_t* tensor_data(const GgufTensor& t) const { return mapping_ ? mapping_ + t.file_offset : nullptr; }
+    bool is_mapped() const { return mapping_ != nullptr; }
 
 private:
     GgufFile() = default;
+    void parse();  // reads and validates the header and directory; fills every member but mapping_
 
     std::string path_;
     uint32_t version_ = 0;

@@ -1,7 +1,210 @@
+// sharpi._core.GgufFile: the C++ GGUF reader seen from Python. Type conversion only; all validation
+// (and every error message) lives in cpp/src/gguf/gguf_file.cpp.
+//
+// Metadata values become Python ints / floats / bools / str; arrays of strings become list[str],
+// arrays of numbers become 1-D numpy arrays of the file's element type (uint8 ... float64, bool),
+// and arrays of arrays become lists of those. Strings that are not valid UTF-8 are decoded with
+// U+FFFD replacement characters rather than raising.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
 #include "bindings.h"
+#include "gguf/gguf_file.h"
+#include "sharpi/errors.h"
+
+namespace py = pybind11;
 
 namespace sharpi::py_bindings {
 
-void bind_gguf(pybind11::module_& m) {}
+namespace {
+
+py::str to_py_str(const std::string& s) {
+    PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+    if (!o) throw py::error_already_set();
+    return py::reinterpret_steal<py::str>(o);
+}
+
+template <typename T, typename Src>
+py::array numbers_to_numpy(const std::vector<Src>& values) {
+    py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
+    T* dst = out.mutable_data();
+    for (size_t i = 0; i < values.size(); ++i) dst[i] = static_cast<T>(values[i]);
+    return std::move(out);
+}
+
+py::object array_to_py(const GgufValue& v);
+
+py::object value_to_py(const GgufValue& v) {
+    switch (v.type) {
+        case GgufValueType::UINT64: return py::int_(v.u());
+        case GgufValueType::UINT8:
+        case GgufValueType::INT8:
+        case GgufValueType::UINT16:
+        case GgufValueType::INT16:
+        case GgufValueType::UINT32:
+        case GgufValueType::INT32:
+        case GgufValueType::INT64: return py::int_(v.i);
+        case GgufValueType::BOOL: return py::bool_(v.i != 0);
+        case GgufValueType::FLOAT32:
+        case GgufValueType::FLOAT64: return py::float_(v.f);
+        case GgufValueType::STRING: return to_py_str(v.str);
+        case GgufValueType::ARRAY: return array_to_py(v);
+    }
+    return py::none();
+}
+
+py::object array_to_py(const GgufValue& v) {
+    switch (v.array_type) {
+        case GgufValueType::STRING: {
+            py::list out(v.arr_str.size());
+            for (size_t i = 0; i < v.arr_str.size(); ++i) out[i] = to_py_str(v.arr_str[i]);
+            return std::move(out);
+        }
+        case GgufValueType::ARRAY: {
+            py::list out(v.arr_nested.size());
+            for (size_t i = 0; i < v.arr_nested.size(); ++i) out[i] = array_to_py(v.arr_nested[i]);
+            return std::move(out);
+        }
+        case GgufValueType::UINT8: return numbers_to_numpy<uint8_t>(v.arr_int);
+        case GgufValueType::INT8: return numbers_to_numpy<int8_t>(v.arr_int);
+        case GgufValueType::UINT16: return numbers_to_numpy<uint16_t>(v.arr_int);
+        case GgufValueType::INT16: return numbers_to_numpy<int16_t>(v.arr_int);
+        case GgufValueType::UINT32: return numbers_to_numpy<uint32_t>(v.arr_int);
+        case GgufValueType::INT32: return numbers_to_numpy<int32_t>(v.arr_int);
+        case GgufValueType::UINT64: return numbers_to_numpy<uint64_t>(v.arr_int);  // bit-for-bit
+        case GgufValueType::INT64: return numbers_to_numpy<int64_t>(v.arr_int);
+        case GgufValueType::BOOL: return numbers_to_numpy<bool>(v.arr_int);
+        case GgufValueType::FLOAT32: return numbers_to_numpy<float>(v.arr_float);
+        case GgufValueType::FLOAT64: return numbers_to_numpy<double>(v.arr_float);
+    }
+    return py::none();
+}
+
+std::string type_description(const GgufValue& v) {
+    if (v.type != GgufValueType::ARRAY) return gguf_value_type_name(v.type);
+    return std::string("array[") + gguf_value_type_name(v.array_type) + "]";
+}
+
+py::dict tensor_to_py(const GgufTensor& t) {
+    py::dict d;
+    d["name"] = to_py_str(t.name);
+    d["type"] = static_cast<uint32_t>(t.type);
+    d["type_name"] = ggml_type_traits(t.type).name;
+    py::list shape;
+    for (int64_t ne : t.ne) shape.append(ne);
+    d["shape"] = shape;
+    d["n_elements"] = t.n_elements;
+    d["offset"] = t.offset;
+    d["file_offset"] = t.file_offset;
+    d["nbytes"] = t.nbytes;
+    return d;
+}
+
+const GgufTensor& tensor_or_throw(const GgufFile& f, const std::string& name) {
+    const GgufTensor* t = f.find_tensor(name);
+    if (!t) throw MissingTensorError("[gguf] " + f.path() + ": no tensor named '" + name + "'");
+    return *t;
+}
+
+// Reads [offset, offset + n) with pread (used when the file was opened without a mapping).
+void pread_exact(const GgufFile& f, uint8_t* dst, uint64_t offset, uint64_t n) {
+    uint64_t got = 0;
+    while (got < n) {
+        const ssize_t r = ::pread(f.fd(), dst + got, n - got, static_cast<off_t>(offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            throw IoError("[gguf] " + f.path() + ": read of " + std::to_string(n) + " bytes at offset " +
+                          std::to_string(offset + got) + " failed: " + (r < 0 ? std::strerror(errno) : "end of file"));
+        }
+        got += static_cast<uint64_t>(r);
+    }
+}
+
+}  // namespace
+
+void bind_gguf(py::module_& m) {
+    py::class_<GgufFile, std::unique_ptr<GgufFile>>(m, "GgufFile", R"doc(
+A GGUF v2/v3 file: metadata, tensor directory and (by default) a read-only mapping of the data.
+
+GgufFile(path, map_data=True). Raises FormatError (malformed / truncated / out of bounds),
+UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (cannot open / read).
+)doc")
+        .def(py::init([](const py::object& path, bool map_data) {
+                 const std::string p = py::str(py::module_::import("os").attr("fspath")(path));
+                 py::gil_scoped_release release;
+                 return GgufFile::open(p, map_data);
+             }),
+             py::arg("path"), py::arg("map_data") = true)
+        .def_property_readonly("path", &GgufFile::path)
+        .def_property_readonly("version", &GgufFile::version)
+        .def_property_readonly("alignment", &GgufFile::alignment)
+        .def_property_readonly("data_offset", &GgufFile::data_offset)
+        .def_property_readonly("file_size", &GgufFile::file_size)
+        .def_property_readonly("is_mapped", &GgufFile::is_mapped)
+        .def(
+            "metadata",
+            [](const GgufFile& f) {
+                py::dict d;
+                for (const auto& [key, value] : f.metadata()) d[to_py_str(key)] = value_to_py(value);
+                return d;
+            },
+            "All metadata as a dict in file order (numeric arrays as numpy arrays, string arrays as lists)")
+        .def(
+            "metadata_types",
+            [](const GgufFile& f) {
+                py::dict d;
+                for (const auto& [key, value] : f.metadata()) d[to_py_str(key)] = type_description(value);
+                return d;
+            },
+            "GGUF value type of each key: 'uint32', 'string', 'array[string]', ...")
+        .def(
+            "tensors",
+            [](const GgufFile& f) {
+                py::list out;
+                for (const GgufTensor& t : f.tensors()) out.append(tensor_to_py(t));
+                return out;
+            },
+            "Tensor directory in file order: dicts {name, type, type_name, shape (ggml order, ne[0] first), "
+            "n_elements, offset (in the data section), file_offset, nbytes}")
+        .def(
+            "tensor", [](const GgufFile& f, const std::string& name) { return tensor_to_py(tensor_or_throw(f, name)); },
+            py::arg("name"), "One tensor's directory entry; MissingTensorError when absent")
+        .def(
+            "has_tensor", [](const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; },
+            py::arg("name"))
+        .def(
+            "tensor_bytes",
+            [](const py::object& self, const std::string& name, bool copy) -> py::array {
+                const GgufFile& f = self.cast<const GgufFile&>();
+                const GgufTensor& t = tensor_or_throw(f, name);
+                const auto n = static_cast<py::ssize_t>(t.nbytes);
+                if (!copy && f.is_mapped()) {
+                    // Read-only view into the mapping; the array keeps the GgufFile alive.
+                    py::array_t<uint8_t> view({n}, {static_cast<py::ssize_t>(1)}, f.tensor_data(t), self);
+                    py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+                    return std::move(view);
+                }
+                py::array_t<uint8_t> out(n);
+                uint8_t* dst = out.mutable_data();
+                if (f.is_mapped()) {
+                    std::memcpy(dst, f.tensor_data(t), t.nbytes);
+                } else {
+                    py::gil_scoped_release release;
+                    pread_exact(f, dst, t.file_offset, t.nbytes);
+                }
+                return std::move(out);
+            },
+            py::arg("name"), py::arg("copy") = true,
+            "The tensor's raw bytes as a uint8 numpy array (copy=False: a read-only view of the mapping)")
+        .def("__repr__", [](const GgufFile& f) {
+            return "<GgufFile '" + f.path() + "' v" + std::to_string(f.version()) + ", " +
+                   std::to_string(f.metadata().size()) + " keys, " + std::to_string(f.tensors().size()) + " tensors>";
+        });
+}
 
 }  // namespace sharpi::py_bindings

@@ -1,0 +1,175 @@
+"""Model shapes for `sharpi make-model`: the published hyper-parameters of real MoE models, a "tiny"
+shape valid for every architecture, and shapes matching the routing traces in ../shared/traces/.
+
+A preset is a set of hyper-parameters; `resolve()` combines a preset, an architecture and user
+overrides into one validated `HParams`. Field names follow llama.cpp's (n_embd, n_head_kv, n_ff_exp).
+Sources for the real models are their Hugging Face config.json files:
+  allenai/OLMoE-1B-7B-0924, Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen1.5-MoE-A2.7B,
+  deepseek-ai/DeepSeek-V2-Lite (for the trace-shaped preset; DeepSeek's MLA attention is not modelled,
+  the file is a qwen3moe with DeepSeek-V2-Lite's expert layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ._core import InvalidArgument
+
+# Architectures make-model writes, as GGUF `general.architecture` strings.
+MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe")  # always MoE
+DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
+ARCHES = ("llama",) + MOE_ARCHES + DENSE_ARCHES  # llama: Mixtral-style MoE when n_expert > 0, else dense
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int  # {arch}.context_length
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int  # per-head width of q/k/v; n_head * head_dim may differ from n_embd (qwen3)
+    n_ff: int  # dense FFN width (dense archs; the "intermediate_size" qwen MoE configs also carry)
+    n_expert: int  # 0 = dense
+    n_expert_used: int
+    n_ff_exp: int  # width of one routed expert
+    n_ff_shexp: int  # width of the shared expert (qwen2moe only, else 0)
+    rope_freq_base: float
+    rms_eps: float
+    tie_embeddings: bool = False  # no output.weight; the lm head reuses token_embd
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
+
+    @property
+    def q_width(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+
+# Field values per preset. "arch" is None for presets valid for any architecture. head_dim None means
+# n_embd // n_head (recomputed when n_embd or n_head is overridden).
+PRESETS: dict[str, dict] = {
+    # Small enough to write with real float weights in well under a second; every row length is a
+    # multiple of 256 so every K-quant applies to every matrix.
+    "tiny": dict(
+        arch=None, n_vocab=1024, n_ctx_train=4096, n_embd=256, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=None, n_ff=512, n_expert=8, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256,
+        rope_freq_base=10000.0, rms_eps=1e-6,
+    ),
+    "olmoe-1b-7b": dict(
+        arch="olmoe", n_vocab=50304, n_ctx_train=4096, n_embd=2048, n_layer=16, n_head=16, n_head_kv=16,
+        head_dim=None, n_ff=1024, n_expert=64, n_expert_used=8, n_ff_exp=1024, n_ff_shexp=0,
+        rope_freq_base=10000.0, rms_eps=1e-5,
+    ),
+    "qwen3-30b-a3b": dict(
+        arch="qwen3moe", n_vocab=151936, n_ctx_train=40960, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4,
+        head_dim=128, n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff_shexp=0,
+        rope_freq_base=1000000.0, rms_eps=1e-6,
+    ),
+    "mixtral-8x7b": dict(
+        arch="llama", n_vocab=32000, n_ctx_train=32768, n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
+        head_dim=None, n_ff=14336, n_expert=8, n_expert_used=2, n_ff_exp=14336, n_ff_shexp=0,
+        rope_freq_base=1000000.0, rms_eps=1e-5,
+    ),
+    "qwen1.5-moe-a2.7b": dict(
+        arch="qwen2moe", n_vocab=151936, n_ctx_train=8192, n_embd=2048, n_layer=24, n_head=16, n_head_kv=16,
+        head_dim=None, n_ff=5632, n_expert=60, n_expert_used=4, n_ff_exp=1408, n_ff_shexp=5632,
+        rope_freq_base=1000000.0, rms_eps=1e-6,
+    ),
+    # ../shared/traces/deepseek_v2_lite_train.npz: 26 MoE layers x 64 experts, top-6. DeepSeek-V2-Lite's
+    # first layer is dense and it has 2 shared experts; kept simple here: 26 MoE layers, no shared expert.
+    "deepseek-trace": dict(
+        arch="qwen3moe", n_vocab=102400, n_ctx_train=163840, n_embd=2048, n_layer=26, n_head=16, n_head_kv=16,
+        head_dim=128, n_ff=10944, n_expert=64, n_expert_used=6, n_ff_exp=1408, n_ff_shexp=0,
+        rope_freq_base=10000.0, rms_eps=1e-6,
+    ),
+}
+# ../shared/traces/mixtral_8x7b_small.npz: 32 layers x 8 experts, top-2 = Mixtral 8x7B itself.
+PRESETS["mixtral-trace"] = dict(PRESETS["mixtral-8x7b"])
+
+FIELDS = tuple(f.name for f in dataclasses.fields(HParams) if f.name != "arch")
+
+
+def preset_arch(preset: str) -> str | None:
+    """The architecture a preset fixes (None for "tiny")."""
+    if preset not in PRESETS:
+        raise InvalidArgument(f"unknown preset '{preset}' (known: {', '.join(PRESETS)})")
+    return PRESETS[preset]["arch"]
+
+
+def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HParams:
+    """Hyper-parameters for `preset`, on architecture `arch` (None: the preset's own, qwen3moe for tiny),
+    with `overrides` (HParams field names) applied. Raises InvalidArgument for an unknown preset, arch
+    or field, an arch that conflicts with the preset, or a shape the architecture cannot express."""
+    fixed = preset_arch(preset)
+    if arch is not None and arch not in ARCHES:
+        raise InvalidArgument(f"unknown arch '{arch}' (known: {', '.join(ARCHES)})")
+    if fixed is not None and arch is not None and arch != fixed:
+        raise InvalidArgument(f"preset '{preset}' is a {fixed} model; it cannot be written as arch '{arch}'")
+    arch = arch or fixed or "qwen3moe"
+    unknown = sorted(set(overrides) - set(FIELDS))
+    if unknown:
+        raise InvalidArgument(f"unknown hyper-parameter(s) {unknown} (known: {', '.join(FIELDS)})")
+
+    p = dict(PRESETS[preset])
+    p["arch"] = arch
+    if preset == "tiny":
+        if arch in DENSE_ARCHES:
+            p["n_expert"] = p["n_expert_used"] = 0
+        if arch != "qwen2moe":
+            p["n_ff_shexp"] = 0
+        if arch == "olmoe":
+            # llama.cpp sizes OLMoE's k_norm as n_embd, i.e. it assumes n_head_kv == n_head.
+            p["n_head_kv"] = p["n_head"]
+    p.update({k: v for k, v in overrides.items() if v is not None})
+    if p["head_dim"] is None:
+        p["head_dim"] = p["n_embd"] // p["n_head"] if p["n_head"] else 0
+    if p["n_expert"] == 0:
+        p["n_expert_used"] = 0
+    hp = HParams(**p)
+    validate(hp)
+    return hp
+
+
+def validate(hp: HParams) -> None:
+    def bad(msg: str):
+        raise InvalidArgument(f"{hp.arch}: {msg}")
+
+    for name in ("n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim"):
+        if int(getattr(hp, name)) <= 0:
+            bad(f"{name} = {getattr(hp, name)} must be positive")
+    if hp.n_head % hp.n_head_kv:
+        bad(f"n_head = {hp.n_head} is not a multiple of n_head_kv = {hp.n_head_kv}")
+    if hp.n_vocab < 300:
+        bad(f"n_vocab = {hp.n_vocab} is too small for a byte-level BPE vocabulary (need >= 300)")
+    if hp.arch in MOE_ARCHES and hp.n_expert <= 0:
+        bad("is a MoE architecture; n_expert must be > 0")
+    if hp.arch in DENSE_ARCHES and hp.n_expert != 0:
+        bad("is a dense architecture; n_expert must be 0 (use qwen2moe / qwen3moe / llama for MoE)")
+    if hp.n_expert < 0 or (hp.is_moe and not 0 < hp.n_expert_used <= hp.n_expert):
+        bad(f"n_expert_used = {hp.n_expert_used} must be in 1..n_expert = {hp.n_expert}")
+    if hp.is_moe and hp.n_ff_exp <= 0:
+        bad("n_ff_exp must be positive in a MoE model")
+    if not hp.is_moe and hp.n_ff <= 0:
+        bad("n_ff must be positive in a dense model")
+    if hp.arch == "qwen2moe" and hp.n_ff_shexp <= 0:
+        bad("qwen2moe needs a shared expert: n_ff_shexp must be positive")
+    if hp.arch != "qwen2moe" and hp.n_ff_shexp:
+        bad("only qwen2moe has a shared expert; set n_ff_shexp = 0")
+    # The converter writes attention.key_length only where the HF config has head_dim (qwen3, qwen3moe,
+    # and llama when set); elsewhere readers derive head_dim = n_embd / n_head, so it must be that.
+    if hp.arch in ("qwen2moe", "olmoe", "qwen2") and hp.n_head * hp.head_dim != hp.n_embd:
+        bad(f"n_head * head_dim = {hp.n_head * hp.head_dim} must equal n_embd = {hp.n_embd} "
+            "(its GGUF files carry no attention.key_length)")
+    if hp.arch == "olmoe" and hp.n_head_kv != hp.n_head:
+        bad("llama.cpp's OLMoE sizes attn_k_norm as n_embd, so n_head_kv must equal n_head")
+    if hp.head_dim % 2:
+        bad(f"head_dim = {hp.head_dim} must be even (RoPE rotates pairs)")
