@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-
 from sharpi import InvalidArgument, _core
 
 
@@ -99,14 +98,14 @@ def chi2_pvalue(samples, probs):
 
 
 CONFIGS = [
-    dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
-    dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0),
-    dict(temperature=1.3, top_k=5, top_p=1.0, min_p=0.0),
-    dict(temperature=1.0, top_k=0, top_p=0.6, min_p=0.0),
-    dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2),
-    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # the defaults
-    dict(temperature=0.9, top_k=12, top_p=0.8, min_p=0.1, repeat_penalty=1.3, repeat_last_n=4),
-    dict(temperature=1.1, top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=0.7, repeat_last_n=-1),
+    {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
+    {"temperature": 0.7, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
+    {"temperature": 1.3, "top_k": 5, "top_p": 1.0, "min_p": 0.0},
+    {"temperature": 1.0, "top_k": 0, "top_p": 0.6, "min_p": 0.0},
+    {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.2},
+    {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},  # the defaults
+    {"temperature": 0.9, "top_k": 12, "top_p": 0.8, "min_p": 0.1, "repeat_penalty": 1.3, "repeat_last_n": 4},
+    {"temperature": 1.1, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 0.7, "repeat_last_n": -1},
 ]
 
 
@@ -180,10 +179,10 @@ def test_penalty_changes_the_argmax():
 @pytest.mark.parametrize(
     "cfg",
     [
-        dict(temperature=1.5, top_k=3, top_p=1.0, min_p=0.0),
-        dict(temperature=2.0, top_k=0, top_p=0.3, min_p=0.0),
-        dict(temperature=2.0, top_k=0, top_p=1.0, min_p=0.3),
-        dict(temperature=3.0, top_k=50, top_p=0.5, min_p=0.02),
+        {"temperature": 1.5, "top_k": 3, "top_p": 1.0, "min_p": 0.0},
+        {"temperature": 2.0, "top_k": 0, "top_p": 0.3, "min_p": 0.0},
+        {"temperature": 2.0, "top_k": 0, "top_p": 1.0, "min_p": 0.3},
+        {"temperature": 3.0, "top_k": 50, "top_p": 0.5, "min_p": 0.02},
     ],
 )
 def test_filters_never_return_filtered_tokens(cfg):
@@ -228,7 +227,9 @@ def test_same_seed_same_sequence_and_seeds_differ():
 def test_parameters_round_trip_and_defaults():
     s = _core.Sampler()
     assert (s.temperature, s.top_k, s.repeat_last_n) == (pytest.approx(0.8), 40, 64)
-    s = _core.Sampler(temperature=0.5, top_k=7, top_p=0.5, min_p=0.25, repeat_penalty=1.5, repeat_last_n=9, seed=5)
+    s = _core.Sampler(
+        temperature=0.5, top_k=7, top_p=0.5, min_p=0.25, repeat_penalty=1.5, repeat_last_n=9, seed=5
+    )
     assert (s.top_k, s.repeat_last_n, s.seed) == (7, 9, 5)
     assert (s.temperature, s.top_p, s.min_p, s.repeat_penalty) == (0.5, 0.5, 0.25, 1.5)
 
@@ -236,19 +237,19 @@ def test_parameters_round_trip_and_defaults():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(temperature=-0.1),
-        dict(temperature=float("nan")),
-        dict(temperature=float("inf")),
-        dict(top_p=0.0),
-        dict(top_p=1.01),
-        dict(top_p=float("nan")),
-        dict(min_p=-0.01),
-        dict(min_p=1.5),
-        dict(min_p=float("nan")),
-        dict(repeat_penalty=0.0),
-        dict(repeat_penalty=-1.0),
-        dict(repeat_penalty=float("nan")),
-        dict(repeat_last_n=-2),
+        {"temperature": -0.1},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": 0.0},
+        {"top_p": 1.01},
+        {"top_p": float("nan")},
+        {"min_p": -0.01},
+        {"min_p": 1.5},
+        {"min_p": float("nan")},
+        {"repeat_penalty": 0.0},
+        {"repeat_penalty": -1.0},
+        {"repeat_penalty": float("nan")},
+        {"repeat_last_n": -2},
     ],
 )
 def test_invalid_parameters_raise(kwargs):
