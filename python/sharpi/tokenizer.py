@@ -185,9 +185,11 @@ class _Key:
             if isinstance(value, (bytes, bytearray)):
                 return _utf8(value, key)
         elif kind is list:
-            if isinstance(value, (str, bytes)):
-                pass
-            else:
+            if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+                value = value.tolist()  # numpy arrays: sharpi's GGUF reader returns numeric arrays so
+                if isinstance(value, list):
+                    return value
+            elif not isinstance(value, (str, bytes)):
                 try:
                     return list(value)
                 except TypeError:
@@ -517,10 +519,10 @@ class Tokenizer:
     def _lookup_text(self, text: str) -> int | None:
         return self._text_to_id.get(text)
 
-    def _build_byte_level_bpe(self, patterns: list[str], ignore_merges: bool, merges: list):
-        from tokenizers import AddedToken, Regex, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
+    @staticmethod
+    def _parse_merges(merges: list) -> list[tuple[str, str]]:
+        """'left right' strings -> (left, right). The separator is the first space after the first
+        character (llama.cpp's rule), so a left part that is itself a space still parses."""
         pairs = []
         for i, m in enumerate(merges):
             if isinstance(m, (bytes, bytearray)):
@@ -529,23 +531,31 @@ class Tokenizer:
                 raise FormatError(
                     f"[tokenizer] tokenizer.ggml.merges[{i}] is a {type(m).__name__}, not a string"
                 )
-            # The separator is the first space after the first character (llama.cpp's rule), so a
-            # left part that is itself a space still parses.
             pos = m.find(" ", 1)
             if pos < 0:
                 raise FormatError(
                     f"[tokenizer] tokenizer.ggml.merges[{i}] = {m!r} is not two pieces separated by a space"
                 )
-            left, right = m[:pos], m[pos + 1 :]
-            # `tokenizers` panics (an uncatchable-looking Rust backtrace) on a merge whose parts or
-            # result are not tokens, so check here and name the entry.
-            for part in (left, right, left + right):
-                if part not in self._text_to_id:
-                    raise FormatError(
-                        f"[tokenizer] tokenizer.ggml.merges[{i}] = {m!r}: {part!r} is not in tokenizer.ggml.tokens"
-                    )
-            pairs.append((left, right))
+            pairs.append((m[:pos], m[pos + 1 :]))
+        return pairs
+
+    def _build_byte_level_bpe(self, patterns: list[str], ignore_merges: bool, merges: list):
+        from tokenizers import AddedToken, Regex, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
         vocab = self._text_to_id
+        pairs = self._parse_merges(merges)
+        # `tokenizers` panics (a Rust backtrace on stderr) on a merge whose parts or result are not
+        # tokens, so check first and name the entry. Comprehensions: this runs over ~150k merges.
+        bad = [i for i, (left, right) in enumerate(pairs) if left not in vocab or right not in vocab
+               or left + right not in vocab]  # fmt: skip
+        if bad:
+            left, right = pairs[bad[0]]
+            part = next(p for p in (left, right, left + right) if p not in vocab)
+            raise FormatError(
+                f"[tokenizer] tokenizer.ggml.merges[{bad[0]}] = {left + ' ' + right!r}: {part!r} is not in "
+                f"tokenizer.ggml.tokens ({len(bad)} bad merges)"
+            )
         try:
             model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges, fuse_unk=False)
         except Exception as e:  # noqa: BLE001 - `tokenizers` raises untyped exceptions
