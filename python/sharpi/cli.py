@@ -1,0 +1,271 @@
+"""The `sharpi` command: run, inspect and make-model.
+
+What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
+and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.
+It never computes anything itself: generation goes through sharpi.Session, inspection through
+sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model. Flags
+follow llama.cpp's names where llama.cpp has the same option (-m, -p, -f, -n, -t, -c, --temp,
+--top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos).
+
+Exit status: 0 on success, 1 for an error sharpi reports (bad file, bad value, I/O), 2 for bad
+command-line usage (argparse's convention), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TextIO
+
+
+def _user_errors() -> tuple:
+    """Errors that come from the user's input or environment, not from a bug: one line, no traceback."""
+    from . import _core
+
+    return (_core.SharpiError, OSError)
+
+
+def _positive_or_zero(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="sharpi",
+        description="Run Mixture-of-Experts LLMs from GGUF files.",
+    )
+    parser.add_argument("--version", action="version", version=f"sharpi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser(
+        "run",
+        help="generate text from a prompt",
+        description="Generate text from a prompt, streaming it to stdout; timing goes to stderr.",
+    )
+    run.add_argument("-m", "--model", required=True, metavar="FILE", help="GGUF model file")
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", default=None, help="prompt text")
+    src.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE")
+    run.add_argument(
+        "-n",
+        "--n-predict",
+        type=_positive_or_zero("-n"),
+        default=64,
+        metavar="N",
+        help="number of tokens to generate (default: 64)",
+    )
+    run.add_argument(
+        "-t",
+        "--threads",
+        type=_positive_or_zero("-t"),
+        default=0,
+        metavar="N",
+        help="compute threads (default: 0 = one per core)",
+    )
+    run.add_argument(
+        "-c",
+        "--ctx-size",
+        type=_positive_or_zero("-c"),
+        default=0,
+        metavar="N",
+        help="context size in tokens (default: 0 = the model's, at most 4096)",
+    )
+    run.add_argument(
+        "--temp", type=float, default=0.8, metavar="T", help="temperature, 0 = greedy (default: 0.8)"
+    )
+    run.add_argument("--top-k", type=int, default=40, metavar="K", help="top-k, <= 0 = off (default: 40)")
+    run.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p, 1 = off (default: 0.95)")
+    run.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p, 0 = off (default: 0.05)")
+    run.add_argument(
+        "--repeat-penalty",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="repetition penalty, 1 = off (default: 1.0)",
+    )
+    run.add_argument(
+        "--repeat-last-n",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens the repetition penalty looks back over (default: 64)",
+    )
+    run.add_argument(
+        "-s", "--seed", type=int, default=-1, metavar="S", help="sampling seed, -1 = random (default: -1)"
+    )
+    run.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens"
+    )
+    run.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt as one user message in the model's chat template",
+    )
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="describe a GGUF file",
+        description="Architecture, tensors, quant mix and expert vs dense bytes of a GGUF file.",
+    )
+    inspect.add_argument("model", metavar="FILE", help="GGUF model file")
+
+    make = sub.add_parser(
+        "make-model",
+        help="write a synthetic model",
+        description="Write a synthetic GGUF model (random weights, working tokenizer).",
+    )
+    make.add_argument("--arch", default=None, help="architecture (llama, qwen2moe, qwen3moe, olmoe, ...)")
+    make.add_argument("--preset", default=None, help="size preset (tiny, qwen3-30b-a3b, ...)")
+    make.add_argument("--quant", default=None, help="quantization (f32, q4_0, q4_k_m, ...)")
+    make.add_argument("--seed", type=int, default=None, help="weight seed")
+    make.add_argument("out", metavar="OUT", help="output GGUF path")
+    return parser
+
+
+def _require_file(path: str) -> None:
+    # Checked here so a typo gets a one-line answer whatever the engine would have said.
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory, not a GGUF file")
+
+
+def _read_prompt(args) -> str:
+    if args.file is not None:
+        _require_file(args.file)
+        with open(args.file, encoding="utf-8") as f:
+            return f.read()
+    return args.prompt if args.prompt is not None else ""
+
+
+def format_timing(stats: dict) -> str:
+    """One line from Session.last_stats: prompt size, prefill and decode speed, TTFT, TPOT.
+
+    Uses the session's own rates when it reports them; otherwise derives them the usual way:
+    decode runs n_generated - 1 steps (the first token comes from the prefill), TPOT is the time
+    per decode step.
+    """
+    n_prompt = int(stats.get("n_prompt", 0))
+    n_gen = int(stats.get("n_generated", 0))
+    prefill_s = float(stats.get("prefill_s", 0.0))
+    decode_s = float(stats.get("decode_s", 0.0))
+    ttft_s = float(stats.get("ttft_s", prefill_s))
+    steps = max(n_gen - 1, 0)
+    prefill_rate = stats.get("prefill_tok_s", n_prompt / prefill_s if prefill_s > 0 else 0.0)
+    decode_rate = stats.get("decode_tok_s", steps / decode_s if decode_s > 0 and steps else 0.0)
+    tpot_s = stats.get("tpot_s", decode_s / steps if steps else 0.0)
+    return (
+        f"sharpi: prompt {n_prompt} tokens, generated {n_gen} tokens | "
+        f"prefill {prefill_rate:.1f} tok/s | decode {decode_rate:.1f} tok/s | "
+        f"TTFT {ttft_s * 1e3:.1f} ms | TPOT {tpot_s * 1e3:.1f} ms"
+    )
+
+
+def cmd_run(args, out: TextIO, err: TextIO) -> int:
+    import sharpi
+
+    _require_file(args.model)
+    prompt = _read_prompt(args)
+    session = sharpi.Session(args.model, threads=args.threads, n_ctx=args.ctx_size)
+    if args.chat:
+        tok = session.tokenizer
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        # Templates usually write the BOS text themselves; do not add a second one.
+        starts_with_bos = tok.bos_id is not None and text.startswith(tok.id_to_token(tok.bos_id))
+        prompt_input = tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
+    else:
+        prompt_input = prompt
+    options = {
+        "max_tokens": args.n_predict,
+        "temperature": args.temp,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repeat_penalty": args.repeat_penalty,
+        "seed": None if args.seed < 0 else args.seed,
+        "stop_at_eos": not args.ignore_eos,
+    }
+    if args.repeat_last_n is not None:
+        options["repeat_last_n"] = args.repeat_last_n
+    for piece in session.generate(prompt_input, **options):
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    err.write(format_timing(getattr(session, "last_stats", {}) or {}) + "\n")
+    return 0
+
+
+def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
+    _require_file(args.model)
+    from .inspect_model import inspect_report
+
+    report = inspect_report(args.model)
+    out.write(report if report.endswith("\n") else report + "\n")
+    return 0
+
+
+def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
+    from .make_model import write_model
+
+    # Only what the user gave: write_model's own defaults apply to the rest.
+    options = {
+        k: getattr(args, k) for k in ("arch", "preset", "quant", "seed") if getattr(args, k) is not None
+    }
+    write_model(args.out, **options)
+    size = os.path.getsize(args.out)
+    out.write(f"sharpi: wrote {args.out} ({size / 2**20:.1f} MiB)\n")
+    return 0
+
+
+_COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sharpi` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits with status 2 on bad usage
+    out, err = sys.stdout, sys.stderr
+    # Generated text can be any Unicode; a non-UTF-8 terminal gets replacement characters, not a crash.
+    for stream in (out, err):
+        if hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (AttributeError, ValueError, OSError):
+                pass
+    try:
+        return _COMMANDS[args.command](args, out, err)
+    except BrokenPipeError:
+        # The reader went away (`sharpi run ... | head`): stop quietly; point stdout at /dev/null so
+        # the interpreter's final flush does not raise again. (Before OSError: it is one.)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except _user_errors() as e:
+        out.flush()
+        err.write(f"sharpi: error: {e}\n")
+        return 1
+    except ImportError as e:
+        # inspect / make-model live in optional modules; a build without them answers cleanly.
+        err.write(f"sharpi: error: '{args.command}' is not available in this installation ({e})\n")
+        return 1
+    except KeyboardInterrupt:
+        err.write("\nsharpi: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
