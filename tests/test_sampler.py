@@ -195,6 +195,19 @@ def test_filters_never_return_filtered_tokens(cfg):
         assert allowed[samples].all()
 
 
+def test_wide_nucleus_is_cut_at_the_exact_token():
+    # A nucleus of several hundred tokens (wider than the sampler's first partial sort of 256):
+    # with nearly flat probabilities every survivor is drawn ~30 times in 20000 draws, so the
+    # set of drawn tokens must be exactly the oracle's nucleus, no token more, no token less.
+    rng = np.random.default_rng(12)
+    logits = rng.uniform(0.0, 0.5, 1000).astype(np.float32)
+    cfg = {"temperature": 1.0, "top_k": 0, "top_p": 0.5, "min_p": 0.0}
+    allowed = np.flatnonzero(reference_distribution(logits, **cfg) > 0)
+    assert 400 < len(allowed) < 800
+    samples = draw(_core.Sampler(seed=99, **cfg), logits, [], 20000)
+    assert set(samples.tolist()) == set(allowed.tolist())
+
+
 def test_top_k_one_is_argmax_at_any_temperature():
     rng = np.random.default_rng(3)
     sampler = _core.Sampler(temperature=5.0, top_k=1, top_p=1.0, min_p=0.0, seed=1)

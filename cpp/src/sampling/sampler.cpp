@@ -3,7 +3,9 @@
 // What it owns: a copy of the SamplingParams and a 64-bit RNG state. Nothing else persists
 // between calls; the caller passes the recent tokens for the repetition penalty. It never touches
 // the caller's logits (it works on its own scratch copy) and never allocates per-vocab state that
-// outlives a call. Not thread-safe: one caller per Sampler (the RNG state advances per draw).
+// outlives a call, apart from per-thread scratch buffers (see Scratch) that are reused so that a
+// 150k-entry vocabulary does not cost fresh page-faulting allocations on every token. Not
+// thread-safe: one caller per Sampler (the RNG state advances per draw).
 //
 // Pipeline (llama.cpp's default order, so the same settings mean the same thing there and here):
 //   repetition penalty -> [temperature 0: argmax] -> top-k -> softmax -> top-p -> min-p
@@ -13,8 +15,9 @@
 // before top-p below, which gives the same set faster; see the comment there.)
 //
 // Determinism: the RNG is splitmix64 (64-bit state, the one word Sampler keeps), a draw uses the
-// top 53 bits of one output, and probabilities are accumulated in double in a fixed order
-// (descending logit, ties by ascending id), so one seed gives one token sequence on any platform.
+// top 53 bits of one output, and probabilities are accumulated in double in an order that depends
+// on nothing but the logits (descending logit with ties by ascending id wherever a filter sorted,
+// plain id order otherwise), so one seed gives one token sequence on any platform.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -56,8 +59,9 @@ void validate(const SamplingParams& p) {
                               fmt_float(p.repeat_penalty));
     }
     if (p.repeat_last_n < -1) {
-        throw InvalidArgument("[sampler] repeat_last_n must be >= -1 (-1 = all recent tokens, 0 = none), got " +
-                              std::to_string(p.repeat_last_n));
+        throw InvalidArgument(
+            "[sampler] repeat_last_n must be >= -1 (-1 = all recent tokens, 0 = none), got " +
+            std::to_string(p.repeat_last_n));
     }
 }
 
@@ -71,9 +75,47 @@ bool higher_first(const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// Per-thread work buffers, grown to the largest vocabulary seen and never shrunk. Kept out of
+// Sampler because its layout is fixed by the public header; per thread because several samplers
+// may run on several threads.
+struct Scratch {
+    std::vector<float> logits;
+    std::vector<Candidate> cand;
+    std::vector<double> weight;
+};
+
+Scratch& scratch() {
+    thread_local Scratch s;
+    return s;
+}
+
+// Sorts cand just far enough that its first entries are the shortest prefix (in higher_first
+// order) whose mass sum(exp(l - top)) reaches `threshold`, and returns that prefix's length, or
+// cand.size() (everything sorted) if the whole set does not reach it. Grows the sorted prefix
+// geometrically: LLM distributions put the nucleus in the first few hundred tokens, so this is
+// O(n log k) instead of a full O(n log n) sort of the vocabulary.
+size_t sort_nucleus(std::vector<Candidate>& cand, double top, double threshold) {
+    size_t sorted = 0;
+    double cum = 0.0;
+    size_t k = std::min<size_t>(cand.size(), 256);
+    for (;;) {
+        std::partial_sort(cand.begin() + static_cast<std::ptrdiff_t>(sorted),
+                          cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(), higher_first);
+        for (size_t i = sorted; i < k; ++i) {
+            cum += std::exp(static_cast<double>(cand[i].logit) - top);
+            if (cum >= threshold) return i + 1;
+        }
+        if (k == cand.size()) return k;
+        sorted = k;
+        k = std::min(cand.size(), k * 8);
+    }
+}
+
 }  // namespace
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_state_(params.seed) { validate(params_); }
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_state_(params.seed) {
+    validate(params_);
+}
 
 token_t Sampler::sample(const float* logits, int64_t n_vocab, const std::vector<token_t>& recent_tokens) {
     if (n_vocab <= 0) {
@@ -86,19 +128,20 @@ token_t Sampler::sample(const float* logits, int64_t n_vocab, const std::vector<
         throw InvalidArgument("[sampler] logits pointer is null");
     }
 
-    std::vector<float> work(logits, logits + n_vocab);
-    bool any_finite = false;
-    for (int64_t i = 0; i < n_vocab; ++i) {
-        const float v = work[static_cast<size_t>(i)];
-        if (std::isnan(v) || v == INFINITY) {
-            throw InvalidArgument("[sampler] logit of token " + std::to_string(i) + " is " + fmt_float(v) +
-                                  " (only finite values and -inf are allowed)");
-        }
-        any_finite = any_finite || std::isfinite(v);
+    // One branch-light pass first: !(v < +inf) is true for NaN and +inf alike; the slow search for
+    // the culprit only runs when there is one.
+    bool bad = false;
+    for (int64_t i = 0; i < n_vocab; ++i) bad |= !(logits[i] < INFINITY);
+    if (bad) {
+        int64_t i = 0;
+        while (logits[i] < INFINITY) ++i;
+        throw InvalidArgument("[sampler] logit of token " + std::to_string(i) + " is " +
+                              fmt_float(logits[i]) + " (only finite values and -inf are allowed)");
     }
-    if (!any_finite) {
-        throw InvalidArgument("[sampler] all " + std::to_string(n_vocab) + " logits are -inf");
-    }
+
+    Scratch& buf = scratch();
+    std::vector<float>& work = buf.logits;
+    work.assign(logits, logits + n_vocab);
 
     // Repetition penalty, llama.cpp semantics: each distinct token of the window is penalized once,
     // however often it occurs; positive logits are divided, the others multiplied, so a penalty
@@ -121,67 +164,74 @@ token_t Sampler::sample(const float* logits, int64_t n_vocab, const std::vector<
         }
     }
 
-    if (params_.temperature == 0.0f) {
-        // Greedy: strict '>' keeps the first (lowest) id among equal maxima.
-        int64_t best = 0;
-        for (int64_t i = 1; i < n_vocab; ++i) {
-            if (work[static_cast<size_t>(i)] > work[static_cast<size_t>(best)]) best = i;
+    // Argmax after the penalty; strict '>' keeps the first (lowest) id among equal maxima.
+    size_t best = 0;
+    float best_logit = work[0];
+    for (size_t i = 1; i < work.size(); ++i) {
+        if (work[i] > best_logit) {
+            best_logit = work[i];
+            best = i;
         }
-        return static_cast<token_t>(best);
     }
+    if (best_logit == -INFINITY) {
+        throw InvalidArgument("[sampler] all " + std::to_string(n_vocab) + " logits are -inf");
+    }
+    if (params_.temperature == 0.0f) return static_cast<token_t>(best);
 
     // Every token with non-zero probability is a candidate; -inf logits (masked tokens) never are.
-    std::vector<Candidate> cand;
-    cand.reserve(static_cast<size_t>(n_vocab));
+    // cand starts in id order, which is itself a fixed order: when no filter below needs sorting,
+    // the draw walks it as is.
+    std::vector<Candidate>& cand = buf.cand;
+    cand.clear();
     for (int64_t i = 0; i < n_vocab; ++i) {
         const float v = work[static_cast<size_t>(i)];
         if (v != -INFINITY) cand.push_back({v, static_cast<token_t>(i)});
     }
 
     // top-k: nth_element finds the k best in linear time; the set is exact under ties because
-    // higher_first is a total order.
+    // higher_first is a total order. Their order afterwards is the library's, so they get sorted.
+    bool needs_sort = false;
     if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand.size()) {
         const auto kth = cand.begin() + (params_.top_k - 1);
         std::nth_element(cand.begin(), kth, cand.end(), higher_first);
         cand.resize(static_cast<size_t>(params_.top_k));
+        needs_sort = true;
     }
 
     // Softmax at temperature 1 over the top-k set, in units of the max: p_i = exp(l_i - top) / total.
-    double top = -INFINITY;
-    for (const Candidate& c : cand) top = std::max(top, static_cast<double>(c.logit));
+    // The max is always in the top-k set.
+    const double top = static_cast<double>(best_logit);
     double total = 0.0;
-    for (const Candidate& c : cand) total += std::exp(static_cast<double>(c.logit) - top);
+    if (params_.top_p < 1.0f) {
+        for (const Candidate& c : cand) total += std::exp(static_cast<double>(c.logit) - top);
+    }
 
     // min-p before top-p, although llama.cpp runs it after: both keep a prefix of the sorted order
     // (min-p: every token with p >= min_p * p_max; top-p: the shortest prefix reaching top_p of
     // the top-k mass), two prefixes intersect to the shorter one, and top-p below still measures
     // against the full top-k mass `total`. So the result is llama.cpp's, while the sort that
-    // follows usually sees a handful of tokens instead of the whole vocabulary.
+    // follows usually sees a handful of tokens instead of the whole vocabulary. remove_if keeps
+    // the relative order, so an unsorted cand stays in id order.
     if (params_.min_p > 0.0f) {
         const double min_log = std::log(static_cast<double>(params_.min_p));
-        cand.erase(std::remove_if(cand.begin(), cand.end(),
-                                  [&](const Candidate& c) { return static_cast<double>(c.logit) - top < min_log; }),
-                   cand.end());
+        cand.erase(
+            std::remove_if(cand.begin(), cand.end(),
+                           [&](const Candidate& c) { return static_cast<double>(c.logit) - top < min_log; }),
+            cand.end());
     }
     // cand is not empty: the max-logit token passes min-p (0 >= log(min_p)).
-    std::sort(cand.begin(), cand.end(), higher_first);
 
     if (params_.top_p < 1.0f) {
         // The token that crosses the threshold stays (as in llama.cpp), so at least one stays.
-        const double threshold = static_cast<double>(params_.top_p) * total;
-        double cum = 0.0;
-        for (size_t i = 0; i < cand.size(); ++i) {
-            cum += std::exp(static_cast<double>(cand[i].logit) - top);
-            if (cum >= threshold) {
-                cand.resize(i + 1);
-                break;
-            }
-        }
+        cand.resize(sort_nucleus(cand, top, static_cast<double>(params_.top_p) * total));
+    } else if (needs_sort) {
+        std::sort(cand.begin(), cand.end(), higher_first);
     }
 
     // Temperature reshapes the survivors: weight_i = exp((l_i - top) / T).
     const double inv_t = 1.0 / static_cast<double>(params_.temperature);
-    std::vector<double> weight(cand.size());
+    std::vector<double>& weight = buf.weight;
+    weight.resize(cand.size());
     double sum = 0.0;
     for (size_t i = 0; i < cand.size(); ++i) {
         weight[i] = std::exp((static_cast<double>(cand[i].logit) - top) * inv_t);

@@ -35,8 +35,8 @@ void bind_sampler(py::module_& m) {
              }),
              py::kw_only(), py::arg("temperature") = defaults.temperature, py::arg("top_k") = defaults.top_k,
              py::arg("top_p") = defaults.top_p, py::arg("min_p") = defaults.min_p,
-             py::arg("repeat_penalty") = defaults.repeat_penalty, py::arg("repeat_last_n") = defaults.repeat_last_n,
-             py::arg("seed") = defaults.seed)
+             py::arg("repeat_penalty") = defaults.repeat_penalty,
+             py::arg("repeat_last_n") = defaults.repeat_last_n, py::arg("seed") = defaults.seed)
         .def(
             "sample",
             [](Sampler& self, const py::array_t<float, py::array::c_style | py::array::forcecast>& logits,
@@ -62,10 +62,12 @@ void bind_sampler(py::module_& m) {
         .def_property_readonly("seed", [](const Sampler& s) { return s.params().seed; })
         .def("__repr__", [](const Sampler& s) {
             const SamplingParams& p = s.params();
-            return "Sampler(temperature=" + std::to_string(p.temperature) + ", top_k=" + std::to_string(p.top_k) +
-                   ", top_p=" + std::to_string(p.top_p) + ", min_p=" + std::to_string(p.min_p) +
+            return "Sampler(temperature=" + std::to_string(p.temperature) +
+                   ", top_k=" + std::to_string(p.top_k) + ", top_p=" + std::to_string(p.top_p) +
+                   ", min_p=" + std::to_string(p.min_p) +
                    ", repeat_penalty=" + std::to_string(p.repeat_penalty) +
-                   ", repeat_last_n=" + std::to_string(p.repeat_last_n) + ", seed=" + std::to_string(p.seed) + ")";
+                   ", repeat_last_n=" + std::to_string(p.repeat_last_n) + ", seed=" + std::to_string(p.seed) +
+                   ")";
         });
 }
 
