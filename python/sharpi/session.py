@@ -110,7 +110,7 @@ class Session:
         prompt_ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt)
         if not prompt_ids:
             raise _core.InvalidArgument("generate: empty prompt")
-        stop_ids = set(getattr(tok, "eog_ids", None) or {tok.eos_id})
+        stop_ids = set(tok.eog_ids)
         n_ctx = self.info["n_ctx"]
 
         t0 = time.perf_counter()
@@ -118,29 +118,29 @@ class Session:
         t_prefill = time.perf_counter() - t0
         recent = list(prompt_ids)
         generated: list = []
-        emitted = ""
+        # The stream decoder emits text only once it is complete UTF-8 (a byte-level token can end
+        # inside a character) and keeps SentencePiece's leading space of the first piece.
+        stream = tok.stream()
         t_first = None
         t1 = time.perf_counter()
         while len(generated) < max_tokens:
-            token = sampler.sample(logits, recent[-max(repeat_last_n, 0):] if repeat_last_n else [])
+            token = sampler.sample(logits, recent[-repeat_last_n:] if repeat_last_n > 0 else recent)
             if t_first is None:
                 t_first = time.perf_counter() - t0
             if stop_at_eos and token in stop_ids:
                 break
             generated.append(token)
             recent.append(token)
-            # Emit only complete UTF-8: a byte-level token may end inside a multi-byte character.
-            text = tok.decode(generated)
-            if not text.endswith("\ufffd") and len(text) > len(emitted):
-                yield text[len(emitted):]
-                emitted = text
+            piece = stream.push(token)
+            if piece:
+                yield piece
             if len(generated) == max_tokens or self.n_past >= n_ctx:
                 break
             logits = self.decode([token])
         t_decode = time.perf_counter() - t1
-        text = tok.decode(generated)
-        if len(text) > len(emitted):
-            yield text[len(emitted):]
+        tail = stream.flush()
+        if tail:
+            yield tail
         n_steps = max(len(generated) - 1, 0)
         self.last_stats = {
             "n_prompt": len(prompt_ids),
