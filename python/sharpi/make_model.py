@@ -642,7 +642,92 @@ def _write_metadata(w: gguf.GGUFWriter, hp: HParams, recipe: QuantRecipe, tok: d
 # ==================================================================================================
 
 FLOAT_WEIGHTS_LIMIT = 64 << 20  # models below this get real float weights by default
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 32 << 20  # generation chunk of the random path
+SINK_BUFFER = 32 << 20  # O_DIRECT write unit (a multiple of 4 KiB)
+
+
+class _DirectSink:
+    """Sequential file writer for multi-GB outputs: O_DIRECT writes of page-aligned 32 MiB buffers from
+    a background thread, double-buffered so generation (main thread) overlaps the disk.
+
+    Owns the fd and two anonymous-mmap (page-aligned) buffers. Why O_DIRECT: on the project machines
+    buffered writes of a 17 GB file run at 0.2-0.4 GB/s under dirty-page throttling, O_DIRECT at the
+    disk's ~1 GB/s, and it leaves the page cache (other people's working sets) alone. The last partial
+    buffer is zero-padded to 4 KiB and the file truncated back to its exact length. Falls back to
+    buffered writes where O_DIRECT is refused (tmpfs). Never reads the file; single producer thread.
+    """
+
+    def __init__(self, path: Path):
+        import mmap
+        import queue
+        import threading
+
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self._fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+        except OSError:
+            self._fd = os.open(path, flags, 0o644)
+        self._bufs = [mmap.mmap(-1, SINK_BUFFER) for _ in range(2)]
+        self._free: queue.Queue = queue.Queue()
+        self._full: queue.Queue = queue.Queue()
+        for i in range(len(self._bufs)):
+            self._free.put(i)
+        self._error: BaseException | None = None
+        self._cur = self._free.get()
+        self._fill = 0
+        self._size = 0
+        self._thread = threading.Thread(target=self._drain, name="make-model-writer", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            item = self._full.get()
+            if item is None:
+                return
+            i, n = item
+            try:
+                if self._error is None:
+                    view, done = memoryview(self._bufs[i]), 0
+                    while done < n:
+                        done += os.write(self._fd, view[done:n])
+            except BaseException as e:  # reported to the producer on its next call
+                self._error = e
+            self._free.put(i)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def tell(self) -> int:
+        return self._size
+
+    def write(self, data) -> None:
+        mv = memoryview(data).cast("B")
+        while len(mv):
+            self._check()
+            take = min(len(mv), SINK_BUFFER - self._fill)
+            self._bufs[self._cur][self._fill : self._fill + take] = mv[:take]
+            self._fill += take
+            self._size += take
+            mv = mv[take:]
+            if self._fill == SINK_BUFFER:
+                self._full.put((self._cur, SINK_BUFFER))
+                self._cur, self._fill = self._free.get(), 0
+
+    def close(self) -> None:
+        try:
+            if self._fill:
+                padded = -(-self._fill // 4096) * 4096
+                self._bufs[self._cur][self._fill : padded] = bytes(padded - self._fill)
+                self._full.put((self._cur, padded))
+            self._full.put(None)
+            self._thread.join()
+            self._check()
+            os.ftruncate(self._fd, self._size)
+        finally:
+            os.close(self._fd)
+            for b in self._bufs:
+                b.close()
 
 
 def write_model(path, arch: str | None = None, preset: str = "tiny", quant: str = "f32", seed: int = 0,
@@ -653,7 +738,9 @@ def write_model(path, arch: str | None = None, preset: str = "tiny", quant: str 
     arch: one of presets.ARCHES, or None for the preset's own (qwen3moe for "tiny"); a preset that
     fixes its arch (every one but "tiny") rejects a different one. quant: a key of QUANTS.
     vocab_size: overrides the preset's vocabulary size. weights: "float" (normal draws, quantized),
-    "random" (random blocks with calibrated scales, streamed) or "auto" (float below 64 MiB).
+    "random" (random blocks with calibrated scales, streamed), "auto" (float below 64 MiB, else random)
+    or "sparse" (no data written: the file is extended with a hole, every weight reads as zero; full
+    size shapes in no time and no disk, for tests of readers, planners and inspect).
     pure: every weight matrix in the quant's base type (llama-quantize --pure). overrides: any
     presets.HParams field (n_layer=4, n_expert=16, ...). Raises InvalidArgument on bad arguments.
     """
@@ -662,8 +749,8 @@ def write_model(path, arch: str | None = None, preset: str = "tiny", quant: str 
         overrides["n_vocab"] = vocab_size
     hp = presets.resolve(arch, preset, **overrides)
     recipe = _recipe(quant)
-    if weights not in ("auto", "float", "random"):
-        raise InvalidArgument(f"weights must be 'auto', 'float' or 'random', not '{weights}'")
+    if weights not in ("auto", "float", "random", "sparse"):
+        raise InvalidArgument(f"weights must be 'auto', 'float', 'random' or 'sparse', not '{weights}'")
     specs = plan_tensors(hp, quant, pure)
     total = sum(s.nbytes for s in specs)
     if weights == "auto":
@@ -686,20 +773,28 @@ def write_model(path, arch: str | None = None, preset: str = "tiny", quant: str 
     t_data = time.perf_counter()
     alignment = w.data_alignment
     try:
-        with open(tmp, "r+b") as f:
-            f.seek(0, os.SEEK_END)
-            f.write(b"\0" * (-f.tell() % alignment))
-            for i, s in enumerate(specs):
-                written = 0
-                for chunk in _tensor_data(s, seed, weights):
-                    f.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
-                    written += chunk.nbytes
-                if written != s.nbytes:
-                    raise AssertionError(f"{s.name}: wrote {written} bytes, expected {s.nbytes}")
-                f.write(b"\0" * (-s.nbytes % alignment))
-                if progress and (s.nbytes > 64 << 20 or i == len(specs) - 1):
-                    progress(f"{s.name} {s.type.name.lower()} {s.nbytes / 2**20:.0f} MiB "
-                             f"({f.tell() / 2**30:.2f} GiB written)")
+        header = tmp.read_bytes()
+        data_start = -(-len(header) // alignment) * alignment
+        if weights == "sparse":
+            end = data_start + sum(-(-s.nbytes // alignment) * alignment for s in specs)
+            os.truncate(tmp, end)
+        else:
+            sink = _DirectSink(tmp)
+            try:
+                sink.write(header)
+                sink.write(bytes(data_start - len(header)))
+                for i, s in enumerate(specs):
+                    start = sink.tell()
+                    for chunk in _tensor_data(s, seed, weights):
+                        sink.write(np.ascontiguousarray(chunk))
+                    if sink.tell() - start != s.nbytes:
+                        raise AssertionError(f"{s.name}: wrote {sink.tell() - start} bytes, expected {s.nbytes}")
+                    sink.write(bytes(-s.nbytes % alignment))
+                    if progress and (s.nbytes > 64 << 20 or i == len(specs) - 1):
+                        progress(f"{s.name} {s.type.name.lower()} {s.nbytes / 2**20:.0f} MiB "
+                                 f"({sink.tell() / 2**30:.2f} GiB written)")
+            finally:
+                sink.close()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -746,7 +841,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", choices=list(QUANTS), default="f32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab-size", type=int, default=None)
-    p.add_argument("--weights", choices=["auto", "float", "random"], default="auto")
+    p.add_argument("--weights", choices=["auto", "float", "random", "sparse"], default="auto")
     p.add_argument("--pure", action="store_true", help="every weight matrix in the quant's base type")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help=f"override a hyper-parameter ({', '.join(presets.FIELDS)}); repeatable")
