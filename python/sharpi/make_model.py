@@ -447,7 +447,12 @@ def _fix_scales(blocks: np.ndarray, qtype: QT, d0: float) -> None:
     d_off, extra = _SCALE_FIELDS[qtype]
     jitter_idx = blocks[:, d_off]
     d_table = (np.float32(d0) * _JITTER).astype(np.float16).view(np.uint16)
-    blocks[:, d_off : d_off + 2].view(np.uint16)[:, 0] = d_table[jitter_idx]
+    d_bits = d_table[jitter_idx]
+    if not extra:
+        # Symmetric codes are not quite centred (q4_0: q - 8 on -8..7); a random sign on d (the f16
+        # sign bit, from the random high byte) makes the distribution symmetric.
+        d_bits |= (blocks[:, d_off + 1] & 0x80).astype(np.uint16) << 8
+    blocks[:, d_off : d_off + 2].view(np.uint16)[:, 0] = d_bits
     for off, ratio in extra:
         table = (np.float32(d0 * ratio) * _JITTER).astype(np.float16).view(np.uint16)
         blocks[:, off : off + 2].view(np.uint16)[:, 0] = table[jitter_idx]
