@@ -540,3 +540,51 @@ def test_fuzzed_files_never_crash(tmp_path):
         except _core.SharpiError:
             outcomes["error"] += 1
     assert outcomes["error"] > 200 and outcomes["ok"] > 5, outcomes
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers other components use: expert byte ranges, per-layer keys
+# --------------------------------------------------------------------------------------------------
+
+
+def test_expert_range_matches_numpy_slices(tmp_path):
+    """Expert e of ffn_*_exps (numpy shape [n_expert, out, in]) is exactly the bytes of payload[e]."""
+    rng = np.random.default_rng(55)
+    n_expert = 5
+    gate = gguf.quants.quantize(rng.normal(size=(n_expert, 3, 64)).astype(np.float32), QT.Q8_0)
+    down = rng.normal(size=(n_expert, 64, 3)).astype(np.float32)
+    path = tmp_path / "e.gguf"
+    _write_with_gguf_writer(path, [], [("blk.0.ffn_gate_exps.weight", gate, QT.Q8_0),
+                                       ("blk.0.ffn_down_exps.weight", down, QT.F32),
+                                       ("blk.0.attn_q.weight", down[0], QT.F32)])
+    f = _core.GgufFile(path)
+    blob = path.read_bytes()
+    for name, payload in [("blk.0.ffn_gate_exps.weight", gate), ("blk.0.ffn_down_exps.weight", down)]:
+        for e in range(n_expert):
+            off, n = f.expert_range(name, e)
+            assert blob[off : off + n] == np.ascontiguousarray(payload[e]).tobytes(), (name, e)
+    with pytest.raises(_core.InvalidArgument, match=r"expert 5 out of range \[0, 5\)"):
+        f.expert_range("blk.0.ffn_gate_exps.weight", 5)
+    with pytest.raises(_core.InvalidArgument, match="has 2 dimensions"):
+        f.expert_range("blk.0.attn_q.weight", 0)
+    with pytest.raises(_core.MissingTensorError):
+        f.expert_range("blk.9.ffn_gate_exps.weight", 0)
+
+
+def test_get_uint_per_layer(tmp_path):
+    kvs = [
+        pack_kv("a.scalar", UINT32, 768),
+        pack_kv("a.array", ARRAY, [1, 2, 3], INT32),
+        pack_kv("a.floats", ARRAY, [1.0, 2.0, 3.0], FLOAT32),
+        pack_kv("a.negative", ARRAY, [1, -2, 3], INT32),
+    ]
+    f = _open_bytes(tmp_path, build_gguf(kvs, []).data)
+    assert f.get_uint_per_layer("a.scalar", 3) == [768, 768, 768]
+    assert f.get_uint_per_layer("a.array", 3) == [1, 2, 3]
+    assert f.get_uint_per_layer("a.absent", 2, 7) == [7, 7]
+    with pytest.raises(_core.FormatError, match="'a.array' has 3 values, expected one per layer \\(4\\)"):
+        f.get_uint_per_layer("a.array", 4)
+    with pytest.raises(_core.FormatError, match="array of float32, expected integers"):
+        f.get_uint_per_layer("a.floats", 3)
+    with pytest.raises(_core.FormatError, match="negative"):
+        f.get_uint_per_layer("a.negative", 3)

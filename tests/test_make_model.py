@@ -105,7 +105,8 @@ def _expected_shapes(md: dict, quant: str) -> dict[str, list[int]]:
     return shapes
 
 
-def _check_file(path: str, arch: str, quant: str, n_layer: int = 2) -> tuple[gguf.GGUFReader, _core.GgufFile]:
+def _check_file(path: str, arch: str, quant: str, n_layer: int = 2,
+                tied: bool = False) -> tuple[gguf.GGUFReader, _core.GgufFile]:
     r = gguf.GGUFReader(path)
     f = _core.GgufFile(path)
     md = _md(r)
@@ -115,8 +116,10 @@ def _check_file(path: str, arch: str, quant: str, n_layer: int = 2) -> tuple[ggu
     assert r.fields["general.file_type"].types == [VT.UINT32]
 
     # metadata keys and their value types, as the converter writes them for this arch
+    moe = f"{arch}.expert_count" in md  # llama is either
+    assert moe == (arch in MOE) or arch == "llama"
     keys = {k[len(arch) + 1:] for k in md if k.startswith(arch + ".")}
-    want = COMMON_KEYS | ARCH_KEYS[arch] | ({"expert_count", "expert_used_count"} if arch in MOE else set())
+    want = COMMON_KEYS | ARCH_KEYS[arch] | ({"expert_count", "expert_used_count"} if moe else set())
     assert keys == want, (arch, keys ^ want)
     for k in keys:
         want_type = VT.FLOAT32 if k in ("rope.freq_base", "attention.layer_norm_rms_epsilon") else VT.UINT32
@@ -125,8 +128,9 @@ def _check_file(path: str, arch: str, quant: str, n_layer: int = 2) -> tuple[ggu
 
     # tensor names, shapes and never-quantized tensors
     names = [t.name for t in r.tensors]
-    per_layer = LAYER_TENSORS + (MOE_TENSORS if arch in MOE else DENSE_TENSORS) + ARCH_EXTRA[arch]
-    want_names = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+    per_layer = LAYER_TENSORS + (MOE_TENSORS if moe else DENSE_TENSORS) + ARCH_EXTRA[arch]
+    head = {"token_embd.weight", "output_norm.weight"} | ({"output.weight"} if not tied else set())
+    want_names = head | {
         f"blk.{il}.{t}" for il in range(n_layer) for t in per_layer}
     assert len(names) == len(set(names)) and set(names) == want_names
     shapes = _expected_shapes(md, quant)
@@ -278,6 +282,16 @@ def test_q4_k_m_mix_follows_the_rule(tmp_path, arch, n_expert):
             seen_layers_q6.add(_layer_of(t.name))
     # 16 layers: the first 2, the last 2, and layers 4, 7, 10, 13 in between
     assert seen_layers_q6 == {0, 1, 4, 7, 10, 13, 14, 15}
+
+
+def test_dense_llama_and_tied_embeddings(tmp_path):
+    path = tmp_path / "m.gguf"
+    mm.write_model(path, arch="llama", quant="q4_k_m", n_expert=0, tie_embeddings=True, n_layer=3)
+    r, _ = _check_file(str(path), "llama", "q4_k_m", n_layer=3, tied=True)
+    types = {t.name: t.tensor_type for t in r.tensors}
+    assert "output.weight" not in types
+    assert types["token_embd.weight"] == QT.Q6_K  # a tied embedding is quantized like the output
+    assert types["blk.0.ffn_down.weight"] == QT.Q4_K and types["blk.2.ffn_down.weight"] == QT.Q6_K  # 3 layers: 7*3//8 = 2
 
 
 def test_pure_quant_uses_one_type(tmp_path):

@@ -587,4 +587,45 @@ std::string GgufFile::get_string_or(const std::string& key, const std::string& d
     return v->str;
 }
 
+std::vector<uint64_t> GgufFile::get_uint_per_layer(const std::string& key, size_t n_layer, uint64_t def) const {
+    const GgufValue* v = find(key);
+    if (!v) return std::vector<uint64_t>(n_layer, def);
+    if (v->type != GgufValueType::ARRAY) return std::vector<uint64_t>(n_layer, get_uint_or(key, def));
+    const bool integer_elems = v->array_type != GgufValueType::STRING && v->array_type != GgufValueType::ARRAY &&
+                               v->array_type != GgufValueType::FLOAT32 && v->array_type != GgufValueType::FLOAT64 &&
+                               v->array_type != GgufValueType::BOOL;
+    if (!integer_elems) {
+        throw FormatError("[gguf] " + path_ + ": metadata key '" + key + "' is an array of " +
+                          gguf_value_type_name(v->array_type) + ", expected integers");
+    }
+    if (v->arr_int.size() != n_layer) {
+        throw FormatError("[gguf] " + path_ + ": metadata key '" + key + "' has " + std::to_string(v->arr_int.size()) +
+                          " values, expected one per layer (" + std::to_string(n_layer) + ")");
+    }
+    std::vector<uint64_t> out;
+    out.reserve(n_layer);
+    for (int64_t x : v->arr_int) {
+        if (x < 0 && v->array_type != GgufValueType::UINT64) {
+            throw FormatError("[gguf] " + path_ + ": metadata key '" + key + "' holds a negative value");
+        }
+        out.push_back(static_cast<uint64_t>(x));
+    }
+    return out;
+}
+
+ByteRange expert_range(const GgufTensor& t, int64_t expert) {
+    if (t.ne.size() != 3) {
+        throw InvalidArgument("[gguf] tensor " + t.name + " has " + std::to_string(t.ne.size()) +
+                              " dimensions; expert-stacked tensors have 3");
+    }
+    const int64_t n_expert = t.ne[2];
+    if (expert < 0 || expert >= n_expert) {
+        throw InvalidArgument("[gguf] tensor " + t.name + ": expert " + std::to_string(expert) + " out of range [0, " +
+                              std::to_string(n_expert) + ")");
+    }
+    // nbytes is a whole number of rows and every expert has ne[1] rows, so this division is exact.
+    const uint64_t per_expert = t.nbytes / static_cast<uint64_t>(n_expert);
+    return ByteRange{t.file_offset + static_cast<uint64_t>(expert) * per_expert, per_expert};
+}
+
 }  // namespace sharpi

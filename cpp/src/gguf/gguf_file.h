@@ -69,6 +69,17 @@ struct GgufTensor {
     uint64_t nbytes = 0;
 };
 
+// Byte range [offset, offset + size) in the file.
+struct ByteRange {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+};
+
+// One expert's slice of an expert-stacked tensor (ffn_{gate,up,down}_exps, ggml ne [in, out, n_expert]):
+// experts are the outermost dimension, so expert e is one contiguous range of nbytes / n_expert bytes.
+// Throws InvalidArgument for a tensor that is not 3-D or an expert index out of range.
+ByteRange expert_range(const GgufTensor& t, int64_t expert);
+
 class GgufFile {
 public:
     // Throws IoError (cannot open/map), FormatError (malformed, truncated, out of bounds),
@@ -100,6 +111,10 @@ public:
     double get_float_or(const std::string& key, double def) const;
     bool get_bool_or(const std::string& key, bool def) const;
     std::string get_string(const std::string& key) const;
+    // A per-layer value that files store either as one scalar or as an array of n_layer integers
+    // (llama.cpp's get_key_or_arr, e.g. {arch}.expert_feed_forward_length): always n_layer values.
+    // Absent key: n_layer copies of def. Wrong type or array length: FormatError naming the key.
+    std::vector<uint64_t> get_uint_per_layer(const std::string& key, size_t n_layer, uint64_t def) const;
     std::string get_string_or(const std::string& key, const std::string& def) const;
 
     const std::vector<GgufTensor>& tensors() const { return tensors_; }

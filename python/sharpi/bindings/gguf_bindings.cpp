@@ -12,6 +12,7 @@
 #include <cstring>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "bindings.h"
 #include "gguf/gguf_file.h"
@@ -201,6 +202,17 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
             },
             py::arg("name"), py::arg("copy") = true,
             "The tensor's raw bytes as a uint8 numpy array (copy=False: a read-only view of the mapping)")
+        .def(
+            "expert_range",
+            [](const GgufFile& f, const std::string& name, int64_t expert) {
+                const ByteRange r = expert_range(tensor_or_throw(f, name), expert);
+                return py::make_tuple(r.offset, r.size);
+            },
+            py::arg("name"), py::arg("expert"),
+            "(file_offset, nbytes) of one expert's slice of an expert-stacked (3-D) tensor")
+        .def(
+            "get_uint_per_layer", &GgufFile::get_uint_per_layer, py::arg("key"), py::arg("n_layer"),
+            py::arg("default") = 0, "A scalar or per-layer integer key as n_layer values (llama.cpp get_key_or_arr)")
         .def("__repr__", [](const GgufFile& f) {
             return "<GgufFile '" + f.path() + "' v" + std::to_string(f.version()) + ", " +
                    std::to_string(f.metadata().size()) + " keys, " + std::to_string(f.tensors().size()) + " tensors>";
