@@ -21,7 +21,6 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
 from sharpi import _core
 from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
@@ -32,31 +31,70 @@ ARCHES = ["llama", "qwen2moe", "qwen3moe", "olmoe", "qwen2", "qwen3"]
 MOE = {"llama", "qwen2moe", "qwen3moe", "olmoe"}  # llama's tiny preset is Mixtral-style
 
 # Converter conventions (convert_hf_to_gguf.py / gguf-py constants), restated for the test.
-LAYER_TENSORS = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                 "ffn_norm.weight"]
+LAYER_TENSORS = [
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+]
 MOE_TENSORS = ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
 DENSE_TENSORS = ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
 ARCH_EXTRA = {
     "llama": [],
     "qwen2": ["attn_q.bias", "attn_k.bias", "attn_v.bias"],
-    "qwen2moe": ["attn_q.bias", "attn_k.bias", "attn_v.bias", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight",
-                 "ffn_up_shexp.weight", "ffn_down_shexp.weight"],
+    "qwen2moe": [
+        "attn_q.bias",
+        "attn_k.bias",
+        "attn_v.bias",
+        "ffn_gate_inp_shexp.weight",
+        "ffn_gate_shexp.weight",
+        "ffn_up_shexp.weight",
+        "ffn_down_shexp.weight",
+    ],
     "qwen3": ["attn_q_norm.weight", "attn_k_norm.weight"],
     "qwen3moe": ["attn_q_norm.weight", "attn_k_norm.weight"],
     "olmoe": ["attn_q_norm.weight", "attn_k_norm.weight"],
 }
-COMMON_KEYS = {"context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
-               "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon"}
+COMMON_KEYS = {
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "rope.freq_base",
+    "attention.layer_norm_rms_epsilon",
+}
 ARCH_KEYS = {
     "llama": {"vocab_size", "rope.dimension_count"},
     "qwen2": set(),
     "qwen3": {"attention.key_length", "attention.value_length"},
-    "qwen2moe": {"expert_feed_forward_length", "expert_shared_feed_forward_length"},  # no rope dims, no key_length
+    "qwen2moe": {
+        "expert_feed_forward_length",
+        "expert_shared_feed_forward_length",
+    },  # no rope dims, no key_length
     "qwen3moe": {"expert_feed_forward_length", "attention.key_length", "attention.value_length"},
     "olmoe": set(),
 }
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
-              "q4_k": 14, "q4_k_m": 15, "q5_k": 16, "q5_k_m": 17, "q6_k": 18, "bf16": 32}
+FILE_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q8_0": 7,
+    "q5_0": 8,
+    "q5_1": 9,
+    "q2_k": 10,
+    "q3_k": 11,
+    "q4_k": 14,
+    "q4_k_m": 15,
+    "q5_k": 16,
+    "q5_k_m": 17,
+    "q6_k": 18,
+    "bf16": 32,
+}
 CONVERTER_QUANTS = {"f32", "f16", "bf16", "q8_0"}  # convert_hf_to_gguf --outtype; the rest: llama-quantize
 
 
@@ -72,8 +110,10 @@ def _expected_shapes(md: dict, quant: str) -> dict[str, list[int]]:
     """ggml shapes of every tensor from the file's own metadata and the converter conventions."""
     arch = md["general.architecture"]
     p = f"{arch}."
-    E, L, H, HKV = (md[p + k] for k in ("embedding_length", "block_count", "attention.head_count",
-                                        "attention.head_count_kv"))
+    E, L, H, HKV = (
+        md[p + k]
+        for k in ("embedding_length", "block_count", "attention.head_count", "attention.head_count_kv")
+    )
     D = md.get(p + "attention.key_length", E // H)
     V = len(md["tokenizer.ggml.tokens"])
     X = md.get(p + "expert_count", 0)
@@ -81,32 +121,55 @@ def _expected_shapes(md: dict, quant: str) -> dict[str, list[int]]:
     shapes = {"token_embd.weight": [E, V], "output_norm.weight": [E], "output.weight": [E, V]}
     for il in range(L):
         b = f"blk.{il}."
-        shapes.update({b + "attn_norm.weight": [E], b + "ffn_norm.weight": [E], b + "attn_q.weight": [E, H * D],
-                       b + "attn_k.weight": [E, HKV * D], b + "attn_v.weight": [E, HKV * D],
-                       b + "attn_output.weight": [H * D, E]})
+        shapes.update(
+            {
+                b + "attn_norm.weight": [E],
+                b + "ffn_norm.weight": [E],
+                b + "attn_q.weight": [E, H * D],
+                b + "attn_k.weight": [E, HKV * D],
+                b + "attn_v.weight": [E, HKV * D],
+                b + "attn_output.weight": [H * D, E],
+            }
+        )
         if arch in ("qwen2", "qwen2moe"):
-            shapes.update({b + "attn_q.bias": [H * D], b + "attn_k.bias": [HKV * D], b + "attn_v.bias": [HKV * D]})
+            shapes.update(
+                {b + "attn_q.bias": [H * D], b + "attn_k.bias": [HKV * D], b + "attn_v.bias": [HKV * D]}
+            )
         if arch in ("qwen3", "qwen3moe"):
             shapes.update({b + "attn_q_norm.weight": [D], b + "attn_k_norm.weight": [D]})
         if arch == "olmoe":
             shapes.update({b + "attn_q_norm.weight": [H * D], b + "attn_k_norm.weight": [HKV * D]})
         if X:
-            shapes.update({b + "ffn_gate_inp.weight": [E, X], b + "ffn_gate_exps.weight": [E, F, X],
-                           b + "ffn_up_exps.weight": [E, F, X], b + "ffn_down_exps.weight": [F, E, X]})
+            shapes.update(
+                {
+                    b + "ffn_gate_inp.weight": [E, X],
+                    b + "ffn_gate_exps.weight": [E, F, X],
+                    b + "ffn_up_exps.weight": [E, F, X],
+                    b + "ffn_down_exps.weight": [F, E, X],
+                }
+            )
         else:
             FF = md[p + "feed_forward_length"]
-            shapes.update({b + "ffn_gate.weight": [E, FF], b + "ffn_up.weight": [E, FF], b + "ffn_down.weight": [FF, E]})
+            shapes.update(
+                {b + "ffn_gate.weight": [E, FF], b + "ffn_up.weight": [E, FF], b + "ffn_down.weight": [FF, E]}
+            )
         if arch == "qwen2moe":
             S = md[p + "expert_shared_feed_forward_length"]
             # converter: [n_embd, 1]; llama-quantize drops the trailing 1
             shapes[b + "ffn_gate_inp_shexp.weight"] = [E, 1] if quant in CONVERTER_QUANTS else [E]
-            shapes.update({b + "ffn_gate_shexp.weight": [E, S], b + "ffn_up_shexp.weight": [E, S],
-                           b + "ffn_down_shexp.weight": [S, E]})
+            shapes.update(
+                {
+                    b + "ffn_gate_shexp.weight": [E, S],
+                    b + "ffn_up_shexp.weight": [E, S],
+                    b + "ffn_down_shexp.weight": [S, E],
+                }
+            )
     return shapes
 
 
-def _check_file(path: str, arch: str, quant: str, n_layer: int = 2,
-                tied: bool = False) -> tuple[gguf.GGUFReader, _core.GgufFile]:
+def _check_file(
+    path: str, arch: str, quant: str, n_layer: int = 2, tied: bool = False
+) -> tuple[gguf.GGUFReader, _core.GgufFile]:
     r = gguf.GGUFReader(path)
     f = _core.GgufFile(path)
     md = _md(r)
@@ -118,7 +181,7 @@ def _check_file(path: str, arch: str, quant: str, n_layer: int = 2,
     # metadata keys and their value types, as the converter writes them for this arch
     moe = f"{arch}.expert_count" in md  # llama is either
     assert moe == (arch in MOE) or arch == "llama"
-    keys = {k[len(arch) + 1:] for k in md if k.startswith(arch + ".")}
+    keys = {k[len(arch) + 1 :] for k in md if k.startswith(arch + ".")}
     want = COMMON_KEYS | ARCH_KEYS[arch] | ({"expert_count", "expert_used_count"} if moe else set())
     assert keys == want, (arch, keys ^ want)
     for k in keys:
@@ -130,8 +193,7 @@ def _check_file(path: str, arch: str, quant: str, n_layer: int = 2,
     names = [t.name for t in r.tensors]
     per_layer = LAYER_TENSORS + (MOE_TENSORS if moe else DENSE_TENSORS) + ARCH_EXTRA[arch]
     head = {"token_embd.weight", "output_norm.weight"} | ({"output.weight"} if not tied else set())
-    want_names = head | {
-        f"blk.{il}.{t}" for il in range(n_layer) for t in per_layer}
+    want_names = head | {f"blk.{il}.{t}" for il in range(n_layer) for t in per_layer}
     assert len(names) == len(set(names)) and set(names) == want_names
     shapes = _expected_shapes(md, quant)
     for t in r.tensors:
@@ -158,8 +220,9 @@ def test_tiny_every_arch(tmp_path, arch, quant):
     _check_file(str(path), arch, quant)
 
 
-@pytest.mark.parametrize("quant", ["f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
-                                   "q6_k", "q5_k_m"])
+@pytest.mark.parametrize(
+    "quant", ["f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q5_k_m"]
+)
 def test_tiny_every_quant_dequantizes_to_the_f32_weights(tmp_path, quant):
     """The same seed gives the same float weights; each quantized tensor dequantizes (gguf's numpy
     dequantizer) to them within that type's quantization error."""
@@ -169,8 +232,21 @@ def test_tiny_every_quant_dequantizes_to_the_f32_weights(tmp_path, quant):
     ref = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(ref_path)).tensors}
     rq, _ = _check_file(str(q_path), "qwen2moe", quant)
     # relative RMS error bounds for Gaussian weights (a packing bug gives errors of order 1)
-    bound = {QT.F32: 0, QT.F16: 1e-3, QT.BF16: 6e-3, QT.Q8_0: 0.01, QT.Q6_K: 0.03, QT.Q5_K: 0.06, QT.Q5_0: 0.06,
-             QT.Q5_1: 0.06, QT.Q4_K: 0.12, QT.Q4_0: 0.12, QT.Q4_1: 0.12, QT.Q3_K: 0.3, QT.Q2_K: 0.45}
+    bound = {
+        QT.F32: 0,
+        QT.F16: 1e-3,
+        QT.BF16: 6e-3,
+        QT.Q8_0: 0.01,
+        QT.Q6_K: 0.03,
+        QT.Q5_K: 0.06,
+        QT.Q5_0: 0.06,
+        QT.Q5_1: 0.06,
+        QT.Q4_K: 0.12,
+        QT.Q4_0: 0.12,
+        QT.Q4_1: 0.12,
+        QT.Q3_K: 0.3,
+        QT.Q2_K: 0.45,
+    }
     seen = set()
     for t in rq.tensors:
         want = ref[t.name].reshape(-1).astype(np.float64)
@@ -183,17 +259,36 @@ def test_tiny_every_quant_dequantizes_to_the_f32_weights(tmp_path, quant):
     assert QUANT_BASE[quant] in seen
 
 
-QUANT_BASE = {"f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1,
-              "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K, "q5_k_m": QT.Q5_K}
+QUANT_BASE = {
+    "f16": QT.F16,
+    "bf16": QT.BF16,
+    "q4_0": QT.Q4_0,
+    "q4_1": QT.Q4_1,
+    "q5_0": QT.Q5_0,
+    "q5_1": QT.Q5_1,
+    "q2_k": QT.Q2_K,
+    "q3_k": QT.Q3_K,
+    "q4_k": QT.Q4_K,
+    "q5_k": QT.Q5_K,
+    "q6_k": QT.Q6_K,
+    "q5_k_m": QT.Q5_K,
+}
 
 
-@pytest.mark.parametrize("qtype, bound", [(QT.Q2_K, 0.45), (QT.Q3_K, 0.3), (QT.Q4_K, 0.12), (QT.Q5_K, 0.06),
-                                          (QT.Q6_K, 0.035)])
+@pytest.mark.parametrize(
+    "qtype, bound", [(QT.Q2_K, 0.45), (QT.Q3_K, 0.3), (QT.Q4_K, 0.12), (QT.Q5_K, 0.06), (QT.Q6_K, 0.035)]
+)
 def test_k_quantizers_against_gguf_dequantize(qtype, bound):
     rng = np.random.default_rng(int(qtype))
-    x = np.concatenate([rng.standard_normal((16, 512)), rng.standard_t(3, (16, 512)) * 0.1,  # heavy tails
-                        rng.uniform(0.5, 2.0, (8, 512)),  # all positive: exercises the mins
-                        np.zeros((2, 512)), np.full((2, 512), -3.0)]).astype(np.float32)
+    x = np.concatenate(
+        [
+            rng.standard_normal((16, 512)),
+            rng.standard_t(3, (16, 512)) * 0.1,  # heavy tails
+            rng.uniform(0.5, 2.0, (8, 512)),  # all positive: exercises the mins
+            np.zeros((2, 512)),
+            np.full((2, 512), -3.0),
+        ]
+    ).astype(np.float32)
     q = mm.quantize(x, qtype)
     assert q.dtype == np.uint8 and q.shape == (x.shape[0], 512 // 256 * gguf.GGML_QUANT_SIZES[qtype][1])
     y = gguf.quants.dequantize(q, qtype)
@@ -272,8 +367,15 @@ def _q4_k_m_rule(name: str, n_layer: int, n_expert: int) -> QT:
 def test_q4_k_m_mix_follows_the_rule(tmp_path, arch, n_expert):
     n_layer = 16
     path = tmp_path / "m.gguf"
-    mm.write_model(path, arch=arch, quant="q4_k_m", n_layer=n_layer, n_expert=n_expert, weights="random",
-                   n_expert_used=min(2, n_expert))
+    mm.write_model(
+        path,
+        arch=arch,
+        quant="q4_k_m",
+        n_layer=n_layer,
+        n_expert=n_expert,
+        weights="random",
+        n_expert_used=min(2, n_expert),
+    )
     r = gguf.GGUFReader(str(path))
     seen_layers_q6 = set()
     for t in r.tensors:
@@ -291,7 +393,9 @@ def test_dense_llama_and_tied_embeddings(tmp_path):
     types = {t.name: t.tensor_type for t in r.tensors}
     assert "output.weight" not in types
     assert types["token_embd.weight"] == QT.Q6_K  # a tied embedding is quantized like the output
-    assert types["blk.0.ffn_down.weight"] == QT.Q4_K and types["blk.2.ffn_down.weight"] == QT.Q6_K  # 3 layers: 7*3//8 = 2
+    assert (
+        types["blk.0.ffn_down.weight"] == QT.Q4_K and types["blk.2.ffn_down.weight"] == QT.Q6_K
+    )  # 3 layers: 7*3//8 = 2
 
 
 def test_pure_quant_uses_one_type(tmp_path):
@@ -375,17 +479,77 @@ def test_tokenizer_round_trips(tmp_path, vocab_size):
 # --------------------------------------------------------------------------------------------------
 
 PUBLISHED = {  # from each model's config.json
-    "olmoe-1b-7b": dict(arch="olmoe", n_embd=2048, n_layer=16, n_head=16, n_head_kv=16, n_expert=64, n_used=8,
-                        n_ff_exp=1024, n_vocab=50304, n_ctx=4096, rope=10000.0),
-    "qwen3-30b-a3b": dict(arch="qwen3moe", n_embd=2048, n_layer=48, n_head=32, n_head_kv=4, n_expert=128, n_used=8,
-                          n_ff_exp=768, n_vocab=151936, n_ctx=40960, rope=1e6, head_dim=128),
-    "mixtral-8x7b": dict(arch="llama", n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_expert=8, n_used=2,
-                         n_ff_exp=14336, n_vocab=32000, n_ctx=32768, rope=1e6),
-    "qwen1.5-moe-a2.7b": dict(arch="qwen2moe", n_embd=2048, n_layer=24, n_head=16, n_head_kv=16, n_expert=60,
-                              n_used=4, n_ff_exp=1408, n_vocab=151936, n_ctx=8192, rope=1e6, n_ff_shexp=5632),
+    "olmoe-1b-7b": {
+        "arch": "olmoe",
+        "n_embd": 2048,
+        "n_layer": 16,
+        "n_head": 16,
+        "n_head_kv": 16,
+        "n_expert": 64,
+        "n_used": 8,
+        "n_ff_exp": 1024,
+        "n_vocab": 50304,
+        "n_ctx": 4096,
+        "rope": 10000.0,
+    },
+    "qwen3-30b-a3b": {
+        "arch": "qwen3moe",
+        "n_embd": 2048,
+        "n_layer": 48,
+        "n_head": 32,
+        "n_head_kv": 4,
+        "n_expert": 128,
+        "n_used": 8,
+        "n_ff_exp": 768,
+        "n_vocab": 151936,
+        "n_ctx": 40960,
+        "rope": 1e6,
+        "head_dim": 128,
+    },
+    "mixtral-8x7b": {
+        "arch": "llama",
+        "n_embd": 4096,
+        "n_layer": 32,
+        "n_head": 32,
+        "n_head_kv": 8,
+        "n_expert": 8,
+        "n_used": 2,
+        "n_ff_exp": 14336,
+        "n_vocab": 32000,
+        "n_ctx": 32768,
+        "rope": 1e6,
+    },
+    "qwen1.5-moe-a2.7b": {
+        "arch": "qwen2moe",
+        "n_embd": 2048,
+        "n_layer": 24,
+        "n_head": 16,
+        "n_head_kv": 16,
+        "n_expert": 60,
+        "n_used": 4,
+        "n_ff_exp": 1408,
+        "n_vocab": 151936,
+        "n_ctx": 8192,
+        "rope": 1e6,
+        "n_ff_shexp": 5632,
+    },
     # the routing traces in ../shared/traces
-    "deepseek-trace": dict(arch="qwen3moe", n_embd=2048, n_layer=26, n_expert=64, n_used=6, n_ff_exp=1408),
-    "mixtral-trace": dict(arch="llama", n_embd=4096, n_layer=32, n_expert=8, n_used=2, n_ff_exp=14336),
+    "deepseek-trace": {
+        "arch": "qwen3moe",
+        "n_embd": 2048,
+        "n_layer": 26,
+        "n_expert": 64,
+        "n_used": 6,
+        "n_ff_exp": 1408,
+    },
+    "mixtral-trace": {
+        "arch": "llama",
+        "n_embd": 4096,
+        "n_layer": 32,
+        "n_expert": 8,
+        "n_used": 2,
+        "n_ff_exp": 14336,
+    },
 }
 
 
@@ -403,11 +567,19 @@ def test_presets_carry_published_hyperparameters(tmp_path, preset):
         assert md[p + "embedding_length"] == want["n_embd"]
         assert md[p + "expert_count"] == want["n_expert"] and md[p + "expert_used_count"] == want["n_used"]
         by_name = {t.name: t for t in r.tensors}
-        assert [int(x) for x in by_name["blk.0.ffn_gate_exps.weight"].shape] == [want["n_embd"], want["n_ff_exp"],
-                                                                              want["n_expert"]]
-        for key, field in [("n_head", "attention.head_count"), ("n_head_kv", "attention.head_count_kv"),
-                           ("n_ctx", "context_length"), ("rope", "rope.freq_base"),
-                           ("head_dim", "attention.key_length"), ("n_ff_shexp", "expert_shared_feed_forward_length")]:
+        assert [int(x) for x in by_name["blk.0.ffn_gate_exps.weight"].shape] == [
+            want["n_embd"],
+            want["n_ff_exp"],
+            want["n_expert"],
+        ]
+        for key, field in [
+            ("n_head", "attention.head_count"),
+            ("n_head_kv", "attention.head_count_kv"),
+            ("n_ctx", "context_length"),
+            ("rope", "rope.freq_base"),
+            ("head_dim", "attention.key_length"),
+            ("n_ff_shexp", "expert_shared_feed_forward_length"),
+        ]:
             if key in want:
                 assert md[p + field] == want[key], field
         if "n_vocab" in want:
@@ -427,7 +599,9 @@ def test_presets_carry_published_hyperparameters(tmp_path, preset):
 def test_qwen15_moe_falls_back_like_llama_quantize(tmp_path):
     """Qwen1.5-MoE's experts are 1408 wide (5.5 super-blocks): ffn_down_exps cannot be q4_K/q6_K."""
     path = tmp_path / "q.gguf"
-    mm.write_model(path, preset="qwen1.5-moe-a2.7b", quant="q4_k_m", weights="sparse", n_layer=8, vocab_size=1024)
+    mm.write_model(
+        path, preset="qwen1.5-moe-a2.7b", quant="q4_k_m", weights="sparse", n_layer=8, vocab_size=1024
+    )
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
     assert types["blk.0.ffn_down_exps.weight"] == QT.Q8_0  # q6_K layer -> q8_0
     assert types["blk.2.ffn_down_exps.weight"] == QT.Q5_0  # q4_K layer -> q5_0
@@ -463,8 +637,25 @@ def test_bad_arguments_raise_invalid_argument(tmp_path):
 
 def test_cli_and_llama_head_dim(tmp_path, capsys):
     path = tmp_path / "cli.gguf"
-    assert mm.main([str(path), "--arch", "llama", "--quant", "q6_k", "--set", "n_layer=3", "--set", "head_dim=32",
-                    "--set", "rope_freq_base=5e5", "--json"]) == 0
+    assert (
+        mm.main(
+            [
+                str(path),
+                "--arch",
+                "llama",
+                "--quant",
+                "q6_k",
+                "--set",
+                "n_layer=3",
+                "--set",
+                "head_dim=32",
+                "--set",
+                "rope_freq_base=5e5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)
     assert info["hparams"]["n_layer"] == 3 and info["quant"] == "q6_k"
     md = _md(gguf.GGUFReader(str(path)))
@@ -493,8 +684,15 @@ def test_inspect_report(tmp_path):
         assert e["n_expert"] == 8 and e["bytes_per_expert"] * 8 == sum(int(t.n_bytes) for t in layer)
     assert s["derived"]["head_dim"] == 64  # qwen2moe carries no key_length
     text = inspect_report(path)
-    for needle in ["arch qwen2moe", "file type Q4_K_M", "q6_K", "routed experts", "blk.2.ffn_down_exps.weight",
-                   "expert_shared_feed_forward_length", "tokenizer: gpt2"]:
+    for needle in [
+        "arch qwen2moe",
+        "file type Q4_K_M",
+        "q6_K",
+        "routed experts",
+        "blk.2.ffn_down_exps.weight",
+        "expert_shared_feed_forward_length",
+        "tokenizer: gpt2",
+    ]:
         assert needle in text, needle
 
 
@@ -504,8 +702,9 @@ def test_inspect_report(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, quant", [("qwen3moe", "q4_k_m"), ("qwen2moe", "q4_k_m"), ("qwen3", "f16"),
-                                         ("qwen2", "q8_0")])
+@pytest.mark.parametrize(
+    "arch, quant", [("qwen3moe", "q4_k_m"), ("qwen2moe", "q4_k_m"), ("qwen3", "f16"), ("qwen2", "q8_0")]
+)
 def test_transformers_loads_the_files(tmp_path, arch, quant):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -517,13 +716,16 @@ def test_transformers_loads_the_files(tmp_path, arch, quant):
     cfg = transformers.AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
     # transformers' GGUF key map knows the real models' defaults but not every key; complete it from the file.
     p = arch + "."
-    cfg.head_dim = md.get(p + "attention.key_length", md[p + "embedding_length"] // md[p + "attention.head_count"])
+    cfg.head_dim = md.get(
+        p + "attention.key_length", md[p + "embedding_length"] // md[p + "attention.head_count"]
+    )
     if p + "expert_feed_forward_length" in md:
         cfg.moe_intermediate_size = md[p + "expert_feed_forward_length"]
     if p + "expert_shared_feed_forward_length" in md:
         cfg.shared_expert_intermediate_size = md[p + "expert_shared_feed_forward_length"]
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, config=cfg,
-                                                              dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, config=cfg, dtype=torch.float32
+    )
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     ours = _tokenizer_from_gguf(md)
     for text in _sample_texts(7)[:4]:

@@ -43,7 +43,7 @@ def inspect_summary(path) -> dict:
     tensors = f.tensors()
     arch = md.get("general.architecture", "?")
     prefix = f"{arch}."
-    hparams = OrderedDict((k[len(prefix):], v) for k, v in md.items() if k.startswith(prefix))
+    hparams = OrderedDict((k[len(prefix) :], v) for k, v in md.items() if k.startswith(prefix))
 
     # Derived values llama.cpp also derives when keys are absent (qwen2moe has no key_length, OLMoE and
     # Mixtral no expert_feed_forward_length).
@@ -73,8 +73,9 @@ def inspect_summary(path) -> dict:
             continue
         il, which = int(m.group(1)), m.group(2)
         n_expert = t["shape"][2] if len(t["shape"]) == 3 else 1
-        entry = layers.setdefault(il, {"layer": il, "n_expert": n_expert, "types": {}, "bytes_per_expert": 0,
-                                       "bytes": 0})
+        entry = layers.setdefault(
+            il, {"layer": il, "n_expert": n_expert, "types": {}, "bytes_per_expert": 0, "bytes": 0}
+        )
         entry["types"][which] = t["type_name"]
         entry["bytes_per_expert"] += t["nbytes"] // n_expert
         entry["bytes"] += t["nbytes"]
@@ -93,15 +94,34 @@ def inspect_summary(path) -> dict:
         tok["chat_template"] = "tokenizer.chat_template" in md
 
     return OrderedDict(
-        path=f.path, file_size=f.file_size, version=f.version, alignment=f.alignment, data_offset=f.data_offset,
-        n_metadata=len(md), n_tensors=len(tensors), arch=arch, name=md.get("general.name"),
+        path=f.path,
+        file_size=f.file_size,
+        version=f.version,
+        alignment=f.alignment,
+        data_offset=f.data_offset,
+        n_metadata=len(md),
+        n_tensors=len(tensors),
+        arch=arch,
+        name=md.get("general.name"),
         file_type=_file_type_name(md["general.file_type"]) if "general.file_type" in md else None,
-        hparams=hparams, derived=derived, tokenizer=tok,
+        hparams=hparams,
+        derived=derived,
+        tokenizer=tok,
         bytes_by_type=OrderedDict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
-        tensor_bytes=total, routed_expert_bytes=routed, dense_bytes=total - routed,
+        tensor_bytes=total,
+        routed_expert_bytes=routed,
+        dense_bytes=total - routed,
         expert_layers=[layers[k] for k in sorted(layers)],
-        tensors=[OrderedDict(name=t["name"], type=t["type_name"], shape=t["shape"], nbytes=t["nbytes"],
-                             file_offset=t["file_offset"]) for t in tensors],
+        tensors=[
+            OrderedDict(
+                name=t["name"],
+                type=t["type_name"],
+                shape=t["shape"],
+                nbytes=t["nbytes"],
+                file_offset=t["file_offset"],
+            )
+            for t in tensors
+        ],
     )
 
 
@@ -119,10 +139,15 @@ def inspect_report(path, list_tensors: bool = True) -> str:
     s = inspect_summary(path)
     out = []
     w = out.append
-    w(f"{s['path']}: GGUF v{s['version']}, {_fmt_bytes(s['file_size'])}, alignment {s['alignment']}, "
-      f"data at {s['data_offset']:#x}, {s['n_metadata']} metadata keys, {s['n_tensors']} tensors")
-    w(f"arch {s['arch']}" + (f"  name '{s['name']}'" if s["name"] else "") +
-      (f"  file type {s['file_type']}" if s["file_type"] else ""))
+    w(
+        f"{s['path']}: GGUF v{s['version']}, {_fmt_bytes(s['file_size'])}, alignment {s['alignment']}, "
+        f"data at {s['data_offset']:#x}, {s['n_metadata']} metadata keys, {s['n_tensors']} tensors"
+    )
+    w(
+        f"arch {s['arch']}"
+        + (f"  name '{s['name']}'" if s["name"] else "")
+        + (f"  file type {s['file_type']}" if s["file_type"] else "")
+    )
     w("")
     w("hyper-parameters:")
     for k, v in s["hparams"].items():
@@ -132,33 +157,46 @@ def inspect_report(path, list_tensors: bool = True) -> str:
     if s["tokenizer"]:
         t = s["tokenizer"]
         w("")
-        w(f"tokenizer: {t['model']} (pre '{t.get('pre')}'), {t['n_tokens']} tokens, {t['n_merges']} merges, "
-          + ", ".join(f"{k} {t[k]}" for k in ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token")
-                      if k in t)
-          + (", chat template" if t["chat_template"] else ""))
+        w(
+            f"tokenizer: {t['model']} (pre '{t.get('pre')}'), {t['n_tokens']} tokens, {t['n_merges']} merges, "
+            + ", ".join(
+                f"{k} {t[k]}"
+                for k in ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token")
+                if k in t
+            )
+            + (", chat template" if t["chat_template"] else "")
+        )
     w("")
     w("quant mix:")
     total = s["tensor_bytes"] or 1
     for name, e in s["bytes_by_type"].items():
-        w(f"  {name:<8} {e['tensors']:>6} tensors {_fmt_bytes(e['bytes']):>12} {100 * e['bytes'] / total:6.2f} %  "
-          f"{8 * e['bytes'] / max(e['elements'], 1):5.2f} bits/weight")
+        w(
+            f"  {name:<8} {e['tensors']:>6} tensors {_fmt_bytes(e['bytes']):>12} {100 * e['bytes'] / total:6.2f} %  "
+            f"{8 * e['bytes'] / max(e['elements'], 1):5.2f} bits/weight"
+        )
     w(f"  {'total':<8} {s['n_tensors']:>6} tensors {_fmt_bytes(s['tensor_bytes']):>12}")
     w("")
-    w(f"routed experts: {_fmt_bytes(s['routed_expert_bytes'])} ({100 * s['routed_expert_bytes'] / total:.1f} %), "
-      f"dense (attention, embeddings, norms, routers, shared experts): {_fmt_bytes(s['dense_bytes'])}")
+    w(
+        f"routed experts: {_fmt_bytes(s['routed_expert_bytes'])} ({100 * s['routed_expert_bytes'] / total:.1f} %), "
+        f"dense (attention, embeddings, norms, routers, shared experts): {_fmt_bytes(s['dense_bytes'])}"
+    )
     if s["expert_layers"]:
         w("experts per layer (one expert = its gate, up and down slices):")
-        w(f"  {'layer':>5} {'experts':>7} {'gate':>6} {'up':>6} {'down':>6} {'bytes/expert':>14} {'layer bytes':>12}")
+        w(
+            f"  {'layer':>5} {'experts':>7} {'gate':>6} {'up':>6} {'down':>6} {'bytes/expert':>14} {'layer bytes':>12}"
+        )
         for e in s["expert_layers"]:
             ty = e["types"]
-            w(f"  {e['layer']:>5} {e['n_expert']:>7} {ty.get('gate', '-'):>6} {ty.get('up', '-'):>6} "
-              f"{ty.get('down', '-'):>6} {_fmt_bytes(e['bytes_per_expert']):>14} {_fmt_bytes(e['bytes']):>12}")
+            w(
+                f"  {e['layer']:>5} {e['n_expert']:>7} {ty.get('gate', '-'):>6} {ty.get('up', '-'):>6} "
+                f"{ty.get('down', '-'):>6} {_fmt_bytes(e['bytes_per_expert']):>14} {_fmt_bytes(e['bytes']):>12}"
+            )
     if list_tensors:
         w("")
         w("tensors:")
         width = max((len(t["name"]) for t in s["tensors"]), default=10)
         for t in s["tensors"]:
-            w(f"  {t['name']:<{width}} {t['type']:<7} {str(t['shape']):<22} {_fmt_bytes(t['nbytes']):>12}")
+            w(f"  {t['name']:<{width}} {t['type']:<7} {t['shape']!s:<22} {_fmt_bytes(t['nbytes']):>12}")
     return "\n".join(out) + "\n"
 
 

@@ -62,10 +62,10 @@ struct GgufValue {
 struct GgufTensor {
     std::string name;
     GgmlType type = GgmlType::F32;
-    std::vector<int64_t> ne;     // ggml order: ne[0] is the contiguous (innermost) dimension
+    std::vector<int64_t> ne;  // ggml order: ne[0] is the contiguous (innermost) dimension
     int64_t n_elements = 0;
-    uint64_t offset = 0;         // relative to the start of the data section, as stored
-    uint64_t file_offset = 0;    // absolute byte offset in the file
+    uint64_t offset = 0;       // relative to the start of the data section, as stored
+    uint64_t file_offset = 0;  // absolute byte offset in the file
     uint64_t nbytes = 0;
 };
 
@@ -81,7 +81,7 @@ struct ByteRange {
 ByteRange expert_range(const GgufTensor& t, int64_t expert);
 
 class GgufFile {
-public:
+  public:
     // Throws IoError (cannot open/map), FormatError (malformed, truncated, out of bounds),
     // UnsupportedError (version 1, big-endian, tensor of unknown type id).
     // map_data = false skips the mmap (a streaming host that reads experts with pread / O_DIRECT and
@@ -122,10 +122,12 @@ public:
 
     // Pointer to a tensor's bytes in the read-only mapping (valid while this object lives);
     // nullptr when opened with map_data = false.
-    const uint8_t* tensor_data(const GgufTensor& t) const { return mapping_ ? mapping_ + t.file_offset : nullptr; }
+    const uint8_t* tensor_data(const GgufTensor& t) const {
+        return mapping_ ? mapping_ + t.file_offset : nullptr;
+    }
     bool is_mapped() const { return mapping_ != nullptr; }
 
-private:
+  private:
     GgufFile() = default;
     void parse();  // reads and validates the header and directory; fills every member but mapping_
 
