@@ -591,10 +591,13 @@ def trained_tokenizer(n_trained: int):
         vocab_size=n_trained, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     tok.train_from_iterator(texts, trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tok.save(str(tmp))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # read-only home: no cache, training is only a second or two
     return tok
 
 
