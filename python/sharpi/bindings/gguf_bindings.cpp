@@ -207,7 +207,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                 if (!copy && f.is_mapped()) {
                     // Read-only view into the mapping; the array keeps the GgufFile alive.
                     py::array_t<uint8_t> view({n}, {static_cast<py::ssize_t>(1)}, f.tensor_data(t), self);
-                    py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+                    view.attr("setflags")(py::arg("write") = false);
                     return std::move(view);
                 }
                 py::array_t<uint8_t> out(n);
