@@ -61,8 +61,11 @@ def pack_kv(key: str, vtype: int, value, sub_type: int | None = None) -> bytes:
 
 
 def pack_tensor_info(name: str, ne: list[int], ggml_type: int, offset: int) -> bytes:
-    return pack_string(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne) + struct.pack(
-        "<IQ", ggml_type, offset
+    return (
+        pack_string(name)
+        + struct.pack("<I", len(ne))
+        + struct.pack(f"<{len(ne)}Q", *ne)
+        + struct.pack("<IQ", ggml_type, offset)
     )
 
 
@@ -99,8 +102,9 @@ def build_gguf(
     """Assembles a GGUF file from pre-packed metadata entries (pack_kv) and tensors. The data section
     starts at the next multiple of `alignment` (pass the same value as any general.alignment entry)."""
     header = magic + struct.pack("<I", version)
-    header += struct.pack("<QQ", len(tensors) if n_tensors is None else n_tensors,
-                          len(kv_blobs) if n_kv is None else n_kv)
+    header += struct.pack(
+        "<QQ", len(tensors) if n_tensors is None else n_tensors, len(kv_blobs) if n_kv is None else n_kv
+    )
     kv_start = len(header)
     body = header + b"".join(kv_blobs)
     ti_start = len(body)

@@ -13,7 +13,6 @@ import struct
 import gguf
 import numpy as np
 import pytest
-
 from gguf_helpers import (
     ARRAY,
     BOOL,
@@ -74,8 +73,12 @@ def _random_metadata(rng: np.random.Generator) -> list[tuple[str, object, VT, VT
         else:
             info = np.iinfo(np_t)
             scalar = int(rng.integers(info.min, info.max, endpoint=True, dtype=np_t))
-            arr = [int(x) for x in rng.integers(info.min, info.max, endpoint=True, size=int(rng.integers(1, 40)),
-                                                dtype=np_t)]
+            arr = [
+                int(x)
+                for x in rng.integers(
+                    info.min, info.max, endpoint=True, size=int(rng.integers(1, 40)), dtype=np_t
+                )
+            ]
         items.append((f"test.scalar.{name}", scalar, vt, None))
         items.append((f"test.array.{name}", arr, VT.ARRAY, vt))
     # Extremes that a careless reader gets wrong: u64 above 2^63, most negative i64, NaN-free f64.
@@ -84,9 +87,18 @@ def _random_metadata(rng: np.random.Generator) -> list[tuple[str, object, VT, VT
     items.append(("test.edge.empty_string", "", VT.STRING, None))
     items.append(("test.string.unicode", "Grüße, 世界 — ok \U0001f600", VT.STRING, None))
     words = ["", "a", "héllo", "tab\tand\nnewline", "Ġthe", "<|im_start|>"]
-    items.append(("test.array.string", [words[i] for i in rng.integers(0, len(words), size=50)], VT.ARRAY, VT.STRING))
+    items.append(
+        ("test.array.string", [words[i] for i in rng.integers(0, len(words), size=50)], VT.ARRAY, VT.STRING)
+    )
     # A large numeric array (token types of a real vocab are ~150k entries).
-    items.append(("test.array.large_int32", [int(x) for x in rng.integers(-1000, 1000, size=20000)], VT.ARRAY, VT.INT32))
+    items.append(
+        (
+            "test.array.large_int32",
+            [int(x) for x in rng.integers(-1000, 1000, size=20000)],
+            VT.ARRAY,
+            VT.INT32,
+        )
+    )
     # Arrays of arrays: GGUFWriter infers the inner element type from the first inner element.
     items.append(("test.nested.int", [[1, 2, 3], [4], [int(rng.integers(0, 100))]], VT.ARRAY, None))
     items.append(("test.nested.string", [["x", "y"], ["z"]], VT.ARRAY, None))
@@ -99,9 +111,27 @@ def _random_tensors(rng: np.random.Generator) -> list[tuple[str, np.ndarray, QT]
     out.append(("token_embd.weight", rng.normal(size=(7, 64)).astype(np.float32), QT.F32))
     out.append(("blk.0.attn_norm.weight", rng.normal(size=(64,)).astype(np.float32), QT.F32))
     out.append(("blk.0.attn_q.weight", rng.normal(size=(48, 64)).astype(np.float16), QT.F16))
-    out.append(("blk.0.ffn_up_exps.weight", gguf.quants.quantize(rng.normal(size=(3, 5, 64)).astype(np.float32), QT.Q8_0), QT.Q8_0))
-    out.append(("blk.0.ffn_gate_exps.weight", gguf.quants.quantize(rng.normal(size=(3, 5, 64)).astype(np.float32), QT.Q4_0), QT.Q4_0))
-    out.append(("blk.0.ffn_down_exps.weight", gguf.quants.quantize(rng.normal(size=(2, 3, 4, 32)).astype(np.float32), QT.BF16), QT.BF16))
+    out.append(
+        (
+            "blk.0.ffn_up_exps.weight",
+            gguf.quants.quantize(rng.normal(size=(3, 5, 64)).astype(np.float32), QT.Q8_0),
+            QT.Q8_0,
+        )
+    )
+    out.append(
+        (
+            "blk.0.ffn_gate_exps.weight",
+            gguf.quants.quantize(rng.normal(size=(3, 5, 64)).astype(np.float32), QT.Q4_0),
+            QT.Q4_0,
+        )
+    )
+    out.append(
+        (
+            "blk.0.ffn_down_exps.weight",
+            gguf.quants.quantize(rng.normal(size=(2, 3, 4, 32)).astype(np.float32), QT.BF16),
+            QT.BF16,
+        )
+    )
     # K-quant blocks: any bytes are a valid block for the reader (it never interprets them).
     out.append(("blk.1.ffn_down.weight", rng.integers(0, 256, size=(6, 2 * 144), dtype=np.uint8), QT.Q4_K))
     out.append(("blk.1.ffn_up.weight", rng.integers(0, 256, size=(3, 210), dtype=np.uint8), QT.Q6_K))
@@ -198,7 +228,9 @@ def _compare_with_reader(path, metadata, tensors, want_version):
         np.testing.assert_array_equal(f.tensor_bytes(rt.name, copy=False), want_bytes)
     # And the bytes are what was written, not just what GGUFReader thinks.
     for name, payload, _ in tensors:
-        np.testing.assert_array_equal(f.tensor_bytes(name), np.ascontiguousarray(payload).view(np.uint8).reshape(-1))
+        np.testing.assert_array_equal(
+            f.tensor_bytes(name), np.ascontiguousarray(payload).view(np.uint8).reshape(-1)
+        )
     return f
 
 
@@ -216,7 +248,11 @@ def test_reader_matches_gguf_reader_v3(tmp_path, alignment):
     _write_with_gguf_writer(path, metadata, tensors, alignment)
     f = _compare_with_reader(str(path), metadata, tensors, want_version=3)
     assert f.alignment == (alignment or 32)
-    assert f.metadata().get("general.alignment") == alignment if alignment else "general.alignment" not in f.metadata()
+    assert (
+        f.metadata().get("general.alignment") == alignment
+        if alignment
+        else "general.alignment" not in f.metadata()
+    )
 
 
 def test_reader_matches_gguf_reader_v2(tmp_path):
@@ -286,7 +322,19 @@ def test_raw_builder_agrees_with_gguf_reader(tmp_path):
     r = gguf.GGUFReader(str(path))
     f = _core.GgufFile(path)
     md = f.metadata()
-    for key in ["a.u8", "a.i8", "a.u16", "a.i16", "a.u32", "a.i32", "a.u64", "a.i64", "a.f32", "a.f64", "a.bool"]:
+    for key in [
+        "a.u8",
+        "a.i8",
+        "a.u16",
+        "a.i16",
+        "a.u32",
+        "a.i32",
+        "a.u64",
+        "a.i64",
+        "a.f32",
+        "a.f64",
+        "a.bool",
+    ]:
         assert md[key] == r.fields[key].contents(), key
     assert md["a.empty"].dtype == np.uint32 and md["a.empty"].size == 0
     assert r.fields["a.empty"].contents() == []
@@ -337,8 +385,10 @@ def test_version_1_is_unsupported(tmp_path):
         _open_bytes(tmp_path, _base_file(version=1).data)
 
 
-@pytest.mark.parametrize("version, message", [(0, "unknown GGUF version 0"), (4, "unknown GGUF version 4"),
-                                              (0x03000000, "big-endian")])
+@pytest.mark.parametrize(
+    "version, message",
+    [(0, "unknown GGUF version 0"), (4, "unknown GGUF version 4"), (0x03000000, "big-endian")],
+)
 def test_other_versions_are_unsupported(tmp_path, version, message):
     with pytest.raises(_core.UnsupportedError, match=message):
         _open_bytes(tmp_path, _base_file(version=version).data)
@@ -365,8 +415,11 @@ def test_truncated_tensor_directory(tmp_path):
 
 def test_truncated_tensor_data(tmp_path):
     raw = _base_file()
-    with pytest.raises(_core.FormatError, match=r"tensor blk\.3\.ffn_up_exps\.weight: data \[0x[0-9a-f]+, 0x[0-9a-f]+\) "
-                                                 r"beyond end of file \(size \d+\)"):
+    with pytest.raises(
+        _core.FormatError,
+        match=r"tensor blk\.3\.ffn_up_exps\.weight: data \[0x[0-9a-f]+, 0x[0-9a-f]+\) "
+        r"beyond end of file \(size \d+\)",
+    ):
         _open_bytes(tmp_path, raw.data[:-5])
 
 
@@ -378,7 +431,9 @@ def _with_directory_entry(ne, ggml_type, offset, name="t", tail=64):
 
 def test_tensor_out_of_bounds(tmp_path):
     blob = _with_directory_entry([32, 2], int(QT.F32), 1 << 40, name="blk.0.attn_q.weight")
-    with pytest.raises(_core.FormatError, match=r"blk.0.attn_q.weight: data \[0x[0-9a-f]+, 0x[0-9a-f]+\) beyond end of file"):
+    with pytest.raises(
+        _core.FormatError, match=r"blk.0.attn_q.weight: data \[0x[0-9a-f]+, 0x[0-9a-f]+\) beyond end of file"
+    ):
         _open_bytes(tmp_path, blob)
 
 
@@ -433,7 +488,9 @@ def test_alignment_of_wrong_type(tmp_path):
 
 def test_misaligned_tensor_offset(tmp_path):
     tensors = [RawTensor("t", [32], int(QT.F32), bytes(128), offset=16)]
-    with pytest.raises(_core.FormatError, match="tensor t: data offset 0x10 is not a multiple of the alignment 32"):
+    with pytest.raises(
+        _core.FormatError, match="tensor t: data offset 0x10 is not a multiple of the alignment 32"
+    ):
         _open_bytes(tmp_path, _base_file(tensors=tensors).data)
 
 
@@ -450,19 +507,24 @@ def test_duplicate_tensor_name(tmp_path):
 
 
 def test_overlapping_tensors(tmp_path):
-    tensors = [RawTensor("a", [64], int(QT.F32), bytes(256), offset=0),
-               RawTensor("b", [32], int(QT.F32), bytes(128), offset=128)]
+    tensors = [
+        RawTensor("a", [64], int(QT.F32), bytes(256), offset=0),
+        RawTensor("b", [32], int(QT.F32), bytes(128), offset=128),
+    ]
     with pytest.raises(_core.FormatError, match="tensor b: data at 0x[0-9a-f]+ overlaps tensor a"):
         _open_bytes(tmp_path, _base_file(tensors=tensors).data)
 
 
-@pytest.mark.parametrize("ne, message", [
-    ([32, 1, 1, 1, 1], "n_dims = 5"),
-    ([32, 0], "dimension 1 = 0 is not positive"),
-    ([2**62, 2**62], "element count overflows"),
-    ([2**63, 1], "dimension 0 = 9223372036854775808 is not positive"),
-    ([33], "row length 33 is not a multiple of the q8_0 block size 32"),
-])
+@pytest.mark.parametrize(
+    "ne, message",
+    [
+        ([32, 1, 1, 1, 1], "n_dims = 5"),
+        ([32, 0], "dimension 1 = 0 is not positive"),
+        ([2**62, 2**62], "element count overflows"),
+        ([2**63, 1], "dimension 0 = 9223372036854775808 is not positive"),
+        ([33], "row length 33 is not a multiple of the q8_0 block size 32"),
+    ],
+)
 def test_bad_dimensions(tmp_path, ne, message):
     ggml_type = int(QT.Q8_0) if ne == [33] else int(QT.F32)
     with pytest.raises(_core.FormatError, match=message):
@@ -477,7 +539,10 @@ def test_byte_size_overflow(tmp_path):
 
 def test_unknown_value_type(tmp_path):
     blob = pack_string("x.y") + struct.pack("<I", 42) + b"\0" * 16
-    with pytest.raises(_core.FormatError, match=r"metadata at offset 0x[0-9a-f]+ \(key 0 of 1, 'x.y'\): unknown value type 42"):
+    with pytest.raises(
+        _core.FormatError,
+        match=r"metadata at offset 0x[0-9a-f]+ \(key 0 of 1, 'x.y'\): unknown value type 42",
+    ):
         _open_bytes(tmp_path, _base_file(kvs=[blob]).data)
 
 
@@ -510,7 +575,7 @@ def test_fuzzed_files_never_crash(tmp_path):
     kvs = [
         pack_kv("general.architecture", STRING, "llama"),
         pack_kv("general.alignment", UINT32, 64),
-        pack_kv("tokenizer.ggml.tokens", ARRAY, ["tok%d" % i for i in range(20)], STRING),
+        pack_kv("tokenizer.ggml.tokens", ARRAY, [f"tok{i}" for i in range(20)], STRING),
         pack_kv("tokenizer.ggml.scores", ARRAY, [0.5] * 20, FLOAT32),
         pack_kv("x.nested", ARRAY, [(INT32, [1, 2]), (STRING, ["s"])], ARRAY),
     ]
@@ -528,8 +593,12 @@ def test_fuzzed_files_never_crash(tmp_path):
                 blob[int(rng.integers(0, len(blob)))] = int(rng.integers(0, 256))
         else:  # plant a huge or random 64-bit value somewhere in the header
             pos = int(rng.integers(4, good.find(b"blk.0.w") + 40))
-            struct.pack_into("<Q", blob, min(pos, len(blob) - 8), int(rng.choice([2**63 - 1, 2**32, 2**60,
-                                                                                    int(rng.integers(0, 2**62))])))
+            struct.pack_into(
+                "<Q",
+                blob,
+                min(pos, len(blob) - 8),
+                int(rng.choice([2**63 - 1, 2**32, 2**60, int(rng.integers(0, 2**62))])),
+            )
         path.write_bytes(bytes(blob))
         try:
             f = _core.GgufFile(path)
@@ -540,3 +609,57 @@ def test_fuzzed_files_never_crash(tmp_path):
         except _core.SharpiError:
             outcomes["error"] += 1
     assert outcomes["error"] > 200 and outcomes["ok"] > 5, outcomes
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers other components use: expert byte ranges, per-layer keys
+# --------------------------------------------------------------------------------------------------
+
+
+def test_expert_range_matches_numpy_slices(tmp_path):
+    """Expert e of ffn_*_exps (numpy shape [n_expert, out, in]) is exactly the bytes of payload[e]."""
+    rng = np.random.default_rng(55)
+    n_expert = 5
+    gate = gguf.quants.quantize(rng.normal(size=(n_expert, 3, 64)).astype(np.float32), QT.Q8_0)
+    down = rng.normal(size=(n_expert, 64, 3)).astype(np.float32)
+    path = tmp_path / "e.gguf"
+    _write_with_gguf_writer(
+        path,
+        [],
+        [
+            ("blk.0.ffn_gate_exps.weight", gate, QT.Q8_0),
+            ("blk.0.ffn_down_exps.weight", down, QT.F32),
+            ("blk.0.attn_q.weight", down[0], QT.F32),
+        ],
+    )
+    f = _core.GgufFile(path)
+    blob = path.read_bytes()
+    for name, payload in [("blk.0.ffn_gate_exps.weight", gate), ("blk.0.ffn_down_exps.weight", down)]:
+        for e in range(n_expert):
+            off, n = f.expert_range(name, e)
+            assert blob[off : off + n] == np.ascontiguousarray(payload[e]).tobytes(), (name, e)
+    with pytest.raises(_core.InvalidArgument, match=r"expert 5 out of range \[0, 5\)"):
+        f.expert_range("blk.0.ffn_gate_exps.weight", 5)
+    with pytest.raises(_core.InvalidArgument, match="has 2 dimensions"):
+        f.expert_range("blk.0.attn_q.weight", 0)
+    with pytest.raises(_core.MissingTensorError):
+        f.expert_range("blk.9.ffn_gate_exps.weight", 0)
+
+
+def test_get_uint_per_layer(tmp_path):
+    kvs = [
+        pack_kv("a.scalar", UINT32, 768),
+        pack_kv("a.array", ARRAY, [1, 2, 3], INT32),
+        pack_kv("a.floats", ARRAY, [1.0, 2.0, 3.0], FLOAT32),
+        pack_kv("a.negative", ARRAY, [1, -2, 3], INT32),
+    ]
+    f = _open_bytes(tmp_path, build_gguf(kvs, []).data)
+    assert f.get_uint_per_layer("a.scalar", 3) == [768, 768, 768]
+    assert f.get_uint_per_layer("a.array", 3) == [1, 2, 3]
+    assert f.get_uint_per_layer("a.absent", 2, 7) == [7, 7]
+    with pytest.raises(_core.FormatError, match="'a.array' has 3 values, expected one per layer \\(4\\)"):
+        f.get_uint_per_layer("a.array", 4)
+    with pytest.raises(_core.FormatError, match="array of float32, expected integers"):
+        f.get_uint_per_layer("a.floats", 3)
+    with pytest.raises(_core.FormatError, match="negative"):
+        f.get_uint_per_layer("a.negative", 3)

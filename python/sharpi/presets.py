@@ -59,38 +59,110 @@ class HParams:
 PRESETS: dict[str, dict] = {
     # Small enough to write with real float weights in well under a second; every row length is a
     # multiple of 256 so every K-quant applies to every matrix.
-    "tiny": dict(
-        arch=None, n_vocab=1024, n_ctx_train=4096, n_embd=256, n_layer=2, n_head=4, n_head_kv=2,
-        head_dim=None, n_ff=512, n_expert=8, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256,
-        rope_freq_base=10000.0, rms_eps=1e-6,
-    ),
-    "olmoe-1b-7b": dict(
-        arch="olmoe", n_vocab=50304, n_ctx_train=4096, n_embd=2048, n_layer=16, n_head=16, n_head_kv=16,
-        head_dim=None, n_ff=1024, n_expert=64, n_expert_used=8, n_ff_exp=1024, n_ff_shexp=0,
-        rope_freq_base=10000.0, rms_eps=1e-5,
-    ),
-    "qwen3-30b-a3b": dict(
-        arch="qwen3moe", n_vocab=151936, n_ctx_train=40960, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4,
-        head_dim=128, n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff_shexp=0,
-        rope_freq_base=1000000.0, rms_eps=1e-6,
-    ),
-    "mixtral-8x7b": dict(
-        arch="llama", n_vocab=32000, n_ctx_train=32768, n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
-        head_dim=None, n_ff=14336, n_expert=8, n_expert_used=2, n_ff_exp=14336, n_ff_shexp=0,
-        rope_freq_base=1000000.0, rms_eps=1e-5,
-    ),
-    "qwen1.5-moe-a2.7b": dict(
-        arch="qwen2moe", n_vocab=151936, n_ctx_train=8192, n_embd=2048, n_layer=24, n_head=16, n_head_kv=16,
-        head_dim=None, n_ff=5632, n_expert=60, n_expert_used=4, n_ff_exp=1408, n_ff_shexp=5632,
-        rope_freq_base=1000000.0, rms_eps=1e-6,
-    ),
+    "tiny": {
+        "arch": None,
+        "n_vocab": 1024,
+        "n_ctx_train": 4096,
+        "n_embd": 256,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_head_kv": 2,
+        "head_dim": None,
+        "n_ff": 512,
+        "n_expert": 8,
+        "n_expert_used": 2,
+        "n_ff_exp": 256,
+        "n_ff_shexp": 256,
+        "rope_freq_base": 10000.0,
+        "rms_eps": 1e-6,
+    },
+    "olmoe-1b-7b": {
+        "arch": "olmoe",
+        "n_vocab": 50304,
+        "n_ctx_train": 4096,
+        "n_embd": 2048,
+        "n_layer": 16,
+        "n_head": 16,
+        "n_head_kv": 16,
+        "head_dim": None,
+        "n_ff": 1024,
+        "n_expert": 64,
+        "n_expert_used": 8,
+        "n_ff_exp": 1024,
+        "n_ff_shexp": 0,
+        "rope_freq_base": 10000.0,
+        "rms_eps": 1e-5,
+    },
+    "qwen3-30b-a3b": {
+        "arch": "qwen3moe",
+        "n_vocab": 151936,
+        "n_ctx_train": 40960,
+        "n_embd": 2048,
+        "n_layer": 48,
+        "n_head": 32,
+        "n_head_kv": 4,
+        "head_dim": 128,
+        "n_ff": 6144,
+        "n_expert": 128,
+        "n_expert_used": 8,
+        "n_ff_exp": 768,
+        "n_ff_shexp": 0,
+        "rope_freq_base": 1000000.0,
+        "rms_eps": 1e-6,
+    },
+    "mixtral-8x7b": {
+        "arch": "llama",
+        "n_vocab": 32000,
+        "n_ctx_train": 32768,
+        "n_embd": 4096,
+        "n_layer": 32,
+        "n_head": 32,
+        "n_head_kv": 8,
+        "head_dim": None,
+        "n_ff": 14336,
+        "n_expert": 8,
+        "n_expert_used": 2,
+        "n_ff_exp": 14336,
+        "n_ff_shexp": 0,
+        "rope_freq_base": 1000000.0,
+        "rms_eps": 1e-5,
+    },
+    "qwen1.5-moe-a2.7b": {
+        "arch": "qwen2moe",
+        "n_vocab": 151936,
+        "n_ctx_train": 8192,
+        "n_embd": 2048,
+        "n_layer": 24,
+        "n_head": 16,
+        "n_head_kv": 16,
+        "head_dim": None,
+        "n_ff": 5632,
+        "n_expert": 60,
+        "n_expert_used": 4,
+        "n_ff_exp": 1408,
+        "n_ff_shexp": 5632,
+        "rope_freq_base": 1000000.0,
+        "rms_eps": 1e-6,
+    },
     # ../shared/traces/deepseek_v2_lite_train.npz: 26 MoE layers x 64 experts, top-6. DeepSeek-V2-Lite's
     # first layer is dense and it has 2 shared experts; kept simple here: 26 MoE layers, no shared expert.
-    "deepseek-trace": dict(
-        arch="qwen3moe", n_vocab=102400, n_ctx_train=163840, n_embd=2048, n_layer=26, n_head=16, n_head_kv=16,
-        head_dim=128, n_ff=10944, n_expert=64, n_expert_used=6, n_ff_exp=1408, n_ff_shexp=0,
-        rope_freq_base=10000.0, rms_eps=1e-6,
-    ),
+    "deepseek-trace": {
+        "arch": "qwen3moe",
+        "n_vocab": 102400,
+        "n_ctx_train": 163840,
+        "n_embd": 2048,
+        "n_layer": 26,
+        "n_head": 16,
+        "n_head_kv": 16,
+        "head_dim": 128,
+        "n_ff": 10944,
+        "n_expert": 64,
+        "n_expert_used": 6,
+        "n_ff_exp": 1408,
+        "n_ff_shexp": 0,
+        "rope_freq_base": 10000.0,
+        "rms_eps": 1e-6,
+    },
 }
 # ../shared/traces/mixtral_8x7b_small.npz: 32 layers x 8 experts, top-2 = Mixtral 8x7B itself.
 PRESETS["mixtral-trace"] = dict(PRESETS["mixtral-8x7b"])
@@ -167,8 +239,10 @@ def validate(hp: HParams) -> None:
     # The converter writes attention.key_length only where the HF config has head_dim (qwen3, qwen3moe,
     # and llama when set); elsewhere readers derive head_dim = n_embd / n_head, so it must be that.
     if hp.arch in ("qwen2moe", "olmoe", "qwen2") and hp.n_head * hp.head_dim != hp.n_embd:
-        bad(f"n_head * head_dim = {hp.n_head * hp.head_dim} must equal n_embd = {hp.n_embd} "
-            "(its GGUF files carry no attention.key_length)")
+        bad(
+            f"n_head * head_dim = {hp.n_head * hp.head_dim} must equal n_embd = {hp.n_embd} "
+            "(its GGUF files carry no attention.key_length)"
+        )
     if hp.arch == "olmoe" and hp.n_head_kv != hp.n_head:
         bad("llama.cpp's OLMoE sizes attn_k_norm as n_embd, so n_head_kv must equal n_head")
     if hp.head_dim % 2:

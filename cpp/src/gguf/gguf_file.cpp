@@ -34,8 +34,8 @@ namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
-constexpr int kMaxArrayDepth = 8;            // real files nest at most once; deeper is hostile
-constexpr uint32_t kMaxDims = 4;             // GGML_MAX_DIMS
+constexpr int kMaxArrayDepth = 8;  // real files nest at most once; deeper is hostile
+constexpr uint32_t kMaxDims = 4;   // GGML_MAX_DIMS
 
 // Smallest encoding of one metadata entry: empty key (8) + type (4) + a one-byte scalar.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
@@ -95,27 +95,34 @@ uint64_t min_element_size(GgufValueType type) {
     switch (type) {
         case GgufValueType::UINT8:
         case GgufValueType::INT8:
-        case GgufValueType::BOOL: return 1;
+        case GgufValueType::BOOL:
+            return 1;
         case GgufValueType::UINT16:
-        case GgufValueType::INT16: return 2;
+        case GgufValueType::INT16:
+            return 2;
         case GgufValueType::UINT32:
         case GgufValueType::INT32:
-        case GgufValueType::FLOAT32: return 4;
+        case GgufValueType::FLOAT32:
+            return 4;
         case GgufValueType::UINT64:
         case GgufValueType::INT64:
         case GgufValueType::FLOAT64:
-        case GgufValueType::STRING: return 8;
-        case GgufValueType::ARRAY: return 4 + 8;
+        case GgufValueType::STRING:
+            return 8;
+        case GgufValueType::ARRAY:
+            return 4 + 8;
     }
     return 0;
 }
 
-bool is_known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::FLOAT64); }
+bool is_known_value_type(uint32_t t) {
+    return t <= static_cast<uint32_t>(GgufValueType::FLOAT64);
+}
 
 // Sequential reader over the file header: pread into a window, bounds-checked against the file size.
 // Owns nothing but its buffer; the fd belongs to GgufFile.
 class HeaderReader {
-public:
+  public:
     HeaderReader(int fd, uint64_t file_size, const std::string& path)
         : fd_(fd), file_size_(file_size), path_(path) {}
 
@@ -174,7 +181,7 @@ public:
         return s;
     }
 
-private:
+  private:
     void refill() {
         constexpr uint64_t kWindow = 1u << 20;
         const uint64_t want = std::min<uint64_t>(kWindow, file_size_ - pos_);
@@ -184,8 +191,8 @@ private:
             const ssize_t r = ::pread(fd_, win_.data() + got, want - got, static_cast<off_t>(pos_ + got));
             if (r < 0) {
                 if (errno == EINTR) continue;
-                throw IoError("[gguf] " + path_ + ": read at offset " + hex(pos_ + got) + " failed: " +
-                              std::strerror(errno));
+                throw IoError("[gguf] " + path_ + ": read at offset " + hex(pos_ + got) +
+                              " failed: " + std::strerror(errno));
             }
             if (r == 0) {
                 throw IoError("[gguf] " + path_ + ": unexpected end of file at offset " + hex(pos_ + got) +
@@ -215,20 +222,67 @@ struct Number {
 Number decode_number(GgufValueType type, const uint8_t* p) {
     Number n;
     switch (type) {
-        case GgufValueType::UINT8: n.i = p[0]; break;
-        case GgufValueType::INT8: n.i = static_cast<int8_t>(p[0]); break;
+        case GgufValueType::UINT8:
+            n.i = p[0];
+            break;
+        case GgufValueType::INT8:
+            n.i = static_cast<int8_t>(p[0]);
+            break;
         // Any non-zero byte is true, as in ggml: files llama.cpp accepts must open here too.
-        case GgufValueType::BOOL: n.i = p[0] != 0; break;
-        case GgufValueType::UINT16: { uint16_t v; std::memcpy(&v, p, 2); n.i = v; break; }
-        case GgufValueType::INT16: { int16_t v; std::memcpy(&v, p, 2); n.i = v; break; }
-        case GgufValueType::UINT32: { uint32_t v; std::memcpy(&v, p, 4); n.i = v; break; }
-        case GgufValueType::INT32: { int32_t v; std::memcpy(&v, p, 4); n.i = v; break; }
-        case GgufValueType::UINT64: { uint64_t v; std::memcpy(&v, p, 8); n.i = static_cast<int64_t>(v); break; }
-        case GgufValueType::INT64: { int64_t v; std::memcpy(&v, p, 8); n.i = v; break; }
-        case GgufValueType::FLOAT32: { float v; std::memcpy(&v, p, 4); n.f = v; break; }
-        case GgufValueType::FLOAT64: { double v; std::memcpy(&v, p, 8); n.f = v; break; }
+        case GgufValueType::BOOL:
+            n.i = p[0] != 0;
+            break;
+        case GgufValueType::UINT16: {
+            uint16_t v;
+            std::memcpy(&v, p, 2);
+            n.i = v;
+            break;
+        }
+        case GgufValueType::INT16: {
+            int16_t v;
+            std::memcpy(&v, p, 2);
+            n.i = v;
+            break;
+        }
+        case GgufValueType::UINT32: {
+            uint32_t v;
+            std::memcpy(&v, p, 4);
+            n.i = v;
+            break;
+        }
+        case GgufValueType::INT32: {
+            int32_t v;
+            std::memcpy(&v, p, 4);
+            n.i = v;
+            break;
+        }
+        case GgufValueType::UINT64: {
+            uint64_t v;
+            std::memcpy(&v, p, 8);
+            n.i = static_cast<int64_t>(v);
+            break;
+        }
+        case GgufValueType::INT64: {
+            int64_t v;
+            std::memcpy(&v, p, 8);
+            n.i = v;
+            break;
+        }
+        case GgufValueType::FLOAT32: {
+            float v;
+            std::memcpy(&v, p, 4);
+            n.f = v;
+            break;
+        }
+        case GgufValueType::FLOAT64: {
+            double v;
+            std::memcpy(&v, p, 8);
+            n.f = v;
+            break;
+        }
         case GgufValueType::STRING:
-        case GgufValueType::ARRAY: break;
+        case GgufValueType::ARRAY:
+            break;
     }
     return n;
 }
@@ -242,8 +296,9 @@ void read_array(HeaderReader& r, GgufValue& out, int depth) {
     // A count whose smallest encoding does not fit in what is left is a lie: reject before allocating.
     const uint64_t min_size = min_element_size(elem);
     if (n > r.remaining() / min_size) {
-        r.fail_here("array of " + std::to_string(n) + " " + gguf_value_type_name(elem) + " elements cannot fit in the " +
-                    std::to_string(r.remaining()) + " bytes left in the file");
+        r.fail_here("array of " + std::to_string(n) + " " + gguf_value_type_name(elem) +
+                    " elements cannot fit in the " + std::to_string(r.remaining()) +
+                    " bytes left in the file");
     }
     out.array_type = elem;
     switch (elem) {
@@ -279,8 +334,12 @@ void read_array(HeaderReader& r, GgufValue& out, int depth) {
 void read_value(HeaderReader& r, GgufValueType type, GgufValue& out, int depth) {
     out.type = type;
     switch (type) {
-        case GgufValueType::STRING: out.str = r.read_string("string value"); break;
-        case GgufValueType::ARRAY: read_array(r, out, depth); break;
+        case GgufValueType::STRING:
+            out.str = r.read_string("string value");
+            break;
+        case GgufValueType::ARRAY:
+            read_array(r, out, depth);
+            break;
         default: {
             uint8_t raw[8];
             r.read(raw, min_element_size(type));
@@ -292,25 +351,40 @@ void read_value(HeaderReader& r, GgufValueType type, GgufValue& out, int depth) 
     }
 }
 
-bool is_power_of_two(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(uint64_t v) {
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 }  // namespace
 
 const char* gguf_value_type_name(GgufValueType type) {
     switch (type) {
-        case GgufValueType::UINT8: return "uint8";
-        case GgufValueType::INT8: return "int8";
-        case GgufValueType::UINT16: return "uint16";
-        case GgufValueType::INT16: return "int16";
-        case GgufValueType::UINT32: return "uint32";
-        case GgufValueType::INT32: return "int32";
-        case GgufValueType::FLOAT32: return "float32";
-        case GgufValueType::BOOL: return "bool";
-        case GgufValueType::STRING: return "string";
-        case GgufValueType::ARRAY: return "array";
-        case GgufValueType::UINT64: return "uint64";
-        case GgufValueType::INT64: return "int64";
-        case GgufValueType::FLOAT64: return "float64";
+        case GgufValueType::UINT8:
+            return "uint8";
+        case GgufValueType::INT8:
+            return "int8";
+        case GgufValueType::UINT16:
+            return "uint16";
+        case GgufValueType::INT16:
+            return "int16";
+        case GgufValueType::UINT32:
+            return "uint32";
+        case GgufValueType::INT32:
+            return "int32";
+        case GgufValueType::FLOAT32:
+            return "float32";
+        case GgufValueType::BOOL:
+            return "bool";
+        case GgufValueType::STRING:
+            return "string";
+        case GgufValueType::ARRAY:
+            return "array";
+        case GgufValueType::UINT64:
+            return "uint64";
+        case GgufValueType::INT64:
+            return "int64";
+        case GgufValueType::FLOAT64:
+            return "float64";
     }
     return "unknown";
 }
@@ -325,21 +399,29 @@ bool GgufValue::is_integer() const {
         case GgufValueType::INT32:
         case GgufValueType::UINT64:
         case GgufValueType::INT64:
-        case GgufValueType::BOOL: return true;
-        default: return false;
+        case GgufValueType::BOOL:
+            return true;
+        default:
+            return false;
     }
 }
 
-bool GgufValue::is_float() const { return type == GgufValueType::FLOAT32 || type == GgufValueType::FLOAT64; }
+bool GgufValue::is_float() const {
+    return type == GgufValueType::FLOAT32 || type == GgufValueType::FLOAT64;
+}
 
 size_t GgufValue::array_size() const {
     if (type != GgufValueType::ARRAY) return 0;
     switch (array_type) {
-        case GgufValueType::STRING: return arr_str.size();
-        case GgufValueType::ARRAY: return arr_nested.size();
+        case GgufValueType::STRING:
+            return arr_str.size();
+        case GgufValueType::ARRAY:
+            return arr_nested.size();
         case GgufValueType::FLOAT32:
-        case GgufValueType::FLOAT64: return arr_float.size();
-        default: return arr_int.size();
+        case GgufValueType::FLOAT64:
+            return arr_float.size();
+        default:
+            return arr_int.size();
     }
 }
 
@@ -349,7 +431,8 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, bool map_data)
     file->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (file->fd_ < 0) throw IoError("[gguf] " + path + ": cannot open: " + std::strerror(errno));
     struct stat st;
-    if (::fstat(file->fd_, &st) != 0) throw IoError("[gguf] " + path + ": cannot stat: " + std::strerror(errno));
+    if (::fstat(file->fd_, &st) != 0)
+        throw IoError("[gguf] " + path + ": cannot stat: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) throw IoError("[gguf] " + path + ": not a regular file");
     file->file_size_ = static_cast<uint64_t>(st.st_size);
 
@@ -380,15 +463,16 @@ void GgufFile::parse() {
     }
     version_ = r.read_scalar<uint32_t>();
     if (version_ == 1) {
-        throw UnsupportedError("[gguf] " + path_ + ": GGUF version 1 is not supported (only versions 2 and 3); "
+        throw UnsupportedError("[gguf] " + path_ +
+                               ": GGUF version 1 is not supported (only versions 2 and 3); "
                                "re-convert the model with a current converter");
     }
     if (version_ != 2 && version_ != 3) {
         // A big-endian file has its version byte-swapped; say so rather than "version 50331648".
         const uint32_t swapped = __builtin_bswap32(version_);
         if (swapped >= 1 && swapped <= 3) {
-            throw UnsupportedError("[gguf] " + path_ + ": big-endian GGUF (version " + std::to_string(swapped) +
-                                   ") is not supported");
+            throw UnsupportedError("[gguf] " + path_ + ": big-endian GGUF (version " +
+                                   std::to_string(swapped) + ") is not supported");
         }
         throw UnsupportedError("[gguf] " + path_ + ": unknown GGUF version " + std::to_string(version_) +
                                " (supported: 2, 3)");
@@ -396,8 +480,9 @@ void GgufFile::parse() {
     const uint64_t n_tensors = r.read_scalar<uint64_t>();
     const uint64_t n_kv = r.read_scalar<uint64_t>();
     if (n_kv > r.remaining() / kMinKvBytes) {
-        r.fail("metadata count " + std::to_string(n_kv) + " cannot fit in the " + std::to_string(r.remaining()) +
-               " bytes left after the header (each entry needs at least " + std::to_string(kMinKvBytes) + ")");
+        r.fail("metadata count " + std::to_string(n_kv) + " cannot fit in the " +
+               std::to_string(r.remaining()) + " bytes left after the header (each entry needs at least " +
+               std::to_string(kMinKvBytes) + ")");
     }
 
     kv_.reserve(n_kv);
@@ -430,9 +515,9 @@ void GgufFile::parse() {
 
     r.set_context("tensor directory", "");
     if (n_tensors > r.remaining() / kMinTensorInfoBytes) {
-        r.fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the " + std::to_string(r.remaining()) +
-               " bytes left after the metadata (each entry needs at least " + std::to_string(kMinTensorInfoBytes) +
-               ")");
+        r.fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
+               std::to_string(r.remaining()) + " bytes left after the metadata (each entry needs at least " +
+               std::to_string(kMinTensorInfoBytes) + ")");
     }
     tensors_.reserve(n_tensors);
     for (uint64_t i = 0; i < n_tensors; ++i) {
@@ -446,14 +531,16 @@ void GgufFile::parse() {
 
         const uint32_t n_dims = r.read_scalar<uint32_t>();
         if (n_dims == 0 || n_dims > kMaxDims) {
-            r.fail(who + ": n_dims = " + std::to_string(n_dims) + " (must be 1.." + std::to_string(kMaxDims) + ")");
+            r.fail(who + ": n_dims = " + std::to_string(n_dims) + " (must be 1.." + std::to_string(kMaxDims) +
+                   ")");
         }
         t.ne.resize(n_dims);
         int64_t n_elements = 1;
         for (uint32_t d = 0; d < n_dims; ++d) {
             const uint64_t ne = r.read_scalar<uint64_t>();
             if (ne == 0 || ne > static_cast<uint64_t>(INT64_MAX)) {
-                r.fail(who + ": dimension " + std::to_string(d) + " = " + std::to_string(ne) + " is not positive");
+                r.fail(who + ": dimension " + std::to_string(d) + " = " + std::to_string(ne) +
+                       " is not positive");
             }
             t.ne[d] = static_cast<int64_t>(ne);
             if (__builtin_mul_overflow(n_elements, t.ne[d], &n_elements)) {
@@ -465,12 +552,13 @@ void GgufFile::parse() {
         const uint32_t type_raw = r.read_scalar<uint32_t>();
         const GgmlTypeTraits& traits = ggml_type_traits(type_raw);
         if (traits.block_size == 0) {
-            throw UnsupportedError("[gguf] " + path_ + ": " + who + " has unknown type id " + std::to_string(type_raw));
+            throw UnsupportedError("[gguf] " + path_ + ": " + who + " has unknown type id " +
+                                   std::to_string(type_raw));
         }
         t.type = static_cast<GgmlType>(type_raw);
         if (t.ne[0] % traits.block_size != 0) {
-            r.fail(who + ": row length " + std::to_string(t.ne[0]) + " is not a multiple of the " + traits.name +
-                   " block size " + std::to_string(traits.block_size));
+            r.fail(who + ": row length " + std::to_string(t.ne[0]) + " is not a multiple of the " +
+                   traits.name + " block size " + std::to_string(traits.block_size));
         }
         uint64_t nbytes = static_cast<uint64_t>(t.ne[0] / traits.block_size) * traits.type_size;
         for (uint32_t d = 1; d < n_dims; ++d) {
@@ -496,11 +584,11 @@ void GgufFile::parse() {
 
     for (GgufTensor& t : tensors_) {
         uint64_t begin = 0, end = 0;
-        if (__builtin_add_overflow(data_offset_, t.offset, &begin) || __builtin_add_overflow(begin, t.nbytes, &end) ||
-            end > file_size_) {
+        if (__builtin_add_overflow(data_offset_, t.offset, &begin) ||
+            __builtin_add_overflow(begin, t.nbytes, &end) || end > file_size_) {
             r.fail("tensor " + printable(t.name) + ": data [" + hex(data_offset_ + t.offset) + ", " +
-                   hex(data_offset_ + t.offset + t.nbytes) + ") beyond end of file (size " + std::to_string(file_size_) +
-                   ")");
+                   hex(data_offset_ + t.offset + t.nbytes) + ") beyond end of file (size " +
+                   std::to_string(file_size_) + ")");
         }
         t.file_offset = begin;
     }
@@ -533,9 +621,10 @@ const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
 
 namespace {
 
-[[noreturn]] void wrong_type(const std::string& path, const std::string& key, const GgufValue& v, const char* want) {
-    throw FormatError("[gguf] " + path + ": metadata key '" + key + "' has type " + gguf_value_type_name(v.type) +
-                      ", expected " + want);
+[[noreturn]] void wrong_type(const std::string& path, const std::string& key, const GgufValue& v,
+                             const char* want) {
+    throw FormatError("[gguf] " + path + ": metadata key '" + key + "' has type " +
+                      gguf_value_type_name(v.type) + ", expected " + want);
 }
 
 }  // namespace
@@ -585,6 +674,50 @@ std::string GgufFile::get_string_or(const std::string& key, const std::string& d
     if (!v) return def;
     if (v->type != GgufValueType::STRING) wrong_type(path_, key, *v, "string");
     return v->str;
+}
+
+std::vector<uint64_t> GgufFile::get_uint_per_layer(const std::string& key, size_t n_layer,
+                                                   uint64_t def) const {
+    const GgufValue* v = find(key);
+    if (!v) return std::vector<uint64_t>(n_layer, def);
+    if (v->type != GgufValueType::ARRAY) return std::vector<uint64_t>(n_layer, get_uint_or(key, def));
+    const bool integer_elems =
+        v->array_type != GgufValueType::STRING && v->array_type != GgufValueType::ARRAY &&
+        v->array_type != GgufValueType::FLOAT32 && v->array_type != GgufValueType::FLOAT64 &&
+        v->array_type != GgufValueType::BOOL;
+    if (!integer_elems) {
+        throw FormatError("[gguf] " + path_ + ": metadata key '" + key + "' is an array of " +
+                          gguf_value_type_name(v->array_type) + ", expected integers");
+    }
+    if (v->arr_int.size() != n_layer) {
+        throw FormatError("[gguf] " + path_ + ": metadata key '" + key + "' has " +
+                          std::to_string(v->arr_int.size()) + " values, expected one per layer (" +
+                          std::to_string(n_layer) + ")");
+    }
+    std::vector<uint64_t> out;
+    out.reserve(n_layer);
+    for (int64_t x : v->arr_int) {
+        if (x < 0 && v->array_type != GgufValueType::UINT64) {
+            throw FormatError("[gguf] " + path_ + ": metadata key '" + key + "' holds a negative value");
+        }
+        out.push_back(static_cast<uint64_t>(x));
+    }
+    return out;
+}
+
+ByteRange expert_range(const GgufTensor& t, int64_t expert) {
+    if (t.ne.size() != 3) {
+        throw InvalidArgument("[gguf] tensor " + t.name + " has " + std::to_string(t.ne.size()) +
+                              " dimensions; expert-stacked tensors have 3");
+    }
+    const int64_t n_expert = t.ne[2];
+    if (expert < 0 || expert >= n_expert) {
+        throw InvalidArgument("[gguf] tensor " + t.name + ": expert " + std::to_string(expert) +
+                              " out of range [0, " + std::to_string(n_expert) + ")");
+    }
+    // nbytes is a whole number of rows and every expert has ne[1] rows, so this division is exact.
+    const uint64_t per_expert = t.nbytes / static_cast<uint64_t>(n_expert);
+    return ByteRange{t.file_offset + static_cast<uint64_t>(expert) * per_expert, per_expert};
 }
 
 }  // namespace sharpi

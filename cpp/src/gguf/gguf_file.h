@@ -62,15 +62,26 @@ struct GgufValue {
 struct GgufTensor {
     std::string name;
     GgmlType type = GgmlType::F32;
-    std::vector<int64_t> ne;     // ggml order: ne[0] is the contiguous (innermost) dimension
+    std::vector<int64_t> ne;  // ggml order: ne[0] is the contiguous (innermost) dimension
     int64_t n_elements = 0;
-    uint64_t offset = 0;         // relative to the start of the data section, as stored
-    uint64_t file_offset = 0;    // absolute byte offset in the file
+    uint64_t offset = 0;       // relative to the start of the data section, as stored
+    uint64_t file_offset = 0;  // absolute byte offset in the file
     uint64_t nbytes = 0;
 };
 
+// Byte range [offset, offset + size) in the file.
+struct ByteRange {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+};
+
+// One expert's slice of an expert-stacked tensor (ffn_{gate,up,down}_exps, ggml ne [in, out, n_expert]):
+// experts are the outermost dimension, so expert e is one contiguous range of nbytes / n_expert bytes.
+// Throws InvalidArgument for a tensor that is not 3-D or an expert index out of range.
+ByteRange expert_range(const GgufTensor& t, int64_t expert);
+
 class GgufFile {
-public:
+  public:
     // Throws IoError (cannot open/map), FormatError (malformed, truncated, out of bounds),
     // UnsupportedError (version 1, big-endian, tensor of unknown type id).
     // map_data = false skips the mmap (a streaming host that reads experts with pread / O_DIRECT and
@@ -100,6 +111,10 @@ public:
     double get_float_or(const std::string& key, double def) const;
     bool get_bool_or(const std::string& key, bool def) const;
     std::string get_string(const std::string& key) const;
+    // A per-layer value that files store either as one scalar or as an array of n_layer integers
+    // (llama.cpp's get_key_or_arr, e.g. {arch}.expert_feed_forward_length): always n_layer values.
+    // Absent key: n_layer copies of def. Wrong type or array length: FormatError naming the key.
+    std::vector<uint64_t> get_uint_per_layer(const std::string& key, size_t n_layer, uint64_t def) const;
     std::string get_string_or(const std::string& key, const std::string& def) const;
 
     const std::vector<GgufTensor>& tensors() const { return tensors_; }
@@ -107,10 +122,12 @@ public:
 
     // Pointer to a tensor's bytes in the read-only mapping (valid while this object lives);
     // nullptr when opened with map_data = false.
-    const uint8_t* tensor_data(const GgufTensor& t) const { return mapping_ ? mapping_ + t.file_offset : nullptr; }
+    const uint8_t* tensor_data(const GgufTensor& t) const {
+        return mapping_ ? mapping_ + t.file_offset : nullptr;
+    }
     bool is_mapped() const { return mapping_ != nullptr; }
 
-private:
+  private:
     GgufFile() = default;
     void parse();  // reads and validates the header and directory; fills every member but mapping_
 

@@ -6,12 +6,13 @@
 // and arrays of arrays become lists of those. Strings that are not valid UTF-8 are decoded with
 // U+FFFD replacement characters rather than raising.
 #include <fcntl.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
 
 #include "bindings.h"
 #include "gguf/gguf_file.h"
@@ -41,19 +42,25 @@ py::object array_to_py(const GgufValue& v);
 
 py::object value_to_py(const GgufValue& v) {
     switch (v.type) {
-        case GgufValueType::UINT64: return py::int_(v.u());
+        case GgufValueType::UINT64:
+            return py::int_(v.u());
         case GgufValueType::UINT8:
         case GgufValueType::INT8:
         case GgufValueType::UINT16:
         case GgufValueType::INT16:
         case GgufValueType::UINT32:
         case GgufValueType::INT32:
-        case GgufValueType::INT64: return py::int_(v.i);
-        case GgufValueType::BOOL: return py::bool_(v.i != 0);
+        case GgufValueType::INT64:
+            return py::int_(v.i);
+        case GgufValueType::BOOL:
+            return py::bool_(v.i != 0);
         case GgufValueType::FLOAT32:
-        case GgufValueType::FLOAT64: return py::float_(v.f);
-        case GgufValueType::STRING: return to_py_str(v.str);
-        case GgufValueType::ARRAY: return array_to_py(v);
+        case GgufValueType::FLOAT64:
+            return py::float_(v.f);
+        case GgufValueType::STRING:
+            return to_py_str(v.str);
+        case GgufValueType::ARRAY:
+            return array_to_py(v);
     }
     return py::none();
 }
@@ -70,17 +77,28 @@ py::object array_to_py(const GgufValue& v) {
             for (size_t i = 0; i < v.arr_nested.size(); ++i) out[i] = array_to_py(v.arr_nested[i]);
             return std::move(out);
         }
-        case GgufValueType::UINT8: return numbers_to_numpy<uint8_t>(v.arr_int);
-        case GgufValueType::INT8: return numbers_to_numpy<int8_t>(v.arr_int);
-        case GgufValueType::UINT16: return numbers_to_numpy<uint16_t>(v.arr_int);
-        case GgufValueType::INT16: return numbers_to_numpy<int16_t>(v.arr_int);
-        case GgufValueType::UINT32: return numbers_to_numpy<uint32_t>(v.arr_int);
-        case GgufValueType::INT32: return numbers_to_numpy<int32_t>(v.arr_int);
-        case GgufValueType::UINT64: return numbers_to_numpy<uint64_t>(v.arr_int);  // bit-for-bit
-        case GgufValueType::INT64: return numbers_to_numpy<int64_t>(v.arr_int);
-        case GgufValueType::BOOL: return numbers_to_numpy<bool>(v.arr_int);
-        case GgufValueType::FLOAT32: return numbers_to_numpy<float>(v.arr_float);
-        case GgufValueType::FLOAT64: return numbers_to_numpy<double>(v.arr_float);
+        case GgufValueType::UINT8:
+            return numbers_to_numpy<uint8_t>(v.arr_int);
+        case GgufValueType::INT8:
+            return numbers_to_numpy<int8_t>(v.arr_int);
+        case GgufValueType::UINT16:
+            return numbers_to_numpy<uint16_t>(v.arr_int);
+        case GgufValueType::INT16:
+            return numbers_to_numpy<int16_t>(v.arr_int);
+        case GgufValueType::UINT32:
+            return numbers_to_numpy<uint32_t>(v.arr_int);
+        case GgufValueType::INT32:
+            return numbers_to_numpy<int32_t>(v.arr_int);
+        case GgufValueType::UINT64:
+            return numbers_to_numpy<uint64_t>(v.arr_int);  // bit-for-bit
+        case GgufValueType::INT64:
+            return numbers_to_numpy<int64_t>(v.arr_int);
+        case GgufValueType::BOOL:
+            return numbers_to_numpy<bool>(v.arr_int);
+        case GgufValueType::FLOAT32:
+            return numbers_to_numpy<float>(v.arr_float);
+        case GgufValueType::FLOAT64:
+            return numbers_to_numpy<double>(v.arr_float);
     }
     return py::none();
 }
@@ -119,7 +137,8 @@ void pread_exact(const GgufFile& f, uint8_t* dst, uint64_t offset, uint64_t n) {
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             throw IoError("[gguf] " + f.path() + ": read of " + std::to_string(n) + " bytes at offset " +
-                          std::to_string(offset + got) + " failed: " + (r < 0 ? std::strerror(errno) : "end of file"));
+                          std::to_string(offset + got) +
+                          " failed: " + (r < 0 ? std::strerror(errno) : "end of file"));
         }
         got += static_cast<uint64_t>(r);
     }
@@ -172,10 +191,12 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
             "Tensor directory in file order: dicts {name, type, type_name, shape (ggml order, ne[0] first), "
             "n_elements, offset (in the data section), file_offset, nbytes}")
         .def(
-            "tensor", [](const GgufFile& f, const std::string& name) { return tensor_to_py(tensor_or_throw(f, name)); },
+            "tensor",
+            [](const GgufFile& f, const std::string& name) { return tensor_to_py(tensor_or_throw(f, name)); },
             py::arg("name"), "One tensor's directory entry; MissingTensorError when absent")
         .def(
-            "has_tensor", [](const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; },
+            "has_tensor",
+            [](const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; },
             py::arg("name"))
         .def(
             "tensor_bytes",
@@ -186,7 +207,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                 if (!copy && f.is_mapped()) {
                     // Read-only view into the mapping; the array keeps the GgufFile alive.
                     py::array_t<uint8_t> view({n}, {static_cast<py::ssize_t>(1)}, f.tensor_data(t), self);
-                    py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+                    view.attr("setflags")(py::arg("write") = false);
                     return std::move(view);
                 }
                 py::array_t<uint8_t> out(n);
@@ -201,9 +222,21 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
             },
             py::arg("name"), py::arg("copy") = true,
             "The tensor's raw bytes as a uint8 numpy array (copy=False: a read-only view of the mapping)")
+        .def(
+            "expert_range",
+            [](const GgufFile& f, const std::string& name, int64_t expert) {
+                const ByteRange r = expert_range(tensor_or_throw(f, name), expert);
+                return py::make_tuple(r.offset, r.size);
+            },
+            py::arg("name"), py::arg("expert"),
+            "(file_offset, nbytes) of one expert's slice of an expert-stacked (3-D) tensor")
+        .def("get_uint_per_layer", &GgufFile::get_uint_per_layer, py::arg("key"), py::arg("n_layer"),
+             py::arg("default") = 0,
+             "A scalar or per-layer integer key as n_layer values (llama.cpp get_key_or_arr)")
         .def("__repr__", [](const GgufFile& f) {
             return "<GgufFile '" + f.path() + "' v" + std::to_string(f.version()) + ", " +
-                   std::to_string(f.metadata().size()) + " keys, " + std::to_string(f.tensors().size()) + " tensors>";
+                   std::to_string(f.metadata().size()) + " keys, " + std::to_string(f.tensors().size()) +
+                   " tensors>";
         });
 }
 

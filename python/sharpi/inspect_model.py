@@ -1,0 +1,224 @@
+"""`sharpi inspect`: what is in a GGUF file, seen through sharpi's own reader (_core.GgufFile).
+
+inspect_summary(path) returns the facts as a dict; inspect_report(path) renders them as text:
+architecture and hyper-parameters, tokenizer, quant mix (bytes per type), bytes in routed experts vs
+dense weights, experts per layer with the bytes of one expert (the unit the expert cache moves), and
+the tensor list. Read-only: it opens the file without mapping the data and reads no tensor bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import OrderedDict
+
+import gguf
+
+from . import _core
+
+_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def _file_type_name(value) -> str:
+    try:
+        return gguf.LlamaFileType(int(value)).name.replace("MOSTLY_", "").replace("ALL_", "")
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def inspect_summary(path) -> dict:
+    f = _core.GgufFile(path, map_data=False)
+    md = f.metadata()
+    tensors = f.tensors()
+    arch = md.get("general.architecture", "?")
+    prefix = f"{arch}."
+    hparams = OrderedDict((k[len(prefix) :], v) for k, v in md.items() if k.startswith(prefix))
+
+    # Derived values llama.cpp also derives when keys are absent (qwen2moe has no key_length, OLMoE and
+    # Mixtral no expert_feed_forward_length).
+    by_name = {t["name"]: t for t in tensors}
+    derived = OrderedDict()
+    n_embd, n_head = hparams.get("embedding_length"), hparams.get("attention.head_count")
+    if "attention.key_length" not in hparams and n_embd and n_head:
+        derived["head_dim"] = n_embd // n_head
+    gate0 = next((t for t in tensors if _EXPERT_TENSOR.match(t["name"]) and "_gate_" in t["name"]), None)
+    if gate0 is not None and "expert_feed_forward_length" not in hparams:
+        derived["expert_feed_forward_length"] = gate0["shape"][1]
+    if "vocab_size" not in hparams and "token_embd.weight" in by_name:
+        derived["vocab_size"] = by_name["token_embd.weight"]["shape"][1]
+
+    by_type: dict[str, dict] = {}
+    for t in tensors:
+        e = by_type.setdefault(t["type_name"], {"tensors": 0, "bytes": 0, "elements": 0})
+        e["tensors"] += 1
+        e["bytes"] += t["nbytes"]
+        e["elements"] += t["n_elements"]
+
+    layers: dict[int, dict] = {}
+    routed = 0
+    for t in tensors:
+        m = _EXPERT_TENSOR.match(t["name"])
+        if not m:
+            continue
+        il, which = int(m.group(1)), m.group(2)
+        n_expert = t["shape"][2] if len(t["shape"]) == 3 else 1
+        entry = layers.setdefault(
+            il, {"layer": il, "n_expert": n_expert, "types": {}, "bytes_per_expert": 0, "bytes": 0}
+        )
+        entry["types"][which] = t["type_name"]
+        entry["bytes_per_expert"] += t["nbytes"] // n_expert
+        entry["bytes"] += t["nbytes"]
+        routed += t["nbytes"]
+    total = sum(t["nbytes"] for t in tensors)
+
+    tok = OrderedDict()
+    if "tokenizer.ggml.model" in md:
+        tok["model"] = md["tokenizer.ggml.model"]
+        tok["pre"] = md.get("tokenizer.ggml.pre")
+        tok["n_tokens"] = len(md.get("tokenizer.ggml.tokens", []))
+        tok["n_merges"] = len(md.get("tokenizer.ggml.merges", []))
+        for key in ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token"):
+            if f"tokenizer.ggml.{key}" in md:
+                tok[key] = md[f"tokenizer.ggml.{key}"]
+        tok["chat_template"] = "tokenizer.chat_template" in md
+
+    return OrderedDict(
+        path=f.path,
+        file_size=f.file_size,
+        version=f.version,
+        alignment=f.alignment,
+        data_offset=f.data_offset,
+        n_metadata=len(md),
+        n_tensors=len(tensors),
+        arch=arch,
+        name=md.get("general.name"),
+        file_type=_file_type_name(md["general.file_type"]) if "general.file_type" in md else None,
+        hparams=hparams,
+        derived=derived,
+        tokenizer=tok,
+        bytes_by_type=OrderedDict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
+        tensor_bytes=total,
+        routed_expert_bytes=routed,
+        dense_bytes=total - routed,
+        expert_layers=[layers[k] for k in sorted(layers)],
+        tensors=[
+            OrderedDict(
+                name=t["name"],
+                type=t["type_name"],
+                shape=t["shape"],
+                nbytes=t["nbytes"],
+                file_offset=t["file_offset"],
+            )
+            for t in tensors
+        ],
+    )
+
+
+def _value_str(v) -> str:
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, list) and len(v) > 8:
+        return f"[{', '.join(map(str, v[:8]))}, ... ({len(v)} values)]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def inspect_report(path, list_tensors: bool = True) -> str:
+    s = inspect_summary(path)
+    out = []
+    w = out.append
+    w(
+        f"{s['path']}: GGUF v{s['version']}, {_fmt_bytes(s['file_size'])}, alignment {s['alignment']}, "
+        f"data at {s['data_offset']:#x}, {s['n_metadata']} metadata keys, {s['n_tensors']} tensors"
+    )
+    w(
+        f"arch {s['arch']}"
+        + (f"  name '{s['name']}'" if s["name"] else "")
+        + (f"  file type {s['file_type']}" if s["file_type"] else "")
+    )
+    w("")
+    w("hyper-parameters:")
+    for k, v in s["hparams"].items():
+        w(f"  {k:<40} {_value_str(v)}")
+    for k, v in s["derived"].items():
+        w(f"  {k:<40} {_value_str(v)}   (derived from shapes)")
+    if s["tokenizer"]:
+        t = s["tokenizer"]
+        w("")
+        w(
+            f"tokenizer: {t['model']} (pre '{t.get('pre')}'), {t['n_tokens']} tokens, {t['n_merges']} merges, "
+            + ", ".join(
+                f"{k} {t[k]}"
+                for k in ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token")
+                if k in t
+            )
+            + (", chat template" if t["chat_template"] else "")
+        )
+    w("")
+    w("quant mix:")
+    total = s["tensor_bytes"] or 1
+    for name, e in s["bytes_by_type"].items():
+        w(
+            f"  {name:<8} {e['tensors']:>6} tensors {_fmt_bytes(e['bytes']):>12} {100 * e['bytes'] / total:6.2f} %  "
+            f"{8 * e['bytes'] / max(e['elements'], 1):5.2f} bits/weight"
+        )
+    w(f"  {'total':<8} {s['n_tensors']:>6} tensors {_fmt_bytes(s['tensor_bytes']):>12}")
+    w("")
+    w(
+        f"routed experts: {_fmt_bytes(s['routed_expert_bytes'])} ({100 * s['routed_expert_bytes'] / total:.1f} %), "
+        f"dense (attention, embeddings, norms, routers, shared experts): {_fmt_bytes(s['dense_bytes'])}"
+    )
+    if s["expert_layers"]:
+        w("experts per layer (one expert = its gate, up and down slices):")
+        w(
+            f"  {'layer':>5} {'experts':>7} {'gate':>6} {'up':>6} {'down':>6} {'bytes/expert':>14} {'layer bytes':>12}"
+        )
+        for e in s["expert_layers"]:
+            ty = e["types"]
+            w(
+                f"  {e['layer']:>5} {e['n_expert']:>7} {ty.get('gate', '-'):>6} {ty.get('up', '-'):>6} "
+                f"{ty.get('down', '-'):>6} {_fmt_bytes(e['bytes_per_expert']):>14} {_fmt_bytes(e['bytes']):>12}"
+            )
+    if list_tensors:
+        w("")
+        w("tensors:")
+        width = max((len(t["name"]) for t in s["tensors"]), default=10)
+        for t in s["tensors"]:
+            w(f"  {t['name']:<{width}} {t['type']:<7} {t['shape']!s:<22} {_fmt_bytes(t['nbytes']):>12}")
+    return "\n".join(out) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("--no-tensors", action="store_true", help="leave out the tensor list")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(inspect_summary(args.model), indent=2, default=str))
+    else:
+        sys.stdout.write(inspect_report(args.model, list_tensors=not args.no_tensors))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sharpi inspect", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    run(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
