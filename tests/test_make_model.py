@@ -449,7 +449,7 @@ def test_tokenizer_round_trips(tmp_path, vocab_size):
     info = mm.write_model(path, arch="qwen3", quant="q8_0", vocab_size=vocab_size, seed=1)
     md = _md(gguf.GGUFReader(str(path)))
     tokens, types = md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"]
-    assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "gpt2"
+    assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "gpt-2"
     assert len(tokens) == len(types) == vocab_size == md["qwen3.embedding_length"] * 0 + vocab_size
     assert int(gguf.GGUFReader(str(path)).get_tensor(0).shape[1]) == vocab_size  # token_embd rows
     assert tokens[md["tokenizer.ggml.bos_token_id"]] == "<|endoftext|>"

@@ -19,8 +19,8 @@ q/k row order (normal RoPE); there is no Hugging Face original to permute from.
 Owns only the output file (written to `<path>.tmp`, renamed when complete) and a tokenizer cache
 (~/.cache/sharpi/tokenizers or $SHARPI_CACHE_DIR); it never reads or modifies anything else.
 
-Tokenizer: a byte-level BPE ("gpt2" model, "gpt2" pre-tokenizer regex, which is what the `tokenizers`
-ByteLevel pre-tokenizer implements) trained on Python standard-library sources, at most 8192 learned
+Tokenizer: a byte-level BPE ("gpt2" model; pre-tokenizer "gpt-2", llama.cpp's name for the regex
+the `tokenizers` ByteLevel pre-tokenizer implements) trained on Python standard-library sources, at most 8192 learned
 tokens, then the special tokens <|endoftext|> (bos, padding), <|im_start|>, <|im_end|> (eos), then
 "[PAD<id>]" tokens of type UNUSED up to the preset's vocabulary size (as convert_hf_to_gguf.py pads).
 ChatML chat template. Trained once per size and cached.
@@ -669,7 +669,7 @@ def _write_metadata(
         w.add_vocab_size(hp.n_vocab)
         w.add_rope_dimension_count(hp.head_dim)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tok["tokens"])
     w.add_token_types(tok["token_type"])
     w.add_token_merges(tok["merges"])
