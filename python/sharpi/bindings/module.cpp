@@ -30,6 +30,7 @@ PYBIND11_MODULE(_core, m) {
     sharpi::py_bindings::bind_quant(m);
     sharpi::py_bindings::bind_session(m);
     sharpi::py_bindings::bind_sampler(m);
+    sharpi::py_bindings::bind_io(m);
     m.def("cuda_available", &sharpi::cuda::available, "True when built with CUDA and a device is usable");
     m.def("cuda_describe", &sharpi::cuda::describe);
 }
