@@ -3,7 +3,10 @@
 // cache (a separate component) hands out views into its slots. Architecture code never changes.
 //
 // Protocol, per MoE layer and step, on the decode thread: acquire(il, ids) once with the unique
-// experts the gate selected, compute, then release(il). Views stay valid until release(il).
+// experts the gate selected (it starts every missing read and returns at once), then for each
+// expert i: wait(i) before touching views[i] (ready(i) says whether that would block), compute,
+// and finally release(il). Views stay valid until release(il). At most max_acquire() experts may
+// be held at once; callers with more (prefill batches) acquire in waves.
 #pragma once
 
 #include <cstdint>
@@ -30,9 +33,13 @@ inline cpu::WeightView expert_slice(const cpu::WeightView& stacked, int64_t n_ex
 class ExpertSource {
 public:
     virtual ~ExpertSource() = default;
-    // Fills views[i] for experts[i] (unique ids of layer il). May block until the bytes are ready.
+    // Fills views[i] for experts[i] (unique ids of layer il) and starts loading what is missing.
     virtual void acquire(int il, const int32_t* experts, int n, ExpertView* views) = 0;
+    // Index i refers to the last acquire's list. wait(i) throws IoError if the read failed.
+    virtual bool ready(int i) { return true; }
+    virtual void wait(int i) {}
     virtual void release(int il) = 0;
+    virtual int max_acquire() const { return 1 << 30; }
 };
 
 // Every expert resident in the file mapping: acquire is pointer arithmetic, release is a no-op.

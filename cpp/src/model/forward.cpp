@@ -163,70 +163,101 @@ struct ExpertLease {
 
 }  // namespace
 
-// Decode fast path: all selected experts of the token in two parallel passes (gate+up rows of
-// every slot, then down rows of every slot) instead of three matmuls per expert, so a layer costs
-// two pool synchronisations. Each row is one dot_row, as in matmul's one-token path.
-void Forward::experts_one_token(const Act& cur, const int32_t* ids, const float* weights, const ExpertView* views,
+// Decode fast path: the selected experts of the token in two parallel passes (gate+up rows of
+// every slot, then down rows of every slot) instead of three matmuls per expert. Experts whose bytes
+// are ready go first, in one group; each still-loading expert is then computed as soon as its read
+// completes, so compute overlaps the remaining IO. Every row is one dot_row whatever the grouping,
+// so the result is bit-identical to the all-resident run.
+void Forward::experts_one_token(const Act& cur, const int32_t* ids, const float* weights,
                                 const std::vector<int32_t>& unique, Act& out, int il) {
     const HParams& h = hp();
     const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
-    std::vector<const ExpertView*> slot_view(static_cast<size_t>(k));
-    std::vector<cpu::DotRowFn> gate_dot(static_cast<size_t>(k)), up_dot(static_cast<size_t>(k)),
-        down_dot(static_cast<size_t>(k));
+    std::vector<ExpertView> views(unique.size());
+    experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
+    ExpertLease lease{experts_, il};
+
+    std::vector<int> slot_unique(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) {
-        const size_t u = static_cast<size_t>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
-        slot_view[j] = &views[u];
-        gate_dot[j] = cpu::row_kernels(views[u].gate.type).dot_row;
-        up_dot[j] = cpu::row_kernels(views[u].up.type).dot_row;
-        down_dot[j] = cpu::row_kernels(views[u].down.type).dot_row;
+        slot_unique[j] = static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
     }
     Act g = alloc(k, n_ff), up = alloc(k, n_ff), act = alloc(k, n_ff), y = alloc(k, n_embd);
     const float* x = cur.row(0);
-    pool_.parallel_for(k * 2 * n_ff, [&](int64_t begin, int64_t end, int) {
-        for (int64_t item = begin; item < end; ++item) {
-            const int64_t j = item / (2 * n_ff), r = item % (2 * n_ff);
-            const ExpertView& v = *slot_view[j];
-            if (r < n_ff) {
-                g.row(j)[r] = gate_dot[j](v.gate.data + r * v.gate.row_bytes, x, n_embd);
-            } else {
-                up.row(j)[r - n_ff] = up_dot[j](v.up.data + (r - n_ff) * v.up.row_bytes, x, n_embd);
+    auto compute_slots = [&](const std::vector<int64_t>& slots) {
+        const int64_t n = static_cast<int64_t>(slots.size());
+        if (n == 0) return;
+        pool_.parallel_for(n * 2 * n_ff, [&](int64_t begin, int64_t end, int) {
+            for (int64_t item = begin; item < end; ++item) {
+                const int64_t j = slots[item / (2 * n_ff)], r = item % (2 * n_ff);
+                const ExpertView& v = views[slot_unique[j]];
+                if (r < n_ff) {
+                    g.row(j)[r] = cpu::row_kernels(v.gate.type).dot_row(v.gate.data + r * v.gate.row_bytes, x, n_embd);
+                } else {
+                    const int64_t ru = r - n_ff;
+                    up.row(j)[ru] = cpu::row_kernels(v.up.type).dot_row(v.up.data + ru * v.up.row_bytes, x, n_embd);
+                }
+            }
+        });
+        for (int64_t j : slots) cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+        pool_.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
+            for (int64_t item = begin; item < end; ++item) {
+                const int64_t j = slots[item / n_embd], r = item % n_embd;
+                const ExpertView& v = views[slot_unique[j]];
+                y.row(j)[r] = cpu::row_kernels(v.down.type).dot_row(v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
+            }
+        });
+    };
+    std::vector<int64_t> ready_slots;
+    for (int64_t j = 0; j < k; ++j) {
+        if (experts_.ready(slot_unique[j])) ready_slots.push_back(j);
+    }
+    compute_slots(ready_slots);
+    for (size_t u = 0; u < unique.size(); ++u) {
+        std::vector<int64_t> slots;
+        for (int64_t j = 0; j < k; ++j) {
+            if (slot_unique[j] == static_cast<int>(u) &&
+                std::find(ready_slots.begin(), ready_slots.end(), j) == ready_slots.end()) {
+                slots.push_back(j);
             }
         }
-    });
-    for (int64_t j = 0; j < k; ++j) cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
-    pool_.parallel_for(k * n_embd, [&](int64_t begin, int64_t end, int) {
-        for (int64_t item = begin; item < end; ++item) {
-            const int64_t j = item / n_embd, r = item % n_embd;
-            const ExpertView& v = *slot_view[j];
-            y.row(j)[r] = down_dot[j](v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
-        }
-    });
+        if (slots.empty()) continue;
+        experts_.wait(static_cast<int>(u));
+        compute_slots(slots);
+    }
     std::vector<const float*> ys(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) ys[j] = y.row(j);
     weighted_sum(out.row(0), ys.data(), weights, k, n_embd);
 }
 
 // Prefill path: each selected expert runs once over the tokens that chose it (gathered rows),
-// then every token sums its k expert outputs in rank order.
-void Forward::experts_batch(const Act& cur, const int32_t* ids, const float* weights, const ExpertView* views,
+// then every token sums its k expert outputs in rank order. Experts are acquired in waves of at
+// most max_acquire() (a prefill batch can select more experts than a small cache holds).
+void Forward::experts_batch(const Act& cur, const int32_t* ids, const float* weights,
                             const std::vector<int32_t>& unique, Act& out, int il) {
     const HParams& h = hp();
     const int64_t T = cur.n_tokens, k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
     Act y = alloc(T * k, n_embd);  // y.row(t * k + j): output of token t's slot j
     std::vector<int64_t> members;
-    for (size_t u = 0; u < unique.size(); ++u) {
-        members.clear();
-        for (int64_t i = 0; i < T * k; ++i) {
-            if (ids[i] == unique[u]) members.push_back(i);
+    const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
+    for (size_t w0 = 0; w0 < unique.size(); w0 += wave) {
+        const size_t n_wave = std::min(wave, unique.size() - w0);
+        std::vector<ExpertView> views(n_wave);
+        experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
+        ExpertLease lease{experts_, il};
+        for (size_t u = 0; u < n_wave; ++u) {
+            members.clear();
+            for (int64_t i = 0; i < T * k; ++i) {
+                if (ids[i] == unique[w0 + u]) members.push_back(i);
+            }
+            const int64_t n = static_cast<int64_t>(members.size());
+            Act xe = alloc(n, n_embd), g = alloc(n, n_ff), upv = alloc(n, n_ff), ye = alloc(n, n_embd);
+            for (int64_t m = 0; m < n; ++m) std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
+            experts_.wait(static_cast<int>(u));
+            cpu::matmul(pool_, views[u].gate, xe.data, n_embd, n, g.data, n_ff);
+            cpu::matmul(pool_, views[u].up, xe.data, n_embd, n, upv.data, n_ff);
+            cpu::swiglu(g.data, upv.data, g.data, n * n_ff);
+            cpu::matmul(pool_, views[u].down, g.data, n_ff, n, ye.data, n_embd);
+            for (int64_t m = 0; m < n; ++m) std::memcpy(y.row(members[m]), ye.row(m), sizeof(float) * n_embd);
         }
-        const int64_t n = static_cast<int64_t>(members.size());
-        Act xe = alloc(n, n_embd), g = alloc(n, n_ff), upv = alloc(n, n_ff), ye = alloc(n, n_embd);
-        for (int64_t m = 0; m < n; ++m) std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
-        cpu::matmul(pool_, views[u].gate, xe.data, n_embd, n, g.data, n_ff);
-        cpu::matmul(pool_, views[u].up, xe.data, n_embd, n, upv.data, n_ff);
-        cpu::swiglu(g.data, upv.data, g.data, n * n_ff);
-        cpu::matmul(pool_, views[u].down, g.data, n_ff, n, ye.data, n_embd);
-        for (int64_t m = 0; m < n; ++m) std::memcpy(y.row(members[m]), ye.row(m), sizeof(float) * n_embd);
     }
     std::vector<const float*> ys(static_cast<size_t>(k));
     for (int64_t t = 0; t < T; ++t) {
@@ -254,17 +285,11 @@ Act Forward::moe_ffn(const Act& cur, int il) {
     std::vector<int32_t> unique(r.ids.begin(), r.ids.end());
     std::sort(unique.begin(), unique.end());
     unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-    std::vector<ExpertView> views(unique.size());
-
     Act out = alloc(T, h.n_embd);
-    {
-        experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
-        ExpertLease lease{experts_, il};
-        if (T == 1) {
-            experts_one_token(cur, r.ids.data(), r.weights.data(), views.data(), unique, out, il);
-        } else {
-            experts_batch(cur, r.ids.data(), r.weights.data(), views.data(), unique, out, il);
-        }
+    if (T == 1) {
+        experts_one_token(cur, r.ids.data(), r.weights.data(), unique, out, il);
+    } else {
+        experts_batch(cur, r.ids.data(), r.weights.data(), unique, out, il);
     }
     name(out, "ffn_moe_out", il);
 
@@ -293,7 +318,7 @@ Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
     cur = self_attention(cur, il, qk_norm);
     Act ffn_inp = add(cur, inp, "ffn_inp", il);
     cur = norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
-    cur = L.experts.gate.data ? moe_ffn(cur, il) : ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_out", il);
+    cur = L.experts.gate_tensor ? moe_ffn(cur, il) : ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_out", il);
     return add(cur, ffn_inp, "l_out", il);
 }
 

@@ -108,10 +108,10 @@ public:
     Act decoder_layer(const Act& inp, int il, QkNorm qk_norm);
 
 private:
-    void experts_one_token(const Act& cur, const int32_t* ids, const float* weights, const ExpertView* views,
+    void experts_one_token(const Act& cur, const int32_t* ids, const float* weights,
                            const std::vector<int32_t>& unique, Act& out, int il);
-    void experts_batch(const Act& cur, const int32_t* ids, const float* weights, const ExpertView* views,
-                       const std::vector<int32_t>& unique, Act& out, int il);
+    void experts_batch(const Act& cur, const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
+                       Act& out, int il);
 
     const Model& model_;
     KvCache& kv_;

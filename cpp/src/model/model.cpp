@@ -1,6 +1,10 @@
 #include "model/model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "cpu/quant/kernels.h"
@@ -19,8 +23,41 @@ std::string shape_str(const std::vector<int64_t>& ne) {
     return s.str();
 }
 
-bool is_expert_tensor(const std::string& name) {
-    return name.find("_exps.") != std::string::npos;
+}  // namespace
+
+bool is_expert_tensor(const std::string& name) { return name.find("_exps.") != std::string::npos; }
+
+namespace {
+
+// Streaming mode: read every dense tensor into one owned buffer with pread (64-byte aligned each),
+// so nothing the forward pass touches depends on the page cache or on the file staying intact.
+void read_dense_tensors(Model& model) {
+    const GgufFile& f = *model.file;
+    uint64_t total = 0;
+    for (const GgufTensor& t : f.tensors()) {
+        if (!is_expert_tensor(t.name)) total += (t.nbytes + 63) & ~uint64_t{63};
+    }
+    model.dense_storage.reset(new uint8_t[total + 64]);
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(model.dense_storage.get()) + 63) &
+                                               ~uintptr_t{63});
+    uint64_t at = 0;
+    for (const GgufTensor& t : f.tensors()) {
+        if (is_expert_tensor(t.name)) continue;
+        uint8_t* dst = base + at;
+        uint64_t done = 0;
+        while (done < t.nbytes) {
+            const ssize_t r = ::pread(f.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                throw IoError("[model] " + f.path() + ": reading tensor " + t.name + " at offset " +
+                              std::to_string(t.file_offset + done) + " failed: " +
+                              (r == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno))));
+            }
+            done += static_cast<uint64_t>(r);
+        }
+        model.dense_data[&t] = dst;
+        at += (t.nbytes + 63) & ~uint64_t{63};
+    }
 }
 
 }  // namespace
@@ -58,7 +95,12 @@ cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n
     }
     cpu::WeightView w;
     w.type = t.type;
-    w.data = model_.file->tensor_data(t);
+    if (model_.streaming) {
+        auto it = model_.dense_data.find(&t);
+        w.data = it == model_.dense_data.end() ? nullptr : it->second;  // experts: read by the cache
+    } else {
+        w.data = model_.file->tensor_data(t);
+    }
     w.n_rows = n_rows * n_stack;
     w.n_cols = n_cols;
     w.row_bytes = ggml_row_size(t.type, n_cols);
@@ -140,9 +182,10 @@ void ModelLoader::shared_expert(int il) {
     L.ffn_gate_inp_shexp = optional_matrix(blk(il, "ffn_gate_inp_shexp.weight"), h.n_embd, 1);
 }
 
-std::unique_ptr<Model> load_model(const std::string& path) {
+std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     auto model = std::make_unique<Model>();
-    model->file = GgufFile::open(path);
+    model->streaming = streaming;
+    model->file = GgufFile::open(path, /*map_data=*/!streaming);
     const GgufFile& f = *model->file;
 
     const std::string arch = f.get_string_or("general.architecture", "");
@@ -155,6 +198,8 @@ std::unique_ptr<Model> load_model(const std::string& path) {
     }
     model->hp = read_hparams(f, *model->spec);
     const HParams& h = model->hp;
+
+    if (streaming) read_dense_tensors(*model);
 
     ModelLoader loader(*model);
     if (h.n_vocab <= 0) throw MissingTensorError("[model] " + path + ": missing tensor token_embd.weight");

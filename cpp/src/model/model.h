@@ -6,6 +6,7 @@
 // (model/expert_source.h), so streaming can replace residency without touching architecture code.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,11 @@ struct LayerWeights {
 
 struct Model {
     std::unique_ptr<GgufFile> file;
+    // Streaming mode: the file is not mapped; dense tensors live here (read once at load), and
+    // expert views carry data == nullptr (the expert cache reads them by file offset).
+    std::unique_ptr<uint8_t[]> dense_storage;
+    std::map<const GgufTensor*, const uint8_t*> dense_data;
+    bool streaming = false;
     const ArchSpec* spec = nullptr;
     HParams hp;
     cpu::WeightView token_embd;  // [n_vocab, n_embd]
@@ -60,8 +66,12 @@ struct Model {
 
 // Opens `path`, finds its architecture and loads every tensor it needs, checking names, shapes and
 // types. Throws FormatError / MissingTensorError / UnsupportedError / IoError with the file and
-// tensor named.
-std::unique_ptr<Model> load_model(const std::string& path);
+// tensor named. streaming = false maps the whole file (every expert resident); streaming = true
+// reads the dense tensors into memory and leaves the routed experts on disk for an expert cache.
+std::unique_ptr<Model> load_model(const std::string& path, bool streaming = false);
+
+// True for the stacked routed-expert tensors (ffn_{gate,up,down}_exps).
+bool is_expert_tensor(const std::string& name);
 
 // The shared tensor loaders that architecture files call from their load_layer.
 class ModelLoader {
