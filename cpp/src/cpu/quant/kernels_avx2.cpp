@@ -61,6 +61,7 @@ float dot_row_blocks(const void* src, const float* x, int64_t n) {
     const typename D::Block* blocks = static_cast<const typename D::Block*>(src);
     DotSink sink{x};
     for (int64_t ib = 0; ib < n / D::kBlockSize; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
         sink.x = x + ib * D::kBlockSize;
         D::decode(blocks + ib, sink);
     }
@@ -82,12 +83,16 @@ inline __m128i load_partial_u16(const uint16_t* p, int64_t count) {
 }
 
 struct LoadF32 {
+    static constexpr size_t kBytes = 4;
+    static const void* address(const void* p, int64_t i) { return static_cast<const float*>(p) + i; }
     static __m256 full(const void* p, int64_t i) { return _mm256_loadu_ps(static_cast<const float*>(p) + i); }
     static __m256 part(const void* p, int64_t i, int64_t count) {
         return _mm256_maskload_ps(static_cast<const float*>(p) + i, first_lanes(count));
     }
 };
 struct LoadF16 {
+    static constexpr size_t kBytes = 2;
+    static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
     static __m256 full(const void* p, int64_t i) {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
     }
@@ -96,6 +101,8 @@ struct LoadF16 {
     }
 };
 struct LoadBF16 {
+    static constexpr size_t kBytes = 2;
+    static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
     static __m256 widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
     static __m256 full(const void* p, int64_t i) {
         return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
@@ -112,6 +119,7 @@ float dot_plain(const void* w, const float* x, int64_t n) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
     for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        prefetch_ahead(Load::address(w, i), 4 * kChunk * Load::kBytes);
         for (int k = 0; k < 4; ++k) {
             acc[k] = _mm256_fmadd_ps(Load::full(w, i + kChunk * k), _mm256_loadu_ps(x + i + kChunk * k), acc[k]);
         }
@@ -258,6 +266,8 @@ struct DecodeQ2_K {
             _mm256_store_ps(dl + 8 * c, _mm256_mul_ps(d, to_float(_mm256_and_si256(sc, _mm256_set1_epi32(0x0F)))));
             _mm256_store_ps(ml + 8 * c, _mm256_mul_ps(dmin, to_float(_mm256_srli_epi32(sc, 4))));
         }
+        keep_in_memory(dl);
+        keep_in_memory(ml);
         const __m256 q_values = _mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3);
         for (int h = 0; h < 2; ++h) {
             __m256i q[4];  // qs bytes 32h + 8c .. 32h + 8c + 7
@@ -276,7 +286,9 @@ struct DecodeQ2_K {
     }
 };
 
-// Q3_K: index bits 1:0 = the low bits (qs >> 2j), bit 2 = the hmask bit (bit 4h + j);
+// Q3_K: element 128h + 32j + i (i < 32) has table index (qs[32h + i] >> 2j) & 3 (bits 1:0) |
+// hmask bit (4h + j) of hmask[i] (bit 2), built for 32 elements at once with byte operations (16-bit
+// shifts; the masks drop bits that crossed a byte) and parked in a stack buffer; then
 // T[k] = dl * (k - 4), since k = low + 4 * high and q = low - (high ? 0 : 4).
 struct DecodeQ3_K {
     using Block = block_q3_K;
@@ -284,26 +296,32 @@ struct DecodeQ3_K {
     template <typename Sink>
     static void decode(const Block* b, Sink& sink) {
         alignas(32) float dl[16];
-        int8_t scales[16];
-        unpack_q3_K_scales(b->scales, scales);
+        alignas(32) uint8_t idx[32];
+        uint32_t biased[4];
+        unpack_q3_K_scales(b->scales, biased);
         const __m256 d = _mm256_set1_ps(half_to_float(b->d));
-        for (int c = 0; c < 2; ++c) _mm256_store_ps(dl + 8 * c, _mm256_mul_ps(d, to_float(sbytes_to_lanes(scales + 8 * c))));
+        for (int c = 0; c < 2; ++c) {
+            const __m128i bytes = _mm_set_epi32(0, 0, static_cast<int>(biased[2 * c + 1]), static_cast<int>(biased[2 * c]));
+            const __m256i scales = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(32));
+            _mm256_store_ps(dl + 8 * c, _mm256_mul_ps(d, to_float(scales)));
+        }
+        keep_in_memory(dl);
         const __m256 q_values = _mm256_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3);
-        const __m256i low_bits = _mm256_set1_epi32(0x03), high_bit = _mm256_set1_epi32(0x04);
-        __m256i hm[4];  // hmask bytes 8c .. 8c + 7
-        for (int c = 0; c < 4; ++c) hm[c] = bytes_to_lanes(b->hmask + 8 * c);
+        const __m256i low_bits = _mm256_set1_epi8(0x03), high_bit = _mm256_set1_epi8(0x04);
+        const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->hmask));
         for (int h = 0; h < 2; ++h) {
-            __m256i q[4];
-            for (int c = 0; c < 4; ++c) q[c] = bytes_to_lanes(b->qs + 32 * h + 8 * c);
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * h));
             for (int j = 0; j < 4; ++j) {
+                const int hbit = 4 * h + j;  // moved to bit 2
+                const __m256i high = hbit >= 2 ? _mm256_srli_epi16(hm, hbit - 2) : _mm256_slli_epi16(hm, 2 - hbit);
+                const __m256i k = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), low_bits),
+                                                  _mm256_and_si256(high, high_bit));
+                _mm256_store_si256(reinterpret_cast<__m256i*>(idx), k);
                 for (int l = 0; l < 2; ++l) {
                     const int s = 8 * h + 2 * j + l;
                     const __m256 table = _mm256_mul_ps(_mm256_set1_ps(dl[s]), q_values);
                     for (int c = 0; c < 2; ++c) {
-                        const __m256i idx =
-                            _mm256_or_si256(_mm256_and_si256(shift_left(q[2 * l + c], -2 * j), low_bits),
-                                            _mm256_and_si256(shift_left(hm[2 * l + c], 2 - (4 * h + j)), high_bit));
-                        sink.put(2 * s + c, _mm256_permutevar8x32_ps(table, idx));
+                        sink.put(2 * s + c, _mm256_permutevar8x32_ps(table, bytes_to_lanes(idx + 16 * l + 8 * c)));
                     }
                 }
             }
@@ -312,12 +330,13 @@ struct DecodeQ3_K {
 };
 
 // Q4_K / Q5_K scales as floats: out[0..7] = d * sc[j], out[8..15] = dmin * m[j].
-inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float out[16]) {
+inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float (&out)[16]) {
     const Q4KScaleWords w = unpack_q4_K_scale_min(packed);
     const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(w.sc_hi), static_cast<int>(w.sc_lo)));
     const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(w.m_hi), static_cast<int>(w.m_lo)));
     _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(half_to_float(d_half)), to_float(sc)));
     _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_set1_ps(half_to_float(dmin_half)), to_float(m)));
+    keep_in_memory(out);
 }
 
 // Q4_K: group j = sub-block 2j (low nibbles of qs[32j..32j+31], chunks 8j..8j+3) and 2j + 1 (high
@@ -380,6 +399,7 @@ struct DecodeQ6_K {
         alignas(32) int8_t q[128];
         const __m256 d = _mm256_set1_ps(half_to_float(b->d));
         for (int c = 0; c < 2; ++c) _mm256_store_ps(dsc + 8 * c, _mm256_mul_ps(d, to_float(sbytes_to_lanes(b->scales + 8 * c))));
+        keep_in_memory(dsc);
         const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
         for (int h = 0; h < 2; ++h) {
             const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h));

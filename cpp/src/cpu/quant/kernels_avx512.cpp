@@ -80,12 +80,14 @@ float dot_row_blocks(const void* src, const float* x, int64_t n) {
     int64_t ib = 0;
     if constexpr (D::kBlockSize == 32) {
         for (; ib + 2 <= nb; ib += 2) {
+            prefetch_ahead(blocks + ib, 2 * sizeof(typename D::Block));
             sink.x = x + ib * 32;
             D::decode(blocks + ib, sink, 0);
             D::decode(blocks + ib + 1, sink, 2);
         }
     }
     for (; ib < nb; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
         sink.x = x + ib * D::kBlockSize;
         D::decode(blocks + ib, sink, 0);
     }
@@ -95,12 +97,16 @@ float dot_row_blocks(const void* src, const float* x, int64_t n) {
 // ---- plain float rows (F32, F16, BF16): any n -------------------------------------------------------
 
 struct LoadF32 {
+    static constexpr size_t kBytes = 4;
+    static const void* address(const void* p, int64_t i) { return static_cast<const float*>(p) + i; }
     static __m512 full(const void* p, int64_t i) { return _mm512_loadu_ps(static_cast<const float*>(p) + i); }
     static __m512 part(const void* p, int64_t i, __mmask16 m) {
         return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
     }
 };
 struct LoadF16 {
+    static constexpr size_t kBytes = 2;
+    static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
     static __m512 full(const void* p, int64_t i) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     }
@@ -109,6 +115,8 @@ struct LoadF16 {
     }
 };
 struct LoadBF16 {
+    static constexpr size_t kBytes = 2;
+    static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
     static __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
     static __m512 full(const void* p, int64_t i) {
         return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
@@ -125,6 +133,7 @@ float dot_plain(const void* w, const float* x, int64_t n) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        prefetch_ahead(Load::address(w, i), 4 * kChunk * Load::kBytes);
         for (int k = 0; k < 4; ++k) {
             acc[k] = _mm512_fmadd_ps(Load::full(w, i + kChunk * k), _mm512_loadu_ps(x + i + kChunk * k), acc[k]);
         }
@@ -178,7 +187,7 @@ inline __m512i shift_left(__m512i v, int s) {
 }
 
 // Q4_K / Q5_K scales: out[0..7] = d * sc[j], out[8..15] = dmin * m[j] (one rounding each, as numpy).
-inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float out[16]) {
+inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float (&out)[16]) {
     const Q4KScaleWords w = unpack_q4_K_scale_min(packed);
     const __m128i bytes = _mm_set_epi32(static_cast<int>(w.m_hi), static_cast<int>(w.m_lo), static_cast<int>(w.sc_hi),
                                         static_cast<int>(w.sc_lo));
@@ -186,6 +195,7 @@ inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_ha
     const __m512 factor =
         _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_to_float(d_half)), _mm512_set1_ps(half_to_float(dmin_half)));
     _mm512_storeu_ps(out, _mm512_mul_ps(factor, values));
+    keep_in_memory(out);
 }
 
 // ---- block decoders -----------------------------------------------------------------------------
@@ -286,6 +296,8 @@ struct DecodeQ2_K {
                                           _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(0x0F)))));
         _mm512_store_ps(ml, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->dmin)),
                                           _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4))));
+        keep_in_memory(dl);
+        keep_in_memory(ml);
         const __m512 q_values = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
         for (int h = 0; h < 2; ++h) {
             const __m512i q[2] = {bytes_to_lanes(b->qs + 32 * h), bytes_to_lanes(b->qs + 32 * h + 16)};
@@ -310,11 +322,14 @@ struct DecodeQ3_K {
     template <typename Sink>
     static void decode(const Block* b, Sink& sink, int) {
         alignas(64) float dl[16];
-        int8_t scales[16];
-        unpack_q3_K_scales(b->scales, scales);
-        _mm512_store_ps(dl, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)),
-                                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))))));
+        uint32_t biased[4];
+        unpack_q3_K_scales(b->scales, biased);
+        const __m512i scales = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_set_epi32(static_cast<int>(biased[3]), static_cast<int>(biased[2]),
+                                               static_cast<int>(biased[1]), static_cast<int>(biased[0]))),
+            _mm512_set1_epi32(32));
+        _mm512_store_ps(dl, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)), _mm512_cvtepi32_ps(scales)));
+        keep_in_memory(dl);
         const __m512 q_values = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
         const __m512i low_bits = _mm512_set1_epi32(0x03);
         const __m512i hm[2] = {bytes_to_lanes(b->hmask), bytes_to_lanes(b->hmask + 16)};
@@ -401,6 +416,7 @@ struct DecodeQ6_K {
         _mm512_store_ps(dsc, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)),
                                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales))))));
+        keep_in_memory(dsc);
         const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
         // Shift counts per 16-bit lane: first 256 bits (elements 32k + i, k even) vs second (k odd).
         const __m512i shift_first = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,

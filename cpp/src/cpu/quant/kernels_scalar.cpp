@@ -131,13 +131,15 @@ void dequant_block_q2_K(const block_q2_K* b, float* y) {
 // high bit from hmask[16l + i] at bit 4h + j; q = low - 4 when the high bit is clear, else low.
 void dequant_block_q3_K(const block_q3_K* b, float* y) {
     const float d = fp16_to_fp32(b->d);
-    int8_t scales[16];
-    unpack_q3_K_scales(b->scales, scales);
+    uint32_t words[4];
+    unpack_q3_K_scales(b->scales, words);
+    uint8_t biased[16];
+    memcpy(biased, words, 16);
     for (int h = 0; h < 2; ++h) {
         for (int j = 0; j < 4; ++j) {
             for (int l = 0; l < 2; ++l) {
                 const int sub = 8 * h + 2 * j + l;
-                const float dl = d * static_cast<float>(scales[sub]);
+                const float dl = d * static_cast<float>(biased[sub] - 32);
                 const uint8_t* q = b->qs + 32 * h + 16 * l;
                 const uint8_t* hm = b->hmask + 16 * l;
                 float* out = y + 16 * sub;
