@@ -13,7 +13,6 @@
 // lanes, convert and scale with the gguf package's roundings (multiply, then add or subtract).
 // Q2_K and Q3_K have at most 8 values per sub-block and use an 8-entry vpermps table instead.
 #include "cpu/quant/kernels_impl.h"
-SHARPI_NO_FP_CONTRACT
 
 #include <immintrin.h>
 

@@ -14,7 +14,6 @@
 // quant bits. That replaces convert + multiply + add per element by one shuffle, and gives values
 // identical to the scalar reference. Q8_0 and Q6_K (256 and 64 values) convert and scale instead.
 #include "cpu/quant/kernels_impl.h"
-SHARPI_NO_FP_CONTRACT
 
 // GCC 12 reports the deliberately undefined vectors inside its own AVX-512 intrinsics
 // (_mm512_undefined_ps(), used by casts and conversions) as uninitialized wherever they are

@@ -8,12 +8,13 @@
 // (one private copy per file) or plain data, and the SIMD files use only intrinsics, their own
 // static functions and libc.
 //
-// Floating-point contraction: GCC fuses a*b+c into an FMA by default (-ffp-contract=fast), even
-// across separate intrinsics. The dequantized values must be rounded exactly like the gguf
-// package computes them (a multiply rounded, then an add rounded), and dot_row must rebuild exactly
-// the values dequant_row stores, so every kernel file turns contraction off with SHARPI_NO_FP_CONTRACT
-// below, placed right after this header and before <immintrin.h> or any floating-point code.
-// Explicit FMAs (_mm512_fmadd_ps) are unaffected.
+// Rounding: the dequantized values must equal the gguf package's numpy results bit for bit. Every
+// formula is a product of an f16 scale (11-bit significand) and small integers (scale <= 8 bits,
+// quant <= 6 bits), optionally plus or minus another such product. Those products are exact in
+// f32 except Q6_K's (d * sc) * (q - 32), which is a lone multiply; so the only rounding is the
+// final add or subtract, and evaluating a*b+c as one FMA (as GCC's default -ffp-contract=fast may
+// do) gives the same value as multiply-then-add. Any new formula must keep that property (the
+// tests compare with numpy bitwise and would catch it).
 #pragma once
 
 #include <stddef.h>
@@ -99,14 +100,3 @@ static inline void prefetch_ahead(const void* p, size_t bytes) {
 static inline void keep_in_memory(float (&values)[16]) { asm volatile("" : "+m"(values)); }
 
 }  // namespace sharpi::cpu::detail
-
-// Right after this header in a kernel file (see the header comment). GCC honours the optimize pragma
-// for the whole file, inlined intrinsics included; clang contracts only within one expression
-// by default, which intrinsics never are, and is told explicitly anyway.
-#if defined(__clang__)
-#define SHARPI_NO_FP_CONTRACT _Pragma("clang fp contract(off)")
-#elif defined(__GNUC__)
-#define SHARPI_NO_FP_CONTRACT _Pragma("GCC optimize(\"fp-contract=off\")")
-#else
-#define SHARPI_NO_FP_CONTRACT
-#endif

@@ -12,7 +12,6 @@
 // filled by the very same block dequantizer that dequant_row uses, so
 // dot_row(w, x) == dot_f32(dequant_row(w), x) bit for bit by construction.
 #include "cpu/quant/kernels_impl.h"
-SHARPI_NO_FP_CONTRACT
 
 #include <string.h>
 
