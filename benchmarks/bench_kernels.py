@@ -4,8 +4,8 @@ matrix, per type and ISA, on 1 and 2 threads, next to this machine's memory band
     PYTHONPATH=python python benchmarks/bench_kernels.py [--mib 64] [--types q4_K,q6_K] [--out DIR]
 
 Decode is memory-bound in principle: every weight byte is read once per token. The table shows
-GB/s of weight bytes read (compare with the memcpy line) and Gelem/s (weights multiplied per
-second). Optionally (--prefill T) also prefill throughput for T tokens. Each ISA runs in its own
+GB/s of weight bytes read (compare with the memcpy line) and Gelem/s (multiply-adds per second:
+weights x tokens). Optionally (--prefill T) also prefill throughput for T tokens. Each ISA runs in its own
 child process (SHARPI_ISA is fixed per process). Raw numbers go to DIR/bench_kernels.json.
 
 Timing: best of --reps calls after one warm-up call, wall clock. The machines this runs on are
@@ -14,6 +14,7 @@ gives GB/s by the calling thread's CPU time, which excludes time the thread spen
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -44,7 +45,11 @@ def random_matrix(name, n_rows, rng):
         return rng.standard_normal(n_rows * N_COLS, dtype=np.float32).view(np.uint8)
     if name in ("f16", "bf16"):
         f = rng.standard_normal(n_rows * N_COLS, dtype=np.float32)
-        h = f.astype(np.float16).view(np.uint16) if name == "f16" else (f.view(np.uint32) >> 16).astype(np.uint16)
+        h = (
+            f.astype(np.float16).view(np.uint16)
+            if name == "f16"
+            else (f.view(np.uint32) >> 16).astype(np.uint16)
+        )
         return h.view(np.uint8)
     n_blocks = n_rows * N_COLS // bs
     raw = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
@@ -76,11 +81,11 @@ def worker(args):
         data = random_matrix(name, n_rows, rng)
         x1 = rng.standard_normal((1, N_COLS), dtype=np.float32)
         for threads in args.threads:
-            run = lambda: _core.matmul(TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads)  # noqa: E731
+            run = functools.partial(_core.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads)
             t = best_time(run, args.reps)
             entry = {
                 "type": name, "isa": _core.active_isa(), "threads": threads, "mode": "decode", "tokens": 1,
-                "weight_bytes": data.size, "n_rows": n_rows, "n_cols": N_COLS, "seconds": t,
+                "weight_bytes": data.size, "n_rows": n_rows, "n_cols": N_COLS, "multiply_adds": n_rows * N_COLS, "seconds": t,
                 "weight_gbps": data.size / t / 1e9, "gelem_per_s": n_rows * N_COLS / t / 1e9,
             }  # fmt: skip
             if threads == 1:
@@ -89,19 +94,26 @@ def worker(args):
                 t_cpu = best_time(run, args.reps, clock=time.thread_time)
                 entry["cpu_seconds"] = t_cpu
                 entry["cpu_weight_gbps"] = data.size / t_cpu / 1e9
+                entry["cpu_gelem_per_s"] = n_rows * N_COLS / t_cpu / 1e9
             results.append(entry)
             if args.prefill:
                 # Prefill on a slice that keeps each run short: per token it is compute-bound.
                 rows = max(1, n_rows // 16)
                 xs = rng.standard_normal((args.prefill, N_COLS), dtype=np.float32)
                 part = data[: rows * row_bytes]
-                t = best_time(lambda: _core.matmul(TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads), args.reps)
-                results.append(
-                    {**entry, "mode": "prefill", "tokens": args.prefill, "weight_bytes": part.size, "n_rows": rows,
-                     "seconds": t, "weight_gbps": part.size / t / 1e9,
-                     "gelem_per_s": rows * N_COLS * args.prefill / t / 1e9}  # fmt: skip
-                )
-        del data
+                run = functools.partial(_core.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads)
+                t = best_time(run, args.reps)
+                pf = {**entry, "mode": "prefill", "tokens": args.prefill, "weight_bytes": part.size, "n_rows": rows,
+                      "multiply_adds": rows * N_COLS * args.prefill, "seconds": t, "weight_gbps": part.size / t / 1e9,
+                      "gelem_per_s": rows * N_COLS * args.prefill / t / 1e9}  # fmt: skip
+                for key in ("cpu_seconds", "cpu_weight_gbps", "cpu_gelem_per_s"):
+                    pf.pop(key, None)
+                if threads == 1:
+                    t_cpu = best_time(run, args.reps, clock=time.thread_time)
+                    pf["cpu_seconds"] = t_cpu
+                    pf["cpu_weight_gbps"] = part.size / t_cpu / 1e9
+                    pf["cpu_gelem_per_s"] = rows * N_COLS * args.prefill / t_cpu / 1e9
+                results.append(pf)
     json.dump(results, sys.stdout)
 
 
@@ -142,30 +154,39 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mib", str(args.mib), "--types",
                ",".join(args.types), "--threads", ",".join(map(str, args.threads)), "--reps", str(args.reps),
                "--prefill", str(args.prefill)]  # fmt: skip
-        out = subprocess.run(cmd, env={**os.environ, "SHARPI_ISA": isa}, capture_output=True, text=True)
+        out = subprocess.run(
+            cmd, env={**os.environ, "SHARPI_ISA": isa}, capture_output=True, text=True, check=False
+        )
         if out.returncode != 0:
             sys.exit(f"worker for {isa} failed:\n{out.stderr}")
         rows += json.loads(out.stdout)
 
-    print(f"memcpy (numpy copy, 512 MiB): {copy_gbps:.1f} GB/s of array bytes ({2 * copy_gbps:.1f} GB/s read+write)")
+    print(
+        f"memcpy (numpy copy, 512 MiB): {copy_gbps:.1f} GB/s of array bytes ({2 * copy_gbps:.1f} GB/s read+write)"
+    )
     print(f"weights: {args.mib:g} MiB per type, {N_COLS} columns; load average {os.getloadavg()[0]:.2f}")
     header = f"{'type':6} {'isa':7} {'mode':8}"
     for t in args.threads:
         header += f" | {t}T GB/s  Gelem/s"
-    header += " | 1T GB/s by CPU time"
+    header += " | 1T by CPU time: GB/s  Gelem/s"
     print(header)
     print("-" * len(header))
     for mode in ("decode", "prefill"):
         for name in args.types:
             for isa in isas:
-                sel = {r["threads"]: r for r in rows if r["type"] == name and r["isa"] == isa and r["mode"] == mode}
+                sel = {
+                    r["threads"]: r
+                    for r in rows
+                    if r["type"] == name and r["isa"] == isa and r["mode"] == mode
+                }
                 if not sel:
                     continue
                 line = f"{name:6} {isa:7} {mode if mode == 'decode' else f'pf T={args.prefill}':8}"
                 for t in args.threads:
                     line += f" | {sel[t]['weight_gbps']:7.2f}  {sel[t]['gelem_per_s']:7.2f}"
-                if 1 in sel and "cpu_weight_gbps" in sel[1]:
-                    line += f" | {sel[1]['cpu_weight_gbps']:7.2f}"
+                if 1 in sel and "cpu_seconds" in sel[1]:
+                    r = sel[1]
+                    line += f" | {r['cpu_weight_gbps']:12.2f}  {r['cpu_gelem_per_s']:7.2f}"
                 print(line)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_kernels.json")

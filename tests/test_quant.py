@@ -19,7 +19,6 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
-
 from sharpi import InvalidArgument, UnsupportedError, _core
 
 ISAS = _core.isa_available()
@@ -130,7 +129,9 @@ def test_dequantize_matches_gguf(qtype, isa):
 @pytest.mark.parametrize("isa", ISAS)
 def test_dequantize_half_special_values(isa):
     # Subnormal, zero, signed zero and infinite halves and bfloat16s widen exactly.
-    halves = np.array([0x0000, 0x8000, 0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00], np.uint16)
+    halves = np.array(
+        [0x0000, 0x8000, 0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00], np.uint16
+    )
     halves = np.concatenate([halves, np.arange(0, 0x7C00, 97, dtype=np.uint16)])
     got = _core.dequantize(int(Q.F16), halves.view(np.uint8), halves.size, isa)
     np.testing.assert_array_equal(bits(got), bits(halves.view(np.float16).astype(np.float32)))
@@ -153,7 +154,9 @@ def test_dot_matches_float64(qtype):
         budget = DOT_BUDGET_FACTOR[qtype] * dot_budget(n) * scale
         results = {isa: _core.dot(int(qtype), data, x, isa) for isa in ISAS}
         for isa, got in results.items():
-            assert abs(got - exact) <= budget, f"{qtype.name} n={n} {isa}: {got} vs {exact} (budget {budget:.3g})"
+            assert abs(got - exact) <= budget, (
+                f"{qtype.name} n={n} {isa}: {got} vs {exact} (budget {budget:.3g})"
+            )
             # SIMD vs the scalar reference: both within budget of the exact value.
             assert abs(got - results["scalar"]) <= 2 * budget, f"{qtype.name} n={n} {isa} vs scalar"
 
@@ -190,7 +193,10 @@ def test_matmul_matches_float64_and_decode_equals_prefill(qtype):
     row_bytes = data.size // n_rows
     # What dot_row gives for each (token, row) with the active ISA: matmul must reproduce it exactly.
     per_row = np.array(
-        [[_core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t]) for r in range(n_rows)] for t in range(5)],
+        [
+            [_core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t]) for r in range(n_rows)]
+            for t in range(5)
+        ],
         dtype=np.float32,
     )
     for threads in (1, 2, 3):
@@ -200,7 +206,9 @@ def test_matmul_matches_float64_and_decode_equals_prefill(qtype):
         for t in range(5):
             y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads)
             np.testing.assert_array_equal(bits(y1[0]), bits(y5[t]), err_msg=f"T=1 vs T=5, token {t}")
-        np.testing.assert_array_equal(bits(y5), bits(per_row), err_msg=f"matmul vs dot_row, threads={threads}")
+        np.testing.assert_array_equal(
+            bits(y5), bits(per_row), err_msg=f"matmul vs dot_row, threads={threads}"
+        )
 
 
 def test_matmul_prefill_tiling_many_tokens():
@@ -214,7 +222,9 @@ def test_matmul_prefill_tiling_many_tokens():
     row_bytes = data.size // n_rows
     for t in (0, 1, 63, 64, 69):
         for r in range(n_rows):
-            assert bits(y[t, r]) == bits(_core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t]))
+            assert bits(y[t, r]) == bits(
+                _core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t])
+            )
 
 
 # Runs in a child process per ISA (the active ISA is fixed for the life of a process), reusing
@@ -253,7 +263,8 @@ def run_child(code, *args, isa_env):
         env.pop("SHARPI_ISA", None)
     else:
         env["SHARPI_ISA"] = isa_env
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -292,13 +303,17 @@ def test_sharpi_isa_override():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-@pytest.mark.parametrize("type_id, name", [(int(Q.IQ2_XXS), "iq2_xxs"), (int(Q.Q8_K), "q8_K"), (99, "unknown (id 99)")])
+@pytest.mark.parametrize(
+    "type_id, name", [(int(Q.IQ2_XXS), "iq2_xxs"), (int(Q.Q8_K), "q8_K"), (99, "unknown (id 99)")]
+)
 def test_unsupported_type_raises(type_id, name):
     data = np.zeros(66, np.uint8)
     x = np.zeros(256, np.float32)
     message = f"[quant] no CPU kernel for type {name}"
     for isa in ISAS:
-        with pytest.raises(UnsupportedError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(
+            UnsupportedError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+        ):
             _core.dequantize(type_id, data, 256, isa)
         with pytest.raises(UnsupportedError, match=name.split()[0]):
             _core.dot(type_id, data, x, isa)
@@ -332,7 +347,9 @@ def test_bad_arguments_raise_invalid_argument():
 def test_gguf_quantized_real_floats(qtype, max_rel_rms, isa):
     rng = np.random.default_rng(500 + int(qtype))
     n_rows, n = 5, 7 * 32
-    original = (rng.standard_normal((n_rows, n)) * rng.uniform(0.01, 2.0, size=(n_rows, 1))).astype(np.float32)
+    original = (rng.standard_normal((n_rows, n)) * rng.uniform(0.01, 2.0, size=(n_rows, 1))).astype(
+        np.float32
+    )
     data = gguf_quantize(original, qtype).reshape(-1)
     row_bytes = data.size // n_rows
     want = oracle_dequantize(qtype, data, n_rows, n)

@@ -81,7 +81,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
 
     // Prefill.
     const DequantRowFn dequant_row = kernels.dequant_row;
-    const DotF32Fn dot = dot_f32_kernel(isa);
+    const DotF32TileFn dot_tile = dot_f32_tile_kernel(isa);
     const size_t row_floats_bytes = static_cast<size_t>(w.n_cols) * sizeof(float);
     const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / row_floats_bytes));
     const int64_t token_block = std::max<int64_t>(kMinTokenBlock, static_cast<int64_t>(kTokenBlockBytes / row_floats_bytes));
@@ -97,10 +97,8 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
                     dequant_row(w.data + static_cast<size_t>(r) * w.row_bytes, scratch.data() + (r - r0) * w.n_cols,
                                 w.n_cols);
                 }
-                for (int64_t t = t0; t < t1; ++t) {
-                    const float* xt = x + t * ldx;
-                    for (int64_t r = r0; r < r1; ++r) y[t * ldy + r] = dot(scratch.data() + (r - r0) * w.n_cols, xt, w.n_cols);
-                }
+                // Bit-identical to dot_f32 per (row, token), hence to dot_row (kernels.h).
+                dot_tile(scratch.data(), w.n_cols, r1 - r0, x + t0 * ldx, ldx, t1 - t0, w.n_cols, y + t0 * ldy + r0, ldy);
             }
         }
     });

@@ -98,4 +98,6 @@ const RowKernels& row_kernels(GgmlType type, Isa isa) {
 
 DotF32Fn dot_f32_kernel(Isa isa) { return isa_kernels(isa).dot_f32; }
 
+DotF32TileFn dot_f32_tile_kernel(Isa isa) { return isa_kernels(isa).dot_f32_tile; }
+
 }  // namespace sharpi::cpu

@@ -51,4 +51,11 @@ namespace sharpi::cpu {
 // the bindings' isa= arguments.
 bool parse_isa_name(const char* name, Isa* isa);
 
+// Prefill helper: y[t * ldy + r] = dot_f32(w + r * ldw, x + t * ldx, n) for r < n_rows and
+// t < n_tokens, each result bit-identical to that ISA's dot_f32, computed in register tiles of
+// several rows x several tokens that share their loads (dot_f32 alone needs two loads per FMA).
+using DotF32TileFn = void (*)(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx,
+                              int64_t n_tokens, int64_t n, float* y, int64_t ldy);
+DotF32TileFn dot_f32_tile_kernel(Isa isa);
+
 }  // namespace sharpi::cpu

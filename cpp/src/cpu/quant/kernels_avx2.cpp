@@ -144,6 +144,54 @@ void dequant_plain(const void* w, float* dst, int64_t n) {
 
 float dot_f32_avx2(const float* a, const float* b, int64_t n) { return dot_plain<LoadF32>(a, b, n); }
 
+// One row x T tokens at once: each token has its own four accumulators fed exactly as dot_plain
+// feeds them (same chunks, same order, same tail), so every result equals dot_f32's bit for bit,
+// while each loaded chunk of w serves T tokens. T = 3 uses 12 accumulators of the 16 ymm registers.
+template <int T>
+void dot_f32_micro(const float* w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+    __m256 acc[T][4];
+    for (int t = 0; t < T; ++t) {
+        for (int k = 0; k < 4; ++k) acc[t][k] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        for (int k = 0; k < 4; ++k) {
+            const __m256 wv = _mm256_loadu_ps(w + i + kChunk * k);
+            for (int t = 0; t < T; ++t) {
+                acc[t][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + i + kChunk * k), acc[t][k]);
+            }
+        }
+    }
+    // Tail as in dot_plain: whole chunks into accumulators 0, 1, 2, then a partial chunk.
+    for (int k = 0; k < 4 && i < n; ++k) {
+        if (n - i >= kChunk) {
+            const __m256 wv = _mm256_loadu_ps(w + i);
+            for (int t = 0; t < T; ++t) acc[t][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + i), acc[t][k]);
+            i += kChunk;
+        } else {
+            const __m256i lanes = first_lanes(n - i);
+            const __m256 wv = _mm256_maskload_ps(w + i, lanes);
+            for (int t = 0; t < T; ++t) {
+                const __m256 sum = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + t * ldx + i, lanes), acc[t][k]);
+                acc[t][k] = _mm256_blendv_ps(acc[t][k], sum, _mm256_castsi256_ps(lanes));
+            }
+            i = n;
+        }
+    }
+    for (int t = 0; t < T; ++t) y[t * ldy] = reduce(acc[t]);
+}
+
+void dot_f32_tile_avx2(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n_tokens,
+                       int64_t n, float* y, int64_t ldy) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float* wr = w + r * ldw;
+        int64_t t = 0;
+        for (; t + 3 <= n_tokens; t += 3) dot_f32_micro<3>(wr, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        if (n_tokens - t == 2) dot_f32_micro<2>(wr, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        if (n_tokens - t == 1) dot_f32_micro<1>(wr, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+    }
+}
+
 // ---- decoding helpers ---------------------------------------------------------------------------
 
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
@@ -450,6 +498,7 @@ constexpr IsaKernels make_avx2_table() {
     t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>();
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>();
     t.dot_f32 = &dot_f32_avx2;
+    t.dot_f32_tile = &dot_f32_tile_avx2;
     return t;
 }
 

@@ -160,6 +160,62 @@ void dequant_plain(const void* w, float* dst, int64_t n) {
 
 float dot_f32_avx512(const float* a, const float* b, int64_t n) { return dot_plain<LoadF32>(a, b, n); }
 
+// R rows x T tokens at once: each (row, token) pair has its own four accumulators fed exactly as
+// dot_plain<LoadF32> feeds them (same chunks, same order, same tail), so every result equals
+// dot_f32's bit for bit, while each loaded chunk of w serves T tokens and each chunk of x R rows.
+// 2 x 3 uses 24 accumulators + 3 operands of the 32 zmm registers.
+template <int R, int T>
+void dot_f32_micro(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+    __m512 acc[R][T][4];
+    for (int r = 0; r < R; ++r) {
+        for (int t = 0; t < T; ++t) {
+            for (int k = 0; k < 4; ++k) acc[r][t][k] = _mm512_setzero_ps();
+        }
+    }
+    int64_t i = 0;
+    for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        for (int k = 0; k < 4; ++k) {
+            __m512 wv[R];
+            for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + r * ldw + i + kChunk * k);
+            for (int t = 0; t < T; ++t) {
+                const __m512 xv = _mm512_loadu_ps(x + t * ldx + i + kChunk * k);
+                for (int r = 0; r < R; ++r) acc[r][t][k] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][k]);
+            }
+        }
+    }
+    // Tail as in dot_plain: whole chunks into accumulators 0, 1, 2, then a masked partial chunk.
+    for (int k = 0; k < 4 && i < n; ++k) {
+        const __mmask16 m = (n - i >= kChunk) ? static_cast<__mmask16>(0xFFFF)
+                                              : static_cast<__mmask16>((1u << (n - i)) - 1u);
+        for (int t = 0; t < T; ++t) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * ldx + i);
+            for (int r = 0; r < R; ++r) {
+                acc[r][t][k] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, w + r * ldw + i), xv, acc[r][t][k], m);
+            }
+        }
+        i += (n - i >= kChunk) ? kChunk : n - i;
+    }
+    for (int t = 0; t < T; ++t) {
+        for (int r = 0; r < R; ++r) y[t * ldy + r] = reduce(acc[r][t]);
+    }
+}
+
+template <int T>
+void dot_f32_rows(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n, float* y,
+                  int64_t ldy) {
+    int64_t r = 0;
+    for (; r + 2 <= n_rows; r += 2) dot_f32_micro<2, T>(w + r * ldw, ldw, x, ldx, n, y + r, ldy);
+    if (r < n_rows) dot_f32_micro<1, T>(w + r * ldw, ldw, x, ldx, n, y + r, ldy);
+}
+
+void dot_f32_tile_avx512(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n_tokens,
+                         int64_t n, float* y, int64_t ldy) {
+    int64_t t = 0;
+    for (; t + 3 <= n_tokens; t += 3) dot_f32_rows<3>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
+    if (n_tokens - t == 2) dot_f32_rows<2>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
+    if (n_tokens - t == 1) dot_f32_rows<1>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
+}
+
 // ---- decoding helpers ---------------------------------------------------------------------------
 
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
@@ -469,6 +525,7 @@ constexpr IsaKernels make_avx512_table() {
     t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>();
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>();
     t.dot_f32 = &dot_f32_avx512;
+    t.dot_f32_tile = &dot_f32_tile_avx512;
     return t;
 }
 

@@ -35,6 +35,7 @@ constexpr int kTypeTableSize = 40;
 struct IsaKernels {
     RowKernels by_type[kTypeTableSize];
     DotF32Fn dot_f32;
+    DotF32TileFn dot_f32_tile;
 };
 
 const IsaKernels& scalar_kernels();

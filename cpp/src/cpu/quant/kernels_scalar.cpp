@@ -54,6 +54,14 @@ float dot_f32_scalar(const float* a, const float* b, int64_t n) {
     return sums.total();
 }
 
+// The reference tile is the definition: one dot_f32 per (row, token).
+void dot_f32_tile_scalar(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n_tokens,
+                         int64_t n, float* y, int64_t ldy) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < n_rows; ++r) y[t * ldy + r] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
+    }
+}
+
 // ---- block dequantizers: one block in, block_size floats out ------------------------------------
 
 void dequant_block_q4_0(const block_q4_0* b, float* y) {
@@ -301,6 +309,7 @@ constexpr IsaKernels make_scalar_table() {
     t.by_type[static_cast<int>(GgmlType::Q5_K)] = row_entry<BlockRow<block_q5_K, QK_K, dequant_block_q5_K>>();
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = row_entry<BlockRow<block_q6_K, QK_K, dequant_block_q6_K>>();
     t.dot_f32 = &dot_f32_scalar;
+    t.dot_f32_tile = &dot_f32_tile_scalar;
     return t;
 }
 
