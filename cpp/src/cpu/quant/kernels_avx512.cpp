@@ -72,7 +72,8 @@ void dequant_row_blocks(const void* src, float* dst, int64_t n) {
 
 template <typename D>
 float dot_row_blocks(const void* src, const float* x, int64_t n) {
-    static_assert(D::kBlockSize == 32 || D::kBlockSize % 64 == 0, "blocks must fill whole chunk groups or pairs");
+    static_assert(D::kBlockSize == 32 || D::kBlockSize % 64 == 0,
+                  "blocks must fill whole chunk groups or pairs");
     const typename D::Block* blocks = static_cast<const typename D::Block*>(src);
     const int64_t nb = n / D::kBlockSize;
     DotSink sink{x};
@@ -107,7 +108,8 @@ struct LoadF16 {
     static constexpr size_t kBytes = 2;
     static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
     static __m512 full(const void* p, int64_t i) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+        return _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     }
     static __m512 part(const void* p, int64_t i, __mmask16 m) {
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
@@ -116,9 +118,12 @@ struct LoadF16 {
 struct LoadBF16 {
     static constexpr size_t kBytes = 2;
     static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
-    static __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+    static __m512 widen(__m256i h) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
     static __m512 full(const void* p, int64_t i) {
-        return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+        return widen(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     }
     static __m512 part(const void* p, int64_t i, __mmask16 m) {
         return widen(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
@@ -134,7 +139,8 @@ float dot_plain(const void* w, const float* x, int64_t n) {
     for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
         prefetch_ahead(Load::address(w, i), 4 * kChunk * Load::kBytes);
         for (int k = 0; k < 4; ++k) {
-            acc[k] = _mm512_fmadd_ps(Load::full(w, i + kChunk * k), _mm512_loadu_ps(x + i + kChunk * k), acc[k]);
+            acc[k] =
+                _mm512_fmadd_ps(Load::full(w, i + kChunk * k), _mm512_loadu_ps(x + i + kChunk * k), acc[k]);
         }
     }
     int k = 0;
@@ -158,14 +164,17 @@ void dequant_plain(const void* w, float* dst, int64_t n) {
     }
 }
 
-float dot_f32_avx512(const float* a, const float* b, int64_t n) { return dot_plain<LoadF32>(a, b, n); }
+float dot_f32_avx512(const float* a, const float* b, int64_t n) {
+    return dot_plain<LoadF32>(a, b, n);
+}
 
 // R rows x T tokens at once: each (row, token) pair has its own four accumulators fed exactly as
 // dot_plain<LoadF32> feeds them (same chunks, same order, same tail), so every result equals
 // dot_f32's bit for bit, while each loaded chunk of w serves T tokens and each chunk of x R rows.
 // 2 x 3 uses 24 accumulators + 3 operands of the 32 zmm registers.
 template <int R, int T>
-void dot_f32_micro(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+void dot_f32_micro(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t n, float* y,
+                   int64_t ldy) {
     __m512 acc[R][T][4];
     for (int r = 0; r < R; ++r) {
         for (int t = 0; t < T; ++t) {
@@ -185,12 +194,13 @@ void dot_f32_micro(const float* w, int64_t ldw, const float* x, int64_t ldx, int
     }
     // Tail as in dot_plain: whole chunks into accumulators 0, 1, 2, then a masked partial chunk.
     for (int k = 0; k < 4 && i < n; ++k) {
-        const __mmask16 m = (n - i >= kChunk) ? static_cast<__mmask16>(0xFFFF)
-                                              : static_cast<__mmask16>((1u << (n - i)) - 1u);
+        const __mmask16 m =
+            (n - i >= kChunk) ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
         for (int t = 0; t < T; ++t) {
             const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * ldx + i);
             for (int r = 0; r < R; ++r) {
-                acc[r][t][k] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, w + r * ldw + i), xv, acc[r][t][k], m);
+                acc[r][t][k] =
+                    _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, w + r * ldw + i), xv, acc[r][t][k], m);
             }
         }
         i += (n - i >= kChunk) ? kChunk : n - i;
@@ -201,15 +211,15 @@ void dot_f32_micro(const float* w, int64_t ldw, const float* x, int64_t ldx, int
 }
 
 template <int T>
-void dot_f32_rows(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n, float* y,
-                  int64_t ldy) {
+void dot_f32_rows(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n,
+                  float* y, int64_t ldy) {
     int64_t r = 0;
     for (; r + 2 <= n_rows; r += 2) dot_f32_micro<2, T>(w + r * ldw, ldw, x, ldx, n, y + r, ldy);
     if (r < n_rows) dot_f32_micro<1, T>(w + r * ldw, ldw, x, ldx, n, y + r, ldy);
 }
 
-void dot_f32_tile_avx512(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n_tokens,
-                         int64_t n, float* y, int64_t ldy) {
+void dot_f32_tile_avx512(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx,
+                         int64_t n_tokens, int64_t n, float* y, int64_t ldy) {
     int64_t t = 0;
     for (; t + 3 <= n_tokens; t += 3) dot_f32_rows<3>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
     if (n_tokens - t == 2) dot_f32_rows<2>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
@@ -218,10 +228,16 @@ void dot_f32_tile_avx512(const float* w, int64_t ldw, int64_t n_rows, const floa
 
 // ---- decoding helpers ---------------------------------------------------------------------------
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline float half_to_float(uint16_t h) {
+    return _cvtsh_ss(h);
+}
 
-inline __m512 iota16() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
-inline __m512 iota16_from(float first) { return _mm512_add_ps(iota16(), _mm512_set1_ps(first)); }
+inline __m512 iota16() {
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+inline __m512 iota16_from(float first) {
+    return _mm512_add_ps(iota16(), _mm512_set1_ps(first));
+}
 
 // 16 consecutive bytes widened to 16 dword lanes (the lookup indices).
 inline __m512i bytes_to_lanes(const uint8_t* p) {
@@ -244,11 +260,11 @@ inline __m512i shift_left(__m512i v, int s) {
 // Q4_K / Q5_K scales: out[0..7] = d * sc[j], out[8..15] = dmin * m[j] (one rounding each, as numpy).
 inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float (&out)[16]) {
     const Q4KScaleWords w = unpack_q4_K_scale_min(packed);
-    const __m128i bytes = _mm_set_epi32(static_cast<int>(w.m_hi), static_cast<int>(w.m_lo), static_cast<int>(w.sc_hi),
-                                        static_cast<int>(w.sc_lo));
+    const __m128i bytes = _mm_set_epi32(static_cast<int>(w.m_hi), static_cast<int>(w.m_lo),
+                                        static_cast<int>(w.sc_hi), static_cast<int>(w.sc_lo));
     const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-    const __m512 factor =
-        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_to_float(d_half)), _mm512_set1_ps(half_to_float(dmin_half)));
+    const __m512 factor = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_to_float(d_half)),
+                                               _mm512_set1_ps(half_to_float(dmin_half)));
     _mm512_storeu_ps(out, _mm512_mul_ps(factor, values));
     keep_in_memory(out);
 }
@@ -292,14 +308,18 @@ inline uint32_t load_u32(const uint8_t* p) {
 }
 
 template <typename Sink>
-inline void decode_q5_lanes(const uint8_t* qs, uint32_t qh, __m512 table_lo, __m512 table_hi, Sink& sink, int c0) {
+inline void decode_q5_lanes(const uint8_t* qs, uint32_t qh, __m512 table_lo, __m512 table_hi, Sink& sink,
+                            int c0) {
     const __m512i q = bytes_to_lanes(qs);
     const __m512i bit4 = _mm512_set1_epi32(0x10);
     const __m512i idx_lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
     const __m512i idx_hi = _mm512_srli_epi32(q, 4);
-    const __mmask16 high_lo = static_cast<__mmask16>(qh & 0xFFFFu), high_hi = static_cast<__mmask16>(qh >> 16);
-    sink.put(c0, _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_lo, high_lo, idx_lo, bit4), table_hi));
-    sink.put(c0 + 1, _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_hi, high_hi, idx_hi, bit4), table_hi));
+    const __mmask16 high_lo = static_cast<__mmask16>(qh & 0xFFFFu),
+                    high_hi = static_cast<__mmask16>(qh >> 16);
+    sink.put(c0,
+             _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_lo, high_lo, idx_lo, bit4), table_hi));
+    sink.put(c0 + 1,
+             _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_hi, high_hi, idx_hi, bit4), table_hi));
 }
 
 struct DecodeQ5_0 {  // T[q] = d * (q - 16)
@@ -308,8 +328,8 @@ struct DecodeQ5_0 {  // T[q] = d * (q - 16)
     template <typename Sink>
     static void decode(const Block* b, Sink& sink, int c0) {
         const __m512 d = _mm512_set1_ps(half_to_float(b->d));
-        decode_q5_lanes(b->qs, load_u32(b->qh), _mm512_mul_ps(d, iota16_from(-16.0f)), _mm512_mul_ps(d, iota16()),
-                        sink, c0);
+        decode_q5_lanes(b->qs, load_u32(b->qh), _mm512_mul_ps(d, iota16_from(-16.0f)),
+                        _mm512_mul_ps(d, iota16()), sink, c0);
     }
 };
 
@@ -332,7 +352,8 @@ struct DecodeQ8_0 {
     static void decode(const Block* b, Sink& sink, int c0) {
         const __m512 d = _mm512_set1_ps(half_to_float(b->d));
         for (int c = 0; c < 2; ++c) {
-            const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * c)));
+            const __m512i q =
+                _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * c)));
             sink.put(c0 + c, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
         }
     }
@@ -414,8 +435,9 @@ struct DecodeQ4_K {
         for (int j = 0; j < 4; ++j) {
             const __m512 table_lo = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale_min[2 * j]), iota16()),
                                                   _mm512_set1_ps(scale_min[8 + 2 * j]));
-            const __m512 table_hi = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale_min[2 * j + 1]), iota16()),
-                                                  _mm512_set1_ps(scale_min[8 + 2 * j + 1]));
+            const __m512 table_hi =
+                _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale_min[2 * j + 1]), iota16()),
+                              _mm512_set1_ps(scale_min[8 + 2 * j + 1]));
             const __m512i q0 = bytes_to_lanes(b->qs + 32 * j), q1 = bytes_to_lanes(b->qs + 32 * j + 16);
             sink.put(4 * j + 0, _mm512_permutexvar_ps(q0, table_lo));
             sink.put(4 * j + 1, _mm512_permutexvar_ps(q1, table_lo));
@@ -438,7 +460,8 @@ struct DecodeQ5_K {
         for (int j = 0; j < 4; ++j) {
             __m512 table[2][2];  // [sub-block 2j + t][q < 16, q >= 16]
             for (int t = 0; t < 2; ++t) {
-                const __m512 dsc = _mm512_set1_ps(scale_min[2 * j + t]), dm = _mm512_set1_ps(scale_min[8 + 2 * j + t]);
+                const __m512 dsc = _mm512_set1_ps(scale_min[2 * j + t]),
+                             dm = _mm512_set1_ps(scale_min[8 + 2 * j + t]);
                 table[t][0] = _mm512_sub_ps(_mm512_mul_ps(dsc, iota16()), dm);
                 table[t][1] = _mm512_sub_ps(_mm512_mul_ps(dsc, iota16_from(16.0f)), dm);
             }
@@ -469,31 +492,34 @@ struct DecodeQ6_K {
         alignas(64) float dsc[16];
         alignas(64) int8_t q[128];
         _mm512_store_ps(dsc, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)),
-                                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales))))));
+                                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                               reinterpret_cast<const __m128i*>(b->scales))))));
         keep_in_memory(dsc);
-        const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30),
+                      bias = _mm512_set1_epi8(32);
         // Shift counts per 16-bit lane: first 256 bits (elements 32k + i, k even) vs second (k odd).
-        const __m512i shift_first = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
-                                                     0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
-                                                     0x0004000400040004, 0x0004000400040004);
-        const __m512i shift_second = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
-                                                      0x0002000200020002, 0, 0, 0, 0);
+        const __m512i shift_first =
+            _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
+                             0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004);
+        const __m512i shift_second = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002,
+                                                      0x0002000200020002, 0x0002000200020002, 0, 0, 0, 0);
         constexpr int bits_or_b = (kTernA & kTernC) | kTernB;  // (a & c) | b
         for (int h = 0; h < 2; ++h) {
             const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
+            const __m512i qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
             // Elements 0..63 of the half: low nibbles; qh bits 0-1 (first 32) and 2-3 (next 32) to bits 4-5.
             const __m512i high_a = _mm512_and_si512(_mm512_sllv_epi16(qh, shift_first), bits45);
             const __m512i q_a = _mm512_sub_epi8(_mm512_ternarylogic_epi32(ql, high_a, low4, bits_or_b), bias);
             // Elements 64..127: high nibbles; qh bits 4-5 and 6-7 to bits 4-5.
             const __m512i high_b = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45);
-            const __m512i q_b =
-                _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), high_b, low4, bits_or_b), bias);
+            const __m512i q_b = _mm512_sub_epi8(
+                _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), high_b, low4, bits_or_b), bias);
             _mm512_store_si512(q, q_a);
             _mm512_store_si512(q + 64, q_b);
             for (int c = 0; c < 8; ++c) {
-                const __m512i qi = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * c)));
+                const __m512i qi =
+                    _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * c)));
                 sink.put(8 * h + c, _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), _mm512_cvtepi32_ps(qi)));
             }
         }
@@ -533,6 +559,8 @@ constexpr IsaKernels kAvx512Kernels = make_avx512_table();
 
 }  // namespace
 
-const IsaKernels& avx512_kernels() { return kAvx512Kernels; }
+const IsaKernels& avx512_kernels() {
+    return kAvx512Kernels;
+}
 
 }  // namespace sharpi::cpu::detail

@@ -11,10 +11,9 @@
 // tree. dot_f32 and every dot_row feed LaneSums in element order, dot_row from a small buffer
 // filled by the very same block dequantizer that dequant_row uses, so
 // dot_row(w, x) == dot_f32(dequant_row(w), x) bit for bit by construction.
-#include "cpu/quant/kernels_impl.h"
-
 #include <string.h>
 
+#include "cpu/quant/kernels_impl.h"
 #include "quant/fp16.h"
 
 namespace sharpi::cpu::detail {
@@ -23,7 +22,7 @@ namespace {
 constexpr int kLanes = 8;
 
 class LaneSums {
-public:
+  public:
     // Adds w[i] * x[i] for i in [0, count), continuing the element order of earlier calls.
     void add(const float* w, const float* x, int64_t count) {
         int64_t i = 0;
@@ -35,10 +34,11 @@ public:
     }
 
     float total() const {
-        return ((lane_[0] + lane_[1]) + (lane_[2] + lane_[3])) + ((lane_[4] + lane_[5]) + (lane_[6] + lane_[7]));
+        return ((lane_[0] + lane_[1]) + (lane_[2] + lane_[3])) +
+               ((lane_[4] + lane_[5]) + (lane_[6] + lane_[7]));
     }
 
-private:
+  private:
     void add_one(float w, float x) {
         lane_[next_lane_] += w * x;
         next_lane_ = (next_lane_ + 1) % kLanes;
@@ -55,8 +55,8 @@ float dot_f32_scalar(const float* a, const float* b, int64_t n) {
 }
 
 // The reference tile is the definition: one dot_f32 per (row, token).
-void dot_f32_tile_scalar(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n_tokens,
-                         int64_t n, float* y, int64_t ldy) {
+void dot_f32_tile_scalar(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx,
+                         int64_t n_tokens, int64_t n, float* y, int64_t ldy) {
     for (int64_t t = 0; t < n_tokens; ++t) {
         for (int64_t r = 0; r < n_rows; ++r) y[t * ldy + r] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
     }
@@ -83,8 +83,8 @@ void dequant_block_q4_1(const block_q4_1* b, float* y) {
 
 // The 32 high bits of a Q5 block, bit j for element j, stored little-endian.
 uint32_t q5_high_bits(const uint8_t qh[4]) {
-    return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 | static_cast<uint32_t>(qh[2]) << 16 |
-           static_cast<uint32_t>(qh[3]) << 24;
+    return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+           static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
 }
 
 void dequant_block_q5_0(const block_q5_0* b, float* y) {
@@ -173,7 +173,8 @@ void dequant_block_q4_K(const block_q4_K* b, float* y) {
     memcpy(m + 4, &words.m_hi, 4);
     for (int j = 0; j < 4; ++j) {
         const float d_lo = d * static_cast<float>(sc[2 * j]), m_lo = dmin * static_cast<float>(m[2 * j]);
-        const float d_hi = d * static_cast<float>(sc[2 * j + 1]), m_hi = dmin * static_cast<float>(m[2 * j + 1]);
+        const float d_hi = d * static_cast<float>(sc[2 * j + 1]),
+                    m_hi = dmin * static_cast<float>(m[2 * j + 1]);
         const uint8_t* q = b->qs + 32 * j;
         for (int i = 0; i < 32; ++i) {
             y[64 * j + i] = d_lo * static_cast<float>(q[i] & 0x0F) - m_lo;
@@ -194,7 +195,8 @@ void dequant_block_q5_K(const block_q5_K* b, float* y) {
     memcpy(m + 4, &words.m_hi, 4);
     for (int j = 0; j < 4; ++j) {
         const float d_lo = d * static_cast<float>(sc[2 * j]), m_lo = dmin * static_cast<float>(m[2 * j]);
-        const float d_hi = d * static_cast<float>(sc[2 * j + 1]), m_hi = dmin * static_cast<float>(m[2 * j + 1]);
+        const float d_hi = d * static_cast<float>(sc[2 * j + 1]),
+                    m_hi = dmin * static_cast<float>(m[2 * j + 1]);
         const uint8_t* q = b->qs + 32 * j;
         for (int i = 0; i < 32; ++i) {
             const int q_lo = (q[i] & 0x0F) | ((b->qh[i] >> (2 * j)) & 1) << 4;
@@ -248,7 +250,9 @@ struct BlockRow {
     }
 };
 
-void dequant_row_f32(const void* src, float* dst, int64_t n) { memcpy(dst, src, static_cast<size_t>(n) * 4); }
+void dequant_row_f32(const void* src, float* dst, int64_t n) {
+    memcpy(dst, src, static_cast<size_t>(n) * 4);
+}
 float dot_row_f32(const void* src, const float* x, int64_t n) {
     return dot_f32_scalar(static_cast<const float*>(src), x, n);
 }
@@ -298,11 +302,16 @@ constexpr IsaKernels make_scalar_table() {
     t.by_type[static_cast<int>(GgmlType::F32)] = RowKernels{&dequant_row_f32, &dot_row_f32};
     t.by_type[static_cast<int>(GgmlType::F16)] = RowKernels{&dequant_row_f16, &dot_row_f16};
     t.by_type[static_cast<int>(GgmlType::BF16)] = RowKernels{&dequant_row_bf16, &dot_row_bf16};
-    t.by_type[static_cast<int>(GgmlType::Q4_0)] = row_entry<BlockRow<block_q4_0, QK4_0, dequant_block_q4_0>>();
-    t.by_type[static_cast<int>(GgmlType::Q4_1)] = row_entry<BlockRow<block_q4_1, QK4_1, dequant_block_q4_1>>();
-    t.by_type[static_cast<int>(GgmlType::Q5_0)] = row_entry<BlockRow<block_q5_0, QK5_0, dequant_block_q5_0>>();
-    t.by_type[static_cast<int>(GgmlType::Q5_1)] = row_entry<BlockRow<block_q5_1, QK5_1, dequant_block_q5_1>>();
-    t.by_type[static_cast<int>(GgmlType::Q8_0)] = row_entry<BlockRow<block_q8_0, QK8_0, dequant_block_q8_0>>();
+    t.by_type[static_cast<int>(GgmlType::Q4_0)] =
+        row_entry<BlockRow<block_q4_0, QK4_0, dequant_block_q4_0>>();
+    t.by_type[static_cast<int>(GgmlType::Q4_1)] =
+        row_entry<BlockRow<block_q4_1, QK4_1, dequant_block_q4_1>>();
+    t.by_type[static_cast<int>(GgmlType::Q5_0)] =
+        row_entry<BlockRow<block_q5_0, QK5_0, dequant_block_q5_0>>();
+    t.by_type[static_cast<int>(GgmlType::Q5_1)] =
+        row_entry<BlockRow<block_q5_1, QK5_1, dequant_block_q5_1>>();
+    t.by_type[static_cast<int>(GgmlType::Q8_0)] =
+        row_entry<BlockRow<block_q8_0, QK8_0, dequant_block_q8_0>>();
     t.by_type[static_cast<int>(GgmlType::Q2_K)] = row_entry<BlockRow<block_q2_K, QK_K, dequant_block_q2_K>>();
     t.by_type[static_cast<int>(GgmlType::Q3_K)] = row_entry<BlockRow<block_q3_K, QK_K, dequant_block_q3_K>>();
     t.by_type[static_cast<int>(GgmlType::Q4_K)] = row_entry<BlockRow<block_q4_K, QK_K, dequant_block_q4_K>>();
@@ -317,6 +326,8 @@ constexpr IsaKernels kScalarKernels = make_scalar_table();
 
 }  // namespace
 
-const IsaKernels& scalar_kernels() { return kScalarKernels; }
+const IsaKernels& scalar_kernels() {
+    return kScalarKernels;
+}
 
 }  // namespace sharpi::cpu::detail
