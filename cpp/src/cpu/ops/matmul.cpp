@@ -58,9 +58,9 @@ void validate(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens
 
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy) {
-    validate(w, x, ldx, n_tokens, y, ldy);
     const Isa isa = active_isa();
     const RowKernels& kernels = row_kernels(w.type, isa);  // UnsupportedError names the type
+    validate(w, x, ldx, n_tokens, y, ldy);
     if (w.n_rows == 0 || n_tokens == 0) return;
     if (w.n_cols == 0) {
         for (int64_t t = 0; t < n_tokens; ++t) {

@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C kernels. Compiled with those flags; dispatch.cpp calls into this file only when
-// CPUID reports all three. Only intrinsics, static functions and libc here (see kernels_impl.h on
-// the ODR hazard).
+// CPUID reports all three. Everything here has internal linkage (anonymous namespace) and uses only
+// intrinsics and libc: see kernels_impl.h on the ODR hazard.
 //
 // Accumulation layout of this ISA: four accumulators of 8 f32 lanes; chunk c of a row (elements
 // 8c .. 8c + 7) is multiplied and added, with one FMA, into accumulator c % 4, chunks in increasing

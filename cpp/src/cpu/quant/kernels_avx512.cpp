@@ -1,6 +1,6 @@
 // AVX-512 (F, BW, VL, DQ) kernels. Compiled with AVX-512 flags; dispatch.cpp calls into this file
-// only when CPUID reports all four extensions. Only intrinsics, static functions and libc here (see
-// kernels_impl.h on the ODR hazard).
+// only when CPUID reports all four extensions. Everything here has internal linkage (anonymous
+// namespace) and uses only intrinsics and libc: see kernels_impl.h on the ODR hazard.
 //
 // Accumulation layout of this ISA: four accumulators of 16 f32 lanes; chunk c of a row (elements
 // 16c .. 16c + 15) is multiplied and added, with one FMA, into accumulator c % 4, chunks in
