@@ -39,14 +39,16 @@ cpu::Isa isa_arg(const std::string& name) {
     return isa;
 }
 
-GgmlType type_arg(int type) { return static_cast<GgmlType>(static_cast<uint32_t>(type)); }
+GgmlType type_arg(int type) {
+    return static_cast<GgmlType>(static_cast<uint32_t>(type));
+}
 
 // Bytes of a row of n elements of `type`; the kernels for the type must exist (checked before).
 size_t checked_row_bytes(GgmlType type, int64_t n) {
     const GgmlTypeTraits& traits = ggml_type_traits(type);
     if (n < 0 || n % traits.block_size != 0) {
-        throw InvalidArgument("[quant] n=" + std::to_string(n) + " is not a non-negative multiple of " + traits.name +
-                              "'s block size " + std::to_string(traits.block_size));
+        throw InvalidArgument("[quant] n=" + std::to_string(n) + " is not a non-negative multiple of " +
+                              traits.name + "'s block size " + std::to_string(traits.block_size));
     }
     return ggml_row_size(type, n);
 }
@@ -55,7 +57,8 @@ void check_data_size(const ByteArray& data, size_t expected, GgmlType type, cons
     if (data.ndim() != 1 || static_cast<size_t>(data.size()) != expected) {
         throw InvalidArgument("[quant] data has " + std::to_string(data.size()) + " bytes in " +
                               std::to_string(data.ndim()) + " dims; " + what + " of " +
-                              ggml_type_traits(type).name + " needs a 1-D array of " + std::to_string(expected));
+                              ggml_type_traits(type).name + " needs a 1-D array of " +
+                              std::to_string(expected));
     }
 }
 
@@ -76,7 +79,8 @@ FloatArray dequantize(int type_id, const ByteArray& data, int64_t n, const std::
 float dot(int type_id, const ByteArray& data, const FloatArray& x, const std::string& isa) {
     const GgmlType type = type_arg(type_id);
     const cpu::RowKernels& kernels = cpu::row_kernels(type, isa_arg(isa));
-    if (x.ndim() != 1) throw InvalidArgument("[quant] dot: x must be 1-D, got " + std::to_string(x.ndim()) + " dims");
+    if (x.ndim() != 1)
+        throw InvalidArgument("[quant] dot: x must be 1-D, got " + std::to_string(x.ndim()) + " dims");
     const int64_t n = x.shape(0);
     check_data_size(data, checked_row_bytes(type, n), type, "a row of n=" + std::to_string(n));
     const uint8_t* src = data.data();
@@ -90,18 +94,20 @@ float dot(int type_id, const ByteArray& data, const FloatArray& x, const std::st
 std::mutex pools_mutex;
 std::map<int, std::unique_ptr<cpu::ThreadPool>> pools;
 
-FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols, const FloatArray& x, int threads) {
+FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols, const FloatArray& x,
+                  int threads) {
     const GgmlType type = type_arg(type_id);
     cpu::row_kernels(type);  // UnsupportedError before any size message
-    if (n_rows < 0) throw InvalidArgument("[quant] matmul: n_rows=" + std::to_string(n_rows) + " is negative");
+    if (n_rows < 0)
+        throw InvalidArgument("[quant] matmul: n_rows=" + std::to_string(n_rows) + " is negative");
     const size_t row_bytes = checked_row_bytes(type, n_cols);
     check_data_size(data, row_bytes * static_cast<size_t>(n_rows), type,
                     "a [" + std::to_string(n_rows) + ", " + std::to_string(n_cols) + "] matrix");
     if (x.ndim() != 2 || x.shape(1) != n_cols) {
         std::string shape;
         for (py::ssize_t i = 0; i < x.ndim(); ++i) shape += (i ? ", " : "") + std::to_string(x.shape(i));
-        throw InvalidArgument("[quant] matmul: x must be [T, " + std::to_string(n_cols) + "] float32, got [" + shape +
-                              "]");
+        throw InvalidArgument("[quant] matmul: x must be [T, " + std::to_string(n_cols) + "] float32, got [" +
+                              shape + "]");
     }
     if (threads < 1 || threads > 1024) {
         throw InvalidArgument("[quant] matmul: threads must be in [1, 1024], got " + std::to_string(threads));
@@ -128,7 +134,8 @@ FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_
 
 std::vector<std::string> isa_available() {
     std::vector<std::string> names;
-    for (int i = 0; i <= static_cast<int>(cpu::detect_isa()); ++i) names.push_back(cpu::isa_name(static_cast<cpu::Isa>(i)));
+    for (int i = 0; i <= static_cast<int>(cpu::detect_isa()); ++i)
+        names.push_back(cpu::isa_name(static_cast<cpu::Isa>(i)));
     return names;
 }
 
@@ -136,14 +143,15 @@ std::vector<std::string> isa_available() {
 
 void bind_quant(py::module_& m) {
     m.def("isa_available", &isa_available, "ISAs this CPU can run, from scalar up to the best one");
-    m.def("active_isa", [] { return std::string(cpu::isa_name(cpu::active_isa())); },
-          "The ISA the kernels use: the best available, lowered by SHARPI_ISA (fixed at first use)");
+    m.def(
+        "active_isa", [] { return std::string(cpu::isa_name(cpu::active_isa())); },
+        "The ISA the kernels use: the best available, lowered by SHARPI_ISA (fixed at first use)");
     m.def("dequantize", &dequantize, py::arg("type"), py::arg("data"), py::arg("n"), py::arg("isa") = "",
           "Dequantize one row of n elements of GGML type `type` (raw bytes) to float32[n]");
     m.def("dot", &dot, py::arg("type"), py::arg("data"), py::arg("x"), py::arg("isa") = "",
           "dot_row: one quantized row (raw bytes) with float32 x[n]");
-    m.def("matmul", &matmul, py::arg("type"), py::arg("data"), py::arg("n_rows"), py::arg("n_cols"), py::arg("x"),
-          py::arg("threads") = 1,
+    m.def("matmul", &matmul, py::arg("type"), py::arg("data"), py::arg("n_rows"), py::arg("n_cols"),
+          py::arg("x"), py::arg("threads") = 1,
           "Y[T, n_rows] = X[T, n_cols] @ W.T for W given as n_rows quantized rows; active ISA, GIL released");
 }
 

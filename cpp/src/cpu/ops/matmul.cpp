@@ -27,11 +27,12 @@ constexpr size_t kTokenBlockBytes = 1024 * 1024;
 constexpr int64_t kMinTokenBlock = 16;
 
 std::string weight_desc(const WeightView& w) {
-    return std::string("[matmul] ") + ggml_type_traits(w.type).name + " weight [" + std::to_string(w.n_rows) + ", " +
-           std::to_string(w.n_cols) + "]";
+    return std::string("[matmul] ") + ggml_type_traits(w.type).name + " weight [" + std::to_string(w.n_rows) +
+           ", " + std::to_string(w.n_cols) + "]";
 }
 
-void validate(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, const float* y, int64_t ldy) {
+void validate(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, const float* y,
+              int64_t ldy) {
     const GgmlTypeTraits& traits = ggml_type_traits(w.type);
     if (w.n_rows < 0 || w.n_cols < 0 || n_tokens < 0) {
         throw InvalidArgument(weight_desc(w) + ": negative size (n_tokens " + std::to_string(n_tokens) + ")");
@@ -57,9 +58,9 @@ void validate(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens
 
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy) {
-    validate(w, x, ldx, n_tokens, y, ldy);
     const Isa isa = active_isa();
     const RowKernels& kernels = row_kernels(w.type, isa);  // UnsupportedError names the type
+    validate(w, x, ldx, n_tokens, y, ldy);
     if (w.n_rows == 0 || n_tokens == 0) return;
     if (w.n_cols == 0) {
         for (int64_t t = 0; t < n_tokens; ++t) {
@@ -81,26 +82,27 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
 
     // Prefill.
     const DequantRowFn dequant_row = kernels.dequant_row;
-    const DotF32Fn dot = dot_f32_kernel(isa);
+    const DotF32TileFn dot_tile = dot_f32_tile_kernel(isa);
     const size_t row_floats_bytes = static_cast<size_t>(w.n_cols) * sizeof(float);
     const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / row_floats_bytes));
-    const int64_t token_block = std::max<int64_t>(kMinTokenBlock, static_cast<int64_t>(kTokenBlockBytes / row_floats_bytes));
+    const int64_t token_block =
+        std::max<int64_t>(kMinTokenBlock, static_cast<int64_t>(kTokenBlockBytes / row_floats_bytes));
     pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
         thread_local std::vector<float> scratch;
-        const size_t need = static_cast<size_t>(std::min(tile_rows, end - begin)) * static_cast<size_t>(w.n_cols);
+        const size_t need =
+            static_cast<size_t>(std::min(tile_rows, end - begin)) * static_cast<size_t>(w.n_cols);
         if (scratch.size() < need) scratch.resize(need);
         for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
             const int64_t t1 = std::min(n_tokens, t0 + token_block);
             for (int64_t r0 = begin; r0 < end; r0 += tile_rows) {
                 const int64_t r1 = std::min(end, r0 + tile_rows);
                 for (int64_t r = r0; r < r1; ++r) {
-                    dequant_row(w.data + static_cast<size_t>(r) * w.row_bytes, scratch.data() + (r - r0) * w.n_cols,
-                                w.n_cols);
+                    dequant_row(w.data + static_cast<size_t>(r) * w.row_bytes,
+                                scratch.data() + (r - r0) * w.n_cols, w.n_cols);
                 }
-                for (int64_t t = t0; t < t1; ++t) {
-                    const float* xt = x + t * ldx;
-                    for (int64_t r = r0; r < r1; ++r) y[t * ldy + r] = dot(scratch.data() + (r - r0) * w.n_cols, xt, w.n_cols);
-                }
+                // Bit-identical to dot_f32 per (row, token), hence to dot_row (kernels.h).
+                dot_tile(scratch.data(), w.n_cols, r1 - r0, x + t0 * ldx, ldx, t1 - t0, w.n_cols,
+                         y + t0 * ldy + r0, ldy);
             }
         }
     });

@@ -17,9 +17,12 @@ namespace sharpi::cpu {
 
 const char* isa_name(Isa isa) {
     switch (isa) {
-        case Isa::scalar: return "scalar";
-        case Isa::avx2: return "avx2";
-        case Isa::avx512: return "avx512";
+        case Isa::scalar:
+            return "scalar";
+        case Isa::avx2:
+            return "avx2";
+        case Isa::avx512:
+            return "avx512";
     }
     return "unknown";
 }
@@ -39,8 +42,8 @@ Isa detect_isa() {
     // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
     static const Isa detected = [] {
         __builtin_cpu_init();
-        const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+        const bool avx2 =
+            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
         const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
         return avx512 ? Isa::avx512 : (avx2 ? Isa::avx2 : Isa::scalar);
@@ -59,7 +62,8 @@ Isa active_isa() {
         if (env == nullptr || env[0] == '\0') return best;
         Isa requested;
         if (!parse_isa_name(env, &requested)) {
-            throw InvalidArgument(std::string("[quant] SHARPI_ISA=") + env + ": expected scalar, avx2 or avx512");
+            throw InvalidArgument(std::string("[quant] SHARPI_ISA=") + env +
+                                  ": expected scalar, avx2 or avx512");
         }
         return static_cast<int>(requested) < static_cast<int>(best) ? requested : best;
     }();
@@ -70,13 +74,16 @@ namespace {
 
 const detail::IsaKernels& isa_kernels(Isa isa) {
     if (static_cast<int>(isa) > static_cast<int>(detect_isa())) {
-        throw InvalidArgument(std::string("[quant] ISA ") + isa_name(isa) + " requested, but this CPU runs at most " +
-                              isa_name(detect_isa()));
+        throw InvalidArgument(std::string("[quant] ISA ") + isa_name(isa) +
+                              " requested, but this CPU runs at most " + isa_name(detect_isa()));
     }
     switch (isa) {
-        case Isa::avx512: return detail::avx512_kernels();
-        case Isa::avx2: return detail::avx2_kernels();
-        case Isa::scalar: break;
+        case Isa::avx512:
+            return detail::avx512_kernels();
+        case Isa::avx2:
+            return detail::avx2_kernels();
+        case Isa::scalar:
+            break;
     }
     return detail::scalar_kernels();
 }
@@ -96,6 +103,12 @@ const RowKernels& row_kernels(GgmlType type, Isa isa) {
     throw UnsupportedError("[quant] no CPU kernel for type " + name);
 }
 
-DotF32Fn dot_f32_kernel(Isa isa) { return isa_kernels(isa).dot_f32; }
+DotF32Fn dot_f32_kernel(Isa isa) {
+    return isa_kernels(isa).dot_f32;
+}
+
+DotF32TileFn dot_f32_tile_kernel(Isa isa) {
+    return isa_kernels(isa).dot_f32_tile;
+}
 
 }  // namespace sharpi::cpu

@@ -45,10 +45,21 @@ inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_f32
 }  // namespace sharpi::cpu
 
 // ---- additions (kernels engineer) ----------------------------------------------------------------
+//
+// Note on row_kernels above: in practice no SIMD table borrows a scalar entry. Every supported type
+// has avx2 and avx512 kernels (tested), because a borrowed scalar dot_row would not be
+// bit-identical to the SIMD dot_f32 that prefill uses, breaking the invariant.
 namespace sharpi::cpu {
 
 // "scalar" | "avx2" | "avx512" -> Isa; false for any other spelling. Used for SHARPI_ISA and by
 // the bindings' isa= arguments.
 bool parse_isa_name(const char* name, Isa* isa);
+
+// Prefill helper: y[t * ldy + r] = dot_f32(w + r * ldw, x + t * ldx, n) for r < n_rows and
+// t < n_tokens, each result bit-identical to that ISA's dot_f32, computed in register tiles of
+// several rows x several tokens that share their loads (dot_f32 alone needs two loads per FMA).
+using DotF32TileFn = void (*)(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx,
+                              int64_t n_tokens, int64_t n, float* y, int64_t ldy);
+DotF32TileFn dot_f32_tile_kernel(Isa isa);
 
 }  // namespace sharpi::cpu

@@ -1,6 +1,6 @@
 // AVX-512 (F, BW, VL, DQ) kernels. Compiled with AVX-512 flags; dispatch.cpp calls into this file
-// only when CPUID reports all four extensions. Only intrinsics, static functions and libc here (see
-// kernels_impl.h on the ODR hazard).
+// only when CPUID reports all four extensions. Everything here has internal linkage (anonymous
+// namespace) and uses only intrinsics and libc: see kernels_impl.h on the ODR hazard.
 //
 // Accumulation layout of this ISA: four accumulators of 16 f32 lanes; chunk c of a row (elements
 // 16c .. 16c + 15) is multiplied and added, with one FMA, into accumulator c % 4, chunks in
@@ -14,7 +14,6 @@
 // quant bits. That replaces convert + multiply + add per element by one shuffle, and gives values
 // identical to the scalar reference. Q8_0 and Q6_K (256 and 64 values) convert and scale instead.
 #include "cpu/quant/kernels_impl.h"
-SHARPI_NO_FP_CONTRACT
 
 // GCC 12 reports the deliberately undefined vectors inside its own AVX-512 intrinsics
 // (_mm512_undefined_ps(), used by casts and conversions) as uninitialized wherever they are
@@ -73,19 +72,22 @@ void dequant_row_blocks(const void* src, float* dst, int64_t n) {
 
 template <typename D>
 float dot_row_blocks(const void* src, const float* x, int64_t n) {
-    static_assert(D::kBlockSize == 32 || D::kBlockSize % 64 == 0, "blocks must fill whole chunk groups or pairs");
+    static_assert(D::kBlockSize == 32 || D::kBlockSize % 64 == 0,
+                  "blocks must fill whole chunk groups or pairs");
     const typename D::Block* blocks = static_cast<const typename D::Block*>(src);
     const int64_t nb = n / D::kBlockSize;
     DotSink sink{x};
     int64_t ib = 0;
     if constexpr (D::kBlockSize == 32) {
         for (; ib + 2 <= nb; ib += 2) {
+            prefetch_ahead(blocks + ib, 2 * sizeof(typename D::Block));
             sink.x = x + ib * 32;
             D::decode(blocks + ib, sink, 0);
             D::decode(blocks + ib + 1, sink, 2);
         }
     }
     for (; ib < nb; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
         sink.x = x + ib * D::kBlockSize;
         D::decode(blocks + ib, sink, 0);
     }
@@ -95,23 +97,33 @@ float dot_row_blocks(const void* src, const float* x, int64_t n) {
 // ---- plain float rows (F32, F16, BF16): any n -------------------------------------------------------
 
 struct LoadF32 {
+    static constexpr size_t kBytes = 4;
+    static const void* address(const void* p, int64_t i) { return static_cast<const float*>(p) + i; }
     static __m512 full(const void* p, int64_t i) { return _mm512_loadu_ps(static_cast<const float*>(p) + i); }
     static __m512 part(const void* p, int64_t i, __mmask16 m) {
         return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
     }
 };
 struct LoadF16 {
+    static constexpr size_t kBytes = 2;
+    static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
     static __m512 full(const void* p, int64_t i) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+        return _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     }
     static __m512 part(const void* p, int64_t i, __mmask16 m) {
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
     }
 };
 struct LoadBF16 {
-    static __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+    static constexpr size_t kBytes = 2;
+    static const void* address(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
+    static __m512 widen(__m256i h) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
     static __m512 full(const void* p, int64_t i) {
-        return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+        return widen(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
     }
     static __m512 part(const void* p, int64_t i, __mmask16 m) {
         return widen(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
@@ -125,8 +137,10 @@ float dot_plain(const void* w, const float* x, int64_t n) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        prefetch_ahead(Load::address(w, i), 4 * kChunk * Load::kBytes);
         for (int k = 0; k < 4; ++k) {
-            acc[k] = _mm512_fmadd_ps(Load::full(w, i + kChunk * k), _mm512_loadu_ps(x + i + kChunk * k), acc[k]);
+            acc[k] =
+                _mm512_fmadd_ps(Load::full(w, i + kChunk * k), _mm512_loadu_ps(x + i + kChunk * k), acc[k]);
         }
     }
     int k = 0;
@@ -150,14 +164,80 @@ void dequant_plain(const void* w, float* dst, int64_t n) {
     }
 }
 
-float dot_f32_avx512(const float* a, const float* b, int64_t n) { return dot_plain<LoadF32>(a, b, n); }
+float dot_f32_avx512(const float* a, const float* b, int64_t n) {
+    return dot_plain<LoadF32>(a, b, n);
+}
+
+// R rows x T tokens at once: each (row, token) pair has its own four accumulators fed exactly as
+// dot_plain<LoadF32> feeds them (same chunks, same order, same tail), so every result equals
+// dot_f32's bit for bit, while each loaded chunk of w serves T tokens and each chunk of x R rows.
+// 2 x 3 uses 24 accumulators + 3 operands of the 32 zmm registers.
+template <int R, int T>
+void dot_f32_micro(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t n, float* y,
+                   int64_t ldy) {
+    __m512 acc[R][T][4];
+    for (int r = 0; r < R; ++r) {
+        for (int t = 0; t < T; ++t) {
+            for (int k = 0; k < 4; ++k) acc[r][t][k] = _mm512_setzero_ps();
+        }
+    }
+    int64_t i = 0;
+    for (; i + 4 * kChunk <= n; i += 4 * kChunk) {
+        for (int k = 0; k < 4; ++k) {
+            __m512 wv[R];
+            for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + r * ldw + i + kChunk * k);
+            for (int t = 0; t < T; ++t) {
+                const __m512 xv = _mm512_loadu_ps(x + t * ldx + i + kChunk * k);
+                for (int r = 0; r < R; ++r) acc[r][t][k] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][k]);
+            }
+        }
+    }
+    // Tail as in dot_plain: whole chunks into accumulators 0, 1, 2, then a masked partial chunk.
+    for (int k = 0; k < 4 && i < n; ++k) {
+        const __mmask16 m =
+            (n - i >= kChunk) ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+        for (int t = 0; t < T; ++t) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * ldx + i);
+            for (int r = 0; r < R; ++r) {
+                acc[r][t][k] =
+                    _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, w + r * ldw + i), xv, acc[r][t][k], m);
+            }
+        }
+        i += (n - i >= kChunk) ? kChunk : n - i;
+    }
+    for (int t = 0; t < T; ++t) {
+        for (int r = 0; r < R; ++r) y[t * ldy + r] = reduce(acc[r][t]);
+    }
+}
+
+template <int T>
+void dot_f32_rows(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx, int64_t n,
+                  float* y, int64_t ldy) {
+    int64_t r = 0;
+    for (; r + 2 <= n_rows; r += 2) dot_f32_micro<2, T>(w + r * ldw, ldw, x, ldx, n, y + r, ldy);
+    if (r < n_rows) dot_f32_micro<1, T>(w + r * ldw, ldw, x, ldx, n, y + r, ldy);
+}
+
+void dot_f32_tile_avx512(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx,
+                         int64_t n_tokens, int64_t n, float* y, int64_t ldy) {
+    int64_t t = 0;
+    for (; t + 3 <= n_tokens; t += 3) dot_f32_rows<3>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
+    if (n_tokens - t == 2) dot_f32_rows<2>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
+    if (n_tokens - t == 1) dot_f32_rows<1>(w, ldw, n_rows, x + t * ldx, ldx, n, y + t * ldy, ldy);
+}
 
 // ---- decoding helpers ---------------------------------------------------------------------------
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline float half_to_float(uint16_t h) {
+    return _cvtsh_ss(h);
+}
 
-inline __m512 iota16() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
-inline __m512 iota16_from(float first) { return _mm512_add_ps(iota16(), _mm512_set1_ps(first)); }
+inline __m512 iota16() {
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+inline __m512 iota16_from(float first) {
+    return _mm512_add_ps(iota16(), _mm512_set1_ps(first));
+}
 
 // 16 consecutive bytes widened to 16 dword lanes (the lookup indices).
 inline __m512i bytes_to_lanes(const uint8_t* p) {
@@ -178,14 +258,15 @@ inline __m512i shift_left(__m512i v, int s) {
 }
 
 // Q4_K / Q5_K scales: out[0..7] = d * sc[j], out[8..15] = dmin * m[j] (one rounding each, as numpy).
-inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float out[16]) {
+inline void q4_K_scales(const uint8_t* packed, uint16_t d_half, uint16_t dmin_half, float (&out)[16]) {
     const Q4KScaleWords w = unpack_q4_K_scale_min(packed);
-    const __m128i bytes = _mm_set_epi32(static_cast<int>(w.m_hi), static_cast<int>(w.m_lo), static_cast<int>(w.sc_hi),
-                                        static_cast<int>(w.sc_lo));
+    const __m128i bytes = _mm_set_epi32(static_cast<int>(w.m_hi), static_cast<int>(w.m_lo),
+                                        static_cast<int>(w.sc_hi), static_cast<int>(w.sc_lo));
     const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-    const __m512 factor =
-        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_to_float(d_half)), _mm512_set1_ps(half_to_float(dmin_half)));
+    const __m512 factor = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_to_float(d_half)),
+                                               _mm512_set1_ps(half_to_float(dmin_half)));
     _mm512_storeu_ps(out, _mm512_mul_ps(factor, values));
+    keep_in_memory(out);
 }
 
 // ---- block decoders -----------------------------------------------------------------------------
@@ -227,14 +308,18 @@ inline uint32_t load_u32(const uint8_t* p) {
 }
 
 template <typename Sink>
-inline void decode_q5_lanes(const uint8_t* qs, uint32_t qh, __m512 table_lo, __m512 table_hi, Sink& sink, int c0) {
+inline void decode_q5_lanes(const uint8_t* qs, uint32_t qh, __m512 table_lo, __m512 table_hi, Sink& sink,
+                            int c0) {
     const __m512i q = bytes_to_lanes(qs);
     const __m512i bit4 = _mm512_set1_epi32(0x10);
     const __m512i idx_lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
     const __m512i idx_hi = _mm512_srli_epi32(q, 4);
-    const __mmask16 high_lo = static_cast<__mmask16>(qh & 0xFFFFu), high_hi = static_cast<__mmask16>(qh >> 16);
-    sink.put(c0, _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_lo, high_lo, idx_lo, bit4), table_hi));
-    sink.put(c0 + 1, _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_hi, high_hi, idx_hi, bit4), table_hi));
+    const __mmask16 high_lo = static_cast<__mmask16>(qh & 0xFFFFu),
+                    high_hi = static_cast<__mmask16>(qh >> 16);
+    sink.put(c0,
+             _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_lo, high_lo, idx_lo, bit4), table_hi));
+    sink.put(c0 + 1,
+             _mm512_permutex2var_ps(table_lo, _mm512_mask_or_epi32(idx_hi, high_hi, idx_hi, bit4), table_hi));
 }
 
 struct DecodeQ5_0 {  // T[q] = d * (q - 16)
@@ -243,8 +328,8 @@ struct DecodeQ5_0 {  // T[q] = d * (q - 16)
     template <typename Sink>
     static void decode(const Block* b, Sink& sink, int c0) {
         const __m512 d = _mm512_set1_ps(half_to_float(b->d));
-        decode_q5_lanes(b->qs, load_u32(b->qh), _mm512_mul_ps(d, iota16_from(-16.0f)), _mm512_mul_ps(d, iota16()),
-                        sink, c0);
+        decode_q5_lanes(b->qs, load_u32(b->qh), _mm512_mul_ps(d, iota16_from(-16.0f)),
+                        _mm512_mul_ps(d, iota16()), sink, c0);
     }
 };
 
@@ -267,7 +352,8 @@ struct DecodeQ8_0 {
     static void decode(const Block* b, Sink& sink, int c0) {
         const __m512 d = _mm512_set1_ps(half_to_float(b->d));
         for (int c = 0; c < 2; ++c) {
-            const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * c)));
+            const __m512i q =
+                _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * c)));
             sink.put(c0 + c, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
         }
     }
@@ -286,6 +372,8 @@ struct DecodeQ2_K {
                                           _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(0x0F)))));
         _mm512_store_ps(ml, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->dmin)),
                                           _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4))));
+        keep_in_memory(dl);
+        keep_in_memory(ml);
         const __m512 q_values = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
         for (int h = 0; h < 2; ++h) {
             const __m512i q[2] = {bytes_to_lanes(b->qs + 32 * h), bytes_to_lanes(b->qs + 32 * h + 16)};
@@ -310,11 +398,14 @@ struct DecodeQ3_K {
     template <typename Sink>
     static void decode(const Block* b, Sink& sink, int) {
         alignas(64) float dl[16];
-        int8_t scales[16];
-        unpack_q3_K_scales(b->scales, scales);
-        _mm512_store_ps(dl, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)),
-                                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))))));
+        uint32_t biased[4];
+        unpack_q3_K_scales(b->scales, biased);
+        const __m512i scales = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_set_epi32(static_cast<int>(biased[3]), static_cast<int>(biased[2]),
+                                               static_cast<int>(biased[1]), static_cast<int>(biased[0]))),
+            _mm512_set1_epi32(32));
+        _mm512_store_ps(dl, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)), _mm512_cvtepi32_ps(scales)));
+        keep_in_memory(dl);
         const __m512 q_values = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
         const __m512i low_bits = _mm512_set1_epi32(0x03);
         const __m512i hm[2] = {bytes_to_lanes(b->hmask), bytes_to_lanes(b->hmask + 16)};
@@ -344,8 +435,9 @@ struct DecodeQ4_K {
         for (int j = 0; j < 4; ++j) {
             const __m512 table_lo = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale_min[2 * j]), iota16()),
                                                   _mm512_set1_ps(scale_min[8 + 2 * j]));
-            const __m512 table_hi = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale_min[2 * j + 1]), iota16()),
-                                                  _mm512_set1_ps(scale_min[8 + 2 * j + 1]));
+            const __m512 table_hi =
+                _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale_min[2 * j + 1]), iota16()),
+                              _mm512_set1_ps(scale_min[8 + 2 * j + 1]));
             const __m512i q0 = bytes_to_lanes(b->qs + 32 * j), q1 = bytes_to_lanes(b->qs + 32 * j + 16);
             sink.put(4 * j + 0, _mm512_permutexvar_ps(q0, table_lo));
             sink.put(4 * j + 1, _mm512_permutexvar_ps(q1, table_lo));
@@ -368,7 +460,8 @@ struct DecodeQ5_K {
         for (int j = 0; j < 4; ++j) {
             __m512 table[2][2];  // [sub-block 2j + t][q < 16, q >= 16]
             for (int t = 0; t < 2; ++t) {
-                const __m512 dsc = _mm512_set1_ps(scale_min[2 * j + t]), dm = _mm512_set1_ps(scale_min[8 + 2 * j + t]);
+                const __m512 dsc = _mm512_set1_ps(scale_min[2 * j + t]),
+                             dm = _mm512_set1_ps(scale_min[8 + 2 * j + t]);
                 table[t][0] = _mm512_sub_ps(_mm512_mul_ps(dsc, iota16()), dm);
                 table[t][1] = _mm512_sub_ps(_mm512_mul_ps(dsc, iota16_from(16.0f)), dm);
             }
@@ -399,30 +492,34 @@ struct DecodeQ6_K {
         alignas(64) float dsc[16];
         alignas(64) int8_t q[128];
         _mm512_store_ps(dsc, _mm512_mul_ps(_mm512_set1_ps(half_to_float(b->d)),
-                                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales))))));
-        const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+                                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                               reinterpret_cast<const __m128i*>(b->scales))))));
+        keep_in_memory(dsc);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30),
+                      bias = _mm512_set1_epi8(32);
         // Shift counts per 16-bit lane: first 256 bits (elements 32k + i, k even) vs second (k odd).
-        const __m512i shift_first = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
-                                                     0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
-                                                     0x0004000400040004, 0x0004000400040004);
-        const __m512i shift_second = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
-                                                      0x0002000200020002, 0, 0, 0, 0);
+        const __m512i shift_first =
+            _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
+                             0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004);
+        const __m512i shift_second = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002,
+                                                      0x0002000200020002, 0x0002000200020002, 0, 0, 0, 0);
         constexpr int bits_or_b = (kTernA & kTernC) | kTernB;  // (a & c) | b
         for (int h = 0; h < 2; ++h) {
             const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
+            const __m512i qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
             // Elements 0..63 of the half: low nibbles; qh bits 0-1 (first 32) and 2-3 (next 32) to bits 4-5.
             const __m512i high_a = _mm512_and_si512(_mm512_sllv_epi16(qh, shift_first), bits45);
             const __m512i q_a = _mm512_sub_epi8(_mm512_ternarylogic_epi32(ql, high_a, low4, bits_or_b), bias);
             // Elements 64..127: high nibbles; qh bits 4-5 and 6-7 to bits 4-5.
             const __m512i high_b = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_second), bits45);
-            const __m512i q_b =
-                _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), high_b, low4, bits_or_b), bias);
+            const __m512i q_b = _mm512_sub_epi8(
+                _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), high_b, low4, bits_or_b), bias);
             _mm512_store_si512(q, q_a);
             _mm512_store_si512(q + 64, q_b);
             for (int c = 0; c < 8; ++c) {
-                const __m512i qi = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * c)));
+                const __m512i qi =
+                    _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * c)));
                 sink.put(8 * h + c, _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), _mm512_cvtepi32_ps(qi)));
             }
         }
@@ -454,6 +551,7 @@ constexpr IsaKernels make_avx512_table() {
     t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>();
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>();
     t.dot_f32 = &dot_f32_avx512;
+    t.dot_f32_tile = &dot_f32_tile_avx512;
     return t;
 }
 
@@ -461,6 +559,8 @@ constexpr IsaKernels kAvx512Kernels = make_avx512_table();
 
 }  // namespace
 
-const IsaKernels& avx512_kernels() { return kAvx512Kernels; }
+const IsaKernels& avx512_kernels() {
+    return kAvx512Kernels;
+}
 
 }  // namespace sharpi::cpu::detail

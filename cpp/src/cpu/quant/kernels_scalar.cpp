@@ -11,11 +11,9 @@
 // tree. dot_f32 and every dot_row feed LaneSums in element order, dot_row from a small buffer
 // filled by the very same block dequantizer that dequant_row uses, so
 // dot_row(w, x) == dot_f32(dequant_row(w), x) bit for bit by construction.
-#include "cpu/quant/kernels_impl.h"
-SHARPI_NO_FP_CONTRACT
-
 #include <string.h>
 
+#include "cpu/quant/kernels_impl.h"
 #include "quant/fp16.h"
 
 namespace sharpi::cpu::detail {
@@ -24,7 +22,7 @@ namespace {
 constexpr int kLanes = 8;
 
 class LaneSums {
-public:
+  public:
     // Adds w[i] * x[i] for i in [0, count), continuing the element order of earlier calls.
     void add(const float* w, const float* x, int64_t count) {
         int64_t i = 0;
@@ -36,10 +34,11 @@ public:
     }
 
     float total() const {
-        return ((lane_[0] + lane_[1]) + (lane_[2] + lane_[3])) + ((lane_[4] + lane_[5]) + (lane_[6] + lane_[7]));
+        return ((lane_[0] + lane_[1]) + (lane_[2] + lane_[3])) +
+               ((lane_[4] + lane_[5]) + (lane_[6] + lane_[7]));
     }
 
-private:
+  private:
     void add_one(float w, float x) {
         lane_[next_lane_] += w * x;
         next_lane_ = (next_lane_ + 1) % kLanes;
@@ -53,6 +52,14 @@ float dot_f32_scalar(const float* a, const float* b, int64_t n) {
     LaneSums sums;
     sums.add(a, b, n);
     return sums.total();
+}
+
+// The reference tile is the definition: one dot_f32 per (row, token).
+void dot_f32_tile_scalar(const float* w, int64_t ldw, int64_t n_rows, const float* x, int64_t ldx,
+                         int64_t n_tokens, int64_t n, float* y, int64_t ldy) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < n_rows; ++r) y[t * ldy + r] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
+    }
 }
 
 // ---- block dequantizers: one block in, block_size floats out ------------------------------------
@@ -76,8 +83,8 @@ void dequant_block_q4_1(const block_q4_1* b, float* y) {
 
 // The 32 high bits of a Q5 block, bit j for element j, stored little-endian.
 uint32_t q5_high_bits(const uint8_t qh[4]) {
-    return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 | static_cast<uint32_t>(qh[2]) << 16 |
-           static_cast<uint32_t>(qh[3]) << 24;
+    return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+           static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
 }
 
 void dequant_block_q5_0(const block_q5_0* b, float* y) {
@@ -131,13 +138,15 @@ void dequant_block_q2_K(const block_q2_K* b, float* y) {
 // high bit from hmask[16l + i] at bit 4h + j; q = low - 4 when the high bit is clear, else low.
 void dequant_block_q3_K(const block_q3_K* b, float* y) {
     const float d = fp16_to_fp32(b->d);
-    int8_t scales[16];
-    unpack_q3_K_scales(b->scales, scales);
+    uint32_t words[4];
+    unpack_q3_K_scales(b->scales, words);
+    uint8_t biased[16];
+    memcpy(biased, words, 16);
     for (int h = 0; h < 2; ++h) {
         for (int j = 0; j < 4; ++j) {
             for (int l = 0; l < 2; ++l) {
                 const int sub = 8 * h + 2 * j + l;
-                const float dl = d * static_cast<float>(scales[sub]);
+                const float dl = d * static_cast<float>(biased[sub] - 32);
                 const uint8_t* q = b->qs + 32 * h + 16 * l;
                 const uint8_t* hm = b->hmask + 16 * l;
                 float* out = y + 16 * sub;
@@ -164,7 +173,8 @@ void dequant_block_q4_K(const block_q4_K* b, float* y) {
     memcpy(m + 4, &words.m_hi, 4);
     for (int j = 0; j < 4; ++j) {
         const float d_lo = d * static_cast<float>(sc[2 * j]), m_lo = dmin * static_cast<float>(m[2 * j]);
-        const float d_hi = d * static_cast<float>(sc[2 * j + 1]), m_hi = dmin * static_cast<float>(m[2 * j + 1]);
+        const float d_hi = d * static_cast<float>(sc[2 * j + 1]),
+                    m_hi = dmin * static_cast<float>(m[2 * j + 1]);
         const uint8_t* q = b->qs + 32 * j;
         for (int i = 0; i < 32; ++i) {
             y[64 * j + i] = d_lo * static_cast<float>(q[i] & 0x0F) - m_lo;
@@ -185,7 +195,8 @@ void dequant_block_q5_K(const block_q5_K* b, float* y) {
     memcpy(m + 4, &words.m_hi, 4);
     for (int j = 0; j < 4; ++j) {
         const float d_lo = d * static_cast<float>(sc[2 * j]), m_lo = dmin * static_cast<float>(m[2 * j]);
-        const float d_hi = d * static_cast<float>(sc[2 * j + 1]), m_hi = dmin * static_cast<float>(m[2 * j + 1]);
+        const float d_hi = d * static_cast<float>(sc[2 * j + 1]),
+                    m_hi = dmin * static_cast<float>(m[2 * j + 1]);
         const uint8_t* q = b->qs + 32 * j;
         for (int i = 0; i < 32; ++i) {
             const int q_lo = (q[i] & 0x0F) | ((b->qh[i] >> (2 * j)) & 1) << 4;
@@ -239,7 +250,9 @@ struct BlockRow {
     }
 };
 
-void dequant_row_f32(const void* src, float* dst, int64_t n) { memcpy(dst, src, static_cast<size_t>(n) * 4); }
+void dequant_row_f32(const void* src, float* dst, int64_t n) {
+    memcpy(dst, src, static_cast<size_t>(n) * 4);
+}
 float dot_row_f32(const void* src, const float* x, int64_t n) {
     return dot_f32_scalar(static_cast<const float*>(src), x, n);
 }
@@ -289,17 +302,23 @@ constexpr IsaKernels make_scalar_table() {
     t.by_type[static_cast<int>(GgmlType::F32)] = RowKernels{&dequant_row_f32, &dot_row_f32};
     t.by_type[static_cast<int>(GgmlType::F16)] = RowKernels{&dequant_row_f16, &dot_row_f16};
     t.by_type[static_cast<int>(GgmlType::BF16)] = RowKernels{&dequant_row_bf16, &dot_row_bf16};
-    t.by_type[static_cast<int>(GgmlType::Q4_0)] = row_entry<BlockRow<block_q4_0, QK4_0, dequant_block_q4_0>>();
-    t.by_type[static_cast<int>(GgmlType::Q4_1)] = row_entry<BlockRow<block_q4_1, QK4_1, dequant_block_q4_1>>();
-    t.by_type[static_cast<int>(GgmlType::Q5_0)] = row_entry<BlockRow<block_q5_0, QK5_0, dequant_block_q5_0>>();
-    t.by_type[static_cast<int>(GgmlType::Q5_1)] = row_entry<BlockRow<block_q5_1, QK5_1, dequant_block_q5_1>>();
-    t.by_type[static_cast<int>(GgmlType::Q8_0)] = row_entry<BlockRow<block_q8_0, QK8_0, dequant_block_q8_0>>();
+    t.by_type[static_cast<int>(GgmlType::Q4_0)] =
+        row_entry<BlockRow<block_q4_0, QK4_0, dequant_block_q4_0>>();
+    t.by_type[static_cast<int>(GgmlType::Q4_1)] =
+        row_entry<BlockRow<block_q4_1, QK4_1, dequant_block_q4_1>>();
+    t.by_type[static_cast<int>(GgmlType::Q5_0)] =
+        row_entry<BlockRow<block_q5_0, QK5_0, dequant_block_q5_0>>();
+    t.by_type[static_cast<int>(GgmlType::Q5_1)] =
+        row_entry<BlockRow<block_q5_1, QK5_1, dequant_block_q5_1>>();
+    t.by_type[static_cast<int>(GgmlType::Q8_0)] =
+        row_entry<BlockRow<block_q8_0, QK8_0, dequant_block_q8_0>>();
     t.by_type[static_cast<int>(GgmlType::Q2_K)] = row_entry<BlockRow<block_q2_K, QK_K, dequant_block_q2_K>>();
     t.by_type[static_cast<int>(GgmlType::Q3_K)] = row_entry<BlockRow<block_q3_K, QK_K, dequant_block_q3_K>>();
     t.by_type[static_cast<int>(GgmlType::Q4_K)] = row_entry<BlockRow<block_q4_K, QK_K, dequant_block_q4_K>>();
     t.by_type[static_cast<int>(GgmlType::Q5_K)] = row_entry<BlockRow<block_q5_K, QK_K, dequant_block_q5_K>>();
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = row_entry<BlockRow<block_q6_K, QK_K, dequant_block_q6_K>>();
     t.dot_f32 = &dot_f32_scalar;
+    t.dot_f32_tile = &dot_f32_tile_scalar;
     return t;
 }
 
@@ -307,6 +326,8 @@ constexpr IsaKernels kScalarKernels = make_scalar_table();
 
 }  // namespace
 
-const IsaKernels& scalar_kernels() { return kScalarKernels; }
+const IsaKernels& scalar_kernels() {
+    return kScalarKernels;
+}
 
 }  // namespace sharpi::cpu::detail
