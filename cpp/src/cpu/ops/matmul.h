@@ -5,7 +5,8 @@
 // Y[t, r] = sum_k W[r, k] * X[t, k] is written to y[t * ldy + r].
 //
 // n_tokens == 1 (decode) uses dot_row per weight row; n_tokens > 1 (prefill) dequantizes each
-// weight row once into per-thread scratch and dots it with every token. Rows are split across the
+// weight row once per block of tokens (sized to stay in L2) into per-thread scratch and dots it with
+// those tokens (register-tiled, bit-identical to dot_f32). Rows are split across the
 // pool's threads with a fixed partition, so results do not depend on timing or thread count.
 #pragma once
 

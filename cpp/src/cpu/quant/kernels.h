@@ -34,7 +34,8 @@ struct RowKernels {
     DotRowFn dot_row = nullptr;
 };
 
-// Kernels of `type` for `isa` (a SIMD table falls back to scalar entries it lacks).
+// Kernels of `type` for `isa`. Every table is complete: a SIMD table borrowing a scalar entry would
+// break the dot_row == dot_f32(dequant_row) invariant.
 // Throws UnsupportedError naming the type when sharpi has no kernel for it.
 const RowKernels& row_kernels(GgmlType type, Isa isa);
 inline const RowKernels& row_kernels(GgmlType type) { return row_kernels(type, active_isa()); }
