@@ -68,7 +68,9 @@ def first_router_flip(actual_scores: list, reference: ForwardResult, n_expert_us
     return None
 
 
-def _smallest_margins(reference: ForwardResult, n_expert_used: int, up_to_position: int, count: int = 3) -> str:
+def _smallest_margins(
+    reference: ForwardResult, n_expert_used: int, up_to_position: int, count: int = 3
+) -> str:
     if not reference.router_logits:
         return "dense model (no router)"
     margins = router_margins(reference, n_expert_used)[:, : up_to_position + 1]
@@ -85,35 +87,47 @@ def assert_logits_match(
     n_expert_used: int = 0,
     actual_router_scores=None,
     diagnose=None,
+    positions=None,
+    near_tie: float = NEAR_TIE,
 ):
-    """Assert actual [n_tokens, n_vocab] logits equal the reference's within budget, or that the
-    difference starts exactly at a router near-tie flip (see module docstring).
+    """Assert actual logits equal the reference's within budget, or that the difference starts
+    exactly at a router near-tie flip (see module docstring).
 
-    actual_router_scores: per MoE layer [n_tokens, n_expert], or a callable returning them (called
-    only on a mismatch, so a diagnostic run costs nothing when everything matches).
+    actual: [len(positions), n_vocab], row i holding the logits for reference position positions[i]
+    (positions defaults to all of them, in order).
+    actual_router_scores: per MoE layer [n_tokens, n_expert] over ALL reference positions, or a
+    callable returning them (called only on a mismatch, so a diagnostic run costs nothing when
+    everything matches).
     diagnose: optional callable returning extra text for the failure message (e.g. which named
-    intermediate activation diverges first). Returns the RouterFlip that was accepted, or None."""
+    intermediate activation diverges first).
+    near_tie: the router margin below which a flip is accepted; NEAR_TIE (f32 rounding) unless the
+    two sides legitimately compute different router logits (a quantized file vs the float model).
+    Returns the RouterFlip that was accepted, or None."""
+    n_tokens = reference.logits.shape[0]
+    positions = np.arange(n_tokens) if positions is None else np.asarray(positions, dtype=np.int64)
+    expected = reference.logits[positions]
     actual = np.asarray(actual, dtype=np.float64)
-    if actual.shape != reference.logits.shape:
-        raise AssertionError(f"{what}: logits shape {actual.shape}, reference {reference.logits.shape}")
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what}: logits shape {actual.shape}, expected {expected.shape}")
     if not np.all(np.isfinite(actual)):
-        raise AssertionError(f"{what}: non-finite logits at positions {np.nonzero(~np.isfinite(actual).all(1))[0]}")
-    per_position = relative_error_per_position(actual, reference.logits)
-    bad = np.nonzero(per_position > budget)[0]
+        bad_rows = positions[~np.isfinite(actual).all(axis=1)]
+        raise AssertionError(f"{what}: non-finite logits at positions {bad_rows.tolist()}")
+    per_row = relative_error_per_position(actual, expected)
+    bad = np.nonzero(per_row > budget)[0]
     if bad.size == 0:
         return None
 
-    first_bad = int(bad[0])
+    first_bad = int(positions[bad[0]])
     summary = (
-        f"{what}: relative error {per_position.max():.3e} > budget {budget:.1e}; first bad position "
-        f"{first_bad} (error {per_position[first_bad]:.3e}); per position: "
-        + " ".join(f"{e:.1e}" for e in per_position)
+        f"{what}: relative error {per_row.max():.3e} > budget {budget:.1e}; first bad position "
+        f"{first_bad} (error {per_row[bad[0]]:.3e}); per position "
+        + " ".join(f"{p}:{e:.1e}" for p, e in zip(positions, per_row))
     )
     extra = ""
     if diagnose is not None:
         try:
             extra = "\n" + diagnose()
-        except Exception as error:  # the diagnosis must never mask the real failure
+        except Exception as error:  # noqa: BLE001 - a failing diagnosis must never mask the real failure
             extra = f"\n(diagnosis failed: {error!r})"
 
     if not reference.router_logits:
@@ -128,18 +142,24 @@ def assert_logits_match(
     if flip is None:
         raise AssertionError(summary + "\nthe selected experts agree everywhere: not a routing tie" + extra)
     if flip.position > first_bad:
-        raise AssertionError(summary + f"\nlogits diverge before the first routing difference ({flip.describe()})" + extra)
-    if flip.margin >= NEAR_TIE:
         raise AssertionError(
-            summary + f"\nrouting differs at a clear margin (>= {NEAR_TIE:.0e}), not a rounding tie: {flip.describe()}" + extra
+            summary + f"\nlogits diverge before the first routing difference ({flip.describe()})" + extra
         )
-    before = per_position[: flip.position]
+    if flip.margin >= near_tie:
+        raise AssertionError(
+            summary
+            + f"\nrouting differs at a clear margin (>= {near_tie:.0e}), not a rounding tie: {flip.describe()}"
+            + extra
+        )
+    before = per_row[positions < flip.position]
     if before.size and before.max() > budget:
-        raise AssertionError(summary + f"\npositions before the near-tie flip ({flip.describe()}) already differ" + extra)
+        raise AssertionError(
+            summary + f"\npositions before the near-tie flip ({flip.describe()}) already differ" + extra
+        )
     warnings.warn(
         NearTieWarning(
-            f"{what}: router near-tie flipped the top-k at {flip.describe()}; positions "
-            f"0..{flip.position - 1} match within {budget:.0e}, later positions are not comparable"
+            f"{what}: router near-tie flipped the top-k at {flip.describe()}; positions before "
+            f"{flip.position} match within {budget:.0e}, later positions are not comparable"
         )
     )
     return flip
@@ -192,6 +212,8 @@ def first_divergent_activation(actual: dict, reference: ForwardResult, budget: f
             lines.append(f"  {name}: relative error {error:.3e}")
             if len(lines) >= limit:
                 break
+    if compared == 0 and not lines:
+        return "no named activation is recorded on both sides"
     if not lines:
         return f"all {compared} named activations both sides record agree within {budget:.0e}"
     return "first diverging activations:\n" + "\n".join(lines)

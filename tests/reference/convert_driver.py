@@ -23,8 +23,8 @@ def main() -> None:
     sys.path.insert(0, str(converter_dir / "gguf-py"))
     sys.path.insert(0, str(converter_dir))
 
-    import convert_hf_to_gguf  # noqa: E402  (needs the paths above)
-    from conversion.base import TextModel  # noqa: E402
+    import convert_hf_to_gguf
+    from conversion.base import TextModel
 
     original_lookup = TextModel.get_vocab_base_pre
 

@@ -306,7 +306,9 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
 
     router_logits = linear(x, layer.w("ffn_gate_inp"))  # [T, n_expert]
     if router_logits.shape[1] != hp.n_expert:
-        raise ValueError(f"blk.{il}.ffn_gate_inp has {router_logits.shape[1]} experts, expected {hp.n_expert}")
+        raise ValueError(
+            f"blk.{il}.ffn_gate_inp has {router_logits.shape[1]} experts, expected {hp.n_expert}"
+        )
     probs = softmax(router_logits)
     # Descending by probability; a stable sort on the negated values breaks exact ties toward the
     # lower expert id. (Exact ties do not happen with random float weights; near-ties do, and the
@@ -335,7 +337,9 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
         # after llama.cpp's quantizer and [1, n_embd] (ggml ne [n_embd, 1]) from the converter.
         gate_weight = layer.w("ffn_gate_inp_shexp").reshape(-1)
         if gate_weight.shape[0] != hp.n_embd:
-            raise ValueError(f"blk.{il}.ffn_gate_inp_shexp has {gate_weight.shape[0]} values, expected {hp.n_embd}")
+            raise ValueError(
+                f"blk.{il}.ffn_gate_inp_shexp has {gate_weight.shape[0]} values, expected {hp.n_embd}"
+            )
         shared_gate = sigmoid(x @ gate_weight)[:, None]  # [T, 1]
         shared = swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
         record("ffn_shexp_out", shared * shared_gate)
@@ -380,9 +384,13 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
         else:
             ffn_out = swiglu_ffn(
                 normed,
-                layer.w("ffn_gate"), layer.w("ffn_up"), layer.w("ffn_down"),
-                layer.b("ffn_gate"), layer.b("ffn_up"), layer.b("ffn_down"),
-            )  # fmt: skip
+                layer.w("ffn_gate"),
+                layer.w("ffn_up"),
+                layer.w("ffn_down"),
+                layer.b("ffn_gate"),
+                layer.b("ffn_up"),
+                layer.b("ffn_down"),
+            )
         record("ffn_out", ffn_out)
         hidden = ffn_inp + ffn_out
         record("l_out", hidden)
