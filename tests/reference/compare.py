@@ -140,7 +140,10 @@ def assert_logits_match(
         )
     flip = first_router_flip(scores, reference, n_expert_used)
     if flip is None:
-        raise AssertionError(summary + "\nthe selected experts agree everywhere: not a routing tie" + extra)
+        raise AssertionError(
+            summary + "\nthe implementation's expert choice (as far as it reports it) agrees with the "
+            "reference everywhere: the mismatch is not explained by a router near-tie" + extra
+        )
     if flip.position > first_bad:
         raise AssertionError(
             summary + f"\nlogits diverge before the first routing difference ({flip.describe()})" + extra

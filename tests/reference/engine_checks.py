@@ -8,9 +8,10 @@ object with decode(tokens, all_logits) -> float32 logits, reset() and dump() -> 
 module never imports sharpi, so the reference package stays independent of what it checks. The
 oracle is `expected_for(tokens) -> ForwardResult` (the numpy reference, or HF logits and routing).
 
-On a mismatch a second session with dump_activations=True is opened to read the engine's router
-probabilities ("ffn_moe_probs-<layer>") and its named activations, so the failure message says
-whether a router near-tie explains it (compare.py) and where the computation first diverges.
+On a mismatch a second session with dump_activations=True is opened to read the engine's expert
+choice ("ffn_moe_topk-<layer>" if recorded, else the top-k of "ffn_moe_probs-<layer>") and its named
+activations, so the failure message says whether a router near-tie explains it (compare.py) and
+where the computation first diverges.
 """
 
 from __future__ import annotations
@@ -25,21 +26,29 @@ def _rows(logits, n_rows: int) -> np.ndarray:
 
 
 def _router_scores_from_dumps(dumps: list, n_layer: int):
-    """Per layer, the engine's router probabilities stacked over the decode() calls in dumps;
-    None if the engine does not record them (then mismatches are reported without that help)."""
+    """Per layer, [n_tokens, n_expert] scores whose top-k is the engine's expert choice, stacked over
+    the decode() calls in dumps. Taken from the selected ids ("ffn_moe_topk-<layer>", [n_tokens, k])
+    when the engine records them: they show a selection bug even where the probabilities are right.
+    Otherwise from the router probabilities ("ffn_moe_probs-<layer>"). None if neither is recorded
+    (mismatches are then reported without that help)."""
     scores = []
     for il in range(n_layer):
-        key = f"ffn_moe_probs-{il}"
-        if not all(key in d for d in dumps):
+        probs_key, topk_key = f"ffn_moe_probs-{il}", f"ffn_moe_topk-{il}"
+        if not all(probs_key in d for d in dumps):
             return None
-        scores.append(
-            np.concatenate(
-                [
-                    np.asarray(d[key], dtype=np.float64).reshape(-1, np.asarray(d[key]).shape[-1])
-                    for d in dumps
-                ]
-            )
-        )
+        per_call = []
+        for d in dumps:
+            probs = np.asarray(d[probs_key], dtype=np.float64)
+            probs = probs.reshape(-1, probs.shape[-1])
+            if topk_key in d:
+                # 1 for the selected experts, 0 elsewhere: their top-k is exactly the selection.
+                ids = np.asarray(d[topk_key]).reshape(probs.shape[0], -1).astype(np.int64)
+                chosen = np.zeros_like(probs)
+                np.put_along_axis(chosen, ids, 1.0, axis=1)
+                per_call.append(chosen)
+            else:
+                per_call.append(probs)
+        scores.append(np.concatenate(per_call))
     return scores
 
 

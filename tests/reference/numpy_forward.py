@@ -2,10 +2,12 @@
 
 This is the oracle the engine's logits are checked against. It owns nothing but the arrays it reads:
 it opens a GGUF file with `gguf.GGUFReader`, dequantizes every tensor with `gguf.quants.dequantize`
-(the gguf package's own numpy code, not sharpi's), widens everything to float64 and runs the model
-token by token in plain numpy, following llama.cpp's semantics for each architecture. It must never
-import sharpi, never cache results across calls and never be "optimised" into something a reader
-cannot check line by line against the model's definition; speed is irrelevant here.
+(the gguf package's own numpy code, not sharpi's), widens everything to float64 and computes all
+positions of a token sequence (causal, from position 0) in plain numpy, following llama.cpp's
+semantics for each architecture. It must never import sharpi, never cache results across calls and
+never be "optimised" into something a reader cannot check line by line against the model's
+definition; speed is irrelevant here. Every weight is held in float64, so it is meant for the tiny
+test models (a few MB), not for real checkpoints.
 
 Architectures (GGUF `general.architecture`):
   llama     dense, or Mixtral-style MoE when llama.expert_count > 0. Normal RoPE (pairs 2i, 2i+1):
@@ -160,8 +162,12 @@ class ForwardResult:
     router_logits: list = field(default_factory=list)
     selected_experts: list = field(default_factory=list)
     expert_weights: list = field(default_factory=list)
-    # Named activations, "<name>-<layer>" as llama.cpp's graph callbacks name them ("attn_norm-0",
-    # "ffn_moe_out-1", ...), plus "result_norm" and "result_output"; each [n_tokens, width].
+    # Named activations "<name>-<layer>", each [n_tokens, width], in computation order:
+    #   attn_norm, Qcur/Kcur/Vcur (projections, with bias), Qcur_normed/Kcur_normed (olmoe, qwen3*),
+    #   Qcur_rope/Kcur_rope, kqv_out (attention, before attn_output), attn_out, ffn_inp, ffn_norm,
+    #   ffn_moe_logits, ffn_moe_probs, ffn_moe_weights ([n_tokens, n_expert_used], in descending
+    #   router order), ffn_moe_out (routed experts only), ffn_shexp_out (qwen2moe, gated),
+    #   ffn_out (whole FFN), l_out; then "result_norm" and "result_output" (the logits).
     intermediates: dict = field(default_factory=dict)
 
 
@@ -264,6 +270,9 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     q = linear(x, layer.w("attn_q"), layer.b("attn_q"))
     k = linear(x, layer.w("attn_k"), layer.b("attn_k"))
     v = linear(x, layer.w("attn_v"), layer.b("attn_v"))
+    record("Qcur", q)
+    record("Kcur", k)
+    record("Vcur", v)
 
     if hp.arch == "olmoe":
         # OLMoE normalises the whole projection (all heads together) before splitting into heads.
@@ -278,14 +287,16 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
         # Qwen3 normalises each head separately (weights of size head_dim).
         q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
         k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
+    if hp.arch in ("olmoe", "qwen3", "qwen3moe"):
+        record("Qcur_normed", q.reshape(n_tokens, -1))
+        record("Kcur_normed", k.reshape(n_tokens, -1))
 
     # llama3-style per-frequency factors, shared by all layers when present.
     freq_factors = model.tensors.get("rope_freqs.weight")
     q = rope(q, positions, hp, freq_factors)
     k = rope(k, positions, hp, freq_factors)
-    record("Qcur", q.reshape(n_tokens, -1))
-    record("Kcur", k.reshape(n_tokens, -1))
-    record("Vcur", v.reshape(n_tokens, -1))
+    record("Qcur_rope", q.reshape(n_tokens, -1))
+    record("Kcur_rope", k.reshape(n_tokens, -1))
 
     kqv = causal_attention(q, k, v)
     record("kqv_out", kqv)
