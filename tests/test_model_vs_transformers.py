@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.0")  # rope_parameters, experts_implementation
 
 import sharpi
 from reference import hf_export

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.0")  # rope_parameters, experts_implementation
 
 from reference import hf_export
 from reference.compare import assert_greedy_match, assert_logits_match
