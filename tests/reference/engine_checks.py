@@ -1,0 +1,139 @@
+"""Drive an inference engine session through the three paths users hit, and hold each to an oracle:
+  prefill      all positions of a prompt in one decode(all_logits=True) call,
+  stepwise     the same prompt one token per decode() call (the KV-cache path), after reset(),
+  greedy       prefill, then n_new greedy tokens, each decoded on its own.
+
+The engine is reached only through `open_session(dump_activations: bool)`, a callable returning an
+object with decode(tokens, all_logits) -> float32 logits, reset() and dump() -> {name: array}; this
+module never imports sharpi, so the reference package stays independent of what it checks. The
+oracle is `expected_for(tokens) -> ForwardResult` (the numpy reference, or HF logits and routing).
+
+On a mismatch a second session with dump_activations=True is opened to read the engine's expert
+choice ("ffn_moe_topk-<layer>" if recorded, else the top-k of "ffn_moe_probs-<layer>") and its named
+activations, so the failure message says whether a router near-tie explains it (compare.py) and
+where the computation first diverges.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compare import assert_greedy_match, assert_logits_match, first_divergent_activation
+
+
+def _rows(logits, n_rows: int) -> np.ndarray:
+    return np.asarray(logits, dtype=np.float64).reshape(n_rows, -1)
+
+
+def _router_scores_from_dumps(dumps: list, n_layer: int):
+    """Per layer, [n_tokens, n_expert] scores whose top-k is the engine's expert choice, stacked over
+    the decode() calls in dumps. Taken from the selected ids ("ffn_moe_topk-<layer>", [n_tokens, k])
+    when the engine records them: they show a selection bug even where the probabilities are right.
+    Otherwise from the router probabilities ("ffn_moe_probs-<layer>"). None if neither is recorded
+    (mismatches are then reported without that help)."""
+    scores = []
+    for il in range(n_layer):
+        probs_key, topk_key = f"ffn_moe_probs-{il}", f"ffn_moe_topk-{il}"
+        if not all(probs_key in d for d in dumps):
+            return None
+        per_call = []
+        for d in dumps:
+            probs = np.asarray(d[probs_key], dtype=np.float64)
+            probs = probs.reshape(-1, probs.shape[-1])
+            if topk_key in d:
+                # 1 for the selected experts, 0 elsewhere: their top-k is exactly the selection.
+                ids = np.asarray(d[topk_key]).reshape(probs.shape[0], -1).astype(np.int64)
+                chosen = np.zeros_like(probs)
+                np.put_along_axis(chosen, ids, 1.0, axis=1)
+                per_call.append(chosen)
+            else:
+                per_call.append(probs)
+        scores.append(np.concatenate(per_call))
+    return scores
+
+
+def prefill_router_scores(open_session, tokens, n_moe_layers: int):
+    session = open_session(True)
+    session.decode(list(tokens), True)
+    return _router_scores_from_dumps([session.dump()], n_moe_layers)
+
+
+def stepwise_router_scores(open_session, tokens, n_moe_layers: int):
+    session = open_session(True)
+    dumps = []
+    for token in tokens:
+        session.decode([int(token)], True)
+        dumps.append(session.dump())
+    return _router_scores_from_dumps(dumps, n_moe_layers)
+
+
+def _activation_report(open_session, tokens, expected, budget):
+    session = open_session(True)
+    session.decode(list(tokens), True)
+    return first_divergent_activation(session.dump(), expected, budget)
+
+
+def check_prefill_and_stepwise(open_session, prompt, expected, budget: float, what: str, n_expert_used: int):
+    """One session: prefill must match the oracle at every position; then reset() and token-by-token
+    decoding of the same prompt must match too (which also proves reset() forgets the KV cache)."""
+    prompt = [int(t) for t in prompt]
+    n_moe_layers = len(expected.router_logits)
+    session = open_session(False)
+
+    prefill = _rows(session.decode(prompt, True), len(prompt))
+    assert_logits_match(
+        prefill,
+        expected,
+        budget,
+        f"{what} prefill",
+        n_expert_used,
+        actual_router_scores=lambda: prefill_router_scores(open_session, prompt, n_moe_layers),
+        diagnose=lambda: _activation_report(open_session, prompt, expected, budget),
+    )
+
+    session.reset()
+    stepwise = np.stack([_rows(session.decode([t], True), 1)[0] for t in prompt])
+    assert_logits_match(
+        stepwise,
+        expected,
+        budget,
+        f"{what} token-by-token",
+        n_expert_used,
+        actual_router_scores=lambda: stepwise_router_scores(open_session, prompt, n_moe_layers),
+    )
+
+
+def check_greedy(
+    open_session, prompt, expected_for, n_new: int, budget: float, what: str, n_expert_used: int
+):
+    """Greedy decoding: the engine's n_new tokens must be the oracle's greedy tokens, and the logits
+    it chose each one from (prefill's last row, then one decode per token) must match the oracle's
+    at those positions. Returns the generated tokens."""
+    prompt = [int(t) for t in prompt]
+    session = open_session(False)
+    logits = _rows(session.decode(prompt, False), 1)[0]
+    tokens, rows = [], []
+    for step in range(n_new):
+        rows.append(logits)
+        tokens.append(int(np.argmax(logits)))
+        if step + 1 < n_new:
+            logits = _rows(session.decode([tokens[-1]], False), 1)[0]
+
+    sequence = prompt + tokens
+    expected = expected_for(sequence)
+    n_moe_layers = len(expected.router_logits)
+    positions = np.arange(len(prompt) - 1, len(prompt) - 1 + n_new)
+    flip = assert_logits_match(
+        np.stack(rows),
+        expected,
+        budget,
+        f"{what} greedy-decode logits",
+        n_expert_used,
+        actual_router_scores=lambda: stepwise_router_scores(open_session, sequence, n_moe_layers),
+        positions=positions,
+    )
+    # After an accepted router near-tie flip at position p the sequences may legitimately part:
+    # compare only the tokens chosen from positions before p.
+    n_comparable = n_new if flip is None else max(0, flip.position - (len(prompt) - 1))
+    assert_greedy_match(tokens[:n_comparable], expected.logits, len(prompt), f"{what} greedy tokens")
+    return tokens

@@ -1,0 +1,375 @@
+"""Tiny random Hugging Face MoE models, converted to GGUF by llama.cpp's real converter.
+
+This is the second, independent oracle: transformers (torch, CPU) computes the logits, and the
+GGUF files come from llama.cpp's own convert_hf_to_gguf.py, so tensor naming, expert stacking and
+the q/k row reordering the converter applies for llama's normal RoPE are exactly what users' files
+contain. It owns only the directories it is given; it never imports sharpi, never modifies the
+converter (see convert_driver.py for the one in-memory patch) and never runs the converter's gguf-py
+inside this process.
+
+Every model is 2 layers, hidden size 128, 8 experts (MoE), seeded, with weights drawn at std ~0.08
+and norm weights around 1 so that hidden states and routing are far from degenerate. The models
+also cover the variants the reference must get right: GQA everywhere, linear RoPE scaling
+(qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings (qwen3moe, llama,
+qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe, qwen2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FETCH_SCRIPT = REPO_ROOT / "tools" / "fetch_converter.sh"
+DRIVER = Path(__file__).resolve().parent / "convert_driver.py"
+
+# Model name -> the GGUF `general.architecture` llama.cpp's converter writes for it.
+MOE_MODELS = {
+    "mixtral": "llama",  # MixtralForCausalLM
+    "qwen2moe": "qwen2moe",  # Qwen2MoeForCausalLM
+    "qwen3moe": "qwen3moe",  # Qwen3MoeForCausalLM
+    "olmoe": "olmoe",  # OlmoeForCausalLM
+}
+# The dense architectures the reference also implements; cheap to check, so checked too.
+DENSE_MODELS = {
+    "llama": "llama",  # LlamaForCausalLM
+    "qwen2": "qwen2",  # Qwen2ForCausalLM
+    "qwen3": "qwen3",  # Qwen3ForCausalLM
+}
+HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
+
+# Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
+# quantization error, not correctness (on the same file, reference and engine must agree to 1e-4).
+# Measured reference-vs-HF on these models at positions before any top-k flip: f16 <= 1.2e-3,
+# q8_0 <= 2.5e-2. The budgets only have to
+# catch layout errors (wrong row order, wrong expert stacking), which give relative errors of order 1.
+QUANTIZED_VS_HF_BUDGET = {"f16": 5e-3, "q8_0": 1e-1}
+# Quantization also moves router logits (measured before any top-k flip: f16 ~2e-3, q8_0 ~4e-2), so
+# a top-k flip at a router margin below these is quantization, not a bug (see compare.py).
+QUANTIZED_VS_HF_NEAR_TIE = {"f16": 1e-2, "q8_0": 1e-1}
+
+WEIGHT_STD = 0.08
+NORM_WEIGHT_SPREAD = 0.1  # norm weights ~ 1 + N(0, 0.1^2)
+
+
+@dataclass
+class ExportedModel:
+    name: str  # key of HF_ARCHS
+    gguf_arch: str
+    hf_dir: Path
+    vocab_size: int
+
+
+def _tokenizer_corpus(seed: int) -> list:
+    """Deterministic training text for the tokenizer: a few hundred pseudo-sentences."""
+    rng = np.random.default_rng(seed)
+    text = (
+        "the of and to in is was for on that with as by it from at his an are were which this be "
+        "expert router token layer cache model memory prefetch stream mixture gate weight value "
+        "alpha beta gamma delta 0 1 2 3 42 2024 3.14 hello world! sharpi, MoE; GGUF: (test)"
+    )
+    words = text.split()
+    return [" ".join(rng.choice(words, size=rng.integers(4, 16))) for _ in range(400)]
+
+
+def build_tokenizer(vocab_size: int = 384, seed: int = 0):
+    """A byte-level BPE (GPT-2 pre-tokenizer) wrapped in PreTrainedTokenizerFast, trained on a small
+    deterministic corpus. Byte-level means every string encodes; the model never sees it anyway,
+    the tests feed token ids, but the converter needs a real tokenizer to write a vocab."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|endoftext|>")
+
+
+def make_config(name: str, vocab_size: int):
+    """The transformers config for one tiny model."""
+    import transformers
+
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 0,
+        "pad_token_id": None,
+    }
+    if name == "mixtral":
+        return transformers.MixtralConfig(
+            **common,
+            intermediate_size=96,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+    if name == "qwen2moe":
+        return transformers.Qwen2MoeConfig(
+            **common,
+            intermediate_size=160,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+            qkv_bias=True,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        )
+    if name == "qwen3moe":
+        config = transformers.Qwen3MoeConfig(
+            **common,
+            intermediate_size=160,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,  # as Qwen3-30B-A3B ships, and as llama.cpp hard-codes for qwen3moe
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+        config.head_dim = 48  # != hidden/heads = 32: exercises {arch}.attention.key_length
+        return config
+    if name == "olmoe":
+        # OLMoE ships with n_head_kv == n_head, and llama.cpp sizes attn_k_norm as n_embd (it
+        # cannot load a GQA OLMoE file), so the test model keeps that shape too.
+        return transformers.OlmoeConfig(
+            **{**common, "num_key_value_heads": common["num_attention_heads"]},
+            intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+    if name == "llama":
+        return transformers.LlamaConfig(
+            **common,
+            intermediate_size=192,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0},
+        )
+    if name == "qwen2":
+        return transformers.Qwen2Config(
+            **common,
+            intermediate_size=192,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+    if name == "qwen3":
+        return transformers.Qwen3Config(
+            **common,
+            intermediate_size=192,
+            head_dim=48,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+    raise ValueError(f"unknown model {name!r}; expected one of {sorted(HF_ARCHS)}")
+
+
+def build_model(name: str, vocab_size: int, seed: int):
+    """A randomly initialised float32 model. Every parameter is redrawn here (not left to HF's
+    init, which zeroes or ones some of them): matrices N(0, 0.08^2), biases N(0, 0.05^2), norm
+    weights 1 + N(0, 0.1^2)."""
+    import torch
+    import transformers
+
+    config = make_config(name, vocab_size)
+    config._attn_implementation = "eager"
+    model_class = {
+        "mixtral": transformers.MixtralForCausalLM,
+        "qwen2moe": transformers.Qwen2MoeForCausalLM,
+        "qwen3moe": transformers.Qwen3MoeForCausalLM,
+        "olmoe": transformers.OlmoeForCausalLM,
+        "llama": transformers.LlamaForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "qwen3": transformers.Qwen3ForCausalLM,
+    }[name]
+    torch.manual_seed(seed)
+    model = model_class(config).to(torch.float32).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in sorted(model.named_parameters()):
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            if "norm" in param_name:
+                param.copy_(1.0 + NORM_WEIGHT_SPREAD * noise)
+            elif param_name.endswith("bias"):
+                param.copy_(0.05 * noise)
+            else:
+                param.copy_(WEIGHT_STD * noise)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
+    """Write a tiny HF model (config, safetensors, tokenizer) to out_dir/hf."""
+    tokenizer = build_tokenizer(seed=seed)
+    vocab_size = len(tokenizer)
+    model = build_model(name, vocab_size, seed)
+    hf_dir = Path(out_dir) / "hf"
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer.save_pretrained(hf_dir)
+    return ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+
+
+@dataclass
+class ConvertedModel:
+    exported: ExportedModel
+    gguf: dict  # outtype -> Path of the converter's file
+
+
+def prepare(name: str, root: Path, converter: Path, outtypes=("f32",), seed: int = 1234) -> ConvertedModel:
+    """Export `name` under root/name and convert it to each outtype, reusing files an earlier call
+    with the same root already wrote (tests in several modules share one session directory)."""
+    out_dir = Path(root) / f"{name}-seed{seed}"
+    hf_dir = out_dir / "hf"
+    if (hf_dir / "config.json").is_file():
+        vocab_size = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+        exported = ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+    else:
+        exported = export(name, out_dir, seed=seed)
+    files = {}
+    for outtype in outtypes:
+        path = out_dir / f"{name}-{outtype}.gguf"
+        files[outtype] = path if path.is_file() else convert(hf_dir, path, outtype, converter)
+    return ConvertedModel(exported=exported, gguf=files)
+
+
+def load_hf_model_f64(hf_dir: Path):
+    """The saved model, in float64 on CPU. The weights on disk are float32, so float64 here means
+    HF computes with exactly the values the f32 GGUF holds, and the only differences left between
+    HF and the reference are float64 rounding."""
+    import torch
+    import transformers
+
+    # "eager" experts: the plain per-expert loop (the default grouped_mm kernel has no float64).
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+    )
+    return model.eval()
+
+
+def hf_logits(model, tokens) -> np.ndarray:
+    """[n_tokens, n_vocab] float64 logits of one causal pass from position 0."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        return model(input_ids=ids, use_cache=False).logits[0].to(torch.float64).numpy()
+
+
+def hf_hidden_states(model, tokens) -> list:
+    """HF's per-layer hidden states (embeddings first), each [n_tokens, n_embd] float64; used only
+    to say which layer a mismatch starts in."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        out = model(input_ids=ids, use_cache=False, output_hidden_states=True)
+    return [h[0].to(torch.float64).numpy() for h in out.hidden_states]
+
+
+def hf_router_logits(model, tokens) -> list:
+    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip)."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        out = model(input_ids=ids, use_cache=False, output_router_logits=True)
+    return [r.to(torch.float64).numpy().reshape(len(tokens), -1) for r in out.router_logits]
+
+
+def hf_forward_result(model, tokens, n_expert_used: int):
+    """HF's logits and routing packaged like the reference's ForwardResult, so the same comparison
+    code (compare.py, engine_checks.py) can hold an engine to HF directly."""
+    from .numpy_forward import ForwardResult
+
+    result = ForwardResult(logits=hf_logits(model, tokens))
+    if n_expert_used > 0:
+        for router_logits in hf_router_logits(model, tokens):
+            result.router_logits.append(router_logits)
+            result.selected_experts.append(
+                np.argsort(-router_logits, axis=1, kind="stable")[:, :n_expert_used]
+            )
+    return result
+
+
+def hf_greedy(model, prompt, n_new: int) -> list:
+    """n_new greedy tokens, recomputing the full sequence each step (no KV cache to get wrong)."""
+    sequence = [int(t) for t in prompt]
+    for _ in range(n_new):
+        sequence.append(int(np.argmax(hf_logits(model, sequence)[-1])))
+    return sequence[len(prompt) :]
+
+
+# ----------------------------------------------------------------------------------------------
+# The converter.
+
+
+class ConverterUnavailable(RuntimeError):
+    pass
+
+
+def converter_dir() -> Path:
+    """The directory holding convert_hf_to_gguf.py, fetching it with tools/fetch_converter.sh on
+    first use (a pip download of the llama-cpp-python sdist, which vendors llama.cpp)."""
+    try:
+        done = subprocess.run(
+            ["bash", str(FETCH_SCRIPT)], capture_output=True, text=True, timeout=600, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ConverterUnavailable(f"tools/fetch_converter.sh failed: {error}") from error
+    path = Path(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
+    if done.returncode != 0 or path is None or not (path / "convert_hf_to_gguf.py").is_file():
+        raise ConverterUnavailable(
+            f"tools/fetch_converter.sh failed (rc {done.returncode}): {done.stderr[-2000:]}"
+        )
+    return path
+
+
+def convert(hf_dir: Path, out_path: Path, outtype: str, converter: Path) -> Path:
+    """Convert hf_dir to out_path with llama.cpp's converter (--outtype f32 | f16 | q8_0 ...)."""
+    env = dict(os.environ)
+    # The downloaded gguf-py goes first: the converter may need a newer gguf than the installed one.
+    env["PYTHONPATH"] = os.pathsep.join([str(converter / "gguf-py"), str(converter)])
+    env.pop("NO_LOCAL_GGUF", None)
+    command = [
+        sys.executable,
+        str(DRIVER),
+        str(converter),
+        str(hf_dir),
+        "--outfile",
+        str(out_path),
+        "--outtype",
+        outtype,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+    if done.returncode != 0 or not Path(out_path).is_file():
+        raise RuntimeError(
+            f"convert_hf_to_gguf failed for {hf_dir} ({outtype}), rc {done.returncode}:\n{done.stderr[-4000:]}"
+        )
+    return Path(out_path)
+
+
+def random_prompt(vocab_size: int, n_tokens: int, seed: int) -> list:
+    """Fresh seeded token ids, avoiding the special tokens (ids 0 and 1)."""
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(2, vocab_size, size=n_tokens)]

@@ -1,0 +1,462 @@
+"""A float64 numpy reference forward pass for GGUF decoder-only models, dense and Mixture-of-Experts.
+
+This is the oracle the engine's logits are checked against. It owns nothing but the arrays it reads:
+it opens a GGUF file with `gguf.GGUFReader`, dequantizes every tensor with `gguf.quants.dequantize`
+(the gguf package's own numpy code, not sharpi's), widens everything to float64 and computes all
+positions of a token sequence (causal, from position 0) in plain numpy, following llama.cpp's
+semantics for each architecture. It must never import sharpi, never cache results across calls and
+never be "optimised" into something a reader cannot check line by line against the model's
+definition; speed is irrelevant here. Every weight is held in float64, so it is meant for the tiny
+test models (a few MB), not for real checkpoints.
+
+Architectures (GGUF `general.architecture`):
+  llama     dense, or Mixtral-style MoE when llama.expert_count > 0. Normal RoPE (pairs 2i, 2i+1):
+            llama.cpp's converter reorders attn_q/attn_k rows so that this equals HF's rotate_half.
+  qwen2     dense, q/k/v biases, NeoX RoPE (pairs i, i + n_rot/2).
+  qwen3     dense, per-head RMSNorm of q and k (attn_q_norm/attn_k_norm, [head_dim]) before RoPE.
+  qwen2moe  MoE, q/k/v biases, top-k weights NOT renormalised, plus a shared expert scaled by
+            sigmoid(ffn_gate_inp_shexp . x).
+  qwen3moe  MoE, per-head q/k RMSNorm, top-k weights renormalised to sum 1.
+  olmoe     MoE, RMSNorm over the whole q and k projections (weights [n_head*head_dim] and
+            [n_head_kv*head_dim]) before splitting into heads; top-k weights NOT renormalised.
+
+Array orientation: every weight is stored the PyTorch way, [out_features, in_features] (numpy shape
+= reversed ggml ne), so a projection is `x @ W.T`; stacked experts are [n_expert, out, in].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+
+# llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX rotates (i, i + n_rot/2).
+NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe"})
+
+# Whether the selected experts' softmax weights are renormalised to sum to 1 (the `norm_w` argument
+# llama.cpp's graph builders pass to build_moe_ffn for each architecture).
+RENORMALISE_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_rot: int  # leading dimensions of each head that RoPE rotates (the rest pass through)
+    rms_eps: float
+    rope_base: float
+    rope_freq_scale: float  # 1 / linear scaling factor; 1 when unscaled
+    neox_rope: bool
+    n_expert: int  # 0 for dense models
+    n_expert_used: int
+    renormalise_topk: bool
+
+
+class ReferenceModel:
+    """All tensors of one GGUF file, dequantized to float64, plus the hyper-parameters to run it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        reader = GGUFReader(self.path)
+        self.metadata = {name: _field_value(f) for name, f in reader.fields.items()}
+        self.tensors: dict[str, np.ndarray] = {}
+        self.tensor_types = {}
+        for t in reader.tensors:
+            numpy_shape = tuple(int(d) for d in reversed(t.shape))
+            values = dequantize(t.data, t.tensor_type)
+            if values.size != int(np.prod(numpy_shape)):
+                raise ValueError(
+                    f"{self.path}: tensor {t.name} dequantized to {values.size} values, "
+                    f"expected {numpy_shape}"
+                )
+            self.tensors[t.name] = values.reshape(numpy_shape).astype(np.float64)
+            self.tensor_types[t.name] = t.tensor_type
+        self.hparams = self._read_hparams()
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.tensors:
+            raise KeyError(f"{self.path}: missing tensor {name}")
+        return self.tensors[name]
+
+    def _key(self, key: str, default=None):
+        value = self.metadata.get(key, default)
+        if value is None:
+            raise KeyError(f"{self.path}: missing metadata key {key}")
+        return value
+
+    def _read_hparams(self) -> HParams:
+        arch = self._key("general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise NotImplementedError(f"{self.path}: architecture {arch!r} is not in {SUPPORTED_ARCHS}")
+
+        n_embd = int(self._key(f"{arch}.embedding_length"))
+        n_head = int(self._key(f"{arch}.attention.head_count"))
+        n_head_kv = int(self._key(f"{arch}.attention.head_count_kv", n_head))
+        # Keys may be absent (qwen2moe files carry no key_length): derive as llama.cpp does.
+        head_dim_k = int(self._key(f"{arch}.attention.key_length", n_embd // n_head))
+        head_dim_v = int(self._key(f"{arch}.attention.value_length", n_embd // n_head))
+        n_rot = int(self._key(f"{arch}.rope.dimension_count", head_dim_k))
+
+        scaling_type = self._key(f"{arch}.rope.scaling.type", "linear")
+        scaling_factor = float(self.metadata.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+        if scaling_type == "none":
+            rope_freq_scale = 1.0
+        elif scaling_type == "linear":
+            rope_freq_scale = 1.0 if scaling_factor == 0.0 else 1.0 / scaling_factor
+        else:
+            raise NotImplementedError(f"{self.path}: rope scaling type {scaling_type!r}")
+        if float(self.metadata.get(f"{arch}.rope.scaling.attn_factor", 1.0)) != 1.0:
+            raise NotImplementedError(f"{self.path}: rope.scaling.attn_factor != 1")
+
+        n_expert = int(self.metadata.get(f"{arch}.expert_count", 0) or 0)
+        n_expert_used = int(self.metadata.get(f"{arch}.expert_used_count", 0) or 0)
+        if arch in ("qwen2moe", "qwen3moe", "olmoe") and (n_expert == 0 or n_expert_used == 0):
+            raise ValueError(f"{self.path}: {arch} needs expert_count and expert_used_count > 0")
+        if n_expert_used > n_expert:
+            raise ValueError(f"{self.path}: expert_used_count {n_expert_used} > expert_count {n_expert}")
+
+        token_embd = self.get("token_embd.weight")
+        return HParams(
+            arch=arch,
+            n_vocab=token_embd.shape[0],
+            n_embd=n_embd,
+            n_layer=int(self._key(f"{arch}.block_count")),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim_k=head_dim_k,
+            head_dim_v=head_dim_v,
+            n_rot=n_rot,
+            rms_eps=float(self._key(f"{arch}.attention.layer_norm_rms_epsilon")),
+            rope_base=float(self._key(f"{arch}.rope.freq_base", 10000.0)),
+            rope_freq_scale=rope_freq_scale,
+            neox_rope=arch in NEOX_ROPE_ARCHS,
+            n_expert=n_expert,
+            n_expert_used=n_expert_used,
+            renormalise_topk=RENORMALISE_TOPK.get(arch, False),
+        )
+
+
+def _field_value(f):
+    """A metadata field as a Python value (strings decoded; arrays as lists)."""
+    return f.contents() if f.types else None
+
+
+@dataclass
+class ForwardResult:
+    logits: np.ndarray  # [n_tokens, n_vocab] float64
+    # Per MoE layer (empty for dense models): the router's raw logits [n_tokens, n_expert], the
+    # selected experts [n_tokens, n_expert_used] in descending router order, and their weights.
+    router_logits: list = field(default_factory=list)
+    selected_experts: list = field(default_factory=list)
+    expert_weights: list = field(default_factory=list)
+    # Named activations "<name>-<layer>", each [n_tokens, width], in computation order:
+    #   attn_norm, Qcur/Kcur/Vcur (projections, with bias), Qcur_normed/Kcur_normed (olmoe, qwen3*),
+    #   Qcur_rope/Kcur_rope, kqv_out (attention, before attn_output), attn_out, ffn_inp, ffn_norm,
+    #   ffn_moe_logits, ffn_moe_probs, ffn_moe_weights ([n_tokens, n_expert_used], in descending
+    #   router order), ffn_moe_out (routed experts only), ffn_shexp_out (qwen2moe, gated),
+    #   ffn_out (whole FFN), l_out; then "result_norm" and "result_output" (the logits).
+    intermediates: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks. Every function takes and returns float64 arrays; x is [n_tokens, width].
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight, over the last axis."""
+    mean_square = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(mean_square + eps) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return shifted / np.sum(shifted, axis=-1, keepdims=True)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, hp: HParams, freq_factors=None) -> np.ndarray:
+    """Rotary position embedding of x [n_tokens, n_heads, head_dim] as ggml_rope_ext computes it
+    without YaRN: dimension pair i (i < n_rot/2) turns by pos * freq_scale * base^(-2i/n_rot) / ff_i.
+    Normal RoPE pairs dimensions (2i, 2i+1); NeoX pairs (i, i + n_rot/2). Dimensions >= n_rot pass
+    through unchanged."""
+    n_rot = hp.n_rot
+    half = n_rot // 2
+    inv_freq = hp.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors
+    angle = hp.rope_freq_scale * positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    cos = np.cos(angle)[:, None, :]  # [n_tokens, 1, half], broadcast over heads
+    sin = np.sin(angle)[:, None, :]
+
+    out = x.copy()
+    if hp.neox_rope:
+        first, second = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = first * cos - second * sin
+        out[..., half:n_rot] = first * sin + second * cos
+    else:
+        even, odd = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = even * cos - odd * sin
+        out[..., 1:n_rot:2] = even * sin + odd * cos
+    return out
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Scaled dot-product attention with a causal mask and grouped KV heads.
+    q [T, n_head, Dk], k [T, n_head_kv, Dk], v [T, n_head_kv, Dv] -> [T, n_head * Dv].
+    Query head h reads KV head h // (n_head / n_head_kv): consecutive query heads share a KV head,
+    as both llama.cpp's broadcast and HF's repeat_kv arrange them."""
+    n_tokens, n_head, head_dim = q.shape
+    group = n_head // k.shape[1]
+    scale = 1.0 / np.sqrt(head_dim)
+    future = np.triu(np.ones((n_tokens, n_tokens), dtype=bool), k=1)
+    out = np.empty((n_tokens, n_head, v.shape[2]))
+    for h in range(n_head):
+        kv = h // group
+        scores = (q[:, h, :] @ k[:, kv, :].T) * scale  # [T query, T key]
+        scores[future] = -np.inf
+        out[:, h, :] = softmax(scores) @ v[:, kv, :]
+    return out.reshape(n_tokens, n_head * v.shape[2])
+
+
+class _Layer:
+    """Weight lookup for one block: `w("attn_q")` is blk.<il>.attn_q.weight; `b(...)` its bias or None."""
+
+    def __init__(self, model: ReferenceModel, il: int):
+        self.model = model
+        self.prefix = f"blk.{il}."
+
+    def w(self, name: str) -> np.ndarray:
+        return self.model.get(self.prefix + name + ".weight")
+
+    def b(self, name: str):
+        key = self.prefix + name + ".bias"
+        return self.model.tensors.get(key)
+
+    def has(self, name: str) -> bool:
+        return self.model.has(self.prefix + name + ".weight")
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias=None) -> np.ndarray:
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record) -> np.ndarray:
+    """Self-attention of block il on the normed input x [T, n_embd]; returns [T, n_embd]."""
+    hp = model.hparams
+    layer = _Layer(model, il)
+    n_tokens = x.shape[0]
+
+    q = linear(x, layer.w("attn_q"), layer.b("attn_q"))
+    k = linear(x, layer.w("attn_k"), layer.b("attn_k"))
+    v = linear(x, layer.w("attn_v"), layer.b("attn_v"))
+    record("Qcur", q)
+    record("Kcur", k)
+    record("Vcur", v)
+
+    if hp.arch == "olmoe":
+        # OLMoE normalises the whole projection (all heads together) before splitting into heads.
+        q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
+        k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
+
+    q = q.reshape(n_tokens, hp.n_head, hp.head_dim_k)
+    k = k.reshape(n_tokens, hp.n_head_kv, hp.head_dim_k)
+    v = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim_v)
+
+    if hp.arch in ("qwen3", "qwen3moe"):
+        # Qwen3 normalises each head separately (weights of size head_dim).
+        q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
+        k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
+    if hp.arch in ("olmoe", "qwen3", "qwen3moe"):
+        record("Qcur_normed", q.reshape(n_tokens, -1))
+        record("Kcur_normed", k.reshape(n_tokens, -1))
+
+    # llama3-style per-frequency factors, shared by all layers when present.
+    freq_factors = model.tensors.get("rope_freqs.weight")
+    q = rope(q, positions, hp, freq_factors)
+    k = rope(k, positions, hp, freq_factors)
+    record("Qcur_rope", q.reshape(n_tokens, -1))
+    record("Kcur_rope", k.reshape(n_tokens, -1))
+
+    kqv = causal_attention(q, k, v)
+    record("kqv_out", kqv)
+    return linear(kqv, layer.w("attn_output"), layer.b("attn_output"))
+
+
+def swiglu_ffn(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None):
+    """down(silu(gate x) * up x) for x [T, n_embd]."""
+    return linear(silu(linear(x, gate_w, gate_b)) * linear(x, up_w, up_b), down_w, down_b)
+
+
+def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResult, record):
+    """Routed experts (and qwen2moe's shared expert) of block il on the normed input x [T, n_embd]."""
+    hp = model.hparams
+    layer = _Layer(model, il)
+    n_tokens = x.shape[0]
+    k = hp.n_expert_used
+
+    router_logits = linear(x, layer.w("ffn_gate_inp"))  # [T, n_expert]
+    if router_logits.shape[1] != hp.n_expert:
+        raise ValueError(
+            f"blk.{il}.ffn_gate_inp has {router_logits.shape[1]} experts, expected {hp.n_expert}"
+        )
+    probs = softmax(router_logits)
+    # Descending by probability; a stable sort on the negated values breaks exact ties toward the
+    # lower expert id. (Exact ties do not happen with random float weights; near-ties do, and the
+    # tests report them through router_margins() instead of relying on any tie-break rule.)
+    selected = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # [T, k]
+    weights = np.take_along_axis(probs, selected, axis=1)  # [T, k]
+    if hp.renormalise_topk:
+        weights = weights / np.sum(weights, axis=1, keepdims=True)
+    record("ffn_moe_logits", router_logits)
+    record("ffn_moe_probs", probs)
+    record("ffn_moe_weights", weights)
+
+    gate_exps = layer.w("ffn_gate_exps")  # [n_expert, n_ff_exp, n_embd]
+    up_exps = layer.w("ffn_up_exps")  # [n_expert, n_ff_exp, n_embd]
+    down_exps = layer.w("ffn_down_exps")  # [n_expert, n_embd, n_ff_exp]
+    out = np.zeros_like(x)
+    for t in range(n_tokens):
+        for slot in range(k):
+            e = selected[t, slot]
+            expert_out = swiglu_ffn(x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])
+            out[t] += weights[t, slot] * expert_out[0]
+    record("ffn_moe_out", out)
+
+    if layer.has("ffn_gate_inp_shexp"):
+        # Shared expert: always on, scaled per token by a sigmoid gate. The gate weight is [n_embd]
+        # after llama.cpp's quantizer and [1, n_embd] (ggml ne [n_embd, 1]) from the converter.
+        gate_weight = layer.w("ffn_gate_inp_shexp").reshape(-1)
+        if gate_weight.shape[0] != hp.n_embd:
+            raise ValueError(
+                f"blk.{il}.ffn_gate_inp_shexp has {gate_weight.shape[0]} values, expected {hp.n_embd}"
+            )
+        shared_gate = sigmoid(x @ gate_weight)[:, None]  # [T, 1]
+        shared = swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
+        record("ffn_shexp_out", shared * shared_gate)
+        out = out + shared * shared_gate
+
+    result.router_logits.append(router_logits)
+    result.selected_experts.append(selected)
+    result.expert_weights.append(weights)
+    return out
+
+
+def forward(model: ReferenceModel, tokens) -> ForwardResult:
+    """Logits for every position of `tokens` (causal, positions 0..n-1), with routing and named
+    intermediate activations so that a mismatch can be traced to a layer and an operation."""
+    hp = model.hparams
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.ndim != 1 or tokens.size == 0:
+        raise ValueError("tokens must be a non-empty 1-D sequence")
+    if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
+        raise ValueError(f"token ids must lie in [0, {hp.n_vocab}), got [{tokens.min()}, {tokens.max()}]")
+    positions = np.arange(tokens.size)
+    result = ForwardResult(logits=np.empty(0))
+
+    hidden = model.get("token_embd.weight")[tokens]  # [T, n_embd]
+    for il in range(hp.n_layer):
+        layer = _Layer(model, il)
+
+        def record(name, value, il=il):
+            result.intermediates[f"{name}-{il}"] = value
+
+        normed = rms_norm(hidden, layer.w("attn_norm"), hp.rms_eps)
+        record("attn_norm", normed)
+        attn_out = attention_block(model, il, normed, positions, record)
+        record("attn_out", attn_out)
+        ffn_inp = hidden + attn_out
+        record("ffn_inp", ffn_inp)
+
+        normed = rms_norm(ffn_inp, layer.w("ffn_norm"), hp.rms_eps)
+        record("ffn_norm", normed)
+        if layer.has("ffn_gate_inp"):
+            ffn_out = moe_block(model, il, normed, result, record)
+        else:
+            ffn_out = swiglu_ffn(
+                normed,
+                layer.w("ffn_gate"),
+                layer.w("ffn_up"),
+                layer.w("ffn_down"),
+                layer.b("ffn_gate"),
+                layer.b("ffn_up"),
+                layer.b("ffn_down"),
+            )
+        record("ffn_out", ffn_out)
+        hidden = ffn_inp + ffn_out
+        record("l_out", hidden)
+
+    normed = rms_norm(hidden, model.get("output_norm.weight"), hp.rms_eps)
+    result.intermediates["result_norm"] = normed
+    # Tied embeddings: files without output.weight reuse token_embd.weight as the LM head.
+    lm_head = model.tensors.get("output.weight", model.get("token_embd.weight"))
+    result.logits = normed @ lm_head.T
+    result.intermediates["result_output"] = result.logits
+    return result
+
+
+def greedy_generate(model: ReferenceModel, prompt, n_new: int) -> list:
+    """The n_new tokens greedy decoding appends to prompt (argmax, lowest id on an exact tie).
+    Recomputes the whole sequence each step: slow, and free of any KV-cache logic to get wrong."""
+    sequence = [int(t) for t in prompt]
+    for _ in range(n_new):
+        logits = forward(model, sequence).logits[-1]
+        sequence.append(int(np.argmax(logits)))
+    return sequence[len(prompt) :]
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers the tests use to compare and to explain mismatches.
+
+
+def relative_error(actual, expected) -> float:
+    """max over positions p of ||actual_p - expected_p||_inf / ||expected_p||_inf (rows = positions)."""
+    actual = np.asarray(actual, dtype=np.float64).reshape(np.shape(expected)[0], -1)
+    expected = np.asarray(expected, dtype=np.float64).reshape(actual.shape)
+    per_row = np.max(np.abs(actual - expected), axis=1) / np.maximum(np.max(np.abs(expected), axis=1), 1e-30)
+    return float(np.max(per_row))
+
+
+def relative_error_per_position(actual, expected) -> np.ndarray:
+    actual = np.asarray(actual, dtype=np.float64).reshape(np.shape(expected)[0], -1)
+    expected = np.asarray(expected, dtype=np.float64).reshape(actual.shape)
+    return np.max(np.abs(actual - expected), axis=1) / np.maximum(np.max(np.abs(expected), axis=1), 1e-30)
+
+
+def router_margins(result: ForwardResult, n_expert_used: int) -> np.ndarray:
+    """[n_layer_moe, n_tokens]: the gap, in router-logit units, between the k-th and (k+1)-th largest
+    router logits. A small gap means f32 rounding may legitimately choose a different top-k."""
+    margins = []
+    for logits in result.router_logits:
+        ordered = -np.sort(-logits, axis=1)
+        if ordered.shape[1] == n_expert_used:  # every expert selected: no boundary to flip
+            margins.append(np.full(ordered.shape[0], np.inf))
+        else:
+            margins.append(ordered[:, n_expert_used - 1] - ordered[:, n_expert_used])
+    return np.array(margins)
+
+
+def top2_logit_gap(logits: np.ndarray) -> np.ndarray:
+    """Per position, the gap between the largest and the second largest output logit."""
+    ordered = -np.sort(-np.asarray(logits, dtype=np.float64), axis=-1)
+    return ordered[..., 0] - ordered[..., 1]
