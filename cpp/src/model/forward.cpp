@@ -280,7 +280,11 @@ Act Forward::moe_ffn(const Act& cur, int il) {
     r.weights.resize(static_cast<size_t>(T * k));
     cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, r.ids.data(), r.weights.data());
     name(probs, "ffn_moe_probs", il);
-    if (dump_) name(Act{r.weights.data(), T, k}, "ffn_moe_weights", il);
+    if (dump_) {
+        name(Act{r.weights.data(), T, k}, "ffn_moe_weights", il);
+        std::vector<float> topk(r.ids.begin(), r.ids.end());  // expert ids as floats, [T, k]
+        name(Act{topk.data(), T, k}, "ffn_moe_topk", il);
+    }
 
     std::vector<int32_t> unique(r.ids.begin(), r.ids.end());
     std::sort(unique.begin(), unique.end());
