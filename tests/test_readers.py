@@ -338,7 +338,9 @@ def test_injected_eio_from_a_fresh_process(tiny_gguf):
         """
     )
     env = dict(os.environ, SHARPI_FAULT_EIO_AT="4100")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"[io] {tiny_gguf}: read of [0xfa0, 0x1068) failed: {os.strerror(5)}"
 
@@ -457,7 +459,9 @@ def test_destroy_with_reads_outstanding(kind, random_file):
         print("clean")
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"
 
@@ -477,3 +481,195 @@ def test_reap_without_wait_and_drain(kind, random_file):
     for tag in range(30):
         assert reader.data(tag) == python_read(random_file, tag * 200_000 + 5, 150_000)
     gc.collect()
+
+
+# The request queue both readers share, driven one chunk at a time: the scheduling rules with no
+# threads and no timing. Expected values are worked out by hand from the contract.
+
+
+def drain_chunks(queue):
+    chunks = []
+    while (c := queue.next_chunk()) is not None:
+        chunks.append(c)
+    return chunks
+
+
+def test_queue_chunks_cover_the_aligned_superset():
+    q = _core.ReadQueueTest(chunk_bytes=8192, depth=64)
+    q.add(1, 5000, 20_000, "demand")  # span [4096, 28672): 3 chunks of 8192
+    q.add(2, 40_960, 4096, "prefetch")  # aligned already: one block
+    q.add(3, 100_000, 1, "prefetch")  # one byte: its block
+    chunks = drain_chunks(q)
+    assert chunks == [
+        (1, 4096, 12288),
+        (1, 12288, 20480),
+        (1, 20480, 28672),
+        (2, 40960, 45056),
+        (3, 98304, 102400),
+    ]
+    assert q.in_flight == 5
+    for tag, begin, _ in chunks:
+        q.finish_chunk(tag, begin, 0, _)
+    assert sorted(q.take()) == [(1, True, ""), (2, True, ""), (3, True, "")]
+    assert q.outstanding == 0
+
+
+def test_queue_chunk_size_rounds_up_to_blocks():
+    q = _core.ReadQueueTest(chunk_bytes=5000, depth=8)  # -> 8192
+    q.add(1, 0, 20_000)
+    assert drain_chunks(q) == [(1, 0, 8192), (1, 8192, 16384), (1, 16384, 20480)]
+
+
+def test_queue_depth_and_demand_first_at_chunk_granularity():
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=2)
+    q.add(1, 0, 4 * 4096, "prefetch")  # 4 chunks
+    q.add(2, 10 * 4096, 4096, "prefetch")
+    assert drain_chunks(q) == [(1, 0, 4096), (1, 4096, 8192)]  # depth 2 (reserve 0 at depth 2)
+    q.add(3, 20 * 4096 + 7, 10, "demand")  # arrives while prefetch 1 is half read
+    assert q.next_chunk() is None  # full
+    q.finish_chunk(1, 0, 0, 4096)
+    assert q.next_chunk() == (3, 20 * 4096, 21 * 4096)  # the demand goes before 1's next chunk
+    q.finish_chunk(3, 20 * 4096, 0, 21 * 4096)
+    assert q.take() == [(3, True, "")]
+    assert drain_chunks(q) == [(1, 8192, 12288)]
+    q.finish_chunk(1, 4096, 0, 8192)
+    assert drain_chunks(q) == [(1, 12288, 16384)]
+    q.finish_chunk(1, 8192, 0, 12288)
+    q.finish_chunk(1, 12288, 0, 16384)
+    assert q.take() == [(1, True, "")]  # only once its last chunk is back
+    assert drain_chunks(q) == [(2, 40960, 45056)]
+
+
+def test_queue_prefetch_leaves_a_quarter_of_the_depth_to_demand():
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=8)
+    for tag in range(20):
+        q.add(tag, tag * 4096, 4096, "prefetch")
+    assert len(drain_chunks(q)) == 6  # 8 - 8 // 4
+    q.add(100, 1 << 20, 4096, "demand")
+    q.add(101, 2 << 20, 4096, "demand")
+    q.add(102, 3 << 20, 4096, "demand")
+    assert [c[0] for c in drain_chunks(q)] == [100, 101]  # demand may use the reserve, up to depth
+    q.finish_chunk(0, 0, 0, 4096)
+    assert q.next_chunk()[0] == 102
+    q.finish_chunk(1, 4096, 0, 8192)
+    assert q.next_chunk() is None  # 7 in flight, prefetch limit 6
+
+
+def test_queue_cancel_promote_and_plug():
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=1)
+    q.set_plugged(True)
+    for tag in range(4):
+        q.add(tag, tag * 8192, 8192, "prefetch")  # 2 chunks each
+    q.add(9, 1 << 20, 10, "demand")
+    assert q.next_chunk() is None  # plugged
+    assert q.cancel(1) is True
+    q.promote(3)
+    q.set_plugged(False)
+    assert q.next_chunk() == (9, 1 << 20, (1 << 20) + 4096)
+    q.finish_chunk(9, 1 << 20, 0, (1 << 20) + 4096)
+    assert q.next_chunk() == (3, 3 * 8192, 3 * 8192 + 4096)  # promoted: demand now
+    q.finish_chunk(3, 3 * 8192, 0, 3 * 8192 + 4096)
+    assert q.next_chunk() == (3, 3 * 8192 + 4096, 4 * 8192)
+    q.finish_chunk(3, 3 * 8192 + 4096, 0, 4 * 8192)
+    assert q.next_chunk() == (0, 0, 4096)
+    assert q.cancel(0) is False  # started
+    q.finish_chunk(0, 0, 0, 4096)
+    q.promote(2)  # a queued prefetch while 0 is half done: 2 goes first now
+    assert q.next_chunk() == (2, 16384, 20480)
+    assert q.cancel(2) is False
+    q.finish_chunk(2, 16384, 0, 20480)
+    rest = []
+    while (c := q.next_chunk()) is not None:
+        rest.append(c)
+        q.finish_chunk(c[0], c[1], 0, c[2])
+    assert rest == [(2, 20480, 24576), (0, 4096, 8192)]
+    assert [t for t, ok, _ in q.take()] == [9, 3, 2, 0]  # 1 was cancelled: no completion
+    assert q.outstanding == 0
+
+
+def test_queue_partly_started_prefetch_promoted():
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=1)
+    q.add(1, 0, 3 * 4096, "prefetch")
+    q.add(2, 1 << 20, 4096, "demand")
+    assert q.next_chunk() == (2, 1 << 20, (1 << 20) + 4096)
+    q.finish_chunk(2, 1 << 20, 0, (1 << 20) + 4096)
+    assert q.next_chunk() == (1, 0, 4096)
+    q.add(3, 2 << 20, 4096, "prefetch")
+    q.add(4, 3 << 20, 4096, "demand")
+    q.promote(1)  # behind demand 4, ahead of prefetch 3
+    q.finish_chunk(1, 0, 0, 4096)
+    order = []
+    while (c := q.next_chunk()) is not None:
+        order.append(c[:2])
+        q.finish_chunk(c[0], c[1], 0, c[2])
+    assert order == [(4, 3 << 20), (1, 4096), (1, 8192), (3, 2 << 20)]
+
+
+def test_queue_error_waits_for_chunks_in_flight_and_stops_the_rest():
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=2, path="/models/x.gguf")
+    q.add(1, 100, 5 * 4096, "demand")  # span [0, 24576): 6 chunks
+    assert drain_chunks(q) == [(1, 0, 4096), (1, 4096, 8192)]
+    q.finish_chunk(1, 4096, 5, 4096)  # EIO
+    assert q.take() == []  # chunk 0 is still being read into the buffer
+    assert q.next_chunk() is None  # a failed request starts no more chunks
+    q.finish_chunk(1, 0, 0, 4096)
+    [(tag, ok, error)] = q.take()
+    assert (tag, ok) == (1, False)
+    assert error == f"[io] /models/x.gguf: read of [0x64, 0x5064) failed: {os.strerror(5)}"
+    assert q.in_flight == 0
+    assert q.outstanding == 0
+
+
+def test_queue_end_of_file_rules():
+    q = _core.ReadQueueTest(chunk_bytes=8192, depth=8, path="f.bin")
+    # File of 10_000 bytes. Range inside it: the last chunk stops early at 10_000 and that is fine.
+    q.add(1, 9000, 1000, "demand")  # span [8192, 12288), wanted up to 10_000
+    q.add(2, 9000, 1001, "demand")  # wants one byte past the end
+    q.add(3, 20_000, 5, "demand")  # starts past the end
+    for tag, begin, _ in drain_chunks(q):
+        q.finish_chunk(tag, begin, 0, max(10_000, begin))  # reads stop at the end of the file
+    done = {tag: (ok, error) for tag, ok, error in q.take()}
+    assert done[1] == (True, "")
+    assert done[2] == (False, "[io] f.bin: read of [0x2328, 0x2711) failed: end of file at 0x2710")
+    assert done[3] == (False, "[io] f.bin: read of [0x4e20, 0x4e25) failed: end of file at 0x4000")
+
+
+def test_queue_fault_hook_fails_covering_chunks_only(monkeypatch):
+    monkeypatch.setenv("SHARPI_FAULT_EIO_AT", str(3 * 4096 + 10))
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=8, path="g")
+    q.add(1, 0, 3 * 4096 + 10, "demand")  # ends just before the fault, same block: fine
+    q.add(2, 3 * 4096 + 10, 1, "demand")  # the faulty byte
+    q.add(3, 2 * 4096, 2 * 4096, "demand")  # covers it in its second chunk
+    chunks = drain_chunks(q)
+    assert (2, 3 * 4096, 4 * 4096) not in chunks  # failed without being handed out
+    assert (3, 3 * 4096, 4 * 4096) not in chunks
+    for tag, begin, end in chunks:
+        q.finish_chunk(tag, begin, 0, end)
+    done = {tag: (ok, error) for tag, ok, error in q.take()}
+    assert done[1] == (True, "")
+    assert done[2] == (False, f"[io] g: read of [0x300a, 0x300b) failed: {os.strerror(5)}")
+    assert done[3] == (False, f"[io] g: read of [0x2000, 0x4000) failed: {os.strerror(5)}")
+
+
+def test_queue_shutdown_drops_queued_and_finishes_started():
+    q = _core.ReadQueueTest(chunk_bytes=4096, depth=1, path="h")
+    q.add(1, 0, 2 * 4096, "demand")
+    q.add(2, 1 << 20, 10, "prefetch")
+    assert q.next_chunk() == (1, 0, 4096)
+    q.drop_queued()
+    assert q.next_chunk() is None
+    assert q.take() == []  # 1 still has a chunk in flight
+    q.finish_chunk(1, 0, 0, 4096)
+    assert q.take() == [(1, False, "[io] h: reader shut down")]
+    assert q.outstanding == 0  # 2 was forgotten
+
+
+def test_queue_rejects_bad_requests():
+    q = _core.ReadQueueTest(chunk_bytes=0, depth=0)
+    q.add(1, 0, 10)
+    with pytest.raises(_core.InvalidArgument, match="tag 1.*already outstanding"):
+        q.add(1, 0, 10)
+    with pytest.raises(_core.InvalidArgument, match="length is 0"):
+        q.add(2, 0, 0)
+    with pytest.raises(_core.InvalidArgument, match="overflows 64 bits"):
+        q.add(3, 2**64 - 4096, 1)

@@ -9,8 +9,9 @@
 //   has finished.
 // - submit/reap/data/cancel/promote/plug/unplug: one reader call each, for ordering tests; buffers
 //   come from a bump allocator that rewinds once nothing is outstanding and every result was taken.
-// The GIL is released whenever the reader may block. Member order matters: the reader is destroyed
-// before the arena, and its destructor waits for reads in flight.
+// ReadQueueTest drives the readers' shared request queue by hand, for deterministic tests of the
+// scheduling rules. The GIL is released whenever the reader may block. Member order matters: the reader is
+// destroyed before the arena, and its destructor waits for reads in flight.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -19,12 +20,15 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
 #include "io/expert_reader.h"
+#include "io/reader_common.h"
 #include "sharpi/errors.h"
 
 namespace py = pybind11;
@@ -210,6 +214,90 @@ class ExpertReaderTest {
     std::map<uint64_t, ReadRequest> records_;  // asynchronous requests whose data() was not taken
 };
 
+// The readers' shared request queue (cpp/src/io/reader_common.h) driven by hand: the scheduling
+// rules tested one chunk at a time with no threads and no timing. Each request gets its own buffer
+// (never written: the queue only computes destinations) so every pointer stays inside an allocation.
+class ReadQueueTest {
+  public:
+    ReadQueueTest(uint64_t chunk_bytes, int depth, const std::string& path) {
+        ReaderOptions options;
+        options.chunk_bytes = chunk_bytes;
+        options.queue_depth = depth;
+        const io::ResolvedOptions resolved = io::resolve_options(options);
+        queue_ = std::make_unique<io::ReadQueue>(path, resolved.chunk_bytes, resolved.queue_depth,
+                                                 io::FaultInjection::from_env());
+    }
+
+    void add(uint64_t tag, uint64_t offset, uint64_t length, const std::string& priority) {
+        ReadRequest r;
+        r.tag = tag;
+        r.offset = offset;
+        r.length = length;
+        r.priority = parse_priority(priority);
+        // A malformed request gets a one-block buffer so that the queue reports what is wrong with it.
+        const uint64_t bytes =
+            malformed(offset, length) ? ExpertReader::kAlignment : ExpertReader::aligned_span(offset, length);
+        std::unique_ptr<uint8_t, ArenaFree> buffer(
+            static_cast<uint8_t*>(std::aligned_alloc(ExpertReader::kAlignment, bytes)));
+        r.buffer = buffer.get();
+        queue_->add(r);  // throws on a bad request, before the buffer is kept
+        base_[tag] = ExpertReader::align_down(offset);
+        bytes_[tag] = bytes;
+        buffers_[tag] = std::move(buffer);
+    }
+
+    // (tag, begin, end) of the next chunk allowed to start, or None. Checks that the destination is
+    // where the contract puts those bytes: buffer + (begin - align_down(offset)).
+    py::object next_chunk() {
+        io::Chunk c;
+        if (!queue_->next_chunk(&c)) return py::none();
+        const uint64_t tag = tag_of(c);
+        if (c.dst != buffers_.at(tag).get() + (c.begin - base_.at(tag))) {
+            throw std::logic_error("chunk destination is not at its offset in the buffer");
+        }
+        handed_out_[{tag, c.begin}] = c;
+        return py::make_tuple(tag, c.begin, c.end);
+    }
+
+    // Reports a handed-out chunk: err = errno (0 = none); reached = where reading stopped.
+    void finish_chunk(uint64_t tag, uint64_t begin, int err, uint64_t reached) {
+        auto it = handed_out_.find({tag, begin});
+        if (it == handed_out_.end()) throw InvalidArgument("no chunk in flight at that tag and offset");
+        const io::Chunk c = it->second;
+        handed_out_.erase(it);
+        queue_->finish_chunk(c, err, reached);
+    }
+
+    std::vector<std::tuple<uint64_t, bool, std::string>> take() {
+        std::vector<ReadCompletion> done;
+        queue_->take_completions(done);
+        std::vector<std::tuple<uint64_t, bool, std::string>> out;
+        for (const ReadCompletion& c : done) out.emplace_back(c.tag, c.ok, c.error);
+        return out;
+    }
+
+    bool cancel(uint64_t tag) { return queue_->cancel(tag); }
+    void promote(uint64_t tag) { queue_->promote(tag); }
+    void set_plugged(bool plugged) { queue_->set_plugged(plugged); }
+    void drop_queued() { queue_->drop_queued(); }
+    int in_flight() const { return queue_->in_flight(); }
+    size_t outstanding() const { return queue_->outstanding(); }
+
+  private:
+    uint64_t tag_of(const io::Chunk& c) const {
+        for (const auto& [tag, buffer] : buffers_) {
+            if (c.dst >= buffer.get() && c.dst < buffer.get() + bytes_.at(tag)) return tag;
+        }
+        throw std::logic_error("chunk destination outside every request buffer");
+    }
+
+    std::unique_ptr<io::ReadQueue> queue_;
+    std::map<uint64_t, std::unique_ptr<uint8_t, ArenaFree>> buffers_;  // kept after completion
+    std::map<uint64_t, uint64_t> base_;   // align_down(offset) of the tag's request
+    std::map<uint64_t, uint64_t> bytes_;  // its buffer's size
+    std::map<std::pair<uint64_t, uint64_t>, io::Chunk> handed_out_;
+};
+
 }  // namespace
 
 void bind_io(py::module_& m) {
@@ -240,6 +328,23 @@ void bind_io(py::module_& m) {
         .def("promote", &ExpertReaderTest::promote, py::arg("tag"))
         .def("plug", &ExpertReaderTest::plug)
         .def("unplug", &ExpertReaderTest::unplug);
+
+    py::class_<ReadQueueTest>(m, "ReadQueueTest",
+                              "The readers' request queue driven one chunk at a time (tests)")
+        .def(py::init<uint64_t, int, const std::string&>(), py::arg("chunk_bytes"), py::arg("depth"),
+             py::arg("path") = "model.gguf")
+        .def("add", &ReadQueueTest::add, py::arg("tag"), py::arg("offset"), py::arg("length"),
+             py::arg("priority") = "demand")
+        .def("next_chunk", &ReadQueueTest::next_chunk, "(tag, begin, end) or None")
+        .def("finish_chunk", &ReadQueueTest::finish_chunk, py::arg("tag"), py::arg("begin"), py::arg("err"),
+             py::arg("reached"))
+        .def("take", &ReadQueueTest::take, "[(tag, ok, error), ...]")
+        .def("cancel", &ReadQueueTest::cancel, py::arg("tag"))
+        .def("promote", &ReadQueueTest::promote, py::arg("tag"))
+        .def("set_plugged", &ReadQueueTest::set_plugged, py::arg("plugged"))
+        .def("drop_queued", &ReadQueueTest::drop_queued)
+        .def_property_readonly("in_flight", &ReadQueueTest::in_flight)
+        .def_property_readonly("outstanding", &ReadQueueTest::outstanding);
 }
 
 }  // namespace sharpi::py_bindings
