@@ -117,10 +117,11 @@ class UringReader final : public ExpertReader {
     const char* name() const override { return "io_uring"; }
 
     std::string describe() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
         std::string s = "io_uring: O_DIRECT, ";
-        s += registered_ ? "registered buffers (" + std::to_string(arena_bytes_ >> 20) + " MiB arena in " +
-                               std::to_string(n_pieces_) + (n_pieces_ == 1 ? " piece)" : " pieces)")
-                         : "plain buffers (" + register_note_ + ")";
+        s += use_fixed_ ? "registered buffers (" + std::to_string(arena_bytes_ >> 20) + " MiB arena in " +
+                              std::to_string(n_pieces_) + (n_pieces_ == 1 ? " piece)" : " pieces)")
+                        : "plain buffers (" + register_note_ + ")";
         s += ", depth " + std::to_string(depth_) + ", chunk " + std::to_string(queue_.chunk_bytes() / 1024) +
              " KiB";
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
@@ -195,6 +196,7 @@ class UringReader final : public ExpertReader {
         Chunk chunk;
         uint64_t pos = 0;  // next file byte to read; chunk.begin <= pos < chunk.end while in flight
         int retries = 0;
+        bool fixed = false;  // the SQE in flight is a READ_FIXED
     };
 
     // Reads the first block through O_DIRECT on this (constructing) thread before the I/O thread
@@ -243,6 +245,7 @@ class UringReader final : public ExpertReader {
             return;
         }
         registered_ = true;
+        use_fixed_ = true;
         arena_ = arena;
         arena_bytes_ = arena_bytes;
         n_pieces_ = pieces.size();
@@ -250,7 +253,7 @@ class UringReader final : public ExpertReader {
 
     // Registered piece holding all of [dst, dst + len), or -1 (then the read is a plain one).
     int registered_piece(const uint8_t* dst, uint64_t len) const {
-        if (!registered_ || dst < arena_ || dst + len > arena_ + arena_bytes_) return -1;
+        if (!use_fixed_ || dst < arena_ || dst + len > arena_ + arena_bytes_) return -1;
         const uint64_t first = static_cast<uint64_t>(dst - arena_) / kMaxRegisteredPiece;
         const uint64_t last = static_cast<uint64_t>(dst + len - 1 - arena_) / kMaxRegisteredPiece;
         return first == last ? static_cast<int>(first) : -1;
@@ -297,6 +300,7 @@ class UringReader final : public ExpertReader {
         const int fd = f.pos % kAlignment == 0 ? fd_direct_ : fd_buffered_;
         io_uring_sqe* sqe = get_sqe();
         const int piece = registered_piece(dst, len);
+        f.fixed = piece >= 0;
         if (piece >= 0) {
             io_uring_prep_read_fixed(sqe, fd, dst, static_cast<unsigned>(len), f.pos, piece);
         } else {
@@ -336,7 +340,13 @@ class UringReader final : public ExpertReader {
         const int slot = static_cast<int>(data);
         InFlight& f = slots_[static_cast<size_t>(slot)];
         const int res = cqe->res;
-        if (res < 0) {
+        if (res < 0 && f.fixed && (res == -EFAULT || res == -EINVAL || res == -EOPNOTSUPP)) {
+            // The kernel would not read into the registered buffer (a file or filesystem that does
+            // not take fixed buffers): plain reads from now on, this chunk included.
+            use_fixed_ = false;
+            register_note_ = std::string("READ_FIXED refused: ") + std::strerror(-res);
+            prep_read(slot);
+        } else if (res < 0) {
             if ((res == -EAGAIN || res == -EINTR || res == -ECANCELED) && f.retries < kMaxRetries) {
                 ++f.retries;
                 prep_read(slot);
@@ -392,11 +402,12 @@ class UringReader final : public ExpertReader {
     io_uring ring_{};
     bool ring_ready_ = false;
     bool wake_multishot_ = true;  // I/O thread only
-    bool registered_ = false;
+    bool registered_ = false;     // set by init(), then constant: the destructor unregisters
     const uint8_t* arena_ = nullptr;
     uint64_t arena_bytes_ = 0;
     size_t n_pieces_ = 0;
-    std::string register_note_;
+    bool use_fixed_ = false;     // guarded by mutex_: READ_FIXED for buffers inside the arena
+    std::string register_note_;  // guarded by mutex_: why reads are plain ones
 
     mutable std::mutex mutex_;
     std::condition_variable done_cv_;  // reap(): a completion arrived

@@ -56,7 +56,7 @@ struct ArenaFree {
 class ExpertReaderTest {
   public:
     ExpertReaderTest(const std::string& kind, const std::string& path, uint64_t arena_bytes, int queue_depth,
-                     int pread_threads, uint64_t chunk_bytes, bool refuse_o_direct) {
+                     int pread_threads, uint64_t chunk_bytes, bool refuse_o_direct, bool register_arena) {
         if (arena_bytes == 0) throw InvalidArgument("arena_bytes must be > 0");
         arena_bytes_ = ExpertReader::align_up(arena_bytes);
         arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(ExpertReader::kAlignment, arena_bytes_)));
@@ -68,7 +68,9 @@ class ExpertReaderTest {
         options.pread_threads = pread_threads;
         options.chunk_bytes = chunk_bytes;
         options.refuse_o_direct = refuse_o_direct;
-        reader_ = make_expert_reader(kind, path, arena_.get(), arena_bytes_, options);
+        // register_arena = false hides the arena from the reader: io_uring then does plain reads.
+        reader_ = make_expert_reader(kind, path, register_arena ? arena_.get() : nullptr,
+                                     register_arena ? arena_bytes_ : 0, options);
     }
 
     std::string name() const { return reader_->name(); }
@@ -308,10 +310,10 @@ void bind_io(py::module_& m) {
         m, "ExpertReaderTest",
         "An expert reader (kind 'auto', 'uring' or 'pread') over `path` with its own "
         "aligned arena; for tests and benchmarks")
-        .def(py::init<const std::string&, const std::string&, uint64_t, int, int, uint64_t, bool>(),
+        .def(py::init<const std::string&, const std::string&, uint64_t, int, int, uint64_t, bool, bool>(),
              py::arg("kind"), py::arg("path"), py::arg("arena_bytes") = uint64_t{64} << 20,
              py::arg("queue_depth") = 0, py::arg("pread_threads") = 0, py::arg("chunk_bytes") = 0,
-             py::arg("refuse_o_direct") = false)
+             py::arg("refuse_o_direct") = false, py::arg("register_arena") = true)
         .def_property_readonly("name", &ExpertReaderTest::name)
         .def_property_readonly("describe", &ExpertReaderTest::describe)
         .def_property_readonly("outstanding", &ExpertReaderTest::outstanding)
