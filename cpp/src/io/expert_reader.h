@@ -21,6 +21,25 @@
 //   cache). Completions are delivered only through reap().
 // - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose range covers that offset
 //   complete with EIO, in both readers (used by the fault-injection tests).
+//
+// Additions to the contract above (readers branch):
+// - "Covers" in the fault hook means the requested range [offset, offset + length), not the aligned
+//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB block.
+//   The variable is read once, when the reader is constructed (decimal or 0x-hex; anything else is
+//   InvalidArgument), so setting it later does not affect an existing reader.
+// - Bytes of the aligned span past the end of the file are unspecified (O_DIRECT may transfer the
+//   whole last block); bytes of the span inside the file are the file's, in both readers.
+// - Error text: "[io] <path>: read of [0x<offset>, 0x<offset + length>) failed: <reason>", the
+//   range being the requested one; <reason> is strerror(errno) or "end of file at 0x<pos>".
+// - plug()/unplug(): while plugged, submitted requests are queued but none is started, so a batch
+//   (a layer's misses plus its prefetches) is ordered by priority as a whole before the first read
+//   goes out, as the block layer's plugging does. reap(wait = true) unplugs first (waiting on a
+//   plugged queue would never return).
+// - outstanding() counts requests submitted and not yet returned by reap(): queued, in flight, or
+//   finished but not reaped, so `while (r.outstanding()) r.reap(out, true);` drains everything.
+// - Cancelled requests never produce a completion.
+// - Destruction drops queued requests (no completion) and waits for every read in flight: no kernel
+//   or worker thread writes into a caller's buffer after the destructor returns.
 #pragma once
 
 #include <cstdint>
@@ -59,7 +78,12 @@ public:
     // Appends finished requests to `out`; with wait = true blocks until at least one completes
     // (returns at once when nothing is outstanding). Returns the number appended.
     virtual size_t reap(std::vector<ReadCompletion>& out, bool wait) = 0;
-    virtual size_t outstanding() const = 0;  // queued + in flight
+    virtual size_t outstanding() const = 0;  // queued + in flight + finished but not yet reaped
+
+    virtual void plug() = 0;    // hold every new request in the queue ...
+    virtual void unplug() = 0;  // ... until this call, then start them in priority order
+    // One line for logs and benchmarks: reader name, O_DIRECT, registered buffers, depth, chunk size.
+    virtual std::string describe() const = 0;
 
     static uint64_t align_down(uint64_t x) { return x & ~(kAlignment - 1); }
     static uint64_t align_up(uint64_t x) { return (x + kAlignment - 1) & ~(kAlignment - 1); }
@@ -69,12 +93,26 @@ public:
     }
 };
 
+// Tuning knobs; 0 means the default. Tests use depth 1 / one worker to make completion order
+// observable; the engine uses the defaults.
+struct ReaderOptions {
+    int queue_depth = 0;           // io_uring: chunks in flight at once (default 16)
+    int pread_threads = 0;         // pread: worker threads (default 2)
+    uint64_t chunk_bytes = 0;      // reads are split into chunks of this size (default 512 KiB;
+                                   // rounded up to kAlignment) so a demand read waits for at most
+                                   // one chunk of a prefetch, never for a whole long read
+    bool refuse_o_direct = false;  // tests only: act as if the filesystem refused O_DIRECT
+};
+
 // kind: "auto" (io_uring when it works on this file, else pread), "uring" (throws
 // UnsupportedError when io_uring or O_DIRECT is unavailable), "pread".
 // `arena`/`arena_bytes`: memory that will hold every buffer passed to submit (registered with
 // io_uring when possible; may be nullptr). Throws IoError when the file cannot be opened.
 std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
                                                  uint64_t arena_bytes);
+// The same with tuning knobs (ReaderOptions{} gives the defaults).
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
+                                                 uint64_t arena_bytes, const ReaderOptions& options);
 
 // True when this build has io_uring support compiled in (liburing found at build time).
 bool uring_compiled();

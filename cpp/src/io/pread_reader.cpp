@@ -1,0 +1,188 @@
+// PreadReader: the expert reader that works everywhere (no liburing, no io_uring, filesystems that
+// refuse O_DIRECT) and the reference the tests hold UringReader to.
+//
+// Owns one plain read-only file descriptor and a small pool of worker threads (2 by default). The
+// decode thread queues requests in a ReadQueue (reader_common.h) under mutex_; each worker takes one
+// chunk (at most chunk_bytes of the aligned superset) at a time, in priority order, reads it with
+// pread() outside the lock, resuming short reads until the chunk is complete or the file ends, and
+// reports back. Taking chunks rather than whole requests is what lets a demand read overtake a long
+// prefetch: it waits for at most one chunk per worker.
+//
+// Workers block on a condition variable when there is nothing to start; nothing spins. The
+// destructor drops queued requests and joins the workers, each of which finishes the chunk it is
+// reading first, so no worker writes into a caller's buffer after the destructor returns.
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "io/reader_common.h"
+
+namespace sharpi::io {
+
+namespace {
+
+class PreadReader final : public ExpertReader {
+  public:
+    PreadReader(const std::string& path, int fd, const ResolvedOptions& options, const std::string& note)
+        : fd_(fd),
+          n_threads_(options.pread_threads),
+          note_(note),
+          queue_(path, options.chunk_bytes, options.pread_threads, FaultInjection::from_env()) {
+        workers_.reserve(static_cast<size_t>(options.pread_threads));
+        try {
+            for (int i = 0; i < options.pread_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+        } catch (...) {
+            stop_workers();  // the fd stays with the caller, which closes it on this exception
+            throw;
+        }
+    }
+
+    ~PreadReader() override {
+        stop_workers();
+        ::close(fd_);
+    }
+
+    const char* name() const override { return "pread"; }
+
+    std::string describe() const override {
+        std::string s = "pread: " + std::to_string(n_threads_) + " threads, chunk " +
+                        std::to_string(queue_.chunk_bytes() / 1024) + " KiB";
+        if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
+        if (!note_.empty()) s += " (" + note_ + ")";
+        return s;
+    }
+
+    void submit(const ReadRequest& request) override {
+        bool start;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            queue_.add(request);
+            start = !queue_.plugged();
+        }
+        if (start) work_cv_.notify_all();
+    }
+
+    bool cancel(uint64_t tag) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return queue_.cancel(tag);
+    }
+
+    void promote(uint64_t tag) override {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            queue_.promote(tag);
+        }
+        work_cv_.notify_all();
+    }
+
+    void plug() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_.set_plugged(true);
+    }
+
+    void unplug() override {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            queue_.set_plugged(false);
+        }
+        work_cv_.notify_all();
+    }
+
+    size_t reap(std::vector<ReadCompletion>& out, bool wait) override {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (wait) {
+            if (queue_.plugged()) {
+                queue_.set_plugged(false);
+                work_cv_.notify_all();
+            }
+            done_cv_.wait(lock,
+                          [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; });
+        }
+        return queue_.take_completions(out);
+    }
+
+    size_t outstanding() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return queue_.outstanding();
+    }
+
+  private:
+    void stop_workers() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopping_ = true;
+            queue_.drop_queued();
+        }
+        work_cv_.notify_all();
+        for (std::thread& t : workers_) t.join();
+        workers_.clear();
+    }
+
+    void worker_loop() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            Chunk chunk;
+            const bool got = queue_.next_chunk(&chunk);
+            // next_chunk may have completed requests on its own (fault hook), so look either way.
+            if (queue_.completions_ready() > 0) done_cv_.notify_all();
+            if (got) {
+                lock.unlock();
+                int err = 0;
+                const uint64_t reached = read_chunk(chunk, &err);
+                lock.lock();
+                queue_.finish_chunk(chunk, err, reached);
+                continue;
+            }
+            // After drop_queued() nothing is startable; chunks other workers hold are theirs to finish.
+            if (stopping_) return;
+            work_cv_.wait(lock);
+        }
+    }
+
+    // Reads [chunk.begin, chunk.end) into chunk.dst, resuming short reads. Returns the position
+    // reached (chunk.end unless the file ended first); sets *err on a read error.
+    uint64_t read_chunk(const Chunk& chunk, int* err) const {
+        uint64_t pos = chunk.begin;
+        while (pos < chunk.end) {
+            const ssize_t n =
+                ::pread(fd_, chunk.dst + (pos - chunk.begin), chunk.end - pos, static_cast<off_t>(pos));
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                *err = errno;
+                return pos;
+            }
+            if (n == 0) break;  // end of file
+            pos += static_cast<uint64_t>(n);
+        }
+        return pos;
+    }
+
+    const int fd_;
+    const int n_threads_;
+    const std::string note_;  // why "auto" fell back to this reader, if it did
+    mutable std::mutex mutex_;
+    std::condition_variable work_cv_;  // workers: a chunk may be startable, or stopping
+    std::condition_variable done_cv_;  // reap(): a completion arrived
+    ReadQueue queue_;                  // guarded by mutex_
+    bool stopping_ = false;            // guarded by mutex_
+    std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertReader> open_pread_reader(const std::string& path, const ReaderOptions& options,
+                                                const std::string& note) {
+    const ResolvedOptions resolved = resolve_options(options);
+    const int fd = open_or_throw(path, 0);
+    try {
+        return std::make_unique<PreadReader>(path, fd, resolved, note);
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
+}
+
+}  // namespace sharpi::io

@@ -1,0 +1,141 @@
+// Pieces shared by the two expert readers (uring_reader.cpp, pread_reader.cpp): the request queue
+// with its priority rules, the fault-injection hook, option defaults and the error text.
+//
+// ReadQueue owns the bookkeeping of every request between submit() and reap(): which requests wait
+// (two FIFO lists, demand before prefetch), how far each has been handed out as chunks, how many of
+// its chunks are being read, its first error, and the finished completions. It does no I/O and
+// takes no lock: each reader guards its ReadQueue with its own mutex, and its I/O threads take
+// chunks from it, read them without the lock, and report the outcome back.
+//
+// Invariants:
+// - A request is "started" once its first chunk has been handed out; only unstarted requests can be
+//   cancelled. A request leaves the wait lists when its last chunk is handed out or it has failed.
+// - A request completes (moves to the completion list) only when it has no chunk in flight, so a
+//   completion is never delivered while an I/O thread or the kernel may still write into its buffer.
+// - Chunks are pieces of the aligned superset [align_down(offset), align_up(offset + length)), each
+//   at most chunk_bytes long and 4 KiB-aligned at both ends; every chunk overlaps the requested
+//   range, so an end of file inside a chunk before the requested end is an error.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "io/expert_reader.h"
+
+namespace sharpi::io {
+
+constexpr int kDefaultQueueDepth = 16;
+constexpr int kDefaultPreadThreads = 2;
+constexpr uint64_t kDefaultChunkBytes = 512 * 1024;
+
+std::string hex(uint64_t v);
+
+// "[io] <path>: read of [0x<offset>, 0x<offset + length>) failed: <reason>".
+std::string read_error_text(const std::string& path, uint64_t offset, uint64_t length,
+                            const std::string& reason);
+
+// ReaderOptions with the defaults filled in and the values checked (InvalidArgument when negative).
+struct ResolvedOptions {
+    int queue_depth = kDefaultQueueDepth;
+    int pread_threads = kDefaultPreadThreads;
+    uint64_t chunk_bytes = kDefaultChunkBytes;
+};
+ResolvedOptions resolve_options(const ReaderOptions& options);
+
+// SHARPI_FAULT_EIO_AT, read once at reader construction: a read whose requested range covers the
+// offset completes with EIO instead of touching the file. Decimal or 0x-hex; anything else throws
+// InvalidArgument naming the variable.
+class FaultInjection {
+  public:
+    static FaultInjection from_env();
+    bool hits(uint64_t begin, uint64_t end) const { return armed_ && begin <= offset_ && offset_ < end; }
+    bool armed() const { return armed_; }
+    uint64_t offset() const { return offset_; }
+
+  private:
+    bool armed_ = false;
+    uint64_t offset_ = 0;
+};
+
+struct QueuedRead;
+
+// One piece of a request for an I/O thread: read file bytes [begin, end) into dst.
+struct Chunk {
+    QueuedRead* read = nullptr;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    uint8_t* dst = nullptr;
+};
+
+class ReadQueue {
+  public:
+    // depth: chunks that may be in flight at once (io_uring SQEs, or pread worker threads).
+    ReadQueue(std::string path, uint64_t chunk_bytes, int depth, FaultInjection fault);
+    ~ReadQueue();
+    ReadQueue(const ReadQueue&) = delete;
+    ReadQueue& operator=(const ReadQueue&) = delete;
+
+    // Validates and queues the request; throws InvalidArgument (null or unaligned buffer, zero
+    // length, range overflowing 64 bits, tag already outstanding).
+    void add(const ReadRequest& request);
+    bool cancel(uint64_t tag);   // true when the request had not started and is now forgotten
+    void promote(uint64_t tag);  // queued prefetch -> back of the demand list; otherwise no-op
+    void set_plugged(bool plugged) { plugged_ = plugged; }
+    bool plugged() const { return plugged_; }
+
+    // Hands out the next chunk allowed to start now: none while plugged or at the depth limit; a
+    // prefetch chunk only while fewer than depth - reserve chunks are in flight, so a demand read
+    // arriving later finds a free slot at once (reserve = depth / 4). A chunk that the fault hook
+    // hits is failed here and never handed out.
+    bool next_chunk(Chunk* out);
+    // The I/O thread's report for a handed-out chunk: err = errno (0 when no error); `reached` =
+    // the file position where reading stopped (chunk.end when complete; less means end of file).
+    void finish_chunk(const Chunk& chunk, int err, uint64_t reached);
+
+    size_t take_completions(std::vector<ReadCompletion>& out);
+    size_t completions_ready() const { return done_.size(); }
+    size_t outstanding() const { return live_.size() + done_.size(); }
+    int in_flight() const { return in_flight_; }
+    int depth() const { return depth_; }
+    uint64_t chunk_bytes() const { return chunk_bytes_; }
+    const std::string& path() const { return path_; }
+    const FaultInjection& fault() const { return fault_; }
+
+    // Shutdown: forgets every unstarted request (no completion) and stops handing out chunks of
+    // started ones; chunks already in flight still have to be finished.
+    void drop_queued();
+
+  private:
+    void unlink(QueuedRead* r);
+    void complete_if_done(QueuedRead* r);
+
+    std::string path_;
+    uint64_t chunk_bytes_;
+    int depth_;
+    int prefetch_limit_;  // prefetch chunks start only while in_flight_ < prefetch_limit_
+    FaultInjection fault_;
+    bool plugged_ = false;
+    int in_flight_ = 0;
+    std::unordered_map<uint64_t, std::unique_ptr<QueuedRead>> live_;  // submitted, not completed
+    std::list<QueuedRead*> demand_;
+    std::list<QueuedRead*> prefetch_;
+    std::vector<ReadCompletion> done_;  // completed, not yet reaped
+};
+
+// Constructors used by reader_factory.cpp. open_uring_reader returns nullptr and sets *why when
+// io_uring or O_DIRECT cannot be used for this file (not compiled, io_uring_setup refused, O_DIRECT
+// refused by the filesystem); both throw IoError when the file cannot be opened at all.
+// refuse_o_direct (tests only) acts as if the filesystem refused O_DIRECT.
+std::unique_ptr<ExpertReader> open_pread_reader(const std::string& path, const ReaderOptions& options,
+                                                const std::string& note);
+std::unique_ptr<ExpertReader> open_uring_reader(const std::string& path, uint8_t* arena, uint64_t arena_bytes,
+                                                const ReaderOptions& options, std::string* why);
+
+// Opens `path` read-only (plus extra_flags); throws IoError "[io] <path>: cannot open: <strerror>".
+int open_or_throw(const std::string& path, int extra_flags);
+
+}  // namespace sharpi::io

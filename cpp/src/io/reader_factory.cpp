@@ -1,0 +1,38 @@
+// make_expert_reader: picks the reader for a file. "auto" tries io_uring + O_DIRECT first and falls
+// back to pread when either is unavailable here (the pread reader's describe() then says why);
+// "uring" turns that unavailability into UnsupportedError; "pread" never tries io_uring.
+#include "io/expert_reader.h"
+#include "io/reader_common.h"
+#include "sharpi/errors.h"
+
+namespace sharpi {
+
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes,
+                                                 const ReaderOptions& options) {
+    if (kind == "pread") return io::open_pread_reader(path, options, "");
+    if (kind != "auto" && kind != "uring") {
+        throw InvalidArgument("[io] unknown reader kind '" + kind +
+                              "' (expected 'auto', 'uring' or 'pread')");
+    }
+    std::string why;
+    std::unique_ptr<ExpertReader> reader = io::open_uring_reader(path, arena, arena_bytes, options, &why);
+    if (reader) return reader;
+    if (kind == "uring") throw UnsupportedError("[io] " + path + ": io_uring reader unavailable: " + why);
+    return io::open_pread_reader(path, options, "io_uring unavailable: " + why);
+}
+
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes) {
+    return make_expert_reader(kind, path, arena, arena_bytes, ReaderOptions{});
+}
+
+bool uring_compiled() {
+#if SHARPI_WITH_URING
+    return true;
+#else
+    return false;
+#endif
+}
+
+}  // namespace sharpi
