@@ -44,11 +44,15 @@ class RecordingSession:
     fail_in_generate: Exception | None = None
     tokenizer: Tokenizer | None = None
 
-    def __init__(self, path, threads=0, n_ctx=0):
+    def __init__(self, path, threads=0, n_ctx=0, **streaming):
         self.path, self.threads, self.n_ctx = path, threads, n_ctx
+        self.streaming = streaming  # ram_budget, slru_probation, reader, route_trace
         self.generate_calls = []
         self.last_stats = {}
         RecordingSession.instances.append(self)
+
+    def expert_stats(self):
+        return {"layers": []}  # all experts resident: no cache summary
 
     def generate(self, prompt, **kwargs):
         self.generate_calls.append((prompt, kwargs))
@@ -87,6 +91,7 @@ def test_run_streams_text_and_prints_timing(fake_session, capsys):
     )
     (s,) = RecordingSession.instances
     assert (s.path, s.threads, s.n_ctx) == (fake_session, 0, 0)
+    assert s.streaming == {"ram_budget": None, "slru_probation": 0.25, "reader": "auto", "route_trace": None}
     ((prompt, kwargs),) = s.generate_calls
     assert prompt == "Hi there"
     assert kwargs == {
@@ -400,3 +405,14 @@ def test_bad_files_and_values_exit_1_without_traceback(tiny_model, tmp_path):
         assert "Traceback" not in r.stderr, (args, r.stderr)
     r = sharpi_cli("run", "-m", tiny_model, "--bogus")
     assert r.returncode == 2 and "usage: sharpi" in r.stderr
+
+
+def test_run_passes_streaming_options(fake_session, capsys):
+    code, _, _ = run_main(
+        ["run", "-m", fake_session, "-p", "x", "--ram-budget", "6GiB", "--reader", "pread",
+         "--slru-probation", "0.4", "--route-trace", "t.npz"],
+        capsys,
+    )
+    assert code == 0
+    (s,) = RecordingSession.instances
+    assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz"}

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "cpu/ops/matmul.h"
@@ -14,13 +15,21 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     if (options.n_threads < 0) {
         throw InvalidArgument("threads must be >= 0 (0 = one per core), got " + std::to_string(options.n_threads));
     }
-    model_ = load_model(path);
+    const bool streaming = options.ram_budget > 0;
+    model_ = load_model(path, streaming);
     const HParams& h = model_->hp;
+    if (streaming && !h.is_moe()) {
+        throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
+    }
 
     const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads : cpu::hardware_threads());
     kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
-    experts_ = std::make_unique<ResidentExperts>(*model_);
+    if (streaming) {
+        plan_expert_cache(n_ctx);
+    } else {
+        experts_ = std::make_unique<ResidentExperts>(*model_);
+    }
     routing_.resize(static_cast<size_t>(h.n_layer));
 
     info_.path = path;
@@ -41,6 +50,85 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     info_.n_ctx = n_ctx;
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
+}
+
+namespace {
+
+std::string mib(uint64_t bytes) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return buf;
+}
+
+}  // namespace
+
+void Engine::plan_expert_cache(int64_t n_ctx) {
+    const HParams& h = model_->hp;
+    const uint64_t kv = 2ull * static_cast<uint64_t>(h.n_layer * n_ctx * h.n_embd_kv()) * sizeof(float);
+    // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
+    // plus the logits of the batch.
+    const int64_t T = kMaxBatch, k = h.n_expert_used;
+    const int64_t floats_per_token = 10 * h.n_embd + 3 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
+                                     k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
+    const uint64_t buffers = static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
+    const uint64_t fixed = model_->bytes_dense + kv + buffers;
+    const uint64_t slot = ExpertCache::slot_bytes(*model_);
+    const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
+    const uint64_t budget = options_.ram_budget;
+    const uint64_t minimum = fixed + static_cast<uint64_t>(k) * slot;
+    if (budget < minimum) {
+        throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
+                              ": dense weights " + mib(model_->bytes_dense) + " + KV cache " + mib(kv) + " (n_ctx " +
+                              std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " + std::to_string(k) +
+                              " expert slots of " + mib(slot) + " need at least " + mib(minimum));
+    }
+    ExpertCacheOptions o;
+    o.n_slots = std::min<uint64_t>((budget - fixed) / slot, total_experts);
+    o.n_staging = 0;
+    o.probation = options_.slru_probation;
+    o.reader = options_.reader;
+    auto cache = std::make_unique<ExpertCache>(*model_, o);
+    cache_ = cache.get();
+    experts_ = std::move(cache);
+    plan_.budget_bytes = budget;
+    plan_.fixed_bytes = fixed;
+}
+
+void Engine::set_route_trace(RouteTrace trace) {
+    const HParams& h = model_->hp;
+    if (trace.n_tokens == 0) {
+        route_trace_ = RouteTrace{};
+        return;
+    }
+    if (!h.is_moe()) throw InvalidArgument("route trace: " + model_->file->path() + " has no routed experts");
+    if (trace.n_tokens < 0 || trace.n_layers != h.n_layer || trace.k != h.n_expert_used ||
+        static_cast<int64_t>(trace.experts.size()) != trace.n_tokens * trace.n_layers * trace.k) {
+        throw InvalidArgument("route trace shape [" + std::to_string(trace.n_tokens) + ", " +
+                              std::to_string(trace.n_layers) + ", " + std::to_string(trace.k) +
+                              "] does not match the model: " + std::to_string(h.n_layer) + " MoE layers, top-" +
+                              std::to_string(h.n_expert_used) + " (use the make-model preset of the trace's shape)");
+    }
+    for (size_t i = 0; i < trace.experts.size(); ++i) {
+        const int32_t e = trace.experts[i];
+        if (e < -1 || e >= h.n_expert) {
+            throw InvalidArgument("route trace: expert id " + std::to_string(e) + " at token " +
+                                  std::to_string(i / static_cast<size_t>(trace.n_layers * trace.k)) +
+                                  " is outside [0, " + std::to_string(h.n_expert) + ")");
+        }
+    }
+    route_trace_ = std::move(trace);
+}
+
+ExpertCacheStats Engine::expert_stats() const {
+    if (!cache_) return {};
+    ExpertCacheStats st = cache_->stats();
+    st.budget_bytes = plan_.budget_bytes;
+    st.fixed_bytes = plan_.fixed_bytes;
+    return st;
+}
+
+void Engine::reset_stats() {
+    if (cache_) cache_->reset_stats();
 }
 
 std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_logits) {
@@ -92,6 +180,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     const HParams& h = m.hp;
     Forward f(m, *kv_, *pool_, *experts_, scratch_, options_.dump_activations ? &dump_ : nullptr);
     f.set_pos0(n_past_);
+    if (route_trace_.n_tokens > 0) f.set_route_trace(&route_trace_);
     f.routing().resize(static_cast<size_t>(h.n_layer));
 
     residual_.resize(static_cast<size_t>(n * h.n_embd));

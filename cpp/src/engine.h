@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/expert_cache.h"
 #include "cpu/threadpool.h"
 #include "model/expert_source.h"
 #include "model/forward.h"
@@ -35,7 +36,16 @@ public:
     // Expert choices of every layer for the tokens of the last decode(): [n_tokens, n_expert_used].
     const std::vector<Routing>& routing() const { return routing_; }
 
+    void set_route_trace(RouteTrace trace);
+
+    ExpertCacheStats expert_stats() const;
+    void reset_stats();
+
 private:
+    // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
+    // are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
+    void plan_expert_cache(int64_t n_ctx);
+
     // One chunk of at most kMaxBatch tokens; writes logits of rows [first_logit_row, n) to `logits`.
     void forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits);
 
@@ -47,11 +57,14 @@ private:
     std::unique_ptr<cpu::ThreadPool> pool_;
     std::unique_ptr<KvCache> kv_;
     std::unique_ptr<ExpertSource> experts_;
+    ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
+    ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)
     Scratch scratch_;
     std::vector<float> residual_;
     int64_t n_past_ = 0;
     std::map<std::string, Activation> dump_;
     std::vector<Routing> routing_;
+    RouteTrace route_trace_;  // n_tokens == 0: replay off
 };
 
 }  // namespace sharpi

@@ -23,6 +23,27 @@ void Session::reset() { engine_->reset(); }
 
 const std::map<std::string, Activation>& Session::dump() const { return engine_->dump(); }
 
+void Session::set_route_trace(const std::vector<int32_t>& experts, int64_t n_tokens, int64_t n_layers, int64_t top_k) {
+    RouteTrace trace;
+    if (!experts.empty()) {
+        trace.n_tokens = n_tokens;
+        trace.n_layers = n_layers;
+        trace.k = top_k;
+        trace.experts = experts;
+    }
+    engine_->set_route_trace(std::move(trace));
+}
+
+std::vector<std::vector<int32_t>> Session::last_routing() const {
+    std::vector<std::vector<int32_t>> out;
+    for (const Routing& r : engine_->routing()) out.push_back(r.ids);
+    return out;
+}
+
+ExpertCacheStats Session::expert_stats() const { return engine_->expert_stats(); }
+
+void Session::reset_stats() { engine_->reset_stats(); }
+
 std::string Session::metadata_string(const std::string& key) const {
     const GgufValue* v = engine_->model().file->find(key);
     if (!v) return "";

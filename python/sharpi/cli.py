@@ -114,6 +114,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wrap the prompt as one user message in the model's chat template",
     )
+    run.add_argument(
+        "--ram-budget",
+        default=None,
+        metavar="SIZE",
+        help="stream experts from the file within this much RAM, e.g. 6GiB (default: all resident)",
+    )
+    run.add_argument(
+        "--reader",
+        choices=["auto", "uring", "pread"],
+        default="auto",
+        help="expert reader when streaming (default: auto = io_uring where it works)",
+    )
+    run.add_argument(
+        "--slru-probation",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="share of expert slots in the SLRU probation segment (default: 0.25)",
+    )
+    run.add_argument(
+        "--route-trace",
+        default=None,
+        metavar="NPZ",
+        help="make the router follow a recorded routing trace (shared/traces format; benchmarks)",
+    )
+    run.add_argument(
+        "--expert-stats", default=None, metavar="FILE", help="write per-layer/per-expert cache stats as JSON"
+    )
 
     inspect = sub.add_parser(
         "inspect",
@@ -179,7 +207,15 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
 
     _require_file(args.model)
     prompt = _read_prompt(args)
-    session = sharpi.Session(args.model, threads=args.threads, n_ctx=args.ctx_size)
+    session = sharpi.Session(
+        args.model,
+        threads=args.threads,
+        n_ctx=args.ctx_size,
+        ram_budget=args.ram_budget,
+        slru_probation=args.slru_probation,
+        reader=args.reader,
+        route_trace=args.route_trace,
+    )
     if args.chat:
         tok = session.tokenizer
         text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -206,7 +242,47 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     out.write("\n")
     out.flush()
     err.write(format_timing(getattr(session, "last_stats", {}) or {}) + "\n")
+    stats = session.expert_stats()
+    if stats["layers"]:
+        err.write(format_expert_stats(stats) + "\n")
+    if args.expert_stats:
+        write_expert_stats(args.expert_stats, stats)
     return 0
+
+
+def format_expert_stats(stats: dict) -> str:
+    """One line summarising the expert cache of a streamed run."""
+    layers = stats["layers"]
+    acc = sum(lay["accesses"] for lay in layers)
+    hits = sum(lay["hits"] for lay in layers)
+    read = sum(lay["bytes_read"] for lay in layers)
+    stall = sum(lay["stall_ms"] for lay in layers)
+    ev = sum(lay["evictions"] for lay in layers)
+    rate = hits / acc if acc else 0.0
+    return (
+        f"sharpi: experts {stats['n_slots']} slots x {stats['slot_bytes'] / 2**20:.2f} MiB ({stats['reader']}) | "
+        f"hit rate {rate:.3f} ({hits}/{acc}) | read {read / 2**20:.1f} MiB | evictions {ev} | stall {stall:.1f} ms"
+    )
+
+
+def write_expert_stats(path: str, stats: dict) -> None:
+    """JSON with per-layer counters and, per layer, per-expert accesses and misses."""
+    import json
+
+    layers = stats["layers"]
+    n_layer = len(layers)
+    acc = stats["expert_accesses"].reshape(n_layer, -1) if n_layer else []
+    mis = stats["expert_misses"].reshape(n_layer, -1) if n_layer else []
+    doc = {k: stats[k] for k in ("reader", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")}
+    doc["layers"] = []
+    for il, lay in enumerate(layers):
+        entry = dict(lay)
+        entry["hit_rate"] = lay["hits"] / lay["accesses"] if lay["accesses"] else None
+        entry["expert_accesses"] = [int(x) for x in acc[il]]
+        entry["expert_misses"] = [int(x) for x in mis[il]]
+        doc["layers"].append(entry)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
 
 
 def cmd_inspect(args, out: TextIO, err: TextIO) -> int:

@@ -26,11 +26,30 @@ class Session:
         n_ctx: int = 0,
         exact: bool = False,
         dump_activations: bool = False,
+        ram_budget: Union[int, str, None] = None,
+        slru_probation: float = 0.25,
+        reader: str = "auto",
+        route_trace: Union[str, os.PathLike, np.ndarray, None] = None,
     ):
+        """ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
+        resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
+        becomes expert slots streamed from the file (reader: "auto", "uring" or "pread")."""
         self.path = os.fspath(path)
+        budget = 0
+        if ram_budget:
+            budget = ram_budget if isinstance(ram_budget, int) else _core.parse_byte_size(str(ram_budget))
         self._core = _core.Session(
-            self.path, threads=threads, n_ctx=n_ctx, exact=exact, dump_activations=dump_activations
+            self.path,
+            threads=threads,
+            n_ctx=n_ctx,
+            exact=exact,
+            dump_activations=dump_activations,
+            ram_budget=budget,
+            slru_probation=slru_probation,
+            reader=reader,
         )
+        if route_trace is not None:
+            self.set_route_trace(route_trace)
         self._metadata: Optional[dict] = None
         self._tokenizer = None
         self.last_stats: dict = {}
@@ -72,6 +91,33 @@ class Session:
 
     def reset(self) -> None:
         self._core.reset()
+
+    def set_route_trace(self, trace: Union[str, os.PathLike, np.ndarray, None]) -> None:
+        """Make the router follow recorded expert choices (trace replay for benchmarks).
+
+        trace: an .npz in the format of shared/traces (its `experts` array, int16 [tokens, layers,
+        top_k], -1 = missing), such an array, or None to turn replay off. The token at position p
+        uses row p % tokens. A shape that does not match the model is an InvalidArgument."""
+        if trace is None:
+            self._core.set_route_trace(np.zeros((0, 0, 0), dtype=np.int32))
+            return
+        if not isinstance(trace, np.ndarray):
+            with np.load(os.fspath(trace)) as z:
+                if "experts" not in z:
+                    raise _core.InvalidArgument(f"route trace {os.fspath(trace)}: no 'experts' array")
+                trace = z["experts"]
+        self._core.set_route_trace(np.ascontiguousarray(trace, dtype=np.int32))
+
+    def last_routing(self) -> list:
+        """Experts each layer chose for the tokens of the last decode(): [n_layer] of int32 [n_tokens, top_k]."""
+        return self._core.last_routing()
+
+    def expert_stats(self) -> dict:
+        """Expert-cache counters per layer and per expert (empty "layers" when all resident)."""
+        return self._core.expert_stats()
+
+    def reset_stats(self) -> None:
+        self._core.reset_stats()
 
     def dump(self) -> dict:
         """Named activations of the last decode() ("attn_norm-0", ...) when dump_activations=True."""

@@ -14,7 +14,19 @@ struct SessionOptions {
     bool exact = false;
     // Record every named intermediate activation of the next decode() (see Session::dump()).
     bool dump_activations = false;
+
+    // Expert streaming (DESIGN §2-5). 0: every expert resident (the file is memory-mapped).
+    // Otherwise the bytes this session may hold: dense weights, KV cache and buffers are charged
+    // first and the rest becomes expert slots read from the file on demand. Too small a budget
+    // (fewer slots than experts one token uses in a layer) is an InvalidArgument naming the minimum.
+    uint64_t ram_budget = 0;
+    double slru_probation = 0.25;  // share of the cache slots in the SLRU probation segment
+    std::string reader = "auto";   // "auto" (io_uring when available), "uring", "pread"
 };
+
+// Parses a byte size with an optional unit: "6GiB", "512MiB", "1.5GB", "4096", "2G" (K/M/G/T are
+// binary, KB/MB/GB/TB decimal, KiB/MiB/GiB/TiB binary). Throws InvalidArgument.
+uint64_t parse_byte_size(const std::string& text);
 
 struct SamplingParams {
     float temperature = 0.8f;  // 0: greedy

@@ -47,6 +47,21 @@ public:
     // Activations recorded by the last decode() (empty unless dump_activations).
     const std::map<std::string, Activation>& dump() const;
 
+    // Trace replay (benchmarks): the router follows recorded expert choices instead of its own top-k.
+    // experts: [n_tokens, n_layers, top_k] row-major, -1 = missing (filled with the router's best
+    // remaining experts). The token at position p uses row (p % n_tokens); the weights are the
+    // router's own probabilities of the forced experts. Throws InvalidArgument when n_layers,
+    // top_k or an id does not fit the model. An empty vector turns replay off.
+    void set_route_trace(const std::vector<int32_t>& experts, int64_t n_tokens, int64_t n_layers, int64_t top_k);
+
+    // Experts each layer selected for the tokens of the last decode(): [n_layer][n_tokens * top_k],
+    // in top-k rank order (empty for dense models).
+    std::vector<std::vector<int32_t>> last_routing() const;
+
+    // Expert-cache counters (empty layers when every expert is resident); reset_stats() zeroes them.
+    ExpertCacheStats expert_stats() const;
+    void reset_stats();
+
     // GGUF metadata as strings (arrays rendered as "[n items]") for hosts without the Python side.
     std::string metadata_string(const std::string& key) const;
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sharpi {
 
@@ -28,6 +29,32 @@ struct ModelInfo {
     int64_t n_ctx = 0;        // the session's context size
     uint64_t bytes_dense = 0;    // tensor bytes outside the routed experts
     uint64_t bytes_experts = 0;  // tensor bytes of ffn_{gate,up,down}_exps
+};
+
+// Expert-cache counters of one MoE layer (DESIGN §7 names). A demand acquisition is a hit when
+// the expert was ready or already loading, a miss when it needed a new read.
+struct LayerExpertStats {
+    uint64_t accesses = 0;
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t evictions = 0;   // experts of this layer evicted from the cache
+    uint64_t bytes_read = 0;  // requested bytes (the aligned superset actually read can be larger)
+    double stall_ms = 0.0;    // time the decode thread waited on this layer's expert reads
+};
+
+// Counters since the session was created (or reset_stats()). Empty `layers` when every expert is
+// resident (no cache).
+struct ExpertCacheStats {
+    std::string reader;          // "io_uring" or "pread"
+    uint64_t n_slots = 0;        // cache slots (SLRU)
+    uint64_t n_staging = 0;      // prefetch staging slots
+    uint64_t slot_bytes = 0;
+    uint64_t budget_bytes = 0;
+    uint64_t fixed_bytes = 0;    // dense weights + KV cache + buffers charged before slots
+    std::vector<LayerExpertStats> layers;
+    // [n_layer * n_expert], index il * n_expert + e
+    std::vector<uint64_t> expert_accesses;
+    std::vector<uint64_t> expert_misses;
 };
 
 }  // namespace sharpi

@@ -180,6 +180,13 @@ void Forward::experts_one_token(const Act& cur, const int32_t* ids, const float*
     for (int64_t j = 0; j < k; ++j) {
         slot_unique[j] = static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
     }
+    // Kernel entry points per distinct expert, looked up once (types can differ per tensor and layer).
+    std::vector<cpu::DotRowFn> gate_dot(unique.size()), up_dot(unique.size()), down_dot(unique.size());
+    for (size_t u = 0; u < unique.size(); ++u) {
+        gate_dot[u] = cpu::row_kernels(views[u].gate.type).dot_row;
+        up_dot[u] = cpu::row_kernels(views[u].up.type).dot_row;
+        down_dot[u] = cpu::row_kernels(views[u].down.type).dot_row;
+    }
     Act g = alloc(k, n_ff), up = alloc(k, n_ff), act = alloc(k, n_ff), y = alloc(k, n_embd);
     const float* x = cur.row(0);
     auto compute_slots = [&](const std::vector<int64_t>& slots) {
@@ -188,12 +195,13 @@ void Forward::experts_one_token(const Act& cur, const int32_t* ids, const float*
         pool_.parallel_for(n * 2 * n_ff, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / (2 * n_ff)], r = item % (2 * n_ff);
-                const ExpertView& v = views[slot_unique[j]];
+                const int u = slot_unique[j];
+                const ExpertView& v = views[u];
                 if (r < n_ff) {
-                    g.row(j)[r] = cpu::row_kernels(v.gate.type).dot_row(v.gate.data + r * v.gate.row_bytes, x, n_embd);
+                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes, x, n_embd);
                 } else {
                     const int64_t ru = r - n_ff;
-                    up.row(j)[ru] = cpu::row_kernels(v.up.type).dot_row(v.up.data + ru * v.up.row_bytes, x, n_embd);
+                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes, x, n_embd);
                 }
             }
         });
@@ -201,8 +209,9 @@ void Forward::experts_one_token(const Act& cur, const int32_t* ids, const float*
         pool_.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / n_embd], r = item % n_embd;
-                const ExpertView& v = views[slot_unique[j]];
-                y.row(j)[r] = cpu::row_kernels(v.down.type).dot_row(v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
+                const int u = slot_unique[j];
+                const ExpertView& v = views[u];
+                y.row(j)[r] = down_dot[u](v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
             }
         });
     };
@@ -266,6 +275,39 @@ void Forward::experts_batch(const Act& cur, const int32_t* ids, const float* wei
     }
 }
 
+// Replaces each token's top-k with the trace's row for its position: the recorded ids as a set
+// (duplicates and -1 entries filled with the router's best remaining experts), ordered like the
+// router orders (probability descending, then id), weighted by the router's own probabilities.
+void Forward::apply_route_trace(const float* probs, int64_t n_tokens, int il, int32_t* ids, float* weights) const {
+    const HParams& h = hp();
+    const int64_t k = h.n_expert_used, E = h.n_expert;
+    std::vector<int32_t> chosen;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* p = probs + t * E;
+        const int32_t* rec = route_trace_->row(pos0_ + t, il);
+        chosen.clear();
+        for (int64_t j = 0; j < k; ++j) {
+            if (rec[j] >= 0 && std::find(chosen.begin(), chosen.end(), rec[j]) == chosen.end()) chosen.push_back(rec[j]);
+        }
+        // Fill gaps with the router's own choices (ids[] holds its top-k in rank order; any
+        // further need is met by scanning all experts by probability).
+        for (int64_t j = 0; j < k && static_cast<int64_t>(chosen.size()) < k; ++j) {
+            const int32_t e = ids[t * k + j];
+            if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        for (int32_t e = 0; e < E && static_cast<int64_t>(chosen.size()) < k; ++e) {
+            if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        std::sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+        float sum = 0.0f;
+        for (int64_t j = 0; j < k; ++j) sum += p[chosen[j]];
+        for (int64_t j = 0; j < k; ++j) {
+            ids[t * k + j] = chosen[j];
+            weights[t * k + j] = h.expert_weights_norm ? p[chosen[j]] / sum : p[chosen[j]];
+        }
+    }
+}
+
 Act Forward::moe_ffn(const Act& cur, int il) {
     const HParams& h = hp();
     const LayerWeights& L = layer(il);
@@ -279,6 +321,7 @@ Act Forward::moe_ffn(const Act& cur, int il) {
     r.ids.resize(static_cast<size_t>(T * k));
     r.weights.resize(static_cast<size_t>(T * k));
     cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, r.ids.data(), r.weights.data());
+    if (route_trace_) apply_route_trace(probs.data, T, il, r.ids.data(), r.weights.data());
     name(probs, "ffn_moe_probs", il);
     if (dump_) {
         name(Act{r.weights.data(), T, k}, "ffn_moe_weights", il);

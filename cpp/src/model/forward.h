@@ -69,6 +69,15 @@ struct Routing {
 
 enum class QkNorm { none, per_head, full };
 
+// Recorded expert choices that replace the router's top-k (trace replay): [n_tokens, n_layers, k].
+struct RouteTrace {
+    int64_t n_tokens = 0, n_layers = 0, k = 0;
+    std::vector<int32_t> experts;
+    const int32_t* row(int64_t position, int il) const {
+        return experts.data() + ((position % n_tokens) * n_layers + il) * k;
+    }
+};
+
 class Forward {
 public:
     Forward(const Model& model, KvCache& kv, cpu::ThreadPool& pool, ExpertSource& experts, Scratch& scratch,
@@ -79,6 +88,7 @@ public:
     const LayerWeights& layer(int il) const { return model_.layers[static_cast<size_t>(il)]; }
     int64_t pos0() const { return pos0_; }
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
+    void set_route_trace(const RouteTrace* trace) { route_trace_ = trace; }
     std::vector<Routing>& routing() { return routing_; }
 
     Act alloc(int64_t n_tokens, int64_t width);
@@ -119,7 +129,10 @@ private:
     ExpertSource& experts_;
     Scratch& scratch_;
     std::map<std::string, Activation>* dump_;
+    void apply_route_trace(const float* probs, int64_t n_tokens, int il, int32_t* ids, float* weights) const;
+
     int64_t pos0_ = 0;
+    const RouteTrace* route_trace_ = nullptr;
     std::vector<Routing> routing_;
 };
 

@@ -51,23 +51,54 @@ py::dict info_dict(const ModelInfo& i) {
     return d;
 }
 
+py::dict stats_dict(const ExpertCacheStats& st) {
+    py::dict d;
+    d["reader"] = st.reader;
+    d["n_slots"] = st.n_slots;
+    d["n_staging"] = st.n_staging;
+    d["slot_bytes"] = st.slot_bytes;
+    d["budget_bytes"] = st.budget_bytes;
+    d["fixed_bytes"] = st.fixed_bytes;
+    py::list layers;
+    for (const LayerExpertStats& l : st.layers) {
+        py::dict ld;
+        ld["accesses"] = l.accesses;
+        ld["hits"] = l.hits;
+        ld["misses"] = l.misses;
+        ld["evictions"] = l.evictions;
+        ld["bytes_read"] = l.bytes_read;
+        ld["stall_ms"] = l.stall_ms;
+        layers.append(ld);
+    }
+    d["layers"] = layers;
+    d["expert_accesses"] = py::array_t<uint64_t>(st.expert_accesses.size(), st.expert_accesses.data());
+    d["expert_misses"] = py::array_t<uint64_t>(st.expert_misses.size(), st.expert_misses.data());
+    return d;
+}
+
 }  // namespace
 
 void bind_session(py::module_& m) {
+    m.def("parse_byte_size", &parse_byte_size, py::arg("text"), "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
     py::class_<PySession>(m, "Session")
-        .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations) {
+        .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
+                         uint64_t ram_budget, double slru_probation, const std::string& reader) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
                  o.exact = exact;
                  o.dump_activations = dump_activations;
+                 o.ram_budget = ram_budget;
+                 o.slru_probation = slru_probation;
+                 o.reader = reader;
                  auto s = std::make_unique<PySession>();
                  py::gil_scoped_release release;
                  s->session = std::make_unique<Session>(path, o);
                  return s;
              }),
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
-             py::arg("dump_activations") = false)
+             py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
+             py::arg("reader") = "auto")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
         .def(
@@ -101,6 +132,38 @@ void bind_session(py::module_& m) {
                      d[py::str(name)] = to_numpy(std::move(copy), shape);
                  }
                  return d;
+             })
+        .def(
+            "set_route_trace",
+            [](PySession& s, py::array_t<int32_t, py::array::c_style | py::array::forcecast> experts) {
+                if (experts.size() == 0) {
+                    s.session->set_route_trace({}, 0, 0, 0);
+                    return;
+                }
+                if (experts.ndim() != 3) {
+                    throw InvalidArgument("route trace must be a 3-D array [tokens, layers, top_k], got " +
+                                          std::to_string(experts.ndim()) + " dimensions");
+                }
+                std::vector<int32_t> flat(experts.data(), experts.data() + experts.size());
+                std::lock_guard<std::mutex> lock(s.mutex);
+                s.session->set_route_trace(flat, experts.shape(0), experts.shape(1), experts.shape(2));
+            },
+            py::arg("experts"))
+        .def("last_routing",
+             [](PySession& s) {
+                 py::list out;
+                 const int64_t k = s.session->info().n_expert_used;
+                 for (std::vector<int32_t>& ids : s.session->last_routing()) {
+                     const py::ssize_t n = k > 0 ? static_cast<py::ssize_t>(ids.size()) / k : 0;
+                     out.append(py::array_t<int32_t>({n, static_cast<py::ssize_t>(k)}, ids.data()));
+                 }
+                 return out;
+             })
+        .def("expert_stats", [](PySession& s) { return stats_dict(s.session->expert_stats()); })
+        .def("reset_stats",
+             [](PySession& s) {
+                 std::lock_guard<std::mutex> lock(s.mutex);
+                 s.session->reset_stats();
              })
         .def("metadata_string", [](PySession& s, const std::string& key) { return s.session->metadata_string(key); });
 }

@@ -1,0 +1,394 @@
+#include "cache/expert_cache.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "sharpi/errors.h"
+
+namespace sharpi {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const GgufTensor* part_tensor(const StackedExperts& x, int part) {
+    return part == 0 ? x.gate_tensor : part == 1 ? x.up_tensor : x.down_tensor;
+}
+
+const char* const kPartName[3] = {"gate", "up", "down"};
+
+}  // namespace
+
+uint64_t ExpertCache::slot_bytes(const Model& model) {
+    uint64_t total = 0;
+    for (int part = 0; part < 3; ++part) {
+        uint64_t largest = 0;
+        for (const LayerWeights& L : model.layers) {
+            if (L.experts.gate_tensor) {
+                largest = std::max(largest, part_tensor(L.experts, part)->nbytes / static_cast<uint64_t>(model.hp.n_expert));
+            }
+        }
+        // Worst case for the aligned superset of an unaligned range: one extra block at each end.
+        total += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
+    }
+    return total;
+}
+
+ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
+    : model_(model), n_expert_(model.hp.n_expert) {
+    const int64_t k = model.hp.n_expert_used;
+    if (options.n_slots < static_cast<uint64_t>(k)) {
+        throw InvalidArgument("[cache] " + std::to_string(options.n_slots) + " expert slots cannot hold the " +
+                              std::to_string(k) + " experts one token uses per layer");
+    }
+    if (!(options.probation > 0.0 && options.probation < 1.0)) {
+        throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " + std::to_string(options.probation));
+    }
+    n_cache_slots_ = options.n_slots;
+    n_staging_ = options.n_staging;
+    n_protected_max_ = static_cast<uint64_t>(std::floor(static_cast<double>(n_cache_slots_) * (1.0 - options.probation)));
+    slot_bytes_ = slot_bytes(model);
+    uint64_t at = 0;
+    for (int part = 0; part < 3; ++part) {
+        part_base_[part] = at;
+        uint64_t largest = 0;
+        for (const LayerWeights& L : model.layers) {
+            if (L.experts.gate_tensor) largest = std::max(largest, part_tensor(L.experts, part)->nbytes / n_expert_);
+        }
+        at += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
+    }
+
+    const uint64_t n_total = n_cache_slots_ + n_staging_;
+    arena_bytes_ = n_total * slot_bytes_;
+    void* p = ::mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        throw IoError("[cache] cannot reserve " + std::to_string(arena_bytes_) + " bytes for " + std::to_string(n_total) +
+                      " expert slots");
+    }
+    arena_ = static_cast<uint8_t*>(p);
+    try {
+        reader_ = make_expert_reader(options.reader, model.file->path(), arena_, arena_bytes_);
+    } catch (...) {
+        ::munmap(arena_, arena_bytes_);
+        throw;
+    }
+
+    slots_.resize(n_total);
+    for (uint64_t s = 0; s < n_total; ++s) {
+        slots_[s].mem = arena_ + s * slot_bytes_;
+        free_.push_back(static_cast<uint32_t>(n_total - 1 - s));  // pop_back hands out slot 0 first
+    }
+    where_.assign(static_cast<size_t>(model.hp.n_layer * n_expert_), -1);
+    layer_stats_.resize(static_cast<size_t>(model.hp.n_layer));
+    expert_accesses_.assign(where_.size(), 0);
+    expert_misses_.assign(where_.size(), 0);
+}
+
+ExpertCache::~ExpertCache() {
+    reader_.reset();  // waits for or cancels in-flight reads before the arena goes away
+    if (arena_) ::munmap(arena_, arena_bytes_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads and completions
+
+void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priority) {
+    Slot& slot = slots_[s];
+    const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
+    slot.state = State::loading;
+    slot.layer = il;
+    slot.expert = e;
+    slot.failed = false;
+    slot.dropped = false;
+    slot.error.clear();
+    slot.bytes = 0;
+    slot.pending = 3;
+    for (int part = 0; part < 3; ++part) {
+        const ByteRange r = expert_range(*part_tensor(x, part), e);
+        ReadRequest req;
+        req.tag = tag(s, part);
+        req.offset = r.offset;
+        req.length = r.size;
+        req.buffer = slot.mem + part_base_[part];
+        req.priority = priority;
+        reader_->submit(req);
+        slot.bytes += r.size;
+    }
+    where_[key(il, e)] = static_cast<int32_t>(s);
+}
+
+void ExpertCache::process(const std::vector<ReadCompletion>& done) {
+    for (const ReadCompletion& c : done) {
+        const uint32_t s = static_cast<uint32_t>(c.tag / 4);
+        const int part = static_cast<int>(c.tag % 4);
+        Slot& slot = slots_[s];
+        if (!c.ok && !slot.failed) {
+            slot.failed = true;
+            const GgufTensor* t = part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part);
+            slot.error = c.error + " (tensor " + t->name + ", expert " + std::to_string(slot.expert) + " " +
+                         kPartName[part] + ")";
+        }
+        if (--slot.pending > 0) continue;
+        if (slot.failed || slot.dropped) {
+            fail_if_needed(s);
+        } else {
+            slot.state = State::ready;
+        }
+    }
+}
+
+void ExpertCache::poll() {
+    completions_.clear();
+    if (reader_->reap(completions_, /*wait=*/false) > 0) process(completions_);
+}
+
+// A slot whose reads have all finished but that failed or was dropped goes back to the free list
+// once nothing pins it. A failed slot that is pinned stays until release() so wait() can report it.
+void ExpertCache::fail_if_needed(uint32_t s) {
+    Slot& slot = slots_[s];
+    if (slot.pending > 0 || slot.pins > 0) return;
+    if (slot.failed || slot.dropped) free_slot(s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SLRU bookkeeping
+
+void ExpertCache::unlink(uint32_t s) {
+    Slot& slot = slots_[s];
+    if (slot.segment == Segment::probation) probation_.erase(slot.lru);
+    if (slot.segment == Segment::protected_) protected_.erase(slot.lru);
+    if (slot.segment == Segment::staging) --n_staged_;
+    slot.segment = Segment::none;
+}
+
+void ExpertCache::insert_probation(uint32_t s) {
+    probation_.push_front(s);
+    slots_[s].lru = probation_.begin();
+    slots_[s].segment = Segment::probation;
+}
+
+void ExpertCache::touch(uint32_t s) {
+    Slot& slot = slots_[s];
+    unlink(s);
+    protected_.push_front(s);
+    slot.lru = protected_.begin();
+    slot.segment = Segment::protected_;
+    // Protected overflow goes back to probation's hot end (it gets one more chance there).
+    while (protected_.size() > n_protected_max_) {
+        const uint32_t demoted = protected_.back();
+        protected_.pop_back();
+        slots_[demoted].segment = Segment::none;
+        insert_probation(demoted);
+    }
+}
+
+void ExpertCache::free_slot(uint32_t s) {
+    Slot& slot = slots_[s];
+    unlink(s);
+    if (slot.layer >= 0 && where_[key(slot.layer, slot.expert)] == static_cast<int32_t>(s)) {
+        where_[key(slot.layer, slot.expert)] = -1;
+    }
+    slot.state = State::free;
+    slot.layer = slot.expert = -1;
+    slot.failed = slot.dropped = false;
+    free_.push_back(s);
+}
+
+void ExpertCache::evict(uint32_t s) {
+    ++layer_stats_[static_cast<size_t>(slots_[s].layer)].evictions;
+    free_slot(s);
+}
+
+uint32_t ExpertCache::take_cache_slot() {
+    if (probation_.size() + protected_.size() < n_cache_slots_ && !free_.empty()) {
+        const uint32_t s = free_.back();
+        free_.pop_back();
+        return s;
+    }
+    for (std::list<uint32_t>* segment : {&probation_, &protected_}) {
+        for (auto it = segment->rbegin(); it != segment->rend(); ++it) {
+            const Slot& slot = slots_[*it];
+            if (slot.pins == 0 && slot.state == State::ready) {
+                const uint32_t victim = *it;
+                evict(victim);
+                free_.pop_back();  // evict() pushed it
+                return victim;
+            }
+        }
+    }
+    // Only reachable if more experts are held at once than max_acquire() allows, or every unpinned
+    // slot is still loading; callers acquire in waves of max_acquire().
+    throw Error("[cache] no evictable expert slot: all " + std::to_string(n_cache_slots_) +
+                " slots are pinned or loading");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ExpertSource
+
+void ExpertCache::view_of(uint32_t s, ExpertView* view) const {
+    const Slot& slot = slots_[s];
+    const StackedExperts& x = model_.layers[static_cast<size_t>(slot.layer)].experts;
+    const cpu::WeightView* stacked[3] = {&x.gate, &x.up, &x.down};
+    cpu::WeightView* out[3] = {&view->gate, &view->up, &view->down};
+    for (int part = 0; part < 3; ++part) {
+        const ByteRange r = expert_range(*part_tensor(x, part), slot.expert);
+        *out[part] = *stacked[part];
+        out[part]->n_rows = stacked[part]->n_rows / n_expert_;
+        out[part]->data = slot.mem + part_base_[part] + (r.offset % ExpertReader::kAlignment);
+    }
+}
+
+void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* views) {
+    if (static_cast<uint64_t>(n) > n_cache_slots_) {
+        throw Error("[cache] acquire of " + std::to_string(n) + " experts exceeds the " +
+                    std::to_string(n_cache_slots_) + " cache slots");
+    }
+    poll();
+    current_.clear();
+    current_layer_ = il;
+    LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
+    // Pin the hits first, so that the misses' evictions can never pick an expert this layer needs.
+    std::vector<int> missing;
+    current_.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        const uint32_t kk = key(il, experts[i]);
+        ++ls.accesses;
+        ++expert_accesses_[kk];
+        const int32_t s = where_[kk];
+        if (s < 0) {
+            missing.push_back(i);
+            continue;
+        }
+        Slot& slot = slots_[static_cast<uint32_t>(s)];
+        ++ls.hits;
+        if (slot.segment == Segment::staging) {
+            // Adopt a prefetched expert: it joins the SLRU (probation), evicting a victim if full.
+            unlink(static_cast<uint32_t>(s));
+            if (probation_.size() + protected_.size() >= n_cache_slots_) {
+                slot.pins++;  // keep it out of the victim search
+                const uint32_t v = take_cache_slot();
+                free_.push_back(v);
+                slot.pins--;
+            }
+            insert_probation(static_cast<uint32_t>(s));
+        } else {
+            touch(static_cast<uint32_t>(s));
+        }
+        if (slot.state == State::loading) {
+            for (int part = 0; part < 3; ++part) reader_->promote(tag(static_cast<uint32_t>(s), part));
+        }
+        slot.pins++;
+        current_[static_cast<size_t>(i)] = static_cast<uint32_t>(s);
+    }
+    // Plugged: the layer's misses are all queued before the first starts, so they go out in one
+    // batch ordered by priority.
+    if (!missing.empty()) reader_->plug();
+    for (int i : missing) {
+        const uint32_t kk = key(il, experts[i]);
+        ++ls.misses;
+        ++expert_misses_[kk];
+        const uint32_t s = take_cache_slot();
+        issue_reads(s, il, experts[i], ReadPriority::demand);
+        insert_probation(s);
+        slots_[s].pins++;
+        ls.bytes_read += slots_[s].bytes;
+        current_[static_cast<size_t>(i)] = s;
+    }
+    if (!missing.empty()) reader_->unplug();
+    for (int i = 0; i < n; ++i) view_of(current_[static_cast<size_t>(i)], &views[i]);
+}
+
+bool ExpertCache::ready(int i) {
+    poll();
+    return slots_[current_[static_cast<size_t>(i)]].state != State::loading;
+}
+
+void ExpertCache::wait(int i) {
+    const uint32_t s = current_[static_cast<size_t>(i)];
+    if (slots_[s].state == State::loading) {
+        const auto t0 = Clock::now();
+        while (slots_[s].state == State::loading && !slots_[s].failed) {
+            completions_.clear();
+            reader_->reap(completions_, /*wait=*/true);
+            process(completions_);
+        }
+        // A failed read may still have sibling reads in flight: wait them out so the slot can be freed.
+        while (slots_[s].pending > 0) {
+            completions_.clear();
+            reader_->reap(completions_, /*wait=*/true);
+            process(completions_);
+        }
+        layer_stats_[static_cast<size_t>(current_layer_)].stall_ms +=
+            std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    }
+    if (slots_[s].failed) throw IoError(slots_[s].error);
+}
+
+void ExpertCache::release(int il) {
+    for (uint32_t s : current_) {
+        Slot& slot = slots_[s];
+        if (slot.pins > 0) slot.pins--;
+        if (slot.failed && slot.pending == 0 && slot.pins == 0) free_slot(s);
+    }
+    current_.clear();
+    current_layer_ = -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefetch
+
+bool ExpertCache::prefetch(int il, int32_t e) {
+    if (n_staged_ >= n_staging_ || where_[key(il, e)] >= 0) return false;
+    poll();
+    // Staging slots come from the free list only; with the cache full there is always room, since
+    // the SLRU holds at most n_cache_slots and staging at most n_staging.
+    if (free_.empty()) return false;
+    const uint32_t s = free_.back();
+    free_.pop_back();
+    issue_reads(s, il, e, ReadPriority::prefetch);
+    slots_[s].segment = Segment::staging;
+    ++n_staged_;
+    return true;
+}
+
+void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
+    for (uint32_t s = 0; s < slots_.size(); ++s) {
+        Slot& slot = slots_[s];
+        if (slot.segment != Segment::staging || slot.layer != il || slot.dropped) continue;
+        if (std::find(selected, selected + n, slot.expert) != selected + n) continue;
+        if (slot.state == State::loading) {
+            for (int part = 0; part < 3; ++part) {
+                if (reader_->cancel(tag(s, part))) slot.pending--;
+            }
+            slot.dropped = true;
+            if (slot.pending == 0) free_slot(s);
+        } else {
+            free_slot(s);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats
+
+ExpertCacheStats ExpertCache::stats() const {
+    ExpertCacheStats st;
+    st.reader = reader_->name();
+    st.n_slots = n_cache_slots_;
+    st.n_staging = n_staging_;
+    st.slot_bytes = slot_bytes_;
+    st.layers = layer_stats_;
+    st.expert_accesses = expert_accesses_;
+    st.expert_misses = expert_misses_;
+    return st;
+}
+
+void ExpertCache::reset_stats() {
+    std::fill(layer_stats_.begin(), layer_stats_.end(), LayerExpertStats{});
+    std::fill(expert_accesses_.begin(), expert_accesses_.end(), 0);
+    std::fill(expert_misses_.begin(), expert_misses_.end(), 0);
+}
+
+}  // namespace sharpi

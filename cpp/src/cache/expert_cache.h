@@ -1,0 +1,123 @@
+// ExpertCache: routed experts streamed from the model file into a fixed pool of equal-size RAM
+// slots under a byte budget (DESIGN §4). It is the ExpertSource of a streaming session.
+//
+// Owns: the slot arena (one anonymous mapping, 4 KiB-aligned, pages touched only when filled), the
+// reader (io_uring or pread, which reads straight into slot memory), and all bookkeeping. Called
+// only from the decode thread (acquire / ready / wait / release / prefetch); the reader completes
+// reads asynchronously and the cache learns of them only through reap(), so no locks are needed.
+//
+// A slot holds one expert of one layer: its gate, up and down byte ranges, kept quantized exactly
+// as in the file. Slot states: free -> loading -> ready, with a pin count while a layer computes.
+// Invariants:
+// - A slot that is loading is never evicted or reused (the kernel or a reader thread is writing
+//   into it); a pinned slot is never evicted.
+// - An expert is in at most one slot; a demand for an expert already loading waits on that read
+//   (and raises it to demand priority) and never issues a second one.
+// - Prefetch never evicts: prefetched experts land in a separate staging pool. When the gate
+//   selects a staged expert it is adopted into the SLRU (evicting a probation victim then).
+// - SLRU: new entries enter probation; a second use promotes to protected (whose overflow is
+//   demoted back to probation); victims come from probation's cold end, else protected's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/expert_reader.h"
+#include "model/expert_source.h"
+#include "model/model.h"
+#include "sharpi/types.h"
+
+namespace sharpi {
+
+struct ExpertCacheOptions {
+    uint64_t n_slots = 0;     // SLRU slots (>= n_expert_used)
+    uint64_t n_staging = 0;   // prefetch staging slots (0: no prefetch)
+    double probation = 0.25;  // share of n_slots in probation
+    std::string reader = "auto";
+};
+
+class ExpertCache final : public ExpertSource {
+public:
+    ExpertCache(const Model& model, const ExpertCacheOptions& options);
+    ~ExpertCache() override;
+
+    // Bytes of one slot for this model: the largest expert's three ranges, each padded so that its
+    // 4 KiB-aligned superset fits.
+    static uint64_t slot_bytes(const Model& model);
+
+    void acquire(int il, const int32_t* experts, int n, ExpertView* views) override;
+    bool ready(int i) override;
+    void wait(int i) override;
+    void release(int il) override;
+    int max_acquire() const override { return static_cast<int>(n_cache_slots_); }
+
+    // Starts reading expert e of layer il into a staging slot, unless it is cached or loading or no
+    // staging slot is free (never evicts). Returns whether a read was issued.
+    bool prefetch(int il, int32_t e);
+    // Gate of layer il fired with `selected`: staged experts of il it did not pick are dropped
+    // (queued reads cancelled; their bytes counted as wasted).
+    void drop_unselected(int il, const int32_t* selected, int n);
+
+    ExpertCacheStats stats() const;
+    void reset_stats();
+    const char* reader_name() const { return reader_->name(); }
+
+private:
+    enum class State { free, loading, ready };
+    enum class Segment { none, probation, protected_, staging };
+
+    struct Slot {
+        uint8_t* mem = nullptr;
+        State state = State::free;
+        Segment segment = Segment::none;
+        std::list<uint32_t>::iterator lru;  // position in its SLRU segment's list
+        int32_t layer = -1, expert = -1;
+        int pins = 0;
+        int pending = 0;       // reads not yet completed
+        bool failed = false;   // a read failed: the slot is freed once unpinned and idle
+        bool dropped = false;  // staged and unselected: freed as soon as its reads finish
+        std::string error;
+        uint64_t bytes = 0;    // requested bytes of this expert
+    };
+
+    uint32_t key(int il, int32_t e) const { return static_cast<uint32_t>(il * n_expert_ + e); }
+    uint64_t tag(uint32_t slot, int part) const { return uint64_t{slot} * 4 + static_cast<uint64_t>(part); }
+    void issue_reads(uint32_t s, int il, int32_t e, ReadPriority priority);
+    void view_of(uint32_t s, ExpertView* view) const;
+    uint32_t take_cache_slot();  // a free slot, evicting an SLRU victim if the cache is full
+    void evict(uint32_t s);
+    void free_slot(uint32_t s);
+    void touch(uint32_t s);      // SLRU hit bookkeeping
+    void insert_probation(uint32_t s);
+    void unlink(uint32_t s);
+    void process(const std::vector<ReadCompletion>& done);
+    void poll();
+    void fail_if_needed(uint32_t s);
+
+    const Model& model_;
+    int64_t n_expert_ = 0;
+    uint64_t n_cache_slots_ = 0, n_staging_ = 0, n_protected_max_ = 0;
+    uint64_t slot_bytes_ = 0;
+    uint64_t part_base_[3] = {0, 0, 0};  // offsets of the gate/up/down regions inside a slot
+    uint8_t* arena_ = nullptr;
+    uint64_t arena_bytes_ = 0;
+    std::unique_ptr<ExpertReader> reader_;  // declared after the arena: destroyed first
+
+    std::vector<Slot> slots_;
+    std::vector<int32_t> where_;  // key -> slot or -1
+    std::vector<uint32_t> free_;
+    std::list<uint32_t> probation_, protected_;  // front = most recently used
+    uint64_t n_staged_ = 0;
+    std::vector<uint32_t> current_;  // slots of the last acquire, by index
+    int current_layer_ = -1;
+    std::vector<ReadCompletion> completions_;
+
+    std::vector<LayerExpertStats> layer_stats_;
+    std::vector<uint64_t> expert_accesses_, expert_misses_;
+};
+
+}  // namespace sharpi

@@ -1,0 +1,39 @@
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "sharpi/errors.h"
+#include "sharpi/options.h"
+
+namespace sharpi {
+
+uint64_t parse_byte_size(const std::string& text) {
+    size_t i = 0;
+    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+    const std::string number = text.substr(0, i);
+    std::string unit = text.substr(i);
+    while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+    auto bad = [&]() {
+        return InvalidArgument("invalid byte size '" + text + "' (examples: 6GiB, 512MiB, 1.5GB, 4096)");
+    };
+    if (number.empty() || number.find('.') != number.rfind('.')) throw bad();
+    const double value = std::stod(number);
+    double scale = 0;
+    std::string u;
+    for (char c : unit) u += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (u.empty() || u == "B") scale = 1;
+    else if (u == "K" || u == "KIB") scale = 1024.0;
+    else if (u == "M" || u == "MIB") scale = 1024.0 * 1024;
+    else if (u == "G" || u == "GIB") scale = 1024.0 * 1024 * 1024;
+    else if (u == "T" || u == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
+    else if (u == "KB") scale = 1e3;
+    else if (u == "MB") scale = 1e6;
+    else if (u == "GB") scale = 1e9;
+    else if (u == "TB") scale = 1e12;
+    else throw bad();
+    const double bytes = value * scale;
+    if (!(bytes >= 1.0) || bytes > 1.8e19) throw bad();
+    return static_cast<uint64_t>(std::llround(bytes));
+}
+
+}  // namespace sharpi
