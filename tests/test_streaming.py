@@ -300,3 +300,27 @@ def test_cli_streamed_run_writes_expert_stats(models, tmp_path):
     for lay in doc["layers"]:
         assert lay["accesses"] == lay["hits"] + lay["misses"] == sum(lay["expert_accesses"])
         assert lay["misses"] == sum(lay["expert_misses"]) > 0
+
+
+def test_timeline_records_compute_and_reads(models):
+    path = models["olmoe"]
+    fixed, slot, total, k = plan(path)
+    s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + k * slot, timeline=True)
+    s.decode([1, 2, 3])
+    for t in range(4, 12):
+        s.decode([t])
+    events = s.timeline_events()
+    tracks = {e["track"] for e in events}
+    assert {"compute", "reader"} <= tracks
+    assert all(e["dur_us"] >= 0 for e in events)
+    misses = sum(lay["misses"] for lay in s.expert_stats()["layers"])
+    assert sum(e["track"] == "reader" for e in events) == misses  # one span per expert read
+    n_layer_spans = sum(e["name"].startswith("layer ") for e in events)
+    assert n_layer_spans == s.info["n_layer"] * 9  # one prefill + 8 decode steps
+    stall_ms = sum(lay["stall_ms"] for lay in s.expert_stats()["layers"])
+    stall_spans = sum(e["dur_us"] for e in events if e["track"] == "stall") / 1e3
+    assert abs(stall_spans - stall_ms) < 1e-3 * max(1.0, stall_ms)
+    s.clear_timeline()
+    assert s.timeline_events() == []
+    # Off by default.
+    assert sharpi.Session(path, threads=1, n_ctx=16).timeline_events() == []

@@ -16,6 +16,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
         throw InvalidArgument("threads must be >= 0 (0 = one per core), got " + std::to_string(options.n_threads));
     }
     const bool streaming = options.ram_budget > 0;
+    timeline_.set_enabled(options.timeline);
     model_ = load_model(path, streaming);
     const HParams& h = model_->hp;
     if (streaming && !h.is_moe()) {
@@ -88,6 +89,7 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     o.probation = options_.slru_probation;
     o.reader = options_.reader;
     auto cache = std::make_unique<ExpertCache>(*model_, o);
+    cache->set_timeline(&timeline_);
     cache_ = cache.get();
     experts_ = std::move(cache);
     plan_.budget_bytes = budget;
@@ -179,6 +181,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     const Model& m = *model_;
     const HParams& h = m.hp;
     Forward f(m, *kv_, *pool_, *experts_, scratch_, options_.dump_activations ? &dump_ : nullptr);
+    f.set_timeline(&timeline_);
     f.set_pos0(n_past_);
     if (route_trace_.n_tokens > 0) f.set_route_trace(&route_trace_);
     f.routing().resize(static_cast<size_t>(h.n_layer));
@@ -193,7 +196,9 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
 
     for (int il = 0; il < h.n_layer; ++il) {
         scratch_.reset();
+        const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
         Act out = m.spec->build_layer(f, x, il);
+        if (timeline_.enabled()) timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
         std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(n * h.n_embd));
     }
     scratch_.reset();

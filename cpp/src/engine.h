@@ -18,6 +18,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "sharpi/session.h"
+#include "trace/timeline.h"
 
 namespace sharpi {
 
@@ -37,6 +38,7 @@ public:
     const std::vector<Routing>& routing() const { return routing_; }
 
     void set_route_trace(RouteTrace trace);
+    Timeline& timeline() { return timeline_; }
 
     ExpertCacheStats expert_stats() const;
     void reset_stats();
@@ -65,6 +67,7 @@ private:
     std::map<std::string, Activation> dump_;
     std::vector<Routing> routing_;
     RouteTrace route_trace_;  // n_tokens == 0: replay off
+    Timeline timeline_;
 };
 
 }  // namespace sharpi

@@ -40,6 +40,10 @@ std::vector<std::vector<int32_t>> Session::last_routing() const {
     return out;
 }
 
+std::vector<TimelineEvent> Session::timeline_events() const { return engine_->timeline().events(); }
+
+void Session::clear_timeline() { engine_->timeline().clear(); }
+
 ExpertCacheStats Session::expert_stats() const { return engine_->expert_stats(); }
 
 void Session::reset_stats() { engine_->reset_stats(); }

@@ -30,6 +30,7 @@ class Session:
         slru_probation: float = 0.25,
         reader: str = "auto",
         route_trace: Union[str, os.PathLike, np.ndarray, None] = None,
+        timeline: bool = False,
     ):
         """ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
         resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
@@ -47,6 +48,7 @@ class Session:
             ram_budget=budget,
             slru_probation=slru_probation,
             reader=reader,
+            timeline=timeline,
         )
         if route_trace is not None:
             self.set_route_trace(route_trace)
@@ -111,6 +113,14 @@ class Session:
     def last_routing(self) -> list:
         """Experts each layer chose for the tokens of the last decode(): [n_layer] of int32 [n_tokens, top_k]."""
         return self._core.last_routing()
+
+    def timeline_events(self) -> list:
+        """Spans {track, name, start_us, dur_us} recorded when the session was made with timeline=True:
+        "compute" (attention and whole layer), "stall" (waits on expert reads), "reader" (reads)."""
+        return self._core.timeline_events()
+
+    def clear_timeline(self) -> None:
+        self._core.clear_timeline()
 
     def expert_stats(self) -> dict:
         """Expert-cache counters per layer and per expert (empty "layers" when all resident)."""

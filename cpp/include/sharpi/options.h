@@ -22,6 +22,9 @@ struct SessionOptions {
     uint64_t ram_budget = 0;
     double slru_probation = 0.25;  // share of the cache slots in the SLRU probation segment
     std::string reader = "auto";   // "auto" (io_uring when available), "uring", "pread"
+
+    // Record compute / stall / expert-read spans for a Perfetto timeline (Session::timeline_events()).
+    bool timeline = false;
 };
 
 // Parses a byte size with an optional unit: "6GiB", "512MiB", "1.5GB", "4096", "2G" (K/M/G/T are

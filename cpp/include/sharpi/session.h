@@ -58,6 +58,10 @@ public:
     // in top-k rank order (empty for dense models).
     std::vector<std::vector<int32_t>> last_routing() const;
 
+    // Spans recorded since creation or clear_timeline() when SessionOptions::timeline is set.
+    std::vector<TimelineEvent> timeline_events() const;
+    void clear_timeline();
+
     // Expert-cache counters (empty layers when every expert is resident); reset_stats() zeroes them.
     ExpertCacheStats expert_stats() const;
     void reset_stats();

@@ -31,6 +31,14 @@ struct ModelInfo {
     uint64_t bytes_experts = 0;  // tensor bytes of ffn_{gate,up,down}_exps
 };
 
+// One span of the timeline (Session::timeline_events()): track "compute", "stall" or "reader".
+struct TimelineEvent {
+    std::string track;
+    std::string name;
+    double start_us = 0.0;
+    double dur_us = 0.0;
+};
+
 // Expert-cache counters of one MoE layer (DESIGN §7 names). A demand acquisition is a hit when
 // the expert was ready or already loading, a miss when it needed a new read.
 struct LayerExpertStats {

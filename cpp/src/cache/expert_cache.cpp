@@ -105,6 +105,7 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
     slot.error.clear();
     slot.bytes = 0;
     slot.pending = 3;
+    if (timeline_ && timeline_->enabled()) slot.issued_us = timeline_->now_us();
     for (int part = 0; part < 3; ++part) {
         const ByteRange r = expert_range(*part_tensor(x, part), e);
         ReadRequest req;
@@ -131,6 +132,11 @@ void ExpertCache::process(const std::vector<ReadCompletion>& done) {
                          kPartName[part] + ")";
         }
         if (--slot.pending > 0) continue;
+        if (timeline_ && timeline_->enabled()) {
+            timeline_->span("reader", "L" + std::to_string(slot.layer) + " E" + std::to_string(slot.expert) +
+                                          (slot.segment == Segment::staging ? " prefetch" : ""),
+                            slot.issued_us, timeline_->now_us());
+        }
         if (slot.failed || slot.dropped) {
             fail_if_needed(s);
         } else {
@@ -320,8 +326,13 @@ void ExpertCache::wait(int i) {
             reader_->reap(completions_, /*wait=*/true);
             process(completions_);
         }
-        layer_stats_[static_cast<size_t>(current_layer_)].stall_ms +=
-            std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        const double stalled_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        layer_stats_[static_cast<size_t>(current_layer_)].stall_ms += stalled_ms;
+        if (timeline_ && timeline_->enabled()) {
+            const double end = timeline_->now_us();
+            timeline_->span("stall", "wait L" + std::to_string(current_layer_) + " E" +
+                                         std::to_string(slots_[s].expert), end - stalled_ms * 1e3, end);
+        }
     }
     if (slots_[s].failed) throw IoError(slots_[s].error);
 }

@@ -30,6 +30,7 @@
 #include "model/expert_source.h"
 #include "model/model.h"
 #include "sharpi/types.h"
+#include "trace/timeline.h"
 
 namespace sharpi {
 
@@ -65,6 +66,7 @@ public:
     ExpertCacheStats stats() const;
     void reset_stats();
     const char* reader_name() const { return reader_->name(); }
+    void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
 private:
     enum class State { free, loading, ready };
@@ -82,6 +84,7 @@ private:
         bool dropped = false;  // staged and unselected: freed as soon as its reads finish
         std::string error;
         uint64_t bytes = 0;    // requested bytes of this expert
+        double issued_us = 0;  // timeline: when its reads were submitted
     };
 
     uint32_t key(int il, int32_t e) const { return static_cast<uint32_t>(il * n_expert_ + e); }
@@ -116,6 +119,7 @@ private:
     int current_layer_ = -1;
     std::vector<ReadCompletion> completions_;
 
+    Timeline* timeline_ = nullptr;
     std::vector<LayerExpertStats> layer_stats_;
     std::vector<uint64_t> expert_accesses_, expert_misses_;
 };

@@ -361,8 +361,11 @@ Act Forward::moe_ffn(const Act& cur, int il) {
 
 Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
     const LayerWeights& L = layer(il);
+    const bool timed = timeline_ && timeline_->enabled();
+    const double t0 = timed ? timeline_->now_us() : 0.0;
     Act cur = norm(inp, L.attn_norm, "attn_norm", il);
     cur = self_attention(cur, il, qk_norm);
+    if (timed) timeline_->span("compute", "attention " + std::to_string(il), t0, timeline_->now_us());
     Act ffn_inp = add(cur, inp, "ffn_inp", il);
     cur = norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
     cur = L.experts.gate_tensor ? moe_ffn(cur, il) : ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_out", il);

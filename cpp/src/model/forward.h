@@ -21,6 +21,7 @@
 #include "model/expert_source.h"
 #include "model/model.h"
 #include "sharpi/session.h"
+#include "trace/timeline.h"
 
 namespace sharpi {
 
@@ -89,6 +90,7 @@ public:
     int64_t pos0() const { return pos0_; }
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
     void set_route_trace(const RouteTrace* trace) { route_trace_ = trace; }
+    void set_timeline(Timeline* timeline) { timeline_ = timeline; }
     std::vector<Routing>& routing() { return routing_; }
 
     Act alloc(int64_t n_tokens, int64_t width);
@@ -133,6 +135,7 @@ private:
 
     int64_t pos0_ = 0;
     const RouteTrace* route_trace_ = nullptr;
+    Timeline* timeline_ = nullptr;
     std::vector<Routing> routing_;
 };
 

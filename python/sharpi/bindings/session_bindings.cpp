@@ -82,7 +82,7 @@ void bind_session(py::module_& m) {
     m.def("parse_byte_size", &parse_byte_size, py::arg("text"), "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
     py::class_<PySession>(m, "Session")
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
-                         uint64_t ram_budget, double slru_probation, const std::string& reader) {
+                         uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
@@ -91,6 +91,7 @@ void bind_session(py::module_& m) {
                  o.ram_budget = ram_budget;
                  o.slru_probation = slru_probation;
                  o.reader = reader;
+                 o.timeline = timeline;
                  auto s = std::make_unique<PySession>();
                  py::gil_scoped_release release;
                  s->session = std::make_unique<Session>(path, o);
@@ -98,7 +99,7 @@ void bind_session(py::module_& m) {
              }),
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
              py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
-             py::arg("reader") = "auto")
+             py::arg("reader") = "auto", py::arg("timeline") = false)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
         .def(
@@ -159,6 +160,20 @@ void bind_session(py::module_& m) {
                  }
                  return out;
              })
+        .def("timeline_events",
+             [](PySession& s) {
+                 py::list out;
+                 for (const TimelineEvent& e : s.session->timeline_events()) {
+                     py::dict d;
+                     d["track"] = e.track;
+                     d["name"] = e.name;
+                     d["start_us"] = e.start_us;
+                     d["dur_us"] = e.dur_us;
+                     out.append(d);
+                 }
+                 return out;
+             })
+        .def("clear_timeline", [](PySession& s) { s.session->clear_timeline(); })
         .def("expert_stats", [](PySession& s) { return stats_dict(s.session->expert_stats()); })
         .def("reset_stats",
              [](PySession& s) {
