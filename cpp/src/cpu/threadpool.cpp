@@ -1,5 +1,7 @@
 #include "cpu/threadpool.h"
 
+#include <immintrin.h>
+
 #include <chrono>
 
 #include "sharpi/errors.h"
@@ -10,6 +12,22 @@ namespace {
 // How long a worker spins on the generation counter before blocking. Short: a decode step issues
 // parallel_for calls microseconds apart, but spinning longer than that steals a core from others.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
+// Chunks per thread: enough that a preempted thread delays little work, few enough that claiming
+// (one atomic increment) stays negligible.
+constexpr int64_t kChunksPerThread = 4;
+
+// Spins until done() or kSpinTime passed, reading the clock only every 64 pauses.
+template <typename Done>
+bool spin_until(Done done) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+        for (int i = 0; i < 64; ++i) {
+            if (done()) return true;
+            _mm_pause();
+        }
+        if (std::chrono::steady_clock::now() - start > kSpinTime) return done();
+    }
+}
 }  // namespace
 
 int hardware_threads() {
@@ -35,21 +53,25 @@ ThreadPool::~ThreadPool() {
     for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::chunk(int64_t n, int ith, int nth, int64_t* begin, int64_t* end) {
-    const int64_t base = n / nth, rem = n % nth;
-    *begin = ith * base + (ith < rem ? ith : rem);
-    *end = *begin + base + (ith < rem ? 1 : 0);
+void ThreadPool::chunk(int64_t n, int64_t i, int64_t n_chunks, int64_t* begin, int64_t* end) {
+    const int64_t base = n / n_chunks, rem = n % n_chunks;
+    *begin = i * base + (i < rem ? i : rem);
+    *end = *begin + base + (i < rem ? 1 : 0);
 }
 
-void ThreadPool::run_chunk(int ith) {
-    int64_t begin, end;
-    chunk(n_, ith, n_threads_, &begin, &end);
-    if (begin >= end) return;
-    try {
-        (*body_)(begin, end, ith);
-    } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();
+void ThreadPool::run_job(Job& job, int ith) {
+    for (;;) {
+        const int64_t i = job.next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= job.n_chunks) return;
+        int64_t begin, end;
+        chunk(job.n, i, job.n_chunks, &begin, &end);
+        try {
+            (*job.body)(begin, end, ith);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mutex_);
+            if (!error_) error_ = std::current_exception();
+        }
+        job.done.fetch_add(1, std::memory_order_release);
     }
 }
 
@@ -59,40 +81,41 @@ void ThreadPool::parallel_for(int64_t n, const Body& body) {
         body(0, n, 0);
         return;
     }
-    body_ = &body;
-    n_ = n;
+    Job job;
+    job.body = &body;
+    job.n = n;
+    job.n_chunks = std::min<int64_t>(n, n_threads_ * kChunksPerThread);
     error_ = nullptr;
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    job_.store(&job);
     {
         std::lock_guard<std::mutex> lock(mutex_);
         generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
-    run_chunk(0);
-    // Wait for the workers: spin briefly, then yield (the workers are about to finish).
-    auto start = std::chrono::steady_clock::now();
-    while (pending_.load(std::memory_order_acquire) != 0) {
-        if (std::chrono::steady_clock::now() - start > kSpinTime) std::this_thread::yield();
-    }
-    body_ = nullptr;
+    run_job(job, 0);
+    // Every chunk is claimed; wait only for chunks still running on workers (a worker that was
+    // never scheduled claimed nothing and is not waited for): spin briefly, then yield.
+    auto finished = [&job] { return job.done.load(std::memory_order_acquire) == job.n_chunks; };
+    while (!spin_until(finished)) std::this_thread::yield();
+    // Unpublish the job, then wait out workers that picked up the pointer (they find no chunk left).
+    job_.store(nullptr);
+    while (active_.load() != 0) _mm_pause();
     if (error_) std::rethrow_exception(error_);
 }
 
 void ThreadPool::worker_main(int ith) {
     uint64_t seen = 0;
     for (;;) {
-        auto start = std::chrono::steady_clock::now();
-        uint64_t gen;
-        while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
-            if (std::chrono::steady_clock::now() - start > kSpinTime) {
-                std::unique_lock<std::mutex> lock(mutex_);
-                wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-            }
+        auto new_job = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+        if (!spin_until(new_job)) {
+            std::unique_lock<std::mutex> lock(mutex_);
+            wake_.wait(lock, new_job);
         }
-        seen = gen;
+        seen = generation_.load(std::memory_order_acquire);
         if (stop_.load()) return;
-        run_chunk(ith);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
+        active_.fetch_add(1);
+        if (Job* job = job_.load()) run_job(*job, ith);
+        active_.fetch_sub(1);
     }
 }
 

@@ -1,10 +1,14 @@
 // A fixed pool of worker threads for data-parallel loops on the decode thread's behalf.
 //
 // Owns n_threads - 1 workers; the calling thread is worker 0, so ThreadPool(1) runs inline.
-// parallel_for splits [0, n) into n_threads contiguous chunks, a fixed function of (n, n_threads),
-// so each output element is always computed by the same code in the same order: results do not
-// depend on timing. Workers spin briefly after a job and then block on a condition variable:
-// a pool that only spins collapses when another process holds a core (DESIGN §9).
+// parallel_for cuts [0, n) into a fixed grid of contiguous chunks (a function of n and n_threads
+// only) and the threads claim chunks from an atomic counter, so a thread that another process
+// preempts holds up one chunk, not a whole share (DESIGN §9: these 2-core machines are shared).
+// Which thread runs a chunk depends on timing, but every chunk computes its elements with the
+// same code in the same order, so results never do: bodies must not let their output depend on
+// thread_index (use it only to pick scratch). Workers spin briefly after a job (with pause
+// instructions, reading the clock rarely) and then block on a condition variable: a pool that only
+// spins collapses when another process holds a core.
 //
 // Not reentrant: parallel_for must not be called from inside a parallel_for body, and only one
 // thread may call parallel_for at a time.
@@ -29,26 +33,35 @@ public:
 
     int n_threads() const { return n_threads_; }
 
-    // Calls body(begin, end, thread_index) on each non-empty chunk of [0, n); returns when all are done.
+    // Calls body(begin, end, thread_index) on each chunk of [0, n); returns when all are done.
     // An exception thrown by a body is rethrown here (the first one) after all chunks finish.
     using Body = std::function<void(int64_t begin, int64_t end, int thread_index)>;
     void parallel_for(int64_t n, const Body& body);
 
-    // Chunk [begin, end) of [0, n) that thread `ith` of `nth` takes; exposed for callers that size buffers.
-    static void chunk(int64_t n, int ith, int nth, int64_t* begin, int64_t* end);
+    // Chunk i of n_chunks over [0, n) (contiguous, sizes differing by at most one).
+    static void chunk(int64_t n, int64_t i, int64_t n_chunks, int64_t* begin, int64_t* end);
 
 private:
+    // One parallel_for call. Lives on the caller's stack; workers reach it through job_ and the
+    // caller returns only when every chunk is done and no worker still holds a pointer to it.
+    struct Job {
+        const Body* body = nullptr;
+        int64_t n = 0;
+        int64_t n_chunks = 0;
+        std::atomic<int64_t> next{0};  // next chunk to claim
+        std::atomic<int64_t> done{0};  // chunks finished (thrown or not)
+    };
+
     void worker_main(int ith);
-    void run_chunk(int ith);
+    void run_job(Job& job, int ith);
 
     int n_threads_;
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable wake_;
-    const Body* body_ = nullptr;
-    int64_t n_ = 0;
+    std::atomic<Job*> job_{nullptr};
+    std::atomic<int> active_{0};  // workers between picking up job_ and leaving it
     std::atomic<uint64_t> generation_{0};
-    std::atomic<int> pending_{0};
     std::atomic<bool> stop_{false};
     std::exception_ptr error_;
     std::mutex error_mutex_;
