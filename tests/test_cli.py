@@ -91,7 +91,8 @@ def test_run_streams_text_and_prints_timing(fake_session, capsys):
     )
     (s,) = RecordingSession.instances
     assert (s.path, s.threads, s.n_ctx) == (fake_session, 0, 0)
-    assert s.streaming == {"ram_budget": None, "slru_probation": 0.25, "reader": "auto", "route_trace": None}
+    assert s.streaming == {"ram_budget": None, "slru_probation": 0.25, "reader": "auto", "route_trace": None,
+                           "prefetch": "none"}
     ((prompt, kwargs),) = s.generate_calls
     assert prompt == "Hi there"
     assert kwargs == {
@@ -410,9 +411,10 @@ def test_bad_files_and_values_exit_1_without_traceback(tiny_model, tmp_path):
 def test_run_passes_streaming_options(fake_session, capsys):
     code, _, _ = run_main(
         ["run", "-m", fake_session, "-p", "x", "--ram-budget", "6GiB", "--reader", "pread",
-         "--slru-probation", "0.4", "--route-trace", "t.npz"],
+         "--slru-probation", "0.4", "--route-trace", "t.npz", "--prefetch", "prev_token"],
         capsys,
     )
     assert code == 0
     (s,) = RecordingSession.instances
-    assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz"}
+    assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz",
+                           "prefetch": "prev_token"}

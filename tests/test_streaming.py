@@ -324,3 +324,34 @@ def test_timeline_records_compute_and_reads(models):
     assert s.timeline_events() == []
     # Off by default.
     assert sharpi.Session(path, threads=1, n_ctx=16).timeline_events() == []
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+@pytest.mark.parametrize("reader", READERS)
+def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader):
+    path = models[arch]
+    if not reader_available(reader, path):
+        pytest.skip(f"{reader} reader unavailable here")
+    fixed, slot, total, k = plan(path)
+    prompt = list(range(30, 40))
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), prompt, 30)
+    with pytest.raises(sharpi.InvalidArgument, match=r"\+2 staging"):
+        sharpi.Session(path, n_ctx=128, ram_budget=fixed + (2 * k - 1) * slot, prefetch="prev_token")
+    for n_slots in (k, k + 2, total // 2):
+        s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + (n_slots + k) * slot, reader=reader,
+                           prefetch="prev_token")
+        st = s.expert_stats()
+        assert (st["n_slots"], st["n_staging"]) == (n_slots, k)
+        np.testing.assert_array_equal(run_tokens(s, prompt, 30), resident, err_msg=f"{arch} {reader} {n_slots}")
+        layers = s.expert_stats()["layers"]
+        issued = sum(lay["prefetch_issued"] for lay in layers)
+        used = sum(lay["prefetch_used"] for lay in layers)
+        assert used <= issued
+        assert used == sum(lay["prefetch_timely"] + lay["prefetch_late"] for lay in layers)
+        if n_slots == k:
+            # The cache cannot keep a token's experts for the next: the prefetcher must work.
+            assert issued > 0 and used > 0
+        per_expert_max = slot  # a slot holds any one expert
+        assert sum(lay["prefetch_wasted_bytes"] for lay in layers) <= (issued - used) * per_expert_max
+    with pytest.raises(sharpi.InvalidArgument, match="prefetch must be"):
+        sharpi.Session(path, n_ctx=128, ram_budget="1GiB", prefetch="oracle")

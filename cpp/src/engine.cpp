@@ -19,6 +19,9 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     timeline_.set_enabled(options.timeline);
     model_ = load_model(path, streaming);
     const HParams& h = model_->hp;
+    if (options.prefetch != "none" && options.prefetch != "prev_token") {
+        throw InvalidArgument("prefetch must be 'none' or 'prev_token', got '" + options.prefetch + "'");
+    }
     if (streaming && !h.is_moe()) {
         throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
     }
@@ -76,16 +79,19 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const uint64_t slot = ExpertCache::slot_bytes(*model_);
     const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
     const uint64_t budget = options_.ram_budget;
-    const uint64_t minimum = fixed + static_cast<uint64_t>(k) * slot;
+    // prev_token prefetch reads up to k experts of a layer ahead into staging slots of their own.
+    const uint64_t n_staging = options_.prefetch == "prev_token" ? static_cast<uint64_t>(k) : 0;
+    const uint64_t minimum = fixed + (static_cast<uint64_t>(k) + n_staging) * slot;
     if (budget < minimum) {
         throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
                               ": dense weights " + mib(model_->bytes_dense) + " + KV cache " + mib(kv) + " (n_ctx " +
                               std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " + std::to_string(k) +
-                              " expert slots of " + mib(slot) + " need at least " + mib(minimum));
+                              " expert slots (+" + std::to_string(n_staging) + " staging) of " + mib(slot) +
+                              " need at least " + mib(minimum));
     }
     ExpertCacheOptions o;
-    o.n_slots = std::min<uint64_t>((budget - fixed) / slot, total_experts);
-    o.n_staging = 0;
+    o.n_slots = std::min<uint64_t>((budget - fixed) / slot - n_staging, total_experts);
+    o.n_staging = n_staging;
     o.probation = options_.slru_probation;
     o.reader = options_.reader;
     auto cache = std::make_unique<ExpertCache>(*model_, o);
@@ -196,6 +202,14 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
 
     for (int il = 0; il < h.n_layer; ++il) {
         scratch_.reset();
+        if (cache_ && options_.prefetch == "prev_token" && n == 1) {
+            // Same-layer prefetch of the previous token's experts (its last row of routing_).
+            const std::vector<int32_t>& prev = routing_[static_cast<size_t>(il)].ids;
+            const int64_t k = h.n_expert_used;
+            for (size_t j = prev.size() >= static_cast<size_t>(k) ? prev.size() - k : prev.size(); j < prev.size(); ++j) {
+                cache_->prefetch(il, prev[j]);
+            }
+        }
         const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
         Act out = m.spec->build_layer(f, x, il);
         if (timeline_.enabled()) timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());

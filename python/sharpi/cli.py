@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of expert slots in the SLRU probation segment (default: 0.25)",
     )
     run.add_argument(
+        "--prefetch",
+        choices=["none", "prev_token"],
+        default="none",
+        help="expert prefetch while streaming (default: none = reactive)",
+    )
+    run.add_argument(
         "--route-trace",
         default=None,
         metavar="NPZ",
@@ -215,6 +221,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         slru_probation=args.slru_probation,
         reader=args.reader,
         route_trace=args.route_trace,
+        prefetch=args.prefetch,
     )
     if args.chat:
         tok = session.tokenizer

@@ -31,6 +31,7 @@ class Session:
         reader: str = "auto",
         route_trace: Union[str, os.PathLike, np.ndarray, None] = None,
         timeline: bool = False,
+        prefetch: str = "none",
     ):
         """ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
         resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
@@ -49,6 +50,7 @@ class Session:
             slru_probation=slru_probation,
             reader=reader,
             timeline=timeline,
+            prefetch=prefetch,
         )
         if route_trace is not None:
             self.set_route_trace(route_trace)

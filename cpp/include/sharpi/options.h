@@ -22,6 +22,10 @@ struct SessionOptions {
     uint64_t ram_budget = 0;
     double slru_probation = 0.25;  // share of the cache slots in the SLRU probation segment
     std::string reader = "auto";   // "auto" (io_uring when available), "uring", "pread"
+    // Prefetch policy while streaming: "none" (reactive: a layer's misses are read when its gate
+    // fires) or "prev_token" (before each layer, read the experts the previous token used there,
+    // into staging slots that never evict; the baseline the predictors are compared against).
+    std::string prefetch = "none";
 
     // Record compute / stall / expert-read spans for a Perfetto timeline (Session::timeline_events()).
     bool timeline = false;

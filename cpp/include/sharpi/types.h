@@ -48,6 +48,11 @@ struct LayerExpertStats {
     uint64_t evictions = 0;   // experts of this layer evicted from the cache
     uint64_t bytes_read = 0;  // requested bytes (the aligned superset actually read can be larger)
     double stall_ms = 0.0;    // time the decode thread waited on this layer's expert reads
+    uint64_t prefetch_issued = 0;        // expert reads started by the prefetcher
+    uint64_t prefetch_used = 0;          // prefetched experts the gate then selected
+    uint64_t prefetch_timely = 0;        // ... of which were ready when the gate fired
+    uint64_t prefetch_late = 0;          // ... of which were still loading
+    uint64_t prefetch_wasted_bytes = 0;  // bytes of prefetched experts nobody selected
 };
 
 // Counters since the session was created (or reset_stats()). Empty `layers` when every expert is

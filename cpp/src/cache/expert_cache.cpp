@@ -270,6 +270,8 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
         Slot& slot = slots_[static_cast<uint32_t>(s)];
         ++ls.hits;
         if (slot.segment == Segment::staging) {
+            ++ls.prefetch_used;
+            ++(slot.state == State::ready ? ls.prefetch_timely : ls.prefetch_late);
             // Adopt a prefetched expert: it joins the SLRU (probation), evicting a victim if full.
             unlink(static_cast<uint32_t>(s));
             if (probation_.size() + protected_.size() >= n_cache_slots_) {
@@ -361,6 +363,9 @@ bool ExpertCache::prefetch(int il, int32_t e) {
     issue_reads(s, il, e, ReadPriority::prefetch);
     slots_[s].segment = Segment::staging;
     ++n_staged_;
+    LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
+    ++ls.prefetch_issued;
+    ls.bytes_read += slots_[s].bytes;
     return true;
 }
 
@@ -369,15 +374,23 @@ void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
         Slot& slot = slots_[s];
         if (slot.segment != Segment::staging || slot.layer != il || slot.dropped) continue;
         if (std::find(selected, selected + n, slot.expert) != selected + n) continue;
+        // Wasted: what was (or is being) read for nothing; cancelled parts never cost bytes.
+        uint64_t wasted = slot.bytes;
         if (slot.state == State::loading) {
+            const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
             for (int part = 0; part < 3; ++part) {
-                if (reader_->cancel(tag(s, part))) slot.pending--;
+                if (reader_->cancel(tag(s, part))) {
+                    slot.pending--;
+                    wasted -= expert_range(*part_tensor(x, part), slot.expert).size;
+                }
             }
+            layer_stats_[static_cast<size_t>(il)].bytes_read -= slot.bytes - wasted;
             slot.dropped = true;
             if (slot.pending == 0) free_slot(s);
         } else {
             free_slot(s);
         }
+        layer_stats_[static_cast<size_t>(il)].prefetch_wasted_bytes += wasted;
     }
 }
 

@@ -62,6 +62,7 @@ public:
     // Gate of layer il fired with `selected`: staged experts of il it did not pick are dropped
     // (queued reads cancelled; their bytes counted as wasted).
     void drop_unselected(int il, const int32_t* selected, int n);
+    void gate_fired(int il, const int32_t* selected, int n) override { drop_unselected(il, selected, n); }
 
     ExpertCacheStats stats() const;
     void reset_stats();

@@ -40,6 +40,9 @@ public:
     virtual void wait(int i) {}
     virtual void release(int il) = 0;
     virtual int max_acquire() const { return 1 << 30; }
+    // Layer il's gate selected `selected` (unique ids), before acquire: lets a cache drop
+    // prefetched experts nobody chose.
+    virtual void gate_fired(int il, const int32_t* selected, int n) {}
 };
 
 // Every expert resident in the file mapping: acquire is pointer arithmetic, release is a no-op.

@@ -332,6 +332,7 @@ Act Forward::moe_ffn(const Act& cur, int il) {
     std::vector<int32_t> unique(r.ids.begin(), r.ids.end());
     std::sort(unique.begin(), unique.end());
     unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    experts_.gate_fired(il, unique.data(), static_cast<int>(unique.size()));
     Act out = alloc(T, h.n_embd);
     if (T == 1) {
         experts_one_token(cur, r.ids.data(), r.weights.data(), unique, out, il);

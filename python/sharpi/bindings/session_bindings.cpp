@@ -68,6 +68,11 @@ py::dict stats_dict(const ExpertCacheStats& st) {
         ld["evictions"] = l.evictions;
         ld["bytes_read"] = l.bytes_read;
         ld["stall_ms"] = l.stall_ms;
+        ld["prefetch_issued"] = l.prefetch_issued;
+        ld["prefetch_used"] = l.prefetch_used;
+        ld["prefetch_timely"] = l.prefetch_timely;
+        ld["prefetch_late"] = l.prefetch_late;
+        ld["prefetch_wasted_bytes"] = l.prefetch_wasted_bytes;
         layers.append(ld);
     }
     d["layers"] = layers;
@@ -82,7 +87,8 @@ void bind_session(py::module_& m) {
     m.def("parse_byte_size", &parse_byte_size, py::arg("text"), "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
     py::class_<PySession>(m, "Session")
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
-                         uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline) {
+                         uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
+                         const std::string& prefetch) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
@@ -92,6 +98,7 @@ void bind_session(py::module_& m) {
                  o.slru_probation = slru_probation;
                  o.reader = reader;
                  o.timeline = timeline;
+                 o.prefetch = prefetch;
                  auto s = std::make_unique<PySession>();
                  py::gil_scoped_release release;
                  s->session = std::make_unique<Session>(path, o);
@@ -99,7 +106,7 @@ void bind_session(py::module_& m) {
              }),
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
              py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
-             py::arg("reader") = "auto", py::arg("timeline") = false)
+             py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("prefetch") = "none")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
         .def(
