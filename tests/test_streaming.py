@@ -355,3 +355,33 @@ def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader):
         assert sum(lay["prefetch_wasted_bytes"] for lay in layers) <= (issued - used) * per_expert_max
     with pytest.raises(sharpi.InvalidArgument, match="prefetch must be"):
         sharpi.Session(path, n_ctx=128, ram_budget="1GiB", prefetch="oracle")
+
+
+STRESS_SCRIPT = r"""
+import sys, numpy as np, sharpi
+path, budget, reader = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = sharpi.Session(path, threads=2, n_ctx=512, ram_budget=budget, reader=reader, prefetch="prev_token")
+ref = sharpi.Session(path, threads=2, n_ctx=512)
+rng = np.random.default_rng(1)
+for t in rng.integers(0, s.info["n_vocab"], size=150).tolist():  # random tokens: prefetches often wrong
+    if not np.array_equal(s.decode([t]), ref.decode([t])):
+        sys.exit("logits differ")
+layers = s.expert_stats()["layers"]
+print(sum(l["prefetch_issued"] for l in layers), sum(l["prefetch_used"] for l in layers))
+"""
+
+
+@pytest.mark.parametrize("delay_us", [0, 30000])
+def test_prefetch_drops_and_rerequests_under_stress(models, delay_us):
+    # Regression: a prefetch dropped while its reads were in flight must never be adopted by a later
+    # demand for the same expert (that slot would never become ready and decode would hang). Slowing
+    # prefetch reads only (test hook of the pread reader) makes a dropped prefetch outlive the demand
+    # reads after it, as io_uring may complete them out of order under load.
+    path = models["olmoe"]
+    fixed, slot, total, k = plan(path, n_ctx=512)
+    env = dict(os.environ, SHARPI_FAULT_PREFETCH_DELAY_US=str(delay_us))
+    done = subprocess.run([sys.executable, "-c", STRESS_SCRIPT, path, str(fixed + 2 * k * slot), "pread"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    issued, used = map(int, done.stdout.split())
+    assert issued > used > 0

@@ -386,6 +386,9 @@ void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
             }
             layer_stats_[static_cast<size_t>(il)].bytes_read -= slot.bytes - wasted;
             slot.dropped = true;
+            // Nobody may find (and adopt) it any more; it stays counted as staging, so the
+            // prefetcher cannot overcommit, until its reads in flight finish and process() frees it.
+            where_[key(il, slot.expert)] = -1;
             if (slot.pending == 0) free_slot(s);
         } else {
             free_slot(s);

@@ -14,7 +14,9 @@
 // - An expert is in at most one slot; a demand for an expert already loading waits on that read
 //   (and raises it to demand priority) and never issues a second one.
 // - Prefetch never evicts: prefetched experts land in a separate staging pool. When the gate
-//   selects a staged expert it is adopted into the SLRU (evicting a probation victim then).
+//   selects a staged expert it is adopted into the SLRU (evicting a probation victim then). A
+//   staged expert the gate did not select is dropped: it leaves the expert map at once (it can
+//   never be adopted) and its slot is freed when its reads in flight finish.
 // - SLRU: new entries enter probation; a second use promotes to protected (whose overflow is
 //   demoted back to probation); victims come from probation's cold end, else protected's.
 #pragma once

@@ -129,9 +129,11 @@ class PreadReader final : public ExpertReader {
             // next_chunk may have completed requests on its own (fault hook), so look either way.
             if (queue_.completions_ready() > 0) done_cv_.notify_all();
             if (got) {
+                const uint64_t delay_us = queue_.test_delay_us(chunk);
                 lock.unlock();
                 int err = 0;
                 const uint64_t reached = read_chunk(chunk, &err);
+                if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
                 lock.lock();
                 queue_.finish_chunk(chunk, err, reached);
                 continue;

@@ -59,6 +59,13 @@ ResolvedOptions resolve_options(const ReaderOptions& options) {
 
 FaultInjection FaultInjection::from_env() {
     FaultInjection f;
+    if (const char* delay = std::getenv("SHARPI_FAULT_PREFETCH_DELAY_US"); delay != nullptr && *delay != '\0') {
+        char* end = nullptr;
+        f.prefetch_delay_us_ = std::strtoull(delay, &end, 10);
+        if (end == delay || *end != '\0') {
+            throw InvalidArgument(std::string("SHARPI_FAULT_PREFETCH_DELAY_US: not a number: '") + delay + "'");
+        }
+    }
     const char* value = std::getenv("SHARPI_FAULT_EIO_AT");
     if (value == nullptr || *value == '\0') return f;
     errno = 0;
@@ -89,6 +96,10 @@ ReadQueue::ReadQueue(std::string path, uint64_t chunk_bytes, int depth, FaultInj
       fault_(fault) {}
 
 ReadQueue::~ReadQueue() = default;
+
+uint64_t ReadQueue::test_delay_us(const Chunk& chunk) const {
+    return chunk.read->request.priority == ReadPriority::prefetch ? fault_.prefetch_delay_us() : 0;
+}
 
 void ReadQueue::add(const ReadRequest& request) {
     const std::string what = "[io] " + path_ + ": read request (tag " + std::to_string(request.tag) + ")";

@@ -49,16 +49,22 @@ ResolvedOptions resolve_options(const ReaderOptions& options);
 // SHARPI_FAULT_EIO_AT, read once at reader construction: a read whose requested range covers the
 // offset completes with EIO instead of touching the file. Decimal or 0x-hex; anything else throws
 // InvalidArgument naming the variable.
+//
+// SHARPI_FAULT_PREFETCH_DELAY_US (tests only, pread reader only): each chunk of a prefetch-priority
+// read completes that many microseconds late, so tests can make a prefetch outlive the demand reads
+// issued after it deterministically (the race between prefetch, drop and a later demand).
 class FaultInjection {
   public:
     static FaultInjection from_env();
     bool hits(uint64_t begin, uint64_t end) const { return armed_ && begin <= offset_ && offset_ < end; }
     bool armed() const { return armed_; }
     uint64_t offset() const { return offset_; }
+    uint64_t prefetch_delay_us() const { return prefetch_delay_us_; }
 
   private:
     bool armed_ = false;
     uint64_t offset_ = 0;
+    uint64_t prefetch_delay_us_ = 0;
 };
 
 struct QueuedRead;
@@ -104,6 +110,9 @@ class ReadQueue {
     uint64_t chunk_bytes() const { return chunk_bytes_; }
     const std::string& path() const { return path_; }
     const FaultInjection& fault() const { return fault_; }
+    // The test delay that applies to this chunk (0 unless its read has prefetch priority and the hook
+    // is armed). Call with the reader's lock held.
+    uint64_t test_delay_us(const Chunk& chunk) const;
 
     // Shutdown: forgets every unstarted request (no completion) and stops handing out chunks of
     // started ones; chunks already in flight still have to be finished.
