@@ -523,6 +523,28 @@ def _decode_steps(session, tokens, on_step=None):
     return seconds, routing, digest.hexdigest()
 
 
+def _token_spans(events: list, first_pos: int) -> list:
+    """A "token" track over the engine's spans: one span per decoded token (named by its position), from the start of its
+    first layer's compute to the end of the last compute span before the next token's first layer.
+    The engine names layer spans "layer <il>"; with other names there is no token track."""
+    compute = sorted((e for e in events if e["track"] == "compute"), key=lambda e: e["start_us"])
+    starts = [i for i, e in enumerate(compute) if e["name"] == "layer 0"]
+    spans = []
+    for n, i in enumerate(starts):
+        j = starts[n + 1] if n + 1 < len(starts) else len(compute)
+        end = max(e["start_us"] + e["dur_us"] for e in compute[i:j])
+        begin = compute[i]["start_us"]
+        spans.append(
+            {
+                "track": "token",
+                "name": f"token at position {first_pos + n}",
+                "start_us": begin,
+                "dur_us": end - begin,
+            }
+        )
+    return spans
+
+
 def _worker_run(sharpi, cfg: dict) -> dict:
     mode = cfg["mode"]
     kwargs = {"threads": cfg["threads"], "n_ctx": cfg["n_ctx"], "reader": cfg["reader"]}
@@ -607,7 +629,9 @@ def _worker_run(sharpi, cfg: dict) -> dict:
     if want_timeline:
         from .timeline import write_chrome_trace
 
-        events = session.timeline_events()
+        events = list(session.timeline_events())
+        first_pos = len(warm) + first_traced if hasattr(session, "clear_timeline") else 0
+        events += _token_spans(events, first_pos)
         if first_traced > 0 and not hasattr(session, "clear_timeline"):
             timeline_note = "no clear_timeline(): the trace holds every decoded token"
         summary = write_chrome_trace(events, cfg["timeline_path"], process_name="sharpi decode")
