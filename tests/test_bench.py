@@ -285,7 +285,7 @@ def expert_bytes_by_gguf(path):
 
 RUN_FIELDS_EXPECTED = {
     "share", "n_slots", "budget_bytes", "cap", "cache_drop", "reader", "tokens", "warmup_tokens",
-    "decode_s", "tpot_ms", "tpot_p50_ms", "decode_tok_s", "accesses", "hits", "misses", "evictions",
+    "decode_s", "tpot_ms", "tpot_p50_ms", "decode_tok_s", "cpu_ms_per_token", "accesses", "hits", "misses", "evictions",
     "hit_rate", "bytes_read", "bytes_per_token", "stall_ms", "stall_fraction", "io_gbps_wall",
     "io_gbps_stall", "peak_rss_bytes", "belady_misses", "belady_bytes", "belady_hit_rate", "lru_misses",
     "lru_hit_rate", "lower_bound_ms_per_token", "ratio_tpot_to_lower_bound",

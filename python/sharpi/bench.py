@@ -81,6 +81,7 @@ RUN_FIELDS = (
     "tpot_ms",
     "tpot_p50_ms",
     "decode_tok_s",
+    "cpu_ms_per_token",
     "accesses",
     "hits",
     "misses",
@@ -508,19 +509,22 @@ def _worker(config_path: str, result_path: str) -> int:
     return 0 if result["ok"] else 1
 
 
-def _decode_steps(session, tokens, on_step=None):
-    """Decodes tokens one at a time; returns (step seconds, routing [t][il] lists, logits digest)."""
-    seconds, routing = [], []
+def _decode_steps(session, tokens, on_step=None) -> dict:
+    """Decodes tokens one at a time. Returns per step the wall seconds and the CPU seconds of the
+    whole process (every compute and reader thread), the routing ([t][il] lists of expert ids) and a
+    digest of all logits."""
+    wall, cpu, routing = [], [], []
     digest = hashlib.sha256()
     for i, token in enumerate(tokens):
         if on_step:
             on_step(i)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         logits = session.decode([int(token)])
-        seconds.append(time.perf_counter() - t0)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         routing.append([[int(e) for e in ids[0]] for ids in session.last_routing()])
         digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
-    return seconds, routing, digest.hexdigest()
+    return {"step_s": wall, "cpu_s": cpu, "routing": routing, "logits_sha256": digest.hexdigest()}
 
 
 def _token_spans(events: list, first_pos: int) -> list:
@@ -583,26 +587,19 @@ def _worker_run(sharpi, cfg: dict) -> dict:
     if mode == "resident":
         # Pass 1 faults the file's pages in (cold); pass 2, same tokens from position 0 again, runs
         # with every expert it needs already in RAM: the all-in-RAM TPOT.
-        cold_w, _, _ = _decode_steps(session, warm)
-        cold_m, _, _ = _decode_steps(session, measured)
+        _decode_steps(session, warm)
+        cold = _decode_steps(session, measured)
         session.reset()
-        _, warm_routing, _ = _decode_steps(session, warm)
-        steps, routing, digest = _decode_steps(session, measured)
-        out.update(
-            {
-                "cold_step_s": cold_w + cold_m,
-                "step_s": steps,
-                "warm_routing": warm_routing,
-                "routing": routing,
-                "logits_sha256": digest,
-            }
-        )
+        warm_run = _decode_steps(session, warm)
+        out.update(_decode_steps(session, measured))
+        out["cold_step_s"] = cold["step_s"]
+        out["warm_routing"] = warm_run["routing"]
         return out
 
     st = session.expert_stats()
     if int(st["n_slots"]) != int(cfg["n_slots"]):
         raise RuntimeError(f"engine planned {st['n_slots']} slots for the budget, expected {cfg['n_slots']}")
-    _, warm_routing, _ = _decode_steps(session, warm)
+    warm_run = _decode_steps(session, warm)
     session.reset_stats()
     first_traced = len(measured) - int(cfg.get("timeline_tokens", 0))
 
@@ -610,7 +607,7 @@ def _worker_run(sharpi, cfg: dict) -> dict:
         if want_timeline and i == first_traced and hasattr(session, "clear_timeline"):
             session.clear_timeline()
 
-    steps, routing, digest = _decode_steps(session, measured, on_step)
+    out.update(_decode_steps(session, measured, on_step))
     st = session.expert_stats()
     out.update(
         {
@@ -620,10 +617,7 @@ def _worker_run(sharpi, cfg: dict) -> dict:
             "fixed_bytes": int(st["fixed_bytes"]),
             "budget_bytes": int(st["budget_bytes"]),
             "layers": [dict(lay) for lay in st["layers"]],
-            "step_s": steps,
-            "warm_routing": warm_routing,
-            "routing": routing,
-            "logits_sha256": digest,
+            "warm_routing": warm_run["routing"],
         }
     )
     if want_timeline:
@@ -728,6 +722,7 @@ def _summarise_stream(
         "tpot_ms": tpot_ms,
         "tpot_p50_ms": float(np.median(steps)) * 1e3,
         "decode_tok_s": n_tok / decode_s,
+        "cpu_ms_per_token": float(sum(res["cpu_s"])) * 1e3 / n_tok,
         "accesses": accesses,
         "hits": hits,
         "misses": misses,
@@ -773,10 +768,15 @@ def _verdict(r: dict, resident_tpot: float | None, seq_gbps: float, accesses: in
     if r["goal_met"]:
         return f"goal met: TPOT is {ratio:.2f}x the IO lower bound (<= {GOAL_RATIO})"
     reasons = []
-    if resident_tpot:
+    if resident_tpot and resident_tpot > GOAL_RATIO * lb:
         reasons.append(
             f"compute alone (resident TPOT {resident_tpot:.1f} ms) is {resident_tpot / lb:.2f}x the IO bound "
-            f"({lb:.1f} ms), which counts no compute"
+            f"({lb:.1f} ms, which counts no compute): no IO schedule can meet the goal on this machine"
+        )
+    elif resident_tpot and resident_tpot > (GOAL_RATIO - 1) * lb:
+        reasons.append(
+            f"compute (resident TPOT {resident_tpot:.1f} ms) exceeds the {GOAL_RATIO - 1:.1f}x slack the goal "
+            f"leaves over the IO bound ({lb:.1f} ms): only reads fully hidden behind compute can meet it"
         )
     if r["belady_misses"] and r["misses"] > r["belady_misses"]:
         reasons.append(
@@ -797,15 +797,14 @@ def _verdict(r: dict, resident_tpot: float | None, seq_gbps: float, accesses: in
 
 def _summarise_resident(res: dict) -> dict:
     steps = res["step_s"]
-    cold = res["cold_step_s"]
-    n_warm = len(res["warm_routing"])
     return {
         "tokens": len(steps),
         "decode_s": float(sum(steps)),
         "tpot_ms": float(sum(steps)) * 1e3 / len(steps),
         "tpot_p50_ms": float(np.median(steps)) * 1e3,
         "decode_tok_s": len(steps) / float(sum(steps)),
-        "cold_tpot_ms": float(sum(cold[n_warm:])) * 1e3 / len(steps),
+        "cpu_ms_per_token": float(sum(res["cpu_s"])) * 1e3 / len(steps),
+        "cold_tpot_ms": float(sum(res["cold_step_s"])) * 1e3 / len(steps),
         "peak_rss_bytes": res.get("peak_rss_bytes"),
         "logits_sha256": res["logits_sha256"],
     }
@@ -880,6 +879,7 @@ def run_workload(
             cfg["timeline_path"] = str(timeline_path)
             cfg["timeline_tokens"] = opts["timeline_tokens"]
         label = f"{name}-{share:g}"
+        load_before = os.getloadavg()[0]
         with MemoryCap(budget + opts["cap_overhead"], enabled=opts["cap"]) as cap:
             cache_drop = drop_page_cache([path], opts["drop_cache"])
             res = launch(cfg, work, label, cap)
@@ -897,6 +897,7 @@ def run_workload(
             continue
         r = _summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
         r["share"] = share
+        r["loadavg_1min"] = load_before
         r["cap"] = cap.report()
         r["cache_drop"] = cache_drop
         if "timeline" in res:
@@ -954,11 +955,12 @@ def format_report(doc: dict) -> str:
         )
         lines.append(
             f"  reader {m['reader']}: sequential {bw['gbps']:.2f} GB/s | resident TPOT {res['tpot_ms']:.1f} ms "
-            f"({res['decode_tok_s']:.2f} tok/s; cold pass {res['cold_tpot_ms']:.1f} ms) | "
+            f"({res['decode_tok_s']:.2f} tok/s, CPU {res['cpu_ms_per_token']:.0f} ms/token; cold pass "
+            f"{res['cold_tpot_ms']:.1f} ms) | "
             f"{w['runs'][0]['tokens'] if w['runs'] and 'tokens' in w['runs'][0] else '-'} tokens after a warm-up, page cache: {res['cache_drop']}"
         )
         head = (
-            f"  {'share':>5} {'slots':>6} {'budget':>8} {'cap':>9} {'TPOT ms':>8} {'tok/s':>6} {'hit':>5} "
+            f"  {'share':>5} {'slots':>6} {'budget':>8} {'cap':>9} {'TPOT ms':>8} {'tok/s':>6} {'CPU ms':>6} {'hit':>5} "
             f"{'Belady':>6} {'LRU':>5} {'stall':>5} {'GB/s wall':>9} {'GB/s stall':>10} {'MB/tok':>7} "
             f"{'LB ms':>7} {'TPOT/LB':>7} {'/(LB+res)':>9} {'RSS':>7}"
         )
@@ -973,7 +975,8 @@ def format_report(doc: dict) -> str:
                 continue
             lines.append(
                 f"  {r['share']:>5.0%} {r['n_slots']:>6} {r['budget_bytes'] / GiB:>7.2f}G {cap_s:>9} "
-                f"{r['tpot_ms']:>8.1f} {r['decode_tok_s']:>6.2f} {r['hit_rate']:>5.3f} {r['belady_hit_rate']:>6.3f} "
+                f"{r['tpot_ms']:>8.1f} {r['decode_tok_s']:>6.2f} {r['cpu_ms_per_token']:>6.0f} {r['hit_rate']:>5.3f} "
+                f"{r['belady_hit_rate']:>6.3f} "
                 f"{r['lru_hit_rate']:>5.3f} {r['stall_fraction']:>5.2f} {r['io_gbps_wall']:>9.2f} "
                 f"{_fmt(r['io_gbps_stall'], '.2f'):>10} {r['bytes_per_token'] / 1e6:>7.1f} "
                 f"{_fmt(r['lower_bound_ms_per_token'], '.1f'):>7} {_fmt(r['ratio_tpot_to_lower_bound'], '.2f'):>7} "
@@ -994,9 +997,16 @@ def format_report(doc: dict) -> str:
                     lines.append("       " + "; ".join(checks))
         lines.append("")
     lines.append(
-        "hit/Belady/LRU: hit rates of the engine's SLRU and of the two policies simulated on the same accesses; "
-        "stall: stall time / decode time; LB: Belady's bytes / sequential GB/s per token; "
-        "res: resident TPOT; RSS: worker peak RSS."
+        "CPU ms: process CPU time per token (all threads; below threads x TPOT when the cores are shared or "
+        "idle). hit / Belady / LRU: hit rates of the engine's SLRU and of the two policies simulated on the "
+        "same accesses. stall: stall time / decode time. GB/s wall: bytes read / decode time; GB/s stall: "
+        "bytes read / stall time (above the disk's rate when reads overlap compute). LB: Belady's bytes / "
+        "sequential GB/s, per token. res: resident TPOT. RSS: worker peak RSS."
+    )
+    mach = doc["machine"]
+    lines.append(
+        f"machine: {mach['cpus']} CPUs, load average {mach['loadavg_start'][0]:.1f} at start, "
+        f"{mach.get('loadavg_end', [float('nan')])[0]:.1f} at end"
     )
     t = doc.get("timeline") or {}
     if t.get("path"):
@@ -1026,6 +1036,7 @@ def run(args: argparse.Namespace) -> int:
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "loadavg_start": os.getloadavg(),
         },
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
         "goal_ratio": GOAL_RATIO,
@@ -1059,6 +1070,7 @@ def run(args: argparse.Namespace) -> int:
     if note:
         log(f"timeline: {note}")
     doc["wall_s"] = time.perf_counter() - t_start
+    doc["machine"]["loadavg_end"] = os.getloadavg()
     text = format_report(doc)
     sys.stdout.write(text)
     (out / "bench.txt").write_text(text)
