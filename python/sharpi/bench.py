@@ -604,7 +604,8 @@ def _worker_run(sharpi, cfg: dict) -> dict:
     first_traced = len(measured) - int(cfg.get("timeline_tokens", 0))
 
     def on_step(i: int) -> None:
-        if want_timeline and i == first_traced and hasattr(session, "clear_timeline"):
+        # Cleared at the first measured token too, so the spans of untraced tokens never pile up.
+        if want_timeline and i in (0, first_traced) and hasattr(session, "clear_timeline"):
             session.clear_timeline()
 
     out.update(_decode_steps(session, measured, on_step))
