@@ -753,12 +753,13 @@ def _summarise_stream(
         ),
         "layers": layers,
     }
-    out["verdict"] = _verdict(out, res_tpot, seq_gbps, accesses)
+    out["verdict"] = _verdict(out, resident, seq_gbps)
     return out
 
 
-def _verdict(r: dict, resident_tpot: float | None, seq_gbps: float, accesses: int) -> str:
+def _verdict(r: dict, resident: dict, seq_gbps: float) -> str:
     """Plain words: is TPOT within GOAL_RATIO of the lower bound, and if not, where the time went."""
+    resident_tpot = resident.get("tpot_ms")
     lb = r["lower_bound_ms_per_token"]
     if not lb:
         return (
@@ -790,7 +791,17 @@ def _verdict(r: dict, resident_tpot: float | None, seq_gbps: float, accesses: in
             "(demand reads of one layer's missing experts at a time, no prefetch)"
         )
     if r["stall_fraction"] < 0.5:
-        reasons.append(f"only {r['stall_fraction']:.0%} of decode time is stall: compute dominates")
+        busy_ms = r["tpot_ms"] * (1 - r["stall_fraction"])
+        text = f"only {r['stall_fraction']:.0%} of decode time is stall: compute dominates"
+        if resident_tpot and busy_ms > 1.1 * resident_tpot:
+            text += (
+                f" (time not stalled {busy_ms:.0f} ms/token = {busy_ms / resident_tpot:.2f}x the resident TPOT; "
+                f"CPU {r['cpu_ms_per_token']:.0f} vs {resident['cpu_ms_per_token']:.0f} ms/token resident: "
+                "the excess is streaming's own CPU work or other load on the cores)"
+            )
+        elif resident_tpot:
+            text += f" (time not stalled {busy_ms:.0f} ms/token, resident TPOT {resident_tpot:.0f} ms)"
+        reasons.append(text)
     if not reasons:
         reasons.append("no single cause stands out in the counters")
     return f"goal NOT met: TPOT is {ratio:.2f}x the IO lower bound (> {GOAL_RATIO}); " + "; ".join(reasons)
