@@ -166,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--quant", default=None, help="quantization (f32, q4_0, q4_k_m, ...)")
     make.add_argument("--seed", type=int, default=None, help="weight seed")
     make.add_argument("out", metavar="OUT", help="output GGUF path")
+
+    from . import bench
+
+    bench.add_arguments(
+        sub.add_parser(
+            "bench",
+            help="benchmark expert streaming under RAM budgets",
+            description="Decode speed of expert streaming under RAM budgets vs Belady's IO lower bound.",
+        )
+    )
     return parser
 
 
@@ -314,7 +324,13 @@ def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-_COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model}
+def cmd_bench(args, out: TextIO, err: TextIO) -> int:
+    from . import bench
+
+    return bench.run(args)
+
+
+_COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,182 @@
+"""Offline replacement policies on a recorded expert-access sequence: Belady's optimum and LRU.
+
+What it owns: pure functions over a sequence of *steps*; nothing here touches the engine, files or
+clocks. A step is the set of experts one layer of one token needs at once (keys are any hashable,
+usually `il * n_expert + e`), in the order the decode thread acquires them: token by token, layer by
+layer. The cache holds `capacity` experts; every expert of a step must be resident while that step
+runs, so an expert needed by the current step is never evicted (the engine pins them the same way).
+Every policy here is demand-only: an expert enters the cache only when a step needs it.
+
+Belady (MIN): on a miss with the cache full, evict the resident expert, not needed by the current
+step, whose next use lies farthest in the future (never used again counts as infinitely far). With
+the pin rule this is optimal for step sequences too (tests check it against exhaustive search), so
+its miss count is a lower bound for every demand policy with the same capacity — SLRU, LRU, LFU or
+anything an engine does without prefetching.
+
+Warm start. A benchmark measures decode after a warm-up, with whatever the warm-up left cached. Any
+demand cache's content then is some subset of the experts the warm-up touched, of size <= capacity.
+`belady(..., warm=S)` starts from the best such content for the measured steps: the `capacity`
+experts of S with the earliest next use (the same choice Belady's rule makes when it must shrink
+the cache), so its misses bound every policy that saw that warm-up. LRU instead is simulated on the
+warm-up steps themselves (`lru(warmup + steps, ..., count_from=len(warmup))`) because that is what an
+LRU engine would really hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+_NEVER = float("inf")
+
+
+@dataclass
+class PolicyResult:
+    """Misses of one policy run. misses_per_step[i] counts the misses of steps[i] (counted steps only;
+    uncounted warm-up steps report 0), so per-layer bytes can be summed by the caller."""
+
+    misses: int
+    accesses: int
+    misses_per_step: list = field(default_factory=list)
+
+    @property
+    def hits(self) -> int:
+        return self.accesses - self.misses
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+
+def _as_steps(steps: Iterable[Iterable[Hashable]], capacity: int) -> list:
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    out = []
+    for i, step in enumerate(steps):
+        s = frozenset(step)
+        if len(s) > capacity:
+            raise ValueError(f"step {i} needs {len(s)} experts at once but the cache holds only {capacity}")
+        out.append(s)
+    return out
+
+
+def _next_use_table(steps: Sequence[frozenset]) -> list:
+    """nxt[i][key] = index of the first step after i that needs key (inf if none), for key in steps[i]."""
+    nxt: list = [None] * len(steps)
+    upcoming: dict = {}
+    for i in range(len(steps) - 1, -1, -1):
+        nxt[i] = {key: upcoming.get(key, _NEVER) for key in steps[i]}
+        for key in steps[i]:
+            upcoming[key] = i
+    return nxt
+
+
+def _first_use(steps: Sequence[frozenset]) -> dict:
+    first: dict = {}
+    for i, s in enumerate(steps):
+        for key in s:
+            first.setdefault(key, i)
+    return first
+
+
+def belady(steps: Iterable[Iterable[Hashable]], capacity: int, warm: Iterable[Hashable] = ()) -> PolicyResult:
+    """Misses of Belady's optimal replacement on `steps` with `capacity` slots.
+
+    warm: experts that may be resident before the first step (see the module note); the best
+    `capacity` of them are. Raises ValueError when a step needs more experts than `capacity`.
+    """
+    seq = _as_steps(steps, capacity)
+    nxt = _next_use_table(seq)
+    first = _first_use(seq)
+
+    # Resident set with a lazy max-heap on next use: entries (-next_use, tiebreak, key) go stale when
+    # the key is used again or evicted; `next_of` holds the current truth.
+    next_of: dict = {}
+    heap: list = []
+    counter = 0
+    warm_keys = sorted(set(warm), key=lambda k: (first.get(k, _NEVER), repr(k)))
+    for key in warm_keys[:capacity]:
+        next_of[key] = first.get(key, _NEVER)
+        heap.append((-next_of[key], counter, key))
+        counter += 1
+    heapq.heapify(heap)
+
+    misses_per_step = []
+    total = 0
+    accesses = 0
+    for i, need in enumerate(seq):
+        missing = [key for key in need if key not in next_of]
+        n_evict = len(next_of) + len(missing) - capacity
+        while n_evict > 0:
+            neg_next, _, key = heapq.heappop(heap)
+            if next_of.get(key) != -neg_next or key in need:
+                # Stale entry, or an expert this step needs: its entry is refreshed below anyway.
+                continue
+            del next_of[key]
+            n_evict -= 1
+        for key in need:
+            next_of[key] = nxt[i][key]
+            heapq.heappush(heap, (-next_of[key], counter, key))
+            counter += 1
+        misses_per_step.append(len(missing))
+        total += len(missing)
+        accesses += len(need)
+        if len(heap) > 4 * capacity + 64:  # drop stale entries now and then: memory stays O(capacity)
+            heap = [entry for entry in heap if next_of.get(entry[2]) == -entry[0]]
+            heapq.heapify(heap)
+    return PolicyResult(total, accesses, misses_per_step)
+
+
+def lru(steps: Iterable[Iterable[Hashable]], capacity: int, count_from: int = 0) -> PolicyResult:
+    """Misses of least-recently-used replacement (cold start), counting steps[count_from:] only.
+
+    Within a step, the experts of the step are all touched before any eviction choice, so none of
+    them is evicted by its own step. Raises ValueError when a step needs more than `capacity`.
+    """
+    seq = _as_steps(steps, capacity)
+    resident: OrderedDict = OrderedDict()  # oldest first
+    misses_per_step = []
+    total = 0
+    accesses = 0
+    for i, need in enumerate(seq):
+        missing = [key for key in need if key not in resident]
+        n_evict = len(resident) + len(missing) - capacity
+        if n_evict > 0:
+            victims = []
+            for key in resident:  # oldest first, skipping this step's experts
+                if len(victims) == n_evict:
+                    break
+                if key not in need:
+                    victims.append(key)
+            for key in victims:
+                del resident[key]
+        # The step's experts become the most recent, in a fixed order (ties broken by key).
+        for key in _ordered(need):
+            resident[key] = True
+            resident.move_to_end(key)
+        counted = i >= count_from
+        misses_per_step.append(len(missing) if counted else 0)
+        if counted:
+            total += len(missing)
+            accesses += len(need)
+    return PolicyResult(total, accesses, misses_per_step)
+
+
+def _ordered(keys) -> list:
+    try:
+        return sorted(keys)
+    except TypeError:  # keys of mixed types: any fixed order will do
+        return sorted(keys, key=repr)
+
+
+def steps_from_routing(routing_per_token: Iterable[Sequence], n_expert: int) -> list:
+    """Step sets from recorded routing: routing_per_token[t][il] lists the experts layer il chose for
+    token t (negative ids are ignored). Keys are il * n_expert + e, in acquisition order (token by
+    token, layer by layer)."""
+    steps = []
+    for per_layer in routing_per_token:
+        for il, ids in enumerate(per_layer):
+            steps.append(frozenset(il * n_expert + int(e) for e in ids if int(e) >= 0))
+    return steps

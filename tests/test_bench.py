@@ -1,0 +1,372 @@
+"""`sharpi bench` and its parts: Belady / LRU policies, the Chrome trace writer, the memory cap and a
+smoke run of the whole benchmark on tiny models.
+
+Oracles: an exhaustive search over every demand-paging schedule (which experts to keep after each
+step) for Belady; textbook page-fault counts for both policies; a trace-event nesting check written
+here for the trace writer; the `gguf` package's reading of the file for the bytes the engine reads;
+the recorded trace itself for trace replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sharpi.belady import belady, lru, steps_from_routing
+from sharpi.timeline import chrome_trace, write_chrome_trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ policies
+
+
+def brute_force_min_misses(steps, capacity, warm=()):
+    """Fewest misses over every demand schedule: after each step keep the step's experts plus any
+    subset of the other residents that fits (voluntary evictions allowed); start from any subset of
+    `warm` that fits."""
+    steps = [frozenset(s) for s in steps]
+
+    @functools.cache
+    def best(i, cache):
+        if i == len(steps):
+            return 0
+        need = steps[i]
+        misses = len(need - cache)
+        others = sorted(cache - need)
+        room = capacity - len(need)
+        options = []
+        for r in range(min(room, len(others)) + 1):
+            for keep in itertools.combinations(others, r):
+                options.append(best(i + 1, need | frozenset(keep)))
+        return misses + min(options)
+
+    warm = sorted(set(warm))
+    starts = [
+        frozenset(c) for r in range(min(capacity, len(warm)) + 1) for c in itertools.combinations(warm, r)
+    ]
+    return min(best(0, s) for s in starts)
+
+
+def random_steps(rng, n_steps, universe, max_set):
+    return [frozenset(rng.sample(range(universe), rng.randint(1, max_set))) for _ in range(n_steps)]
+
+
+def test_belady_matches_exhaustive_search_on_random_sequences():
+    rng = random.Random(1234)
+    for case in range(250):
+        universe = rng.randint(2, 6)
+        max_set = rng.randint(1, min(3, universe))
+        capacity = rng.randint(max_set, min(universe, max_set + 2))
+        steps = random_steps(rng, rng.randint(1, 9), universe, max_set)
+        got = belady(steps, capacity).misses
+        want = brute_force_min_misses(steps, capacity)
+        assert got == want, f"case {case}: steps {steps}, capacity {capacity}: belady {got}, optimum {want}"
+
+
+def test_belady_warm_start_matches_exhaustive_search():
+    rng = random.Random(99)
+    for case in range(150):
+        universe = rng.randint(3, 6)
+        max_set = rng.randint(1, 2)
+        capacity = rng.randint(max_set, universe)
+        steps = random_steps(rng, rng.randint(1, 7), universe, max_set)
+        warm = rng.sample(range(universe), rng.randint(0, universe))
+        got = belady(steps, capacity, warm=warm).misses
+        want = brute_force_min_misses(steps, capacity, warm)
+        assert got == want, f"case {case}: steps {steps}, cap {capacity}, warm {warm}: {got} vs {want}"
+
+
+def test_textbook_reference_string():
+    # Silberschatz et al., Operating System Concepts: this string with 3 frames takes 9 faults with
+    # the optimal algorithm and 12 with LRU.
+    refs = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
+    steps = [{r} for r in refs]
+    assert belady(steps, 3).misses == 9
+    assert lru(steps, 3).misses == 12
+    assert brute_force_min_misses(steps, 3) == 9
+
+
+def test_experts_of_the_current_step_are_never_evicted():
+    # Capacity 2: at step {a, c} the residents are a (never used again) and b (used next step).
+    # Plain farthest-next-use would evict a, which this very step needs; the pin rule evicts b.
+    a, b, c = "a", "b", "c"
+    steps = [{a}, {b}, {a, c}, {b}]
+    r = belady(steps, 2)
+    assert r.misses_per_step == [1, 1, 1, 1]
+    assert r.misses == 4 == brute_force_min_misses(steps, 2)
+    # Hand-worked: {a,b} then {c}: evict b (next use later than a); a hits; b misses again.
+    r = belady([{a, b}, {c}, {a}, {b}], 2)
+    assert r.misses_per_step == [2, 1, 0, 1]
+
+
+def test_warm_start_keeps_the_earliest_needed():
+    # Warm candidates a, b, c, capacity 2: the best start holds the two needed first (c, a).
+    r = belady([{"c"}, {"a"}, {"b"}], 2, warm={"a", "b", "c"})
+    assert r.misses_per_step == [0, 0, 1]
+    # Candidates never used cost nothing and never displace used ones.
+    r = belady([{"x"}], 1, warm={"y", "z"})
+    assert r.misses == 1
+
+
+def test_belady_never_worse_than_lru_on_larger_sequences():
+    rng = random.Random(7)
+    for _ in range(40):
+        universe = rng.randint(8, 64)
+        max_set = rng.randint(1, 6)
+        capacity = rng.randint(max_set, universe)
+        warm = random_steps(rng, rng.randint(0, 20), universe, max_set)
+        steps = random_steps(rng, rng.randint(10, 200), universe, max_set)
+        opt = belady(steps, capacity, warm=set().union(*warm) if warm else ())
+        ref = lru(warm + steps, capacity, count_from=len(warm))
+        assert opt.accesses == ref.accesses == sum(len(s) for s in steps)
+        assert opt.misses <= ref.misses
+        assert belady(steps, capacity).misses <= lru(steps, capacity).misses
+
+
+def test_lru_against_a_plain_list_simulation():
+    def plain_lru(steps, capacity):
+        order, misses = [], 0  # most recent last
+        for need in steps:
+            for key in sorted(need):
+                if key in order:
+                    order.remove(key)
+                else:
+                    misses += 1
+                order.append(key)
+            while len(order) > capacity:
+                victim = next(k for k in order if k not in need)
+                order.remove(victim)
+        return misses
+
+    rng = random.Random(5)
+    for _ in range(200):
+        universe = rng.randint(2, 12)
+        max_set = rng.randint(1, min(3, universe))
+        capacity = rng.randint(max_set, universe)
+        steps = random_steps(rng, rng.randint(1, 40), universe, max_set)
+        assert lru(steps, capacity).misses == plain_lru(steps, capacity)
+
+
+def test_steps_larger_than_the_cache_are_rejected():
+    with pytest.raises(ValueError, match="step 1 needs 3 experts"):
+        belady([{1}, {1, 2, 3}], 2)
+    with pytest.raises(ValueError, match="cache holds only 2"):
+        lru([{1, 2, 3}], 2)
+
+
+def test_steps_from_routing_keys_and_order():
+    routing = [[[3, 1], [0, 2]], [[1, -1], [2, 2]]]  # token, layer, k
+    assert steps_from_routing(routing, n_expert=4) == [
+        frozenset({3, 1}),
+        frozenset({4, 6}),
+        frozenset({1}),
+        frozenset({6}),
+    ]
+
+
+# ------------------------------------------------------------------------------------------ trace writer
+
+
+def check_trace_document(doc, n_spans):
+    """What Perfetto / chrome://tracing need: a traceEvents list; X events with numeric ts/dur and
+    pid/tid; a thread_name for every tid used; spans on one tid properly nested."""
+    assert isinstance(doc["traceEvents"], list)
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == n_spans
+    by_tid = {}
+    for e in spans:
+        assert isinstance(e["name"], str) and e["name"]
+        assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+        assert (e["pid"], e["tid"]) in names, f"tid {e['tid']} has no thread_name"
+        by_tid.setdefault(e["tid"], []).append(e)
+    for tid, evs in by_tid.items():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []
+        for e in evs:
+            while stack and stack[-1] <= e["ts"]:
+                stack.pop()
+            assert not stack or e["ts"] + e["dur"] <= stack[-1], f"tid {tid}: {e} crosses an open span"
+            stack.append(e["ts"] + e["dur"])
+    return names, by_tid
+
+
+def test_chrome_trace_lanes_and_fields(tmp_path):
+    rng = np.random.default_rng(3)
+    events = []
+    t = 0.0
+    for il in range(6):  # a layer span containing its attention span, stalls inside
+        events.append({"track": "compute", "name": f"layer {il}", "start_us": t, "dur_us": 100.0})
+        events.append({"track": "compute", "name": f"attention {il}", "start_us": t + 1, "dur_us": 30.0})
+        events.append({"track": "stall", "name": f"wait L{il}", "start_us": t + 40, "dur_us": 20.0})
+        t += 100.0
+    for i in range(30):  # overlapping reads, as a reader with several in flight produces
+        start = float(rng.uniform(0, 600))
+        events.append(
+            {
+                "track": "reader",
+                "name": f"L{i % 6} E{i}",
+                "start_us": start,
+                "dur_us": float(rng.uniform(5, 80)),
+            }
+        )
+
+    summary = write_chrome_trace(events, tmp_path / "sub" / "t.json")
+    doc = json.loads((tmp_path / "sub" / "t.json").read_text())
+    names, by_tid = check_trace_document(doc, len(events))
+    assert summary["n_events"] == len(events)
+    lanes = list(names.values())
+    assert lanes[0] == "compute" and lanes[1] == "stall" and "reader" in lanes
+    assert any(n.startswith("reader #") for n in lanes), "overlapping reads need extra lanes"
+    compute_tids = [tid for (_, tid), n in names.items() if n == "compute"]
+    assert len(compute_tids) == 1 and len(by_tid[compute_tids[0]]) == 12, "nested spans share one lane"
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
+    assert meta and meta[0]["args"]["name"]
+
+
+def test_chrome_trace_rejects_malformed_events():
+    with pytest.raises(ValueError, match="event 1"):
+        chrome_trace([{"track": "compute", "name": "x", "start_us": 0, "dur_us": 1}, {"track": "compute"}])
+    with pytest.raises(ValueError, match="negative duration"):
+        chrome_trace([{"track": "reader", "name": "x", "start_us": 5, "dur_us": -1}])
+    assert chrome_trace([])["traceEvents"][0]["name"] == "process_name"
+
+
+# ------------------------------------------------------------------------------------------ memory cap
+
+
+def test_memory_cap_kills_a_process_over_its_limit():
+    from sharpi.bench import MemoryCap
+
+    hog = [sys.executable, "-c", "x = b'1' * (256 << 20); print(len(x))"]
+    with MemoryCap(64 << 20) as cap:
+        if not cap.applied:
+            pytest.skip(f"memory cap unavailable here: {cap.reason}")
+        proc = subprocess.run(cap.command(hog), check=False, capture_output=True)
+        cap.read_counters()
+    assert proc.returncode in (-9, 137), proc
+    assert cap.report()["oom_kills"] >= 1
+    assert not Path(cap.report()["group"]).exists(), "the group is removed afterwards"
+    with MemoryCap(1 << 30) as cap:
+        proc = subprocess.run(cap.command(hog), check=False, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(256 << 20)
+
+
+# ------------------------------------------------------------------------------------------ smoke run
+
+
+def expert_bytes_by_gguf(path):
+    """Bytes of one expert per layer, read with the gguf package (independent of sharpi's reader)."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    n_layer = int(r.fields[f"{arch}.block_count"].parts[-1][0])
+    n_expert = int(r.fields[f"{arch}.expert_count"].parts[-1][0])
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    return [
+        sum(sizes[f"blk.{il}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")) // n_expert
+        for il in range(n_layer)
+    ]
+
+
+RUN_FIELDS_EXPECTED = {
+    "share", "n_slots", "budget_bytes", "cap", "cache_drop", "reader", "tokens", "warmup_tokens",
+    "decode_s", "tpot_ms", "tpot_p50_ms", "decode_tok_s", "cpu_ms_per_token", "accesses", "hits", "misses", "evictions",
+    "hit_rate", "bytes_read", "bytes_per_token", "stall_ms", "stall_fraction", "io_gbps_wall",
+    "io_gbps_stall", "peak_rss_bytes", "belady_misses", "belady_bytes", "belady_hit_rate", "lru_misses",
+    "lru_hit_rate", "lower_bound_ms_per_token", "ratio_tpot_to_lower_bound",
+    "ratio_tpot_to_lower_bound_plus_resident", "goal_met", "verdict", "engine_misses_at_least_belady",
+    "output_matches_resident", "layers",
+}  # fmt: skip
+
+
+def test_bench_quick_smoke(tmp_path):
+    out, models = tmp_path / "out", tmp_path / "models"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "python") + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "sharpi.cli",
+        "bench",
+        "--quick",
+        "--out",
+        str(out),
+        "--model-dir",
+        str(models),
+    ]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert (out / "bench.txt").read_text() in proc.stdout
+
+    for key in ("command", "machine", "options", "goal_ratio", "workloads", "timeline", "wall_s"):
+        assert key in doc, key
+    ran = [w for w in doc["workloads"] if "skipped" not in w]
+    assert ran and ran[0]["name"] == "random"
+    for w in ran:
+        m = w["model"]
+        assert m["expert_bytes_per_layer"] == expert_bytes_by_gguf(m["path"])
+        assert w["sequential_read"]["gbps"] > 0 and w["resident"]["tpot_ms"] > 0
+        total = m["n_layer"] * m["n_expert"]
+        assert [r["share"] for r in w["runs"]] == [0.25, 0.5, 1.0]
+        for r in w["runs"]:
+            assert RUN_FIELDS_EXPECTED <= set(r), RUN_FIELDS_EXPECTED - set(r)
+            assert r["n_slots"] == min(total, max(m["n_expert_used"], round(r["share"] * total)))
+            assert r["budget_bytes"] == m["fixed_bytes"] + r["n_slots"] * m["slot_bytes"]
+            assert r["accesses"] == r["tokens"] * m["n_layer"] * m["n_expert_used"] == r["hits"] + r["misses"]
+            # Bytes the engine read: its misses, each one expert of its layer (sizes from the gguf package).
+            per_layer = expert_bytes_by_gguf(m["path"])
+            assert r["bytes_read"] == sum(lay["misses"] * per_layer[il] for il, lay in enumerate(r["layers"]))
+            assert r["belady_misses"] <= r["misses"] and r["belady_misses"] <= r["lru_misses"]
+            assert r["engine_misses_at_least_belady"] is True
+            assert r["output_matches_resident"] is True, "streamed logits must equal the resident engine's"
+            assert 0 <= r["hit_rate"] <= 1 and 0 <= r["stall_fraction"] <= 1
+            assert r["cap"]["applied"] in (True, False)
+            if r["cap"]["applied"]:
+                assert r["cap"]["limit_bytes"] >= r["budget_bytes"]
+            else:
+                assert r["cap"]["reason"]
+            assert isinstance(r["verdict"], str) and r["verdict"]
+        # A cache holding every expert misses only on first use: each expert at most once.
+        assert w["runs"][-1]["misses"] <= total
+
+    trace = next(w for w in doc["workloads"] if w["name"] == "trace")
+    if "skipped" not in trace:
+        # The replayed routing is the trace's, rows warm-up.. of its first n_layer layers.
+        work = out / "work"
+        res = json.loads((work / "trace-0.25.result.json").read_text())
+        rows = np.load(work / "trace-replayed-rows.npy")
+        warm = len(res["warm_routing"])
+        for t, per_layer in enumerate(res["routing"]):
+            for il, ids in enumerate(per_layer):
+                want = rows[warm + t, il]
+                if (want >= 0).all():
+                    assert sorted(ids) == sorted(want.tolist())
+        with np.load(REPO.parent / "shared" / "traces" / "deepseek_v2_lite_train.npz") as z:
+            n_layer = trace["model"]["n_layer"]
+            np.testing.assert_array_equal(rows, z["experts"][: len(rows), :n_layer])
+
+    tl = doc["timeline"]
+    if tl.get("path"):
+        tdoc = json.loads(Path(tl["path"]).read_text())
+        names, _ = check_trace_document(tdoc, tl["n_events"])
+        assert "compute" in names.values() and "reader" in names.values()
+    else:
+        assert tl["note"], "without a timeline the report says why"
