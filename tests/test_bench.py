@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import sharpi
 from sharpi.belady import belady, lru, steps_from_routing
 from sharpi.timeline import chrome_trace, write_chrome_trace
 
@@ -296,10 +298,11 @@ RUN_FIELDS_EXPECTED = {
 
 def test_bench_quick_smoke(tmp_path):
     out, models = tmp_path / "out", tmp_path / "models"
+    # The child imports the same sharpi as this process: the installed package in CI, a developer
+    # build under python/ when PYTHONPATH points there.
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "python") + (
-        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-    )
+    sharpi_root = str(Path(sharpi.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = sharpi_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [
         sys.executable,
         "-m",
