@@ -39,7 +39,7 @@ def train_tokenizer(train_files: list[SourceFile], vocab_size: int):
     if tokenizer.token_to_id(EOT) != EOT_ID:
         raise RuntimeError(f"{EOT} got id {tokenizer.token_to_id(EOT)}, expected {EOT_ID}")
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B", special_tokens=[(EOT, EOT_ID)]
+        single=f"{EOT} $A", pair=f"{EOT} $A $B:1", special_tokens=[(EOT, EOT_ID)]
     )
     return tokenizer
 

@@ -72,7 +72,7 @@ def convert(hf_dir: Path, out: Path, converter: Path, outtype: str = "q8_0", mod
     subprocess.run(cmd, check=True, env=env)
 
 
-def check_file(path: Path) -> dict:
+def check_file(path: Path, outtype: str = "q8_0") -> dict:
     """Read the written file back with the installed gguf package and check what sharpi relies on."""
     import gguf
 
@@ -92,8 +92,8 @@ def check_file(path: Path) -> dict:
         problems.append(f"architecture {facts['arch']!r}, expected 'qwen3moe'")
     if facts["pre"] != "gpt-2":
         problems.append(f"tokenizer.ggml.pre {facts['pre']!r}, expected 'gpt-2'")
-    if "Q8_0" not in facts["types"]:
-        problems.append(f"no Q8_0 tensors: {facts['types']}")
+    if outtype.upper() not in facts["types"]:
+        problems.append(f"no {outtype.upper()} tensors: {facts['types']}")
     if facts["bytes"] > SIZE_LIMIT_BYTES:
         problems.append(f"{facts['bytes']} bytes, over the {SIZE_LIMIT_BYTES} byte limit")
     if problems:
@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     converter = args.converter or fetch_converter(args.converter_cache)
     convert(args.run / "hf", args.out, converter, args.outtype)
-    facts = check_file(args.out)
+    facts = check_file(args.out, args.outtype)
     print(f"wrote {args.out}: {facts['bytes'] / 1e6:.2f} MB, arch {facts['arch']}, pre {facts['pre']}, "
           f"tensor types {facts['types']}")
 

@@ -176,8 +176,9 @@ def format_table(results: dict) -> str:
             lines.append(f"{target:>6} | {name:>7} | {cells[0]:>13} {cells[1]:>13} {cells[2]:>10} {cells[3]:>10}")
     for name in ("trained", "random"):
         m = results[name]["mean_over_layers"]
-        lines.append(f"{'mean':>6} | {name:>7} | {m['next_gate_d1']:>13.3f} {m['next_gate_d2']:>13.3f} "
-                     f"{m['prev_token']:>10.3f} {m['popularity']:>10.3f}")
+        cells = [f"{m[key]:.3f}" if key in m else "-" for key in
+                 ("next_gate_d1", "next_gate_d2", "prev_token", "popularity")]
+        lines.append(f"{'mean':>6} | {name:>7} | {cells[0]:>13} {cells[1]:>13} {cells[2]:>10} {cells[3]:>10}")
     return "\n".join(lines)
 
 

@@ -73,10 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--muon-weight-decay", type=float, default=0.0)
     p.add_argument("--min-lr-frac", type=float, default=0.02)
     p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--decay-frac", type=float, default=0.2, help="last fraction of steps spent decaying the LR")
+    p.add_argument("--decay-frac", type=float, default=0.3, help="last fraction of steps spent decaying the LR")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--balance-coef", type=float, default=0.01, help="weight of each layer's balance term")
+    p.add_argument("--balance-coef", type=float, default=0.02, help="weight of each layer's balance term")
     p.add_argument("--z-coef", type=float, default=1e-3)
     # bookkeeping
     p.add_argument("--log-every", type=int, default=10)
