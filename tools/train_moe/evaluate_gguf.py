@@ -77,6 +77,7 @@ def main(argv=None) -> None:
         "seq_len": seq_len,
         "selection_shares": result["shares"],
         **balance_summary(result["shares"]),
+        "sample_tokens": args.sample_tokens,
         "greedy_samples": samples,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

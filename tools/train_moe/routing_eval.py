@@ -210,7 +210,7 @@ def main(argv=None) -> None:
     trained, arch = load_model(args.gguf)
     random_model = build_model(arch, seed=args.random_seed).eval()
 
-    results = {"heldout_tokens": int(len(heldout_tokens)), "seq_len": args.seq_len}
+    results = {"heldout_tokens": int(len(heldout_tokens)), "seq_len": args.seq_len, "random_seed": args.random_seed}
     for name, model in (("trained", trained), ("random", random_model)):
         counts = popularity(model, train_tokens, arch, args.seq_len, args.popularity_windows, seed=0)
         results[name] = recall_table(model, arch, windows, counts)

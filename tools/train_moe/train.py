@@ -74,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--min-lr-frac", type=float, default=0.02)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--decay-frac", type=float, default=0.3, help="last fraction of steps spent decaying the LR")
+    p.add_argument("--replay-lr", type=Path, default=None,
+                   help="result.json of an earlier run: take its step count and per-step LR (exact replay)")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--balance-coef", type=float, default=0.02, help="weight of each layer's balance term")
@@ -175,18 +177,34 @@ def decay_start(total_steps: int, decay_frac: float) -> int:
     return int(round(total_steps * (1.0 - decay_frac)))
 
 
-def lr_at(step: int, total_steps: int, args) -> float:
+def lr_at(step: int, total_steps: int, args, elapsed_s: float = 0.0) -> float:
     """Warm-up-stable-decay: linear warm-up, constant, then linear decay to min_lr_frac * lr over the
     last decay_frac of the steps. total_steps = 0 means "not fixed yet" (time-budget mode, stable
-    phase). Because the LR depends on the step count only, a time-budget run is replayed exactly by
-    --steps <the total it recorded>."""
+    phase). In time-budget mode the decay also follows the clock: its progress is the larger of the
+    step fraction and the time fraction of the decay window, so a machine that slows down (other
+    processes taking the cores) shortens the decay instead of overrunning the budget. Every step's LR
+    is recorded (result.json "lr_per_step"), and --replay-lr replays a run exactly."""
+    progress = decay_progress(step, total_steps, args, elapsed_s)
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    start = decay_start(total_steps, args.decay_frac) if total_steps else None
-    if start is None or step < start:
+    if progress is None:
         return args.lr
+    return args.lr * (1.0 - (1.0 - args.min_lr_frac) * min(1.0, progress))
+
+
+def decay_progress(step: int, total_steps: int, args, elapsed_s: float):
+    """None before the decay; else its progress (>= 1: training is over)."""
+    if not total_steps:
+        return None
+    start = decay_start(total_steps, args.decay_frac)
+    if step < start:
+        return None
     progress = (step - start) / max(1, total_steps - start)
-    return args.lr * (1.0 - (1.0 - args.min_lr_frac) * progress)
+    if args.time_budget_min > 0:
+        budget_s = args.time_budget_min * 60.0
+        decay_start_s = (1.0 - args.decay_frac) * budget_s
+        progress = max(progress, (elapsed_s - decay_start_s) / (budget_s - decay_start_s))
+    return progress
 
 
 def make_optimizers(model, args) -> list:
@@ -218,12 +236,13 @@ def make_optimizers(model, args) -> list:
     return optimizers
 
 
-def save_checkpoint(path: Path, model, optimizers, step: int, wall_s: float, args, total_steps: int) -> None:
+def save_checkpoint(path: Path, model, optimizers, step: int, wall_s: float, args, total_steps: int,
+                    lr_history: list) -> None:
     import torch
 
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o, _ in optimizers], "step": step,
-                "total_steps": total_steps, "wall_s": wall_s, "args": vars(args) | {"out": str(args.out)}}, tmp)
+                "total_steps": total_steps, "lr_per_step": lr_history, "wall_s": wall_s, "args": vars(args) | {"out": str(args.out)}}, tmp)
     os.replace(tmp, path)  # atomic: a crash mid-write leaves the previous checkpoint intact
 
 
@@ -231,8 +250,8 @@ def main(argv=None) -> None:
     import torch
 
     args = parse_args(argv)
-    if args.steps <= 0 and args.time_budget_min <= 0:
-        raise SystemExit("give --steps N or --time-budget-min M")
+    if args.steps <= 0 and args.time_budget_min <= 0 and not args.replay_lr:
+        raise SystemExit("give --steps N, --time-budget-min M or --replay-lr RESULT_JSON")
     torch.set_num_threads(args.threads)
     out = args.out
     log_path, ckpt_path = out / "train_log.jsonl", out / "checkpoint.pt"
@@ -244,6 +263,10 @@ def main(argv=None) -> None:
     model.train()
     optimizers = make_optimizers(model, args)
     step, wall_before, total_steps = 0, 0.0, args.steps
+    lr_history: list = []
+    replay = json.loads(args.replay_lr.read_text())["lr_per_step"] if args.replay_lr else None
+    if replay:
+        total_steps = len(replay)
     if args.resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(state["model"])
@@ -251,6 +274,10 @@ def main(argv=None) -> None:
             optimizer.load_state_dict(saved)
         step, wall_before = state["step"], state["wall_s"]
         total_steps = total_steps or state.get("total_steps", 0)
+        # Checkpoints written before per-step LRs were recorded: their steps ran the step-based
+        # schedule, which is recomputed here.
+        lr_history = state.get("lr_per_step") or [lr_at(s, total_steps, argparse.Namespace(
+            **(vars(args) | {"time_budget_min": 0.0}))) for s in range(step)]
         print(f"resumed at step {step} ({wall_before:.0f} s of earlier wall time)", flush=True)
     elif not args.resume:
         log_path.unlink(missing_ok=True)
@@ -274,7 +301,15 @@ def main(argv=None) -> None:
             total_steps = max(step + 1, int(math.ceil(step / (1.0 - args.decay_frac))))
             log.write(json.dumps({"step": step, "total_steps_fixed": total_steps}) + "\n")
             print(f"time budget: stable phase over at step {step}; total steps fixed at {total_steps}", flush=True)
-        lr = lr_at(step, total_steps, args)
+        if replay:
+            lr = replay[step]
+        else:
+            progress = decay_progress(step, total_steps, args, elapsed())
+            if progress is not None and progress >= 1.0:
+                print(f"time budget: decay complete at step {step} ({elapsed() / 60:.1f} min)", flush=True)
+                break
+            lr = lr_at(step, total_steps, args, elapsed())
+        lr_history.append(lr)
         for optimizer, base_lr in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = base_lr * lr / args.lr
@@ -318,10 +353,10 @@ def main(argv=None) -> None:
             print(f"eval step {step}: held-out probe ce {result['ce']:.3f} | max share/uniform per layer "
                   f"{summary['max_over_uniform']} min {summary['min_over_uniform']}", flush=True)
         if time.perf_counter() - last_ckpt > args.ckpt_every_s:
-            save_checkpoint(ckpt_path, model, optimizers, step, elapsed(), args, total_steps)
+            save_checkpoint(ckpt_path, model, optimizers, step, elapsed(), args, total_steps, lr_history)
             last_ckpt = time.perf_counter()
 
-    save_checkpoint(ckpt_path, model, optimizers, step, elapsed(), args, total_steps)
+    save_checkpoint(ckpt_path, model, optimizers, step, elapsed(), args, total_steps, lr_history)
     train_wall = elapsed()
     result = evaluate(model, windows, arch.num_experts_per_tok)
     summary = balance_summary(result["shares"])
@@ -332,7 +367,7 @@ def main(argv=None) -> None:
     final = {"heldout_ce": result["ce"], "heldout_ppl": result["ppl"], "heldout_tokens": result["tokens"],
              "seq_len": args.seq_len, "selection_shares": result["shares"], **summary,
              "train_wall_s": train_wall, "steps": step,
-             "replay": f"--steps {step} (with the other arguments of args)", "args": vars(args) | {"out": str(args.out)},
+             "lr_per_step": lr_history, "train_tokens": int(len(train_tokens)), "args": vars(args) | {"out": str(args.out)},
              "arch": arch.as_dict(), "parameters": n_params}
     (out / "result.json").write_text(json.dumps(final, indent=1))
     log.write(json.dumps({"final": True, "heldout_ce": result["ce"], "train_wall_s": train_wall}) + "\n")
