@@ -227,6 +227,32 @@ def test_sharpi_follows_transformers(reference_paths, exact, budget):
             assert err <= budget, f"prompt {n} step {step}: logits rel. error {err:.2e} > {budget}"
 
 
+def test_sharpi_tokenizer_matches_training_tokenization():
+    """The tokenizer sharpi builds from the file's metadata splits held-out text into the ids the
+    model was trained and evaluated on (the trace holds `tokenizers`' own encoding of those files)."""
+    import sharpi
+
+    session = sharpi.Session(str(MODEL), threads=1)
+    trace = np.load(TRACE)
+    offsets = trace["token_str_offsets"]
+    starts = list(trace["seq_start"]) + [len(trace["tokens"])]
+    for i in range(len(starts) - 1):
+        lo, hi = starts[i], starts[i + 1]
+        assert trace["tokens"][lo] == 0  # every traced sequence starts at a file's <|endoftext|>
+        # Token i is bytes [offsets[i], offsets[i + 1]); the cut after the last traced token may fall
+        # inside a character, so the text stops at the last complete one.
+        raw = bytes(trace["token_str_utf8"][offsets[lo + 1] : offsets[hi]])
+        text = raw.decode("utf-8", errors="ignore")
+        ids = session.tokenize(text)
+        want = trace["tokens"][lo:hi].tolist()
+        assert ids[0] == 0, "add_bos_token is set: the prompt must start with <|endoftext|>"
+        # The cut may also split the final word differently; everything before it must match.
+        n = len(want) - 8
+        assert ids[:n] == want[:n], f"sequence {i}: first difference at {next(j for j in range(n) if ids[j] != want[j])}"
+        if text.encode("utf-8") == raw:
+            assert session.detokenize(want[1:]) == text
+
+
 def test_llama_cpp_follows_transformers(reference_paths):
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(MODEL), n_ctx=256, n_threads=2, logits_all=True, verbose=False)

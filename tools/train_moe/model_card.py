@@ -24,6 +24,9 @@ def main(argv=None) -> None:
     p.add_argument("--gguf-eval", type=Path, required=True)
     p.add_argument("--routing", type=Path, required=True)
     p.add_argument("--out", type=Path, default=CARD)
+    p.add_argument("--run-notes", type=Path, default=None, help="markdown paragraph on events of this run")
+    p.add_argument("--results-dir", default="tools/train_moe/results",
+                   help="where the run's JSON results are committed (named in the replay command)")
     args = p.parse_args(argv)
 
     import numpy as np
@@ -39,7 +42,8 @@ def main(argv=None) -> None:
     n_heldout_bytes = sum(r["bytes"] for r in manifest["heldout"])
     tokens_seen = run["steps"] * targs["batch"] * targs["seq_len"]
     timed_command = f"python tools/train_moe/train.py --out runs/stdlib-moe --time-budget-min {targs['time_budget_min']:g}"
-    replay_command = f"python tools/train_moe/train.py --out runs/stdlib-moe --steps {run['steps']}"
+    replay_command = f"python tools/train_moe/train.py --out runs/stdlib-moe --replay-lr {args.results_dir}/result.json"
+    notes = ("\n\n" + args.run_notes.read_text(encoding="utf-8").strip()) if args.run_notes else ""
 
     balance_rows = []
     for il, (mx, mn) in enumerate(zip(ev["max_over_uniform"], ev["min_over_uniform"])):
@@ -129,9 +133,11 @@ Run on a shared 2-core x86-64 machine (AVX-512 BF16), torch {torch.__version__},
 
 took {run['train_wall_s'] / 60:.1f} minutes of wall time for {run['steps']} steps of {targs['batch']} x {targs['seq_len']} tokens
 ({tokens_seen / 1e6:.2f} M tokens, {tokens_seen / train_tokens:.1f} passes over the {train_tokens / 1e6:.2f} M training tokens).
-The wall-time budget only decides when the LR decay starts; the same run without it, step for step:
+The wall-time budget decides when the LR decay starts and, if the machine slows down, shortens the
+decay; every step's LR is recorded in `{args.results_dir}/result.json`, and this replays the run step
+for step (same batches, same LRs) without a clock:
 
-    {replay_command}
+    {replay_command}{notes}
 
 Recipe: seed {targs['seed']}; Muon (lr {targs['muon_lr']:g}, momentum 0.95, Nesterov) for attention and expert
 matrices, each expert's matrix orthogonalised on its own; AdamW (lr {targs['lr']:g}, betas 0.9/0.95, weight decay

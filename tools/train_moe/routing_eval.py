@@ -130,6 +130,28 @@ def recall_table(model, arch, windows, popular_counts, max_distance: int = 2) ->
     return {"k": k, "by_layer": {str(t): by_layer[t] for t in sorted(by_layer)}, "mean_over_layers": mean}
 
 
+def byte_level_decoder() -> dict:
+    """Inverse of the byte-level BPE alphabet (GPT-2's bytes_to_unicode): printable Latin-1 bytes stand
+    for themselves, the other 68 bytes for code points 256, 257, ... in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def token_bytes(tokenizer, token_id: int, decoder: dict) -> bytes:
+    """The exact bytes a token stands for (a token may hold part of a UTF-8 character)."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if token_id in tokenizer.all_special_ids:
+        return piece.encode("utf-8")
+    return bytes(decoder[c] for c in piece)
+
+
 def write_trace(model, arch, tokenizer, heldout_tokens, path: Path, n_seqs: int, n_tokens: int) -> dict:
     """Routing trace of the first n_tokens of n_seqs held-out files (evenly spread over the stream)."""
     import torch
@@ -149,7 +171,8 @@ def write_trace(model, arch, tokenizer, heldout_tokens, path: Path, n_seqs: int,
         fields["hidden"].append(residual.permute(1, 0, 2).numpy().astype(np.float16))
         fields["tokens"].append(window.astype(np.int32))
     arrays = {name: np.concatenate(values) for name, values in fields.items()}
-    pieces = [tokenizer.decode([int(t)], skip_special_tokens=False).encode("utf-8") for t in arrays["tokens"]]
+    decoder = byte_level_decoder()
+    pieces = [token_bytes(tokenizer, int(t), decoder) for t in arrays["tokens"]]
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
     np.savez_compressed(
         path, **arrays,
