@@ -59,7 +59,9 @@ def hf_model():
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         tensors[t.name] = torch.from_numpy(
-            np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), dtype=np.float32).reshape(shape).copy()
+            np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), dtype=np.float32)
+            .reshape(shape)
+            .copy()
         )
     p = "qwen3moe."
     n_layer = _field(reader, p + "block_count")
@@ -84,7 +86,10 @@ def hf_model():
     )
     config._attn_implementation = "eager"
     model = transformers.Qwen3MoeForCausalLM(config).to(torch.float32)
-    sd = {"model.embed_tokens.weight": tensors["token_embd.weight"], "model.norm.weight": tensors["output_norm.weight"]}
+    sd = {
+        "model.embed_tokens.weight": tensors["token_embd.weight"],
+        "model.norm.weight": tensors["output_norm.weight"],
+    }
     if "output.weight" in tensors:
         sd["lm_head.weight"] = tensors["output.weight"]
     for il in range(n_layer):
@@ -103,7 +108,9 @@ def hf_model():
         }
         for hf_name, gguf_name in pairs.items():
             sd[h + hf_name] = tensors[b + gguf_name]
-        sd[h + "mlp.experts.gate_up_proj"] = torch.cat([tensors[b + "ffn_gate_exps.weight"], tensors[b + "ffn_up_exps.weight"]], 1)
+        sd[h + "mlp.experts.gate_up_proj"] = torch.cat(
+            [tensors[b + "ffn_gate_exps.weight"], tensors[b + "ffn_up_exps.weight"]], 1
+        )
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected, unexpected
     assert set(missing) <= {"lm_head.weight"}, missing
@@ -117,7 +124,10 @@ def hf_model():
 def prompts():
     """4 held-out prompts: the first 32 tokens of each traced held-out file (starting at its BOS)."""
     trace = np.load(TRACE)
-    return [trace["tokens"][s : s + PROMPT_TOKENS].astype(np.int64).tolist() for s in trace["seq_start"][:N_PROMPTS]]
+    return [
+        trace["tokens"][s : s + PROMPT_TOKENS].astype(np.int64).tolist()
+        for s in trace["seq_start"][:N_PROMPTS]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +147,9 @@ def reference_paths(hf_model, prompts):
 
 
 def _stated_heldout_ce() -> float:
-    match = re.search(r"held-out cross-entropy[^\n]*?:\s*\**([0-9]+\.[0-9]+)", CARD.read_text(encoding="utf-8"))
+    match = re.search(
+        r"held-out cross-entropy[^\n]*?:\s*\**([0-9]+\.[0-9]+)", CARD.read_text(encoding="utf-8")
+    )
     assert match, f"{CARD} does not state the held-out cross-entropy"
     return float(match.group(1))
 
@@ -163,12 +175,15 @@ def test_heldout_loss_matches_model_card(hf_model):
     nll, count = 0.0, 0
     with torch.no_grad():
         full = [w for w in windows if len(w) == seq_len]
-        batches = [full[i : i + 8] for i in range(0, len(full), 8)] + [[w] for w in windows if len(w) != seq_len]
+        batches = [full[i : i + 8] for i in range(0, len(full), 8)] + [
+            [w] for w in windows if len(w) != seq_len
+        ]
         for batch in batches:
             ids = torch.from_numpy(np.stack(batch))
             logits = hf_model(input_ids=ids).logits[:, :-1].double()
             nll += torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum").item()
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
+            ).item()
             count += ids[:, 1:].numel()
     assert count == len(tokens) - len(windows)
     ce = nll / count
@@ -193,8 +208,11 @@ def test_trace_is_the_models_routing(hf_model):
         # Rows are sets; a float16-level near-tie may swap ranks but not membership.
         same = np.sort(recorded, axis=-1) == np.sort(expected, axis=-1)
         assert same.mean() > 0.999, f"sequence {i}: {np.argwhere(~same.all(-1))[:5]}"
-        np.testing.assert_allclose(trace["scores"][starts[i] : starts[i + 1]].astype(np.float32),
-                                   top.values.permute(1, 0, 2).numpy(), atol=2e-3)
+        np.testing.assert_allclose(
+            trace["scores"][starts[i] : starts[i + 1]].astype(np.float32),
+            top.values.permute(1, 0, 2).numpy(),
+            atol=2e-3,
+        )
 
 
 def _rel_error(got, want):
@@ -219,7 +237,8 @@ def test_sharpi_follows_transformers(reference_paths, exact, budget):
             token = int(np.argmax(last))
             margin = np.sort(want[pos - 1])[-1] - np.sort(want[pos - 1])[-2]
             assert token == path[pos], (
-                f"prompt {n} step {step}: sharpi picks {token}, transformers {path[pos]} (top-2 margin {margin:.3g})")
+                f"prompt {n} step {step}: sharpi picks {token}, transformers {path[pos]} (top-2 margin {margin:.3g})"
+            )
             if step == GREEDY_STEPS - 1:
                 break
             last = session.decode([token], all_logits=True)[-1]
@@ -248,7 +267,9 @@ def test_sharpi_tokenizer_matches_training_tokenization():
         assert ids[0] == 0, "add_bos_token is set: the prompt must start with <|endoftext|>"
         # The cut may also split the final word differently; everything before it must match.
         n = len(want) - 8
-        assert ids[:n] == want[:n], f"sequence {i}: first difference at {next(j for j in range(n) if ids[j] != want[j])}"
+        assert ids[:n] == want[:n], (
+            f"sequence {i}: first difference at {next(j for j in range(n) if ids[j] != want[j])}"
+        )
         if text.encode("utf-8") == raw:
             assert session.detokenize(want[1:]) == text
 
@@ -262,5 +283,7 @@ def test_llama_cpp_follows_transformers(reference_paths):
         for step in range(GREEDY_STEPS):
             pos = PROMPT_TOKENS + step
             token = int(np.argmax(np.asarray(llm.scores[pos - 1])))
-            assert token == path[pos], f"prompt {n} step {step}: llama.cpp picks {token}, transformers {path[pos]}"
+            assert token == path[pos], (
+                f"prompt {n} step {step}: llama.cpp picks {token}, transformers {path[pos]}"
+            )
             llm.eval([token])

@@ -39,8 +39,8 @@ def main() -> None:
     sys.path.insert(0, str(converter_dir / "gguf-py"))
     sys.path.insert(0, str(converter_dir))
 
-    import convert_hf_to_gguf  # noqa: E402  (needs the paths above)
-    from conversion.base import TextModel  # noqa: E402
+    import convert_hf_to_gguf
+    from conversion.base import TextModel
 
     original_lookup = TextModel.get_vocab_base_pre
     gpt2_pre = is_gpt2_byte_level(model_dir)
@@ -52,7 +52,8 @@ def main() -> None:
             if not gpt2_pre:
                 raise
             logging.getLogger("train_moe.convert").info(
-                "tokenizer hash unknown to the converter; its pre-tokenizer is GPT-2's ByteLevel regex: 'gpt-2'")
+                "tokenizer hash unknown to the converter; its pre-tokenizer is GPT-2's ByteLevel regex: 'gpt-2'"
+            )
             return "gpt-2"
 
     TextModel.get_vocab_base_pre = lookup

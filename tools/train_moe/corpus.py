@@ -36,8 +36,17 @@ from pathlib import Path
 
 HELDOUT_FRACTION = 0.04
 HELDOUT_SALT = "sharpi-heldout-v1:"
-SKIP_DIR_NAMES = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__",
-                  "encodings", "pydoc_data", "lib-dynload"}
+SKIP_DIR_NAMES = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "__pycache__",
+    "encodings",
+    "pydoc_data",
+    "lib-dynload",
+}
 MANIFEST_PATH = Path(__file__).resolve().parent / "corpus_manifest.json"
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train.py
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -40,9 +40,8 @@ def greedy(model, tokenizer, prompt: str, n_tokens: int) -> str:
 
 
 def main(argv=None) -> None:
-    import torch
-
     import bpe_tokenizer
+    import torch
     from gguf_weights import load_model
     from train import balance_summary, evaluate, heldout_windows
 
@@ -70,7 +69,7 @@ def main(argv=None) -> None:
         "heldout_ce": result["ce"],
         "heldout_ppl": result["ppl"],
         "heldout_predicted_tokens": result["tokens"],
-        "heldout_stream_tokens": int(len(heldout)),
+        "heldout_stream_tokens": len(heldout),
         "heldout_bytes": heldout_bytes,
         "heldout_bits_per_byte": result["ce"] * result["tokens"] / math.log(2) / heldout_bytes,
         "float_checkpoint_heldout_ce": run_result["heldout_ce"],
@@ -85,8 +84,10 @@ def main(argv=None) -> None:
     if args.heldout_npz:
         args.heldout_npz.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(args.heldout_npz, tokens=heldout.astype(np.uint16), seq_len=np.int64(seq_len))
-    print(f"GGUF held-out ce {result['ce']:.4f} (ppl {result['ppl']:.2f}; float checkpoint "
-          f"{run_result['heldout_ce']:.4f}); bits/byte {report['heldout_bits_per_byte']:.3f}")
+    print(
+        f"GGUF held-out ce {result['ce']:.4f} (ppl {result['ppl']:.2f}; float checkpoint "
+        f"{run_result['heldout_ce']:.4f}); bits/byte {report['heldout_bits_per_byte']:.3f}"
+    )
     print("max share / uniform per layer", report["max_over_uniform"])
     print("min share / uniform per layer", report["min_over_uniform"])
     for prompt, text in samples.items():

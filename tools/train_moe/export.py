@@ -42,8 +42,22 @@ def fetch_converter(cache: Path) -> Path:
     if not sdist.exists():
         # --no-binary :all: gives the source distribution (wheels do not carry the converter);
         # --no-deps keeps pip from resolving anything else.
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-                        "--dest", str(cache), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                "--dest",
+                str(cache),
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+            ],
+            check=True,
+        )
     if not sdist.exists():
         raise FileNotFoundError(f"pip download did not produce {sdist}")
     prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
@@ -53,8 +67,11 @@ def fetch_converter(cache: Path) -> Path:
     scratch = Path(tempfile.mkdtemp(dir=cache))
     try:
         with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers()
-                       if m.name.startswith(prefix) and m.name[len(prefix):].startswith(wanted)]
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(wanted)
+            ]
             tar.extractall(scratch, members=members, filter="data")
         shutil.rmtree(converter, ignore_errors=True)
         os.replace(scratch / prefix, converter)
@@ -64,11 +81,23 @@ def fetch_converter(cache: Path) -> Path:
     return converter
 
 
-def convert(hf_dir: Path, out: Path, converter: Path, outtype: str = "q8_0", model_name: str = "sharpi-stdlib-moe"):
+def convert(
+    hf_dir: Path, out: Path, converter: Path, outtype: str = "q8_0", model_name: str = "sharpi-stdlib-moe"
+):
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(converter / "gguf-py"), NO_LOCAL_GGUF="")
-    cmd = [sys.executable, str(HERE / "convert_wrapper.py"), str(converter), str(hf_dir),
-           "--outfile", str(out), "--outtype", outtype, "--model-name", model_name]
+    cmd = [
+        sys.executable,
+        str(HERE / "convert_wrapper.py"),
+        str(converter),
+        str(hf_dir),
+        "--outfile",
+        str(out),
+        "--outtype",
+        outtype,
+        "--model-name",
+        model_name,
+    ]
     subprocess.run(cmd, check=True, env=env)
 
 
@@ -83,8 +112,12 @@ def check_file(path: Path, outtype: str = "q8_0") -> dict:
         value = f.parts[f.data[0]]
         return bytes(value).decode() if f.types[0] == gguf.GGUFValueType.STRING else value.tolist()[0]
 
-    facts = {"arch": field("general.architecture"), "pre": field("tokenizer.ggml.pre"),
-             "bytes": path.stat().st_size, "types": {}}
+    facts = {
+        "arch": field("general.architecture"),
+        "pre": field("tokenizer.ggml.pre"),
+        "bytes": path.stat().st_size,
+        "types": {},
+    }
     for tensor in reader.tensors:
         facts["types"][tensor.tensor_type.name] = facts["types"].get(tensor.tensor_type.name, 0) + 1
     problems = []
@@ -106,15 +139,23 @@ def main(argv=None) -> None:
     p.add_argument("--run", type=Path, required=True, help="run folder of train.py (uses RUN/hf)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--outtype", default="q8_0")
-    p.add_argument("--converter-cache", type=Path, default=Path.home() / ".cache" / "sharpi" / "train_moe-converter")
-    p.add_argument("--converter", type=Path, default=None,
-                   help="an existing folder with convert_hf_to_gguf.py, conversion/ and gguf-py/ (skips the download)")
+    p.add_argument(
+        "--converter-cache", type=Path, default=Path.home() / ".cache" / "sharpi" / "train_moe-converter"
+    )
+    p.add_argument(
+        "--converter",
+        type=Path,
+        default=None,
+        help="an existing folder with convert_hf_to_gguf.py, conversion/ and gguf-py/ (skips the download)",
+    )
     args = p.parse_args(argv)
     converter = args.converter or fetch_converter(args.converter_cache)
     convert(args.run / "hf", args.out, converter, args.outtype)
     facts = check_file(args.out, args.outtype)
-    print(f"wrote {args.out}: {facts['bytes'] / 1e6:.2f} MB, arch {facts['arch']}, pre {facts['pre']}, "
-          f"tensor types {facts['types']}")
+    print(
+        f"wrote {args.out}: {facts['bytes'] / 1e6:.2f} MB, arch {facts['arch']}, pre {facts['pre']}, "
+        f"tensor types {facts['types']}"
+    )
 
 
 if __name__ == "__main__":

@@ -85,7 +85,9 @@ def hf_state_dict(tensors: dict, n_layer: int) -> dict:
         sd[h + "self_attn.q_norm.weight"] = t(b + "attn_q_norm.weight")
         sd[h + "self_attn.k_norm.weight"] = t(b + "attn_k_norm.weight")
         sd[h + "mlp.gate.weight"] = t(b + "ffn_gate_inp.weight")
-        sd[h + "mlp.experts.gate_up_proj"] = torch.cat([t(b + "ffn_gate_exps.weight"), t(b + "ffn_up_exps.weight")], dim=1)
+        sd[h + "mlp.experts.gate_up_proj"] = torch.cat(
+            [t(b + "ffn_gate_exps.weight"), t(b + "ffn_up_exps.weight")], dim=1
+        )
         sd[h + "mlp.experts.down_proj"] = t(b + "ffn_down_exps.weight")
     return sd
 

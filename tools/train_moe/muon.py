@@ -45,7 +45,7 @@ class Muon(torch.optim.Optimizer):
         for tensor, split in params:
             tensors.append(tensor)
             splits[id(tensor)] = split
-        super().__init__(tensors, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        super().__init__(tensors, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
         self._splits = splits
 
     @torch.no_grad()

@@ -38,7 +38,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train.py
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -49,9 +49,12 @@ def run_with_states(model, ids):
     import torch
 
     captured = []
-    hooks = [layer.post_attention_layernorm.register_forward_pre_hook(
-        lambda module, inputs: captured.append(inputs[0].detach().reshape(-1, inputs[0].shape[-1])))
-        for layer in model.model.layers]
+    hooks = [
+        layer.post_attention_layernorm.register_forward_pre_hook(
+            lambda module, inputs: captured.append(inputs[0].detach().reshape(-1, inputs[0].shape[-1]))
+        )
+        for layer in model.model.layers
+    ]
     try:
         with torch.no_grad():
             out = model(input_ids=ids, output_router_logits=True)
@@ -67,7 +70,9 @@ def next_gate_logits(model, residual, source: int, target: int):
 
     layer = model.model.layers[target]
     with torch.no_grad():
-        return torch.nn.functional.linear(layer.post_attention_layernorm(residual[source]), layer.mlp.gate.weight)
+        return torch.nn.functional.linear(
+            layer.post_attention_layernorm(residual[source]), layer.mlp.gate.weight
+        )
 
 
 def recall(predicted, selected, k: int) -> np.ndarray:
@@ -84,7 +89,9 @@ def popularity(model, train_tokens, arch, seq_len: int, n_windows: int, seed: in
     starts = rng.integers(0, len(train_tokens) - seq_len, size=n_windows)
     counts = np.zeros((arch.num_hidden_layers, arch.num_experts))
     for i in range(0, n_windows, 8):
-        ids = torch.from_numpy(np.stack([train_tokens[s : s + seq_len] for s in starts[i : i + 8]]).astype(np.int64))
+        ids = torch.from_numpy(
+            np.stack([train_tokens[s : s + seq_len] for s in starts[i : i + 8]]).astype(np.int64)
+        )
         router_logits, _ = run_with_states(model, ids)
         selected = torch.topk(router_logits, arch.num_experts_per_tok, dim=-1).indices.numpy()
         for il in range(arch.num_hidden_layers):
@@ -133,7 +140,9 @@ def recall_table(model, arch, windows, popular_counts, max_distance: int = 2) ->
 def byte_level_decoder() -> dict:
     """Inverse of the byte-level BPE alphabet (GPT-2's bytes_to_unicode): printable Latin-1 bytes stand
     for themselves, the other 68 bytes for code points 256, 257, ... in byte order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -175,40 +184,58 @@ def write_trace(model, arch, tokenizer, heldout_tokens, path: Path, n_seqs: int,
     pieces = [token_bytes(tokenizer, int(t), decoder) for t in arrays["tokens"]]
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
     np.savez_compressed(
-        path, **arrays,
+        path,
+        **arrays,
         seq_start=np.arange(0, n_seqs * n_tokens, n_tokens, dtype=np.int64),
-        num_experts=np.int64(arch.num_experts), top_k=np.int64(arch.num_experts_per_tok),
+        num_experts=np.int64(arch.num_experts),
+        top_k=np.int64(arch.num_experts_per_tok),
         moe_layer_ids=np.arange(arch.num_hidden_layers, dtype=np.int16),
-        token_str_utf8=np.frombuffer(b"".join(pieces), dtype=np.uint8), token_str_offsets=offsets,
-        hidden_kind=np.array("residual stream entering the MoE block: after the layer's attention, before ffn_norm"),
+        token_str_utf8=np.frombuffer(b"".join(pieces), dtype=np.uint8),
+        token_str_offsets=offsets,
+        hidden_kind=np.array(
+            "residual stream entering the MoE block: after the layer's attention, before ffn_norm"
+        ),
     )
-    return {"path": str(path), "tokens": int(len(arrays["tokens"])), "bytes": path.stat().st_size,
-            "heldout_offsets": [int(s) for s in chosen]}
+    return {
+        "path": str(path),
+        "tokens": len(arrays["tokens"]),
+        "bytes": path.stat().st_size,
+        "heldout_offsets": [int(s) for s in chosen],
+    }
 
 
 def format_table(results: dict) -> str:
     k = results["trained"]["k"]
-    lines = [f"recall@{k} (k = top_k predictions) on held-out text; L = the layer the predictor runs at",
-             f"{'target':>6} | {'model':>7} | {'next-gate L+1':>13} {'next-gate L+2':>13} "
-             f"{'prev-token':>10} {'popularity':>10}"]
+    lines = [
+        f"recall@{k} (k = top_k predictions) on held-out text; L = the layer the predictor runs at",
+        (
+            f"{'target':>6} | {'model':>7} | {'next-gate L+1':>13} {'next-gate L+2':>13} "
+            f"{'prev-token':>10} {'popularity':>10}"
+        ),
+    ]
     for target in results["trained"]["by_layer"]:
         for name in ("trained", "random"):
             row = results[name]["by_layer"][target]
-            cells = [f"{row[key]:.3f}" if key in row else "-" for key in
-                     ("next_gate_d1", "next_gate_d2", "prev_token", "popularity")]
-            lines.append(f"{target:>6} | {name:>7} | {cells[0]:>13} {cells[1]:>13} {cells[2]:>10} {cells[3]:>10}")
+            cells = [
+                f"{row[key]:.3f}" if key in row else "-"
+                for key in ("next_gate_d1", "next_gate_d2", "prev_token", "popularity")
+            ]
+            lines.append(
+                f"{target:>6} | {name:>7} | {cells[0]:>13} {cells[1]:>13} {cells[2]:>10} {cells[3]:>10}"
+            )
     for name in ("trained", "random"):
         m = results[name]["mean_over_layers"]
-        cells = [f"{m[key]:.3f}" if key in m else "-" for key in
-                 ("next_gate_d1", "next_gate_d2", "prev_token", "popularity")]
+        cells = [
+            f"{m[key]:.3f}" if key in m else "-"
+            for key in ("next_gate_d1", "next_gate_d2", "prev_token", "popularity")
+        ]
         lines.append(f"{'mean':>6} | {name:>7} | {cells[0]:>13} {cells[1]:>13} {cells[2]:>10} {cells[3]:>10}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
-    import torch
-
     import bpe_tokenizer
+    import torch
     from gguf_weights import load_model
     from model import build_model
     from train import heldout_windows
@@ -233,14 +260,19 @@ def main(argv=None) -> None:
     trained, arch = load_model(args.gguf)
     random_model = build_model(arch, seed=args.random_seed).eval()
 
-    results = {"heldout_tokens": int(len(heldout_tokens)), "seq_len": args.seq_len, "random_seed": args.random_seed}
+    results = {
+        "heldout_tokens": len(heldout_tokens),
+        "seq_len": args.seq_len,
+        "random_seed": args.random_seed,
+    }
     for name, model in (("trained", trained), ("random", random_model)):
         counts = popularity(model, train_tokens, arch, args.seq_len, args.popularity_windows, seed=0)
         results[name] = recall_table(model, arch, windows, counts)
     if args.trace:
         tokenizer = bpe_tokenizer.hf_tokenizer(bpe_tokenizer.load_tokenizer(args.run))
-        results["trace"] = write_trace(trained, arch, tokenizer, heldout_tokens, args.trace,
-                                       args.trace_seqs, args.trace_tokens)
+        results["trace"] = write_trace(
+            trained, arch, tokenizer, heldout_tokens, args.trace, args.trace_seqs, args.trace_tokens
+        )
     table = format_table(results)
     results["table"] = table
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -31,13 +31,13 @@ from pathlib import Path
 # here: 270-700 tok/s spinning vs 1350-1900 passive under load). Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bpe_tokenizer  # noqa: E402
-import corpus  # noqa: E402
-from model import ArchConfig, build_model, per_layer_balance_losses, router_z_loss, selection_shares  # noqa: E402
+import bpe_tokenizer
+import corpus
+from model import ArchConfig, build_model, per_layer_balance_losses, router_z_loss, selection_shares
 
 
 def parse_args(argv=None):
@@ -58,24 +58,46 @@ def parse_args(argv=None):
     # optimisation
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
-    p.add_argument("--bf16", type=int, default=1,
-                   help="1: forward under torch.autocast(bfloat16) (float32 master weights, float32 evaluation); "
-                        "uses the CPU's AVX-512 BF16 dot products, ~1.3-1.5x the float32 step rate here")
-    p.add_argument("--steps", type=int, default=0,
-                   help="total steps (fixed schedule, exactly reproducible); 0: set by --time-budget-min")
-    p.add_argument("--time-budget-min", type=float, default=0.0,
-                   help="with --steps 0: train at constant LR until (1 - decay_frac) of this wall time has "
-                        "passed, then fix the total step count there (recorded in result.json)")
+    p.add_argument(
+        "--bf16",
+        type=int,
+        default=1,
+        help="1: forward under torch.autocast(bfloat16) (float32 master weights, float32 evaluation); "
+        "uses the CPU's AVX-512 BF16 dot products, ~1.3-1.5x the float32 step rate here",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="total steps (fixed schedule, exactly reproducible); 0: set by --time-budget-min",
+    )
+    p.add_argument(
+        "--time-budget-min",
+        type=float,
+        default=0.0,
+        help="with --steps 0: train at constant LR until (1 - decay_frac) of this wall time has "
+        "passed, then fix the total step count there (recorded in result.json)",
+    )
     p.add_argument("--optimizer", choices=["muon", "adamw"], default="muon")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (all parameters with adamw; "
-                                                           "embeddings, norms and routers with muon)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=3e-3,
+        help="AdamW learning rate (all parameters with adamw; embeddings, norms and routers with muon)",
+    )
     p.add_argument("--muon-lr", type=float, default=0.02)
     p.add_argument("--muon-weight-decay", type=float, default=0.0)
     p.add_argument("--min-lr-frac", type=float, default=0.02)
     p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--decay-frac", type=float, default=0.3, help="last fraction of steps spent decaying the LR")
-    p.add_argument("--replay-lr", type=Path, default=None,
-                   help="result.json of an earlier run: take its step count and per-step LR (exact replay)")
+    p.add_argument(
+        "--decay-frac", type=float, default=0.3, help="last fraction of steps spent decaying the LR"
+    )
+    p.add_argument(
+        "--replay-lr",
+        type=Path,
+        default=None,
+        help="result.json of an earlier run: take its step count and per-step LR (exact replay)",
+    )
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--balance-coef", type=float, default=0.02, help="weight of each layer's balance term")
@@ -112,8 +134,10 @@ def prepare_data(out: Path, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     train_files, heldout_files = corpus.collect()
     problems = corpus.check_against_manifest(train_files, heldout_files)
     if problems:
-        print(f"note: the local stdlib differs from {corpus.MANIFEST_PATH.name} in {len(problems)} places "
-              f"(first: {problems[0]}); the run is still valid, its corpus is just not the shipped one")
+        print(
+            f"note: the local stdlib differs from {corpus.MANIFEST_PATH.name} in {len(problems)} places "
+            f"(first: {problems[0]}); the run is still valid, its corpus is just not the shipped one"
+        )
     tokenizer = bpe_tokenizer.train_tokenizer(train_files, vocab_size)
     tokenizer.save(str(out / "tokenizer.json"))
     train_tokens = bpe_tokenizer.encode_files(tokenizer, train_files)
@@ -137,7 +161,9 @@ def training_batch(tokens: np.ndarray, seed: int, step: int, batch: int, seq_len
 def heldout_windows(tokens: np.ndarray, seq_len: int) -> list[np.ndarray]:
     """The held-out stream cut into consecutive windows of seq_len tokens (the last may be shorter).
     The held-out loss predicts every token of a window after its first from the ones before it."""
-    return [tokens[i : i + seq_len] for i in range(0, len(tokens), seq_len) if len(tokens[i : i + seq_len]) >= 2]
+    return [
+        tokens[i : i + seq_len] for i in range(0, len(tokens), seq_len) if len(tokens[i : i + seq_len]) >= 2
+    ]
 
 
 def evaluate(model, windows: list[np.ndarray], top_k: int, batch: int = 8) -> dict:
@@ -162,19 +188,31 @@ def evaluate(model, windows: list[np.ndarray], top_k: int, batch: int = 8) -> di
             share_tokens += ids.numel()
     model.train()
     ce = total_nll / total_count
-    return {"ce": ce, "ppl": math.exp(ce), "tokens": total_count, "shares": (share_sum / share_tokens).tolist()}
+    return {
+        "ce": ce,
+        "ppl": math.exp(ce),
+        "tokens": total_count,
+        "shares": (share_sum / share_tokens).tolist(),
+    }
 
 
 def balance_summary(shares) -> dict:
     """Per layer: most-used and least-used expert's share relative to the uniform share 1/n_expert."""
     shares = np.asarray(shares)
     uniform = 1.0 / shares.shape[1]
-    return {"max_over_uniform": (shares.max(axis=1) / uniform).round(3).tolist(),
-            "min_over_uniform": (shares.min(axis=1) / uniform).round(3).tolist()}
+    return {
+        "max_over_uniform": (shares.max(axis=1) / uniform).round(3).tolist(),
+        "min_over_uniform": (shares.min(axis=1) / uniform).round(3).tolist(),
+    }
+
+
+def args_dict(args) -> dict:
+    """The command-line arguments as JSON-safe values (paths as strings)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
 def decay_start(total_steps: int, decay_frac: float) -> int:
-    return int(round(total_steps * (1.0 - decay_frac)))
+    return round(total_steps * (1.0 - decay_frac))
 
 
 def lr_at(step: int, total_steps: int, args, elapsed_s: float = 0.0) -> float:
@@ -213,7 +251,6 @@ def make_optimizers(model, args) -> list:
     also the output matrix, norms, routers). With --optimizer adamw: AdamW for all. Weight decay on
     matrices only, never on norms."""
     import torch
-
     from muon import Muon
 
     muon_params, adam_decay, adam_no_decay = [], [], []
@@ -226,23 +263,43 @@ def make_optimizers(model, args) -> list:
         else:
             adam_no_decay.append(param)
     adam = torch.optim.AdamW(
-        [{"params": adam_decay, "weight_decay": args.weight_decay}, {"params": adam_no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        [
+            {"params": adam_decay, "weight_decay": args.weight_decay},
+            {"params": adam_no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     optimizers = [(adam, args.lr)]
     if muon_params:
-        optimizers.append((Muon(muon_params, lr=args.muon_lr, momentum=0.95, weight_decay=args.muon_weight_decay),
-                           args.muon_lr))
+        optimizers.append(
+            (
+                Muon(muon_params, lr=args.muon_lr, momentum=0.95, weight_decay=args.muon_weight_decay),
+                args.muon_lr,
+            )
+        )
     return optimizers
 
 
-def save_checkpoint(path: Path, model, optimizers, step: int, wall_s: float, args, total_steps: int,
-                    lr_history: list) -> None:
+def save_checkpoint(
+    path: Path, model, optimizers, step: int, wall_s: float, args, total_steps: int, lr_history: list
+) -> None:
     import torch
 
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o, _ in optimizers], "step": step,
-                "total_steps": total_steps, "lr_per_step": lr_history, "wall_s": wall_s, "args": vars(args) | {"out": str(args.out)}}, tmp)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizers": [o.state_dict() for o, _ in optimizers],
+            "step": step,
+            "total_steps": total_steps,
+            "lr_per_step": lr_history,
+            "wall_s": wall_s,
+            "args": args_dict(args),
+        },
+        tmp,
+    )
     os.replace(tmp, path)  # atomic: a crash mid-write leaves the previous checkpoint intact
 
 
@@ -276,20 +333,25 @@ def main(argv=None) -> None:
         total_steps = total_steps or state.get("total_steps", 0)
         # Checkpoints written before per-step LRs were recorded: their steps ran the step-based
         # schedule, which is recomputed here.
-        lr_history = state.get("lr_per_step") or [lr_at(s, total_steps, argparse.Namespace(
-            **(vars(args) | {"time_budget_min": 0.0}))) for s in range(step)]
+        lr_history = state.get("lr_per_step") or [
+            lr_at(s, total_steps, argparse.Namespace(**(vars(args) | {"time_budget_min": 0.0})))
+            for s in range(step)
+        ]
         print(f"resumed at step {step} ({wall_before:.0f} s of earlier wall time)", flush=True)
     elif not args.resume:
         log_path.unlink(missing_ok=True)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"arch {arch.as_dict()}\nparameters {n_params / 1e6:.2f} M; train tokens {len(train_tokens)}, "
-          f"held-out tokens {len(heldout_tokens)}; steps of {args.batch}x{args.seq_len}: "
-          f"{total_steps or f'set after {(1 - args.decay_frac) * args.time_budget_min:.1f} min'}", flush=True)
+    print(
+        f"arch {arch.as_dict()}\nparameters {n_params / 1e6:.2f} M; train tokens {len(train_tokens)}, "
+        f"held-out tokens {len(heldout_tokens)}; steps of {args.batch}x{args.seq_len}: "
+        f"{total_steps or f'set after {(1 - args.decay_frac) * args.time_budget_min:.1f} min'}",
+        flush=True,
+    )
 
     windows = heldout_windows(heldout_tokens, args.seq_len)
     # Periodic evaluations use evenly spaced full windows; the final one uses all of them.
     probe = [windows[i] for i in np.linspace(0, len(windows) - 2, args.eval_windows).astype(int)]
-    log = open(log_path, "a")
+    log = open(log_path, "a")  # noqa: SIM115 (held across the loop, closed after the final evaluation)
 
     def elapsed() -> float:
         return wall_before + time.perf_counter() - t_start
@@ -298,9 +360,12 @@ def main(argv=None) -> None:
     t_log, tokens_since = time.perf_counter(), 0
     while total_steps == 0 or step < total_steps:
         if total_steps == 0 and elapsed() >= (1.0 - args.decay_frac) * args.time_budget_min * 60:
-            total_steps = max(step + 1, int(math.ceil(step / (1.0 - args.decay_frac))))
+            total_steps = max(step + 1, math.ceil(step / (1.0 - args.decay_frac)))
             log.write(json.dumps({"step": step, "total_steps_fixed": total_steps}) + "\n")
-            print(f"time budget: stable phase over at step {step}; total steps fixed at {total_steps}", flush=True)
+            print(
+                f"time budget: stable phase over at step {step}; total steps fixed at {total_steps}",
+                flush=True,
+            )
         if replay:
             lr = replay[step]
         else:
@@ -334,24 +399,37 @@ def main(argv=None) -> None:
             shares = selection_shares(out_model.router_logits, arch.num_experts_per_tok)
             summary = balance_summary(shares)
             now = time.perf_counter()
-            record = {"step": step, "ce": round(ce.item(), 4), "balance": [round(b, 3) for b in balance.tolist()],
-                      "z": round(z.item(), 3), "lr": lr, "grad_norm": round(grad_norm.item(), 3),
-                      "tok_per_s": round(tokens_since / (now - t_log)), "wall_s": round(elapsed(), 1),
-                      "max_share": summary["max_over_uniform"], "min_share": summary["min_over_uniform"]}
+            record = {
+                "step": step,
+                "ce": round(ce.item(), 4),
+                "balance": [round(b, 3) for b in balance.tolist()],
+                "z": round(z.item(), 3),
+                "lr": lr,
+                "grad_norm": round(grad_norm.item(), 3),
+                "tok_per_s": round(tokens_since / (now - t_log)),
+                "wall_s": round(elapsed(), 1),
+                "max_share": summary["max_over_uniform"],
+                "min_share": summary["min_over_uniform"],
+            }
             t_log, tokens_since = now, 0
             log.write(json.dumps(record) + "\n")
             log.flush()
-            print(f"step {step} ce {record['ce']:.3f} bal max {max(record['balance']):.3f} "
-                  f"maxshare {max(summary['max_over_uniform']):.2f} minshare {min(summary['min_over_uniform']):.2f} "
-                  f"lr {lr:.2e} gn {record['grad_norm']:.2f} {record['tok_per_s']} tok/s {record['wall_s']:.0f}s",
-                  flush=True)
+            print(
+                f"step {step} ce {record['ce']:.3f} bal max {max(record['balance']):.3f} "
+                f"maxshare {max(summary['max_over_uniform']):.2f} minshare {min(summary['min_over_uniform']):.2f} "
+                f"lr {lr:.2e} gn {record['grad_norm']:.2f} {record['tok_per_s']} tok/s {record['wall_s']:.0f}s",
+                flush=True,
+            )
         if step % args.eval_every == 0 and step != total_steps:
             result = evaluate(model, probe, arch.num_experts_per_tok)
             summary = balance_summary(result["shares"])
             log.write(json.dumps({"step": step, "eval_probe_ce": result["ce"], **summary}) + "\n")
             log.flush()
-            print(f"eval step {step}: held-out probe ce {result['ce']:.3f} | max share/uniform per layer "
-                  f"{summary['max_over_uniform']} min {summary['min_over_uniform']}", flush=True)
+            print(
+                f"eval step {step}: held-out probe ce {result['ce']:.3f} | max share/uniform per layer "
+                f"{summary['max_over_uniform']} min {summary['min_over_uniform']}",
+                flush=True,
+            )
         if time.perf_counter() - last_ckpt > args.ckpt_every_s:
             save_checkpoint(ckpt_path, model, optimizers, step, elapsed(), args, total_steps, lr_history)
             last_ckpt = time.perf_counter()
@@ -364,17 +442,30 @@ def main(argv=None) -> None:
     model.save_pretrained(out / "hf")
     tokenizer = bpe_tokenizer.hf_tokenizer(bpe_tokenizer.load_tokenizer(out))
     tokenizer.save_pretrained(out / "hf")
-    final = {"heldout_ce": result["ce"], "heldout_ppl": result["ppl"], "heldout_tokens": result["tokens"],
-             "seq_len": args.seq_len, "selection_shares": result["shares"], **summary,
-             "train_wall_s": train_wall, "steps": step,
-             "lr_per_step": lr_history, "train_tokens": int(len(train_tokens)), "args": vars(args) | {"out": str(args.out)},
-             "arch": arch.as_dict(), "parameters": n_params}
+    final = {
+        "heldout_ce": result["ce"],
+        "heldout_ppl": result["ppl"],
+        "heldout_tokens": result["tokens"],
+        "seq_len": args.seq_len,
+        "selection_shares": result["shares"],
+        **summary,
+        "train_wall_s": train_wall,
+        "steps": step,
+        "lr_per_step": lr_history,
+        "train_tokens": len(train_tokens),
+        "args": args_dict(args),
+        "arch": arch.as_dict(),
+        "parameters": n_params,
+    }
     (out / "result.json").write_text(json.dumps(final, indent=1))
     log.write(json.dumps({"final": True, "heldout_ce": result["ce"], "train_wall_s": train_wall}) + "\n")
     log.close()
-    print(f"done: held-out ce {result['ce']:.4f} (ppl {result['ppl']:.2f}) on {result['tokens']} tokens; "
-          f"training wall time {train_wall / 60:.1f} min\nmax share/uniform {summary['max_over_uniform']}\n"
-          f"min share/uniform {summary['min_over_uniform']}", flush=True)
+    print(
+        f"done: held-out ce {result['ce']:.4f} (ppl {result['ppl']:.2f}) on {result['tokens']} tokens; "
+        f"training wall time {train_wall / 60:.1f} min\nmax share/uniform {summary['max_over_uniform']}\n"
+        f"min share/uniform {summary['min_over_uniform']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
