@@ -213,7 +213,6 @@ def test_missing_files_are_clean_errors(fake_session, capsys, tmp_path):
     [
         [],
         ["frobnicate"],
-        ["run", "-p", "x"],  # -m is required
         ["run", "-m", "m.gguf", "--temp", "warm"],
         ["run", "-m", "m.gguf", "-n", "-5"],
         ["run", "-m", "m.gguf", "--no-such-flag"],
@@ -418,3 +417,15 @@ def test_run_passes_streaming_options(fake_session, capsys):
     (s,) = RecordingSession.instances
     assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz",
                            "prefetch": "prev_token"}
+
+
+def test_run_without_model_uses_the_shipped_model():
+    # The README's first command after `pip install .`: no -m, the shipped trained model answers.
+    from sharpi.models import default_model_path
+
+    cmd = [sys.executable, "-m", "sharpi.cli", "run", "-p", "def ", "-n", "24", "--temp", "0", "-t", "2"]
+    default = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    explicit = subprocess.run(cmd + ["-m", default_model_path()], check=True, capture_output=True, text=True)
+    assert default.stdout == explicit.stdout
+    assert len(default.stdout.strip()) > 10
+    assert "decode" in default.stderr

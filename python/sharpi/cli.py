@@ -55,7 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate text from a prompt",
         description="Generate text from a prompt, streaming it to stdout; timing goes to stderr.",
     )
-    run.add_argument("-m", "--model", required=True, metavar="FILE", help="GGUF model file")
+    run.add_argument(
+        "-m",
+        "--model",
+        default=None,
+        metavar="FILE",
+        help="GGUF model file (default: the shipped stdlib-moe model, see sharpi/models/MODEL_CARD.md)",
+    )
     src = run.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default=None, help="prompt text")
     src.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE")
@@ -221,6 +227,10 @@ def format_timing(stats: dict) -> str:
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
     import sharpi
 
+    if args.model is None:
+        from .models import default_model_path
+
+        args.model = default_model_path()
     _require_file(args.model)
     prompt = _read_prompt(args)
     session = sharpi.Session(
