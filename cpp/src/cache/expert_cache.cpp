@@ -21,19 +21,28 @@ const char* const kPartName[3] = {"gate", "up", "down"};
 
 }  // namespace
 
-uint64_t ExpertCache::slot_bytes(const Model& model) {
-    uint64_t total = 0;
+// Offsets of the gate/up/down regions inside a slot (base[0..2]) and the slot size (base[3]). Each
+// region fits the largest expert range of its part over all layers, padded so that its 4 KiB
+// aligned superset fits (worst case for an unaligned range: one extra block at each end).
+static void slot_layout(const Model& model, uint64_t base[4]) {
+    uint64_t at = 0;
     for (int part = 0; part < 3; ++part) {
+        base[part] = at;
         uint64_t largest = 0;
         for (const LayerWeights& L : model.layers) {
             if (L.experts.gate_tensor) {
                 largest = std::max(largest, part_tensor(L.experts, part)->nbytes / static_cast<uint64_t>(model.hp.n_expert));
             }
         }
-        // Worst case for the aligned superset of an unaligned range: one extra block at each end.
-        total += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
+        at += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
     }
-    return total;
+    base[3] = at;
+}
+
+uint64_t ExpertCache::slot_bytes(const Model& model) {
+    uint64_t base[4];
+    slot_layout(model, base);
+    return base[3];
 }
 
 ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
@@ -49,16 +58,10 @@ ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
     n_cache_slots_ = options.n_slots;
     n_staging_ = options.n_staging;
     n_protected_max_ = static_cast<uint64_t>(std::floor(static_cast<double>(n_cache_slots_) * (1.0 - options.probation)));
-    slot_bytes_ = slot_bytes(model);
-    uint64_t at = 0;
-    for (int part = 0; part < 3; ++part) {
-        part_base_[part] = at;
-        uint64_t largest = 0;
-        for (const LayerWeights& L : model.layers) {
-            if (L.experts.gate_tensor) largest = std::max(largest, part_tensor(L.experts, part)->nbytes / n_expert_);
-        }
-        at += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
-    }
+    uint64_t layout[4];
+    slot_layout(model, layout);
+    std::copy(layout, layout + 3, part_base_);
+    slot_bytes_ = layout[3];
 
     const uint64_t n_total = n_cache_slots_ + n_staging_;
     arena_bytes_ = n_total * slot_bytes_;
