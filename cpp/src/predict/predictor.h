@@ -1,0 +1,82 @@
+// Predictors guess which experts later layers will select (DESIGN §6, docs/predictors.md). They
+// see one layer's state and return hints; they never touch the cache or the reader (the
+// prefetcher turns hints into reads), so a predictor can only change what is read when, never
+// which experts compute: every predictor is lossless by construction.
+//
+// Threading: observe() is called on the decode thread only, once per MoE layer of each decoded
+// token, in layer order. A predictor may keep state between calls (it is reset by the engine
+// through begin_sequence()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace sharpi {
+
+struct PrefetchHint {
+    int target_layer = 0;
+    int32_t expert = 0;
+    float score = 0.0f;  // higher = more confident; only the order among hints matters
+};
+
+// What a predictor sees at layer `layer` of the current token.
+struct PredictorInput {
+    int layer = 0;
+    const float* hidden = nullptr;         // [n_embd] residual entering the MoE block (before ffn_norm)
+    const float* router_logits = nullptr;  // [n_expert] this layer's router output
+    // [n_layer * top_k] row-major: the current token's selections of layers 0..layer (rows after
+    // `layer` are -1), and the previous token's selections (all -1 when there is none).
+    const int32_t* history = nullptr;
+    const int32_t* prev = nullptr;
+    int lookahead = 1;  // hints for layer+1 .. layer+lookahead are wanted
+};
+
+class Predictor {
+public:
+    virtual ~Predictor() = default;
+    virtual const char* name() const = 0;
+    // Appends hints for layers in (in.layer, in.layer + in.lookahead]. Out-of-range hints are
+    // dropped and counted by the prefetcher, so implementations need not filter them.
+    virtual void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) = 0;
+};
+
+// A predictor that scores every expert of each target layer (cooc, learned, trajectory,
+// next_gate, pregate): observe() is the top-k of scores() for each d. scores() is public so tests
+// can compare the raw scores with an independent numpy implementation.
+class ScoringPredictor : public Predictor {
+public:
+    // Whether it predicts layer in.layer + d at all (e.g. pregate only d = 1, nothing past the last layer).
+    virtual bool predicts(const PredictorInput& in, int d) const = 0;
+    // out: [n_expert] scores of layer in.layer + d. Only called when predicts(in, d).
+    virtual void scores(const PredictorInput& in, int d, float* out) = 0;
+    void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override;
+
+protected:
+    ScoringPredictor(int64_t n_expert, int64_t top_k) : n_expert_(n_expert), top_k_(top_k), buf_(n_expert) {}
+    int64_t n_expert_, top_k_;
+    std::vector<float> buf_;
+};
+
+// The top-k experts of `scores` (ties: lower id first) as hints for `target_layer`.
+void append_topk_hints(const float* scores, int64_t n_expert, int64_t k, int target_layer,
+                       std::vector<PrefetchHint>& hints);
+
+// Built-in predictors by name: "prev_token", "next_gate", "pregate" need only the model;
+// "cooc", "learned", "trajectory" need a sidecar file (docs/predictors.md), `file` may be empty
+// otherwise. "none" returns nullptr. Throws InvalidArgument for an unknown name, a missing or
+// mismatched file (naming both shapes), or a model without pregate tensors for "pregate";
+// FormatError for a corrupt sidecar. `max_lookahead` is the session's lookahead.
+std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file, const Model& model,
+                                          int lookahead);
+
+// Sidecar-backed predictors (cpp/src/predict/{cooc,learned,trajectory}.cpp). Each validates the
+// file against the model and the lookahead and throws as make_predictor documents.
+std::unique_ptr<Predictor> load_cooc_predictor(const std::string& file, const Model& model, int lookahead);
+std::unique_ptr<Predictor> load_learned_predictor(const std::string& file, const Model& model, int lookahead);
+std::unique_ptr<Predictor> load_trajectory_predictor(const std::string& file, const Model& model, int lookahead);
+
+}  // namespace sharpi
