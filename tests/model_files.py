@@ -19,9 +19,11 @@ def rewrite_gguf(
     drop_kv: tuple = (),
     drop_tensors: tuple = (),
     tensor_edit: Optional[Callable[[str, np.ndarray, GGMLQuantizationType, list], tuple]] = None,
+    add_tensors: Optional[Dict[str, np.ndarray]] = None,
 ) -> None:
     """Copy src to dst. set_kv: {key: value} (str, int, float or bool; replaces or adds).
-    tensor_edit(name, raw_bytes, type, ggml_shape) -> (raw_bytes, type, ggml_shape) or None to keep."""
+    tensor_edit(name, raw_bytes, type, ggml_shape) -> (raw_bytes, type, ggml_shape) or None to keep.
+    add_tensors: {name: float32 array in numpy shape} appended after the file's own tensors."""
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(dst, arch=str(set_kv.get("general.architecture", arch)) if set_kv else arch)
@@ -57,6 +59,8 @@ def rewrite_gguf(
                 raw, ttype, shape = edited
         # Raw bytes in numpy byte shape (reversed ggml order, innermost dimension in bytes).
         writer.add_tensor(t.name, raw.reshape(_byte_shape(shape, ttype)), raw_dtype=ttype)
+    for name, array in (add_tensors or {}).items():
+        writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -54,6 +54,9 @@ class RecordingSession:
     def expert_stats(self):
         return {"layers": []}  # all experts resident: no cache summary
 
+    def close(self):
+        return None
+
     def generate(self, prompt, **kwargs):
         self.generate_calls.append((prompt, kwargs))
         for i, piece in enumerate(self.pieces):
@@ -92,7 +95,7 @@ def test_run_streams_text_and_prints_timing(fake_session, capsys):
     (s,) = RecordingSession.instances
     assert (s.path, s.threads, s.n_ctx) == (fake_session, 0, 0)
     assert s.streaming == {"ram_budget": None, "slru_probation": 0.25, "reader": "auto", "route_trace": None,
-                           "prefetch": "none"}
+                           "predictor": "none", "lookahead": 1, "trace": None}
     ((prompt, kwargs),) = s.generate_calls
     assert prompt == "Hi there"
     assert kwargs == {
@@ -410,13 +413,14 @@ def test_bad_files_and_values_exit_1_without_traceback(tiny_model, tmp_path):
 def test_run_passes_streaming_options(fake_session, capsys):
     code, _, _ = run_main(
         ["run", "-m", fake_session, "-p", "x", "--ram-budget", "6GiB", "--reader", "pread",
-         "--slru-probation", "0.4", "--route-trace", "t.npz", "--prefetch", "prev_token"],
+         "--slru-probation", "0.4", "--route-trace", "t.npz", "--predictor", "cooc:p.gguf", "--lookahead", "3",
+         "--trace", "out"],
         capsys,
     )
     assert code == 0
     (s,) = RecordingSession.instances
     assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz",
-                           "prefetch": "prev_token"}
+                           "predictor": "cooc:p.gguf", "lookahead": 3, "trace": "out"}
 
 
 def test_run_without_model_uses_the_shipped_model():

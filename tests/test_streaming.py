@@ -336,10 +336,10 @@ def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader):
     prompt = list(range(30, 40))
     resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), prompt, 30)
     with pytest.raises(sharpi.InvalidArgument, match=r"\+2 staging"):
-        sharpi.Session(path, n_ctx=128, ram_budget=fixed + (2 * k - 1) * slot, prefetch="prev_token")
+        sharpi.Session(path, n_ctx=128, ram_budget=fixed + (2 * k - 1) * slot, predictor="prev_token")
     for n_slots in (k, k + 2, total // 2):
         s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + (n_slots + k) * slot, reader=reader,
-                           prefetch="prev_token")
+                           predictor="prev_token")
         st = s.expert_stats()
         assert (st["n_slots"], st["n_staging"]) == (n_slots, k)
         np.testing.assert_array_equal(run_tokens(s, prompt, 30), resident, err_msg=f"{arch} {reader} {n_slots}")
@@ -353,14 +353,16 @@ def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader):
             assert issued > 0 and used > 0
         per_expert_max = slot  # a slot holds any one expert
         assert sum(lay["prefetch_wasted_bytes"] for lay in layers) <= (issued - used) * per_expert_max
-    with pytest.raises(sharpi.InvalidArgument, match="prefetch must be"):
-        sharpi.Session(path, n_ctx=128, ram_budget="1GiB", prefetch="oracle")
+    with pytest.raises(sharpi.InvalidArgument, match="unknown predictor 'oracle'"):
+        sharpi.Session(path, n_ctx=128, ram_budget="1GiB", predictor="oracle")
 
 
 STRESS_SCRIPT = r"""
 import sys, numpy as np, sharpi
 path, budget, reader = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-s = sharpi.Session(path, threads=2, n_ctx=512, ram_budget=budget, reader=reader, prefetch="prev_token")
+# skip_late_prefetch=False: the delayed prefetch reads would otherwise make the scheduler stop issuing.
+s = sharpi.Session(path, threads=2, n_ctx=512, ram_budget=budget, reader=reader, predictor="prev_token",
+                   skip_late_prefetch=False)
 ref = sharpi.Session(path, threads=2, n_ctx=512)
 rng = np.random.default_rng(1)
 for t in rng.integers(0, s.info["n_vocab"], size=150).tolist():  # random tokens: prefetches often wrong

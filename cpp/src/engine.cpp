@@ -1,12 +1,14 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
 #include "cpu/ops/matmul.h"
 #include "cpu/ops/norm.h"
 #include "cpu/quant/kernels.h"
+#include "predict/predictor.h"
 
 namespace sharpi {
 
@@ -19,11 +21,22 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     timeline_.set_enabled(options.timeline);
     model_ = load_model(path, streaming);
     const HParams& h = model_->hp;
-    if (options.prefetch != "none" && options.prefetch != "prev_token") {
-        throw InvalidArgument("prefetch must be 'none' or 'prev_token', got '" + options.prefetch + "'");
-    }
     if (streaming && !h.is_moe()) {
         throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
+    }
+    if (options.predictor != "none" && !streaming) {
+        throw InvalidArgument("predictor '" + options.predictor +
+                              "' needs a RAM budget (ram_budget / --ram-budget): with every expert resident "
+                              "there is nothing to prefetch");
+    }
+    // Built before any memory is planned, so a bad name or predictor file fails fast.
+    std::shared_ptr<Predictor> predictor;
+    if (options.predictor == "custom") {
+        if (options.lookahead < 1 || options.lookahead > 3) {
+            throw InvalidArgument("lookahead must be 1, 2 or 3, got " + std::to_string(options.lookahead));
+        }
+    } else {
+        predictor = make_predictor(options.predictor, options.predictor_file, *model_, options.lookahead);
     }
 
     const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
@@ -31,6 +44,8 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
     if (streaming) {
         plan_expert_cache(n_ctx);
+        if (predictor) prefetcher_ = std::make_unique<Prefetcher>(h, *cache_, std::move(predictor), options.lookahead,
+                                                               options.skip_late_prefetch);
     } else {
         experts_ = std::make_unique<ResidentExperts>(*model_);
     }
@@ -79,8 +94,10 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const uint64_t slot = ExpertCache::slot_bytes(*model_);
     const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
     const uint64_t budget = options_.ram_budget;
-    // prev_token prefetch reads up to k experts of a layer ahead into staging slots of their own.
-    const uint64_t n_staging = options_.prefetch == "prev_token" ? static_cast<uint64_t>(k) : 0;
+    // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots of
+    // their own (prefetch never evicts).
+    const uint64_t n_staging =
+        options_.predictor != "none" ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead) : 0;
     const uint64_t minimum = fixed + (static_cast<uint64_t>(k) + n_staging) * slot;
     if (budget < minimum) {
         throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
@@ -128,15 +145,44 @@ void Engine::set_route_trace(RouteTrace trace) {
 }
 
 ExpertCacheStats Engine::expert_stats() const {
-    if (!cache_) return {};
-    ExpertCacheStats st = cache_->stats();
-    st.budget_bytes = plan_.budget_bytes;
-    st.fixed_bytes = plan_.fixed_bytes;
+    ExpertCacheStats st;
+    if (cache_) {
+        st = cache_->stats();
+        st.budget_bytes = plan_.budget_bytes;
+        st.fixed_bytes = plan_.fixed_bytes;
+    }
+    if (prefetcher_) prefetcher_->add_stats(st);
+    st.decode_ms = decode_ms_;
     return st;
 }
 
 void Engine::reset_stats() {
     if (cache_) cache_->reset_stats();
+    if (prefetcher_) prefetcher_->reset_stats();
+    decode_ms_ = 0.0;
+}
+
+void Engine::reset() {
+    n_past_ = 0;
+    // The next token has no previous token (prev-token history starts over).
+    for (Routing& r : routing_) {
+        r.ids.clear();
+        r.weights.clear();
+    }
+}
+
+void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
+    if (options_.predictor != "custom") {
+        throw InvalidArgument("set_predictor: the session was made with predictor '" + options_.predictor +
+                              "'; make it with predictor \"custom\" to install your own");
+    }
+    prefetcher_.reset();
+    if (predictor) prefetcher_ = std::make_unique<Prefetcher>(model_->hp, *cache_, std::move(predictor), options_.lookahead,
+                                                               options_.skip_late_prefetch);
+}
+
+std::vector<std::string> Engine::predictor_errors() const {
+    return prefetcher_ ? prefetcher_->errors() : std::vector<std::string>{};
 }
 
 std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_logits) {
@@ -154,6 +200,14 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
                                    " exceed the context of " + std::to_string(kv_->n_ctx()) +
                                    " tokens (use a larger n_ctx or reset())");
     }
+    const auto t_start = std::chrono::steady_clock::now();
+    struct AddElapsed {  // decode_ms_ counts failed calls too
+        std::chrono::steady_clock::time_point t0;
+        double& total;
+        ~AddElapsed() {
+            total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        }
+    } add_elapsed{t_start, decode_ms_};
     dump_.clear();
     const int64_t n_logit_rows = all_logits ? n : 1;
     std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
@@ -200,16 +254,23 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     }
     f.name(x, "inp_embd", -1);
 
+    if (prefetcher_ && n == 1) {
+        // Single-token decoding: the predictor sees every layer's gate. Its previous-token history
+        // is the last row of the previous decode's routing (none after reset()).
+        const int64_t k = h.n_expert_used;
+        prev_selection_.assign(static_cast<size_t>(h.n_layer * k), -1);
+        bool have_prev = false;
+        for (int il = 0; il < h.n_layer; ++il) {
+            const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
+            if (ids.size() < static_cast<size_t>(k)) continue;
+            std::copy(ids.end() - k, ids.end(), prev_selection_.begin() + il * k);
+            have_prev = true;
+        }
+        prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
+        f.set_gate_observer(prefetcher_.get());
+    }
     for (int il = 0; il < h.n_layer; ++il) {
         scratch_.reset();
-        if (cache_ && options_.prefetch == "prev_token" && n == 1) {
-            // Same-layer prefetch of the previous token's experts (its last row of routing_).
-            const std::vector<int32_t>& prev = routing_[static_cast<size_t>(il)].ids;
-            const int64_t k = h.n_expert_used;
-            for (size_t j = prev.size() >= static_cast<size_t>(k) ? prev.size() - k : prev.size(); j < prev.size(); ++j) {
-                cache_->prefetch(il, prev[j]);
-            }
-        }
         const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
         Act out = m.spec->build_layer(f, x, il);
         if (timeline_.enabled()) timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());

@@ -17,6 +17,7 @@
 #include "model/expert_source.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "predict/prefetcher.h"
 #include "sharpi/session.h"
 #include "trace/timeline.h"
 
@@ -29,7 +30,7 @@ public:
     const ModelInfo& info() const { return info_; }
     const Model& model() const { return *model_; }
     int64_t n_past() const { return n_past_; }
-    void reset() { n_past_ = 0; }
+    void reset();
 
     std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
 
@@ -42,6 +43,9 @@ public:
 
     ExpertCacheStats expert_stats() const;
     void reset_stats();
+
+    void set_predictor(std::shared_ptr<Predictor> predictor);
+    std::vector<std::string> predictor_errors() const;
 
 private:
     // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
@@ -67,6 +71,9 @@ private:
     std::map<std::string, Activation> dump_;
     std::vector<Routing> routing_;
     RouteTrace route_trace_;  // n_tokens == 0: replay off
+    std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
+    std::vector<int32_t> prev_selection_;     // scratch: the previous token's experts, [n_layer * top_k]
+    double decode_ms_ = 0.0;
     Timeline timeline_;
 };
 

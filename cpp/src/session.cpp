@@ -48,6 +48,10 @@ ExpertCacheStats Session::expert_stats() const { return engine_->expert_stats();
 
 void Session::reset_stats() { engine_->reset_stats(); }
 
+void Session::set_predictor(std::shared_ptr<Predictor> predictor) { engine_->set_predictor(std::move(predictor)); }
+
+std::vector<std::string> Session::predictor_errors() const { return engine_->predictor_errors(); }
+
 std::string Session::metadata_string(const std::string& key) const {
     const GgufValue* v = engine_->model().file->find(key);
     if (!v) return "";

@@ -17,6 +17,7 @@ from ._core import (  # noqa: F401
     cuda_describe,
 )
 
+from .plugin import Predictor  # noqa: E402,F401
 from .session import Session  # noqa: E402,F401
 
 __version__ = "0.1.0"

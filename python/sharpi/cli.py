@@ -140,10 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of expert slots in the SLRU probation segment (default: 0.25)",
     )
     run.add_argument(
-        "--prefetch",
-        choices=["none", "prev_token"],
+        "--predictor",
         default="none",
-        help="expert prefetch while streaming (default: none = reactive)",
+        metavar="NAME[:FILE]",
+        help="predictive expert prefetch while streaming: none (reactive, default), prev_token, next_gate, "
+        "pregate, or cooc/learned/trajectory with a predictor file (NAME:FILE; docs/predictors.md)",
+    )
+    run.add_argument(
+        "--lookahead",
+        type=int,
+        choices=[1, 2, 3],
+        default=1,
+        help="layers ahead the predictor prefetches for (default: 1)",
+    )
+    run.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="MoE tracing (also SHARPI_TRACE_MOE=1): print per-layer hit/recall/prefetch/stall table, "
+        "write DIR/moe_trace.json and a Perfetto timeline",
     )
     run.add_argument(
         "--route-trace",
@@ -241,7 +256,9 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         slru_probation=args.slru_probation,
         reader=args.reader,
         route_trace=args.route_trace,
-        prefetch=args.prefetch,
+        predictor=args.predictor,
+        lookahead=args.lookahead,
+        trace=args.trace,
     )
     if args.chat:
         tok = session.tokenizer
@@ -274,6 +291,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         err.write(format_expert_stats(stats) + "\n")
     if args.expert_stats:
         write_expert_stats(args.expert_stats, stats)
+    session.close()
     return 0
 
 

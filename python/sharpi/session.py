@@ -9,6 +9,7 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
+from .plugin import Predictor
 
 
 class Session:
@@ -31,12 +32,42 @@ class Session:
         reader: str = "auto",
         route_trace: Union[str, os.PathLike, np.ndarray, None] = None,
         timeline: bool = False,
-        prefetch: str = "none",
+        predictor: Union[str, "Predictor", None] = "none",
+        predictor_file: Union[str, os.PathLike, None] = None,
+        lookahead: int = 1,
+        skip_late_prefetch: bool = True,
+        trace: Union[str, os.PathLike, bool, None] = None,
     ):
         """ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
         resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
-        becomes expert slots streamed from the file (reader: "auto", "uring" or "pread")."""
+        becomes expert slots streamed from the file (reader: "auto", "uring" or "pread").
+
+        predictor (streaming only, docs/predictors.md): "none", "prev_token", "next_gate", "pregate",
+        "cooc", "learned", "trajectory" (the last three read predictor_file; "cooc:FILE" also works),
+        or a sharpi.Predictor instance. lookahead: predict layers L+1..L+lookahead (1..3).
+        skip_late_prefetch=False issues predictions even when the measured bandwidth says they
+        cannot start before their layer's gate.
+
+        trace: a directory (or True, or env SHARPI_TRACE_MOE=1) to record the MoE tracing report
+        (DESIGN §7): close() prints the table and writes moe_trace.json and a Perfetto timeline there."""
         self.path = os.fspath(path)
+        plugin = None
+        if isinstance(predictor, Predictor):
+            plugin, predictor = predictor, "custom"
+        elif predictor is None:
+            predictor = "none"
+        elif not isinstance(predictor, str):
+            raise _core.InvalidArgument(
+                f"predictor must be a name or a sharpi.Predictor instance, got {type(predictor).__name__}")
+        elif ":" in predictor:
+            predictor, _, file_part = predictor.partition(":")
+            if predictor_file is not None and os.fspath(predictor_file) != file_part:
+                raise _core.InvalidArgument(f"predictor file given twice: {file_part!r} and {os.fspath(predictor_file)!r}")
+            predictor_file = file_part
+        if trace is None and os.environ.get("SHARPI_TRACE_MOE", "") not in ("", "0"):
+            trace = True
+        if trace:
+            timeline = True
         budget = 0
         if ram_budget:
             budget = ram_budget if isinstance(ram_budget, int) else _core.parse_byte_size(str(ram_budget))
@@ -50,8 +81,18 @@ class Session:
             slru_probation=slru_probation,
             reader=reader,
             timeline=timeline,
-            prefetch=prefetch,
+            predictor=predictor,
+            predictor_file=os.fspath(predictor_file) if predictor_file is not None else "",
+            lookahead=lookahead,
+            skip_late_prefetch=skip_late_prefetch,
         )
+        if plugin is not None:
+            self._core.set_predictor(plugin)
+        self._tracer = None
+        if trace:
+            from .moe_trace import MoeTracer
+
+            self._tracer = MoeTracer(None if trace is True else os.fspath(trace))
         if route_trace is not None:
             self.set_route_trace(route_trace)
         self._metadata: Optional[dict] = None
@@ -130,6 +171,24 @@ class Session:
 
     def reset_stats(self) -> None:
         self._core.reset_stats()
+
+    def predictor_errors(self) -> list:
+        """Messages of the last predictor calls that raised (their hints were dropped)."""
+        return self._core.predictor_errors()
+
+    def close(self) -> Optional[dict]:
+        """Ends MoE tracing (trace=...): prints the table, writes the JSON and the timeline, and
+        returns the summary. A no-op without tracing. The session stays usable."""
+        if self._tracer is None:
+            return None
+        tracer, self._tracer = self._tracer, None
+        return tracer.finish(self.expert_stats(), self.timeline_events())
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def dump(self) -> dict:
         """Named activations of the last decode() ("attn_norm-0", ...) when dump_activations=True."""
@@ -210,3 +269,5 @@ class Session:
             "decode_tok_s": n_steps / t_decode if t_decode > 0 and n_steps else 0.0,
             "tpot_s": t_decode / n_steps if n_steps else 0.0,
         }
+        if self._tracer is not None:
+            self._tracer.add_request(self.last_stats)

@@ -22,10 +22,17 @@ struct SessionOptions {
     uint64_t ram_budget = 0;
     double slru_probation = 0.25;  // share of the cache slots in the SLRU probation segment
     std::string reader = "auto";   // "auto" (io_uring when available), "uring", "pread"
-    // Prefetch policy while streaming: "none" (reactive: a layer's misses are read when its gate
-    // fires) or "prev_token" (before each layer, read the experts the previous token used there,
-    // into staging slots that never evict; the baseline the predictors are compared against).
-    std::string prefetch = "none";
+    // Predictive prefetch while streaming (docs/predictors.md): "none" (reactive: a layer's misses
+    // are read when its gate fires), "prev_token", "next_gate", "pregate", "cooc", "learned",
+    // "trajectory" (the last three read `predictor_file`), or "custom" (the host installs one with
+    // Session::set_predictor). Predicted experts are read into lookahead * top_k staging slots that
+    // never evict. Needs ram_budget.
+    std::string predictor = "none";
+    std::string predictor_file;
+    int lookahead = 1;  // predict layers L+1 .. L+lookahead (1..3)
+    // Do not issue a prediction whose read could only start after its layer's gate (measured
+    // bandwidth and queue); false issues every prediction a staging slot can take.
+    bool skip_late_prefetch = true;
 
     // Record compute / stall / expert-read spans for a Perfetto timeline (Session::timeline_events()).
     bool timeline = false;

@@ -12,6 +12,7 @@
 
 #include "sharpi/errors.h"
 #include "sharpi/options.h"
+#include "sharpi/predictor.h"
 #include "sharpi/types.h"
 
 namespace sharpi {
@@ -65,6 +66,12 @@ public:
     // Expert-cache counters (empty layers when every expert is resident); reset_stats() zeroes them.
     ExpertCacheStats expert_stats() const;
     void reset_stats();
+
+    // Installs a host-written predictor (a session made with predictor = "custom"); nullptr removes
+    // it. Throws InvalidArgument for a session without ram_budget or with another predictor.
+    void set_predictor(std::shared_ptr<Predictor> predictor);
+    // The last few messages of predictor calls that threw (their hints were dropped).
+    std::vector<std::string> predictor_errors() const;
 
     // GGUF metadata as strings (arrays rendered as "[n items]") for hosts without the Python side.
     std::string metadata_string(const std::string& key) const;

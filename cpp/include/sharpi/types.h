@@ -53,6 +53,14 @@ struct LayerExpertStats {
     uint64_t prefetch_timely = 0;        // ... of which were ready when the gate fired
     uint64_t prefetch_late = 0;          // ... of which were still loading
     uint64_t prefetch_wasted_bytes = 0;  // bytes of prefetched experts nobody selected
+    uint64_t prefetch_skipped = 0;       // hints for this layer not issued: no staging slot, or too late
+    // Prediction quality for this layer (docs/predictors.md). Each prediction set made for it (one per
+    // lookahead distance and token) counts once: recall_at_k = predicted_correct / (predictions * k),
+    // precision = predicted_correct / predicted_experts.
+    uint64_t predictions = 0;
+    uint64_t predicted_correct = 0;  // sum of |prediction set ∩ selected|
+    uint64_t predicted_experts = 0;  // sum of |prediction set|
+    uint64_t hints_dropped = 0;      // hints this layer's predictor call returned out of range (or a failed call)
 };
 
 // Counters since the session was created (or reset_stats()). Empty `layers` when every expert is
@@ -68,6 +76,11 @@ struct ExpertCacheStats {
     // [n_layer * n_expert], index il * n_expert + e
     std::vector<uint64_t> expert_accesses;
     std::vector<uint64_t> expert_misses;
+    double io_busy_ms = 0.0;  // time at least one expert read was outstanding (seen at poll points)
+    double decode_ms = 0.0;   // wall time inside decode()
+    double predict_ms = 0.0;  // time in the predictor and the prefetcher (part of decode_ms)
+    uint64_t predictor_calls = 0;
+    uint64_t predictor_failures = 0;  // calls that threw (their hints dropped)
 };
 
 }  // namespace sharpi

@@ -119,6 +119,7 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
         req.priority = priority;
         reader_->submit(req);
         slot.bytes += r.size;
+        add_inflight(r.size);
     }
     where_[key(il, e)] = static_cast<int32_t>(s);
 }
@@ -128,6 +129,9 @@ void ExpertCache::process(const std::vector<ReadCompletion>& done) {
         const uint32_t s = static_cast<uint32_t>(c.tag / 4);
         const int part = static_cast<int>(c.tag % 4);
         Slot& slot = slots_[s];
+        remove_inflight(expert_range(*part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part),
+                                     slot.expert).size,
+                        c.ok);
         if (!c.ok && !slot.failed) {
             slot.failed = true;
             const GgufTensor* t = part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part);
@@ -355,12 +359,41 @@ void ExpertCache::release(int il) {
 // ---------------------------------------------------------------------------------------------
 // Prefetch
 
-bool ExpertCache::prefetch(int il, int32_t e) {
-    if (n_staged_ >= n_staging_ || where_[key(il, e)] >= 0) return false;
+uint64_t ExpertCache::expert_bytes(int il, int32_t e) const {
+    const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
+    uint64_t bytes = 0;
+    for (int part = 0; part < 3; ++part) bytes += expert_range(*part_tensor(x, part), e).size;
+    return bytes;
+}
+
+void ExpertCache::add_inflight(uint64_t bytes) {
+    if (inflight_bytes_ == 0) busy_since_ = Clock::now();
+    inflight_bytes_ += bytes;
+}
+
+void ExpertCache::remove_inflight(uint64_t bytes, bool completed) {
+    inflight_bytes_ -= std::min(bytes, inflight_bytes_);
+    if (completed) completed_bytes_ += bytes;
+    if (inflight_bytes_ == 0) {
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+        busy_ms_total_ += ms;
+        busy_ms_stats_ += ms;
+    }
+}
+
+double ExpertCache::bytes_per_ms() const {
+    double busy = busy_ms_total_;
+    if (inflight_bytes_ > 0) busy += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+    return busy > 0.0 && completed_bytes_ > 0 ? static_cast<double>(completed_bytes_) / busy : 0.0;
+}
+
+ExpertCache::PrefetchOutcome ExpertCache::prefetch(int il, int32_t e) {
+    if (where_[key(il, e)] >= 0) return PrefetchOutcome::present;
+    if (n_staged_ >= n_staging_) return PrefetchOutcome::no_slot;
     poll();
     // Staging slots come from the free list only; with the cache full there is always room, since
     // the SLRU holds at most n_cache_slots and staging at most n_staging.
-    if (free_.empty()) return false;
+    if (free_.empty()) return PrefetchOutcome::no_slot;
     const uint32_t s = free_.back();
     free_.pop_back();
     issue_reads(s, il, e, ReadPriority::prefetch);
@@ -369,7 +402,7 @@ bool ExpertCache::prefetch(int il, int32_t e) {
     LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
     ++ls.prefetch_issued;
     ls.bytes_read += slots_[s].bytes;
-    return true;
+    return PrefetchOutcome::issued;
 }
 
 void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
@@ -384,7 +417,9 @@ void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
             for (int part = 0; part < 3; ++part) {
                 if (reader_->cancel(tag(s, part))) {
                     slot.pending--;
-                    wasted -= expert_range(*part_tensor(x, part), slot.expert).size;
+                    const uint64_t size = expert_range(*part_tensor(x, part), slot.expert).size;
+                    wasted -= size;
+                    remove_inflight(size, false);
                 }
             }
             layer_stats_[static_cast<size_t>(il)].bytes_read -= slot.bytes - wasted;
@@ -412,6 +447,8 @@ ExpertCacheStats ExpertCache::stats() const {
     st.layers = layer_stats_;
     st.expert_accesses = expert_accesses_;
     st.expert_misses = expert_misses_;
+    st.io_busy_ms = busy_ms_stats_;
+    if (inflight_bytes_ > 0) st.io_busy_ms += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
     return st;
 }
 
@@ -419,6 +456,8 @@ void ExpertCache::reset_stats() {
     std::fill(layer_stats_.begin(), layer_stats_.end(), LayerExpertStats{});
     std::fill(expert_accesses_.begin(), expert_accesses_.end(), 0);
     std::fill(expert_misses_.begin(), expert_misses_.end(), 0);
+    busy_ms_stats_ = 0.0;
+    if (inflight_bytes_ > 0) busy_since_ = Clock::now();
 }
 
 }  // namespace sharpi

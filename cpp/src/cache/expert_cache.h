@@ -58,9 +58,22 @@ public:
     void release(int il) override;
     int max_acquire() const override { return static_cast<int>(n_cache_slots_); }
 
-    // Starts reading expert e of layer il into a staging slot, unless it is cached or loading or no
-    // staging slot is free (never evicts). Returns whether a read was issued.
-    bool prefetch(int il, int32_t e);
+    enum class PrefetchOutcome { issued, present, no_slot };
+    // Starts reading expert e of layer il into a staging slot, unless it is cached or loading
+    // (present) or no staging slot is free (no_slot; prefetch never evicts).
+    PrefetchOutcome prefetch(int il, int32_t e);
+    // Whether expert e of layer il is cached or loading.
+    bool present(int il, int32_t e) const { return where_[key(il, e)] >= 0; }
+    // Requested bytes of one expert (its three ranges).
+    uint64_t expert_bytes(int il, int32_t e) const;
+
+    // Reader load, for the prefetcher's timeliness test: bytes submitted and not yet completed
+    // (queued or in flight), and the measured read bandwidth in bytes per millisecond (completed
+    // bytes over the time at least one read was outstanding; 0 until a read has completed).
+    // Completions are only observed when the decode thread polls, so busy time is an upper bound
+    // and the bandwidth a lower bound.
+    uint64_t inflight_bytes() const { return inflight_bytes_; }
+    double bytes_per_ms() const;
     // Gate of layer il fired with `selected`: staged experts of il it did not pick are dropped
     // (queued reads cancelled; their bytes counted as wasted).
     void drop_unselected(int il, const int32_t* selected, int n);
@@ -121,6 +134,14 @@ private:
     std::vector<uint32_t> current_;  // slots of the last acquire, by index
     int current_layer_ = -1;
     std::vector<ReadCompletion> completions_;
+
+    void add_inflight(uint64_t bytes);
+    void remove_inflight(uint64_t bytes, bool completed);
+    uint64_t inflight_bytes_ = 0;
+    uint64_t completed_bytes_ = 0;     // since creation (bandwidth estimate)
+    double busy_ms_total_ = 0.0;       // since creation (bandwidth estimate)
+    double busy_ms_stats_ = 0.0;       // since reset_stats (io_busy_ms)
+    std::chrono::steady_clock::time_point busy_since_;
 
     Timeline* timeline_ = nullptr;
     std::vector<LayerExpertStats> layer_stats_;

@@ -168,13 +168,14 @@ struct ExpertLease {
 // are ready go first, in one group; each still-loading expert is then computed as soon as its read
 // completes, so compute overlaps the remaining IO. Every row is one dot_row whatever the grouping,
 // so the result is bit-identical to the all-resident run.
-void Forward::experts_one_token(const Act& cur, const int32_t* ids, const float* weights,
+void Forward::experts_one_token(const Act& cur, const float* router_logits, const int32_t* ids, const float* weights,
                                 const std::vector<int32_t>& unique, Act& out, int il) {
     const HParams& h = hp();
     const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
     std::vector<ExpertView> views(unique.size());
     experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
     ExpertLease lease{experts_, il};
+    if (gate_observer_ && moe_hidden_) gate_observer_->on_gate(il, moe_hidden_, router_logits, ids);
 
     std::vector<int> slot_unique(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) {
@@ -335,7 +336,7 @@ Act Forward::moe_ffn(const Act& cur, int il) {
     experts_.gate_fired(il, unique.data(), static_cast<int>(unique.size()));
     Act out = alloc(T, h.n_embd);
     if (T == 1) {
-        experts_one_token(cur, r.ids.data(), r.weights.data(), unique, out, il);
+        experts_one_token(cur, logits.data, r.ids.data(), r.weights.data(), unique, out, il);
     } else {
         experts_batch(cur, r.ids.data(), r.weights.data(), unique, out, il);
     }
@@ -369,6 +370,7 @@ Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
     if (timed) timeline_->span("compute", "attention " + std::to_string(il), t0, timeline_->now_us());
     Act ffn_inp = add(cur, inp, "ffn_inp", il);
     cur = norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
+    moe_hidden_ = ffn_inp.data;
     cur = L.experts.gate_tensor ? moe_ffn(cur, il) : ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_out", il);
     return add(cur, ffn_inp, "l_out", il);
 }

@@ -79,6 +79,15 @@ struct RouteTrace {
     }
 };
 
+// Told when a MoE layer's gate has fired during single-token decoding, after the layer's demand
+// reads were issued (the prefetcher: its reads then queue behind them). hidden: [n_embd] residual
+// entering the MoE block; router_logits: [n_expert]; selected: [top_k] in rank order.
+class GateObserver {
+public:
+    virtual ~GateObserver() = default;
+    virtual void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) = 0;
+};
+
 class Forward {
 public:
     Forward(const Model& model, KvCache& kv, cpu::ThreadPool& pool, ExpertSource& experts, Scratch& scratch,
@@ -91,6 +100,7 @@ public:
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
     void set_route_trace(const RouteTrace* trace) { route_trace_ = trace; }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+    void set_gate_observer(GateObserver* observer) { gate_observer_ = observer; }
     std::vector<Routing>& routing() { return routing_; }
 
     Act alloc(int64_t n_tokens, int64_t width);
@@ -120,7 +130,7 @@ public:
     Act decoder_layer(const Act& inp, int il, QkNorm qk_norm);
 
 private:
-    void experts_one_token(const Act& cur, const int32_t* ids, const float* weights,
+    void experts_one_token(const Act& cur, const float* router_logits, const int32_t* ids, const float* weights,
                            const std::vector<int32_t>& unique, Act& out, int il);
     void experts_batch(const Act& cur, const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
                        Act& out, int il);
@@ -136,6 +146,8 @@ private:
     int64_t pos0_ = 0;
     const RouteTrace* route_trace_ = nullptr;
     Timeline* timeline_ = nullptr;
+    GateObserver* gate_observer_ = nullptr;
+    const float* moe_hidden_ = nullptr;  // decoder_layer's residual entering the current MoE block
     std::vector<Routing> routing_;
 };
 

@@ -152,6 +152,8 @@ void ModelLoader::moe(int il) {
     LayerWeights& L = layer(il);
     L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
     L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
+    // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
+    L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
     StackedExperts& x = L.experts;
     x.gate_tensor = &require(blk(il, "ffn_gate_exps.weight"));
     x.up_tensor = &require(blk(il, "ffn_up_exps.weight"));

@@ -44,6 +44,7 @@ struct LayerWeights {
     cpu::WeightView ffn_gate_inp_shexp;  // [1, n_embd] shared-expert gate; data == nullptr: none
     // routed experts
     cpu::WeightView ffn_gate_inp;  // router [n_expert, n_embd]
+    cpu::WeightView ffn_pregate_inp;  // [n_expert, n_embd]: layer il+1's pre-gate; data == nullptr: none
     StackedExperts experts;
 };
 

@@ -1,11 +1,6 @@
-// Predictors guess which experts later layers will select (DESIGN §6, docs/predictors.md). They
-// see one layer's state and return hints; they never touch the cache or the reader (the
-// prefetcher turns hints into reads), so a predictor can only change what is read when, never
-// which experts compute: every predictor is lossless by construction.
-//
-// Threading: observe() is called on the decode thread only, once per MoE layer of each decoded
-// token, in layer order. A predictor may keep state between calls (it is reset by the engine
-// through begin_sequence()).
+// The built-in predictors (DESIGN §6, docs/predictors.md); the interface itself is public
+// (sharpi/predictor.h). Predictors never touch the cache or the reader: the prefetcher turns their
+// hints into reads.
 #pragma once
 
 #include <cstdint>
@@ -14,35 +9,9 @@
 #include <vector>
 
 #include "model/model.h"
+#include "sharpi/predictor.h"
 
 namespace sharpi {
-
-struct PrefetchHint {
-    int target_layer = 0;
-    int32_t expert = 0;
-    float score = 0.0f;  // higher = more confident; only the order among hints matters
-};
-
-// What a predictor sees at layer `layer` of the current token.
-struct PredictorInput {
-    int layer = 0;
-    const float* hidden = nullptr;         // [n_embd] residual entering the MoE block (before ffn_norm)
-    const float* router_logits = nullptr;  // [n_expert] this layer's router output
-    // [n_layer * top_k] row-major: the current token's selections of layers 0..layer (rows after
-    // `layer` are -1), and the previous token's selections (all -1 when there is none).
-    const int32_t* history = nullptr;
-    const int32_t* prev = nullptr;
-    int lookahead = 1;  // hints for layer+1 .. layer+lookahead are wanted
-};
-
-class Predictor {
-public:
-    virtual ~Predictor() = default;
-    virtual const char* name() const = 0;
-    // Appends hints for layers in (in.layer, in.layer + in.lookahead]. Out-of-range hints are
-    // dropped and counted by the prefetcher, so implementations need not filter them.
-    virtual void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) = 0;
-};
 
 // A predictor that scores every expert of each target layer (cooc, learned, trajectory,
 // next_gate, pregate): observe() is the top-k of scores() for each d. scores() is public so tests

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 
@@ -73,13 +74,85 @@ py::dict stats_dict(const ExpertCacheStats& st) {
         ld["prefetch_timely"] = l.prefetch_timely;
         ld["prefetch_late"] = l.prefetch_late;
         ld["prefetch_wasted_bytes"] = l.prefetch_wasted_bytes;
+        ld["prefetch_skipped"] = l.prefetch_skipped;
+        ld["predictions"] = l.predictions;
+        ld["predicted_correct"] = l.predicted_correct;
+        ld["predicted_experts"] = l.predicted_experts;
+        ld["hints_dropped"] = l.hints_dropped;
         layers.append(ld);
     }
     d["layers"] = layers;
     d["expert_accesses"] = py::array_t<uint64_t>(st.expert_accesses.size(), st.expert_accesses.data());
     d["expert_misses"] = py::array_t<uint64_t>(st.expert_misses.size(), st.expert_misses.data());
+    d["io_busy_ms"] = st.io_busy_ms;
+    d["decode_ms"] = st.decode_ms;
+    d["predict_ms"] = st.predict_ms;
+    d["predictor_calls"] = st.predictor_calls;
+    d["predictor_failures"] = st.predictor_failures;
     return d;
 }
+
+// A Python object with an observe() method as a sharpi::Predictor (docs/predictors.md). The decode
+// thread runs without the GIL; each call takes it, hands numpy views of the engine's buffers (no
+// copies, read-only, valid during the call) and converts the returned hints. A Python exception
+// becomes a C++ exception carrying its text, which the prefetcher counts and drops.
+class PyPredictor final : public Predictor {
+public:
+    explicit PyPredictor(py::object obj) : obj_(std::move(obj)) {
+        name_ = py::str(py::type::of(obj_).attr("__name__")).cast<std::string>();
+    }
+    ~PyPredictor() override {
+        py::gil_scoped_acquire gil;
+        obj_ = py::object();
+    }
+    const char* name() const override { return name_.c_str(); }
+
+    void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
+        py::gil_scoped_acquire gil;
+        std::string error;
+        try {
+            const py::none owner;  // views borrow the engine's memory for the duration of the call
+            auto view_f = [&](const float* p, std::vector<py::ssize_t> shape) {
+                py::array_t<float> a(shape, p, owner);
+                py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+                return a;
+            };
+            auto view_i = [&](const int32_t* p) {
+                py::array_t<int32_t> a({static_cast<py::ssize_t>(in.n_layer), static_cast<py::ssize_t>(in.top_k)}, p, owner);
+                py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+                return a;
+            };
+            py::object out = obj_.attr("observe")(in.layer, view_f(in.hidden, {in.n_embd}),
+                                                  view_f(in.router_logits, {in.n_expert}), view_i(in.history),
+                                                  view_i(in.prev));
+            if (out.is_none()) return;
+            py::array_t<double, py::array::c_style | py::array::forcecast> arr =
+                py::module_::import("numpy").attr("asarray")(out, "float64");
+            if (arr.size() == 0) return;
+            if (arr.ndim() != 2 || arr.shape(1) != 3) {
+                throw InvalidArgument("observe() must return (target_layer, expert, score) triples, got an array of shape " +
+                                      std::string(py::str(py::tuple(py::cast(std::vector<py::ssize_t>(
+                                          arr.shape(), arr.shape() + arr.ndim()))))));
+            }
+            const double* d = arr.data();
+            for (py::ssize_t i = 0; i < arr.shape(0); ++i) {
+                const double t = d[3 * i], e = d[3 * i + 1];
+                // Non-integral or huge ids become -1: out of range, so the prefetcher drops and counts them.
+                const bool ok_t = std::isfinite(t) && t == std::floor(t) && std::fabs(t) < 1e9;
+                const bool ok_e = std::isfinite(e) && e == std::floor(e) && std::fabs(e) < 1e9;
+                hints.push_back(PrefetchHint{ok_t ? static_cast<int>(t) : -1, ok_e ? static_cast<int32_t>(e) : -1,
+                                             static_cast<float>(d[3 * i + 2])});
+            }
+        } catch (py::error_already_set& e) {
+            error = e.what();  // read while holding the GIL; the exception object dies here too
+        }
+        if (!error.empty()) throw std::runtime_error(error);
+    }
+
+private:
+    py::object obj_;
+    std::string name_;
+};
 
 }  // namespace
 
@@ -88,7 +161,8 @@ void bind_session(py::module_& m) {
     py::class_<PySession>(m, "Session")
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
                          uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
-                         const std::string& prefetch) {
+                         const std::string& predictor, const std::string& predictor_file, int lookahead,
+                         bool skip_late_prefetch) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
@@ -98,7 +172,10 @@ void bind_session(py::module_& m) {
                  o.slru_probation = slru_probation;
                  o.reader = reader;
                  o.timeline = timeline;
-                 o.prefetch = prefetch;
+                 o.predictor = predictor;
+                 o.predictor_file = predictor_file;
+                 o.lookahead = lookahead;
+                 o.skip_late_prefetch = skip_late_prefetch;
                  auto s = std::make_unique<PySession>();
                  py::gil_scoped_release release;
                  s->session = std::make_unique<Session>(path, o);
@@ -106,7 +183,8 @@ void bind_session(py::module_& m) {
              }),
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
              py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
-             py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("prefetch") = "none")
+             py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
+             py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
         .def(
@@ -187,6 +265,21 @@ void bind_session(py::module_& m) {
                  std::lock_guard<std::mutex> lock(s.mutex);
                  s.session->reset_stats();
              })
+        .def(
+            "set_predictor",
+            [](PySession& s, py::object predictor) {
+                std::shared_ptr<Predictor> p;
+                if (!predictor.is_none()) {
+                    if (!py::hasattr(predictor, "observe")) {
+                        throw InvalidArgument("predictor object has no observe() method (subclass sharpi.Predictor)");
+                    }
+                    p = std::make_shared<PyPredictor>(predictor);
+                }
+                std::lock_guard<std::mutex> lock(s.mutex);
+                s.session->set_predictor(std::move(p));
+            },
+            py::arg("predictor"))
+        .def("predictor_errors", [](PySession& s) { return s.session->predictor_errors(); })
         .def("metadata_string", [](PySession& s, const std::string& key) { return s.session->metadata_string(key); });
 }
 

@@ -1,0 +1,45 @@
+// The predictor plug-in interface (DESIGN §6, docs/predictors.md): a predictor sees one MoE layer
+// of the token being decoded and guesses which experts later layers will select. Its hints only
+// decide what the expert cache reads early; they never change which experts compute, so no
+// predictor can change a token or a logit.
+//
+// Threading: observe() is called on the decode thread only, once per MoE layer of each decoded
+// token, in layer order, while the session's decode() runs. It must not call back into the session.
+// An exception from observe() drops that call's hints; it is counted and kept
+// (Session::predictor_errors()), and decoding goes on.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace sharpi {
+
+struct PrefetchHint {
+    int target_layer = 0;
+    int32_t expert = 0;
+    float score = 0.0f;  // higher = more confident; only the order among one layer's hints matters
+};
+
+// What a predictor sees at layer `layer` of the current token. Pointers are valid during the call.
+struct PredictorInput {
+    int layer = 0;
+    int n_layer = 0, n_expert = 0, top_k = 0, n_embd = 0;
+    const float* hidden = nullptr;         // [n_embd] residual entering the MoE block (before ffn_norm)
+    const float* router_logits = nullptr;  // [n_expert] this layer's router output
+    // [n_layer * top_k] row-major: the current token's selections of layers 0..layer (later rows are
+    // -1), and the previous token's selections (all -1 when there is none).
+    const int32_t* history = nullptr;
+    const int32_t* prev = nullptr;
+    int lookahead = 1;  // hints for layers layer+1 .. layer+lookahead are wanted
+};
+
+class Predictor {
+public:
+    virtual ~Predictor() = default;
+    virtual const char* name() const = 0;
+    // Appends hints for layers in (in.layer, in.layer + in.lookahead]. Hints outside that range or
+    // with an expert id outside [0, n_expert) are dropped and counted by the prefetcher.
+    virtual void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) = 0;
+};
+
+}  // namespace sharpi

@@ -1,0 +1,121 @@
+// The predictors that need only the model (prev_token, next_gate, pregate) and the factory.
+#include "predict/predictor.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "cpu/ops/norm.h"
+#include "cpu/quant/kernels.h"
+#include "sharpi/errors.h"
+
+namespace sharpi {
+
+void append_topk_hints(const float* scores, int64_t n_expert, int64_t k, int target_layer,
+                       std::vector<PrefetchHint>& hints) {
+    k = std::min(k, n_expert);
+    // Small arrays (n_expert <= a few hundred): a partial sort of indices is cheap enough.
+    int32_t order[1024];
+    std::vector<int32_t> heap_order;
+    int32_t* idx = order;
+    if (n_expert > 1024) {
+        heap_order.resize(static_cast<size_t>(n_expert));
+        idx = heap_order.data();
+    }
+    std::iota(idx, idx + n_expert, 0);
+    std::partial_sort(idx, idx + k, idx + n_expert, [&](int32_t a, int32_t b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+    for (int64_t j = 0; j < k; ++j) hints.push_back(PrefetchHint{target_layer, idx[j], scores[idx[j]]});
+}
+
+void ScoringPredictor::observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) {
+    for (int d = 1; d <= in.lookahead; ++d) {
+        if (in.layer + d >= in.n_layer || !predicts(in, d)) continue;
+        scores(in, d, buf_.data());
+        append_topk_hints(buf_.data(), n_expert_, top_k_, in.layer + d, hints);
+    }
+}
+
+namespace {
+
+// Layer t's experts of the previous token, best rank first. Training-free, and the baseline the
+// other predictors are compared against.
+class PrevTokenPredictor final : public Predictor {
+public:
+    const char* name() const override { return "prev_token"; }
+    void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
+        for (int d = 1; d <= in.lookahead && in.layer + d < in.n_layer; ++d) {
+            const int32_t* row = in.prev + static_cast<int64_t>(in.layer + d) * in.top_k;
+            for (int j = 0; j < in.top_k; ++j) {
+                if (row[j] >= 0) hints.push_back(PrefetchHint{in.layer + d, row[j], static_cast<float>(in.top_k - j)});
+            }
+        }
+    }
+};
+
+// scores = router · rms_norm(hidden, norm): a router applied to this layer's residual, normalised
+// with the norm weights that router is trained behind. next_gate uses layer t's own router and
+// ffn_norm (FATE / PreScope style); pregate uses the model's pre-gate of layer L behind layer L's
+// ffn_norm (Pre-gated MoE).
+class RouterPredictor final : public ScoringPredictor {
+public:
+    RouterPredictor(const Model& model, bool pregate)
+        : ScoringPredictor(model.hp.n_expert, model.hp.n_expert_used), model_(model), pregate_(pregate),
+          normed_(static_cast<size_t>(model.hp.n_embd)) {}
+    const char* name() const override { return pregate_ ? "pregate" : "next_gate"; }
+    bool predicts(const PredictorInput& in, int d) const override {
+        return pregate_ ? d == 1 && model_.layers[static_cast<size_t>(in.layer)].ffn_pregate_inp.data != nullptr
+                        : model_.layers[static_cast<size_t>(in.layer + d)].ffn_gate_inp.data != nullptr;
+    }
+    void scores(const PredictorInput& in, int d, float* out) override {
+        const LayerWeights& src = model_.layers[static_cast<size_t>(pregate_ ? in.layer : in.layer + d)];
+        const cpu::WeightView& w = pregate_ ? src.ffn_pregate_inp : src.ffn_gate_inp;
+        const int64_t n_embd = model_.hp.n_embd;
+        cpu::rms_norm(in.hidden, n_embd, normed_.data(), n_embd, 1, n_embd, src.ffn_norm.data(), model_.hp.rms_eps);
+        const cpu::DotRowFn dot = cpu::row_kernels(w.type).dot_row;
+        for (int64_t e = 0; e < n_expert_; ++e) out[e] = dot(w.data + e * w.row_bytes, normed_.data(), n_embd);
+    }
+
+private:
+    const Model& model_;
+    bool pregate_;
+    std::vector<float> normed_;
+};
+
+}  // namespace
+
+std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file, const Model& model,
+                                          int lookahead) {
+    const HParams& h = model.hp;
+    if (lookahead < 1 || lookahead > 3) {
+        throw InvalidArgument("lookahead must be 1, 2 or 3, got " + std::to_string(lookahead));
+    }
+    const bool sidecar = name == "cooc" || name == "learned" || name == "trajectory";
+    if (sidecar && file.empty()) {
+        throw InvalidArgument("predictor '" + name + "' needs a predictor file (--predictor " + name +
+                              ":FILE, trained with `sharpi predictor train --kind " + name + "`)");
+    }
+    if (!sidecar && !file.empty()) {
+        throw InvalidArgument("predictor '" + name + "' takes no predictor file (got " + file + ")");
+    }
+    if (name == "none") return nullptr;
+    if (!h.is_moe()) throw InvalidArgument("predictor '" + name + "': " + model.file->path() + " has no routed experts");
+    if (name == "prev_token") return std::make_unique<PrevTokenPredictor>();
+    if (name == "next_gate") return std::make_unique<RouterPredictor>(model, false);
+    if (name == "pregate") {
+        int n_present = 0;
+        for (int il = 0; il + 1 < h.n_layer; ++il) n_present += model.layers[static_cast<size_t>(il)].ffn_pregate_inp.data != nullptr;
+        if (n_present == 0) {
+            throw InvalidArgument("predictor 'pregate': " + model.file->path() +
+                                  " has no pre-gate tensors (blk.N.ffn_pregate_inp.weight; see docs/predictors.md)");
+        }
+        return std::make_unique<RouterPredictor>(model, true);
+    }
+    if (name == "cooc") return load_cooc_predictor(file, model, lookahead);
+    if (name == "learned") return load_learned_predictor(file, model, lookahead);
+    if (name == "trajectory") return load_trajectory_predictor(file, model, lookahead);
+    throw InvalidArgument("unknown predictor '" + name +
+                          "' (none, prev_token, next_gate, pregate, cooc, learned, trajectory)");
+}
+
+}  // namespace sharpi

@@ -1,0 +1,152 @@
+#include "predict/prefetcher.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sharpi {
+
+namespace {
+constexpr size_t kMaxErrors = 16;
+constexpr double kLayerMsSmoothing = 0.2;  // weight of the newest sample in layer_ms_
+}  // namespace
+
+Prefetcher::Prefetcher(const HParams& hp, ExpertCache& cache, std::shared_ptr<Predictor> predictor, int lookahead,
+                       bool skip_late)
+    : n_layer_(static_cast<int>(hp.n_layer)),
+      n_expert_(static_cast<int>(hp.n_expert)),
+      top_k_(static_cast<int>(hp.n_expert_used)),
+      n_embd_(static_cast<int>(hp.n_embd)),
+      lookahead_(lookahead),
+      skip_late_(skip_late),
+      cache_(cache),
+      predictor_(std::move(predictor)),
+      history_(static_cast<size_t>(n_layer_ * top_k_), -1),
+      prev_(history_.size(), -1),
+      pending_(static_cast<size_t>(n_layer_)),
+      stats_(static_cast<size_t>(n_layer_)) {}
+
+void Prefetcher::begin_token(const int32_t* prev) {
+    std::fill(history_.begin(), history_.end(), -1);
+    if (prev) {
+        std::copy(prev, prev + prev_.size(), prev_.begin());
+    } else {
+        std::fill(prev_.begin(), prev_.end(), -1);
+    }
+    for (auto& sets : pending_) sets.clear();
+    last_layer_ = -1;
+}
+
+void Prefetcher::score_predictions(int il, const int32_t* selected) {
+    LayerExpertStats& ls = stats_[static_cast<size_t>(il)];
+    for (const std::vector<int32_t>& set : pending_[static_cast<size_t>(il)]) {
+        ++ls.predictions;
+        ls.predicted_experts += set.size();
+        for (int32_t e : set) ls.predicted_correct += std::find(selected, selected + top_k_, e) != selected + top_k_;
+    }
+    pending_[static_cast<size_t>(il)].clear();
+}
+
+void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {
+    const Clock::time_point t0 = Clock::now();
+    if (last_layer_ >= 0 && il == last_layer_ + 1) {
+        const double ms = std::chrono::duration<double, std::milli>(t0 - last_gate_).count();
+        layer_ms_ = layer_ms_ == 0.0 ? ms : (1.0 - kLayerMsSmoothing) * layer_ms_ + kLayerMsSmoothing * ms;
+    }
+    last_layer_ = il;
+    last_gate_ = t0;
+
+    std::copy(selected, selected + top_k_, history_.begin() + static_cast<ptrdiff_t>(il) * top_k_);
+    score_predictions(il, selected);
+
+    PredictorInput in;
+    in.layer = il;
+    in.n_layer = n_layer_;
+    in.n_expert = n_expert_;
+    in.top_k = top_k_;
+    in.n_embd = n_embd_;
+    in.hidden = hidden;
+    in.router_logits = router_logits;
+    in.history = history_.data();
+    in.prev = prev_.data();
+    in.lookahead = lookahead_;
+    hints_.clear();
+    ++calls_;
+    try {
+        predictor_->observe(in, hints_);
+    } catch (const std::exception& e) {
+        // A failing predictor costs its hints, never a token (docs/predictors.md).
+        ++failures_;
+        ++stats_[static_cast<size_t>(il)].hints_dropped;
+        if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
+        errors_.push_back(std::string(predictor_->name()) + " at layer " + std::to_string(il) + ": " + e.what());
+        hints_.clear();
+    }
+    issue(il, hints_);
+    predict_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
+    LayerExpertStats& source = stats_[static_cast<size_t>(il)];
+    // Drop what cannot be a hint, then order: nearest layer first, best score first, one per expert.
+    auto invalid = [&](const PrefetchHint& h) {
+        return h.target_layer <= il || h.target_layer > il + lookahead_ || h.target_layer >= n_layer_ || h.expert < 0 ||
+               h.expert >= n_expert_ || std::isnan(h.score);
+    };
+    const auto bad = std::remove_if(hints.begin(), hints.end(), invalid);
+    source.hints_dropped += static_cast<uint64_t>(hints.end() - bad);
+    hints.erase(bad, hints.end());
+    std::stable_sort(hints.begin(), hints.end(), [](const PrefetchHint& a, const PrefetchHint& b) {
+        return a.target_layer < b.target_layer || (a.target_layer == b.target_layer && a.score > b.score);
+    });
+
+    const double bytes_per_ms = cache_.bytes_per_ms();
+    double queued = static_cast<double>(cache_.inflight_bytes());
+    size_t i = 0;
+    while (i < hints.size()) {
+        const int t = hints[i].target_layer;
+        std::vector<int32_t> set;  // this call's prediction set for t: its best k distinct experts
+        for (; i < hints.size() && hints[i].target_layer == t; ++i) {
+            const int32_t e = hints[i].expert;
+            if (static_cast<int>(set.size()) == top_k_ || std::find(set.begin(), set.end(), e) != set.end()) continue;
+            set.push_back(e);
+            if (cache_.present(t, e)) continue;
+            // Timeliness: a read that could only start after layer t's gate (queue ahead of it
+            // drained at the measured bandwidth) would arrive no earlier than a demand read issued
+            // at the gate, so it would only take bandwidth from demand reads.
+            const double deadline_ms = (t - il) * layer_ms_;
+            if (skip_late_ && bytes_per_ms > 0.0 && layer_ms_ > 0.0 && queued / bytes_per_ms > deadline_ms) {
+                ++stats_[static_cast<size_t>(t)].prefetch_skipped;
+                continue;
+            }
+            switch (cache_.prefetch(t, e)) {
+                case ExpertCache::PrefetchOutcome::issued: queued += static_cast<double>(cache_.expert_bytes(t, e)); break;
+                case ExpertCache::PrefetchOutcome::no_slot: ++stats_[static_cast<size_t>(t)].prefetch_skipped; break;
+                case ExpertCache::PrefetchOutcome::present: break;
+            }
+        }
+        if (!set.empty()) pending_[static_cast<size_t>(t)].push_back(std::move(set));
+    }
+}
+
+void Prefetcher::add_stats(ExpertCacheStats& st) const {
+    for (size_t il = 0; il < st.layers.size() && il < stats_.size(); ++il) {
+        LayerExpertStats& out = st.layers[il];
+        const LayerExpertStats& in = stats_[il];
+        out.prefetch_skipped += in.prefetch_skipped;
+        out.predictions += in.predictions;
+        out.predicted_correct += in.predicted_correct;
+        out.predicted_experts += in.predicted_experts;
+        out.hints_dropped += in.hints_dropped;
+    }
+    st.predict_ms += predict_ms_;
+    st.predictor_calls += calls_;
+    st.predictor_failures += failures_;
+}
+
+void Prefetcher::reset_stats() {
+    std::fill(stats_.begin(), stats_.end(), LayerExpertStats{});
+    predict_ms_ = 0.0;
+    calls_ = failures_ = 0;
+}
+
+}  // namespace sharpi

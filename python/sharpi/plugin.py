@@ -1,0 +1,42 @@
+"""sharpi.Predictor: the base class of Python predictor plug-ins (docs/predictors.md).
+
+A plug-in guesses which experts the next layers will select, so the expert cache can start those
+reads early. It can only change what is read when, never which experts compute: a wrong or failing
+predictor costs bandwidth, never a token.
+
+    class Mine(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            return [(layer + 1, int(router_logits.argmax()), 1.0)]
+
+    s = sharpi.Session("model.gguf", ram_budget="6GiB", predictor=Mine(), lookahead=2)
+
+observe() runs on the decode thread once per MoE layer of every decoded token (not for prompt
+batches), holding the GIL only for the call. Its arguments are read-only numpy views valid during
+the call: hidden float32 [n_embd] (the residual entering the layer's MoE block, before ffn_norm),
+router_logits float32 [n_expert], history and prev int32 [n_layer, top_k] (this token's selections
+of layers 0..layer, later rows -1; the previous token's, all -1 when there is none). It returns an
+iterable of (target_layer, expert, score) or an array [n, 3]; targets must lie in
+(layer, layer + lookahead]. Out-of-range hints are dropped and counted (`hints_dropped` in
+Session.expert_stats()); an exception drops the call's hints and is kept in
+Session.predictor_errors(). It must not call back into the Session.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+import numpy as np
+
+
+class Predictor:
+    """Subclass and implement observe(); see the module docstring for the contract."""
+
+    def observe(
+        self,
+        layer: int,
+        hidden: np.ndarray,
+        router_logits: np.ndarray,
+        history: np.ndarray,
+        prev: np.ndarray,
+    ) -> Iterable[Tuple[int, int, float]]:
+        raise NotImplementedError("subclasses of sharpi.Predictor implement observe()")

@@ -1,0 +1,314 @@
+"""Predictive prefetch in the engine (issue 4, docs/predictors.md).
+
+The oracle for losslessness is the resident engine: with any predictor, lookahead and budget the
+streamed engine must give exactly its tokens and bit-identical logits. Prediction metrics are
+checked against the routing the engine itself reports (Session.last_routing), which is tied to the
+numpy reference and transformers elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sharpi
+from sharpi.make_model import write_model
+from model_files import rewrite_gguf
+
+N_LAYER = 5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("predictor_models")
+    out = {}
+    for arch in ("qwen3moe", "qwen2moe", "olmoe"):
+        path = str(d / f"{arch}.gguf")
+        write_model(path, arch=arch, preset="tiny", quant="q4_k_m", seed=5, n_layer=N_LAYER)
+        out[arch] = path
+    # A model that ships pre-gate weights (docs/predictors.md): blk.N.ffn_pregate_inp.weight for
+    # N = 0..n_layer-2, here a perturbed copy of layer N+1's router.
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    src = out["qwen3moe"]
+    reader = GGUFReader(src)
+    routers = {t.name: dequantize(t.data, t.tensor_type).reshape(t.shape[::-1].tolist()) for t in reader.tensors
+               if t.name.endswith("ffn_gate_inp.weight")}
+    rng = np.random.default_rng(0)
+    pregate = {}
+    for n in range(N_LAYER - 1):
+        w = routers[f"blk.{n + 1}.ffn_gate_inp.weight"].astype(np.float32)
+        pregate[f"blk.{n}.ffn_pregate_inp.weight"] = w + 0.3 * np.std(w) * rng.standard_normal(w.shape).astype(np.float32)
+    out["pregate"] = str(d / "pregate.gguf")
+    rewrite_gguf(src, out["pregate"], add_tensors=pregate)
+    return out
+
+
+def plan(path: str):
+    s = sharpi.Session(path, threads=1, n_ctx=128, ram_budget="4GiB", reader="pread")
+    st = s.expert_stats()
+    return st["fixed_bytes"], st["slot_bytes"], s.info["n_expert_used"]
+
+
+def run_tokens(session, prompt, n_decode):
+    rows = [session.decode(prompt, all_logits=True)]
+    token = int(np.argmax(rows[0][-1]))
+    for _ in range(n_decode):
+        logits = session.decode([token])
+        rows.append(logits[None, :])
+        token = int(np.argmax(logits))
+    return np.concatenate(rows)
+
+
+PROMPT = list(range(40, 52))
+
+
+def streamed(path, n_slots, lookahead, **kw):
+    fixed, slot, k = plan(path)
+    return sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + (n_slots + lookahead * k) * slot,
+                          reader="pread", lookahead=lookahead, **kw)
+
+
+class OraclePredictor(sharpi.Predictor):
+    """Hints exactly the experts a recorded run selected (by position), and records its inputs."""
+
+    def __init__(self, routing_by_step, k):
+        self.routing = routing_by_step  # [step][layer] -> ids
+        self.k = k
+        self.step = 0
+        self.calls = []
+
+    def observe(self, layer, hidden, router_logits, history, prev):
+        self.calls.append((layer, hidden.dtype, hidden.shape, router_logits.dtype, router_logits.shape,
+                           history.dtype, history.shape, prev.shape, hidden.flags.writeable,
+                           history.copy(), prev.copy(), float(np.abs(hidden).sum())))
+        step_routing = self.routing[self.step] if self.step < len(self.routing) else None
+        if layer == len(step_routing) - 1:
+            self.step += 1
+        if step_routing is None or layer + 1 >= len(step_routing):
+            return []
+        return [(layer + 1, int(e), 1.0) for e in step_routing[layer + 1]]
+
+
+def recorded_routing(path, n_decode):
+    """Per decoded step, the experts each layer selected (resident run)."""
+    s = sharpi.Session(path, threads=1, n_ctx=128)
+    logits = s.decode(PROMPT)
+    steps = []
+    for _ in range(n_decode):
+        logits = s.decode([int(np.argmax(logits))])
+        steps.append([r[0].tolist() for r in s.last_routing()])
+    return steps
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize("predictor", ["prev_token", "next_gate"])
+@pytest.mark.parametrize("lookahead", [1, 2, 3])
+def test_builtin_predictors_are_lossless(models, arch, predictor, lookahead):
+    path = models[arch]
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 20)
+    _, _, k = plan(path)
+    for n_slots in (k, 3 * k):
+        s = streamed(path, n_slots, lookahead, predictor=predictor)
+        np.testing.assert_array_equal(run_tokens(s, PROMPT, 20), resident, err_msg=f"{predictor} {n_slots}")
+        st = s.expert_stats()
+        assert st["n_staging"] == lookahead * k
+        layers = st["layers"]
+        # Every decoded token scores one prediction set per (target layer, distance) it was made for.
+        n_sets = sum(lay["predictions"] for lay in layers)
+        expected_per_token = sum(min(lookahead, t) for t in range(1, N_LAYER))
+        if predictor == "next_gate":
+            assert n_sets == 20 * expected_per_token
+        assert st["predictor_calls"] == 20 * N_LAYER
+        assert sum(lay["hints_dropped"] for lay in layers) == 0
+        issued = sum(lay["prefetch_issued"] for lay in layers)
+        used = sum(lay["prefetch_used"] for lay in layers)
+        assert used <= issued and used == sum(lay["prefetch_timely"] + lay["prefetch_late"] for lay in layers)
+        if n_slots == k:
+            assert issued > 0
+
+
+def test_pregate_predictor_is_lossless_and_predicts_one_layer(models):
+    path = models["pregate"]
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 20)
+    _, _, k = plan(path)
+    s = streamed(path, k, 1, predictor="pregate")
+    np.testing.assert_array_equal(run_tokens(s, PROMPT, 20), resident)
+    layers = s.expert_stats()["layers"]
+    assert [lay["predictions"] for lay in layers] == [0] + [20] * (N_LAYER - 1)
+    # The pre-gate is a noisy copy of the next router: clearly better than chance (k / n_expert).
+    recall = sum(lay["predicted_correct"] for lay in layers) / (20 * (N_LAYER - 1) * k)
+    assert recall > 0.5
+    with pytest.raises(sharpi.InvalidArgument, match="no pre-gate tensors"):
+        streamed(models["qwen3moe"], k, 1, predictor="pregate")
+
+
+def test_next_gate_metrics_match_the_engines_routing(models):
+    # Recall and precision recomputed here from what next_gate must predict (layer t's router on
+    # ffn_norm_t of layer t-1's residual, via the numpy dump of the same run) and what was selected.
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    s = streamed(path, k, 1, predictor="next_gate", dump_activations=True)
+    s.decode(PROMPT)
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    r = GGUFReader(path)
+    w = {t.name: dequantize(t.data, t.tensor_type).reshape(t.shape[::-1].tolist()).astype(np.float64)
+         for t in r.tensors if "ffn_gate_inp" in t.name or "ffn_norm" in t.name}
+    eps = float(r.fields["qwen3moe.attention.layer_norm_rms_epsilon"].contents())
+    logits = s.decode([7])
+    s.reset_stats()
+    correct = 0
+    for _ in range(8):
+        token = int(np.argmax(logits))
+        logits = s.decode([token])
+        dump = s.dump()
+        sel = [set(x[0].tolist()) for x in s.last_routing()]
+        for t in range(1, N_LAYER):
+            h = dump[f"ffn_inp-{t - 1}"][0].astype(np.float64)
+            x = h / np.sqrt(np.mean(h * h) + eps) * w[f"blk.{t}.ffn_norm.weight"]
+            scores = w[f"blk.{t}.ffn_gate_inp.weight"] @ x
+            order = np.argsort(-scores, kind="stable")
+            if scores[order[k - 1]] - scores[order[k]] < 1e-4:
+                pytest.skip("near-tie in the numpy scores")
+            correct += len(set(order[:k].tolist()) & sel[t])
+    layers = s.expert_stats()["layers"]
+    assert sum(lay["predictions"] for lay in layers) == 8 * (N_LAYER - 1)
+    assert sum(lay["predicted_correct"] for lay in layers) == correct
+    assert sum(lay["predicted_experts"] for lay in layers) == 8 * (N_LAYER - 1) * k
+
+
+def test_python_plugin_gets_documented_inputs_and_its_hints_drive_reads(models):
+    path = models["olmoe"]
+    _, _, k = plan(path)
+    info = sharpi.Session(path, threads=1, n_ctx=16).info
+    n_decode = 12
+    routing = recorded_routing(path, n_decode)
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, n_decode)
+
+    oracle = OraclePredictor(routing, k)
+    s = streamed(path, k, 1, predictor=oracle)
+    np.testing.assert_array_equal(run_tokens(s, PROMPT, n_decode), resident)
+    assert len(oracle.calls) == n_decode * N_LAYER  # decoded tokens only, never the prompt batch
+    for i, (layer, hd, hs, ld, ls, histd, hists, prevs, writeable, hist, prev, hsum) in enumerate(oracle.calls):
+        assert layer == i % N_LAYER
+        assert (hd, hs, ld, ls) == (np.float32, (info["n_embd"],), np.float32, (info["n_expert"],))
+        assert (histd, hists, prevs) == (np.int32, (N_LAYER, k), (N_LAYER, k))
+        assert not writeable and hsum > 0
+        step = i // N_LAYER
+        # history: this token's selections up to `layer`, -1 after; prev: the previous token's.
+        np.testing.assert_array_equal(np.sort(hist[: layer + 1], axis=1), np.sort(routing[step][: layer + 1], axis=1))
+        assert (hist[layer + 1:] == -1).all()
+        if step > 0:
+            np.testing.assert_array_equal(np.sort(prev, axis=1), np.sort(routing[step - 1], axis=1))
+    layers = s.expert_stats()["layers"]
+    issued = sum(lay["prefetch_issued"] for lay in layers)
+    used = sum(lay["prefetch_used"] for lay in layers)
+    # A perfect predictor: every prediction set is exactly right, and every issued read is used.
+    assert sum(lay["predicted_correct"] for lay in layers) == n_decode * (N_LAYER - 1) * k
+    assert issued > 0 and used == issued
+    assert sum(lay["prefetch_wasted_bytes"] for lay in layers) == 0
+
+    # The same run with a predictor that hints nothing reads nothing early: hints change the reads.
+    class Silent(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            return None
+
+    s2 = streamed(path, k, 1, predictor=Silent())
+    np.testing.assert_array_equal(run_tokens(s2, PROMPT, n_decode), resident)
+    layers2 = s2.expert_stats()["layers"]
+    assert sum(lay["prefetch_issued"] for lay in layers2) == 0
+    assert sum(lay["misses"] for lay in layers2) > sum(lay["misses"] for lay in layers)
+
+
+def test_failing_or_wrong_plugins_lose_hints_not_tokens(models):
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 10)
+
+    class Raises(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            if layer == 2:
+                raise RuntimeError("boom at two")
+            return [(layer + 1, 0, 1.0)] if layer + 1 < N_LAYER else []
+
+    class OutOfRange(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            return [(layer + 1, 999, 1.0), (layer, 0, 1.0), (layer + 5, 1, 1.0), (layer + 1, -3, 1.0),
+                    (layer + 1, 1.5, 1.0)]
+
+    class BadShape(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            return [[1, 2]]
+
+    class Mutates(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            hidden[0] = 1e9  # read-only view: raises, never corrupts the engine
+
+    for plugin, dropped_per_call in ((Raises(), None), (OutOfRange(), 5), (BadShape(), None), (Mutates(), None)):
+        s = streamed(path, k, 2, predictor=plugin)
+        np.testing.assert_array_equal(run_tokens(s, PROMPT, 10), resident, err_msg=type(plugin).__name__)
+        st = s.expert_stats()
+        dropped = sum(lay["hints_dropped"] for lay in st["layers"])
+        if dropped_per_call is not None:
+            assert dropped == dropped_per_call * 10 * N_LAYER
+            assert st["predictor_failures"] == 0
+        else:
+            assert st["predictor_failures"] > 0 and dropped == st["predictor_failures"]
+            errors = s.predictor_errors()
+            assert errors and type(plugin).__name__ in errors[-1]
+
+
+def test_raising_plugin_message_is_kept(models):
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+
+    class Raises(sharpi.Predictor):
+        def observe(self, layer, hidden, router_logits, history, prev):
+            raise ValueError("boom at layer %d" % layer)
+
+    s = streamed(path, k, 1, predictor=Raises())
+    s.decode(PROMPT)
+    assert s.predictor_errors() == []  # prompt batches call no predictor
+    s.decode([3])
+    errors = s.predictor_errors()
+    assert len(errors) == N_LAYER
+    assert "Raises at layer 0" in errors[0] and "ValueError: boom at layer 0" in errors[0]
+
+
+def test_predictor_argument_errors(models):
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    with pytest.raises(sharpi.InvalidArgument, match="needs a RAM budget"):
+        sharpi.Session(path, n_ctx=64, predictor="prev_token")
+    with pytest.raises(sharpi.InvalidArgument, match="unknown predictor 'psychic'"):
+        streamed(path, k, 1, predictor="psychic")
+    for name in ("cooc", "learned", "trajectory"):
+        with pytest.raises(sharpi.InvalidArgument, match="needs a predictor file"):
+            streamed(path, k, 1, predictor=name)
+    with pytest.raises(sharpi.InvalidArgument, match="takes no predictor file"):
+        streamed(path, k, 1, predictor="next_gate:/tmp/x.gguf")
+    for bad in (0, 4):
+        with pytest.raises(sharpi.InvalidArgument, match="lookahead must be 1, 2 or 3"):
+            sharpi.Session(path, n_ctx=128, ram_budget="1GiB", predictor="next_gate", lookahead=bad)
+    with pytest.raises(sharpi.InvalidArgument, match="observe"):
+        streamed(path, k, 1, predictor="custom")._core.set_predictor(object())
+    s = streamed(path, k, 1, predictor="next_gate")
+    with pytest.raises(sharpi.InvalidArgument, match="custom"):
+        s._core.set_predictor(sharpi.Predictor())
+    with pytest.raises(sharpi.InvalidArgument, match="predictor must be a name"):
+        streamed(path, k, 1, predictor=3)
+
+
+def test_budget_counts_staging_slots(models):
+    path = models["qwen3moe"]
+    fixed, slot, k = plan(path)
+    for lookahead in (1, 3):
+        with pytest.raises(sharpi.InvalidArgument, match=rf"\+{lookahead * k} staging"):
+            sharpi.Session(path, n_ctx=128, ram_budget=fixed + (k + lookahead * k) * slot - 1, predictor="next_gate",
+                           lookahead=lookahead)
+        s = sharpi.Session(path, n_ctx=128, ram_budget=fixed + (k + lookahead * k) * slot, predictor="next_gate",
+                           lookahead=lookahead)
+        assert (s.expert_stats()["n_slots"], s.expert_stats()["n_staging"]) == (k, lookahead * k)
