@@ -54,7 +54,11 @@ def check_format(t: dict, hidden: bool) -> None:
     assert t["experts"].dtype == np.int16
     assert t["seq_start"].dtype == np.int64 and t["seq_start"][0] == 0
     assert np.all(np.diff(t["seq_start"]) > 0) and t["seq_start"][-1] < n_tok
-    assert int(t["top_k"]) == k and t["moe_layer_ids"].dtype == np.int16 and t["moe_layer_ids"].shape == (n_layer,)
+    assert (
+        int(t["top_k"]) == k
+        and t["moe_layer_ids"].dtype == np.int16
+        and t["moe_layer_ids"].shape == (n_layer,)
+    )
     assert t["scores"].dtype == np.float16 and t["scores"].shape == (n_tok, n_layer, k)
     assert t["tokens"].dtype == np.int32 and t["tokens"].shape == (n_tok,)
     assert t["token_str_utf8"].dtype == np.uint8
@@ -77,7 +81,9 @@ def check_format(t: dict, hidden: bool) -> None:
 # ------------------------------------------------------------------------------------------ real routing
 
 
-@pytest.mark.skipif(not SHIPPED.is_file() or not RECORDED.is_file(), reason="shipped model or its trace absent")
+@pytest.mark.skipif(
+    not SHIPPED.is_file() or not RECORDED.is_file(), reason="shipped model or its trace absent"
+)
 def test_shipped_model_reproduces_the_recorded_trace(tmp_path):
     rec = _load(RECORDED)
     rng = np.random.default_rng(2024)
@@ -109,7 +115,9 @@ def test_shipped_model_reproduces_the_recorded_trace(tmp_path):
             t["scores"][mine].astype(np.float32), rec["scores"][theirs].astype(np.float32), atol=2e-3
         )
         np.testing.assert_allclose(
-            t["router_logits"][mine].astype(np.float32), rec["router_logits"][theirs].astype(np.float32), atol=2e-2
+            t["router_logits"][mine].astype(np.float32),
+            rec["router_logits"][theirs].astype(np.float32),
+            atol=2e-2,
         )
         h_a = t["hidden"][mine].astype(np.float32)
         h_b = rec["hidden"][theirs].astype(np.float32)
@@ -164,16 +172,22 @@ def test_tiny_model_trace_matches_numpy_reference(tiny_models, arch, tmp_path):
         flip = _first_flip(t, ref, lo, hi, k)
         end = hi if flip is None else flip[0]
         if flip is not None:
-            assert flip[2] < TIE_MARGIN, f"sequence {s}: selection differs at position {flip[0]}, layer {flip[1]} " \
+            assert flip[2] < TIE_MARGIN, (
+                f"sequence {s}: selection differs at position {flip[0]}, layer {flip[1]} "
                 f"where the reference router margin is {flip[2]:.2e} (not a tie)"
+            )
         n = end - lo
         for j in range(hp.n_layer):
             ref_logits = ref.router_logits[j][:n]
-            np.testing.assert_allclose(t["router_logits"][lo:end, j].astype(np.float64), ref_logits, atol=2e-2, rtol=2e-3)
+            np.testing.assert_allclose(
+                t["router_logits"][lo:end, j].astype(np.float64), ref_logits, atol=2e-2, rtol=2e-3
+            )
             ref_probs = softmax(ref.router_logits[j][:n])
             got_scores = t["scores"][lo:end, j].astype(np.float64)
             np.testing.assert_allclose(
-                got_scores, np.take_along_axis(ref_probs, t["experts"][lo:end, j].astype(np.int64), axis=1), atol=2e-3
+                got_scores,
+                np.take_along_axis(ref_probs, t["experts"][lo:end, j].astype(np.int64), axis=1),
+                atol=2e-3,
             )
             # Rank order: descending gate probability.
             assert np.all(np.diff(got_scores, axis=1) <= 1e-3)
@@ -266,7 +280,20 @@ def test_trace_command_writes_the_trace(tiny_models, tmp_path, capsys):
     prompts.write_text('{"prompt": "def f(x):"}\n{"tokens": [3, 4, 5, 6]}\n', encoding="utf-8")
     out = tmp_path / "cli.npz"
     args = _parser().parse_args(
-        ["trace", "-m", tiny_models["olmoe"], "--prompts", str(prompts), "-o", str(out), "--hidden", "--generate", "2", "-t", "1"]
+        [
+            "trace",
+            "-m",
+            tiny_models["olmoe"],
+            "--prompts",
+            str(prompts),
+            "-o",
+            str(out),
+            "--hidden",
+            "--generate",
+            "2",
+            "-t",
+            "1",
+        ]
     )
     assert run_trace_command(args) == 0
     t = _load(out)
@@ -277,6 +304,8 @@ def test_trace_command_writes_the_trace(tiny_models, tmp_path, capsys):
     # Usage errors are argparse's (exit 2); a missing prompts file is an OSError naming it.
     with pytest.raises(SystemExit):
         _parser().parse_args(["trace", "--prompts", str(prompts), "-o", str(out), "--generate", "-1"])
-    args = _parser().parse_args(["trace", "-m", tiny_models["olmoe"], "--prompts", str(tmp_path / "nope"), "-o", str(out)])
+    args = _parser().parse_args(
+        ["trace", "-m", tiny_models["olmoe"], "--prompts", str(tmp_path / "nope"), "-o", str(out)]
+    )
     with pytest.raises(FileNotFoundError, match="nope"):
         run_trace_command(args)

@@ -46,7 +46,8 @@ import json
 import os
 import sys
 import time
-from typing import Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
 import numpy as np
 
@@ -84,22 +85,28 @@ def read_prompts(path: str) -> list:
         except json.JSONDecodeError as e:
             raise InvalidArgument(f"prompts file {path}, line {lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
-            raise InvalidArgument(f"prompts file {path}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
+            raise InvalidArgument(
+                f"prompts file {path}, line {lineno}: expected a JSON object, got {type(obj).__name__}"
+            )
         if "prompt" in obj or "text" in obj:
             text = obj["prompt"] if "prompt" in obj else obj["text"]
             if not isinstance(text, str):
                 raise InvalidArgument(
-                    f"prompts file {path}, line {lineno}: \"prompt\"/\"text\" must be a string, got {type(text).__name__}"
+                    f'prompts file {path}, line {lineno}: "prompt"/"text" must be a string, got {type(text).__name__}'
                 )
             prompts.append(text)
         elif "tokens" in obj:
             ids = obj["tokens"]
-            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise InvalidArgument(f"prompts file {path}, line {lineno}: \"tokens\" must be a list of integers")
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise InvalidArgument(
+                    f'prompts file {path}, line {lineno}: "tokens" must be a list of integers'
+                )
             prompts.append(ids)
         else:
             raise InvalidArgument(
-                f"prompts file {path}, line {lineno}: an object needs a \"prompt\", \"text\" or \"tokens\" field, "
+                f'prompts file {path}, line {lineno}: an object needs a "prompt", "text" or "tokens" field, '
                 f"got keys {sorted(obj)}"
             )
     return prompts
@@ -141,9 +148,13 @@ class _SequenceRecorder:
             topk = _dumped(dump, f"ffn_moe_topk-{il}", (n, k), where)
             ids = np.rint(topk).astype(np.int64)
             if not np.array_equal(ids, topk) or ids.min() < 0 or ids.max() >= E:
-                raise RuntimeError(f"{where}: layer {il}: ffn_moe_topk holds ids outside [0, {E}): {topk.tolist()}")
+                raise RuntimeError(
+                    f"{where}: layer {il}: ffn_moe_topk holds ids outside [0, {E}): {topk.tolist()}"
+                )
             if any(len(set(row.tolist())) != k for row in ids):
-                raise RuntimeError(f"{where}: layer {il}: an expert is selected twice in one token: {ids.tolist()}")
+                raise RuntimeError(
+                    f"{where}: layer {il}: an expert is selected twice in one token: {ids.tolist()}"
+                )
             served = np.asarray(routing[il])
             if served.shape != (n, k) or not np.array_equal(np.sort(served, axis=1), np.sort(ids, axis=1)):
                 raise RuntimeError(
@@ -174,7 +185,9 @@ class _SequenceRecorder:
 
 def _dumped(dump: dict, name: str, shape: tuple, where: str) -> np.ndarray:
     if name not in dump:
-        raise RuntimeError(f"{where}: the engine's dump has no {name!r} (Session(dump_activations=True) expected)")
+        raise RuntimeError(
+            f"{where}: the engine's dump has no {name!r} (Session(dump_activations=True) expected)"
+        )
     value = np.asarray(dump[name])
     if value.shape != shape:
         raise RuntimeError(f"{where}: activation {name} has shape {value.shape}, expected {shape}")
@@ -215,9 +228,7 @@ def harvest(
     if not prompts:
         raise _core.InvalidArgument("harvest: no prompts given")
     t0 = time.perf_counter()
-    session = Session(
-        model_path, threads=threads, n_ctx=n_ctx, dump_activations=True, ram_budget=ram_budget
-    )
+    session = Session(model_path, threads=threads, n_ctx=n_ctx, dump_activations=True, ram_budget=ram_budget)
     info = session.info
     if int(info["n_expert"]) == 0 or int(info["n_expert_used"]) == 0:
         raise _core.InvalidArgument(
@@ -245,7 +256,9 @@ def harvest(
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < n_vocab]
             if bad:
-                raise _core.InvalidArgument(f"{where}: token id {bad[0]} outside the vocabulary [0, {n_vocab})")
+                raise _core.InvalidArgument(
+                    f"{where}: token id {bad[0]} outside the vocabulary [0, {n_vocab})"
+                )
         if not ids:
             raise _core.InvalidArgument(f"{where}: empty prompt (no tokens)")
         if len(ids) > n_ctx_used:
@@ -367,10 +380,20 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
         help="greedy tokens decoded one by one after each prompt (default: 0)",
     )
     p.add_argument(
-        "-t", "--threads", type=_non_negative("-t"), default=0, metavar="N", help="compute threads (default: 0 = one per core)"
+        "-t",
+        "--threads",
+        type=_non_negative("-t"),
+        default=0,
+        metavar="N",
+        help="compute threads (default: 0 = one per core)",
     )
     p.add_argument(
-        "-c", "--ctx-size", type=_non_negative("-c"), default=0, metavar="N", help="context size (default: the model's, at most 4096)"
+        "-c",
+        "--ctx-size",
+        type=_non_negative("-c"),
+        default=0,
+        metavar="N",
+        help="context size (default: the model's, at most 4096)",
     )
     p.add_argument(
         "--ram-budget",
