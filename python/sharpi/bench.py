@@ -331,7 +331,7 @@ def _resolve_options(args: argparse.Namespace) -> dict:
         "predictors": predictors,
         "lookahead": args.lookahead,
         "predictor_files": [list(x) for x in args.predictor_file],
-        "harvest_tokens": args.harvest_tokens or (96 if quick else 512),
+        "harvest_tokens": args.harvest_tokens or (256 if quick else 512),
         "train_tokens": args.train_tokens or (3000 if quick else None),
         "retrain": bool(args.retrain),
         "tokens": args.tokens or (6 if quick else 32),
@@ -870,7 +870,7 @@ def eval_split(seq_start, n_tokens: int, train_fraction: float = TRAIN_SPLIT) ->
 
 def write_train_trace(trace_path: Path, out_path: Path, n_layer: int, max_tokens: int | None) -> dict:
     """The training part of a recorded trace as a trace file of its own: the train split's
-    sequences (at most max_tokens tokens of whole sequences, at least 2 sequences), the model's
+    sequences (at most max_tokens tokens of whole sequences, at least 2 where the split has them), the model's
     first n_layer layers. Predictors trained on it never see the replayed evaluation rows."""
     with np.load(trace_path) as z:
         arrays = {k: z[k] for k in z.files}
@@ -879,7 +879,9 @@ def write_train_trace(trace_path: Path, out_path: Path, n_layer: int, max_tokens
     ends = np.append(seq_start[1:], arrays["experts"].shape[0])
     n_seq = n_train_seq
     if max_tokens is not None:
-        n_seq = max(2, min(n_train_seq, int(np.searchsorted(ends[:n_train_seq], max_tokens, side="right"))))
+        # Whole sequences within the cap, at least 2 (trainers carve a validation slice), never
+        # beyond the train split.
+        n_seq = min(n_train_seq, max(2, int(np.searchsorted(ends[:n_train_seq], max_tokens, side="right"))))
     end = int(ends[n_seq - 1])
     out = {
         "experts": arrays["experts"][:end, :n_layer],
@@ -927,14 +929,14 @@ def prepare_predictors(
     except ImportError:
         has_trainer = False
     for pred in wanted:
-        if not has_predictor_option and pred != "prev_token":
-            # Checked here too (the worker would skip the run) so nothing is harvested or trained.
-            plan["skipped"][pred] = "this build's Session has no predictor= option"
-        elif trace is not None and pred in HIDDEN_STATE_PREDICTORS:
+        if trace is not None and pred in HIDDEN_STATE_PREDICTORS:
             plan["skipped"][pred] = (
                 "needs the model's hidden states, but under trace replay the router follows the recorded "
                 "trace and the hidden states are a random-weight model's"
             )
+        elif not has_predictor_option and pred != "prev_token":
+            # Checked here too (the worker would skip the run) so nothing is harvested or trained.
+            plan["skipped"][pred] = "this build's Session has no predictor= option"
         elif pred in SIDECAR_PREDICTORS and pred not in given and not has_trainer:
             plan["skipped"][pred] = (
                 "no sidecar given (--predictor-file) and sharpi.predict.train is not installed"
