@@ -309,3 +309,21 @@ def test_trace_command_writes_the_trace(tiny_models, tmp_path, capsys):
     )
     with pytest.raises(FileNotFoundError, match="nope"):
         run_trace_command(args)
+
+
+def test_streamed_harvest_records_the_same_routing(tiny_models, tmp_path):
+    # Streaming experts under a small RAM budget must not change what is recorded (lossless).
+    import sharpi
+
+    path = tiny_models["qwen2moe"]
+    probe = sharpi.Session(path, n_ctx=64, ram_budget="1GiB").expert_stats()
+    k = 2
+    budget = probe["fixed_bytes"] + (k + 1) * probe["slot_bytes"]
+    rng = np.random.default_rng(77)
+    prompts = [rng.integers(1, 1000, size=12).tolist(), rng.integers(1, 1000, size=7).tolist()]
+    resident, streamed = tmp_path / "resident.npz", tmp_path / "streamed.npz"
+    harvest(path, prompts, resident, hidden=True, generate=3, n_ctx=64, threads=1)
+    harvest(path, prompts, streamed, hidden=True, generate=3, n_ctx=64, threads=1, ram_budget=budget)
+    a, b = _load(resident), _load(streamed)
+    for key in ("experts", "tokens", "seq_start", "scores", "hidden", "router_logits", "generated"):
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
