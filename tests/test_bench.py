@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import sharpi
 from sharpi.belady import belady, lru, steps_from_routing
 from sharpi.timeline import chrome_trace, write_chrome_trace
@@ -292,12 +291,17 @@ RUN_FIELDS_EXPECTED = {
     "io_gbps_stall", "peak_rss_bytes", "belady_misses", "belady_bytes", "belady_hit_rate", "lru_misses",
     "lru_hit_rate", "lower_bound_ms_per_token", "ratio_tpot_to_lower_bound",
     "ratio_tpot_to_lower_bound_plus_resident", "goal_met", "verdict", "engine_misses_at_least_belady",
-    "output_matches_resident", "layers",
+    "output_matches_resident", "layers", "predictor", "lookahead", "n_staging", "recall_at_k", "precision",
+    "prefetch_issued", "prefetch_used", "prefetch_timely", "prefetch_late", "prefetch_wasted_bytes",
+    "prefetch_skipped", "hints_dropped", "predict_ms", "predict_overhead", "overlap",
 }  # fmt: skip
 
 
-def test_bench_quick_smoke(tmp_path):
-    out, models = tmp_path / "out", tmp_path / "models"
+SHARED_TRACE = REPO.parent / "shared" / "traces" / "deepseek_v2_lite_train.npz"
+
+
+def run_bench(out, models, *extra):
+    """`sharpi bench --quick` in a subprocess; returns (bench.json, stdout)."""
     # The child imports the same sharpi as this process: the installed package in CI, a developer
     # build under python/ when PYTHONPATH points there.
     env = dict(os.environ)
@@ -314,10 +318,25 @@ def test_bench_quick_smoke(tmp_path):
         "--model-dir",
         str(models),
     ]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        cmd + list(extra), check=False, capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((out / "bench.json").read_text())
     assert (out / "bench.txt").read_text() in proc.stdout
+    return doc, proc.stdout
+
+
+def independent_eval_start(seq_start) -> int:
+    """First row of the evaluation split, as shared/traces/README.md states it: the first 70% of
+    the sequences train, the rest evaluate."""
+    n_train = int(len(seq_start) * 7 // 10)
+    return int(seq_start[n_train])
+
+
+def test_bench_quick_smoke(tmp_path):
+    out, models = tmp_path / "out", tmp_path / "models"
+    doc, _ = run_bench(out, models)
 
     for key in ("command", "machine", "options", "goal_ratio", "workloads", "timeline", "wall_s"):
         assert key in doc, key
@@ -337,6 +356,7 @@ def test_bench_quick_smoke(tmp_path):
             # Bytes the engine read: its misses, each one expert of its layer (sizes from the gguf package).
             per_layer = expert_bytes_by_gguf(m["path"])
             assert r["bytes_read"] == sum(lay["misses"] * per_layer[il] for il, lay in enumerate(r["layers"]))
+            assert r["predictor"] == "none" and r["n_staging"] == 0 and r["prefetch_issued"] == 0
             assert r["belady_misses"] <= r["misses"] and r["belady_misses"] <= r["lru_misses"]
             assert r["engine_misses_at_least_belady"] is True
             assert r["output_matches_resident"] is True, "streamed logits must equal the resident engine's"
@@ -362,9 +382,11 @@ def test_bench_quick_smoke(tmp_path):
                 want = rows[warm + t, il]
                 if (want >= 0).all():
                     assert sorted(ids) == sorted(want.tolist())
-        with np.load(REPO.parent / "shared" / "traces" / "deepseek_v2_lite_train.npz") as z:
+        with np.load(SHARED_TRACE) as z:
             n_layer = trace["model"]["n_layer"]
-            np.testing.assert_array_equal(rows, z["experts"][: len(rows), :n_layer])
+            start = independent_eval_start(z["seq_start"])
+            assert trace["trace_rows_start"] == start, "the replayed rows are the evaluation split's"
+            np.testing.assert_array_equal(rows, z["experts"][start : start + len(rows), :n_layer])
 
     tl = doc["timeline"]
     if tl.get("path"):
@@ -373,3 +395,220 @@ def test_bench_quick_smoke(tmp_path):
         assert "compute" in names.values() and "reader" in names.values()
     else:
         assert tl["note"], "without a timeline the report says why"
+
+
+# ------------------------------------------------------------------------------------------ predictor axis
+
+
+def test_predictor_options():
+    import argparse
+
+    from sharpi import bench
+
+    assert bench._predictor_list("cooc,none,prev_token,cooc") == ["none", "cooc", "prev_token"]
+    assert bench._predictor_list("trajectory") == ["none", "trajectory"]
+    for bad in ("", "cooc,oracle", ","):
+        with pytest.raises(argparse.ArgumentTypeError, match="--predictors"):
+            bench._predictor_list(bad)
+    assert bench._lookahead("3") == 3
+    for bad in ("0", "4", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--lookahead"):
+            bench._lookahead(bad)
+    here = str(Path(__file__))
+    assert bench.parse_predictor_file(f"cooc={here}") == (None, "cooc", here)
+    assert bench.parse_predictor_file(f"trace:trajectory={here}") == ("trace", "trajectory", here)
+    for bad in (f"next_gate={here}", f"cooc{here}", "cooc=", f"gpu:cooc={here}"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--predictor-file"):
+            bench.parse_predictor_file(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a file"):
+        bench.parse_predictor_file("learned=/nonexistent/x.gguf")
+
+
+def random_trace(rng, n_seq, n_layer, n_expert, k):
+    lengths = rng.integers(1, 40, size=n_seq)
+    seq_start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    n_tok = int(lengths.sum())
+    experts = np.stack(
+        [
+            np.stack([rng.choice(n_expert, size=k, replace=False) for _ in range(n_layer)])
+            for _ in range(n_tok)
+        ]
+    ).astype(np.int16)
+    return {
+        "experts": experts,
+        "seq_start": seq_start,
+        "num_experts": np.int32(n_expert),
+        "top_k": np.int32(k),
+        "moe_layer_ids": np.arange(n_layer, dtype=np.int16) + 1,
+        "prompt_id": np.arange(n_seq, dtype=np.int32) + 100,
+    }
+
+
+@pytest.mark.parametrize("n_seq", [2, 3, 10, 37])
+def test_eval_split_and_train_trace(tmp_path, n_seq):
+    from sharpi.bench import eval_split, write_train_trace
+
+    rng = np.random.default_rng(n_seq)
+    t = random_trace(rng, n_seq, n_layer=6, n_expert=16, k=2)
+    src = tmp_path / "src.npz"
+    np.savez(src, **t)
+    n_train, start = eval_split(t["seq_start"], t["experts"].shape[0])
+    assert n_train == max(1, min(n_seq - 1, n_seq * 7 // 10)) and start == t["seq_start"][n_train]
+    for cap in (None, 1, 50):
+        out = tmp_path / f"train-{cap}.npz"
+        info = write_train_trace(src, out, n_layer=4, max_tokens=cap)
+        with np.load(out) as z:
+            n = z["experts"].shape[0]
+            assert n == info["tokens"] and len(z["seq_start"]) == info["sequences"]
+            assert n <= start, "no evaluation row may reach the training file"
+            np.testing.assert_array_equal(z["experts"], t["experts"][:n, :4])
+            np.testing.assert_array_equal(z["seq_start"], t["seq_start"][: info["sequences"]])
+            np.testing.assert_array_equal(z["moe_layer_ids"], t["moe_layer_ids"][:4])
+            np.testing.assert_array_equal(z["prompt_id"], t["prompt_id"][: info["sequences"]])
+            # Whole sequences only: the file ends where a sequence ends.
+            ends = list(t["seq_start"][1:]) + [t["experts"].shape[0]]
+            assert n == ends[info["sequences"] - 1]
+            if cap is None:
+                assert n == start
+            else:
+                assert info["sequences"] == min(n_train, max(2, sum(1 for e in ends[:n_train] if e <= cap)))
+
+
+def test_eval_split_of_the_shared_trace():
+    from sharpi.bench import eval_split
+
+    if not SHARED_TRACE.is_file():
+        pytest.skip("shared traces absent")
+    with np.load(SHARED_TRACE) as z:
+        n_train, start = eval_split(z["seq_start"], z["experts"].shape[0])
+        assert start == independent_eval_start(z["seq_start"]) and n_train == len(z["seq_start"]) * 7 // 10
+
+
+def test_compare_predictors_picks_the_least_stall():
+    from sharpi.bench import compare_predictors
+
+    def run(share, pred, stall, tpot, tokens=10):
+        return {"share": share, "predictor": pred, "stall_ms": stall, "tokens": tokens, "tpot_ms": tpot}
+
+    runs = [
+        run(0.25, "none", 200.0, 50.0),
+        run(0.25, "prev_token", 150.0, 45.0),
+        run(0.25, "cooc", 50.0, 30.0, tokens=5),  # 10 ms/token: the best
+        {"share": 0.25, "predictor": "trajectory", "skipped": "no"},
+        run(0.5, "none", 0.0, 20.0),
+        run(0.5, "cooc", 0.0, 21.0),
+        run(1.0, "none", 5.0, 10.0),  # no predictor ran at this share: no comparison
+    ]
+    got = compare_predictors(runs)
+    assert [c["share"] for c in got] == [0.25, 0.5]
+    c = got[0]
+    assert (
+        c["best"] == "cooc" and c["stall_ms_per_token_none"] == 20.0 and c["stall_ms_per_token_best"] == 10.0
+    )
+    assert c["stall_reduction"] == pytest.approx(0.5) and c["tpot_speedup"] == pytest.approx(50 / 30)
+    assert got[1]["stall_reduction"] is None and got[1]["best"] == "cooc"
+
+
+def test_training_adapter_accepts_both_conventions(tmp_path, monkeypatch):
+    """train_predictor_sidecar against stand-in trainer modules: path form and RoutingTrace form."""
+    import types
+
+    from sharpi import bench
+
+    calls = []
+
+    def train_cooc_paths(trace, out_path, max_lookahead=3, seed=0):
+        calls.append(("paths", trace, out_path, max_lookahead, seed))
+        Path(out_path).write_text("sidecar")
+
+    train_mod = types.ModuleType("sharpi.predict.train")
+    train_mod.train_cooc = train_cooc_paths
+    pkg = types.ModuleType("sharpi.predict")
+    pkg.train = train_mod
+    monkeypatch.setitem(sys.modules, "sharpi.predict", pkg)
+    monkeypatch.setitem(sys.modules, "sharpi.predict.train", train_mod)
+    bench.train_predictor_sidecar("cooc", "t.npz", str(tmp_path / "a.gguf"), 2, 7)
+    assert calls == [("paths", "t.npz", str(tmp_path / "a.gguf"), 2, 7)] and (tmp_path / "a.gguf").is_file()
+
+    class Trace:
+        n_tokens = 5
+
+    def train_trajectory(trace, train_idx, max_lookahead=3, window=10, quiet=False):
+        calls.append(("trace", type(trace).__name__, list(train_idx), max_lookahead))
+        return "SIDECAR"
+
+    written = []
+    train_mod.train_trajectory = train_trajectory
+    traces_mod = types.ModuleType("sharpi.predict.traces")
+    traces_mod.load_trace = lambda path: Trace()
+    sidecar_mod = types.ModuleType("sharpi.predict.sidecar")
+    sidecar_mod.write_sidecar = lambda path, sc: written.append((path, sc))
+    monkeypatch.setitem(sys.modules, "sharpi.predict.traces", traces_mod)
+    monkeypatch.setitem(sys.modules, "sharpi.predict.sidecar", sidecar_mod)
+    bench.train_predictor_sidecar("trajectory", "t.npz", "b.gguf", 3, 0)
+    assert calls[-1] == ("trace", "Trace", [0, 1, 2, 3, 4], 3) and written == [("b.gguf", "SIDECAR")]
+    with pytest.raises(bench.PredictorUnsupported, match="no train_learned"):
+        bench.train_predictor_sidecar("learned", "t.npz", "c.gguf", 1, 0)
+
+
+def test_bench_predictor_axis_quick(tmp_path):
+    import importlib.util
+    import inspect
+
+    out, models = tmp_path / "out", tmp_path / "models"
+    doc, stdout = run_bench(out, models, "--predictors", "none,prev_token,cooc,next_gate", "--lookahead", "1")
+    assert "route unlike trained ones" in stdout
+    has_predictor_option = "predictor" in inspect.signature(sharpi.Session.__init__).parameters
+    try:
+        has_trainer = importlib.util.find_spec("sharpi.predict.train") is not None
+    except ImportError:
+        has_trainer = False
+
+    ran = [w for w in doc["workloads"] if "skipped" not in w]
+    assert ran
+    for w in ran:
+        m = w["model"]
+        pw = w["predictors"]
+        assert pw["lookahead"] == 1 and pw["runs"][0] == "none"
+        assert sorted({r["share"] for r in w["runs"]}) == [0.25, 0.5]
+        if w["name"] == "trace":
+            assert "hidden states" in pw["skipped"]["next_gate"]
+        if not has_predictor_option:
+            assert "no predictor= option" in pw["skipped"]["cooc"]
+        elif has_trainer:
+            assert "cooc" in pw["runs"], pw["skipped"]
+        done = [r for r in w["runs"] if "tpot_ms" in r]
+        assert {r["predictor"] for r in done} >= {"none", "prev_token"}
+        for r in done:
+            assert RUN_FIELDS_EXPECTED <= set(r), RUN_FIELDS_EXPECTED - set(r)
+            assert r["output_matches_resident"] is True, f"{r['predictor']}: prediction must be lossless"
+            # Staging slots come out of the same budget as the cache.
+            assert r["budget_bytes"] == m["fixed_bytes"] + (r["n_slots"] + r["n_staging"]) * m["slot_bytes"]
+            assert r["accesses"] == r["tokens"] * m["n_layer"] * m["n_expert_used"] == r["hits"] + r["misses"]
+            assert r["prefetch_used"] <= r["prefetch_issued"]
+            assert r["prefetch_timely"] + r["prefetch_late"] == r["prefetch_used"]
+            assert r["recall_at_k"] is None or 0 <= r["recall_at_k"] <= 1
+            if r["predictor"] == "none":
+                assert r["n_staging"] == 0 and r["prefetch_issued"] == 0
+            else:
+                assert r["n_staging"] >= m["n_expert_used"] and r["lookahead"] == 1
+        # The comparison, recomputed from the runs.
+        for c in w["predictor_comparison"]:
+            same = [r for r in done if r["share"] == c["share"]]
+            base = next(r for r in same if r["predictor"] == "none")
+            per_token = {
+                r["predictor"]: r["stall_ms"] / r["tokens"] for r in same if r["predictor"] != "none"
+            }
+            assert c["best"] == min(per_token, key=per_token.get)
+            none_stall = base["stall_ms"] / base["tokens"]
+            if none_stall > 0:
+                assert c["stall_reduction"] == pytest.approx(1 - per_token[c["best"]] / none_stall)
+        assert len(w["predictor_comparison"]) == 2
+        cooc = [r for r in done if r["predictor"] == "cooc"]
+        if w["name"] == "trace" and cooc:
+            # Trained on the train split only: the training file ends before the replayed rows.
+            with np.load(out / "work" / "trace-train-trace.npz") as tz, np.load(SHARED_TRACE) as z:
+                n = tz["experts"].shape[0]
+                assert n <= w["trace_rows_start"] == independent_eval_start(z["seq_start"])
+                np.testing.assert_array_equal(tz["experts"], z["experts"][:n, : m["n_layer"]])
+            assert all(Path(r["predictor_file"]).is_file() for r in cooc)

@@ -24,6 +24,18 @@ least IO time any reactive engine needs. TPOT / that bound (per token) is the he
 bound ignores compute, so TPOT / (bound + resident TPOT) is reported beside it. LRU's simulated
 misses on the same sequence are reported for comparison with the engine's SLRU.
 
+Predictors (--predictors none,prev_token,cooc,trajectory,next_gate,learned, --lookahead D): every
+budget is run once per predictor with the same RAM budget (prefetch staging slots come out of it),
+default budgets 25% and 50%. The trace workload replays the evaluation split of the trace (its last
+30% of sequences); its cooc / trajectory sidecars are trained, through sharpi.predict.train, on the
+first 70% (restricted to the model's layers), or given with --predictor-file NAME=PATH. Hidden-state
+predictors (next_gate, learned) are not run there: the hidden states belong to the random-weight
+model whose router the trace overrides. The random workload's sidecars are trained on a trace
+harvested from the model itself (sharpi.harvest, random token ids). Per run: TPOT, stall fraction,
+hit rate, recall@k / precision, prefetch issued / used / late / wasted bytes, predict_ms / decode_ms,
+and the lossless check; per workload and budget: the stall reduction of the best predictor vs none.
+Random-weight models route unlike trained ones (DESIGN §6): the report says so beside their numbers.
+
 Process layout: this process only plans, launches and summarises; each configuration runs in a
 child (`python -m sharpi.bench --worker CONFIG RESULT`), so one run's memory, page cache and cache
 state never leak into the next. The children write JSON; the parent computes policies and ratios.
@@ -35,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import inspect
 import json
 import os
@@ -66,6 +79,21 @@ QUICK_TRACE_OVERRIDES = {
     "n_ff_exp": 256,
     "n_vocab": 1024,
 }
+
+# The predictor axis (--predictors). Sidecar predictors need a trained file (docs/predictors.md);
+# hidden-state predictors read the model's own hidden states, which under trace replay belong to a
+# random-weight model whose router is overridden, so they are skipped on the trace workload.
+PREDICTORS = ("none", "prev_token", "next_gate", "pregate", "cooc", "learned", "trajectory")
+SIDECAR_PREDICTORS = ("cooc", "learned", "trajectory")
+HIDDEN_STATE_PREDICTORS = ("next_gate", "learned", "pregate")
+TRAIN_SPLIT = 0.7  # first 70% of a trace's sequences train predictors, the rest are replayed
+HARVEST_SEQ_LEN = 32  # tokens per sequence harvested from the random-weight model
+RANDOM_ROUTING_NOTE = (
+    "Synthetic random-weight models route unlike trained ones: their routers pick near-uniform, "
+    "weakly correlated experts (DESIGN §6: layer-ahead recall@2 0.35-0.51 on random weights vs 0.55-0.83 "
+    "trained; previous-token reuse 0.55-0.77 vs 0.34-0.46), so predictor rankings on the random "
+    "workload say nothing about real models; judge predictors on the trace-replay workload."
+)
 
 # Fields of every streamed run in bench.json (tests check them).
 RUN_FIELDS = (
@@ -107,6 +135,21 @@ RUN_FIELDS = (
     "engine_misses_at_least_belady",
     "output_matches_resident",
     "layers",
+    "predictor",
+    "lookahead",
+    "n_staging",
+    "recall_at_k",
+    "precision",
+    "prefetch_issued",
+    "prefetch_used",
+    "prefetch_timely",
+    "prefetch_late",
+    "prefetch_wasted_bytes",
+    "prefetch_skipped",
+    "hints_dropped",
+    "predict_ms",
+    "predict_overhead",
+    "overlap",
 )
 
 
@@ -140,6 +183,42 @@ def _positive(name: str):
     return parse
 
 
+def _predictor_list(text: str) -> list:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in PREDICTORS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"--predictors: unknown predictor {bad[0] if bad else text!r}; choose from {', '.join(PREDICTORS)}"
+        )
+    # none first (the baseline every other one is compared with), then in the order given.
+    return ["none"] + [n for n in dict.fromkeys(names) if n != "none"]
+
+
+def _lookahead(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lookahead must be an integer, got {text!r}") from None
+    if not 1 <= value <= 3:
+        raise argparse.ArgumentTypeError(f"--lookahead must be 1, 2 or 3, got {value}")
+    return value
+
+
+def parse_predictor_file(text: str) -> tuple:
+    """ "[WORKLOAD:]NAME=PATH" -> (workload or None, name, path). WORKLOAD is "random" or "trace";
+    without it the file is offered to every workload (a shape mismatch is the engine's error)."""
+    key, sep, path = text.partition("=")
+    workload, _, name = key.rpartition(":")
+    if not sep or not path or name not in SIDECAR_PREDICTORS or workload not in ("", "random", "trace"):
+        raise argparse.ArgumentTypeError(
+            f"--predictor-file expects [random:|trace:]NAME=PATH with NAME one of {', '.join(SIDECAR_PREDICTORS)}, "
+            f"got {text!r}"
+        )
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"--predictor-file {text!r}: {path} is not a file")
+    return (workload or None, name, path)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `sharpi bench` (defaults None where --quick picks its own)."""
     p.add_argument(
@@ -155,8 +234,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budgets",
         type=_shares,
-        default=[0.25, 0.5, 1.0],
-        help="RAM budgets as shares of all expert slots (default: 0.25,0.5,1.0)",
+        default=None,
+        help="RAM budgets as shares of all expert slots (default: 0.25,0.5,1.0; 0.25,0.5 with --predictors)",
+    )
+    p.add_argument(
+        "--predictors",
+        type=_predictor_list,
+        default=None,
+        help=f"predictors to compare at every budget, comma-separated, from {','.join(PREDICTORS)} "
+        "(default: none only; none is always run as the baseline)",
+    )
+    p.add_argument(
+        "--lookahead", type=_lookahead, default=1, help="layers ahead the predictors look, 1..3 (default: 1)"
+    )
+    p.add_argument(
+        "--predictor-file",
+        type=parse_predictor_file,
+        action="append",
+        default=[],
+        metavar="[WORKLOAD:]NAME=PATH",
+        help="use this sidecar for a cooc/learned/trajectory predictor instead of training one "
+        "(WORKLOAD: random or trace; repeatable)",
+    )
+    p.add_argument(
+        "--harvest-tokens",
+        type=_positive("--harvest-tokens"),
+        default=None,
+        help="tokens harvested from the random-weight model to train its sidecar predictors (default: 512)",
+    )
+    p.add_argument(
+        "--train-tokens",
+        type=_positive("--train-tokens"),
+        default=None,
+        help="cap on the trace tokens (whole sequences from the train split) predictors are trained on "
+        "(default: all of the train split)",
+    )
+    p.add_argument(
+        "--retrain", action="store_true", help="train sidecar predictors even when a trained file exists"
     )
     p.add_argument(
         "--tokens", type=_positive("--tokens"), default=None, help="measured decode tokens (default: 32)"
@@ -169,7 +283,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace", default=None, help=f"routing trace to replay (default: ../shared/traces/{TRACE_FILE})"
     )
-    p.add_argument("--trace-start", type=int, default=0, help="first trace row replayed (default: 0)")
+    p.add_argument(
+        "--trace-start",
+        type=int,
+        default=None,
+        help=f"first trace row replayed (default: the first token of the evaluation split, the last "
+        f"{1 - TRAIN_SPLIT:.0%} of the trace's sequences)",
+    )
     p.add_argument("--no-trace", action="store_true", help="skip the trace-replay workload")
     p.add_argument(
         "--cap-overhead",
@@ -201,11 +321,19 @@ def _resolve_options(args: argparse.Namespace) -> dict:
     from . import _core
 
     quick = bool(args.quick)
+    predictors = list(args.predictors or ["none"])
+    budgets = args.budgets or ([0.25, 0.5] if len(predictors) > 1 else [0.25, 0.5, 1.0])
     opts = {
         "out": Path(args.out),
         "preset": args.preset or ("tiny" if quick else "qwen3-30b-a3b"),
         "quant": args.quant,
-        "budgets": list(args.budgets),
+        "budgets": list(budgets),
+        "predictors": predictors,
+        "lookahead": args.lookahead,
+        "predictor_files": [list(x) for x in args.predictor_file],
+        "harvest_tokens": args.harvest_tokens or (256 if quick else 512),
+        "train_tokens": args.train_tokens or (3000 if quick else None),
+        "retrain": bool(args.retrain),
         "tokens": args.tokens or (6 if quick else 32),
         "warmup": args.warmup or (3 if quick else 8),
         "threads": args.threads,
@@ -501,6 +629,10 @@ def _worker(config_path: str, result_path: str) -> int:
     try:
         result.update(_worker_run(sharpi, cfg))
         result["ok"] = True
+    except PredictorUnsupported as e:
+        result["ok"] = False
+        result["unsupported"] = str(e)
+        result["error"] = str(e)
     except Exception as e:  # noqa: BLE001 -- any failure is reported to the parent, which prints it
         result["ok"] = False
         result["error"] = f"{type(e).__name__}: {e}"
@@ -549,11 +681,50 @@ def _token_spans(events: list, first_pos: int) -> list:
     return spans
 
 
+class PredictorUnsupported(RuntimeError):
+    """This build cannot run the requested predictor (the run is skipped, not failed)."""
+
+
+def _predictor_kwargs(sharpi, cfg: dict) -> tuple:
+    """Session keyword arguments for cfg's predictor, and a note on how it was applied. Sessions
+    with predictor= take (predictor, predictor_file, lookahead); older builds only know
+    prefetch="prev_token" (the same-layer previous-token prefetch), used for prev_token there."""
+    name = cfg.get("predictor", "none")
+    if name == "none":
+        return {}, None
+    params = inspect.signature(sharpi.Session.__init__).parameters
+    if "predictor" in params:
+        kwargs = {"predictor": name, "lookahead": int(cfg.get("lookahead", 1))}
+        if cfg.get("predictor_file"):
+            kwargs["predictor_file"] = cfg["predictor_file"]
+        return kwargs, None
+    if name == "prev_token" and "prefetch" in params:
+        return {
+            "prefetch": "prev_token"
+        }, "this build has no Session(predictor=...): ran prefetch='prev_token'"
+    raise PredictorUnsupported(
+        f"this build's Session has no predictor= option, cannot run predictor {name!r}"
+    )
+
+
 def _worker_run(sharpi, cfg: dict) -> dict:
     mode = cfg["mode"]
+    if mode == "harvest":
+        from .harvest import harvest
+
+        return {"harvest": harvest(cfg["path"], cfg["prompts"], cfg["out"], hidden=cfg["hidden"],
+                                   threads=cfg["threads"], n_ctx=cfg["n_ctx"])}  # fmt: skip
+    if mode == "train":
+        t0 = time.perf_counter()
+        train_predictor_sidecar(cfg["kind"], cfg["trace"], cfg["out"], cfg["lookahead"], cfg["seed"])
+        return {"sidecar": cfg["out"], "train_s": time.perf_counter() - t0}
     kwargs = {"threads": cfg["threads"], "n_ctx": cfg["n_ctx"], "reader": cfg["reader"]}
     if mode in ("probe", "stream"):
         kwargs["ram_budget"] = int(cfg["budget_bytes"])
+    predictor_note = None
+    if mode == "stream":
+        extra, predictor_note = _predictor_kwargs(sharpi, cfg)
+        kwargs.update(extra)
     want_timeline = bool(cfg.get("timeline_path"))
     timeline_note = None
     if want_timeline:
@@ -597,8 +768,13 @@ def _worker_run(sharpi, cfg: dict) -> dict:
         return out
 
     st = session.expert_stats()
-    if int(st["n_slots"]) != int(cfg["n_slots"]):
-        raise RuntimeError(f"engine planned {st['n_slots']} slots for the budget, expected {cfg['n_slots']}")
+    # Prefetch staging slots come out of the same budget: cache + staging = the planned slots.
+    planned = int(st["n_slots"]) + int(st.get("n_staging", 0))
+    if planned != int(cfg["n_slots"]):
+        raise RuntimeError(
+            f"engine planned {st['n_slots']} slots + {st.get('n_staging', 0)} staging for the budget, "
+            f"expected {cfg['n_slots']} in all"
+        )
     warm_run = _decode_steps(session, warm)
     session.reset_stats()
     first_traced = len(measured) - int(cfg.get("timeline_tokens", 0))
@@ -617,10 +793,17 @@ def _worker_run(sharpi, cfg: dict) -> dict:
             "slot_bytes": int(st["slot_bytes"]),
             "fixed_bytes": int(st["fixed_bytes"]),
             "budget_bytes": int(st["budget_bytes"]),
+            "n_staging": int(st.get("n_staging", 0)),
             "layers": [dict(lay) for lay in st["layers"]],
+            # Top-level counters (io_busy_ms, decode_ms, predict_ms, ... where the engine has them).
+            "stats_globals": {
+                k: v for k, v in st.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
             "warm_routing": warm_run["routing"],
         }
     )
+    if predictor_note:
+        out["predictor_note"] = predictor_note
     if want_timeline:
         from .timeline import write_chrome_trace
 
@@ -636,6 +819,200 @@ def _worker_run(sharpi, cfg: dict) -> dict:
     if timeline_note:
         out["timeline_note"] = timeline_note
     return out
+
+
+# ==================================================================================================
+# Predictors: training data, sidecars
+# ==================================================================================================
+
+
+def train_predictor_sidecar(kind: str, trace_path: str, out_path: str, lookahead: int, seed: int) -> None:
+    """Trains a `kind` sidecar (cooc, trajectory, learned) on every token of the trace at trace_path
+    and writes it to out_path, through sharpi.predict.train. The one place that knows that module's
+    calling convention; two are accepted: train_<kind>(trace_path, out_path, **options) and
+    train_<kind>(RoutingTrace, train_idx, **options) -> Sidecar written with
+    sharpi.predict.sidecar.write_sidecar. Options passed where the function takes them:
+    max_lookahead / lookahead, seed. The trace given is already the training split."""
+    try:
+        from .predict import train as predict_train
+    except ImportError as e:
+        raise PredictorUnsupported(f"sharpi.predict.train is not available ({e})") from None
+    fn = getattr(predict_train, f"train_{kind}", None)
+    if fn is None:
+        raise PredictorUnsupported(f"sharpi.predict.train has no train_{kind}()")
+    params = list(inspect.signature(fn).parameters)
+    options = {
+        k: v
+        for k, v in {"max_lookahead": lookahead, "lookahead": lookahead, "seed": seed}.items()
+        if k in params[2:]
+    }
+    if len(params) >= 2 and params[1] in ("out_path", "out", "output", "path"):
+        fn(str(trace_path), str(out_path), **options)
+        return
+    from .predict.sidecar import write_sidecar
+    from .predict.traces import load_trace
+
+    trace = load_trace(str(trace_path))
+    sidecar = fn(trace, np.arange(trace.n_tokens, dtype=np.int64), **options)
+    write_sidecar(str(out_path), sidecar)
+
+
+def eval_split(seq_start, n_tokens: int, train_fraction: float = TRAIN_SPLIT) -> tuple:
+    """(n_train_seq, first eval row): the first floor(train_fraction x sequences) sequences train,
+    the rest evaluate; each side keeps at least one sequence (the split of shared/traces/README.md's
+    baselines and of sharpi.predict)."""
+    n_seq = len(seq_start)
+    if n_seq < 2:
+        raise ValueError(f"a split by sequences needs at least 2 sequences, the trace has {n_seq}")
+    n_train = min(max(int(np.floor(train_fraction * n_seq)), 1), n_seq - 1)
+    return n_train, int(seq_start[n_train])
+
+
+def write_train_trace(trace_path: Path, out_path: Path, n_layer: int, max_tokens: int | None) -> dict:
+    """The training part of a recorded trace as a trace file of its own: the train split's
+    sequences (at most max_tokens tokens of whole sequences, at least 2 where the split has them), the model's
+    first n_layer layers. Predictors trained on it never see the replayed evaluation rows."""
+    with np.load(trace_path) as z:
+        arrays = {k: z[k] for k in z.files}
+    seq_start = arrays["seq_start"]
+    n_train_seq, _ = eval_split(seq_start, arrays["experts"].shape[0])
+    ends = np.append(seq_start[1:], arrays["experts"].shape[0])
+    n_seq = n_train_seq
+    if max_tokens is not None:
+        # Whole sequences within the cap, at least 2 (trainers carve a validation slice), never
+        # beyond the train split.
+        n_seq = min(n_train_seq, max(2, int(np.searchsorted(ends[:n_train_seq], max_tokens, side="right"))))
+    end = int(ends[n_seq - 1])
+    out = {
+        "experts": arrays["experts"][:end, :n_layer],
+        "seq_start": seq_start[:n_seq].astype(np.int64),
+        "num_experts": arrays["num_experts"],
+        "top_k": arrays["top_k"],
+        "moe_layer_ids": arrays["moe_layer_ids"][:n_layer],
+    }
+    if "prompt_id" in arrays:
+        out["prompt_id"] = arrays["prompt_id"][:n_seq]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out_path, **out)
+    return {
+        "path": str(out_path),
+        "source": f"{trace_path}: sequences 0..{n_seq - 1} of the train split (sequences 0..{n_train_seq - 1}), "
+        f"first {n_layer} layers",
+        "sequences": n_seq,
+        "tokens": end,
+    }
+
+
+def prepare_predictors(
+    name: str, model_path: str, info: dict, opts: dict, work: Path, log, trace=None
+) -> dict:
+    """The predictor runs of one workload: {"runs": [(predictor, sidecar path or None)], "skipped":
+    {predictor: reason}, "sidecars": {predictor: {path, how}}, "train_trace": {...}}.
+
+    Sidecars come from --predictor-file, else from a trained file of the same name under
+    <model-dir>/predictors (unless --retrain), else are trained here, each in a worker: on the train
+    split of the recorded trace (trace workload) or on a trace harvested from the model itself
+    (random workload: prompts of random token ids, not the decoded ones)."""
+    plan: dict = {"runs": [("none", None)], "skipped": {}, "sidecars": {}}
+    wanted = [p for p in opts["predictors"] if p != "none"]
+    given = {}
+    for workload, pred, path in opts["predictor_files"]:
+        if workload in (None, name):
+            given[pred] = path
+            plan["sidecars"][pred] = {"path": path, "how": "--predictor-file"}
+    to_train = []
+    from .session import Session
+
+    has_predictor_option = "predictor" in inspect.signature(Session.__init__).parameters
+    try:
+        has_trainer = importlib.util.find_spec(f"{__package__}.predict.train") is not None
+    except ImportError:
+        has_trainer = False
+    for pred in wanted:
+        if trace is not None and pred in HIDDEN_STATE_PREDICTORS:
+            plan["skipped"][pred] = (
+                "needs the model's hidden states, but under trace replay the router follows the recorded "
+                "trace and the hidden states are a random-weight model's"
+            )
+        elif not has_predictor_option and pred != "prev_token":
+            # Checked here too (the worker would skip the run) so nothing is harvested or trained.
+            plan["skipped"][pred] = "this build's Session has no predictor= option"
+        elif pred in SIDECAR_PREDICTORS and pred not in given and not has_trainer:
+            plan["skipped"][pred] = (
+                "no sidecar given (--predictor-file) and sharpi.predict.train is not installed"
+            )
+        elif pred in SIDECAR_PREDICTORS and pred not in given:
+            to_train.append(pred)
+    if to_train:
+        n_layer = int(info["n_layer"])
+        tag = (
+            f"trace{opts['train_tokens'] or 'all'}"
+            if trace is not None
+            else f"harvest{opts['harvest_tokens']}"
+        )
+        pred_dir = Path(opts["model_dir"]) / "predictors"
+        targets = {
+            p: pred_dir / f"{Path(model_path).stem}-{p}-d{opts['lookahead']}-{tag}.gguf" for p in to_train
+        }
+        missing = [p for p in to_train if opts["retrain"] or not targets[p].is_file()]
+        for p in to_train:
+            if p not in missing:
+                given[p] = str(targets[p])
+                plan["sidecars"][p] = {"path": str(targets[p]), "how": "reused (trained by an earlier run)"}
+        train_trace = work / f"{name}-train-trace.npz"
+        if missing and trace is not None:
+            plan["train_trace"] = write_train_trace(Path(trace), train_trace, n_layer, opts["train_tokens"])
+        elif missing:
+            rng = np.random.default_rng(opts["seed"] + 1)  # not the decoded tokens (seed)
+            n_seq = max(2, opts["harvest_tokens"] // HARVEST_SEQ_LEN)
+            prompts = [
+                [int(t) for t in rng.integers(1, int(info["n_vocab"]), size=HARVEST_SEQ_LEN)]
+                for _ in range(n_seq)
+            ]
+            cfg = {
+                "mode": "harvest",
+                "path": model_path,
+                "prompts": prompts,
+                "out": str(train_trace),
+                "hidden": "learned" in missing,
+                "threads": opts["threads"],
+                "n_ctx": HARVEST_SEQ_LEN + 16,
+            }
+            log(
+                f"{name}: harvesting {n_seq} x {HARVEST_SEQ_LEN} random-token prompts to train predictors ..."
+            )
+            res = launch(cfg, work, f"{name}-harvest")
+            if res["ok"]:
+                plan["train_trace"] = dict(
+                    res["harvest"], source=f"harvested from {model_path} (random token ids)"
+                )
+            else:
+                for p in missing:
+                    plan["skipped"][p] = f"harvesting a training trace failed: {res['error']}"
+                missing = []
+        for p in missing:
+            pred_dir.mkdir(parents=True, exist_ok=True)
+            cfg = {
+                "mode": "train",
+                "kind": p,
+                "trace": str(train_trace),
+                "out": str(targets[p]),
+                "lookahead": opts["lookahead"],
+                "seed": opts["seed"],
+            }
+            log(f"{name}: training {p} on {plan['train_trace']['tokens']} tokens ...")
+            res = launch(cfg, work, f"{name}-train-{p}")
+            if res["ok"]:
+                given[p] = str(targets[p])
+                plan["sidecars"][p] = {"path": str(targets[p]), "how": f"trained in {res['train_s']:.1f} s"}
+                log(f"{name}: {p} trained in {res['train_s']:.1f} s")
+            else:
+                plan["skipped"][p] = f"training failed: {res['error']}"
+                log(f"{name}: {p} not trained: {res['error']}")
+    for pred in wanted:
+        if pred not in plan["skipped"]:
+            plan["runs"].append((pred, given.get(pred)))
+    return plan
 
 
 # ==================================================================================================
@@ -696,12 +1073,16 @@ def _summarise_stream(
     bytes_read = sum(lay["bytes_read"] for lay in layers)
     stall_ms = sum(lay["stall_ms"] for lay in layers)
     n_slots = res["n_slots"]
+    n_staging = int(res.get("n_staging", 0))
+    predictor = res.get("predictor", "none")
 
     warm_steps = steps_from_routing(res["warm_routing"], n_expert)
     dec_steps = steps_from_routing(res["routing"], n_expert)
     warm_set = set().union(*warm_steps) if warm_steps else set()
-    opt = belady(dec_steps, n_slots, warm=warm_set)
-    ref = lru(warm_steps + dec_steps, n_slots, count_from=len(warm_steps))
+    # The policies get every slot of the budget (cache + staging): the bound of any reactive engine
+    # with the same RAM, so predictor runs are compared with the same bound as the baseline.
+    opt = belady(dec_steps, n_slots + n_staging, warm=warm_set)
+    ref = lru(warm_steps + dec_steps, n_slots + n_staging, count_from=len(warm_steps))
     # Step j of the decode sequence is layer j % n_layer; a miss there costs that layer's expert bytes.
     opt_bytes = sum(m * expert_bytes[j % n_layer] for j, m in enumerate(opt.misses_per_step))
     lb_ms = opt_bytes / (seq_gbps * 1e9) * 1e3 / n_tok if seq_gbps > 0 else None
@@ -745,16 +1126,51 @@ def _summarise_stream(
         "ratio_tpot_to_lower_bound": ratio_lb,
         "ratio_tpot_to_lower_bound_plus_resident": ratio_both,
         "goal_met": goal_met,
-        # Sanity: a demand cache can never miss less than Belady from the same warm-up.
-        "engine_misses_at_least_belady": misses >= opt.misses,
+        # Sanity: a demand cache can never miss less than Belady from the same warm-up (a prefetching
+        # one can: its reads ahead turn demand misses into hits, so no check there).
+        "engine_misses_at_least_belady": misses >= opt.misses if predictor == "none" else None,
         # Lossless invariant: streamed logits are bit-identical to the resident engine's.
         "output_matches_resident": (
             res["logits_sha256"] == resident.get("logits_sha256") if resident.get("logits_sha256") else None
         ),
         "layers": layers,
     }
+    out.update(_predictor_metrics(res, decode_s, predictor, n_staging, n_tok))
     out["verdict"] = _verdict(out, resident, seq_gbps)
     return out
+
+
+def _predictor_metrics(res: dict, decode_s: float, predictor: str, n_staging: int, n_tok: int) -> dict:
+    """The DESIGN §7 prediction / prefetch metrics of one run (sharpi.moe_trace's arithmetic).
+    predict_overhead = predict_ms / decode_ms: the engine's decode_ms when it reports one, else the
+    bench's measured decode wall time."""
+    from .moe_trace import MoeTracer
+
+    stats = dict(res.get("stats_globals", {}))
+    stats["layers"] = res["layers"]
+    total = MoeTracer(None, stream=None, top_k=res["info"]["n_expert_used"]).summary(stats)["total"]
+    decode_ms = total["decode_ms"] or decode_s * 1e3
+    return {
+        "predictor": predictor,
+        "lookahead": res.get("lookahead"),
+        "predictor_file": res.get("predictor_file"),
+        "predictor_note": res.get("predictor_note"),
+        "n_staging": n_staging,
+        "recall_at_k": total["recall_at_k"],
+        "precision": total["precision"],
+        "prefetch_issued": total["prefetch_issued"],
+        "prefetch_used": total["prefetch_used"],
+        "prefetch_timely": total["prefetch_timely"],
+        "prefetch_late": total["prefetch_late"],
+        "prefetch_wasted_bytes": total["prefetch_wasted_bytes"],
+        "prefetch_wasted_bytes_per_token": total["prefetch_wasted_bytes"] / n_tok,
+        "prefetch_skipped": total["prefetch_skipped"],
+        "hints_dropped": total["hints_dropped"],
+        "predict_ms": total["predict_ms"],
+        "predict_overhead": total["predict_ms"] / decode_ms if decode_ms > 0 else None,
+        "overlap": total["overlap"],
+        "io_busy_ms": total["io_busy_ms"] or None,
+    }
 
 
 def _verdict(r: dict, resident: dict, seq_gbps: float) -> str:
@@ -823,9 +1239,17 @@ def _summarise_resident(res: dict) -> dict:
 
 
 def run_workload(
-    name: str, model: dict, opts: dict, trace_rows: np.ndarray | None, timeline_path: Path | None, log
+    name: str,
+    model: dict,
+    opts: dict,
+    trace_rows: np.ndarray | None,
+    timeline_path: Path | None,
+    log,
+    trace_path: Path | None = None,
 ) -> dict:
-    """Probe, bandwidth, resident and one streamed run per budget for one model."""
+    """Probe, bandwidth, resident and one streamed run per budget and predictor for one model.
+    trace_path: the recorded trace whose train split trains this workload's sidecar predictors
+    (None: train them on a trace harvested from the model)."""
     path = model["path"]
     work = opts["out"] / "work"
     n_ctx = opts["warmup"] + opts["tokens"] + 16
@@ -881,48 +1305,90 @@ def run_workload(
     w["resident"] = resident
     log(f"{name}: resident TPOT {resident['tpot_ms']:.1f} ms (cold pass {resident['cold_tpot_ms']:.1f} ms)")
 
+    plan = {"runs": [("none", None)], "skipped": {}, "sidecars": {}}
+    if len(opts["predictors"]) > 1:
+        plan = prepare_predictors(name, path, info, opts, work, log, trace=trace_path)
+        for pred, why in plan["skipped"].items():
+            log(f"{name}: predictor {pred} skipped: {why}")
+    w["predictors"] = {
+        "lookahead": opts["lookahead"],
+        "runs": [p for p, _ in plan["runs"]],
+        "skipped": plan["skipped"],
+        "sidecars": plan["sidecars"],
+        "train_trace": plan.get("train_trace"),
+    }
+
     total = n_layer * n_expert
     runs = []
     for share in opts["budgets"]:
-        n_slots = min(total, max(k, round(share * total)))
-        budget = probe["fixed_bytes"] + n_slots * probe["slot_bytes"]
-        cfg = {**base, "mode": "stream", "budget_bytes": budget, "n_slots": n_slots}
-        if timeline_path is not None and share == opts["budgets"][0]:
-            cfg["timeline_path"] = str(timeline_path)
-            cfg["timeline_tokens"] = opts["timeline_tokens"]
-        label = f"{name}-{share:g}"
-        load_before = os.getloadavg()[0]
-        with MemoryCap(budget + opts["cap_overhead"], enabled=opts["cap"]) as cap:
-            cache_drop = drop_page_cache([path], opts["drop_cache"])
-            res = launch(cfg, work, label, cap)
-        if not res["ok"]:
-            log(f"{label}: FAILED: {res['error']}")
-            runs.append(
-                {
-                    "share": share,
-                    "n_slots": n_slots,
-                    "budget_bytes": budget,
-                    "cap": cap.report(),
-                    "error": res["error"],
-                }
+        for pred, sidecar in plan["runs"]:
+            n_slots = min(total, max(k, round(share * total)))
+            budget = probe["fixed_bytes"] + n_slots * probe["slot_bytes"]
+            cfg = {**base, "mode": "stream", "budget_bytes": budget, "n_slots": n_slots, "predictor": pred}
+            if pred != "none":
+                cfg.update({"lookahead": opts["lookahead"], "predictor_file": sidecar})
+            if timeline_path is not None and share == opts["budgets"][0] and pred == "none":
+                cfg["timeline_path"] = str(timeline_path)
+                cfg["timeline_tokens"] = opts["timeline_tokens"]
+            label = f"{name}-{share:g}" if pred == "none" else f"{name}-{share:g}-{pred}"
+            load_before = os.getloadavg()[0]
+            with MemoryCap(budget + opts["cap_overhead"], enabled=opts["cap"]) as cap:
+                cache_drop = drop_page_cache([path], opts["drop_cache"])
+                res = launch(cfg, work, label, cap)
+            head = {"share": share, "predictor": pred, "n_slots": n_slots, "budget_bytes": budget}
+            if not res["ok"]:
+                # A predictor this build cannot run is skipped; anything else is a failed run.
+                kind = "skipped" if res.get("unsupported") else "error"
+                log(f"{label}: {'skipped' if kind == 'skipped' else 'FAILED'}: {res['error']}")
+                runs.append({**head, "cap": cap.report(), kind: res["error"]})
+                continue
+            res.update({"predictor": pred, "lookahead": cfg.get("lookahead"), "predictor_file": sidecar})
+            r = _summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
+            r["share"] = share
+            r["loadavg_1min"] = load_before
+            r["cap"] = cap.report()
+            r["cache_drop"] = cache_drop
+            if "timeline" in res:
+                w["timeline"] = res["timeline"]
+            if "timeline_note" in res:
+                w["timeline_note"] = res["timeline_note"]
+            runs.append(r)
+            log(
+                f"{label}: TPOT {r['tpot_ms']:.1f} ms, hit {r['hit_rate']:.3f}, stall {r['stall_fraction']:.2f}, "
+                f"recall@k {_fmt(r['recall_at_k'], '.3f')}, LB {_fmt(r['lower_bound_ms_per_token'], '.1f')} ms, "
+                f"cap {'on' if r['cap']['applied'] else 'off'}"
             )
-            continue
-        r = _summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
-        r["share"] = share
-        r["loadavg_1min"] = load_before
-        r["cap"] = cap.report()
-        r["cache_drop"] = cache_drop
-        if "timeline" in res:
-            w["timeline"] = res["timeline"]
-        if "timeline_note" in res:
-            w["timeline_note"] = res["timeline_note"]
-        runs.append(r)
-        log(
-            f"{label}: TPOT {r['tpot_ms']:.1f} ms, hit {r['hit_rate']:.3f}, stall {r['stall_fraction']:.2f}, "
-            f"LB {_fmt(r['lower_bound_ms_per_token'], '.1f')} ms, cap {'on' if r['cap']['applied'] else 'off'}"
-        )
     w["runs"] = runs
+    w["predictor_comparison"] = compare_predictors(runs) if len(plan["runs"]) > 1 else []
     return w
+
+
+def compare_predictors(runs: list) -> list:
+    """Per budget share: each completed predictor run against the baseline (predictor none) of the
+    same share, and the best one, by stall time per token. stall_reduction = 1 - best / none."""
+    out = []
+    for share in dict.fromkeys(r["share"] for r in runs):
+        done = [r for r in runs if r["share"] == share and "tpot_ms" in r]
+        base = next((r for r in done if r["predictor"] == "none"), None)
+        others = [r for r in done if r["predictor"] != "none"]
+        if base is None or not others:
+            continue
+        best = min(others, key=lambda r: r["stall_ms"] / r["tokens"])
+        base_stall = base["stall_ms"] / base["tokens"]
+        best_stall = best["stall_ms"] / best["tokens"]
+        out.append(
+            {
+                "share": share,
+                "best": best["predictor"],
+                "stall_ms_per_token_none": base_stall,
+                "stall_ms_per_token_best": best_stall,
+                "stall_reduction": 1 - best_stall / base_stall if base_stall > 0 else None,
+                "tpot_ms_none": base["tpot_ms"],
+                "tpot_ms_best": best["tpot_ms"],
+                "tpot_speedup": base["tpot_ms"] / best["tpot_ms"],
+            }
+        )
+    return out
 
 
 def _trace_rows(path: Path, start: int, n_rows: int, n_layer: int) -> tuple:
@@ -951,6 +1417,60 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
+def _format_predictors(w: dict) -> list:
+    """The predictor axis of one workload: a row per (share, predictor), the best vs none per share,
+    sidecars used and predictors skipped."""
+    pw = w["predictors"]
+    lines = [
+        (
+            f"  predictors (lookahead {pw['lookahead']}; recall@k and precision over the prediction sets the "
+            "engine scored; wasted: prefetched, never used; overhead: predict_ms / decode_ms):"
+        )
+    ]
+    lines.append(
+        f"  {'share':>5} {'predictor':>10} {'TPOT ms':>8} {'stall':>5} {'stall ms/t':>10} {'hit':>5} "
+        f"{'recall@k':>8} {'prec':>5} {'issued':>7} {'used':>6} {'late':>5} {'skipped':>7} {'waste MB/t':>10} "
+        f"{'overhead':>8} {'lossless':>8}"
+    )
+    for r in w["runs"]:
+        pred = r.get("predictor", "none")
+        if "tpot_ms" not in r:
+            why = r.get("skipped") or r.get("error")
+            lines.append(
+                f"  {r['share']:>5.0%} {pred:>10}  {'skipped' if 'skipped' in r else 'FAILED'}: {why}"
+            )
+            continue
+        lossless = {True: "yes", False: "NO", None: "-"}[r["output_matches_resident"]]
+        lines.append(
+            f"  {r['share']:>5.0%} {pred:>10} {r['tpot_ms']:>8.1f} {r['stall_fraction']:>5.2f} "
+            f"{r['stall_ms'] / r['tokens']:>10.1f} {r['hit_rate']:>5.3f} {_fmt(r['recall_at_k'], '.3f'):>8} "
+            f"{_fmt(r['precision'], '.2f'):>5} {r['prefetch_issued']:>7.0f} {r['prefetch_used']:>6.0f} "
+            f"{r['prefetch_late']:>5.0f} {r['prefetch_skipped']:>7.0f} "
+            f"{r['prefetch_wasted_bytes_per_token'] / 1e6:>10.2f} "
+            f"{_fmt(r['predict_overhead'] and r['predict_overhead'] * 100, '.2f'):>7}% {lossless:>8}"
+        )
+    for c in w.get("predictor_comparison", []):
+        red = c["stall_reduction"]
+        lines.append(
+            f"  {c['share']:.0%}: best predictor {c['best']}: stall {c['stall_ms_per_token_best']:.1f} vs "
+            f"{c['stall_ms_per_token_none']:.1f} ms/token without prediction "
+            f"({'reduction ' + format(red, '.0%') if red is not None else 'no stall to reduce'}), "
+            f"TPOT {c['tpot_ms_best']:.1f} vs {c['tpot_ms_none']:.1f} ms ({c['tpot_speedup']:.2f}x)"
+        )
+    for name, sc in pw["sidecars"].items():
+        lines.append(f"  sidecar {name}: {sc['path']} ({sc['how']})")
+    if pw.get("train_trace"):
+        tt = pw["train_trace"]
+        lines.append(f"  sidecars trained on {tt['tokens']} tokens: {tt.get('source', tt.get('path'))}")
+    for name, why in pw["skipped"].items():
+        lines.append(f"  {name} not run: {why}")
+    notes = {r["predictor_note"] for r in w["runs"] if r.get("predictor_note")}
+    lines += [f"  note: {n}" for n in sorted(notes)]
+    if w["name"] == "random":
+        lines.append("  " + RANDOM_ROUTING_NOTE)
+    return lines
+
+
 def format_report(doc: dict) -> str:
     lines = []
     for w in doc["workloads"]:
@@ -977,7 +1497,8 @@ def format_report(doc: dict) -> str:
             f"{'LB ms':>7} {'TPOT/LB':>7} {'/(LB+res)':>9} {'RSS':>7}"
         )
         lines.append(head)
-        for r in w["runs"]:
+        baseline_runs = [r for r in w["runs"] if r.get("predictor", "none") == "none"]
+        for r in baseline_runs:
             cap = r["cap"]
             cap_s = f"{cap['limit_bytes'] / GiB:.2f}G" if cap["applied"] else "none"
             if "error" in r:
@@ -995,7 +1516,7 @@ def format_report(doc: dict) -> str:
                 f"{_fmt(r['ratio_tpot_to_lower_bound_plus_resident'], '.2f'):>9} "
                 f"{_fmt(r['peak_rss_bytes'] and r['peak_rss_bytes'] / GiB, '.2f'):>6}G"
             )
-        for r in w["runs"]:
+        for r in baseline_runs:
             if "verdict" in r:
                 lines.append(f"  {r['share']:.0%}: {r['verdict']}")
                 checks = []
@@ -1007,6 +1528,8 @@ def format_report(doc: dict) -> str:
                     checks.append(f"the cap was reached {r['cap']['failcnt']} times (page cache reclaimed)")
                 if checks:
                     lines.append("       " + "; ".join(checks))
+        if len(w.get("predictors", {}).get("runs", [])) > 1 or w.get("predictors", {}).get("skipped"):
+            lines += _format_predictors(w)
         lines.append("")
     lines.append(
         "CPU ms: process CPU time per token (all threads; below threads x TPOT when the cores are shared or "
@@ -1071,9 +1594,17 @@ def run(args: argparse.Namespace) -> int:
         from . import presets
 
         n_layer = presets.resolve(None, TRACE_PRESET, **overrides).n_layer
-        rows, note = _trace_rows(opts["trace"], opts["trace_start"], opts["warmup"] + opts["tokens"], n_layer)
-        w = run_workload("trace", tm, opts, rows, None, log)
+        with np.load(opts["trace"]) as z:
+            n_train_seq, eval_start = eval_split(z["seq_start"], z["experts"].shape[0])
+        start = eval_start if opts["trace_start"] is None else opts["trace_start"]
+        rows, note = _trace_rows(opts["trace"], start, opts["warmup"] + opts["tokens"], n_layer)
+        if start >= eval_start:
+            note += f"; evaluation split: sequences {n_train_seq}.. (rows {eval_start}..)"
+        else:
+            note += f"; NOTE: rows before {eval_start} belong to the split predictors are trained on"
+        w = run_workload("trace", tm, opts, rows, None, log, trace_path=opts["trace"])
         w["trace"] = f"{opts['trace']} ({note})"
+        w["trace_rows_start"] = start
         doc["workloads"].append(w)
 
     tl = next((w["timeline"] for w in doc["workloads"] if "timeline" in w), None)

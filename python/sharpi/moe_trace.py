@@ -1,0 +1,250 @@
+"""The MoE tracing report (DESIGN §7): expert-cache, prefetch and predictor metrics per layer and in
+total, per-request latency, and a Chrome/Perfetto timeline.
+
+What it owns: the arithmetic that turns the engine's raw counters (Session.expert_stats()) and
+per-request timings (Session.last_stats) into the metrics whose names and meanings DESIGN §7 fixes,
+the human table printed to `stream`, and two files in `out_dir`: moe_trace.json (the summary) and
+moe_trace_timeline.json (trace-event JSON written by sharpi.timeline, one lane per compute thread
+and per reader queue). It never talks to the engine and never changes the counters: callers pass
+plain dicts, so the report can be recomputed from saved stats. Missing keys count as 0 (the engine
+grows counters over time); a ratio whose denominator is 0 is None (JSON null, "-" in the table),
+never a division error.
+
+Definitions (per layer and total; "total" sums the per-layer counters first, then divides):
+  hit_rate       = hits / (hits + misses)
+  recall_at_k    = predicted_correct / (predictions * top_k)     (prediction set size = k)
+  precision      = predicted_correct / predicted_experts
+  io_bytes       = bytes_read
+  io_gbps        = io_bytes / io_busy_ms                          (total only: io_busy_ms is global)
+  compute_ms     = decode_ms - stall_ms                           (total only)
+  overlap        = 1 - stall_ms / io_busy_ms                      (total only)
+  predict_overhead = predict_ms / decode_ms                       (total only)
+io_busy_ms comes from expert_stats["io_busy_ms"]; when the engine does not report it and a
+timeline is given, it is the length of the union of the reader tracks' spans (io_busy_source says
+which). top_k comes from expert_stats ("top_k" or "n_expert_used"), else from the constructor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from .timeline import write_chrome_trace
+
+# Per-layer counters read from expert_stats()["layers"][il] (missing = 0).
+LAYER_COUNTERS = (
+    "accesses",
+    "hits",
+    "misses",
+    "evictions",
+    "bytes_read",
+    "stall_ms",
+    "prefetch_issued",
+    "prefetch_used",
+    "prefetch_timely",
+    "prefetch_late",
+    "prefetch_wasted_bytes",
+    "prefetch_skipped",
+    "hints_dropped",
+    "predictions",
+    "predicted_correct",
+    "predicted_experts",
+)
+# Top-level times read from expert_stats() (missing = 0).
+GLOBAL_TIMES = ("io_busy_ms", "decode_ms", "predict_ms")
+
+
+def _num(d: Mapping, key: str) -> float:
+    value = d.get(key, 0) if d else 0
+    return 0 if value is None else value
+
+
+def _ratio(num: float, den: float):
+    return num / den if den else None
+
+
+def _reader_busy_ms(events: Sequence[Mapping]) -> float:
+    """Milliseconds during which at least one read was in flight: the union of the spans of every
+    track whose name starts with "reader" (overlapping reads count once)."""
+    spans = sorted(
+        (float(e["start_us"]), float(e["start_us"]) + float(e["dur_us"]))
+        for e in events
+        if str(e.get("track", "")).startswith("reader")
+    )
+    busy_us, cur_start, cur_end = 0.0, None, None
+    for start, end in spans:
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                busy_us += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        busy_us += cur_end - cur_start
+    return busy_us / 1e3
+
+
+def _layer_metrics(counters: dict, top_k) -> dict:
+    hits, misses = counters["hits"], counters["misses"]
+    out = dict(counters)
+    out["io_bytes"] = counters["bytes_read"]
+    out["hit_rate"] = _ratio(hits, hits + misses)
+    out["recall_at_k"] = (
+        _ratio(counters["predicted_correct"], counters["predictions"] * top_k) if top_k else None
+    )
+    out["precision"] = _ratio(counters["predicted_correct"], counters["predicted_experts"])
+    return out
+
+
+class MoeTracer:
+    """Collects per-request timings, then builds, prints and writes the MoE tracing report."""
+
+    def __init__(self, out_dir: str | None, stream=sys.stderr, top_k: int | None = None):
+        """out_dir: folder for moe_trace.json and moe_trace_timeline.json (created on finish); None
+        writes no files. stream: where finish() prints the table (None: nowhere). top_k: the model's
+        experts per token, used when expert_stats does not carry it."""
+        self.out_dir = None if out_dir is None else os.fspath(out_dir)
+        self.stream = stream
+        self.top_k = top_k
+        self.requests: list = []
+
+    def add_request(self, stats: Mapping) -> None:
+        """One request's Session.last_stats (ttft_s, tpot_s, prefill_tok_s, decode_tok_s, n_prompt,
+        n_generated, prefill_s, decode_s; missing = 0)."""
+        self.requests.append(
+            {
+                "n_prompt": int(_num(stats, "n_prompt")),
+                "n_generated": int(_num(stats, "n_generated")),
+                "prefill_s": float(_num(stats, "prefill_s")),
+                "decode_s": float(_num(stats, "decode_s")),
+                "ttft_ms": float(_num(stats, "ttft_s")) * 1e3,
+                "tpot_ms": float(_num(stats, "tpot_s")) * 1e3,
+                "prefill_tok_s": float(_num(stats, "prefill_tok_s")),
+                "decode_tok_s": float(_num(stats, "decode_tok_s")),
+            }
+        )
+
+    def summary(self, expert_stats: Mapping, timeline_events: Sequence[Mapping] = ()) -> dict:
+        """The report as a dict: {top_k, layers: [...], total: {...}, requests: [...],
+        requests_total: {...}}. Pure arithmetic on its arguments and the added requests."""
+        expert_stats = expert_stats or {}
+        top_k = expert_stats.get("top_k") or expert_stats.get("n_expert_used") or self.top_k
+        top_k = int(top_k) if top_k else None
+        layers = []
+        totals = {key: 0 for key in LAYER_COUNTERS}
+        for il, raw in enumerate(expert_stats.get("layers", []) or []):
+            counters = {key: _num(raw, key) for key in LAYER_COUNTERS}
+            for key in LAYER_COUNTERS:
+                totals[key] += counters[key]
+            layers.append({"layer": il, **_layer_metrics(counters, top_k)})
+
+        total = _layer_metrics(totals, top_k)
+        times = {key: float(_num(expert_stats, key)) for key in GLOBAL_TIMES}
+        io_busy_source = "expert_stats" if times["io_busy_ms"] > 0 else "none"
+        if times["io_busy_ms"] <= 0 and timeline_events:
+            busy = _reader_busy_ms(timeline_events)
+            if busy > 0:
+                times["io_busy_ms"], io_busy_source = busy, "timeline"
+        total.update(times)
+        total["io_busy_source"] = io_busy_source
+        io_busy_s = times["io_busy_ms"] / 1e3
+        total["io_gbps"] = total["io_bytes"] / io_busy_s / 1e9 if io_busy_s > 0 else None
+        total["compute_ms"] = times["decode_ms"] - total["stall_ms"] if times["decode_ms"] > 0 else None
+        stall_over_busy = _ratio(total["stall_ms"], times["io_busy_ms"])
+        total["overlap"] = None if stall_over_busy is None else 1.0 - stall_over_busy
+        total["predict_overhead"] = _ratio(times["predict_ms"], times["decode_ms"])
+
+        reqs = self.requests
+        n_prompt = sum(r["n_prompt"] for r in reqs)
+        prefill_s = sum(r["prefill_s"] for r in reqs)
+        decode_steps = sum(max(r["n_generated"] - 1, 0) for r in reqs)
+        decode_s = sum(r["decode_s"] for r in reqs)
+        requests_total = {
+            "requests": len(reqs),
+            "ttft_ms_mean": _ratio(sum(r["ttft_ms"] for r in reqs), len(reqs)),
+            # TPOT over all decode steps of all requests (a long request weighs by its steps).
+            "tpot_ms": _ratio(decode_s * 1e3, decode_steps),
+            "prefill_tok_s": _ratio(n_prompt, prefill_s),
+            "decode_tok_s": _ratio(decode_steps, decode_s),
+        }
+        return {
+            "top_k": top_k,
+            "layers": layers,
+            "total": total,
+            "requests": [dict(r) for r in reqs],
+            "requests_total": requests_total,
+        }
+
+    def finish(self, expert_stats: Mapping, timeline_events: Sequence[Mapping] = ()) -> dict:
+        """summary(), printed as a table to `stream` and, with an out_dir, written as moe_trace.json
+        plus moe_trace_timeline.json. Returns the summary (with "files" naming what was written)."""
+        doc = self.summary(expert_stats, timeline_events)
+        if self.out_dir is not None:
+            os.makedirs(self.out_dir, exist_ok=True)
+            timeline_path = os.path.join(self.out_dir, "moe_trace_timeline.json")
+            tl = write_chrome_trace(
+                list(timeline_events or []), timeline_path, process_name="sharpi moe trace"
+            )
+            json_path = os.path.join(self.out_dir, "moe_trace.json")
+            doc["files"] = {"summary": json_path, "timeline": tl["path"]}
+            doc["timeline"] = {"n_events": tl["n_events"], "lanes": tl["lanes"]}
+            with open(json_path, "w") as f:
+                json.dump(doc, f, indent=1)
+        if self.stream is not None:
+            self.stream.write(format_table(doc))
+            self.stream.flush()
+        return doc
+
+
+def _f(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(doc: dict) -> str:
+    """The human table of a summary(): one row per layer, the total, the IO line, the requests."""
+    MiB = float(1 << 20)
+    head = (
+        f"{'layer':>5} {'hits':>8} {'misses':>8} {'hit':>6} {'recall@k':>8} {'prec':>6} {'issued':>7} "
+        f"{'used':>7} {'timely':>7} {'late':>6} {'wasteMiB':>8} {'skipped':>7} {'dropped':>7} "
+        f"{'stall ms':>9} {'io MiB':>9}"
+    )
+
+    def row(name: str, m: dict) -> str:
+        return (
+            f"{name:>5} {m['hits']:>8.0f} {m['misses']:>8.0f} {_f(m['hit_rate'], '.3f'):>6} "
+            f"{_f(m['recall_at_k'], '.3f'):>8} {_f(m['precision'], '.3f'):>6} {m['prefetch_issued']:>7.0f} "
+            f"{m['prefetch_used']:>7.0f} {m['prefetch_timely']:>7.0f} {m['prefetch_late']:>6.0f} "
+            f"{m['prefetch_wasted_bytes'] / MiB:>8.1f} {m['prefetch_skipped']:>7.0f} {m['hints_dropped']:>7.0f} "
+            f"{m['stall_ms']:>9.1f} {m['io_bytes'] / MiB:>9.1f}"
+        )
+
+    lines = [f"MoE trace (top-{_f(doc['top_k'], 'd')})", head]
+    lines += [row(str(m["layer"]), m) for m in doc["layers"]]
+    t = doc["total"]
+    lines.append(row("total", t))
+    lines.append(
+        f"io busy {t['io_busy_ms']:.1f} ms ({t['io_busy_source']}) | io {_f(t['io_gbps'], '.2f')} GB/s | "
+        f"decode {t['decode_ms']:.1f} ms | compute {_f(t['compute_ms'], '.1f')} ms | "
+        f"stall {t['stall_ms']:.1f} ms | overlap {_f(t['overlap'], '.3f')} | "
+        f"predict {t['predict_ms']:.1f} ms ({_f(t['predict_overhead'] and t['predict_overhead'] * 100, '.1f')}% of decode)"
+    )
+    if doc["requests"]:
+        lines.append(
+            f"{'request':>7} {'prompt':>7} {'gen':>5} {'TTFT ms':>9} {'TPOT ms':>9} {'prefill tok/s':>13} {'decode tok/s':>12}"
+        )
+        for i, r in enumerate(doc["requests"]):
+            lines.append(
+                f"{i:>7} {r['n_prompt']:>7} {r['n_generated']:>5} {r['ttft_ms']:>9.1f} {r['tpot_ms']:>9.1f} "
+                f"{r['prefill_tok_s']:>13.1f} {r['decode_tok_s']:>12.1f}"
+            )
+        rt = doc["requests_total"]
+        lines.append(
+            f"{'all':>7} {'':>7} {'':>5} {_f(rt['ttft_ms_mean'], '9.1f')} {_f(rt['tpot_ms'], '9.1f')} "
+            f"{_f(rt['prefill_tok_s'], '13.1f')} {_f(rt['decode_tok_s'], '12.1f')}  (TTFT: mean; rates over all tokens)"
+        )
+    files = doc.get("files")
+    if files:
+        lines.append(f"wrote {files['summary']} and {files['timeline']} (open in ui.perfetto.dev)")
+    return "\n".join(lines) + "\n"
