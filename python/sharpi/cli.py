@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
             description="Decode speed of expert streaming under RAM budgets vs Belady's IO lower bound.",
         )
     )
+    from . import harvest
+
+    harvest.add_trace_parser(sub)
     return parser
 
 
@@ -358,7 +361,14 @@ def cmd_bench(args, out: TextIO, err: TextIO) -> int:
     return bench.run(args)
 
 
-_COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench}
+def cmd_trace(args, out: TextIO, err: TextIO) -> int:
+    from . import harvest
+
+    return harvest.run_trace_command(args)
+
+
+_COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench,
+             "trace": cmd_trace}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,9 @@ class Session:
         skip_late_prefetch=False issues predictions even when the measured bandwidth says they
         cannot start before their layer's gate.
 
-        trace: a directory (or True, or env SHARPI_TRACE_MOE=1) to record the MoE tracing report
-        (DESIGN §7): close() prints the table and writes moe_trace.json and a Perfetto timeline there."""
+        trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
+        to record the MoE tracing report (DESIGN §7): close() prints the table and writes
+        moe_trace.json and moe_trace_timeline.json (Perfetto) there."""
         self.path = os.fspath(path)
         plugin = None
         if isinstance(predictor, Predictor):
@@ -64,8 +65,9 @@ class Session:
             if predictor_file is not None and os.fspath(predictor_file) != file_part:
                 raise _core.InvalidArgument(f"predictor file given twice: {file_part!r} and {os.fspath(predictor_file)!r}")
             predictor_file = file_part
-        if trace is None and os.environ.get("SHARPI_TRACE_MOE", "") not in ("", "0"):
-            trace = True
+        env_trace = os.environ.get("SHARPI_TRACE_MOE", "")
+        if trace is None and env_trace not in ("", "0"):
+            trace = True if env_trace == "1" else env_trace
         if trace:
             timeline = True
         budget = 0
@@ -92,7 +94,8 @@ class Session:
         if trace:
             from .moe_trace import MoeTracer
 
-            self._tracer = MoeTracer(None if trace is True else os.fspath(trace))
+            out_dir = "sharpi-moe-trace" if trace is True else os.fspath(trace)
+            self._tracer = MoeTracer(out_dir, top_k=self.info["n_expert_used"])
         if route_trace is not None:
             self.set_route_trace(route_trace)
         self._metadata: Optional[dict] = None
