@@ -8,6 +8,7 @@
 // Python call overhead.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <chrono>
 #include <memory>
