@@ -22,7 +22,9 @@ from sharpi import _core
 from sharpi.make_model import write_model
 
 if not hasattr(_core, "load_predictor"):
-    pytest.skip("sharpi._core has no load_predictor (bind_predict not called in module.cpp)", allow_module_level=True)
+    pytest.skip(
+        "sharpi._core has no load_predictor (bind_predict not called in module.cpp)", allow_module_level=True
+    )
 
 N_LAYER, N_EMBD, N_EXPERT, TOP_K = 12, 64, 8, 2
 PREFIX = "sharpi.predictor."
@@ -34,13 +36,37 @@ PREFIX = "sharpi.predictor."
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("predict_cpp") / "tiny.gguf")
-    write_model(path, preset="tiny", quant="f32", seed=3, n_layer=N_LAYER, n_embd=N_EMBD, n_head=4, n_head_kv=2,
-                n_expert=N_EXPERT, n_expert_used=TOP_K, n_ff=64, n_ff_exp=64, vocab_size=512)
+    write_model(
+        path,
+        preset="tiny",
+        quant="f32",
+        seed=3,
+        n_layer=N_LAYER,
+        n_embd=N_EMBD,
+        n_head=4,
+        n_head_kv=2,
+        n_expert=N_EXPERT,
+        n_expert_used=TOP_K,
+        n_ff=64,
+        n_ff_exp=64,
+        vocab_size=512,
+    )
     return path
 
 
-def write_sidecar(path, kind, keys, tensors, *, n_layer=N_LAYER, n_expert=N_EXPERT, top_k=TOP_K, max_lookahead=3,
-                  arch="sharpi.predictor", dtypes=None):
+def write_sidecar(
+    path,
+    kind,
+    keys,
+    tensors,
+    *,
+    n_layer=N_LAYER,
+    n_expert=N_EXPERT,
+    top_k=TOP_K,
+    max_lookahead=3,
+    arch="sharpi.predictor",
+    dtypes=None,
+):
     """A sidecar per docs/predictors.md: common keys, `keys` (suffix -> uint32), f32 tensors in numpy
     shape (GGUFWriter stores them reversed, as GGUF wants). dtypes: {name: numpy dtype} overrides."""
     w = gguf.GGUFWriter(str(path), arch=arch)
@@ -90,8 +116,13 @@ def learned_params(rng, hidden, rank, max_la, n_layer=N_LAYER, E=N_EXPERT, n_emb
 
 
 def trajectory_params(rng, W, D, n_block, n_head, F, max_la, n_layer=N_LAYER, E=N_EXPERT):
-    keys = {"trajectory.window": W, "trajectory.d_model": D, "trajectory.n_block": n_block,
-            "trajectory.n_head": n_head, "trajectory.d_ff": F}
+    keys = {
+        "trajectory.window": W,
+        "trajectory.d_model": D,
+        "trajectory.n_block": n_block,
+        "trajectory.n_head": n_head,
+        "trajectory.d_ff": F,
+    }
     t = {
         "traj.expert_emb": rng.normal(size=(n_layer, E, D)),
         "traj.layer_emb": rng.normal(size=(n_layer, D)),
@@ -320,8 +351,11 @@ def test_learned_sees_a_reused_buffer_change(model, tmp_path):
     hidden, logits, history, prev = random_input(rng, 4, False)
     for _ in range(3):
         for d in (1, 2):
-            assert_scores_close(h.scores(4, d, hidden, logits, history, prev),
-                                learned_ref(w, keys, 4, d, hidden), "same buffer")
+            assert_scores_close(
+                h.scores(4, d, hidden, logits, history, prev),
+                learned_ref(w, keys, 4, d, hidden),
+                "same buffer",
+            )
         hidden[:] = rng.normal(size=N_EMBD)  # in place: same address, new token
 
 
@@ -366,12 +400,18 @@ def test_trajectory_reads_only_what_the_spec_says(model, tmp_path):
     for s in (L - 2, L):  # oldest and newest window rows
         changed = history.copy()
         changed[s] = [(e + 1) % N_EXPERT for e in changed[s]]
-        assert_scores_close(h.scores(L, 1, hidden, logits, changed, prev),
-                            trajectory_ref(w, keys, 2, L, 1, changed, prev), f"row {s} changed")
+        assert_scores_close(
+            h.scores(L, 1, hidden, logits, changed, prev),
+            trajectory_ref(w, keys, 2, L, 1, changed, prev),
+            f"row {s} changed",
+        )
     changed = prev.copy()
     changed[L + 2] = [(e + 3) % N_EXPERT for e in changed[L + 2]]
-    assert_scores_close(h.scores(L, 1, hidden, logits, history, changed),
-                        trajectory_ref(w, keys, 2, L, 1, history, changed), "prev row L+2 changed")
+    assert_scores_close(
+        h.scores(L, 1, hidden, logits, history, changed),
+        trajectory_ref(w, keys, 2, L, 1, history, changed),
+        "prev row L+2 changed",
+    )
 
 
 # ---- bad input -----------------------------------------------------------------------------------
@@ -445,11 +485,19 @@ def test_missing_wrong_shape_and_non_f32_tensors(model, tmp_path):
     reshaped = dict(tensors)
     reshaped["traj.blk.0.qkv.w"] = rng.normal(size=(8, 24))  # transposed
     path = write_sidecar(tmp_path / "s.gguf", "trajectory", keys, reshaped, max_lookahead=1)
-    with pytest.raises(_core.FormatError, match=r"'traj.blk.0.qkv.w' has shape \[8, 24\], expected \[24, 8\]"):
+    with pytest.raises(
+        _core.FormatError, match=r"'traj.blk.0.qkv.w' has shape \[8, 24\], expected \[24, 8\]"
+    ):
         _core.load_predictor("trajectory", path, model, 1)
 
-    path = write_sidecar(tmp_path / "h.gguf", "trajectory", keys, tensors, max_lookahead=1,
-                         dtypes={"traj.head.1.w": np.float16})
+    path = write_sidecar(
+        tmp_path / "h.gguf",
+        "trajectory",
+        keys,
+        tensors,
+        max_lookahead=1,
+        dtypes={"traj.head.1.w": np.float16},
+    )
     with pytest.raises(_core.FormatError, match=r"'traj.head.1.w' is f16, expected f32"):
         _core.load_predictor("trajectory", path, model, 1)
 
@@ -468,7 +516,9 @@ def test_cooc_wrong_table_shape_and_bad_max_lookahead(model, tmp_path):
     rng = np.random.default_rng(10)
     keys, tensors = cooc_params(rng, 2, 2)  # n_off = 3 ...
     path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=3)  # ... but 3 + 2 - 1 = 4
-    with pytest.raises(_core.FormatError, match=r"'cooc.layer' has shape \[12, 3, 8, 8\], expected \[12, 4, 8, 8\]"):
+    with pytest.raises(
+        _core.FormatError, match=r"'cooc.layer' has shape \[12, 3, 8, 8\], expected \[12, 4, 8, 8\]"
+    ):
         _core.load_predictor("cooc", path, model, 1)
     path = write_sidecar(tmp_path / "d.gguf", "cooc", keys, tensors, max_lookahead=4)
     with pytest.raises(_core.FormatError, match=r"max_lookahead' = 4 is outside \[1, 3\]"):
@@ -479,7 +529,8 @@ def test_truncated_file(model, tmp_path):
     rng = np.random.default_rng(12)
     keys, tensors = learned_params(rng, 16, 4, 1)
     path = write_sidecar(tmp_path / "l.gguf", "learned", keys, tensors, max_lookahead=1)
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     for cut in (len(data) - 4, len(data) // 2, 200, 10):
         bad = tmp_path / f"cut{cut}.gguf"
         bad.write_bytes(data[:cut])
@@ -489,8 +540,9 @@ def test_truncated_file(model, tmp_path):
 
 def test_bad_call_arguments(model, tmp_path, valid_cooc):
     keys, tensors = valid_cooc
-    h = _core.load_predictor("cooc", write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2),
-                             model, 2)
+    h = _core.load_predictor(
+        "cooc", write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2), model, 2
+    )
     rng = np.random.default_rng(13)
     hidden, logits, history, prev = random_input(rng, 3, True)
     bad = history.copy()

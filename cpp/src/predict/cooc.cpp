@@ -18,7 +18,7 @@ namespace sharpi {
 namespace {
 
 class CoocPredictor final : public ScoringPredictor {
-public:
+  public:
     explicit CoocPredictor(const SidecarReader& file)
         : ScoringPredictor(file.header().n_expert, file.header().top_k),
           n_layer_(file.header().n_layer),
@@ -51,7 +51,7 @@ public:
         add_rows(prev_.data() + t * E * E, in.prev + t * top_k_, out);
     }
 
-private:
+  private:
     // out += table[i] for each valid id i of the top_k ids; table is [E, E] row-major.
     void add_rows(const float* table, const int32_t* ids, float* out) const {
         const int64_t E = n_expert_;

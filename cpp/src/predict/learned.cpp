@@ -36,7 +36,7 @@ struct LearnedLayer {
 };
 
 class LearnedPredictor final : public ScoringPredictor {
-public:
+  public:
     explicit LearnedPredictor(const SidecarReader& file)
         : ScoringPredictor(file.header().n_expert, file.header().top_k),
           n_layer_(file.header().n_layer),
@@ -87,7 +87,7 @@ public:
         for (int64_t e = 0; e < E; ++e) out[e] += l.b2[static_cast<size_t>(row0 + e)];
     }
 
-private:
+  private:
     // a_ = max(w1 @ z + b1, 0) for `hidden`, the first two lines of the spec included.
     void hidden_activation(const LearnedLayer& l, const float* hidden) {
         const float mean_square = cpu::dot_f32(hidden, hidden, n_embd_) / static_cast<float>(n_embd_);
@@ -121,12 +121,13 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Predictor> load_learned_predictor(const std::string& file, const Model& model, int lookahead) {
+std::unique_ptr<Predictor> load_learned_predictor(const std::string& file, const Model& model,
+                                                  int lookahead) {
     SidecarReader reader(file, "learned", model, lookahead);
     if (reader.uint_key("n_embd", 1, 1 << 20) != model.hp.n_embd) {
         throw InvalidArgument(reader.where() + "sidecar is for n_embd=" +
-                              std::to_string(reader.uint_key("n_embd", 1, 1 << 20)) + " but the model has n_embd=" +
-                              std::to_string(model.hp.n_embd));
+                              std::to_string(reader.uint_key("n_embd", 1, 1 << 20)) +
+                              " but the model has n_embd=" + std::to_string(model.hp.n_embd));
     }
     return std::make_unique<LearnedPredictor>(reader);
 }

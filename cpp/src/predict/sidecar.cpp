@@ -35,17 +35,22 @@ std::string shape_string(const std::vector<int64_t>& shape) {
     return s + "]";
 }
 
-std::string SidecarReader::where() const { return "[predictor] " + path_ + ": "; }
+std::string SidecarReader::where() const {
+    return "[predictor] " + path_ + ": ";
+}
 
 SidecarReader::SidecarReader(const std::string& path, const std::string& expected_kind, const Model& model,
                              int lookahead)
     : path_(path) {
     if (path.empty())
-        throw InvalidArgument("[predictor] the '" + expected_kind + "' predictor needs a sidecar file, none given");
-    struct stat st {};
+        throw InvalidArgument("[predictor] the '" + expected_kind +
+                              "' predictor needs a sidecar file, none given");
+    struct stat st{};
     if (::stat(path.c_str(), &st) != 0)
-        throw InvalidArgument(where() + "sidecar file for the '" + expected_kind + "' predictor does not exist");
-    if (lookahead < 1) throw InvalidArgument(where() + "lookahead must be >= 1, got " + std::to_string(lookahead));
+        throw InvalidArgument(where() + "sidecar file for the '" + expected_kind +
+                              "' predictor does not exist");
+    if (lookahead < 1)
+        throw InvalidArgument(where() + "lookahead must be >= 1, got " + std::to_string(lookahead));
 
     file_ = GgufFile::open(path, /*map_data=*/true);
 
@@ -67,7 +72,8 @@ SidecarReader::SidecarReader(const std::string& path, const std::string& expecte
     header_.n_expert = uint_key("n_expert", 1, 1 << 20);
     header_.top_k = uint_key("top_k", 1, 1 << 20);
     const HParams& hp = model.hp;
-    if (header_.n_layer != hp.n_layer || header_.n_expert != hp.n_expert || header_.top_k != hp.n_expert_used) {
+    if (header_.n_layer != hp.n_layer || header_.n_expert != hp.n_expert ||
+        header_.top_k != hp.n_expert_used) {
         throw InvalidArgument(where() + "sidecar is for " +
                               model_shape(header_.n_layer, header_.n_expert, header_.top_k) + " but model " +
                               (model.file ? model.file->path() : std::string("(in memory)")) + " has " +
@@ -75,9 +81,9 @@ SidecarReader::SidecarReader(const std::string& path, const std::string& expecte
     }
     header_.max_lookahead = static_cast<int>(uint_key("max_lookahead", 1, 3));
     if (header_.max_lookahead < lookahead) {
-        throw InvalidArgument(where() + "sidecar predicts at most max_lookahead=" +
-                              std::to_string(header_.max_lookahead) + " layers ahead but the session's lookahead is " +
-                              std::to_string(lookahead));
+        throw InvalidArgument(
+            where() + "sidecar predicts at most max_lookahead=" + std::to_string(header_.max_lookahead) +
+            " layers ahead but the session's lookahead is " + std::to_string(lookahead));
     }
 }
 
@@ -87,23 +93,25 @@ int64_t SidecarReader::uint_key(const std::string& suffix, int64_t min_value, in
     if (!v) throw FormatError(where() + "missing metadata key '" + key + "'");
     const uint64_t value = file_->get_uint(key);  // FormatError naming the key when not an integer
     if (value < static_cast<uint64_t>(min_value) || value > static_cast<uint64_t>(max_value)) {
-        throw FormatError(where() + "metadata key '" + key + "' = " + std::to_string(value) + " is outside [" +
-                          std::to_string(min_value) + ", " + std::to_string(max_value) + "]");
+        throw FormatError(where() + "metadata key '" + key + "' = " + std::to_string(value) +
+                          " is outside [" + std::to_string(min_value) + ", " + std::to_string(max_value) +
+                          "]");
     }
     return static_cast<int64_t>(value);
 }
 
-std::vector<float> SidecarReader::tensor(const std::string& name, const std::vector<int64_t>& numpy_shape) const {
+std::vector<float> SidecarReader::tensor(const std::string& name,
+                                         const std::vector<int64_t>& numpy_shape) const {
     const GgufTensor* t = file_->find_tensor(name);
     if (!t) {
-        throw FormatError(where() + "missing tensor '" + name + "' (expected f32 " + shape_string(numpy_shape) +
-                          ")");
+        throw FormatError(where() + "missing tensor '" + name + "' (expected f32 " +
+                          shape_string(numpy_shape) + ")");
     }
     std::vector<int64_t> actual_numpy(t->ne.rbegin(), t->ne.rend());
     const std::vector<int64_t> expected_ggml(numpy_shape.rbegin(), numpy_shape.rend());
     if (canonical_ggml_shape(t->ne) != canonical_ggml_shape(expected_ggml)) {
-        throw FormatError(where() + "tensor '" + name + "' has shape " + shape_string(actual_numpy) + ", expected " +
-                          shape_string(numpy_shape));
+        throw FormatError(where() + "tensor '" + name + "' has shape " + shape_string(actual_numpy) +
+                          ", expected " + shape_string(numpy_shape));
     }
     if (t->type != GgmlType::F32) {
         throw FormatError(where() + "tensor '" + name + "' is " + ggml_type_traits(t->type).name +

@@ -31,13 +31,14 @@ struct SidecarHeader {
 };
 
 class SidecarReader {
-public:
+  public:
     // Opens `path` and validates it for `expected_kind` against `model` and `lookahead`.
     // Throws InvalidArgument: empty or nonexistent path, wrong general.architecture, wrong kind,
     //   n_layer / n_expert / top_k different from the model's, max_lookahead < lookahead, lookahead < 1.
     // Throws FormatError: malformed or truncated GGUF, a missing or ill-typed common key,
     //   max_lookahead outside 1..3. IoError when the file exists but cannot be read.
-    SidecarReader(const std::string& path, const std::string& expected_kind, const Model& model, int lookahead);
+    SidecarReader(const std::string& path, const std::string& expected_kind, const Model& model,
+                  int lookahead);
 
     const SidecarHeader& header() const { return header_; }
     const std::string& path() const { return path_; }
@@ -54,7 +55,7 @@ public:
     // "[predictor] <path>: " — the prefix of every error message about this file.
     std::string where() const;
 
-private:
+  private:
     std::string path_;
     std::unique_ptr<GgufFile> file_;
     SidecarHeader header_;

@@ -37,8 +37,9 @@ std::string shape_of(const py::array& a) {
 }
 
 class PredictorHandle {
-public:
-    PredictorHandle(const std::string& kind, const std::string& file, const std::string& model_path, int lookahead)
+  public:
+    PredictorHandle(const std::string& kind, const std::string& file, const std::string& model_path,
+                    int lookahead)
         : model_(load_model(model_path, /*streaming=*/true)), lookahead_(lookahead) {
         if (kind == "cooc") {
             predictor_ = load_cooc_predictor(file, *model_, lookahead);
@@ -47,8 +48,8 @@ public:
         } else if (kind == "trajectory") {
             predictor_ = load_trajectory_predictor(file, *model_, lookahead);
         } else {
-            throw InvalidArgument("load_predictor: kind must be 'cooc', 'learned' or 'trajectory', not '" + kind +
-                                  "'");
+            throw InvalidArgument("load_predictor: kind must be 'cooc', 'learned' or 'trajectory', not '" +
+                                  kind + "'");
         }
         scoring_ = dynamic_cast<ScoringPredictor*>(predictor_.get());
         if (!scoring_) throw InvalidArgument("load_predictor: '" + kind + "' is not a scoring predictor");
@@ -66,8 +67,9 @@ public:
         return std::move(out);
     }
 
-    std::vector<std::tuple<int, int, float>> observe(int layer, const F32Array& hidden, const F32Array& router_logits,
-                                                     const I32Array& history, const I32Array& prev) {
+    std::vector<std::tuple<int, int, float>> observe(int layer, const F32Array& hidden,
+                                                     const F32Array& router_logits, const I32Array& history,
+                                                     const I32Array& prev) {
         const PredictorInput in = input(layer, hidden, router_logits, history, prev);
         hints_.clear();
         predictor_->observe(in, hints_);
@@ -109,7 +111,7 @@ public:
         return seconds / (static_cast<double>(n_tokens) * static_cast<double>(hp.n_layer));
     }
 
-private:
+  private:
     void check_shape(const char* what, const py::array& a, const std::vector<int64_t>& shape) const {
         bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
         for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(static_cast<py::ssize_t>(i)) == shape[i];
@@ -117,8 +119,8 @@ private:
             std::string want = "(";
             for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
             want += shape.size() == 1 ? ",)" : ")";
-            throw InvalidArgument(std::string("predictor: ") + what + " has shape " + shape_of(a) + ", expected " +
-                                  want);
+            throw InvalidArgument(std::string("predictor: ") + what + " has shape " + shape_of(a) +
+                                  ", expected " + want);
         }
     }
 
@@ -128,14 +130,15 @@ private:
         const int32_t* p = ids.data();
         for (py::ssize_t i = 0; i < ids.size(); ++i) {
             if (p[i] < -1 || p[i] >= hp.n_expert) {
-                throw InvalidArgument(std::string("predictor: ") + what + " holds expert id " + std::to_string(p[i]) +
-                                      ", expected -1 or 0.." + std::to_string(hp.n_expert - 1));
+                throw InvalidArgument(std::string("predictor: ") + what + " holds expert id " +
+                                      std::to_string(p[i]) + ", expected -1 or 0.." +
+                                      std::to_string(hp.n_expert - 1));
             }
         }
     }
 
-    PredictorInput input(int layer, const F32Array& hidden, const F32Array& router_logits, const I32Array& history,
-                         const I32Array& prev) const {
+    PredictorInput input(int layer, const F32Array& hidden, const F32Array& router_logits,
+                         const I32Array& history, const I32Array& prev) const {
         const HParams& hp = model_->hp;
         if (layer < 0 || layer >= hp.n_layer) {
             throw InvalidArgument("predictor: layer " + std::to_string(layer) + " outside 0.." +
@@ -173,8 +176,8 @@ void bind_predict(py::module_& m) {
         .def("scores", &PredictorHandle::scores, py::arg("layer"), py::arg("d"), py::arg("hidden"),
              py::arg("router_logits"), py::arg("history"), py::arg("prev"),
              "float32 [n_expert] scores of layer layer+d, or None when the predictor does not predict it")
-        .def("observe", &PredictorHandle::observe, py::arg("layer"), py::arg("hidden"), py::arg("router_logits"),
-             py::arg("history"), py::arg("prev"),
+        .def("observe", &PredictorHandle::observe, py::arg("layer"), py::arg("hidden"),
+             py::arg("router_logits"), py::arg("history"), py::arg("prev"),
              "Hints [(target_layer, expert, score)] for layers layer+1 .. layer+lookahead")
         .def("time_observe", &PredictorHandle::time_observe, py::arg("hidden"), py::arg("router_logits"),
              py::arg("history"), py::arg("prev"), py::arg("n_tokens"),
