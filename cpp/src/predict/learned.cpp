@@ -41,6 +41,7 @@ class LearnedPredictor final : public ScoringPredictor {
         : ScoringPredictor(file.header().n_expert, file.header().top_k),
           n_layer_(file.header().n_layer),
           max_lookahead_(file.header().max_lookahead),
+          dot_(cpu::dot_f32_kernel(cpu::active_isa())),
           dot_tile_(cpu::dot_f32_tile_kernel(cpu::active_isa())) {
         n_embd_ = file.uint_key("n_embd", 1, 1 << 20);
         hidden_ = file.uint_key("learned.hidden", 1, 1 << 20);
@@ -90,7 +91,7 @@ class LearnedPredictor final : public ScoringPredictor {
   private:
     // a_ = max(w1 @ z + b1, 0) for `hidden`, the first two lines of the spec included.
     void hidden_activation(const LearnedLayer& l, const float* hidden) {
-        const float mean_square = cpu::dot_f32(hidden, hidden, n_embd_) / static_cast<float>(n_embd_);
+        const float mean_square = dot_(hidden, hidden, n_embd_) / static_cast<float>(n_embd_);
         const float inv_rms = 1.0f / std::sqrt(mean_square + 1e-6f);
         const float* z = x_.data();
         if (rank_ > 0) {
@@ -110,6 +111,7 @@ class LearnedPredictor final : public ScoringPredictor {
 
     int64_t n_layer_;
     int max_lookahead_;
+    cpu::DotF32Fn dot_;
     cpu::DotF32TileFn dot_tile_;
     int64_t n_embd_ = 0, hidden_ = 0, rank_ = 0;
     std::vector<LearnedLayer> layers_;  // source layers 0 .. n_layer-2
