@@ -1,0 +1,195 @@
+// sharpi._core.load_predictor / PredictorHandle: the sidecar predictors (cpp/src/predict/) seen from
+// Python, for tests and benchmarks only; the engine builds its predictor with make_predictor.
+//
+// A PredictorHandle owns the Model it was validated against (loaded streaming: dense tensors only)
+// and the predictor, so the model outlives it. Arrays are checked here (dtype, shape, expert ids in
+// [-1, n_expert)) and raise InvalidArgument naming the argument; the predictor code itself trusts
+// the engine's inputs. time_observe() loops in C++ for the micro-benchmark, so the numbers carry no
+// Python call overhead.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.h"
+#include "model/model.h"
+#include "predict/predictor.h"
+#include "sharpi/errors.h"
+
+namespace py = pybind11;
+
+namespace sharpi::py_bindings {
+
+namespace {
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+std::string shape_of(const py::array& a) {
+    std::string s = "(";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+    return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+class PredictorHandle {
+  public:
+    PredictorHandle(const std::string& kind, const std::string& file, const std::string& model_path,
+                    int lookahead)
+        : model_(load_model(model_path, /*streaming=*/true)), lookahead_(lookahead) {
+        if (kind == "cooc") {
+            predictor_ = load_cooc_predictor(file, *model_, lookahead);
+        } else if (kind == "learned") {
+            predictor_ = load_learned_predictor(file, *model_, lookahead);
+        } else if (kind == "trajectory") {
+            predictor_ = load_trajectory_predictor(file, *model_, lookahead);
+        } else {
+            throw InvalidArgument("load_predictor: kind must be 'cooc', 'learned' or 'trajectory', not '" +
+                                  kind + "'");
+        }
+        scoring_ = dynamic_cast<ScoringPredictor*>(predictor_.get());
+        if (!scoring_) throw InvalidArgument("load_predictor: '" + kind + "' is not a scoring predictor");
+    }
+
+    std::string name() const { return predictor_->name(); }
+    int lookahead() const { return lookahead_; }
+
+    py::object scores(int layer, int d, const F32Array& hidden, const F32Array& router_logits,
+                      const I32Array& history, const I32Array& prev) {
+        const PredictorInput in = input(layer, hidden, router_logits, history, prev);
+        if (!scoring_->predicts(in, d)) return py::none();
+        py::array_t<float> out(static_cast<py::ssize_t>(model_->hp.n_expert));
+        scoring_->scores(in, d, out.mutable_data());
+        return std::move(out);
+    }
+
+    std::vector<std::tuple<int, int, float>> observe(int layer, const F32Array& hidden,
+                                                     const F32Array& router_logits, const I32Array& history,
+                                                     const I32Array& prev) {
+        const PredictorInput in = input(layer, hidden, router_logits, history, prev);
+        hints_.clear();
+        predictor_->observe(in, hints_);
+        std::vector<std::tuple<int, int, float>> out;
+        out.reserve(hints_.size());
+        for (const PrefetchHint& h : hints_) out.emplace_back(h.target_layer, h.expert, h.score);
+        return out;
+    }
+
+    // Mean seconds per observe() over `n_tokens` simulated tokens: layers 0..n_layer-1 in order,
+    // each token's hidden states taken from hidden[n_layer, n_embd] and routing from history (the
+    // whole token's rows; the predictor only reads rows <= layer, as in the engine), so consecutive
+    // calls differ in layer exactly as in decoding and no call is served by a cache meant for
+    // the d-loop of one observe().
+    double time_observe(const F32Array& hidden, const F32Array& router_logits, const I32Array& history,
+                        const I32Array& prev, int n_tokens) {
+        const HParams& hp = model_->hp;
+        check_shape("hidden", hidden, {hp.n_layer, hp.n_embd});
+        check_shape("router_logits", router_logits, {hp.n_layer, hp.n_expert});
+        check_ids("history", history);
+        check_ids("prev", prev);
+        if (n_tokens < 1) throw InvalidArgument("time_observe: n_tokens must be >= 1");
+        py::gil_scoped_release release;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int token = 0; token < n_tokens; ++token) {
+            for (int il = 0; il < hp.n_layer; ++il) {
+                PredictorInput in;
+                in.layer = il;
+                in.hidden = hidden.data() + il * hp.n_embd;
+                in.router_logits = router_logits.data() + il * hp.n_expert;
+                in.history = history.data();
+                in.prev = prev.data();
+                in.lookahead = lookahead_;
+                hints_.clear();
+                predictor_->observe(in, hints_);
+            }
+        }
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return seconds / (static_cast<double>(n_tokens) * static_cast<double>(hp.n_layer));
+    }
+
+  private:
+    void check_shape(const char* what, const py::array& a, const std::vector<int64_t>& shape) const {
+        bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+        for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(static_cast<py::ssize_t>(i)) == shape[i];
+        if (!ok) {
+            std::string want = "(";
+            for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+            want += shape.size() == 1 ? ",)" : ")";
+            throw InvalidArgument(std::string("predictor: ") + what + " has shape " + shape_of(a) +
+                                  ", expected " + want);
+        }
+    }
+
+    void check_ids(const char* what, const I32Array& ids) const {
+        const HParams& hp = model_->hp;
+        check_shape(what, ids, {hp.n_layer, hp.n_expert_used});
+        const int32_t* p = ids.data();
+        for (py::ssize_t i = 0; i < ids.size(); ++i) {
+            if (p[i] < -1 || p[i] >= hp.n_expert) {
+                throw InvalidArgument(std::string("predictor: ") + what + " holds expert id " +
+                                      std::to_string(p[i]) + ", expected -1 or 0.." +
+                                      std::to_string(hp.n_expert - 1));
+            }
+        }
+    }
+
+    PredictorInput input(int layer, const F32Array& hidden, const F32Array& router_logits,
+                         const I32Array& history, const I32Array& prev) const {
+        const HParams& hp = model_->hp;
+        if (layer < 0 || layer >= hp.n_layer) {
+            throw InvalidArgument("predictor: layer " + std::to_string(layer) + " outside 0.." +
+                                  std::to_string(hp.n_layer - 1));
+        }
+        check_shape("hidden", hidden, {hp.n_embd});
+        check_shape("router_logits", router_logits, {hp.n_expert});
+        check_ids("history", history);
+        check_ids("prev", prev);
+        PredictorInput in;
+        in.layer = layer;
+        in.hidden = hidden.data();
+        in.router_logits = router_logits.data();
+        in.history = history.data();
+        in.prev = prev.data();
+        in.lookahead = lookahead_;
+        return in;
+    }
+
+    // Member order: the predictor is destroyed before the model it was validated against.
+    std::unique_ptr<Model> model_;
+    std::unique_ptr<Predictor> predictor_;
+    ScoringPredictor* scoring_ = nullptr;
+    int lookahead_;
+    std::vector<PrefetchHint> hints_;
+};
+
+}  // namespace
+
+void bind_predict(py::module_& m) {
+    py::class_<PredictorHandle>(m, "PredictorHandle",
+                                "A sidecar predictor (cooc / learned / trajectory) checked against a model")
+        .def_property_readonly("name", &PredictorHandle::name)
+        .def_property_readonly("lookahead", &PredictorHandle::lookahead)
+        .def("scores", &PredictorHandle::scores, py::arg("layer"), py::arg("d"), py::arg("hidden"),
+             py::arg("router_logits"), py::arg("history"), py::arg("prev"),
+             "float32 [n_expert] scores of layer layer+d, or None when the predictor does not predict it")
+        .def("observe", &PredictorHandle::observe, py::arg("layer"), py::arg("hidden"),
+             py::arg("router_logits"), py::arg("history"), py::arg("prev"),
+             "Hints [(target_layer, expert, score)] for layers layer+1 .. layer+lookahead")
+        .def("time_observe", &PredictorHandle::time_observe, py::arg("hidden"), py::arg("router_logits"),
+             py::arg("history"), py::arg("prev"), py::arg("n_tokens"),
+             "Benchmark helper: mean seconds per observe() call over n_tokens x n_layer calls "
+             "(hidden [n_layer, n_embd], router_logits [n_layer, n_expert])");
+    m.def(
+        "load_predictor",
+        [](const std::string& kind, const std::string& file, const std::string& model_path, int lookahead) {
+            return std::make_unique<PredictorHandle>(kind, file, model_path, lookahead);
+        },
+        py::arg("kind"), py::arg("file"), py::arg("model_path"), py::arg("lookahead"),
+        "Loads sidecar predictor `file` of `kind` and validates it against the model at model_path");
+}
+
+}  // namespace sharpi::py_bindings

@@ -1,0 +1,557 @@
+"""C++ sidecar predictors (cooc, learned, trajectory) against float64 numpy implementations.
+
+The sidecar files are written here with gguf.GGUFWriter straight from docs/predictors.md (no other
+sharpi code writes them), with random weights, and the scores of every formula in that spec are
+recomputed here in float64 numpy. The C++ scores must agree to ~1e-4 (relative to the scores'
+scale) for many random inputs, layers and lookaheads; observe() must return exactly the top-k of
+the numpy scores per target layer wherever the k-th and (k+1)-th scores are clearly apart.
+Malformed or mismatched files must raise the typed errors the spec names, never crash.
+
+The Model a sidecar is checked against is a tiny model written by sharpi.make_model (the code
+behind `sharpi make-model`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+import pytest
+from sharpi import _core
+from sharpi.make_model import write_model
+
+if not hasattr(_core, "load_predictor"):
+    pytest.skip(
+        "sharpi._core has no load_predictor (bind_predict not called in module.cpp)", allow_module_level=True
+    )
+
+N_LAYER, N_EMBD, N_EXPERT, TOP_K = 12, 64, 8, 2
+PREFIX = "sharpi.predictor."
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("predict_cpp") / "tiny.gguf")
+    write_model(
+        path,
+        preset="tiny",
+        quant="f32",
+        seed=3,
+        n_layer=N_LAYER,
+        n_embd=N_EMBD,
+        n_head=4,
+        n_head_kv=2,
+        n_expert=N_EXPERT,
+        n_expert_used=TOP_K,
+        n_ff=64,
+        n_ff_exp=64,
+        vocab_size=512,
+    )
+    return path
+
+
+def write_sidecar(
+    path,
+    kind,
+    keys,
+    tensors,
+    *,
+    n_layer=N_LAYER,
+    n_expert=N_EXPERT,
+    top_k=TOP_K,
+    max_lookahead=3,
+    arch="sharpi.predictor",
+    dtypes=None,
+):
+    """A sidecar per docs/predictors.md: common keys, `keys` (suffix -> uint32), f32 tensors in numpy
+    shape (GGUFWriter stores them reversed, as GGUF wants). dtypes: {name: numpy dtype} overrides."""
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_string(PREFIX + "kind", kind)
+    w.add_uint32(PREFIX + "n_layer", n_layer)
+    w.add_uint32(PREFIX + "n_expert", n_expert)
+    w.add_uint32(PREFIX + "top_k", top_k)
+    w.add_uint32(PREFIX + "max_lookahead", max_lookahead)
+    w.add_string(PREFIX + "source", "random weights, test_predict_cpp.py")
+    for key, value in keys.items():
+        w.add_uint32(PREFIX + key, value)
+    for name, arr in tensors.items():
+        dtype = (dtypes or {}).get(name, np.float32)
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=dtype))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def cooc_params(rng, m, max_la, n_layer=N_LAYER, E=N_EXPERT):
+    n_off = max_la + m - 1
+    keys = {"cooc.history": m}
+    tensors = {
+        "cooc.bias": rng.normal(size=(n_layer, E)),
+        "cooc.layer": rng.normal(size=(n_layer, n_off, E, E)),
+        "cooc.prev": rng.normal(size=(n_layer, E, E)),
+    }
+    return keys, tensors
+
+
+def learned_params(rng, hidden, rank, max_la, n_layer=N_LAYER, E=N_EXPERT, n_embd=N_EMBD):
+    keys = {"n_embd": n_embd, "learned.hidden": hidden, "learned.rank": rank}
+    tensors = {}
+    width = rank if rank > 0 else n_embd
+    for il in range(n_layer - 1):
+        p = f"learned.{il}."
+        if rank > 0:
+            tensors[p + "pca_mean"] = rng.normal(scale=0.3, size=n_embd)
+            tensors[p + "pca"] = rng.normal(scale=1 / math.sqrt(n_embd), size=(rank, n_embd))
+        tensors[p + "w1"] = rng.normal(scale=1 / math.sqrt(width), size=(hidden, width))
+        tensors[p + "b1"] = rng.normal(scale=0.3, size=hidden)
+        tensors[p + "w2"] = rng.normal(scale=1 / math.sqrt(hidden), size=(max_la * E, hidden))
+        tensors[p + "b2"] = rng.normal(scale=0.3, size=max_la * E)
+    return keys, tensors
+
+
+def trajectory_params(rng, W, D, n_block, n_head, F, max_la, n_layer=N_LAYER, E=N_EXPERT):
+    keys = {
+        "trajectory.window": W,
+        "trajectory.d_model": D,
+        "trajectory.n_block": n_block,
+        "trajectory.n_head": n_head,
+        "trajectory.d_ff": F,
+    }
+    t = {
+        "traj.expert_emb": rng.normal(size=(n_layer, E, D)),
+        "traj.layer_emb": rng.normal(size=(n_layer, D)),
+        "traj.prev_emb": rng.normal(size=(n_layer, E, D)),
+        "traj.prev_none": rng.normal(size=D),
+    }
+    for b in range(n_block):
+        p = f"traj.blk.{b}."
+        t[p + "ln1.w"] = 1 + 0.2 * rng.normal(size=D)
+        t[p + "ln1.b"] = 0.2 * rng.normal(size=D)
+        t[p + "qkv.w"] = rng.normal(scale=1.5 / math.sqrt(D), size=(3 * D, D))
+        t[p + "qkv.b"] = 0.2 * rng.normal(size=3 * D)
+        t[p + "out.w"] = rng.normal(scale=1 / math.sqrt(D), size=(D, D))
+        t[p + "out.b"] = 0.2 * rng.normal(size=D)
+        t[p + "ln2.w"] = 1 + 0.2 * rng.normal(size=D)
+        t[p + "ln2.b"] = 0.2 * rng.normal(size=D)
+        t[p + "up.w"] = rng.normal(scale=1 / math.sqrt(D), size=(F, D))
+        t[p + "up.b"] = 0.2 * rng.normal(size=F)
+        t[p + "down.w"] = rng.normal(scale=1 / math.sqrt(F), size=(D, F))
+        t[p + "down.b"] = 0.2 * rng.normal(size=D)
+    t["traj.ln_f.w"] = 1 + 0.2 * rng.normal(size=D)
+    t["traj.ln_f.b"] = 0.2 * rng.normal(size=D)
+    for d in range(1, max_la + 1):
+        t[f"traj.head.{d}.w"] = rng.normal(scale=1 / math.sqrt(D), size=(n_layer, E, D))
+        t[f"traj.head.{d}.b"] = 0.2 * rng.normal(size=(n_layer, E))
+    return keys, t
+
+
+# ---- float64 references (docs/predictors.md) -----------------------------------------------------
+
+
+def f64(tensors):
+    """The weights exactly as the file holds them (rounded to f32), in float64."""
+    return {name: np.asarray(a, dtype=np.float32).astype(np.float64) for name, a in tensors.items()}
+
+
+def selected(row):
+    return [int(i) for i in row if i >= 0]
+
+
+def cooc_ref(w, keys, L, d, history, prev):
+    m = keys["cooc.history"]
+    t = L + d
+    s = w["cooc.bias"][t].copy()
+    for o in range(d, d + m):
+        if t - o < 0:
+            break
+        for i in selected(history[t - o]):
+            s += w["cooc.layer"][t, o - 1, i]
+    for i in selected(prev[t]):
+        s += w["cooc.prev"][t, i]
+    return s
+
+
+def learned_ref(w, keys, L, d, hidden):
+    E = N_EXPERT
+    p = f"learned.{L}."
+    h = hidden.astype(np.float64)
+    x = h / np.sqrt(np.mean(h * h) + 1e-6)
+    z = w[p + "pca"] @ (x - w[p + "pca_mean"]) if keys["learned.rank"] > 0 else x
+    a = np.maximum(w[p + "w1"] @ z + w[p + "b1"], 0.0)
+    s = w[p + "w2"] @ a + w[p + "b2"]
+    return s[(d - 1) * E : d * E]
+
+
+def layer_norm(x, weight, bias):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * weight + bias
+
+
+_erf = np.vectorize(math.erf)
+
+
+def trajectory_ref(w, keys, max_la, L, d, history, prev):
+    W, D, H = keys["trajectory.window"], keys["trajectory.d_model"], keys["trajectory.n_head"]
+    hd = D // H
+    n = min(W, L + 1) + 1
+    rows = []
+    for s in range(L - n + 2, L + 1):
+        x = w["traj.layer_emb"][s].copy()
+        for i in selected(history[s]):
+            x += w["traj.expert_emb"][s, i]
+        rows.append(x)
+    if (prev >= 0).any():
+        x = np.zeros(D)
+        for dd in range(1, max_la + 1):
+            if L + dd < N_LAYER:
+                for i in selected(prev[L + dd]):
+                    x += w["traj.prev_emb"][L + dd, i]
+    else:
+        x = w["traj.prev_none"].copy()
+    rows.append(x)
+    X = np.stack(rows)
+    for b in range(keys["trajectory.n_block"]):
+        p = f"traj.blk.{b}."
+        h = layer_norm(X, w[p + "ln1.w"], w[p + "ln1.b"])
+        qkv = h @ w[p + "qkv.w"].T + w[p + "qkv.b"]
+        q, k, v = qkv[:, :D], qkv[:, D : 2 * D], qkv[:, 2 * D :]
+        att = np.zeros_like(X)
+        for head in range(H):
+            sl = slice(head * hd, (head + 1) * hd)
+            logits = q[:, sl] @ k[:, sl].T / math.sqrt(hd)
+            probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+            att[:, sl] = probs @ v[:, sl]
+        X = X + att @ w[p + "out.w"].T + w[p + "out.b"]
+        u = layer_norm(X, w[p + "ln2.w"], w[p + "ln2.b"]) @ w[p + "up.w"].T + w[p + "up.b"]
+        X = X + (0.5 * u * (1 + _erf(u / math.sqrt(2)))) @ w[p + "down.w"].T + w[p + "down.b"]
+    y = layer_norm(X[n - 2], w["traj.ln_f.w"], w["traj.ln_f.b"])
+    return w[f"traj.head.{d}.w"][L + d] @ y + w[f"traj.head.{d}.b"][L + d]
+
+
+# ---- inputs --------------------------------------------------------------------------------------
+
+
+def random_routing(rng, L, with_prev):
+    """history: distinct experts for layers 0..L, -1 after; prev: a full token or all -1."""
+    history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+    for s in range(L + 1):
+        history[s] = rng.choice(N_EXPERT, TOP_K, replace=False)
+    prev = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+    if with_prev:
+        for s in range(N_LAYER):
+            prev[s] = rng.choice(N_EXPERT, TOP_K, replace=False)
+    return history, prev
+
+
+def random_input(rng, L, with_prev):
+    hidden = (rng.normal(size=N_EMBD) * rng.uniform(0.1, 10)).astype(np.float32)
+    logits = rng.normal(size=N_EXPERT).astype(np.float32)
+    history, prev = random_routing(rng, L, with_prev)
+    return hidden, logits, history, prev
+
+
+def assert_scores_close(got, want, what):
+    assert got is not None, what
+    assert got.dtype == np.float32 and got.shape == (N_EXPERT,), what
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=what)
+
+
+def check_scores(handle, ref, max_la, lookahead, rng, n_cases):
+    """ref(L, d, hidden, history, prev) -> float64 scores. Covers every layer, every d up to
+    max_la + 1 (past max_la and past the last layer must give None), with and without prev."""
+    for case in range(n_cases):
+        L = case % N_LAYER
+        with_prev = bool(rng.integers(2))
+        hidden, logits, history, prev = random_input(rng, L, with_prev)
+        for d in range(1, max_la + 2):
+            got = handle.scores(L, d, hidden, logits, history, prev)
+            if d > max_la or L + d >= N_LAYER:
+                assert got is None, (L, d)
+                continue
+            assert_scores_close(got, ref(L, d, hidden, history, prev), f"L={L} d={d} prev={with_prev}")
+
+
+def check_observe(handle, ref, lookahead, rng, n_cases):
+    """observe() = the top-k of the reference scores per target layer, best first, whenever the
+    k-th and (k+1)-th reference scores are more than 1e-3 apart."""
+    checked = 0
+    for case in range(n_cases):
+        L = case % N_LAYER
+        hidden, logits, history, prev = random_input(rng, L, bool(rng.integers(2)))
+        hints = handle.observe(L, hidden, logits, history, prev)
+        targets = [t for t in range(L + 1, L + lookahead + 1) if t < N_LAYER]
+        assert sorted({h[0] for h in hints}) == targets
+        for t in targets:
+            mine = [(e, s) for (tt, e, s) in hints if tt == t]
+            assert len(mine) == TOP_K
+            want = ref(L, t - L, hidden, history, prev)
+            order = sorted(range(N_EXPERT), key=lambda e: (-want[e], e))
+            if want[order[TOP_K - 1]] - want[order[TOP_K]] <= 1e-3:
+                continue
+            assert [e for e, _ in mine] == order[:TOP_K], (L, t)
+            np.testing.assert_allclose([s for _, s in mine], want[order[:TOP_K]], rtol=1e-4, atol=1e-4)
+            checked += 1
+    assert checked > n_cases // 2  # the gap condition must not skip most cases
+
+
+# ---- cooc ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m,max_la,lookahead", [(1, 1, 1), (3, 3, 2), (5, 2, 2)])
+def test_cooc_scores_and_hints(model, tmp_path, m, max_la, lookahead):
+    rng = np.random.default_rng(100 + m)
+    keys, tensors = cooc_params(rng, m, max_la)
+    path = write_sidecar(tmp_path / "cooc.gguf", "cooc", keys, tensors, max_lookahead=max_la)
+    h = _core.load_predictor("cooc", path, model, lookahead)
+    assert h.name == "cooc" and h.lookahead == lookahead
+    w = f64(tensors)
+
+    def ref(L, d, hidden, history, prev):
+        return cooc_ref(w, keys, L, d, history, prev)
+
+    check_scores(h, ref, max_la, lookahead, rng, 60)
+    check_observe(h, ref, lookahead, rng, 60)
+
+
+# ---- learned -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rank,hidden,max_la,lookahead", [(0, 48, 3, 3), (16, 32, 2, 1), (1, 8, 1, 1)])
+def test_learned_scores_and_hints(model, tmp_path, rank, hidden, max_la, lookahead):
+    rng = np.random.default_rng(200 + rank)
+    keys, tensors = learned_params(rng, hidden, rank, max_la)
+    path = write_sidecar(tmp_path / "learned.gguf", "learned", keys, tensors, max_lookahead=max_la)
+    h = _core.load_predictor("learned", path, model, lookahead)
+    w = f64(tensors)
+
+    def ref(L, d, hidden_, history, prev):
+        return learned_ref(w, keys, L, d, hidden_)
+
+    check_scores(h, ref, max_la, lookahead, rng, 60)
+    check_observe(h, ref, lookahead, rng, 60)
+
+
+def test_learned_sees_a_reused_buffer_change(model, tmp_path):
+    """The engine passes the same hidden buffer for every token: a predictor that caches by address
+    would return the previous token's scores."""
+    rng = np.random.default_rng(7)
+    keys, tensors = learned_params(rng, 32, 0, 2)
+    path = write_sidecar(tmp_path / "learned.gguf", "learned", keys, tensors, max_lookahead=2)
+    h = _core.load_predictor("learned", path, model, 2)
+    w = f64(tensors)
+    hidden, logits, history, prev = random_input(rng, 4, False)
+    for _ in range(3):
+        for d in (1, 2):
+            assert_scores_close(
+                h.scores(4, d, hidden, logits, history, prev),
+                learned_ref(w, keys, 4, d, hidden),
+                "same buffer",
+            )
+        hidden[:] = rng.normal(size=N_EMBD)  # in place: same address, new token
+
+
+# ---- trajectory ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "W,D,n_block,n_head,F,max_la,lookahead",
+    [(10, 32, 2, 4, 64, 3, 3), (4, 16, 1, 1, 24, 2, 2), (1, 24, 3, 2, 40, 1, 1)],
+)
+def test_trajectory_scores_and_hints(model, tmp_path, W, D, n_block, n_head, F, max_la, lookahead):
+    rng = np.random.default_rng(300 + W)
+    keys, tensors = trajectory_params(rng, W, D, n_block, n_head, F, max_la)
+    path = write_sidecar(tmp_path / "traj.gguf", "trajectory", keys, tensors, max_lookahead=max_la)
+    h = _core.load_predictor("trajectory", path, model, lookahead)
+    w = f64(tensors)
+
+    def ref(L, d, hidden, history, prev):
+        return trajectory_ref(w, keys, max_la, L, d, history, prev)
+
+    # Every layer appears, so windows shorter than W (L + 1 < W) and full windows are both covered.
+    check_scores(h, ref, max_la, lookahead, rng, 48)
+    check_observe(h, ref, lookahead, rng, 36)
+
+
+def test_trajectory_reads_only_what_the_spec_says(model, tmp_path):
+    """Rows of history after L and prev rows other than L+1..L+max_lookahead must not matter, and
+    a changed history row inside the window must (a cache keyed on too little would miss it)."""
+    rng = np.random.default_rng(11)
+    keys, tensors = trajectory_params(rng, 3, 16, 2, 2, 32, 2)
+    path = write_sidecar(tmp_path / "traj.gguf", "trajectory", keys, tensors, max_lookahead=2)
+    h = _core.load_predictor("trajectory", path, model, 2)
+    w = f64(tensors)
+    L = 6
+    hidden, logits, history, prev = random_input(rng, L, True)
+    base = h.scores(L, 1, hidden, logits, history, prev)
+    noisy_history, noisy_prev = history.copy(), prev.copy()
+    noisy_history[L + 1 :] = rng.integers(0, N_EXPERT, size=noisy_history[L + 1 :].shape)
+    noisy_prev[: L + 1] = rng.integers(0, N_EXPERT, size=noisy_prev[: L + 1].shape)
+    noisy_prev[L + 3 :] = rng.integers(0, N_EXPERT, size=noisy_prev[L + 3 :].shape)
+    np.testing.assert_array_equal(h.scores(L, 1, hidden, logits, noisy_history, noisy_prev), base)
+    for s in (L - 2, L):  # oldest and newest window rows
+        changed = history.copy()
+        changed[s] = [(e + 1) % N_EXPERT for e in changed[s]]
+        assert_scores_close(
+            h.scores(L, 1, hidden, logits, changed, prev),
+            trajectory_ref(w, keys, 2, L, 1, changed, prev),
+            f"row {s} changed",
+        )
+    changed = prev.copy()
+    changed[L + 2] = [(e + 3) % N_EXPERT for e in changed[L + 2]]
+    assert_scores_close(
+        h.scores(L, 1, hidden, logits, history, changed),
+        trajectory_ref(w, keys, 2, L, 1, history, changed),
+        "prev row L+2 changed",
+    )
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def valid_cooc(tmp_path):
+    rng = np.random.default_rng(5)
+    keys, tensors = cooc_params(rng, 2, 2)
+    return keys, tensors
+
+
+def test_wrong_kind_and_architecture(model, tmp_path, valid_cooc):
+    keys, tensors = valid_cooc
+    path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2)
+    with pytest.raises(_core.InvalidArgument, match=r"'cooc' predictor, expected 'learned'"):
+        _core.load_predictor("learned", path, model, 1)
+    other = write_sidecar(tmp_path / "a.gguf", "cooc", keys, tensors, max_lookahead=2, arch="llama")
+    with pytest.raises(_core.InvalidArgument, match=r"general.architecture is 'llama'"):
+        _core.load_predictor("cooc", other, model, 1)
+    with pytest.raises(_core.InvalidArgument, match=r"kind must be"):
+        _core.load_predictor("bogus", path, model, 1)
+    with pytest.raises(_core.InvalidArgument, match=r"does not exist"):
+        _core.load_predictor("cooc", str(tmp_path / "nope.gguf"), model, 1)
+    with pytest.raises(_core.InvalidArgument, match=r"needs a sidecar file"):
+        _core.load_predictor("cooc", "", model, 1)
+    with pytest.raises(_core.InvalidArgument, match=r"not a sidecar"):
+        _core.load_predictor("cooc", model, model, 1)  # a model file is no sidecar
+
+
+@pytest.mark.parametrize("field,value", [("n_layer", 6), ("n_expert", 16), ("top_k", 4)])
+def test_shape_mismatch_names_both_shapes(model, tmp_path, field, value):
+    rng = np.random.default_rng(6)
+    shape = {"n_layer": N_LAYER, "n_expert": N_EXPERT, "top_k": TOP_K, field: value}
+    keys, tensors = cooc_params(rng, 1, 1, n_layer=shape["n_layer"], E=shape["n_expert"])
+    path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=1, **shape)
+    mine = f"n_layer={shape['n_layer']}, n_expert={shape['n_expert']}, top_k={shape['top_k']}"
+    theirs = f"n_layer={N_LAYER}, n_expert={N_EXPERT}, top_k={TOP_K}"
+    with pytest.raises(_core.InvalidArgument) as err:
+        _core.load_predictor("cooc", path, model, 1)
+    assert mine in str(err.value) and theirs in str(err.value) and "tiny.gguf" in str(err.value)
+
+
+def test_learned_n_embd_mismatch(model, tmp_path):
+    rng = np.random.default_rng(8)
+    keys, tensors = learned_params(rng, 8, 0, 1, n_embd=32)
+    path = write_sidecar(tmp_path / "l.gguf", "learned", keys, tensors, max_lookahead=1)
+    with pytest.raises(_core.InvalidArgument, match=r"n_embd=32 but the model has n_embd=64"):
+        _core.load_predictor("learned", path, model, 1)
+
+
+def test_lookahead_beyond_max_lookahead(model, tmp_path, valid_cooc):
+    keys, tensors = valid_cooc
+    path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2)
+    _core.load_predictor("cooc", path, model, 2)
+    with pytest.raises(_core.InvalidArgument, match=r"max_lookahead=2 .* lookahead is 3"):
+        _core.load_predictor("cooc", path, model, 3)
+    with pytest.raises(_core.InvalidArgument, match=r"lookahead must be >= 1"):
+        _core.load_predictor("cooc", path, model, 0)
+
+
+def test_missing_wrong_shape_and_non_f32_tensors(model, tmp_path):
+    rng = np.random.default_rng(9)
+    keys, tensors = trajectory_params(rng, 2, 8, 2, 2, 8, 1)
+    missing = dict(tensors)
+    del missing["traj.blk.1.up.b"]
+    path = write_sidecar(tmp_path / "m.gguf", "trajectory", keys, missing, max_lookahead=1)
+    with pytest.raises(_core.FormatError, match=r"missing tensor 'traj.blk.1.up.b'"):
+        _core.load_predictor("trajectory", path, model, 1)
+
+    reshaped = dict(tensors)
+    reshaped["traj.blk.0.qkv.w"] = rng.normal(size=(8, 24))  # transposed
+    path = write_sidecar(tmp_path / "s.gguf", "trajectory", keys, reshaped, max_lookahead=1)
+    with pytest.raises(
+        _core.FormatError, match=r"'traj.blk.0.qkv.w' has shape \[8, 24\], expected \[24, 8\]"
+    ):
+        _core.load_predictor("trajectory", path, model, 1)
+
+    path = write_sidecar(
+        tmp_path / "h.gguf",
+        "trajectory",
+        keys,
+        tensors,
+        max_lookahead=1,
+        dtypes={"traj.head.1.w": np.float16},
+    )
+    with pytest.raises(_core.FormatError, match=r"'traj.head.1.w' is f16, expected f32"):
+        _core.load_predictor("trajectory", path, model, 1)
+
+    bad_heads = dict(keys, **{"trajectory.n_head": 3})  # 8 % 3 != 0
+    path = write_sidecar(tmp_path / "k.gguf", "trajectory", bad_heads, tensors, max_lookahead=1)
+    with pytest.raises(_core.FormatError, match=r"not a multiple of trajectory.n_head=3"):
+        _core.load_predictor("trajectory", path, model, 1)
+
+    no_window = {k: v for k, v in keys.items() if k != "trajectory.window"}
+    path = write_sidecar(tmp_path / "w.gguf", "trajectory", no_window, tensors, max_lookahead=1)
+    with pytest.raises(_core.FormatError, match=r"missing metadata key 'sharpi.predictor.trajectory.window'"):
+        _core.load_predictor("trajectory", path, model, 1)
+
+
+def test_cooc_wrong_table_shape_and_bad_max_lookahead(model, tmp_path):
+    rng = np.random.default_rng(10)
+    keys, tensors = cooc_params(rng, 2, 2)  # n_off = 3 ...
+    path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=3)  # ... but 3 + 2 - 1 = 4
+    with pytest.raises(
+        _core.FormatError, match=r"'cooc.layer' has shape \[12, 3, 8, 8\], expected \[12, 4, 8, 8\]"
+    ):
+        _core.load_predictor("cooc", path, model, 1)
+    path = write_sidecar(tmp_path / "d.gguf", "cooc", keys, tensors, max_lookahead=4)
+    with pytest.raises(_core.FormatError, match=r"max_lookahead' = 4 is outside \[1, 3\]"):
+        _core.load_predictor("cooc", path, model, 1)
+
+
+def test_truncated_file(model, tmp_path):
+    rng = np.random.default_rng(12)
+    keys, tensors = learned_params(rng, 16, 4, 1)
+    path = write_sidecar(tmp_path / "l.gguf", "learned", keys, tensors, max_lookahead=1)
+    with open(path, "rb") as f:
+        data = f.read()
+    for cut in (len(data) - 4, len(data) // 2, 200, 10):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(_core.FormatError):
+            _core.load_predictor("learned", str(bad), model, 1)
+
+
+def test_bad_call_arguments(model, tmp_path, valid_cooc):
+    keys, tensors = valid_cooc
+    h = _core.load_predictor(
+        "cooc", write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2), model, 2
+    )
+    rng = np.random.default_rng(13)
+    hidden, logits, history, prev = random_input(rng, 3, True)
+    bad = history.copy()
+    bad[0, 0] = N_EXPERT
+    with pytest.raises(_core.InvalidArgument, match=r"history holds expert id 8"):
+        h.observe(3, hidden, logits, bad, prev)
+    with pytest.raises(_core.InvalidArgument, match=r"prev has shape \(12, 3\)"):
+        h.observe(3, hidden, logits, history, np.zeros((N_LAYER, 3), np.int32))
+    with pytest.raises(_core.InvalidArgument, match=r"hidden has shape \(63,\)"):
+        h.scores(3, 1, hidden[:63], logits, history, prev)
+    with pytest.raises(_core.InvalidArgument, match=r"layer 12 outside"):
+        h.observe(N_LAYER, hidden, logits, history, prev)
