@@ -31,6 +31,7 @@ PYBIND11_MODULE(_core, m) {
     sharpi::py_bindings::bind_session(m);
     sharpi::py_bindings::bind_sampler(m);
     sharpi::py_bindings::bind_io(m);
+    sharpi::py_bindings::bind_predict(m);
     m.def("cuda_available", &sharpi::cuda::available, "True when built with CUDA and a device is usable");
     m.def("cuda_describe", &sharpi::cuda::describe);
 }

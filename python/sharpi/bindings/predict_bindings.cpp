@@ -96,13 +96,9 @@ class PredictorHandle {
         const auto t0 = std::chrono::steady_clock::now();
         for (int token = 0; token < n_tokens; ++token) {
             for (int il = 0; il < hp.n_layer; ++il) {
-                PredictorInput in;
-                in.layer = il;
+                PredictorInput in = base_input(il, history, prev);
                 in.hidden = hidden.data() + il * hp.n_embd;
                 in.router_logits = router_logits.data() + il * hp.n_expert;
-                in.history = history.data();
-                in.prev = prev.data();
-                in.lookahead = lookahead_;
                 hints_.clear();
                 predictor_->observe(in, hints_);
             }
@@ -148,10 +144,21 @@ class PredictorHandle {
         check_shape("router_logits", router_logits, {hp.n_expert});
         check_ids("history", history);
         check_ids("prev", prev);
-        PredictorInput in;
-        in.layer = layer;
+        PredictorInput in = base_input(layer, history, prev);
         in.hidden = hidden.data();
         in.router_logits = router_logits.data();
+        return in;
+    }
+
+    // Everything but hidden and router_logits, as the engine's prefetcher fills it.
+    PredictorInput base_input(int layer, const I32Array& history, const I32Array& prev) const {
+        const HParams& hp = model_->hp;
+        PredictorInput in;
+        in.layer = layer;
+        in.n_layer = static_cast<int>(hp.n_layer);
+        in.n_expert = static_cast<int>(hp.n_expert);
+        in.top_k = static_cast<int>(hp.n_expert_used);
+        in.n_embd = static_cast<int>(hp.n_embd);
         in.history = history.data();
         in.prev = prev.data();
         in.lookahead = lookahead_;
