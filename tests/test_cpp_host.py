@@ -42,3 +42,16 @@ def test_cpp_host_via_find_package(tmp_path):
         expected.append(int(np.argmax(logits)))
         logits = s.decode([expected[-1]])
     assert host_tokens == expected
+
+    # Streamed, with the host's own C++ predictor (sharpi/predictor.h): same tokens, and its hints
+    # were called for every layer of every decoded token and turned into reads.
+    st = sharpi.Session(model, ram_budget="1GiB").expert_stats()  # the host's n_ctx: the default
+    budget = st["fixed_bytes"] + (2 + 2) * st["slot_bytes"]  # top-2 cache slots + top-2 staging
+    done = subprocess.run([str(build / "sharpi_host"), model, "5,6,7", "8", str(budget)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    streamed_tokens = [int(t) for t in re.search(r"generated:((?: \d+)+)", done.stdout).group(1).split()]
+    assert streamed_tokens == expected
+    calls, issued, used = map(int, re.search(r"predictor calls (\d+), prefetch issued (\d+), used (\d+)",
+                                             done.stdout).groups())
+    assert calls == 8 * s.info["n_layer"] and issued > 0 and used <= issued

@@ -1,13 +1,30 @@
-// sharpi_host MODEL.gguf [PROMPT_TOKENS] [N]: decode comma-separated token ids (default "1") and
-// greedily generate N tokens (default 16) with the public C++ API only. Prints the generated ids
-// and the top logit of each step. Exit status 1 with the error message on any sharpi::Error.
+// sharpi_host MODEL.gguf [PROMPT_TOKENS] [N] [RAM_BUDGET]: decode comma-separated token ids
+// (default "1") and greedily generate N tokens (default 16) with the public C++ API only. Prints
+// the generated ids and the top logit of each step. With RAM_BUDGET (e.g. 64MiB) experts stream from
+// the file and a host-written predictor (below) prefetches them. Exit status 1 with the error
+// message on any sharpi::Error.
+#include <sharpi/predictor.h>
 #include <sharpi/session.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
+
+// A C++ predictor plug-in: for the next layer, guess the experts this layer selected, best first.
+class SameAsThisLayer final : public sharpi::Predictor {
+public:
+    const char* name() const override { return "same_as_this_layer"; }
+    void observe(const sharpi::PredictorInput& in, std::vector<sharpi::PrefetchHint>& hints) override {
+        ++calls;
+        if (in.layer + 1 >= in.n_layer) return;
+        const int32_t* mine = in.history + in.layer * in.top_k;
+        for (int j = 0; j < in.top_k; ++j) hints.push_back({in.layer + 1, mine[j], static_cast<float>(in.top_k - j)});
+    }
+    long calls = 0;
+};
 
 int main(int argc, char** argv) {
     if (argc < 2) {
@@ -22,7 +39,13 @@ int main(int argc, char** argv) {
     try {
         sharpi::SessionOptions options;
         options.n_threads = 2;
+        auto predictor = std::make_shared<SameAsThisLayer>();
+        if (argc > 4) {
+            options.ram_budget = sharpi::parse_byte_size(argv[4]);
+            options.predictor = "custom";
+        }
         sharpi::Session session(argv[1], options);
+        if (argc > 4) session.set_predictor(predictor);
         const sharpi::ModelInfo& info = session.info();
         std::printf("model: %s, %lld layers, %lld experts (top-%lld), vocab %lld\n", info.arch.c_str(),
                     static_cast<long long>(info.n_layer), static_cast<long long>(info.n_expert),
@@ -43,6 +66,15 @@ int main(int argc, char** argv) {
         std::printf("generated:");
         for (sharpi::token_t t : generated) std::printf(" %d", t);
         std::printf("\n");
+        if (argc > 4) {
+            uint64_t issued = 0, used = 0;
+            for (const sharpi::LayerExpertStats& l : session.expert_stats().layers) {
+                issued += l.prefetch_issued;
+                used += l.prefetch_used;
+            }
+            std::printf("predictor calls %ld, prefetch issued %llu, used %llu\n", predictor->calls,
+                        static_cast<unsigned long long>(issued), static_cast<unsigned long long>(used));
+        }
     } catch (const sharpi::Error& e) {
         std::fprintf(stderr, "sharpi_host: %s\n", e.what());
         return 1;
