@@ -532,35 +532,33 @@ def test_queue_depth_and_demand_first_at_chunk_granularity():
     q = _core.ReadQueueTest(chunk_bytes=4096, depth=2)
     q.add(1, 0, 4 * 4096, "prefetch")  # 4 chunks
     q.add(2, 10 * 4096, 4096, "prefetch")
-    assert drain_chunks(q) == [(1, 0, 4096), (1, 4096, 8192)]  # depth 2 (reserve 0 at depth 2)
-    q.add(3, 20 * 4096 + 7, 10, "demand")  # arrives while prefetch 1 is half read
+    assert drain_chunks(q) == [(1, 0, 4096)]  # prefetch: at most max(1, depth // 4) = 1 in flight
+    q.add(3, 20 * 4096 + 7, 10, "demand")  # arrives while prefetch 1 is being read
+    assert q.next_chunk() == (3, 20 * 4096, 21 * 4096)  # a demand may use the whole depth
     assert q.next_chunk() is None  # full
     q.finish_chunk(1, 0, 0, 4096)
-    assert q.next_chunk() == (3, 20 * 4096, 21 * 4096)  # the demand goes before 1's next chunk
+    assert q.next_chunk() is None  # one chunk (the demand) in flight: the prefetch limit
     q.finish_chunk(3, 20 * 4096, 0, 21 * 4096)
     assert q.take() == [(3, True, "")]
-    assert drain_chunks(q) == [(1, 8192, 12288)]
-    q.finish_chunk(1, 4096, 0, 8192)
-    assert drain_chunks(q) == [(1, 12288, 16384)]
-    q.finish_chunk(1, 8192, 0, 12288)
-    q.finish_chunk(1, 12288, 0, 16384)
+    for begin in (4096, 8192, 12288):
+        assert drain_chunks(q) == [(1, begin, begin + 4096)]
+        q.finish_chunk(1, begin, 0, begin + 4096)
     assert q.take() == [(1, True, "")]  # only once its last chunk is back
     assert drain_chunks(q) == [(2, 40960, 45056)]
 
 
-def test_queue_prefetch_leaves_a_quarter_of_the_depth_to_demand():
+def test_queue_prefetch_keeps_most_of_the_depth_for_demand():
     q = _core.ReadQueueTest(chunk_bytes=4096, depth=8)
     for tag in range(20):
         q.add(tag, tag * 4096, 4096, "prefetch")
-    assert len(drain_chunks(q)) == 6  # 8 - 8 // 4
-    q.add(100, 1 << 20, 4096, "demand")
-    q.add(101, 2 << 20, 4096, "demand")
-    q.add(102, 3 << 20, 4096, "demand")
-    assert [c[0] for c in drain_chunks(q)] == [100, 101]  # demand may use the reserve, up to depth
+    assert len(drain_chunks(q)) == 2  # max(1, 8 // 4)
+    for tag in range(100, 107):
+        q.add(tag, tag << 20, 4096, "demand")
+    assert [c[0] for c in drain_chunks(q)] == list(range(100, 106))  # demand fills the depth
     q.finish_chunk(0, 0, 0, 4096)
-    assert q.next_chunk()[0] == 102
+    assert q.next_chunk()[0] == 106
     q.finish_chunk(1, 4096, 0, 8192)
-    assert q.next_chunk() is None  # 7 in flight, prefetch limit 6
+    assert q.next_chunk() is None  # 7 in flight, prefetch limit 2
 
 
 def test_queue_cancel_promote_and_plug():

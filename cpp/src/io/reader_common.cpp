@@ -92,7 +92,7 @@ ReadQueue::ReadQueue(std::string path, uint64_t chunk_bytes, int depth, FaultInj
     : path_(std::move(path)),
       chunk_bytes_(chunk_bytes),
       depth_(depth),
-      prefetch_limit_(depth - depth / 4),
+      prefetch_limit_(std::max(1, depth / 4)),
       fault_(fault) {}
 
 ReadQueue::~ReadQueue() = default;

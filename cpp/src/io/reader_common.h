@@ -94,9 +94,11 @@ class ReadQueue {
     bool plugged() const { return plugged_; }
 
     // Hands out the next chunk allowed to start now: none while plugged or at the depth limit; a
-    // prefetch chunk only while fewer than depth - reserve chunks are in flight, so a demand read
-    // arriving later finds a free slot at once (reserve = depth / 4). A chunk that the fault hook
-    // hits is failed here and never handed out.
+    // prefetch chunk only while no demand is queued and fewer than max(1, depth / 4) chunks are in
+    // flight. Chunks in flight cannot be preempted, so this bounds what a demand read arriving later
+    // waits behind (4 x 512 KiB with io_uring's defaults, which already reach the disk's sequential
+    // bandwidth here) and keeps slots free for it. A chunk that the fault hook hits is failed here
+    // and never handed out.
     bool next_chunk(Chunk* out);
     // The I/O thread's report for a handed-out chunk: err = errno (0 when no error); `reached` =
     // the file position where reading stopped (chunk.end when complete; less means end of file).
@@ -125,7 +127,7 @@ class ReadQueue {
     std::string path_;
     uint64_t chunk_bytes_;
     int depth_;
-    int prefetch_limit_;  // prefetch chunks start only while in_flight_ < prefetch_limit_
+    int prefetch_limit_;  // prefetch chunks start only while in_flight_ < prefetch_limit_ (see next_chunk)
     FaultInjection fault_;
     bool plugged_ = false;
     int in_flight_ = 0;
