@@ -39,6 +39,26 @@ def _positive_or_zero(name: str):
     return parse
 
 
+def add_compute_arguments(p: argparse.ArgumentParser) -> None:
+    """-t/--threads and -c/--ctx-size, shared by the commands that run a Session."""
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=_positive_or_zero("-t"),
+        default=0,
+        metavar="N",
+        help="compute threads (default: 0 = one per core)",
+    )
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=_positive_or_zero("-c"),
+        default=0,
+        metavar="N",
+        help="context size in tokens (default: 0 = the model's, at most 4096)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -73,22 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="number of tokens to generate (default: 64)",
     )
-    run.add_argument(
-        "-t",
-        "--threads",
-        type=_positive_or_zero("-t"),
-        default=0,
-        metavar="N",
-        help="compute threads (default: 0 = one per core)",
-    )
-    run.add_argument(
-        "-c",
-        "--ctx-size",
-        type=_positive_or_zero("-c"),
-        default=0,
-        metavar="N",
-        help="context size in tokens (default: 0 = the model's, at most 4096)",
-    )
+    add_compute_arguments(run)
     run.add_argument(
         "--temp", type=float, default=0.8, metavar="T", help="temperature, 0 = greedy (default: 0.8)"
     )

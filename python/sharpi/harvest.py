@@ -347,6 +347,8 @@ def _write_npz(path: str, arrays: dict) -> None:
 
 def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     """Registers `sharpi trace` on an argparse subparsers object; returns the parser."""
+    from .cli import _positive_or_zero, add_compute_arguments
+
     p = subparsers.add_parser(
         "trace",
         help="record expert routing (and hidden states) of prompts into a trace .npz",
@@ -374,27 +376,12 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--generate",
-        type=_non_negative("--generate"),
+        type=_positive_or_zero("--generate"),
         default=0,
         metavar="N",
         help="greedy tokens decoded one by one after each prompt (default: 0)",
     )
-    p.add_argument(
-        "-t",
-        "--threads",
-        type=_non_negative("-t"),
-        default=0,
-        metavar="N",
-        help="compute threads (default: 0 = one per core)",
-    )
-    p.add_argument(
-        "-c",
-        "--ctx-size",
-        type=_non_negative("-c"),
-        default=0,
-        metavar="N",
-        help="context size (default: the model's, at most 4096)",
-    )
+    add_compute_arguments(p)
     p.add_argument(
         "--ram-budget",
         default=None,
@@ -404,17 +391,6 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _non_negative(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
-        return value
-
-    return parse
 
 
 def run_trace_command(args: argparse.Namespace) -> int:
