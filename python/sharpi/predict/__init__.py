@@ -6,7 +6,7 @@ numpy and gguf only, except training `learned` and `trajectory`, which import to
 (`pip install sharpi[torch]`).
 """
 
-from .evaluate import evaluate, format_table  # noqa: F401
+# (evaluate.evaluate is not re-exported: the name would shadow the module sharpi.predict.evaluate)
 from .reference import PREDICTOR_NAMES, ModelRouters, make_predictor, predicted_sets  # noqa: F401
 from .sidecar import Sidecar, read_sidecar, write_sidecar  # noqa: F401
 from .traces import RoutingTrace, TraceSplit, load_trace, split_by_sequences  # noqa: F401

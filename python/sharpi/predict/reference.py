@@ -63,6 +63,12 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = LAYER_N
     return (x - mu) / np.sqrt(var + eps) * w + b
 
 
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x [..., in] @ w[out, in]^T + b as one 2-D GEMM (a stacked 3-D matmul runs one tiny GEMM per
+    leading index, ~50x slower here)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.T + b).reshape(*x.shape[:-1], w.shape[0])
+
+
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
@@ -238,15 +244,15 @@ class TrajectoryPredictor(ReferencePredictor):
         for b in range(self.n_block):
             p = f"traj.blk.{b}."
             h = layer_norm(x, t[p + "ln1.w"], t[p + "ln1.b"])
-            qkv = h @ t[p + "qkv.w"].T + t[p + "qkv.b"]
+            qkv = linear(h, t[p + "qkv.w"], t[p + "qkv.b"])
             q, k, v = (qkv[..., i * D:(i + 1) * D].reshape(N, n, H, dh).transpose(0, 2, 1, 3) for i in range(3))
             att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
             att = np.exp(att - att.max(axis=-1, keepdims=True))
             att /= att.sum(axis=-1, keepdims=True)
             ctx = (att @ v).transpose(0, 2, 1, 3).reshape(N, n, D)
-            x = x + ctx @ t[p + "out.w"].T + t[p + "out.b"]
+            x = x + linear(ctx, t[p + "out.w"], t[p + "out.b"])
             h = layer_norm(x, t[p + "ln2.w"], t[p + "ln2.b"])
-            x = x + gelu(h @ t[p + "up.w"].T + t[p + "up.b"]) @ t[p + "down.w"].T + t[p + "down.b"]
+            x = x + linear(gelu(linear(h, t[p + "up.w"], t[p + "up.b"])), t[p + "down.w"], t[p + "down.b"])
         return layer_norm(x[:, n - 2], t["traj.ln_f.w"], t["traj.ln_f.b"])
 
     def scores_all(self, trace, idx, L, chunk: int = 4096):
