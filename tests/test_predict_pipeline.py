@@ -69,8 +69,15 @@ def planted_experts(seed, n_seq=24, seq_len=40, n_layer=6, n_expert=16, k=2, fol
 
 
 def save_trace(path, experts, seq_start, n_expert, **extra):
-    np.savez(path, experts=experts, seq_start=seq_start, num_experts=np.int64(n_expert),
-             top_k=np.int64(experts.shape[2]), moe_layer_ids=np.arange(experts.shape[1], dtype=np.int16), **extra)
+    np.savez(
+        path,
+        experts=experts,
+        seq_start=seq_start,
+        num_experts=np.int64(n_expert),
+        top_k=np.int64(experts.shape[2]),
+        moe_layer_ids=np.arange(experts.shape[1], dtype=np.int16),
+        **extra,
+    )
     return str(path)
 
 
@@ -88,8 +95,10 @@ def shuffled_control(experts, seed):
 def planted(tmp_path_factory):
     d = tmp_path_factory.mktemp("planted")
     experts, seq_start = planted_experts(seed=3)
-    return {"planted": save_trace(d / "planted.npz", experts, seq_start, 16),
-            "control": save_trace(d / "control.npz", shuffled_control(experts, 4), seq_start, 16)}
+    return {
+        "planted": save_trace(d / "planted.npz", experts, seq_start, 16),
+        "control": save_trace(d / "control.npz", shuffled_control(experts, 4), seq_start, 16),
+    }
 
 
 def recall_at(path, trainer, d):
@@ -119,11 +128,23 @@ def test_split_and_previous_token(planted):
         (lambda a: a.pop("experts"), r"bad\.npz: missing array 'experts'"),
         (lambda a: a.update(experts=a["experts"][:, 0]), r"bad\.npz: 'experts' must be an integer array"),
         (lambda a: a.update(experts=a["experts"].astype(np.float32)), r"'experts' must be an integer array"),
-        (lambda a: a["experts"].__setitem__((5, 2, 1), 16), r"'experts' id 16 at token 5 layer 2 outside \[0, 16\)"),
-        (lambda a: a["experts"].__setitem__((7, 1, 1), a["experts"][7, 1, 0]), r"token 7 layer 1 names an expert twice"),
+        (
+            lambda a: a["experts"].__setitem__((5, 2, 1), 16),
+            r"'experts' id 16 at token 5 layer 2 outside \[0, 16\)",
+        ),
+        (
+            lambda a: a["experts"].__setitem__((7, 1, 1), a["experts"][7, 1, 0]),
+            r"token 7 layer 1 names an expert twice",
+        ),
         (lambda a: a.update(seq_start=a["seq_start"][::-1].copy()), r"'seq_start' must start at 0"),
-        (lambda a: a.update(hidden=np.zeros((3, 6, 8), np.float16)), r"'hidden' must be float \[960, 6, n_embd\]"),
-        (lambda a: a.update(router_logits=np.zeros((960, 6, 4), np.float16)), r"'router_logits' must be float"),
+        (
+            lambda a: a.update(hidden=np.zeros((3, 6, 8), np.float16)),
+            r"'hidden' must be float \[960, 6, n_embd\]",
+        ),
+        (
+            lambda a: a.update(router_logits=np.zeros((960, 6, 4), np.float16)),
+            r"'router_logits' must be float",
+        ),
         (lambda a: a.update(top_k=np.int64(3)), r"'top_k' is 3 but 'experts' has 2 columns"),
     ],
 )
@@ -247,8 +268,20 @@ def _cooc(trace, idx):
 
 
 def _traj(trace, idx):
-    return train.train_trajectory(trace, idx, d_model=32, n_block=1, n_head=2, d_ff=64, window=4, epochs=25,
-                                  batch=64, lr=1e-2, val_tokens=200, quiet=True)
+    return train.train_trajectory(
+        trace,
+        idx,
+        d_model=32,
+        n_block=1,
+        n_head=2,
+        d_ff=64,
+        window=4,
+        epochs=25,
+        batch=64,
+        lr=1e-2,
+        val_tokens=200,
+        quiet=True,
+    )
 
 
 @pytest.mark.parametrize("trainer", [_cooc, _traj], ids=["cooc", "trajectory"])
@@ -277,7 +310,9 @@ def test_learned_finds_planted_structure(tmp_path):
     control = save_trace(tmp_path / "c.npz", shuffled_control(experts, 1), seq_start, E, hidden=hidden)
 
     def learned(trace, idx):
-        return train.train_learned(trace, idx, hidden=32, rank=24, epochs=60, quiet=True)  # rank 24: PCA as a rotation
+        return train.train_learned(
+            trace, idx, hidden=32, rank=24, epochs=60, quiet=True
+        )  # rank 24: PCA as a rotation
 
     good, bad = recall_at(path, learned, 1), recall_at(control, learned, 1)
     assert good > 0.7 and bad < 0.4 and good - bad > 0.4, (good, bad)
@@ -289,8 +324,9 @@ def test_trajectory_reference_matches_torch_forward(tmp_path):
     experts[np.random.default_rng(6).random(experts.shape) < 0.1] = -1
     trace = load_trace(save_trace(tmp_path / "t.npz", experts, seq_start, 10))
     torch.manual_seed(0)
-    net = train.make_trajectory_module(torch, 7, 10, d_model=24, n_block=2, n_head=3, d_ff=40,
-                                       max_lookahead=3, window=4)
+    net = train.make_trajectory_module(
+        torch, 7, 10, d_model=24, n_block=2, n_head=3, d_ff=40, max_lookahead=3, window=4
+    )
     with torch.no_grad():  # non-trivial LayerNorm and bias parameters
         for p in net.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -320,9 +356,11 @@ def test_trajectory_reference_matches_torch_forward(tmp_path):
 
 def small_cooc_sidecar(n_layer=4, E=6, k=2, dmax=2, m=2, seed=0):
     rng = np.random.default_rng(seed)
-    t = {"cooc.bias": rng.standard_normal((n_layer, E)).astype(np.float32),
-         "cooc.layer": rng.standard_normal((n_layer, dmax + m - 1, E, E)).astype(np.float32),
-         "cooc.prev": rng.standard_normal((n_layer, E, E)).astype(np.float32)}
+    t = {
+        "cooc.bias": rng.standard_normal((n_layer, E)).astype(np.float32),
+        "cooc.layer": rng.standard_normal((n_layer, dmax + m - 1, E, E)).astype(np.float32),
+        "cooc.prev": rng.standard_normal((n_layer, E, E)).astype(np.float32),
+    }
     return scm.Sidecar("cooc", n_layer, E, k, dmax, "unit test", {"cooc.history": m}, t)
 
 
@@ -331,8 +369,15 @@ def test_sidecar_round_trip_and_layout(tmp_path):
     path = tmp_path / "cooc.gguf"
     scm.write_sidecar(path, sc)
     back = scm.read_sidecar(path, kind="cooc", n_layer=4, n_expert=6, top_k=2, min_lookahead=2)
-    assert (back.kind, back.n_layer, back.n_expert, back.top_k, back.max_lookahead, back.source, back.params) == \
-        ("cooc", 4, 6, 2, 2, "unit test", {"cooc.history": 2})
+    assert (
+        back.kind,
+        back.n_layer,
+        back.n_expert,
+        back.top_k,
+        back.max_lookahead,
+        back.source,
+        back.params,
+    ) == ("cooc", 4, 6, 2, 2, "unit test", {"cooc.history": 2})
     for name, a in sc.tensors.items():
         np.testing.assert_array_equal(back.tensors[name], a)
     # The layout as the C++ loader sees it: ggml ne reversed from numpy, uint32 keys, f32 tensors.
@@ -363,8 +408,11 @@ def test_sidecar_errors(tmp_path):
     sc = small_cooc_sidecar()
     good = tmp_path / "good.gguf"
     scm.write_sidecar(good, sc)
-    with pytest.raises(_core.InvalidArgument, match=r"n_layer=4, n_expert=6, top_k=2 does not match the model "
-                                                     r"n_layer=4, n_expert=8, top_k=2"):
+    with pytest.raises(
+        _core.InvalidArgument,
+        match=r"n_layer=4, n_expert=6, top_k=2 does not match the model "
+        r"n_layer=4, n_expert=8, top_k=2",
+    ):
         scm.read_sidecar(good, n_layer=4, n_expert=8, top_k=2)
     with pytest.raises(_core.InvalidArgument, match="predicts up to 2 layers ahead, 3 asked"):
         scm.read_sidecar(good, min_lookahead=3)
@@ -383,7 +431,13 @@ def test_sidecar_errors(tmp_path):
     def write_raw(name, tensors, arch="sharpi.predictor", kind="cooc"):
         w = gguf.GGUFWriter(str(tmp_path / name), arch)
         w.add_string("sharpi.predictor.kind", kind)
-        for key, v in (("n_layer", 4), ("n_expert", 6), ("top_k", 2), ("max_lookahead", 2), ("cooc.history", 2)):
+        for key, v in (
+            ("n_layer", 4),
+            ("n_expert", 6),
+            ("top_k", 2),
+            ("max_lookahead", 2),
+            ("cooc.history", 2),
+        ):
             w.add_uint32("sharpi.predictor." + key, v)
         for n, a in tensors.items():
             w.add_tensor(n, a)
@@ -396,7 +450,9 @@ def test_sidecar_errors(tmp_path):
     t = dict(sc.tensors)
     with pytest.raises(_core.FormatError, match="missing tensor 'cooc.prev'"):
         scm.read_sidecar(write_raw("missing.gguf", {k: v for k, v in t.items() if k != "cooc.prev"}))
-    with pytest.raises(_core.FormatError, match=r"tensor 'cooc.layer' has shape \(4, 2, 6, 6\), expected \(4, 3, 6, 6\)"):
+    with pytest.raises(
+        _core.FormatError, match=r"tensor 'cooc.layer' has shape \(4, 2, 6, 6\), expected \(4, 3, 6, 6\)"
+    ):
         scm.read_sidecar(write_raw("shape.gguf", t | {"cooc.layer": t["cooc.layer"][:, :2].copy()}))
     with pytest.raises(_core.FormatError, match="tensor 'cooc.bias' is F16, must be F32"):
         scm.read_sidecar(write_raw("f16.gguf", t | {"cooc.bias": t["cooc.bias"].astype(np.float16)}))
@@ -419,10 +475,14 @@ def test_shipped_model_routers_reproduce_its_trace():
         logits = routers.router_logits(trace.hidden_rows(idx, layer), layer)
         # the trace holds float16 hidden states and logits: agreement to float16 rounding
         np.testing.assert_allclose(logits, trace.router_logits[:, layer].astype(np.float64), atol=2e-2)
-        same = (np.sort(ref.predicted_sets(logits, 2), axis=1) == np.sort(trace.experts[:, layer], axis=1)).all(1)
+        same = (
+            np.sort(ref.predicted_sets(logits, 2), axis=1) == np.sort(trace.experts[:, layer], axis=1)
+        ).all(1)
         assert same.mean() > 0.99
     split = split_by_sequences(trace, 0.7)
-    rows = ev.evaluate(ref.make_predictor("next_gate", trace, model=str(SHIPPED_MODEL)), trace, split.eval)["rows"]
+    rows = ev.evaluate(ref.make_predictor("next_gate", trace, model=str(SHIPPED_MODEL)), trace, split.eval)[
+        "rows"
+    ]
     assert rows[0]["recall_at_k"] > 0.3  # chance is 2/16
 
 
@@ -430,12 +490,19 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
     from sharpi.make_model import main as make_model_main  # `sharpi make-model`, with --set
 
     model = tmp_path / "tiny.gguf"
-    assert make_model_main([str(model), "--preset", "tiny", "--quant", "q8_0", "--seed", "3", "--set", "n_layer=3"]) == 0
+    assert (
+        make_model_main(
+            [str(model), "--preset", "tiny", "--quant", "q8_0", "--seed", "3", "--set", "n_layer=3"]
+        )
+        == 0
+    )
     routers = ref.ModelRouters(model)
     n_layer, E, n_embd, k = routers.n_layer, routers.n_expert, routers.n_embd, 2
     rng = np.random.default_rng(4)
     T = 600
-    hidden = (rng.standard_normal((T, n_layer, n_embd)) * rng.uniform(0.5, 2, (T, n_layer, 1))).astype(np.float16)
+    hidden = (rng.standard_normal((T, n_layer, n_embd)) * rng.uniform(0.5, 2, (T, n_layer, 1))).astype(
+        np.float16
+    )
     planted = [rng.standard_normal((E, n_embd)) / np.sqrt(n_embd) for _ in range(n_layer - 1)]
     logits = np.zeros((T, n_layer, E))
     logits[:, 0] = routers.router_logits(hidden[:, 0].astype(np.float64), 0)
@@ -443,18 +510,41 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
         x = routers.normed(hidden[:, N].astype(np.float64), N)
         logits[:, N + 1] = x @ planted[N].T + 0.01 * rng.standard_normal((T, E))
     experts = np.argsort(-logits, axis=2)[:, :, :k].astype(np.int16)
-    path = save_trace(tmp_path / "h.npz", experts, np.arange(0, T, 100), E, hidden=hidden,
-                      router_logits=logits.astype(np.float16))
+    path = save_trace(
+        tmp_path / "h.npz",
+        experts,
+        np.arange(0, T, 100),
+        E,
+        hidden=hidden,
+        router_logits=logits.astype(np.float16),
+    )
     out = tmp_path / "tiny-pregate.gguf"
-    assert predictor_main(["predictor", "train", "--kind", "pregate", "--trace", path, "--model", str(model),
-                           "--out", str(out)]) == 0
+    assert (
+        predictor_main(
+            [
+                "predictor",
+                "train",
+                "--kind",
+                "pregate",
+                "--trace",
+                path,
+                "--model",
+                str(model),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
 
     trace = load_trace(path)
     split = split_by_sequences(trace, 0.7)
     got = ref.ModelRouters(out)
     for N in range(n_layer - 1):
         x = routers.normed(trace.hidden_rows(split.train, N), N)
-        oracle = np.linalg.lstsq(x, trace.router_logits[split.train, N + 1].astype(np.float64), rcond=None)[0].T
+        oracle = np.linalg.lstsq(x, trace.router_logits[split.train, N + 1].astype(np.float64), rcond=None)[
+            0
+        ].T
         assert got.pregate[N].shape == (E, n_embd)
         np.testing.assert_allclose(got.pregate[N], oracle, atol=2e-3 * np.abs(oracle).max())
     assert got.pregate[n_layer - 1] is None
@@ -476,8 +566,9 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
     import sharpi
 
     want = sharpi.Session(str(model), threads=1, n_ctx=32).decode([1, 2, 3], all_logits=True)
-    np.testing.assert_array_equal(sharpi.Session(str(out), threads=1, n_ctx=32).decode([1, 2, 3], all_logits=True),
-                                  want)
+    np.testing.assert_array_equal(
+        sharpi.Session(str(out), threads=1, n_ctx=32).decode([1, 2, 3], all_logits=True), want
+    )
     with pytest.raises(_core.MissingTensorError, match="ffn_pregate_inp"):
         ref.make_predictor("pregate", trace, model=str(model))
 
@@ -489,11 +580,43 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
 
 def test_cli_train_and_eval(planted, tmp_path, capsys):
     side = tmp_path / "cooc.gguf"
-    assert predictor_main(["predictor", "train", "--kind", "cooc", "--trace", planted["planted"],
-                           "--out", str(side), "--lookahead", "2"]) == 0
+    assert (
+        predictor_main(
+            [
+                "predictor",
+                "train",
+                "--kind",
+                "cooc",
+                "--trace",
+                planted["planted"],
+                "--out",
+                str(side),
+                "--lookahead",
+                "2",
+            ]
+        )
+        == 0
+    )
     out_json = tmp_path / "r.json"
-    assert predictor_main(["predictor", "eval", "--trace", planted["planted"], "--predictor", f"cooc:{side}",
-                           "--cache-experts", "4", "--expert-bytes", "1000", "--json", str(out_json)]) == 0
+    assert (
+        predictor_main(
+            [
+                "predictor",
+                "eval",
+                "--trace",
+                planted["planted"],
+                "--predictor",
+                f"cooc:{side}",
+                "--cache-experts",
+                "4",
+                "--expert-bytes",
+                "1000",
+                "--json",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "split: train seqs [0, 16) tokens 640 / eval seqs [16, 24) tokens 320" in text
     res = json.loads(out_json.read_text())

@@ -64,28 +64,50 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="predictor_command", metavar="SUBCOMMAND")
     sub.required = True
 
-    tr = sub.add_parser("train", help="train a predictor (writes a sidecar GGUF, or a model copy for pregate)")
+    tr = sub.add_parser(
+        "train", help="train a predictor (writes a sidecar GGUF, or a model copy for pregate)"
+    )
     tr.add_argument("--kind", required=True, choices=TRAIN_KINDS)
     tr.add_argument("--trace", required=True, help="routing trace .npz")
     tr.add_argument("--out", required=True, help="output file (sidecar .gguf; model copy for pregate)")
     tr.add_argument("--model", help="model GGUF (pregate)")
     tr.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences used to train (0.7)")
     tr.add_argument("--lookahead", type=int, choices=(1, 2, 3), default=3, help="largest d predicted (3)")
-    tr.add_argument("--epochs", type=_positive_int, default=None, help="training epochs (learned, trajectory)")
-    tr.add_argument("--window", type=int, choices=range(1, 11), default=10, metavar="W",
-                    help="trajectory window, 1..10 (10)")
+    tr.add_argument(
+        "--epochs", type=_positive_int, default=None, help="training epochs (learned, trajectory)"
+    )
+    tr.add_argument(
+        "--window",
+        type=int,
+        choices=range(1, 11),
+        default=10,
+        metavar="W",
+        help="trajectory window, 1..10 (10)",
+    )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=_positive_int, default=1, help="torch threads (1)")
 
     ev = sub.add_parser("eval", help="evaluate a predictor on the held-out sequences of a trace")
     ev.add_argument("--trace", required=True, help="routing trace .npz")
-    ev.add_argument("--predictor", required=True, metavar="NAME[:FILE]",
-                    help=f"one of {', '.join(PREDICTOR_NAMES)}; sidecar kinds take :FILE")
+    ev.add_argument(
+        "--predictor",
+        required=True,
+        metavar="NAME[:FILE]",
+        help=f"one of {', '.join(PREDICTOR_NAMES)}; sidecar kinds take :FILE",
+    )
     ev.add_argument("--model", help="model GGUF (next_gate, pregate)")
-    ev.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences held for training (0.7)")
-    ev.add_argument("--cache-experts", type=_positive_int, default=None,
-                    help="LRU cache size in experts per layer (default n_expert/4)")
-    ev.add_argument("--expert-bytes", type=float, default=1.0, help="bytes per expert for the byte counts (1)")
+    ev.add_argument(
+        "--split", type=_fraction, default=0.7, help="fraction of sequences held for training (0.7)"
+    )
+    ev.add_argument(
+        "--cache-experts",
+        type=_positive_int,
+        default=None,
+        help="LRU cache size in experts per layer (default n_expert/4)",
+    )
+    ev.add_argument(
+        "--expert-bytes", type=float, default=1.0, help="bytes per expert for the byte counts (1)"
+    )
     ev.add_argument("--json", metavar="OUT", help="also write the full result (per layer too) as JSON")
     ev.add_argument("--per-layer", action="store_true", help="also print per-target-layer recall@k")
     return p
@@ -104,12 +126,27 @@ def _train(args, out: TextIO) -> int:
         sc = train.train_cooc(trace, split.train, max_lookahead=args.lookahead, seed=args.seed, source=source)
     elif args.kind == "trajectory":
         kw = {} if args.epochs is None else {"epochs": args.epochs}
-        sc = train.train_trajectory(trace, split.train, max_lookahead=args.lookahead, window=args.window,
-                                    seed=args.seed, source=source, num_threads=args.threads, **kw)
+        sc = train.train_trajectory(
+            trace,
+            split.train,
+            max_lookahead=args.lookahead,
+            window=args.window,
+            seed=args.seed,
+            source=source,
+            num_threads=args.threads,
+            **kw,
+        )
     elif args.kind == "learned":
         kw = {} if args.epochs is None else {"epochs": args.epochs}
-        sc = train.train_learned(trace, split.train, max_lookahead=args.lookahead, seed=args.seed,
-                                 source=source, num_threads=args.threads, **kw)
+        sc = train.train_learned(
+            trace,
+            split.train,
+            max_lookahead=args.lookahead,
+            seed=args.seed,
+            source=source,
+            num_threads=args.threads,
+            **kw,
+        )
     else:
         if not args.model:
             from sharpi._core import InvalidArgument
@@ -132,8 +169,9 @@ def _eval(args, out: TextIO) -> int:
     trace = load_trace(args.trace)
     split = split_by_sequences(trace, args.split)
     predictor = make_predictor(name, trace, file or None, args.model)
-    result = evaluate(predictor, trace, split.eval, cache_experts=args.cache_experts,
-                      expert_bytes=args.expert_bytes)
+    result = evaluate(
+        predictor, trace, split.eval, cache_experts=args.cache_experts, expert_bytes=args.expert_bytes
+    )
     result["split"] = split.describe()
     result["trace"] = args.trace
     result["predictor_arg"] = args.predictor
@@ -142,7 +180,9 @@ def _eval(args, out: TextIO) -> int:
     out.write(format_table(result) + "\n")
     if args.per_layer:
         for d, rows in result["per_layer"].items():
-            cells = " ".join(f"{r['layer']}:{r['recall_at_k']:.3f}" for r in rows if r["recall_at_k"] is not None)
+            cells = " ".join(
+                f"{r['layer']}:{r['recall_at_k']:.3f}" for r in rows if r["recall_at_k"] is not None
+            )
             out.write(f"d={d} recall@k per target layer: {cells}\n")
     if args.json:
         with open(args.json, "w") as f:

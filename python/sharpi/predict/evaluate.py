@@ -122,7 +122,12 @@ def evaluate(
             saved = int((staged & m["s_hot"]).sum())
             wasted = int((staged & ~m["s_hot"]).sum())
             n = int(m["keep"].sum())
-            row = {"layer": t, "n": n, "bytes_saved": saved * expert_bytes, "bytes_wasted": wasted * expert_bytes}
+            row = {
+                "layer": t,
+                "n": n,
+                "bytes_saved": saved * expert_bytes,
+                "bytes_wasted": wasted * expert_bytes,
+            }
             for name in METRICS:
                 row[name] = float(m[name].mean()) if n else None
                 sums[d][name] += float(m[name].sum())
@@ -148,9 +153,15 @@ def evaluate(
         rows.append(row)
     all_acc = sum(int((sel[t] >= 0).sum()) for t in range(n_layer))
     all_hit = sum(int((ids_to_multi_hot(sel[t], E, dtype=bool) & cached[t]).sum()) for t in range(n_layer))
-    return {"predictor": predictor.name, "rows": rows, "per_layer": per_layer, "cache_experts": C,
-            "expert_bytes": expert_bytes, "lru_hit_rate": all_hit / all_acc if all_acc else None,
-            "n_tokens": int(len(idx))}
+    return {
+        "predictor": predictor.name,
+        "rows": rows,
+        "per_layer": per_layer,
+        "cache_experts": C,
+        "expert_bytes": expert_bytes,
+        "lru_hit_rate": all_hit / all_acc if all_acc else None,
+        "n_tokens": len(idx),
+    }
 
 
 def format_table(result: dict) -> str:
@@ -169,6 +180,8 @@ def format_table(result: dict) -> str:
             else:
                 cells.append(f"{v:12.6g}")
         lines.append(f"{r['d']:>2} " + " ".join(cells))
-    lines.append(f"LRU cache {result['cache_experts']} experts/layer, {result['expert_bytes']:g} bytes/expert: "
-                 f"hit rate without prefetch {result['lru_hit_rate']:.4f}")
+    lines.append(
+        f"LRU cache {result['cache_experts']} experts/layer, {result['expert_bytes']:g} bytes/expert: "
+        f"hit rate without prefetch {result['lru_hit_rate']:.4f}"
+    )
     return "\n".join(lines)

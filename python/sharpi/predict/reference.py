@@ -96,8 +96,10 @@ class ReferencePredictor:
 
 def _check_shape(name: str, trace: RoutingTrace, n_layer: int, n_expert: int, top_k: int | None) -> None:
     if (trace.n_layer, trace.n_expert) != (n_layer, n_expert) or (top_k is not None and trace.top_k != top_k):
-        raise _invalid(f"predictor {name} is for n_layer={n_layer}, n_expert={n_expert}, top_k={top_k}; trace "
-                       f"{trace.path} has n_layer={trace.n_layer}, n_expert={trace.n_expert}, top_k={trace.top_k}")
+        raise _invalid(
+            f"predictor {name} is for n_layer={n_layer}, n_expert={n_expert}, top_k={top_k}; trace "
+            f"{trace.path} has n_layer={trace.n_layer}, n_expert={trace.n_expert}, top_k={trace.top_k}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ class PrevTokenPredictor(ReferencePredictor):
 
 class CoocPredictor(ReferencePredictor):
     """score_t = bias[t] + sum_{o=d}^{d+m-1, t-o>=0} sum_{i in S(t-o)} layer[t, o-1, i]
-                         + sum_{i in P(t)} prev[t, i]"""
+    + sum_{i in P(t)} prev[t, i]"""
 
     name = "cooc"
 
@@ -177,8 +179,10 @@ class LearnedPredictor(ReferencePredictor):
     def check_trace(self, trace):
         _check_shape(self.name, trace, self.n_layer, self.n_expert, self.top_k)
         if trace.hidden is None or trace.n_embd != self.n_embd:
-            raise _invalid(f"predictor learned needs hidden states of width {self.n_embd}; trace {trace.path} "
-                           f"has {'none' if trace.hidden is None else trace.n_embd}")
+            raise _invalid(
+                f"predictor learned needs hidden states of width {self.n_embd}; trace {trace.path} "
+                f"has {'none' if trace.hidden is None else trace.n_embd}"
+            )
 
     def forward(self, hidden: np.ndarray, L: int) -> np.ndarray:
         """hidden float64 [N, n_embd] -> [N, max_lookahead * E] (rows (d-1)E..dE score L+d)."""
@@ -195,7 +199,7 @@ class LearnedPredictor(ReferencePredictor):
         s = self.forward(trace.hidden_rows(idx, L), L)
         for d in range(1, self.max_lookahead + 1):
             if L + d < self.n_layer:
-                out[d - 1] = s[:, (d - 1) * self.n_expert: d * self.n_expert]
+                out[d - 1] = s[:, (d - 1) * self.n_expert : d * self.n_expert]
         return out
 
 
@@ -245,7 +249,9 @@ class TrajectoryPredictor(ReferencePredictor):
             p = f"traj.blk.{b}."
             h = layer_norm(x, t[p + "ln1.w"], t[p + "ln1.b"])
             qkv = linear(h, t[p + "qkv.w"], t[p + "qkv.b"])
-            q, k, v = (qkv[..., i * D:(i + 1) * D].reshape(N, n, H, dh).transpose(0, 2, 1, 3) for i in range(3))
+            q, k, v = (
+                qkv[..., i * D : (i + 1) * D].reshape(N, n, H, dh).transpose(0, 2, 1, 3) for i in range(3)
+            )
             att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
             att = np.exp(att - att.max(axis=-1, keepdims=True))
             att /= att.sum(axis=-1, keepdims=True)
@@ -261,13 +267,15 @@ class TrajectoryPredictor(ReferencePredictor):
             return out
         prev = trace.prev_index()[idx]
         for c0 in range(0, len(idx), chunk):  # bounds the [chunk, n, 3D] temporaries
-            ci, cp = idx[c0:c0 + chunk], prev[c0:c0 + chunk]
+            ci, cp = idx[c0 : c0 + chunk], prev[c0 : c0 + chunk]
             cur_ids = trace.experts[ci].astype(np.int64)
             prev_ids = trace.experts[np.maximum(cp, 0)].astype(np.int64)
             y = self.encode(self.inputs(cur_ids, prev_ids, cp >= 0, L))
             for d in range(1, self.max_lookahead + 1):
                 if L + d < self.n_layer:
-                    out[d - 1, c0:c0 + chunk] = y @ self.t[f"traj.head.{d}.w"][L + d].T + self.t[f"traj.head.{d}.b"][L + d]
+                    out[d - 1, c0 : c0 + chunk] = (
+                        y @ self.t[f"traj.head.{d}.w"][L + d].T + self.t[f"traj.head.{d}.b"][L + d]
+                    )
         return out
 
 
@@ -293,8 +301,10 @@ class ModelRouters:
             raise _invalid(f"model {self.path}: no such file")
         try:
             reader = gguf.GGUFReader(self.path)
-        except Exception as e:
-            raise FormatError(f"model {self.path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+        except Exception as e:  # noqa: BLE001 -- gguf raises untyped errors (ValueError, struct.error, ...) on garbage
+            raise FormatError(
+                f"model {self.path}: not a readable GGUF file ({type(e).__name__}: {e})"
+            ) from None
         arch_field = reader.fields.get("general.architecture")
         if arch_field is None:
             raise FormatError(f"model {self.path}: missing key 'general.architecture'")
@@ -304,7 +314,9 @@ class ModelRouters:
             raise FormatError(f"model {self.path}: missing key '{eps_key}'")
         self.rms_eps = float(reader.fields[eps_key].contents())
         self.n_block = int(reader.fields[f"{self.arch}.block_count"].contents())
-        self.layer_blocks = (np.arange(self.n_block) if layer_blocks is None else np.asarray(layer_blocks)).tolist()
+        self.layer_blocks = (
+            np.arange(self.n_block) if layer_blocks is None else np.asarray(layer_blocks)
+        ).tolist()
         tensors = {t.name: t for t in reader.tensors}
 
         def load(name: str, required: bool) -> np.ndarray | None:
@@ -322,8 +334,10 @@ class ModelRouters:
         self.n_expert, self.n_embd = self.gate[0].shape
         for il, (g, w) in enumerate(zip(self.gate, self.ffn_norm)):
             if g.shape != (self.n_expert, self.n_embd) or w.shape != (self.n_embd,):
-                raise FormatError(f"model {self.path}: block {self.layer_blocks[il]} router {g.shape} / ffn_norm "
-                                  f"{w.shape} do not match [{self.n_expert}, {self.n_embd}]")
+                raise FormatError(
+                    f"model {self.path}: block {self.layer_blocks[il]} router {g.shape} / ffn_norm "
+                    f"{w.shape} do not match [{self.n_expert}, {self.n_embd}]"
+                )
 
     @property
     def n_layer(self) -> int:
@@ -341,9 +355,11 @@ class ModelRouters:
         if trace.hidden is None:
             raise _invalid(f"predictor {name} needs hidden states; trace {trace.path} has none")
         if (trace.n_layer, trace.n_expert, trace.n_embd) != (self.n_layer, self.n_expert, self.n_embd):
-            raise _invalid(f"predictor {name}: model {self.path} has {self.n_layer} MoE layers, {self.n_expert} "
-                           f"experts, n_embd {self.n_embd}; trace {trace.path} has {trace.n_layer}, "
-                           f"{trace.n_expert}, {trace.n_embd}")
+            raise _invalid(
+                f"predictor {name}: model {self.path} has {self.n_layer} MoE layers, {self.n_expert} "
+                f"experts, n_embd {self.n_embd}; trace {trace.path} has {trace.n_layer}, "
+                f"{trace.n_expert}, {trace.n_embd}"
+            )
 
 
 class NextGatePredictor(ReferencePredictor):
@@ -378,15 +394,19 @@ class PregatePredictor(ReferencePredictor):
         if missing:
             from sharpi._core import MissingTensorError
 
-            raise MissingTensorError(f"model {model.path}: predictor pregate needs blk.N.ffn_pregate_inp.weight; "
-                                     f"missing for blocks {missing} (train it with `sharpi predictor train "
-                                     "--kind pregate`)")
+            raise MissingTensorError(
+                f"model {model.path}: predictor pregate needs blk.N.ffn_pregate_inp.weight; "
+                f"missing for blocks {missing} (train it with `sharpi predictor train "
+                "--kind pregate`)"
+            )
         for il in range(model.n_layer - 1):
             if model.pregate[il].shape != (model.n_expert, model.n_embd):
                 from sharpi._core import FormatError
 
-                raise FormatError(f"model {model.path}: blk.{model.layer_blocks[il]}.ffn_pregate_inp.weight has "
-                                  f"shape {model.pregate[il].shape}, expected {(model.n_expert, model.n_embd)}")
+                raise FormatError(
+                    f"model {model.path}: blk.{model.layer_blocks[il]}.ffn_pregate_inp.weight has "
+                    f"shape {model.pregate[il].shape}, expected {(model.n_expert, model.n_embd)}"
+                )
 
     def check_trace(self, trace):
         self.model.check_trace(self.name, trace)
@@ -399,13 +419,17 @@ class PregatePredictor(ReferencePredictor):
 
 
 def sidecar_predictor(sc: Sidecar) -> ReferencePredictor:
-    return {"cooc": CoocPredictor, "learned": LearnedPredictor, "trajectory": TrajectoryPredictor}[sc.kind](sc)
+    return {"cooc": CoocPredictor, "learned": LearnedPredictor, "trajectory": TrajectoryPredictor}[sc.kind](
+        sc
+    )
 
 
 PREDICTOR_NAMES = ("prev_token", "cooc", "learned", "trajectory", "next_gate", "pregate")
 
 
-def make_predictor(name: str, trace: RoutingTrace, file: str | None = None, model: str | None = None) -> ReferencePredictor:
+def make_predictor(
+    name: str, trace: RoutingTrace, file: str | None = None, model: str | None = None
+) -> ReferencePredictor:
     """The reference predictor NAME for `trace`: sidecar kinds need `file`, next_gate and pregate the
     model GGUF (pregate may take its pre-gate weights from `file`, a model copy written by training)."""
     if name not in PREDICTOR_NAMES:
@@ -415,13 +439,16 @@ def make_predictor(name: str, trace: RoutingTrace, file: str | None = None, mode
     elif name in ("cooc", "learned", "trajectory"):
         if file is None:
             raise _invalid(f"predictor {name} needs a sidecar file: --predictor {name}:FILE")
-        p = sidecar_predictor(read_sidecar(file, kind=name, n_layer=trace.n_layer, n_expert=trace.n_expert,
-                                           top_k=trace.top_k))
+        p = sidecar_predictor(
+            read_sidecar(file, kind=name, n_layer=trace.n_layer, n_expert=trace.n_expert, top_k=trace.top_k)
+        )
     else:
         source = file if (name == "pregate" and file) else model
         if source is None:
-            raise _invalid(f"predictor {name} needs the model: --model M.gguf"
-                           + (" (or --predictor pregate:MODEL_WITH_PREGATE.gguf)" if name == "pregate" else ""))
+            raise _invalid(
+                f"predictor {name} needs the model: --model M.gguf"
+                + (" (or --predictor pregate:MODEL_WITH_PREGATE.gguf)" if name == "pregate" else "")
+            )
         routers = ModelRouters(source, trace.moe_layer_ids)
         p = NextGatePredictor(routers) if name == "next_gate" else PregatePredictor(routers)
     p.check_trace(trace)

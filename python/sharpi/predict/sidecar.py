@@ -26,8 +26,13 @@ KINDS = ("cooc", "learned", "trajectory")
 KIND_KEYS = {
     "cooc": ("cooc.history",),
     "learned": ("n_embd", "learned.hidden", "learned.rank"),
-    "trajectory": ("trajectory.window", "trajectory.d_model", "trajectory.n_block", "trajectory.n_head",
-                   "trajectory.d_ff"),
+    "trajectory": (
+        "trajectory.window",
+        "trajectory.d_model",
+        "trajectory.n_block",
+        "trajectory.n_head",
+        "trajectory.d_ff",
+    ),
 }
 COMMON_KEYS = ("n_layer", "n_expert", "top_k", "max_lookahead")
 
@@ -81,14 +86,30 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
         return shapes
     if sc.kind == "trajectory":
         D, F = p["trajectory.d_model"], p["trajectory.d_ff"]
-        shapes = {"traj.expert_emb": (n_layer, E, D), "traj.layer_emb": (n_layer, D),
-                  "traj.prev_emb": (n_layer, E, D), "traj.prev_none": (D,)}
+        shapes = {
+            "traj.expert_emb": (n_layer, E, D),
+            "traj.layer_emb": (n_layer, D),
+            "traj.prev_emb": (n_layer, E, D),
+            "traj.prev_none": (D,),
+        }
         for b in range(p["trajectory.n_block"]):
             pre = f"traj.blk.{b}."
-            shapes.update({pre + "ln1.w": (D,), pre + "ln1.b": (D,), pre + "qkv.w": (3 * D, D),
-                           pre + "qkv.b": (3 * D,), pre + "out.w": (D, D), pre + "out.b": (D,),
-                           pre + "ln2.w": (D,), pre + "ln2.b": (D,), pre + "up.w": (F, D), pre + "up.b": (F,),
-                           pre + "down.w": (D, F), pre + "down.b": (D,)})
+            shapes.update(
+                {
+                    pre + "ln1.w": (D,),
+                    pre + "ln1.b": (D,),
+                    pre + "qkv.w": (3 * D, D),
+                    pre + "qkv.b": (3 * D,),
+                    pre + "out.w": (D, D),
+                    pre + "out.b": (D,),
+                    pre + "ln2.w": (D,),
+                    pre + "ln2.b": (D,),
+                    pre + "up.w": (F, D),
+                    pre + "up.b": (F,),
+                    pre + "down.w": (D, F),
+                    pre + "down.b": (D,),
+                }
+            )
         shapes["traj.ln_f.w"] = (D,)
         shapes["traj.ln_f.b"] = (D,)
         for d in range(1, dmax + 1):
@@ -110,16 +131,28 @@ def _check_params(sc: Sidecar, where: str, error) -> None:
     p = sc.params
     if sc.kind == "cooc" and not p["cooc.history"] >= 1:
         raise error(f"{where}: cooc.history must be >= 1, got {p['cooc.history']}")
-    if sc.kind == "learned" and (p["n_embd"] < 1 or p["learned.hidden"] < 1 or p["learned.rank"] < 0
-                                 or p["learned.rank"] > p["n_embd"]):
-        raise error(f"{where}: bad learned sizes n_embd={p['n_embd']} hidden={p['learned.hidden']} "
-                    f"rank={p['learned.rank']}")
+    if sc.kind == "learned" and (
+        p["n_embd"] < 1 or p["learned.hidden"] < 1 or p["learned.rank"] < 0 or p["learned.rank"] > p["n_embd"]
+    ):
+        raise error(
+            f"{where}: bad learned sizes n_embd={p['n_embd']} hidden={p['learned.hidden']} "
+            f"rank={p['learned.rank']}"
+        )
     if sc.kind == "trajectory":
         W, D, H = p["trajectory.window"], p["trajectory.d_model"], p["trajectory.n_head"]
-        if not 1 <= W <= 10 or D < 1 or H < 1 or D % H or p["trajectory.d_ff"] < 1 or p["trajectory.n_block"] < 0:
-            raise error(f"{where}: bad trajectory sizes window={W} d_model={D} n_head={H} "
-                        f"d_ff={p['trajectory.d_ff']} n_block={p['trajectory.n_block']} "
-                        "(window 1..10, d_model divisible by n_head)")
+        if (
+            not 1 <= W <= 10
+            or D < 1
+            or H < 1
+            or D % H
+            or p["trajectory.d_ff"] < 1
+            or p["trajectory.n_block"] < 0
+        ):
+            raise error(
+                f"{where}: bad trajectory sizes window={W} d_model={D} n_head={H} "
+                f"d_ff={p['trajectory.d_ff']} n_block={p['trajectory.n_block']} "
+                "(window 1..10, d_model divisible by n_head)"
+            )
 
 
 def write_sidecar(path: str | os.PathLike, sc: Sidecar) -> None:
@@ -132,10 +165,14 @@ def write_sidecar(path: str | os.PathLike, sc: Sidecar) -> None:
     missing = [n for n in want if n not in sc.tensors]
     extra = [n for n in sc.tensors if n not in want]
     if missing or extra:
-        raise _invalid(f"sidecar {path}: tensors do not match kind '{sc.kind}': missing {missing}, extra {extra}")
+        raise _invalid(
+            f"sidecar {path}: tensors do not match kind '{sc.kind}': missing {missing}, extra {extra}"
+        )
     for name, shape in want.items():
         if tuple(sc.tensors[name].shape) != shape:
-            raise _invalid(f"sidecar {path}: tensor {name} has shape {sc.tensors[name].shape}, expected {shape}")
+            raise _invalid(
+                f"sidecar {path}: tensor {name} has shape {sc.tensors[name].shape}, expected {shape}"
+            )
     tmp = path + ".tmp"
     w = gguf.GGUFWriter(tmp, ARCH)
     w.add_string(PREFIX + "kind", sc.kind)
@@ -161,9 +198,16 @@ def _field_value(reader, key: str, path: str, want_int: bool):
         raise _format_error(f"sidecar {path}: missing key '{key}'")
     vtype = f.types[0] if f.types else None
     if want_int:
-        ints = {gguf.GGUFValueType.UINT8, gguf.GGUFValueType.UINT16, gguf.GGUFValueType.UINT32,
-                gguf.GGUFValueType.UINT64, gguf.GGUFValueType.INT8, gguf.GGUFValueType.INT16,
-                gguf.GGUFValueType.INT32, gguf.GGUFValueType.INT64}
+        ints = {
+            gguf.GGUFValueType.UINT8,
+            gguf.GGUFValueType.UINT16,
+            gguf.GGUFValueType.UINT32,
+            gguf.GGUFValueType.UINT64,
+            gguf.GGUFValueType.INT8,
+            gguf.GGUFValueType.INT16,
+            gguf.GGUFValueType.INT32,
+            gguf.GGUFValueType.INT64,
+        }
         if vtype not in ints:
             raise _format_error(f"sidecar {path}: key '{key}' must be an integer, got {vtype}")
         return int(f.contents())
@@ -190,30 +234,42 @@ def read_sidecar(
         raise _invalid(f"sidecar {path}: no such file")
     try:
         reader = gguf.GGUFReader(path)
-    except Exception as e:  # the gguf package raises ValueError / struct.error / IndexError on garbage
+    except Exception as e:  # noqa: BLE001 -- gguf raises untyped errors (ValueError, struct.error, ...) on garbage
         raise _format_error(f"sidecar {path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     arch = _field_value(reader, "general.architecture", path, want_int=False)
     if arch != ARCH:
         raise _format_error(f"sidecar {path}: general.architecture is '{arch}', expected '{ARCH}'")
     file_kind = _field_value(reader, PREFIX + "kind", path, want_int=False)
     if file_kind not in KINDS:
-        raise _format_error(f"sidecar {path}: unknown predictor kind '{file_kind}' (one of {', '.join(KINDS)})")
+        raise _format_error(
+            f"sidecar {path}: unknown predictor kind '{file_kind}' (one of {', '.join(KINDS)})"
+        )
     common = {k: _field_value(reader, PREFIX + k, path, want_int=True) for k in COMMON_KEYS}
     params = {k: _field_value(reader, PREFIX + k, path, want_int=True) for k in KIND_KEYS[file_kind]}
     source_field = reader.fields.get(PREFIX + "source")
     source = str(source_field.contents()) if source_field is not None else ""
-    sc = Sidecar(file_kind, common["n_layer"], common["n_expert"], common["top_k"], common["max_lookahead"],
-                 source, params)
+    sc = Sidecar(
+        file_kind,
+        common["n_layer"],
+        common["n_expert"],
+        common["top_k"],
+        common["max_lookahead"],
+        source,
+        params,
+    )
     _check_params(sc, f"sidecar {path}", _format_error)
     if kind is not None and kind != file_kind:
         raise _invalid(f"sidecar {path}: holds a '{file_kind}' predictor, not '{kind}'")
     model = (n_layer, n_expert, top_k)
     if any(m is not None and m != f for m, f in zip(model, (sc.n_layer, sc.n_expert, sc.top_k))):
-        raise _invalid(f"sidecar {path}: predictor shape {sc.shape_text()} does not match the model "
-                       f"n_layer={n_layer}, n_expert={n_expert}, top_k={top_k}")
+        raise _invalid(
+            f"sidecar {path}: predictor shape {sc.shape_text()} does not match the model "
+            f"n_layer={n_layer}, n_expert={n_expert}, top_k={top_k}"
+        )
     if min_lookahead is not None and sc.max_lookahead < min_lookahead:
-        raise _invalid(f"sidecar {path}: predicts up to {sc.max_lookahead} layers ahead, "
-                       f"{min_lookahead} asked")
+        raise _invalid(
+            f"sidecar {path}: predicts up to {sc.max_lookahead} layers ahead, {min_lookahead} asked"
+        )
 
     by_name = {t.name: t for t in reader.tensors}
     for name, shape in expected_tensor_shapes(sc).items():

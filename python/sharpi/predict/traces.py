@@ -20,6 +20,7 @@ precedes it in the file.
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,8 +106,9 @@ def ids_to_multi_hot(ids: np.ndarray, n_expert: int, dtype=np.float64) -> np.nda
 def _scalar(z, name: str, path: str) -> int:
     value = np.asarray(z[name])
     if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
-        raise _invalid(f"trace {path}: '{name}' must be an integer scalar, got dtype {value.dtype} "
-                       f"shape {value.shape}")
+        raise _invalid(
+            f"trace {path}: '{name}' must be an integer scalar, got dtype {value.dtype} shape {value.shape}"
+        )
     return int(value.reshape(()))
 
 
@@ -117,7 +119,7 @@ def load_trace(path: str | os.PathLike) -> RoutingTrace:
         raise _invalid(f"trace {path}: no such file")
     try:
         z = np.load(path, allow_pickle=False)
-    except Exception as e:  # zipfile.BadZipFile, ValueError, OSError ...
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise _invalid(f"trace {path}: not a readable .npz file ({e})") from None
     with z:
         for name in ("experts", "seq_start"):
@@ -125,8 +127,10 @@ def load_trace(path: str | os.PathLike) -> RoutingTrace:
                 raise _invalid(f"trace {path}: missing array '{name}' (has: {', '.join(z.files)})")
         experts = z["experts"]
         if experts.ndim != 3 or not np.issubdtype(experts.dtype, np.integer):
-            raise _invalid(f"trace {path}: 'experts' must be an integer array [tokens, layers, top_k], "
-                           f"got dtype {experts.dtype} shape {experts.shape}")
+            raise _invalid(
+                f"trace {path}: 'experts' must be an integer array [tokens, layers, top_k], "
+                f"got dtype {experts.dtype} shape {experts.shape}"
+            )
         n_tokens, n_layer, k_cols = experts.shape
         if n_tokens == 0 or n_layer == 0 or k_cols == 0:
             raise _invalid(f"trace {path}: 'experts' is empty (shape {experts.shape})")
@@ -143,30 +147,39 @@ def load_trace(path: str | os.PathLike) -> RoutingTrace:
         bad = (experts < -1) | (experts >= n_expert)
         if bad.any():
             t, layer, c = (int(v) for v in np.argwhere(bad)[0])
-            raise _invalid(f"trace {path}: 'experts' id {int(experts[t, layer, c])} at token {t} layer {layer} "
-                           f"outside [0, {n_expert}) (-1 marks a missing cell)")
+            raise _invalid(
+                f"trace {path}: 'experts' id {int(experts[t, layer, c])} at token {t} layer {layer} "
+                f"outside [0, {n_expert}) (-1 marks a missing cell)"
+            )
         experts = experts.astype(np.int16)
         srt = np.sort(experts, axis=2)
         dup = ((srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)).any(axis=2)
         if dup.any():
             t, layer = (int(v) for v in np.argwhere(dup)[0])
-            raise _invalid(f"trace {path}: 'experts' row at token {t} layer {layer} names an expert twice: "
-                           f"{experts[t, layer].tolist()}")
+            raise _invalid(
+                f"trace {path}: 'experts' row at token {t} layer {layer} names an expert twice: "
+                f"{experts[t, layer].tolist()}"
+            )
 
         seq_start = z["seq_start"]
         if seq_start.ndim != 1 or seq_start.size == 0 or not np.issubdtype(seq_start.dtype, np.integer):
-            raise _invalid(f"trace {path}: 'seq_start' must be a non-empty 1-D integer array, got dtype "
-                           f"{seq_start.dtype} shape {seq_start.shape}")
+            raise _invalid(
+                f"trace {path}: 'seq_start' must be a non-empty 1-D integer array, got dtype "
+                f"{seq_start.dtype} shape {seq_start.shape}"
+            )
         seq_start = seq_start.astype(np.int64)
         if seq_start[0] != 0 or (np.diff(seq_start) <= 0).any() or seq_start[-1] >= n_tokens:
-            raise _invalid(f"trace {path}: 'seq_start' must start at 0 and strictly increase below "
-                           f"{n_tokens} tokens")
+            raise _invalid(
+                f"trace {path}: 'seq_start' must start at 0 and strictly increase below {n_tokens} tokens"
+            )
 
         if "moe_layer_ids" in z.files:
             moe_layer_ids = z["moe_layer_ids"]
             if moe_layer_ids.shape != (n_layer,) or not np.issubdtype(moe_layer_ids.dtype, np.integer):
-                raise _invalid(f"trace {path}: 'moe_layer_ids' must be integer [{n_layer}], got dtype "
-                               f"{moe_layer_ids.dtype} shape {moe_layer_ids.shape}")
+                raise _invalid(
+                    f"trace {path}: 'moe_layer_ids' must be integer [{n_layer}], got dtype "
+                    f"{moe_layer_ids.dtype} shape {moe_layer_ids.shape}"
+                )
             moe_layer_ids = moe_layer_ids.astype(np.int64)
         else:
             moe_layer_ids = np.arange(n_layer, dtype=np.int64)
@@ -175,20 +188,26 @@ def load_trace(path: str | os.PathLike) -> RoutingTrace:
         if "hidden" in z.files:
             hidden = z["hidden"]
             if hidden.ndim != 3 or hidden.shape[:2] != (n_tokens, n_layer) or hidden.dtype.kind != "f":
-                raise _invalid(f"trace {path}: 'hidden' must be float [{n_tokens}, {n_layer}, n_embd], got "
-                               f"dtype {hidden.dtype} shape {hidden.shape}")
+                raise _invalid(
+                    f"trace {path}: 'hidden' must be float [{n_tokens}, {n_layer}, n_embd], got "
+                    f"dtype {hidden.dtype} shape {hidden.shape}"
+                )
             if not np.isfinite(hidden).all():
                 raise _invalid(f"trace {path}: 'hidden' holds non-finite values")
         if "router_logits" in z.files:
             router_logits = z["router_logits"]
             if router_logits.shape != (n_tokens, n_layer, n_expert) or router_logits.dtype.kind != "f":
-                raise _invalid(f"trace {path}: 'router_logits' must be float [{n_tokens}, {n_layer}, "
-                               f"{n_expert}], got dtype {router_logits.dtype} shape {router_logits.shape}")
+                raise _invalid(
+                    f"trace {path}: 'router_logits' must be float [{n_tokens}, {n_layer}, "
+                    f"{n_expert}], got dtype {router_logits.dtype} shape {router_logits.shape}"
+                )
         if "tokens" in z.files:
             tokens = z["tokens"]
             if tokens.shape != (n_tokens,):
                 raise _invalid(f"trace {path}: 'tokens' must be [{n_tokens}], got shape {tokens.shape}")
-    return RoutingTrace(path, experts, seq_start, n_expert, top_k, moe_layer_ids, hidden, router_logits, tokens)
+    return RoutingTrace(
+        path, experts, seq_start, n_expert, top_k, moe_layer_ids, hidden, router_logits, tokens
+    )
 
 
 @dataclass
@@ -202,8 +221,10 @@ class TraceSplit:
     eval: np.ndarray  # int64
 
     def describe(self) -> str:
-        return (f"train seqs [0, {self.n_train_seq}) tokens {len(self.train)} / "
-                f"eval seqs [{self.n_train_seq}, {self.n_seq}) tokens {len(self.eval)}")
+        return (
+            f"train seqs [0, {self.n_train_seq}) tokens {len(self.train)} / "
+            f"eval seqs [{self.n_train_seq}, {self.n_seq}) tokens {len(self.eval)}"
+        )
 
 
 def split_by_sequences(trace: RoutingTrace, train_fraction: float = 0.7) -> TraceSplit:
@@ -212,11 +233,14 @@ def split_by_sequences(trace: RoutingTrace, train_fraction: float = 0.7) -> Trac
     if not 0.0 < train_fraction < 1.0:
         raise _invalid(f"split fraction must be in (0, 1), got {train_fraction}")
     if trace.n_seq < 2:
-        raise _invalid(f"trace {trace.path}: a split by sequences needs at least 2 sequences, it has {trace.n_seq}")
+        raise _invalid(
+            f"trace {trace.path}: a split by sequences needs at least 2 sequences, it has {trace.n_seq}"
+        )
     n_train = min(max(int(np.floor(train_fraction * trace.n_seq)), 1), trace.n_seq - 1)
     cut = int(trace.seq_start[n_train])
-    return TraceSplit(trace.n_seq, n_train, np.arange(cut, dtype=np.int64),
-                      np.arange(cut, trace.n_tokens, dtype=np.int64))
+    return TraceSplit(
+        trace.n_seq, n_train, np.arange(cut, dtype=np.int64), np.arange(cut, trace.n_tokens, dtype=np.int64)
+    )
 
 
 def sequences_slice(trace: RoutingTrace, first_seq: int, end_seq: int) -> np.ndarray:

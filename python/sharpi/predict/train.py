@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .sidecar import Sidecar
-from .traces import RoutingTrace, ids_to_multi_hot
+from .traces import RoutingTrace
 
 # ------------------------------------------------------------------------------------------------
 # Shared helpers
@@ -39,12 +39,14 @@ def _log(message: str, quiet: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def validation_cut(trace: RoutingTrace, train_idx: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+def validation_cut(
+    trace: RoutingTrace, train_idx: np.ndarray, fraction: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Splits the train tokens by sequence: the last `fraction` of the train sequences validate.
     With a single train sequence it falls back to the last `fraction` of its tokens."""
     starts = np.intersect1d(trace.seq_start, train_idx)
     if len(starts) >= 2:
-        n_fit = min(max(int(round(len(starts) * (1 - fraction))), 1), len(starts) - 1)
+        n_fit = min(max(round(len(starts) * (1 - fraction)), 1), len(starts) - 1)
         cut = starts[n_fit]
     else:
         cut = train_idx[int(len(train_idx) * (1 - fraction))]
@@ -97,7 +99,7 @@ def _cooc_tables(trace: RoutingTrace, idx: np.ndarray, n_off: int, smoothing: fl
         p = (hot[t].sum(axis=0) + 1.0) / (N + E)
         bias[t] = np.log(p)
 
-        def ratio(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        def ratio(src: np.ndarray, dst: np.ndarray, p: np.ndarray = p) -> np.ndarray:
             C = src.T @ dst
             n_i = src.sum(axis=0)[:, None]
             return np.log((C + smoothing * p) / (n_i + smoothing)) - np.log(p)
@@ -163,7 +165,7 @@ def train_cooc(
     best = (-1.0, histories[0], None)
     for m in histories:
         w = np.ones(2 + n_off_max)
-        w[2 + max_lookahead + m - 1:] = 0.0  # offsets this m never uses
+        w[2 + max_lookahead + m - 1 :] = 0.0  # offsets this m never uses
         score = objective(m, w)
         for _ in range(2):
             improved = False
@@ -178,8 +180,11 @@ def train_cooc(
                         score, w, improved = s, trial, True
             if not improved:
                 break
-        _log(f"cooc: history m={m}: validation recall@k {score:.4f} weights bias {w[0]:g} prev {w[1]:g} "
-             f"offsets {w[2:2 + max_lookahead + m - 1].tolist()}", quiet)
+        _log(
+            f"cooc: history m={m}: validation recall@k {score:.4f} weights bias {w[0]:g} prev {w[1]:g} "
+            f"offsets {w[2 : 2 + max_lookahead + m - 1].tolist()}",
+            quiet,
+        )
         if score > best[0]:
             best = (score, m, w)
     score, m, w = best
@@ -187,13 +192,24 @@ def train_cooc(
     bias, layer_tab, prev_tab = _cooc_tables(trace, np.asarray(train_idx, dtype=np.int64), n_off, smoothing)
     tensors = {
         "cooc.bias": (w[0] * bias).astype(np.float32),
-        "cooc.layer": (layer_tab * w[2:2 + n_off][None, :, None, None]).astype(np.float32),
+        "cooc.layer": (layer_tab * w[2 : 2 + n_off][None, :, None, None]).astype(np.float32),
         "cooc.prev": (w[1] * prev_tab).astype(np.float32),
     }
-    _log(f"cooc: chose history {m} (validation recall@k {score:.4f} on {Nv} tokens); "
-         f"trained in {time.perf_counter() - t0:.1f} s", quiet)
-    return Sidecar("cooc", n_layer, E, k, max_lookahead,
-                   source or f"{trace.path}: {len(train_idx)} train tokens", {"cooc.history": m}, tensors)
+    _log(
+        f"cooc: chose history {m} (validation recall@k {score:.4f} on {Nv} tokens); "
+        f"trained in {time.perf_counter() - t0:.1f} s",
+        quiet,
+    )
+    return Sidecar(
+        "cooc",
+        n_layer,
+        E,
+        k,
+        max_lookahead,
+        source or f"{trace.path}: {len(train_idx)} train tokens",
+        {"cooc.history": m},
+        tensors,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,8 +217,17 @@ def train_cooc(
 # ------------------------------------------------------------------------------------------------
 
 
-def make_trajectory_module(torch, n_layer: int, n_expert: int, d_model: int = 128, n_block: int = 2,
-                           n_head: int = 4, d_ff: int = 256, max_lookahead: int = 3, window: int = 10):
+def make_trajectory_module(
+    torch,
+    n_layer: int,
+    n_expert: int,
+    d_model: int = 128,
+    n_block: int = 2,
+    n_head: int = 4,
+    d_ff: int = 256,
+    max_lookahead: int = 3,
+    window: int = 10,
+):
     """The torch twin of reference.TrajectoryPredictor; parameter names map 1:1 onto the sidecar
     tensors (`sidecar_tensors`). Built inside a function so torch stays an optional import."""
     nn, F = torch.nn, torch.nn.functional
@@ -229,16 +254,26 @@ def make_trajectory_module(torch, n_layer: int, n_expert: int, d_model: int = 12
     class TrajectoryNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.n_layer, self.n_expert, self.max_lookahead, self.window = n_layer, n_expert, max_lookahead, window
-            self.hparams = {"trajectory.window": window, "trajectory.d_model": d_model,
-                            "trajectory.n_block": n_block, "trajectory.n_head": n_head, "trajectory.d_ff": d_ff}
+            self.n_layer, self.n_expert, self.max_lookahead, self.window = (
+                n_layer,
+                n_expert,
+                max_lookahead,
+                window,
+            )
+            self.hparams = {
+                "trajectory.window": window,
+                "trajectory.d_model": d_model,
+                "trajectory.n_block": n_block,
+                "trajectory.n_head": n_head,
+                "trajectory.d_ff": d_ff,
+            }
             self.expert_emb = nn.Parameter(torch.randn(n_layer, n_expert, d_model) * 0.1)
             self.layer_emb = nn.Parameter(torch.randn(n_layer, d_model) * 0.1)
             self.prev_emb = nn.Parameter(torch.randn(n_layer, n_expert, d_model) * 0.1)
             self.prev_none = nn.Parameter(torch.randn(d_model) * 0.1)
             self.blocks = nn.ModuleList(Block() for _ in range(n_block))
             self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
-            self.head_w = nn.Parameter(torch.randn(max_lookahead, n_layer, n_expert, d_model) * d_model ** -0.5)
+            self.head_w = nn.Parameter(torch.randn(max_lookahead, n_layer, n_expert, d_model) * d_model**-0.5)
             self.head_b = nn.Parameter(torch.zeros(max_lookahead, n_layer, n_expert))
 
         def _bag(self, table, layers, ids):
@@ -270,12 +305,22 @@ def make_trajectory_module(torch, n_layer: int, n_expert: int, d_model: int = 12
             def f32(p):
                 return p.detach().cpu().to(torch.float32).numpy().copy()
 
-            out = {"traj.expert_emb": f32(self.expert_emb), "traj.layer_emb": f32(self.layer_emb),
-                   "traj.prev_emb": f32(self.prev_emb), "traj.prev_none": f32(self.prev_none)}
+            out = {
+                "traj.expert_emb": f32(self.expert_emb),
+                "traj.layer_emb": f32(self.layer_emb),
+                "traj.prev_emb": f32(self.prev_emb),
+                "traj.prev_none": f32(self.prev_none),
+            }
             for i, blk in enumerate(self.blocks):
                 pre = f"traj.blk.{i}."
-                for name, mod in (("ln1", blk.ln1), ("qkv", blk.qkv), ("out", blk.out), ("ln2", blk.ln2),
-                                  ("up", blk.up), ("down", blk.down)):
+                for name, mod in (
+                    ("ln1", blk.ln1),
+                    ("qkv", blk.qkv),
+                    ("out", blk.out),
+                    ("ln2", blk.ln2),
+                    ("up", blk.up),
+                    ("down", blk.down),
+                ):
                     out[pre + name + ".w"] = f32(mod.weight)
                     out[pre + name + ".b"] = f32(mod.bias)
             out["traj.ln_f.w"], out["traj.ln_f.b"] = f32(self.ln_f.weight), f32(self.ln_f.bias)
@@ -306,7 +351,7 @@ def _epoch_batches(rng: np.random.Generator, idx: np.ndarray, n_source: int, bat
     out = []
     for L in range(n_source):
         tok = rng.permutation(idx[layers == L])
-        out += [(L, tok[i:i + batch]) for i in range(0, len(tok), batch)]
+        out += [(L, tok[i : i + batch]) for i in range(0, len(tok), batch)]
     order = rng.permutation(len(out))
     return [out[i] for i in order]
 
@@ -388,8 +433,11 @@ def train_trajectory(
             pv = prev_t[ti]
             cur = experts_t[ti]
             scores = net(cur, experts_t[pv.clamp(min=0)], pv >= 0, L)
-            loss = sum(_soft_target_loss(torch, scores[d - 1], cur[:, L + d], E)
-                       for d in range(1, max_lookahead + 1) if L + d < n_layer)
+            loss = sum(
+                _soft_target_loss(torch, scores[d - 1], cur[:, L + d], E)
+                for d in range(1, max_lookahead + 1)
+                if L + d < n_layer
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -400,19 +448,32 @@ def train_trajectory(
                 out_of_time = True
                 break
         val = _trajectory_val_recall(torch, net, experts_t, prev_t, val_idx, n_layer, k)
-        _log(f"trajectory: epoch {epoch} loss {total / max(n_batch, 1):.4f} validation recall@k {val:.4f} "
-             f"({time.perf_counter() - t_epoch:.0f} s)" + (" [time budget reached]" if out_of_time else ""), quiet)
+        _log(
+            f"trajectory: epoch {epoch} loss {total / max(n_batch, 1):.4f} validation recall@k {val:.4f} "
+            f"({time.perf_counter() - t_epoch:.0f} s)" + (" [time budget reached]" if out_of_time else ""),
+            quiet,
+        )
         if val > best[0]:
             best = (val, {n: p.detach().clone() for n, p in net.state_dict().items()}, epoch)
         if out_of_time:
             break
     net.load_state_dict(best[1])
     elapsed = time.perf_counter() - t0
-    _log(f"trajectory: kept epoch {best[2]} (validation recall@k {best[0]:.4f}); trained in {elapsed:.1f} s "
-         f"on {torch.get_num_threads()} thread(s)", quiet)
-    return Sidecar("trajectory", n_layer, E, k, max_lookahead,
-                   source or f"{trace.path}: {len(train_idx)} train tokens", dict(net.hparams),
-                   net.sidecar_tensors())
+    _log(
+        f"trajectory: kept epoch {best[2]} (validation recall@k {best[0]:.4f}); trained in {elapsed:.1f} s "
+        f"on {torch.get_num_threads()} thread(s)",
+        quiet,
+    )
+    return Sidecar(
+        "trajectory",
+        n_layer,
+        E,
+        k,
+        max_lookahead,
+        source or f"{trace.path}: {len(train_idx)} train tokens",
+        dict(net.hparams),
+        net.sidecar_tensors(),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -442,7 +503,9 @@ def train_learned(
     from .reference import LEARNED_RMS_EPS, rms_norm
 
     if trace.hidden is None:
-        raise _invalid(f"trace {trace.path}: the learned predictor trains on hidden states; this trace has none")
+        raise _invalid(
+            f"trace {trace.path}: the learned predictor trains on hidden states; this trace has none"
+        )
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     if trace.n_layer < 2:
@@ -471,14 +534,21 @@ def train_learned(
         params = list(w1.parameters()) + list(w2.parameters())
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         zt = torch.from_numpy(z.astype(np.float32))
-        targets = {d: torch.from_numpy(trace.selected(idx, L + d)) for d in range(1, max_lookahead + 1)
-                   if L + d < n_layer}
+        targets = {
+            d: torch.from_numpy(trace.selected(idx, L + d))
+            for d in range(1, max_lookahead + 1)
+            if L + d < n_layer
+        }
         for _ in range(epochs):
             for b0 in range(0, len(idx), batch):
-                rows = torch.from_numpy(rng.permutation(len(idx))[:batch]) if len(idx) > batch else slice(None)
+                rows = (
+                    torch.from_numpy(rng.permutation(len(idx))[:batch]) if len(idx) > batch else slice(None)
+                )
                 s = w2(torch.relu(w1(zt[rows])))
-                loss = sum(_soft_target_loss(torch, s[:, (d - 1) * E: d * E], tgt[rows], E)
-                           for d, tgt in targets.items())
+                loss = sum(
+                    _soft_target_loss(torch, s[:, (d - 1) * E : d * E], tgt[rows], E)
+                    for d, tgt in targets.items()
+                )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -487,8 +557,16 @@ def train_learned(
             tensors[f"learned.{L}.b{name[1]}"] = mod.bias.detach().numpy().astype(np.float32)
         _log(f"learned: source layer {L}: final train loss {float(loss.detach()):.4f}", quiet)
     _log(f"learned: trained {n_layer - 1} layers in {time.perf_counter() - t0:.1f} s", quiet)
-    return Sidecar("learned", n_layer, E, k, max_lookahead, source or f"{trace.path}: {len(idx)} train tokens",
-                   {"n_embd": n_embd, "learned.hidden": hidden, "learned.rank": rank}, tensors)
+    return Sidecar(
+        "learned",
+        n_layer,
+        E,
+        k,
+        max_lookahead,
+        source or f"{trace.path}: {len(idx)} train tokens",
+        {"n_embd": n_embd, "learned.hidden": hidden, "learned.rank": rank},
+        tensors,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -525,7 +603,9 @@ def copy_model_with_tensors(model_path: str, out_path: str, extra: dict[str, np.
     import gguf
 
     if os.path.abspath(model_path) == os.path.abspath(out_path):
-        raise _invalid(f"pregate output {out_path} must differ from the model file (the model is never modified)")
+        raise _invalid(
+            f"pregate output {out_path} must differ from the model file (the model is never modified)"
+        )
     reader = gguf.GGUFReader(model_path)
     arch = str(reader.fields["general.architecture"].contents())
     tmp = out_path + ".tmp"
@@ -556,8 +636,14 @@ def copy_model_with_tensors(model_path: str, out_path: str, extra: dict[str, np.
     os.replace(tmp, out_path)
 
 
-def train_pregate(trace: RoutingTrace, train_idx: np.ndarray, model_path: str, out_path: str,
-                  ridge: float = 1e-4, quiet: bool = False) -> dict:
+def train_pregate(
+    trace: RoutingTrace,
+    train_idx: np.ndarray,
+    model_path: str,
+    out_path: str,
+    ridge: float = 1e-4,
+    quiet: bool = False,
+) -> dict:
     """Fits pre-gate weights on the train tokens and writes a copy of the model with
     `blk.N.ffn_pregate_inp.weight` (f32, numpy [n_expert, n_embd]) for the blocks of MoE layers
     0..n_layer-2. Returns {"n_tensors", "r2", "names"}."""
