@@ -423,7 +423,9 @@ def train_trajectory(
     prev_t = torch.from_numpy(trace.prev_index())
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     n_steps = epochs * math.ceil(len(fit_idx) / batch) + n_layer  # + slack for the per-layer remainders
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.05, 1.0 - s / n_steps))
+    # Linear decay over whichever runs out first, the steps or the time budget, so a run the budget
+    # cuts short still ends at a low learning rate.
+    step = 0
     best = (-1.0, None, 0)
     out_of_time = False
     for epoch in range(1, epochs + 1):
@@ -438,10 +440,13 @@ def train_trajectory(
                 for d in range(1, max_lookahead + 1)
                 if L + d < n_layer
             )
+            progress = max(step / n_steps, (time.perf_counter() - t0) / time_budget_s)
+            for group in opt.param_groups:
+                group["lr"] = lr * max(0.05, 1.0 - progress)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            sched.step()
+            step += 1
             total += float(loss.detach())
             n_batch += 1
             if time.perf_counter() - t0 > time_budget_s:
