@@ -233,9 +233,10 @@ def test_metrics_match_a_per_token_loop(tmp_path):
     experts, seq_start = planted_experts(seed=7, n_seq=5, seq_len=30, n_layer=5, n_expert=12, k=3)
     rng = np.random.default_rng(8)
     experts[rng.random(experts.shape) < 0.05] = -1  # missing cells
-    experts[11, 2] = -1  # a row with no known id is skipped
+    experts[100, 2] = -1  # a row with no known id (in the eval part) is skipped
     trace = load_trace(save_trace(tmp_path / "t.npz", experts, seq_start, 12))
     idx = split_by_sequences(trace, 0.4).eval
+    assert 100 in idx
     pred = RandomScores(12, seed=9)
     got = ev.evaluate(pred, trace, idx, cache_experts=5, expert_bytes=3.0)
     want = brute_force(pred, trace, idx, 5)

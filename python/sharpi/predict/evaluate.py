@@ -118,7 +118,7 @@ def evaluate(
         for d in need:
             t = L + d
             m = _set_metrics(predicted_sets(all_scores[d - 1], k), sel[t], E)
-            staged = m["p_hot"] & ~cached[t]
+            staged = m["p_hot"] & ~cached[t] & m["keep"][:, None]  # rows with no known id are skipped
             saved = int((staged & m["s_hot"]).sum())
             wasted = int((staged & ~m["s_hot"]).sum())
             n = int(m["keep"].sum())
