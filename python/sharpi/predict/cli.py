@@ -8,7 +8,7 @@ same commands standalone (printing errors as "sharpi: error: ...").
 
     sharpi predictor train --kind cooc|learned|trajectory|pregate --trace T.npz --out F
                            [--model M.gguf] [--split 0.7] [--lookahead 3] [--epochs N] [--window W]
-                           [--seed S] [--threads N]
+                           [--seed S] [--threads N] [--time-budget S]
         cooc / learned / trajectory write a sidecar GGUF to F; pregate writes a copy of --model with
         blk.N.ffn_pregate_inp.weight added. Training uses the first --split of the trace's sequences
         only.
@@ -86,6 +86,13 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=_positive_int, default=1, help="torch threads (1)")
+    tr.add_argument(
+        "--time-budget",
+        type=float,
+        default=540.0,
+        metavar="S",
+        help="trajectory: stop training after S seconds, keeping the best epoch so far (540)",
+    )
 
     ev = sub.add_parser("eval", help="evaluate a predictor on the held-out sequences of a trace")
     ev.add_argument("--trace", required=True, help="routing trace .npz")
@@ -134,6 +141,7 @@ def _train(args, out: TextIO) -> int:
             seed=args.seed,
             source=source,
             num_threads=args.threads,
+            time_budget_s=args.time_budget,
             **kw,
         )
     elif args.kind == "learned":
