@@ -1,0 +1,223 @@
+"""`sharpi predictor train|eval`: the command-line front end of the predictor pipeline.
+
+Wiring (python/sharpi/cli.py): `add_predictor_parser(subparsers)` registers the `predictor`
+command with its two subcommands; `run_predictor_command(args) -> int` runs the parsed command and
+returns the exit status. Errors are sharpi._core exceptions (InvalidArgument, FormatError, ...),
+raised for the caller to print; nothing here catches them. `python -m sharpi.predict.cli ...` runs the
+same commands standalone (printing errors as "sharpi: error: ...").
+
+    sharpi predictor train --kind cooc|learned|trajectory|pregate --trace T.npz --out F
+                           [--model M.gguf] [--split 0.7] [--lookahead 3] [--epochs N] [--window W]
+                           [--seed S] [--threads N] [--time-budget S]
+        cooc / learned / trajectory write a sidecar GGUF to F; pregate writes a copy of --model with
+        blk.N.ffn_pregate_inp.weight added. Training uses the first --split of the trace's sequences
+        only.
+    sharpi predictor eval --trace T.npz --predictor NAME[:FILE] [--model M.gguf] [--split 0.7]
+                          [--cache-experts N] [--expert-bytes B] [--json OUT] [--per-layer]
+        NAME: prev_token, cooc, learned, trajectory (FILE = sidecar), next_gate (needs --model),
+        pregate (--model with pre-gate tensors, or pregate:FILE). Scores the last 1 - split of the
+        sequences; prints the split line and a table (rows d = 1..3).
+
+What it owns: argument parsing and printing; the work is in traces / train / reference / evaluate.
+It writes only the files named by --out and --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from .reference import PREDICTOR_NAMES
+
+TRAIN_KINDS = ("cooc", "learned", "trajectory", "pregate")
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {v}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
+    """Registers `predictor` (with `train` and `eval`) on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "predictor",
+        help="train and evaluate expert predictors on routing traces",
+        description="Train expert predictors on a routing trace and evaluate them on held-out sequences.",
+    )
+    sub = p.add_subparsers(dest="predictor_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    tr = sub.add_parser(
+        "train", help="train a predictor (writes a sidecar GGUF, or a model copy for pregate)"
+    )
+    tr.add_argument("--kind", required=True, choices=TRAIN_KINDS)
+    tr.add_argument("--trace", required=True, help="routing trace .npz")
+    tr.add_argument("--out", required=True, help="output file (sidecar .gguf; model copy for pregate)")
+    tr.add_argument("--model", help="model GGUF (pregate)")
+    tr.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences used to train (0.7)")
+    tr.add_argument("--lookahead", type=int, choices=(1, 2, 3), default=3, help="largest d predicted (3)")
+    tr.add_argument(
+        "--epochs", type=_positive_int, default=None, help="training epochs (learned, trajectory)"
+    )
+    tr.add_argument(
+        "--window",
+        type=int,
+        choices=range(1, 11),
+        default=10,
+        metavar="W",
+        help="trajectory window, 1..10 (10)",
+    )
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--threads", type=_positive_int, default=1, help="torch threads (1)")
+    tr.add_argument(
+        "--time-budget",
+        type=float,
+        default=540.0,
+        metavar="S",
+        help="trajectory: stop training after S seconds, keeping the best epoch so far (540)",
+    )
+
+    ev = sub.add_parser("eval", help="evaluate a predictor on the held-out sequences of a trace")
+    ev.add_argument("--trace", required=True, help="routing trace .npz")
+    ev.add_argument(
+        "--predictor",
+        required=True,
+        metavar="NAME[:FILE]",
+        help=f"one of {', '.join(PREDICTOR_NAMES)}; sidecar kinds take :FILE",
+    )
+    ev.add_argument("--model", help="model GGUF (next_gate, pregate)")
+    ev.add_argument(
+        "--split", type=_fraction, default=0.7, help="fraction of sequences held for training (0.7)"
+    )
+    ev.add_argument(
+        "--cache-experts",
+        type=_positive_int,
+        default=None,
+        help="LRU cache size in experts per layer (default n_expert/4)",
+    )
+    ev.add_argument(
+        "--expert-bytes", type=float, default=1.0, help="bytes per expert for the byte counts (1)"
+    )
+    ev.add_argument("--json", metavar="OUT", help="also write the full result (per layer too) as JSON")
+    ev.add_argument("--per-layer", action="store_true", help="also print per-target-layer recall@k")
+    return p
+
+
+def _train(args, out: TextIO) -> int:
+    from . import train
+    from .sidecar import write_sidecar
+    from .traces import load_trace, split_by_sequences
+
+    trace = load_trace(args.trace)
+    split = split_by_sequences(trace, args.split)
+    source = f"{args.trace}: {split.describe()}"
+    out.write(f"split: {split.describe()}\n")
+    if args.kind == "cooc":
+        sc = train.train_cooc(trace, split.train, max_lookahead=args.lookahead, seed=args.seed, source=source)
+    elif args.kind == "trajectory":
+        kw = {} if args.epochs is None else {"epochs": args.epochs}
+        sc = train.train_trajectory(
+            trace,
+            split.train,
+            max_lookahead=args.lookahead,
+            window=args.window,
+            seed=args.seed,
+            source=source,
+            num_threads=args.threads,
+            time_budget_s=args.time_budget,
+            **kw,
+        )
+    elif args.kind == "learned":
+        kw = {} if args.epochs is None else {"epochs": args.epochs}
+        sc = train.train_learned(
+            trace,
+            split.train,
+            max_lookahead=args.lookahead,
+            seed=args.seed,
+            source=source,
+            num_threads=args.threads,
+            **kw,
+        )
+    else:
+        if not args.model:
+            from sharpi._core import InvalidArgument
+
+            raise InvalidArgument("predictor train --kind pregate needs --model M.gguf")
+        info = train.train_pregate(trace, split.train, args.model, args.out)
+        out.write(f"wrote {args.out}: {info['n_tensors']} pre-gate tensors, fit R^2 {info['r2']:.4f}\n")
+        return 0
+    write_sidecar(args.out, sc)
+    out.write(f"wrote {args.out} ({sc.kind}, max_lookahead {sc.max_lookahead})\n")
+    return 0
+
+
+def _eval(args, out: TextIO) -> int:
+    from .evaluate import evaluate, format_table
+    from .reference import make_predictor
+    from .traces import load_trace, split_by_sequences
+
+    name, _, file = args.predictor.partition(":")
+    trace = load_trace(args.trace)
+    split = split_by_sequences(trace, args.split)
+    predictor = make_predictor(name, trace, file or None, args.model)
+    result = evaluate(
+        predictor, trace, split.eval, cache_experts=args.cache_experts, expert_bytes=args.expert_bytes
+    )
+    result["split"] = split.describe()
+    result["trace"] = args.trace
+    result["predictor_arg"] = args.predictor
+    out.write(f"predictor {args.predictor} on {args.trace}\n")
+    out.write(f"split: {split.describe()}\n")
+    out.write(format_table(result) + "\n")
+    if args.per_layer:
+        for d, rows in result["per_layer"].items():
+            cells = " ".join(
+                f"{r['layer']}:{r['recall_at_k']:.3f}" for r in rows if r["recall_at_k"] is not None
+            )
+            out.write(f"d={d} recall@k per target layer: {cells}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def run_predictor_command(args, out: TextIO | None = None) -> int:
+    """Runs a parsed `predictor` command; returns the exit status (0). Raises sharpi errors."""
+    out = out or sys.stdout
+    if args.predictor_command == "train":
+        return _train(args, out)
+    return _eval(args, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sharpi")
+    add_predictor_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    from sharpi._core import SharpiError
+
+    try:
+        return run_predictor_command(args)
+    except (SharpiError, OSError) as e:
+        sys.stderr.write(f"sharpi: error: {e}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Sidecar predictor files: GGUF files that hold a trained predictor (docs/predictors.md).
+
+What it owns: the exact on-disk layout of the `cooc`, `learned` and `trajectory` sidecars — key
+names and types, tensor names and numpy shapes (GGUF stores them reversed; gguf's writer and reader
+do the reversal) — in one place, `expected_tensor_shapes`, used by both the writer and the reader so
+the two cannot drift apart. It writes a file only when asked (`write_sidecar`) and never modifies one.
+
+Reader contract (the C++ loader implements the same): a file that is not a sidecar, lacks a key,
+lacks a tensor, holds a non-f32 tensor or a tensor of the wrong shape raises FormatError naming the
+file and the key or tensor; a well-formed sidecar for a different model (n_layer, n_expert, top_k)
+or with a smaller max_lookahead than asked raises InvalidArgument naming both shapes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ARCH = "sharpi.predictor"
+PREFIX = "sharpi.predictor."
+KINDS = ("cooc", "learned", "trajectory")
+
+# Kind-specific integer keys (under sharpi.predictor.), all written as uint32.
+KIND_KEYS = {
+    "cooc": ("cooc.history",),
+    "learned": ("n_embd", "learned.hidden", "learned.rank"),
+    "trajectory": (
+        "trajectory.window",
+        "trajectory.d_model",
+        "trajectory.n_block",
+        "trajectory.n_head",
+        "trajectory.d_ff",
+    ),
+}
+COMMON_KEYS = ("n_layer", "n_expert", "top_k", "max_lookahead")
+
+
+def _format_error(message: str) -> Exception:
+    from sharpi._core import FormatError
+
+    return FormatError(message)
+
+
+def _invalid(message: str) -> Exception:
+    from sharpi._core import InvalidArgument
+
+    return InvalidArgument(message)
+
+
+@dataclass
+class Sidecar:
+    """A predictor's hyper-parameters and f32 tensors (numpy shapes as in docs/predictors.md)."""
+
+    kind: str
+    n_layer: int
+    n_expert: int
+    top_k: int
+    max_lookahead: int
+    source: str
+    params: dict[str, int] = field(default_factory=dict)  # KIND_KEYS[kind] -> value
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def shape_text(self) -> str:
+        return f"n_layer={self.n_layer}, n_expert={self.n_expert}, top_k={self.top_k}"
+
+
+def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
+    """Every tensor the spec requires for sc.kind with sc's keys, name -> numpy shape."""
+    n_layer, E, dmax, p = sc.n_layer, sc.n_expert, sc.max_lookahead, sc.params
+    if sc.kind == "cooc":
+        n_off = dmax + p["cooc.history"] - 1
+        return {"cooc.bias": (n_layer, E), "cooc.layer": (n_layer, n_off, E, E), "cooc.prev": (n_layer, E, E)}
+    if sc.kind == "learned":
+        n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]
+        shapes: dict[str, tuple[int, ...]] = {}
+        for L in range(n_layer - 1):
+            if R > 0:
+                shapes[f"learned.{L}.pca_mean"] = (n_embd,)
+                shapes[f"learned.{L}.pca"] = (R, n_embd)
+            shapes[f"learned.{L}.w1"] = (H, R if R > 0 else n_embd)
+            shapes[f"learned.{L}.b1"] = (H,)
+            shapes[f"learned.{L}.w2"] = (dmax * E, H)
+            shapes[f"learned.{L}.b2"] = (dmax * E,)
+        return shapes
+    if sc.kind == "trajectory":
+        D, F = p["trajectory.d_model"], p["trajectory.d_ff"]
+        shapes = {
+            "traj.expert_emb": (n_layer, E, D),
+            "traj.layer_emb": (n_layer, D),
+            "traj.prev_emb": (n_layer, E, D),
+            "traj.prev_none": (D,),
+        }
+        for b in range(p["trajectory.n_block"]):
+            pre = f"traj.blk.{b}."
+            shapes.update(
+                {
+                    pre + "ln1.w": (D,),
+                    pre + "ln1.b": (D,),
+                    pre + "qkv.w": (3 * D, D),
+                    pre + "qkv.b": (3 * D,),
+                    pre + "out.w": (D, D),
+                    pre + "out.b": (D,),
+                    pre + "ln2.w": (D,),
+                    pre + "ln2.b": (D,),
+                    pre + "up.w": (F, D),
+                    pre + "up.b": (F,),
+                    pre + "down.w": (D, F),
+                    pre + "down.b": (D,),
+                }
+            )
+        shapes["traj.ln_f.w"] = (D,)
+        shapes["traj.ln_f.b"] = (D,)
+        for d in range(1, dmax + 1):
+            shapes[f"traj.head.{d}.w"] = (n_layer, E, D)
+            shapes[f"traj.head.{d}.b"] = (n_layer, E)
+        return shapes
+    raise _invalid(f"unknown sidecar kind '{sc.kind}' (one of {', '.join(KINDS)})")
+
+
+def _check_params(sc: Sidecar, where: str, error) -> None:
+    """Ranges the spec fixes; `error` is the exception factory (InvalidArgument when writing,
+    FormatError when reading)."""
+    if sc.kind not in KINDS:
+        raise error(f"{where}: unknown predictor kind '{sc.kind}' (one of {', '.join(KINDS)})")
+    if sc.n_layer < 1 or sc.n_expert < 1 or not 1 <= sc.top_k <= sc.n_expert:
+        raise error(f"{where}: bad shape {sc.shape_text()}")
+    if not 1 <= sc.max_lookahead <= 3:
+        raise error(f"{where}: max_lookahead {sc.max_lookahead} outside 1..3")
+    p = sc.params
+    if sc.kind == "cooc" and not p["cooc.history"] >= 1:
+        raise error(f"{where}: cooc.history must be >= 1, got {p['cooc.history']}")
+    if sc.kind == "learned" and (
+        p["n_embd"] < 1 or p["learned.hidden"] < 1 or p["learned.rank"] < 0 or p["learned.rank"] > p["n_embd"]
+    ):
+        raise error(
+            f"{where}: bad learned sizes n_embd={p['n_embd']} hidden={p['learned.hidden']} "
+            f"rank={p['learned.rank']}"
+        )
+    if sc.kind == "trajectory":
+        W, D, H = p["trajectory.window"], p["trajectory.d_model"], p["trajectory.n_head"]
+        if (
+            not 1 <= W <= 10
+            or D < 1
+            or H < 1
+            or D % H
+            or p["trajectory.d_ff"] < 1
+            or p["trajectory.n_block"] < 0
+        ):
+            raise error(
+                f"{where}: bad trajectory sizes window={W} d_model={D} n_head={H} "
+                f"d_ff={p['trajectory.d_ff']} n_block={p['trajectory.n_block']} "
+                "(window 1..10, d_model divisible by n_head)"
+            )
+
+
+def write_sidecar(path: str | os.PathLike, sc: Sidecar) -> None:
+    """Writes sc as a GGUF sidecar (to `<path>.tmp`, renamed when complete)."""
+    import gguf
+
+    path = str(path)
+    _check_params(sc, f"sidecar {path}", _invalid)
+    want = expected_tensor_shapes(sc)
+    missing = [n for n in want if n not in sc.tensors]
+    extra = [n for n in sc.tensors if n not in want]
+    if missing or extra:
+        raise _invalid(
+            f"sidecar {path}: tensors do not match kind '{sc.kind}': missing {missing}, extra {extra}"
+        )
+    for name, shape in want.items():
+        if tuple(sc.tensors[name].shape) != shape:
+            raise _invalid(
+                f"sidecar {path}: tensor {name} has shape {sc.tensors[name].shape}, expected {shape}"
+            )
+    tmp = path + ".tmp"
+    w = gguf.GGUFWriter(tmp, ARCH)
+    w.add_string(PREFIX + "kind", sc.kind)
+    for key in COMMON_KEYS:
+        w.add_uint32(PREFIX + key, int(getattr(sc, key)))
+    w.add_string(PREFIX + "source", sc.source)
+    for key in KIND_KEYS[sc.kind]:
+        w.add_uint32(PREFIX + key, int(sc.params[key]))
+    for name in want:  # spec order: deterministic files
+        w.add_tensor(name, np.ascontiguousarray(sc.tensors[name], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+
+
+def _field_value(reader, key: str, path: str, want_int: bool):
+    import gguf
+
+    f = reader.fields.get(key)
+    if f is None:
+        raise _format_error(f"sidecar {path}: missing key '{key}'")
+    vtype = f.types[0] if f.types else None
+    if want_int:
+        ints = {
+            gguf.GGUFValueType.UINT8,
+            gguf.GGUFValueType.UINT16,
+            gguf.GGUFValueType.UINT32,
+            gguf.GGUFValueType.UINT64,
+            gguf.GGUFValueType.INT8,
+            gguf.GGUFValueType.INT16,
+            gguf.GGUFValueType.INT32,
+            gguf.GGUFValueType.INT64,
+        }
+        if vtype not in ints:
+            raise _format_error(f"sidecar {path}: key '{key}' must be an integer, got {vtype}")
+        return int(f.contents())
+    if vtype != gguf.GGUFValueType.STRING:
+        raise _format_error(f"sidecar {path}: key '{key}' must be a string, got {vtype}")
+    return str(f.contents())
+
+
+def read_sidecar(
+    path: str | os.PathLike,
+    kind: str | None = None,
+    n_layer: int | None = None,
+    n_expert: int | None = None,
+    top_k: int | None = None,
+    min_lookahead: int | None = None,
+) -> Sidecar:
+    """Reads and validates a sidecar. kind: the kind the caller expects (None = any).
+    n_layer / n_expert / top_k: the model's shape to check against (None = unchecked);
+    min_lookahead: the lookahead the caller will ask for (None = unchecked)."""
+    import gguf
+
+    path = str(path)
+    if not os.path.isfile(path):
+        raise _invalid(f"sidecar {path}: no such file")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 -- gguf raises untyped errors (ValueError, struct.error, ...) on garbage
+        raise _format_error(f"sidecar {path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    arch = _field_value(reader, "general.architecture", path, want_int=False)
+    if arch != ARCH:
+        raise _format_error(f"sidecar {path}: general.architecture is '{arch}', expected '{ARCH}'")
+    file_kind = _field_value(reader, PREFIX + "kind", path, want_int=False)
+    if file_kind not in KINDS:
+        raise _format_error(
+            f"sidecar {path}: unknown predictor kind '{file_kind}' (one of {', '.join(KINDS)})"
+        )
+    common = {k: _field_value(reader, PREFIX + k, path, want_int=True) for k in COMMON_KEYS}
+    params = {k: _field_value(reader, PREFIX + k, path, want_int=True) for k in KIND_KEYS[file_kind]}
+    source_field = reader.fields.get(PREFIX + "source")
+    source = str(source_field.contents()) if source_field is not None else ""
+    sc = Sidecar(
+        file_kind,
+        common["n_layer"],
+        common["n_expert"],
+        common["top_k"],
+        common["max_lookahead"],
+        source,
+        params,
+    )
+    _check_params(sc, f"sidecar {path}", _format_error)
+    if kind is not None and kind != file_kind:
+        raise _invalid(f"sidecar {path}: holds a '{file_kind}' predictor, not '{kind}'")
+    model = (n_layer, n_expert, top_k)
+    if any(m is not None and m != f for m, f in zip(model, (sc.n_layer, sc.n_expert, sc.top_k))):
+        raise _invalid(
+            f"sidecar {path}: predictor shape {sc.shape_text()} does not match the model "
+            f"n_layer={n_layer}, n_expert={n_expert}, top_k={top_k}"
+        )
+    if min_lookahead is not None and sc.max_lookahead < min_lookahead:
+        raise _invalid(
+            f"sidecar {path}: predicts up to {sc.max_lookahead} layers ahead, {min_lookahead} asked"
+        )
+
+    by_name = {t.name: t for t in reader.tensors}
+    for name, shape in expected_tensor_shapes(sc).items():
+        t = by_name.get(name)
+        if t is None:
+            raise _format_error(f"sidecar {path}: missing tensor '{name}' (kind {file_kind})")
+        if t.tensor_type != gguf.GGMLQuantizationType.F32:
+            raise _format_error(f"sidecar {path}: tensor '{name}' is {t.tensor_type.name}, must be F32")
+        # GGUF stores ggml ne (innermost first); the numpy shape is its reverse.
+        got = tuple(int(v) for v in reversed(t.shape.tolist()))
+        if got != shape:
+            raise _format_error(f"sidecar {path}: tensor '{name}' has shape {got}, expected {shape}")
+        sc.tensors[name] = np.array(t.data, dtype=np.float32).reshape(shape)
+    return sc
