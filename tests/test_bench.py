@@ -509,61 +509,11 @@ def test_compare_predictors_picks_the_least_stall():
     assert got[1]["stall_reduction"] is None and got[1]["best"] == "cooc"
 
 
-def test_training_adapter_accepts_both_conventions(tmp_path, monkeypatch):
-    """train_predictor_sidecar against stand-in trainer modules: path form and RoutingTrace form."""
-    import types
-
-    from sharpi import bench
-
-    calls = []
-
-    def train_cooc_paths(trace, out_path, max_lookahead=3, seed=0):
-        calls.append(("paths", trace, out_path, max_lookahead, seed))
-        Path(out_path).write_text("sidecar")
-
-    train_mod = types.ModuleType("sharpi.predict.train")
-    train_mod.train_cooc = train_cooc_paths
-    pkg = types.ModuleType("sharpi.predict")
-    pkg.train = train_mod
-    monkeypatch.setitem(sys.modules, "sharpi.predict", pkg)
-    monkeypatch.setitem(sys.modules, "sharpi.predict.train", train_mod)
-    bench.train_predictor_sidecar("cooc", "t.npz", str(tmp_path / "a.gguf"), 2, 7)
-    assert calls == [("paths", "t.npz", str(tmp_path / "a.gguf"), 2, 7)] and (tmp_path / "a.gguf").is_file()
-
-    class Trace:
-        n_tokens = 5
-
-    def train_trajectory(trace, train_idx, max_lookahead=3, window=10, quiet=False):
-        calls.append(("trace", type(trace).__name__, list(train_idx), max_lookahead))
-        return "SIDECAR"
-
-    written = []
-    train_mod.train_trajectory = train_trajectory
-    traces_mod = types.ModuleType("sharpi.predict.traces")
-    traces_mod.load_trace = lambda path: Trace()
-    sidecar_mod = types.ModuleType("sharpi.predict.sidecar")
-    sidecar_mod.write_sidecar = lambda path, sc: written.append((path, sc))
-    monkeypatch.setitem(sys.modules, "sharpi.predict.traces", traces_mod)
-    monkeypatch.setitem(sys.modules, "sharpi.predict.sidecar", sidecar_mod)
-    bench.train_predictor_sidecar("trajectory", "t.npz", "b.gguf", 3, 0)
-    assert calls[-1] == ("trace", "Trace", [0, 1, 2, 3, 4], 3) and written == [("b.gguf", "SIDECAR")]
-    with pytest.raises(bench.PredictorUnsupported, match="no train_learned"):
-        bench.train_predictor_sidecar("learned", "t.npz", "c.gguf", 1, 0)
-
-
 def test_bench_predictor_axis_quick(tmp_path):
-    import importlib.util
-    import inspect
 
     out, models = tmp_path / "out", tmp_path / "models"
     doc, stdout = run_bench(out, models, "--predictors", "none,prev_token,cooc,next_gate", "--lookahead", "1")
     assert "route unlike trained ones" in stdout
-    has_predictor_option = "predictor" in inspect.signature(sharpi.Session.__init__).parameters
-    try:
-        has_trainer = importlib.util.find_spec("sharpi.predict.train") is not None
-    except ImportError:
-        has_trainer = False
-
     ran = [w for w in doc["workloads"] if "skipped" not in w]
     assert ran
     for w in ran:
@@ -573,10 +523,7 @@ def test_bench_predictor_axis_quick(tmp_path):
         assert sorted({r["share"] for r in w["runs"]}) == [0.25, 0.5]
         if w["name"] == "trace":
             assert "hidden states" in pw["skipped"]["next_gate"]
-        if not has_predictor_option:
-            assert "no predictor= option" in pw["skipped"]["cooc"]
-        elif has_trainer:
-            assert "cooc" in pw["runs"], pw["skipped"]
+        assert "cooc" in pw["runs"], pw["skipped"]
         done = [r for r in w["runs"] if "tpot_ms" in r]
         assert {r["predictor"] for r in done} >= {"none", "prev_token"}
         for r in done:

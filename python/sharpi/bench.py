@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
-import inspect
 import json
 import os
 import platform
@@ -629,10 +627,6 @@ def _worker(config_path: str, result_path: str) -> int:
     try:
         result.update(_worker_run(sharpi, cfg))
         result["ok"] = True
-    except PredictorUnsupported as e:
-        result["ok"] = False
-        result["unsupported"] = str(e)
-        result["error"] = str(e)
     except Exception as e:  # noqa: BLE001 -- any failure is reported to the parent, which prints it
         result["ok"] = False
         result["error"] = f"{type(e).__name__}: {e}"
@@ -681,30 +675,15 @@ def _token_spans(events: list, first_pos: int) -> list:
     return spans
 
 
-class PredictorUnsupported(RuntimeError):
-    """This build cannot run the requested predictor (the run is skipped, not failed)."""
-
-
-def _predictor_kwargs(sharpi, cfg: dict) -> tuple:
-    """Session keyword arguments for cfg's predictor, and a note on how it was applied. Sessions
-    with predictor= take (predictor, predictor_file, lookahead); older builds only know
-    prefetch="prev_token" (the same-layer previous-token prefetch), used for prev_token there."""
+def _predictor_kwargs(cfg: dict) -> dict:
+    """Session keyword arguments for cfg's predictor."""
     name = cfg.get("predictor", "none")
     if name == "none":
-        return {}, None
-    params = inspect.signature(sharpi.Session.__init__).parameters
-    if "predictor" in params:
-        kwargs = {"predictor": name, "lookahead": int(cfg.get("lookahead", 1))}
-        if cfg.get("predictor_file"):
-            kwargs["predictor_file"] = cfg["predictor_file"]
-        return kwargs, None
-    if name == "prev_token" and "prefetch" in params:
-        return {
-            "prefetch": "prev_token"
-        }, "this build has no Session(predictor=...): ran prefetch='prev_token'"
-    raise PredictorUnsupported(
-        f"this build's Session has no predictor= option, cannot run predictor {name!r}"
-    )
+        return {}
+    kwargs = {"predictor": name, "lookahead": int(cfg.get("lookahead", 1))}
+    if cfg.get("predictor_file"):
+        kwargs["predictor_file"] = cfg["predictor_file"]
+    return kwargs
 
 
 def _worker_run(sharpi, cfg: dict) -> dict:
@@ -721,18 +700,11 @@ def _worker_run(sharpi, cfg: dict) -> dict:
     kwargs = {"threads": cfg["threads"], "n_ctx": cfg["n_ctx"], "reader": cfg["reader"]}
     if mode in ("probe", "stream"):
         kwargs["ram_budget"] = int(cfg["budget_bytes"])
-    predictor_note = None
     if mode == "stream":
-        extra, predictor_note = _predictor_kwargs(sharpi, cfg)
-        kwargs.update(extra)
+        kwargs.update(_predictor_kwargs(cfg))
     want_timeline = bool(cfg.get("timeline_path"))
-    timeline_note = None
     if want_timeline:
-        if "timeline" in inspect.signature(sharpi.Session.__init__).parameters:
-            kwargs["timeline"] = True
-        else:
-            want_timeline = False
-            timeline_note = "this build's Session has no timeline (Session(timeline=True), timeline_events()); no trace written"
+        kwargs["timeline"] = True
 
     t_load = time.perf_counter()
     session = sharpi.Session(cfg["path"], **kwargs)
@@ -781,7 +753,7 @@ def _worker_run(sharpi, cfg: dict) -> dict:
 
     def on_step(i: int) -> None:
         # Cleared at the first measured token too, so the spans of untraced tokens never pile up.
-        if want_timeline and i in (0, first_traced) and hasattr(session, "clear_timeline"):
+        if want_timeline and i in (0, first_traced):
             session.clear_timeline()
 
     out.update(_decode_steps(session, measured, on_step))
@@ -802,22 +774,15 @@ def _worker_run(sharpi, cfg: dict) -> dict:
             "warm_routing": warm_run["routing"],
         }
     )
-    if predictor_note:
-        out["predictor_note"] = predictor_note
     if want_timeline:
         from .timeline import write_chrome_trace
 
         events = list(session.timeline_events())
-        first_pos = len(warm) + first_traced if hasattr(session, "clear_timeline") else 0
-        events += _token_spans(events, first_pos)
-        if first_traced > 0 and not hasattr(session, "clear_timeline"):
-            timeline_note = "no clear_timeline(): the trace holds every decoded token"
+        events += _token_spans(events, len(warm) + first_traced)
         summary = write_chrome_trace(events, cfg["timeline_path"], process_name="sharpi decode")
         summary["tokens"] = int(cfg.get("timeline_tokens", 0))
         summary["tracks"] = sorted({e["track"] for e in events})
         out["timeline"] = summary
-    if timeline_note:
-        out["timeline_note"] = timeline_note
     return out
 
 
@@ -828,32 +793,15 @@ def _worker_run(sharpi, cfg: dict) -> dict:
 
 def train_predictor_sidecar(kind: str, trace_path: str, out_path: str, lookahead: int, seed: int) -> None:
     """Trains a `kind` sidecar (cooc, trajectory, learned) on every token of the trace at trace_path
-    and writes it to out_path, through sharpi.predict.train. The one place that knows that module's
-    calling convention; two are accepted: train_<kind>(trace_path, out_path, **options) and
-    train_<kind>(RoutingTrace, train_idx, **options) -> Sidecar written with
-    sharpi.predict.sidecar.write_sidecar. Options passed where the function takes them:
-    max_lookahead / lookahead, seed. The trace given is already the training split."""
-    try:
-        from .predict import train as predict_train
-    except ImportError as e:
-        raise PredictorUnsupported(f"sharpi.predict.train is not available ({e})") from None
-    fn = getattr(predict_train, f"train_{kind}", None)
-    if fn is None:
-        raise PredictorUnsupported(f"sharpi.predict.train has no train_{kind}()")
-    params = list(inspect.signature(fn).parameters)
-    options = {
-        k: v
-        for k, v in {"max_lookahead": lookahead, "lookahead": lookahead, "seed": seed}.items()
-        if k in params[2:]
-    }
-    if len(params) >= 2 and params[1] in ("out_path", "out", "output", "path"):
-        fn(str(trace_path), str(out_path), **options)
-        return
+    (already the training split) with sharpi.predict.train and writes it to out_path."""
+    from .predict import train as predict_train
     from .predict.sidecar import write_sidecar
     from .predict.traces import load_trace
 
     trace = load_trace(str(trace_path))
-    sidecar = fn(trace, np.arange(trace.n_tokens, dtype=np.int64), **options)
+    fn = getattr(predict_train, f"train_{kind}")
+    sidecar = fn(trace, np.arange(trace.n_tokens, dtype=np.int64), max_lookahead=lookahead, seed=seed,
+                 source=f"{trace_path} (all tokens)", quiet=True)
     write_sidecar(str(out_path), sidecar)
 
 
@@ -921,25 +869,11 @@ def prepare_predictors(
             given[pred] = path
             plan["sidecars"][pred] = {"path": path, "how": "--predictor-file"}
     to_train = []
-    from .session import Session
-
-    has_predictor_option = "predictor" in inspect.signature(Session.__init__).parameters
-    try:
-        has_trainer = importlib.util.find_spec(f"{__package__}.predict.train") is not None
-    except ImportError:
-        has_trainer = False
     for pred in wanted:
         if trace is not None and pred in HIDDEN_STATE_PREDICTORS:
             plan["skipped"][pred] = (
                 "needs the model's hidden states, but under trace replay the router follows the recorded "
                 "trace and the hidden states are a random-weight model's"
-            )
-        elif not has_predictor_option and pred != "prev_token":
-            # Checked here too (the worker would skip the run) so nothing is harvested or trained.
-            plan["skipped"][pred] = "this build's Session has no predictor= option"
-        elif pred in SIDECAR_PREDICTORS and pred not in given and not has_trainer:
-            plan["skipped"][pred] = (
-                "no sidecar given (--predictor-file) and sharpi.predict.train is not installed"
             )
         elif pred in SIDECAR_PREDICTORS and pred not in given:
             to_train.append(pred)
@@ -1154,7 +1088,6 @@ def _predictor_metrics(res: dict, decode_s: float, predictor: str, n_staging: in
         "predictor": predictor,
         "lookahead": res.get("lookahead"),
         "predictor_file": res.get("predictor_file"),
-        "predictor_note": res.get("predictor_note"),
         "n_staging": n_staging,
         "recall_at_k": total["recall_at_k"],
         "precision": total["precision"],
@@ -1337,10 +1270,8 @@ def run_workload(
                 res = launch(cfg, work, label, cap)
             head = {"share": share, "predictor": pred, "n_slots": n_slots, "budget_bytes": budget}
             if not res["ok"]:
-                # A predictor this build cannot run is skipped; anything else is a failed run.
-                kind = "skipped" if res.get("unsupported") else "error"
-                log(f"{label}: {'skipped' if kind == 'skipped' else 'FAILED'}: {res['error']}")
-                runs.append({**head, "cap": cap.report(), kind: res["error"]})
+                log(f"{label}: FAILED: {res['error']}")
+                runs.append({**head, "cap": cap.report(), "error": res["error"]})
                 continue
             res.update({"predictor": pred, "lookahead": cfg.get("lookahead"), "predictor_file": sidecar})
             r = _summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
@@ -1350,8 +1281,6 @@ def run_workload(
             r["cache_drop"] = cache_drop
             if "timeline" in res:
                 w["timeline"] = res["timeline"]
-            if "timeline_note" in res:
-                w["timeline_note"] = res["timeline_note"]
             runs.append(r)
             log(
                 f"{label}: TPOT {r['tpot_ms']:.1f} ms, hit {r['hit_rate']:.3f}, stall {r['stall_fraction']:.2f}, "
@@ -1464,8 +1393,6 @@ def _format_predictors(w: dict) -> list:
         lines.append(f"  sidecars trained on {tt['tokens']} tokens: {tt.get('source', tt.get('path'))}")
     for name, why in pw["skipped"].items():
         lines.append(f"  {name} not run: {why}")
-    notes = {r["predictor_note"] for r in w["runs"] if r.get("predictor_note")}
-    lines += [f"  note: {n}" for n in sorted(notes)]
     if w["name"] == "random":
         lines.append("  " + RANDOM_ROUTING_NOTE)
     return lines
@@ -1608,10 +1535,7 @@ def run(args: argparse.Namespace) -> int:
         doc["workloads"].append(w)
 
     tl = next((w["timeline"] for w in doc["workloads"] if "timeline" in w), None)
-    note = next((w["timeline_note"] for w in doc["workloads"] if "timeline_note" in w), None)
-    doc["timeline"] = dict(tl or {}, note=note) if (tl or note) else {"note": "no timeline recorded"}
-    if note:
-        log(f"timeline: {note}")
+    doc["timeline"] = tl or {"note": "no timeline recorded"}
     doc["wall_s"] = time.perf_counter() - t_start
     doc["machine"]["loadavg_end"] = os.getloadavg()
     text = format_report(doc)

@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import harvest
 
     harvest.add_trace_parser(sub)
+    from .predict.cli import add_predictor_parser
+
+    add_predictor_parser(sub)
     return parser
 
 
@@ -372,8 +375,14 @@ def cmd_trace(args, out: TextIO, err: TextIO) -> int:
     return harvest.run_trace_command(args)
 
 
+def cmd_predictor(args, out: TextIO, err: TextIO) -> int:
+    from .predict.cli import run_predictor_command
+
+    return run_predictor_command(args, out)
+
+
 _COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench,
-             "trace": cmd_trace}
+             "trace": cmd_trace, "predictor": cmd_predictor}
 
 
 def main(argv: list[str] | None = None) -> int:
