@@ -14,6 +14,7 @@ import pytest
 import sharpi
 from sharpi.make_model import write_model
 from model_files import rewrite_gguf
+from test_streaming import run_tokens  # prompt logits, then greedy token-by-token logits
 
 N_LAYER = 5
 
@@ -49,16 +50,6 @@ def plan(path: str):
     s = sharpi.Session(path, threads=1, n_ctx=128, ram_budget="4GiB", reader="pread")
     st = s.expert_stats()
     return st["fixed_bytes"], st["slot_bytes"], s.info["n_expert_used"]
-
-
-def run_tokens(session, prompt, n_decode):
-    rows = [session.decode(prompt, all_logits=True)]
-    token = int(np.argmax(rows[0][-1]))
-    for _ in range(n_decode):
-        logits = session.decode([token])
-        rows.append(logits[None, :])
-        token = int(np.argmax(logits))
-    return np.concatenate(rows)
 
 
 PROMPT = list(range(40, 52))
@@ -312,3 +303,74 @@ def test_budget_counts_staging_slots(models):
         s = sharpi.Session(path, n_ctx=128, ram_budget=fixed + (k + lookahead * k) * slot, predictor="next_gate",
                            lookahead=lookahead)
         assert (s.expert_stats()["n_slots"], s.expert_stats()["n_staging"]) == (k, lookahead * k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Trained sidecar predictors end to end: harvest a trace from the model, train each kind on it
+# (sharpi.predict.train), stream with it. The oracle is still the resident engine.
+
+
+@pytest.fixture(scope="module")
+def sidecars(models, tmp_path_factory):
+    from sharpi.harvest import harvest
+    from sharpi.predict import train
+    from sharpi.predict.sidecar import write_sidecar
+    from sharpi.predict.traces import load_trace
+
+    d = tmp_path_factory.mktemp("sidecars")
+    path = models["qwen3moe"]
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 1000, 24).tolist() for _ in range(6)]
+    harvest(path, prompts, str(d / "trace.npz"), hidden=True, threads=2)
+    trace = load_trace(str(d / "trace.npz"))
+    idx = np.arange(trace.n_tokens, dtype=np.int64)
+    out = {"trace": str(d / "trace.npz")}
+    kinds = {"cooc": lambda: train.train_cooc(trace, idx, quiet=True)}
+    try:
+        import torch  # noqa: F401
+
+        kinds["learned"] = lambda: train.train_learned(trace, idx, epochs=3, rank=8, hidden=16, quiet=True)
+        kinds["trajectory"] = lambda: train.train_trajectory(trace, idx, epochs=1, d_model=32, d_ff=64, quiet=True)
+    except ImportError:
+        pass  # torch is the optional extra the neural predictors train with; cooc still runs
+    for kind, fit in kinds.items():
+        out[kind] = str(d / f"{kind}.gguf")
+        write_sidecar(out[kind], fit())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["cooc", "learned", "trajectory"])
+def test_trained_sidecar_predictors_are_lossless(models, sidecars, kind):
+    if kind not in sidecars:
+        pytest.skip("torch (the optional extra) is not installed: cannot train " + kind)
+    path = models["qwen3moe"]
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 16)
+    _, _, k = plan(path)
+    for lookahead in (1, 2, 3):
+        s = streamed(path, k, lookahead, predictor=f"{kind}:{sidecars[kind]}")
+        np.testing.assert_array_equal(run_tokens(s, PROMPT, 16), resident, err_msg=f"{kind} d={lookahead}")
+        layers = s.expert_stats()["layers"]
+        assert sum(lay["predictions"] for lay in layers) == 16 * sum(min(lookahead, t) for t in range(1, N_LAYER))
+        assert sum(lay["hints_dropped"] for lay in layers) == 0
+        assert sum(lay["prefetch_issued"] for lay in layers) > 0
+
+
+def test_sidecar_for_another_model_or_corrupt_is_a_clear_error(models, sidecars, tmp_path):
+    k = plan(models["qwen3moe"])[2]
+    other = models["olmoe"]  # same preset shape but a different architecture file: n_layer etc. match
+    # A different shape: a 3-layer model.
+    small = str(tmp_path / "small.gguf")
+    write_model(small, arch="qwen3moe", preset="tiny", quant="q4_0", seed=1, n_layer=3)
+    with pytest.raises(sharpi.InvalidArgument, match="n_layer"):
+        streamed(small, k, 1, predictor=f"cooc:{sidecars['cooc']}")
+    s = streamed(other, k, 1, predictor=f"cooc:{sidecars['cooc']}")  # shapes match: accepted
+    assert s.expert_stats()["n_staging"] == k
+    data = open(sidecars["cooc"], "rb").read()
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(data[: len(data) // 2])
+    with pytest.raises(sharpi.FormatError):
+        streamed(models["qwen3moe"], k, 1, predictor=f"cooc:{corrupt}")
+    with pytest.raises(sharpi.InvalidArgument):
+        streamed(models["qwen3moe"], k, 1, predictor=f"trajectory:{tmp_path / 'missing.gguf'}")
+    with pytest.raises(sharpi.InvalidArgument, match="kind|cooc"):
+        streamed(models["qwen3moe"], k, 1, predictor=f"trajectory:{sidecars['cooc']}")
