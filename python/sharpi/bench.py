@@ -289,6 +289,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{1 - TRAIN_SPLIT:.0%} of the trace's sequences)",
     )
     p.add_argument("--no-trace", action="store_true", help="skip the trace-replay workload")
+    p.add_argument("--no-random", action="store_true", help="skip the random-token workload on --preset")
     p.add_argument(
         "--cap-overhead",
         default="512MiB",
@@ -347,6 +348,7 @@ def _resolve_options(args: argparse.Namespace) -> dict:
     }
     opts["model_dir"] = Path(args.model_dir) if args.model_dir else opts["out"].parent / "models"
     opts["timeline_tokens"] = min(opts["timeline_tokens"], opts["tokens"])
+    opts["random"] = not args.no_random
     if args.no_trace:
         opts["trace"], opts["trace_skip"] = None, "--no-trace given"
     else:
@@ -1507,9 +1509,12 @@ def run(args: argparse.Namespace) -> int:
     timeline_path = out / "timeline.json"
     timeline_path.unlink(missing_ok=True)
 
-    main_model = ensure_model(opts["model_dir"], opts["preset"], opts["quant"], opts["seed"], {}, log)
-    main_model.update({"preset": opts["preset"], "quant": opts["quant"]})
-    doc["workloads"].append(run_workload("random", main_model, opts, None, timeline_path, log))
+    if opts["random"]:
+        main_model = ensure_model(opts["model_dir"], opts["preset"], opts["quant"], opts["seed"], {}, log)
+        main_model.update({"preset": opts["preset"], "quant": opts["quant"]})
+        doc["workloads"].append(run_workload("random", main_model, opts, None, timeline_path, log))
+    else:
+        doc["workloads"].append({"name": "random", "skipped": "--no-random given"})
 
     if opts["trace"] is None:
         log(f"trace replay skipped: {opts['trace_skip']}")
