@@ -120,14 +120,22 @@ def train_cooc(
     val_fraction: float = 0.15,
     val_tokens: int = 3000,
     smoothing: float = 20.0,
+    refine_history: int = 6,
+    refine_epochs: int = 8,
     seed: int = 0,
     source: str = "",
     quiet: bool = False,
 ) -> Sidecar:
-    """Count-based co-occurrence predictor. The history m and one weight per term (bias, each layer
-    offset o, previous token) are tuned by coordinate ascent on mean recall@k over d = 1..max_lookahead,
-    on a validation slice carved from the last `val_fraction` of the TRAIN sequences (tables fitted on
-    the rest); the final tables are refitted on all train tokens and the weights baked into them."""
+    """Co-occurrence predictor, in numpy.
+
+    Counts first: the history m and one weight per term (bias, each layer offset o, previous token)
+    are tuned by coordinate ascent on mean recall@k over d = 1..max_lookahead, on a validation slice
+    carved from the last `val_fraction` of the TRAIN sequences (tables fitted on the rest).
+
+    Then, with refine_epochs > 0, the same tables over a longer history (refine_history layers) are
+    fitted discriminatively (_refine_cooc: softmax regression on the table entries, which is convex)
+    and kept only if they beat the count tables on the same validation slice. The result has the
+    cooc format either way: a score is still a sum of table rows picked by the co-occurring experts."""
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     t0 = time.perf_counter()
@@ -195,8 +203,15 @@ def train_cooc(
         "cooc.layer": (layer_tab * w[2 : 2 + n_off][None, :, None, None]).astype(np.float32),
         "cooc.prev": (w[1] * prev_tab).astype(np.float32),
     }
+    fit = "counts"
+    if refine_epochs > 0:
+        m_ref = max(refine_history, m)
+        refined, ref_score = _refine_cooc(trace, fit_idx, val_idx, max_lookahead, m_ref, refine_epochs, seed, quiet)
+        _log(f"cooc: refined tables (history {m_ref}) validation recall@k {ref_score:.4f} vs counts {score:.4f}", quiet)
+        if ref_score > score:
+            tensors, m, score, fit = refined, m_ref, ref_score, "softmax regression"
     _log(
-        f"cooc: chose history {m} (validation recall@k {score:.4f} on {Nv} tokens); "
+        f"cooc: chose history {m}, {fit} (validation recall@k {score:.4f} on {Nv} tokens); "
         f"trained in {time.perf_counter() - t0:.1f} s",
         quiet,
     )
@@ -210,6 +225,95 @@ def train_cooc(
         {"cooc.history": m},
         tensors,
     )
+
+
+def _refine_cooc(
+    trace: RoutingTrace,
+    fit_idx: np.ndarray,
+    val_idx: np.ndarray,
+    max_lookahead: int,
+    m: int,
+    epochs: int,
+    seed: int,
+    quiet: bool,
+    batch: int = 2048,
+    lr: float = 0.02,
+) -> tuple[dict, float]:
+    """Fits the cooc tables as one softmax regression per target layer t, shared by every distance
+    d: scores_{t,d} = bias[t] + sum_{o=d}^{d+m-1} hot(S(t-o)) @ layer[t, o-1] + hot(P(t)) @ prev[t],
+    trained with Adam on the cross-entropy against the selected set (each selected expert 1/|S|),
+    on fit_idx only. The loss is convex in the tables; the epoch with the best mean recall@k on
+    val_idx is kept. Returns (cooc tensors, that recall)."""
+    E, k, n_layer = trace.n_expert, trace.top_k, trace.n_layer
+    n_off = max_lookahead + m - 1
+    rng = np.random.default_rng(seed)
+
+    def hots(idx):
+        prev = trace.prev_index()[idx]
+        cur = np.stack([trace.multi_hot(idx, t, dtype=np.float32) for t in range(n_layer)])
+        prv = np.stack([trace.multi_hot(prev, t, dtype=np.float32) for t in range(n_layer)])
+        return cur, prv
+
+    f_cur, f_prev = hots(fit_idx)
+    v_cur, v_prev = hots(val_idx)
+    params = {
+        "bias": np.log((f_cur.sum(axis=1) + 1.0) / (len(fit_idx) + E)).astype(np.float32),
+        "layer": np.zeros((n_layer, n_off, E, E), dtype=np.float32),
+        "prev": np.zeros((n_layer, E, E), dtype=np.float32),
+    }
+    moments = {name: (np.zeros_like(v), np.zeros_like(v)) for name, v in params.items()}
+
+    def scores(cur, prv, rows, t, d):
+        s = params["bias"][t] + prv[t][rows] @ params["prev"][t]
+        for o in range(d, d + m):
+            if t - o >= 0:
+                s = s + cur[t - o][rows] @ params["layer"][t, o - 1]
+        return s
+
+    def val_recall() -> float:
+        rows = np.arange(len(val_idx))
+        total = 0.0
+        for d in range(1, max_lookahead + 1):
+            total += np.mean([_recall(scores(v_cur, v_prev, rows, t, d), v_cur[t], k) for t in range(d, n_layer)])
+        return total / max_lookahead
+
+    best = (val_recall(), {name: v.copy() for name, v in params.items()})
+    step = 0
+    for epoch in range(epochs):
+        order = rng.permutation(len(fit_idx))
+        for b0 in range(0, len(order), batch):
+            rows = order[b0 : b0 + batch]
+            grads = {name: np.zeros_like(v) for name, v in params.items()}
+            for t in range(1, n_layer):
+                target = f_cur[t][rows]
+                n_sel = target.sum(axis=1, keepdims=True)
+                target = np.divide(target, n_sel, out=np.zeros_like(target), where=n_sel > 0)
+                valid = (n_sel > 0).astype(np.float32)
+                for d in range(1, min(max_lookahead, t) + 1):
+                    s = scores(f_cur, f_prev, rows, t, d)
+                    s -= s.max(axis=1, keepdims=True)
+                    p = np.exp(s)
+                    p /= p.sum(axis=1, keepdims=True)
+                    g = (p - target) * valid / len(rows)
+                    grads["bias"][t] += g.sum(axis=0)
+                    grads["prev"][t] += f_prev[t][rows].T @ g
+                    for o in range(d, d + m):
+                        if t - o >= 0:
+                            grads["layer"][t, o - 1] += f_cur[t - o][rows].T @ g
+            step += 1
+            for name, v in params.items():  # Adam
+                m1, m2 = moments[name]
+                m1 *= 0.9
+                m1 += 0.1 * grads[name]
+                m2 *= 0.999
+                m2 += 0.001 * grads[name] ** 2
+                v -= lr * (m1 / (1 - 0.9**step)) / (np.sqrt(m2 / (1 - 0.999**step)) + 1e-8)
+        r = val_recall()
+        _log(f"cooc: refine epoch {epoch + 1}: validation recall@k {r:.4f}", quiet)
+        if r > best[0]:
+            best = (r, {name: v.copy() for name, v in params.items()})
+    tensors = {f"cooc.{name}": v.astype(np.float32) for name, v in best[1].items()}
+    return tensors, best[0]
 
 
 # ------------------------------------------------------------------------------------------------
