@@ -26,17 +26,23 @@ def _user_errors() -> tuple:
     return (_core.SharpiError, OSError)
 
 
-def _positive_or_zero(name: str):
+def int_at_least(name: str, minimum: int):
+    """An argparse type: an integer >= minimum, with a message naming the option."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
         return value
 
     return parse
+
+
+def _positive_or_zero(name: str):
+    return int_at_least(name, 0)
 
 
 def add_compute_arguments(p: argparse.ArgumentParser) -> None:

@@ -29,6 +29,7 @@ import json
 import sys
 from typing import TextIO
 
+from ..cli import int_at_least
 from .reference import PREDICTOR_NAMES
 
 TRAIN_KINDS = ("cooc", "learned", "trajectory", "pregate")
@@ -44,14 +45,6 @@ def _fraction(text: str) -> float:
     return v
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
@@ -74,7 +67,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences used to train (0.7)")
     tr.add_argument("--lookahead", type=int, choices=(1, 2, 3), default=3, help="largest d predicted (3)")
     tr.add_argument(
-        "--epochs", type=_positive_int, default=None, help="training epochs (learned, trajectory)"
+        "--epochs", type=int_at_least("--epochs", 1), default=None, help="training epochs (learned, trajectory)"
     )
     tr.add_argument(
         "--window",
@@ -85,7 +78,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
         help="trajectory window, 1..10 (10)",
     )
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=_positive_int, default=1, help="torch threads (1)")
+    tr.add_argument("--threads", type=int_at_least("--threads", 1), default=1, help="torch threads (1)")
     tr.add_argument(
         "--time-budget",
         type=float,
@@ -108,7 +101,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--cache-experts",
-        type=_positive_int,
+        type=int_at_least("--cache-experts", 1),
         default=None,
         help="LRU cache size in experts per layer (default n_expert/4)",
     )
