@@ -374,3 +374,22 @@ def test_sidecar_for_another_model_or_corrupt_is_a_clear_error(models, sidecars,
         streamed(models["qwen3moe"], k, 1, predictor=f"trajectory:{tmp_path / 'missing.gguf'}")
     with pytest.raises(sharpi.InvalidArgument, match="kind|cooc"):
         streamed(models["qwen3moe"], k, 1, predictor=f"trajectory:{sidecars['cooc']}")
+
+
+def test_late_predictions_are_not_issued(models, monkeypatch):
+    # Slow prefetch reads (the pread reader's test hook delays every prefetch-priority read by 20 ms)
+    # make the measured bandwidth low: the scheduler must stop issuing reads that could only start
+    # after their layer's gate, and issue them all when told not to skip. Tokens never change.
+    path = models["olmoe"]
+    _, _, k = plan(path)
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 12)
+    monkeypatch.setenv("SHARPI_FAULT_PREFETCH_DELAY_US", "20000")
+    skipped = {}
+    for skip in (True, False):
+        s = streamed(path, k, 2, predictor="next_gate", skip_late_prefetch=skip)
+        np.testing.assert_array_equal(run_tokens(s, PROMPT, 12), resident)
+        layers = s.expert_stats()["layers"]
+        skipped[skip] = sum(lay["prefetch_skipped"] for lay in layers)
+        issued = sum(lay["prefetch_issued"] for lay in layers)
+        assert issued > 0
+    assert skipped[True] > skipped[False]
