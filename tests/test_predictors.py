@@ -393,3 +393,39 @@ def test_late_predictions_are_not_issued(models, monkeypatch):
         issued = sum(lay["prefetch_issued"] for lay in layers)
         assert issued > 0
     assert skipped[True] > skipped[False]
+
+
+def test_moe_tracing_end_to_end(models, tmp_path, monkeypatch, capsys):
+    # Session(trace=DIR): the table goes to stderr, moe_trace.json and a Perfetto timeline to DIR, and
+    # the JSON's counters are the engine's own (recall recomputed here from them).
+    import json
+
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    out = tmp_path / "trace"
+    s = streamed(path, k, 2, predictor="next_gate", trace=str(out))
+    text = "".join(s.generate(list(range(5, 15)), max_tokens=12, temperature=0.0))
+    assert isinstance(text, str)
+    stats = s.expert_stats()
+    summary = s.close()
+    err = capsys.readouterr().err
+    assert "recall@k" in err and "moe_trace.json" in err
+    doc = json.loads((out / "moe_trace.json").read_text())
+    events = json.loads((out / "moe_trace_timeline.json").read_text())
+    assert any(e.get("ph") == "X" for e in (events["traceEvents"] if isinstance(events, dict) else events))
+    for il, lay in enumerate(stats["layers"]):
+        row = doc["layers"][il]
+        assert row["predictions"] == lay["predictions"] and row["hits"] == lay["hits"]
+        if lay["predictions"]:
+            assert row["recall_at_k"] == pytest.approx(lay["predicted_correct"] / (lay["predictions"] * k))
+    assert doc["requests"] and summary["total"]["hits"] == sum(lay["hits"] for lay in stats["layers"])
+    assert s.close() is None  # once
+
+    # SHARPI_TRACE_MOE=DIR does the same without code changes.
+    env_dir = tmp_path / "env-trace"
+    monkeypatch.setenv("SHARPI_TRACE_MOE", str(env_dir))
+    s2 = streamed(path, k, 1, predictor="prev_token")
+    s2.decode(PROMPT)
+    s2.decode([3])
+    s2.close()
+    assert (env_dir / "moe_trace.json").is_file()
