@@ -101,10 +101,11 @@ def _layer_metrics(counters: dict, top_k) -> dict:
 class MoeTracer:
     """Collects per-request timings, then builds, prints and writes the MoE tracing report."""
 
-    def __init__(self, out_dir: str | None, stream=sys.stderr, top_k: int | None = None):
+    def __init__(self, out_dir: str | None, stream="stderr", top_k: int | None = None):
         """out_dir: folder for moe_trace.json and moe_trace_timeline.json (created on finish); None
-        writes no files. stream: where finish() prints the table (None: nowhere). top_k: the model's
-        experts per token, used when expert_stats does not carry it."""
+        writes no files. stream: where finish() prints the table ("stderr": sys.stderr as it is when
+        finish() runs; None: nowhere). top_k: the model's experts per token, used when expert_stats
+        does not carry it."""
         self.out_dir = None if out_dir is None else os.fspath(out_dir)
         self.stream = stream
         self.top_k = top_k
@@ -192,9 +193,10 @@ class MoeTracer:
             doc["timeline"] = {"n_events": tl["n_events"], "lanes": tl["lanes"]}
             with open(json_path, "w") as f:
                 json.dump(doc, f, indent=1)
-        if self.stream is not None:
-            self.stream.write(format_table(doc))
-            self.stream.flush()
+        stream = sys.stderr if isinstance(self.stream, str) else self.stream
+        if stream is not None:
+            stream.write(format_table(doc))
+            stream.flush()
         return doc
 
 
