@@ -32,9 +32,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     // Built before any memory is planned, so a bad name or predictor file fails fast.
     std::shared_ptr<Predictor> predictor;
     if (options.predictor == "custom") {
-        if (options.lookahead < 1 || options.lookahead > 3) {
-            throw InvalidArgument("lookahead must be 1, 2 or 3, got " + std::to_string(options.lookahead));
-        }
+        check_lookahead(options.lookahead);  // the host installs the predictor later (set_predictor)
     } else {
         predictor = make_predictor(options.predictor, options.predictor_file, *model_, options.lookahead);
     }
@@ -44,8 +42,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
     if (streaming) {
         plan_expert_cache(n_ctx);
-        if (predictor) prefetcher_ = std::make_unique<Prefetcher>(h, *cache_, std::move(predictor), options.lookahead,
-                                                               options.skip_late_prefetch);
+        install_predictor(std::move(predictor));
     } else {
         experts_ = std::make_unique<ResidentExperts>(*model_);
     }
@@ -176,9 +173,15 @@ void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
         throw InvalidArgument("set_predictor: the session was made with predictor '" + options_.predictor +
                               "'; make it with predictor \"custom\" to install your own");
     }
+    install_predictor(std::move(predictor));
+}
+
+void Engine::install_predictor(std::shared_ptr<Predictor> predictor) {
     prefetcher_.reset();
-    if (predictor) prefetcher_ = std::make_unique<Prefetcher>(model_->hp, *cache_, std::move(predictor), options_.lookahead,
-                                                               options_.skip_late_prefetch);
+    if (predictor) {
+        prefetcher_ = std::make_unique<Prefetcher>(model_->hp, *cache_, std::move(predictor), options_.lookahead,
+                                                   options_.skip_late_prefetch);
+    }
 }
 
 std::vector<std::string> Engine::predictor_errors() const {

@@ -51,6 +51,8 @@ private:
     // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
     // are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
     void plan_expert_cache(int64_t n_ctx);
+    // Replaces the prefetcher (streaming only); nullptr: no prediction.
+    void install_predictor(std::shared_ptr<Predictor> predictor);
 
     // One chunk of at most kMaxBatch tokens; writes logits of rows [first_logit_row, n) to `logits`.
     void forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits);

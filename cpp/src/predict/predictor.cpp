@@ -84,12 +84,16 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file, const Model& model,
-                                          int lookahead) {
-    const HParams& h = model.hp;
+void check_lookahead(int lookahead) {
     if (lookahead < 1 || lookahead > 3) {
         throw InvalidArgument("lookahead must be 1, 2 or 3, got " + std::to_string(lookahead));
     }
+}
+
+std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file, const Model& model,
+                                          int lookahead) {
+    const HParams& h = model.hp;
+    check_lookahead(lookahead);
     const bool sidecar = name == "cooc" || name == "learned" || name == "trajectory";
     if (sidecar && file.empty()) {
         throw InvalidArgument("predictor '" + name + "' needs a predictor file (--predictor " + name +

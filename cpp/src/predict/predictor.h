@@ -34,6 +34,9 @@ protected:
 void append_topk_hints(const float* scores, int64_t n_expert, int64_t k, int target_layer,
                        std::vector<PrefetchHint>& hints);
 
+// Throws InvalidArgument unless 1 <= lookahead <= 3 (the distances a prediction may reach).
+void check_lookahead(int lookahead);
+
 // Built-in predictors by name: "prev_token", "next_gate", "pregate" need only the model;
 // "cooc", "learned", "trajectory" need a sidecar file (docs/predictors.md), `file` may be empty
 // otherwise. "none" returns nullptr. Throws InvalidArgument for an unknown name, a missing or
