@@ -526,36 +526,7 @@ struct DecodeQ6_K {
     }
 };
 
-template <typename D>
-constexpr RowKernels block_entry() {
-    return RowKernels{&dequant_row_blocks<D>, &dot_row_blocks<D>};
-}
-template <typename Load>
-constexpr RowKernels plain_entry() {
-    return RowKernels{&dequant_plain<Load>, &dot_plain<Load>};
-}
-
-constexpr IsaKernels make_avx512_table() {
-    IsaKernels t{};
-    t.by_type[static_cast<int>(GgmlType::F32)] = plain_entry<LoadF32>();
-    t.by_type[static_cast<int>(GgmlType::F16)] = plain_entry<LoadF16>();
-    t.by_type[static_cast<int>(GgmlType::BF16)] = plain_entry<LoadBF16>();
-    t.by_type[static_cast<int>(GgmlType::Q4_0)] = block_entry<DecodeQ4_0>();
-    t.by_type[static_cast<int>(GgmlType::Q4_1)] = block_entry<DecodeQ4_1>();
-    t.by_type[static_cast<int>(GgmlType::Q5_0)] = block_entry<DecodeQ5_0>();
-    t.by_type[static_cast<int>(GgmlType::Q5_1)] = block_entry<DecodeQ5_1>();
-    t.by_type[static_cast<int>(GgmlType::Q8_0)] = block_entry<DecodeQ8_0>();
-    t.by_type[static_cast<int>(GgmlType::Q2_K)] = block_entry<DecodeQ2_K>();
-    t.by_type[static_cast<int>(GgmlType::Q3_K)] = block_entry<DecodeQ3_K>();
-    t.by_type[static_cast<int>(GgmlType::Q4_K)] = block_entry<DecodeQ4_K>();
-    t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>();
-    t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>();
-    t.dot_f32 = &dot_f32_avx512;
-    t.dot_f32_tile = &dot_f32_tile_avx512;
-    return t;
-}
-
-constexpr IsaKernels kAvx512Kernels = make_avx512_table();
+SHARPI_SIMD_KERNEL_TABLE(kAvx512Kernels, dot_f32_avx512, dot_f32_tile_avx512)
 
 }  // namespace
 
