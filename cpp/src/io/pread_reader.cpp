@@ -24,13 +24,13 @@ namespace sharpi::io {
 
 namespace {
 
-class PreadReader final : public ExpertReader {
+class PreadReader final : public QueuedReader {
   public:
     PreadReader(const std::string& path, int fd, const ResolvedOptions& options, const std::string& note)
-        : fd_(fd),
+        : QueuedReader(path, options.chunk_bytes, options.pread_threads),
+          fd_(fd),
           n_threads_(options.pread_threads),
-          note_(note),
-          queue_(path, options.chunk_bytes, options.pread_threads, FaultInjection::from_env()) {
+          note_(note) {
         workers_.reserve(static_cast<size_t>(options.pread_threads));
         try {
             for (int i = 0; i < options.pread_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -55,61 +55,10 @@ class PreadReader final : public ExpertReader {
         return s;
     }
 
-    void submit(const ReadRequest& request) override {
-        bool start;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.add(request);
-            start = !queue_.plugged();
-        }
-        if (start) work_cv_.notify_all();
-    }
-
-    bool cancel(uint64_t tag) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return queue_.cancel(tag);
-    }
-
-    void promote(uint64_t tag) override {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.promote(tag);
-        }
-        work_cv_.notify_all();
-    }
-
-    void plug() override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        queue_.set_plugged(true);
-    }
-
-    void unplug() override {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.set_plugged(false);
-        }
-        work_cv_.notify_all();
-    }
-
-    size_t reap(std::vector<ReadCompletion>& out, bool wait) override {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (wait) {
-            if (queue_.plugged()) {
-                queue_.set_plugged(false);
-                work_cv_.notify_all();
-            }
-            done_cv_.wait(lock,
-                          [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; });
-        }
-        return queue_.take_completions(out);
-    }
-
-    size_t outstanding() const override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return queue_.outstanding();
-    }
-
   private:
+    bool kick_needed_locked() override { return true; }
+    void kick() override { work_cv_.notify_all(); }
+
     void stop_workers() {
         {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -165,10 +114,7 @@ class PreadReader final : public ExpertReader {
     const int fd_;
     const int n_threads_;
     const std::string note_;  // why "auto" fell back to this reader, if it did
-    mutable std::mutex mutex_;
     std::condition_variable work_cv_;  // workers: a chunk may be startable, or stopping
-    std::condition_variable done_cv_;  // reap(): a completion arrived
-    ReadQueue queue_;                  // guarded by mutex_
     bool stopping_ = false;            // guarded by mutex_
     std::vector<std::thread> workers_;
 };

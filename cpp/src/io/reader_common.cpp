@@ -242,4 +242,71 @@ void ReadQueue::drop_queued() {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// QueuedReader
+
+QueuedReader::QueuedReader(std::string path, uint64_t chunk_bytes, int depth)
+    : queue_(std::move(path), chunk_bytes, depth, FaultInjection::from_env()) {}
+
+void QueuedReader::submit(const ReadRequest& request) {
+    bool wake;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_.add(request);
+        wake = !queue_.plugged() && kick_needed_locked();
+    }
+    if (wake) kick();
+}
+
+bool QueuedReader::cancel(uint64_t tag) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return queue_.cancel(tag);
+}
+
+void QueuedReader::promote(uint64_t tag) {
+    bool wake;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_.promote(tag);
+        wake = !queue_.plugged() && kick_needed_locked();  // a prefetch held back by the limit may start
+    }
+    if (wake) kick();
+}
+
+void QueuedReader::plug() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.set_plugged(true);
+}
+
+void QueuedReader::unplug() {
+    bool wake;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_.set_plugged(false);
+        wake = kick_needed_locked();
+    }
+    if (wake) kick();
+}
+
+size_t QueuedReader::reap(std::vector<ReadCompletion>& out, bool wait) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (wait) {
+        if (queue_.plugged()) {  // waiting on a plugged queue would never return
+            queue_.set_plugged(false);
+            if (kick_needed_locked()) {
+                lock.unlock();
+                kick();
+                lock.lock();
+            }
+        }
+        done_cv_.wait(lock, [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; });
+    }
+    return queue_.take_completions(out);
+}
+
+size_t QueuedReader::outstanding() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return queue_.outstanding();
+}
+
 }  // namespace sharpi::io

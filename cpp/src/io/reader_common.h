@@ -17,9 +17,11 @@
 //   range, so an end of file inside a chunk before the requested end is an error.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -135,6 +137,30 @@ class ReadQueue {
     std::list<QueuedRead*> demand_;
     std::list<QueuedRead*> prefetch_;
     std::vector<ReadCompletion> done_;  // completed, not yet reaped
+};
+
+// The decode-thread side both readers share: requests live in a ReadQueue under mutex_, completions
+// are handed out by reap(), and after any change that may let a chunk start the I/O side is kicked.
+// A subclass says how: kick_needed_locked() (under mutex_; may record that a kick is on its way)
+// and kick() (without the lock). Its I/O side finishes chunks through queue_ and notifies done_cv_.
+class QueuedReader : public ExpertReader {
+  public:
+    void submit(const ReadRequest& request) override;
+    bool cancel(uint64_t tag) override;
+    void promote(uint64_t tag) override;
+    void plug() override;
+    void unplug() override;
+    size_t reap(std::vector<ReadCompletion>& out, bool wait) override;
+    size_t outstanding() const override;
+
+  protected:
+    QueuedReader(std::string path, uint64_t chunk_bytes, int depth);
+    virtual bool kick_needed_locked() = 0;
+    virtual void kick() = 0;
+
+    mutable std::mutex mutex_;
+    std::condition_variable done_cv_;  // reap(): a completion arrived
+    ReadQueue queue_;                  // guarded by mutex_
 };
 
 // Constructors used by reader_factory.cpp. open_uring_reader returns nullptr and sets *why when

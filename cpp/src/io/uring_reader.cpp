@@ -57,12 +57,10 @@ constexpr uint64_t kProbeData = ~uint64_t{0} - 1;  // user_data of the construct
 constexpr uint64_t kMaxRegisteredPiece = uint64_t{1} << 30;
 constexpr int kMaxRetries = 8;
 
-class UringReader final : public ExpertReader {
+class UringReader final : public QueuedReader {
   public:
     UringReader(const std::string& path, const ResolvedOptions& options)
-        : path_(path),
-          depth_(options.queue_depth),
-          queue_(path, options.chunk_bytes, options.queue_depth, FaultInjection::from_env()) {}
+        : QueuedReader(path, options.chunk_bytes, options.queue_depth), path_(path), depth_(options.queue_depth) {}
 
     ~UringReader() override {
         if (io_thread_.joinable()) {
@@ -72,7 +70,7 @@ class UringReader final : public ExpertReader {
                 queue_.drop_queued();
                 wake_sent_ = true;
             }
-            write_wake();
+            kick();
             io_thread_.join();
         }
         if (registered_) io_uring_unregister_buffers(&ring_);
@@ -126,68 +124,6 @@ class UringReader final : public ExpertReader {
              " KiB";
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
         return s;
-    }
-
-    void submit(const ReadRequest& request) override {
-        bool wake;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.add(request);
-            wake = !queue_.plugged() && need_wake_locked();
-        }
-        if (wake) write_wake();
-    }
-
-    bool cancel(uint64_t tag) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return queue_.cancel(tag);
-    }
-
-    void promote(uint64_t tag) override {
-        bool wake;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.promote(tag);
-            wake = !queue_.plugged() && need_wake_locked();  // a prefetch held back by the reserve may start
-        }
-        if (wake) write_wake();
-    }
-
-    void plug() override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        queue_.set_plugged(true);
-    }
-
-    void unplug() override {
-        bool wake;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            queue_.set_plugged(false);
-            wake = need_wake_locked();
-        }
-        if (wake) write_wake();
-    }
-
-    size_t reap(std::vector<ReadCompletion>& out, bool wait) override {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (wait) {
-            if (queue_.plugged()) {
-                queue_.set_plugged(false);
-                if (need_wake_locked()) {
-                    lock.unlock();
-                    write_wake();
-                    lock.lock();
-                }
-            }
-            done_cv_.wait(lock,
-                          [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; });
-        }
-        return queue_.take_completions(out);
-    }
-
-    size_t outstanding() const override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return queue_.outstanding();
     }
 
   private:
@@ -260,13 +196,13 @@ class UringReader final : public ExpertReader {
     }
 
     // Under mutex_: true when the I/O thread sleeps in the ring and no wake is on its way.
-    bool need_wake_locked() {
+    bool kick_needed_locked() override {
         if (!io_sleeping_ || wake_sent_) return false;
         wake_sent_ = true;
         return true;
     }
 
-    void write_wake() const {
+    void kick() override {
         const uint64_t one = 1;
         // Fails only when the counter is saturated, in which case a wake is pending anyway.
         [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
@@ -409,9 +345,6 @@ class UringReader final : public ExpertReader {
     bool use_fixed_ = false;     // guarded by mutex_: READ_FIXED for buffers inside the arena
     std::string register_note_;  // guarded by mutex_: why reads are plain ones
 
-    mutable std::mutex mutex_;
-    std::condition_variable done_cv_;  // reap(): a completion arrived
-    ReadQueue queue_;                  // guarded by mutex_
     std::vector<InFlight> slots_;      // guarded by mutex_ (I/O thread)
     std::vector<int> free_slots_;      // guarded by mutex_ (I/O thread)
     bool stopping_ = false;            // guarded by mutex_
