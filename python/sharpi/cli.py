@@ -18,51 +18,15 @@ import os
 import sys
 from typing import TextIO
 
+from . import metrics
+from .cli_args import add_compute_arguments, non_negative_int
+
 
 def _user_errors() -> tuple:
     """Errors that come from the user's input or environment, not from a bug: one line, no traceback."""
     from . import _core
 
     return (_core.SharpiError, OSError)
-
-
-def int_at_least(name: str, minimum: int):
-    """An argparse type: an integer >= minimum, with a message naming the option."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_or_zero(name: str):
-    return int_at_least(name, 0)
-
-
-def add_compute_arguments(p: argparse.ArgumentParser) -> None:
-    """-t/--threads and -c/--ctx-size, shared by the commands that run a Session."""
-    p.add_argument(
-        "-t",
-        "--threads",
-        type=_positive_or_zero("-t"),
-        default=0,
-        metavar="N",
-        help="compute threads (default: 0 = one per core)",
-    )
-    p.add_argument(
-        "-c",
-        "--ctx-size",
-        type=_positive_or_zero("-c"),
-        default=0,
-        metavar="N",
-        help="context size in tokens (default: 0 = the model's, at most 4096)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-n",
         "--n-predict",
-        type=_positive_or_zero("-n"),
+        type=non_negative_int("-n"),
         default=64,
         metavar="N",
         help="number of tokens to generate (default: 64)",
@@ -314,16 +278,13 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
 
 def format_expert_stats(stats: dict) -> str:
     """One line summarising the expert cache of a streamed run."""
-    layers = stats["layers"]
-    acc = sum(lay["accesses"] for lay in layers)
-    hits = sum(lay["hits"] for lay in layers)
-    read = sum(lay["bytes_read"] for lay in layers)
-    stall = sum(lay["stall_ms"] for lay in layers)
-    ev = sum(lay["evictions"] for lay in layers)
-    rate = hits / acc if acc else 0.0
+    total = metrics.sum_layers(stats["layers"], metrics.CACHE_COUNTERS)
+    acc, hits = total["accesses"], total["hits"]
+    rate = metrics.hit_rate(hits, acc) or 0.0
     return (
         f"sharpi: experts {stats['n_slots']} slots x {stats['slot_bytes'] / 2**20:.2f} MiB ({stats['reader']}) | "
-        f"hit rate {rate:.3f} ({hits}/{acc}) | read {read / 2**20:.1f} MiB | evictions {ev} | stall {stall:.1f} ms"
+        f"hit rate {rate:.3f} ({hits}/{acc}) | read {total['bytes_read'] / 2**20:.1f} MiB | "
+        f"evictions {total['evictions']} | stall {total['stall_ms']:.1f} ms"
     )
 
 
@@ -335,11 +296,11 @@ def write_expert_stats(path: str, stats: dict) -> None:
     n_layer = len(layers)
     acc = stats["expert_accesses"].reshape(n_layer, -1) if n_layer else []
     mis = stats["expert_misses"].reshape(n_layer, -1) if n_layer else []
-    doc = {k: stats[k] for k in ("reader", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")}
+    doc = {k: stats[k] for k in metrics.CACHE_PLAN}
     doc["layers"] = []
     for il, lay in enumerate(layers):
         entry = dict(lay)
-        entry["hit_rate"] = lay["hits"] / lay["accesses"] if lay["accesses"] else None
+        entry["hit_rate"] = metrics.hit_rate(lay["hits"], lay["accesses"])
         entry["expert_accesses"] = [int(x) for x in acc[il]]
         entry["expert_misses"] = [int(x) for x in mis[il]]
         doc["layers"].append(entry)

@@ -51,6 +51,8 @@ from typing import Union
 
 import numpy as np
 
+from .cli_args import add_compute_arguments, non_negative_int
+
 HIDDEN_KIND = "residual stream entering the MoE block: after the layer's attention, before ffn_norm"
 
 Prompt = Union[str, Sequence[int]]
@@ -347,8 +349,6 @@ def _write_npz(path: str, arrays: dict) -> None:
 
 def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     """Registers `sharpi trace` on an argparse subparsers object; returns the parser."""
-    from .cli import _positive_or_zero, add_compute_arguments
-
     p = subparsers.add_parser(
         "trace",
         help="record expert routing (and hidden states) of prompts into a trace .npz",
@@ -376,7 +376,7 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--generate",
-        type=_positive_or_zero("--generate"),
+        type=non_negative_int("--generate"),
         default=0,
         metavar="N",
         help="greedy tokens decoded one by one after each prompt (default: 0)",

@@ -29,7 +29,7 @@ import json
 import sys
 from typing import TextIO
 
-from ..cli import int_at_least
+from ..cli_args import int_at_least
 from .reference import PREDICTOR_NAMES
 
 TRAIN_KINDS = ("cooc", "learned", "trajectory", "pregate")

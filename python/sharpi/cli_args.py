@@ -1,0 +1,66 @@
+"""Argparse helpers shared by the `sharpi` subcommands: typed integer options and the compute options.
+
+What it owns: argparse `type=` callables whose error messages name the option, and the -t/-c pair
+every command that runs a Session takes. It imports nothing from sharpi, so any command module
+(sharpi.cli, sharpi.harvest, sharpi.predict.cli, sharpi.bench) can use it without an import loop:
+sharpi.cli registers the subcommands, the subcommand modules never import sharpi.cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def int_at_least(name: str, minimum: int):
+    """An argparse type: an integer >= minimum, with a message naming the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def non_negative_int(name: str):
+    """An argparse type: an integer >= 0 (0 usually means "the default")."""
+    return int_at_least(name, 0)
+
+
+def positive_int(name: str):
+    """An argparse type: an integer > 0 ("{name} must be > 0" when it is not)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {value}")
+        return value
+
+    return parse
+
+
+def add_compute_arguments(p: argparse.ArgumentParser) -> None:
+    """-t/--threads and -c/--ctx-size, shared by the commands that run a Session."""
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=non_negative_int("-t"),
+        default=0,
+        metavar="N",
+        help="compute threads (default: 0 = one per core)",
+    )
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=non_negative_int("-c"),
+        default=0,
+        metavar="N",
+        help="context size in tokens (default: 0 = the model's, at most 4096)",
+    )
