@@ -1,24 +1,15 @@
 """The MoE tracing report (DESIGN §7): expert-cache, prefetch and predictor metrics per layer and in
 total, per-request latency, and a Chrome/Perfetto timeline.
 
-What it owns: the arithmetic that turns the engine's raw counters (Session.expert_stats()) and
-per-request timings (Session.last_stats) into the metrics whose names and meanings DESIGN §7 fixes,
-the human table printed to `stream`, and two files in `out_dir`: moe_trace.json (the summary) and
-moe_trace_timeline.json (trace-event JSON written by sharpi.timeline, one lane per compute thread
-and per reader queue). It never talks to the engine and never changes the counters: callers pass
-plain dicts, so the report can be recomputed from saved stats. Missing keys count as 0 (the engine
-grows counters over time); a ratio whose denominator is 0 is None (JSON null, "-" in the table),
-never a division error.
+What it owns: the per-request latency summary, the human table printed to `stream`, and two files
+in `out_dir`: moe_trace.json (the summary) and moe_trace_timeline.json (trace-event JSON written by
+sharpi.timeline, one lane per compute thread and per reader queue). The counter names and the
+arithmetic of every cache / prefetch / predictor metric (hit_rate, recall_at_k, precision, io_gbps,
+overlap, predict_overhead, ...) are sharpi.metrics'; this module applies them. It never talks to the
+engine and never changes the counters: callers pass plain dicts, so the report can be recomputed
+from saved stats. Missing keys count as 0; a ratio whose denominator is 0 is None (JSON null, "-"
+in the table), never a division error.
 
-Definitions (per layer and total; "total" sums the per-layer counters first, then divides):
-  hit_rate       = hits / (hits + misses)
-  recall_at_k    = predicted_correct / (predictions * top_k)     (prediction set size = k)
-  precision      = predicted_correct / predicted_experts
-  io_bytes       = bytes_read
-  io_gbps        = io_bytes / io_busy_ms                          (total only: io_busy_ms is global)
-  compute_ms     = decode_ms - stall_ms                           (total only)
-  overlap        = 1 - stall_ms / io_busy_ms                      (total only)
-  predict_overhead = predict_ms / decode_ms                       (total only)
 io_busy_ms comes from expert_stats["io_busy_ms"]; when the engine does not report it and a
 timeline is given, it is the length of the union of the reader tracks' spans (io_busy_source says
 which). top_k comes from expert_stats ("top_k" or "n_expert_used"), else from the constructor.
@@ -31,39 +22,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from . import metrics
 from .timeline import write_chrome_trace
-
-# Per-layer counters read from expert_stats()["layers"][il] (missing = 0).
-LAYER_COUNTERS = (
-    "accesses",
-    "hits",
-    "misses",
-    "evictions",
-    "bytes_read",
-    "stall_ms",
-    "prefetch_issued",
-    "prefetch_used",
-    "prefetch_timely",
-    "prefetch_late",
-    "prefetch_wasted_bytes",
-    "prefetch_skipped",
-    "hints_dropped",
-    "predictions",
-    "predicted_correct",
-    "predicted_experts",
-)
-# Top-level times read from expert_stats() (missing = 0).
-GLOBAL_TIMES = ("io_busy_ms", "decode_ms", "predict_ms")
-
-
-def _num(d: Mapping, key: str) -> float:
-    value = d.get(key, 0) if d else 0
-    return 0 if value is None else value
-
-
-def _ratio(num: float, den: float):
-    return num / den if den else None
-
 
 def _reader_busy_ms(events: Sequence[Mapping]) -> float:
     """Milliseconds during which at least one read was in flight: the union of the spans of every
@@ -86,18 +46,6 @@ def _reader_busy_ms(events: Sequence[Mapping]) -> float:
     return busy_us / 1e3
 
 
-def _layer_metrics(counters: dict, top_k) -> dict:
-    hits, misses = counters["hits"], counters["misses"]
-    out = dict(counters)
-    out["io_bytes"] = counters["bytes_read"]
-    out["hit_rate"] = _ratio(hits, hits + misses)
-    out["recall_at_k"] = (
-        _ratio(counters["predicted_correct"], counters["predictions"] * top_k) if top_k else None
-    )
-    out["precision"] = _ratio(counters["predicted_correct"], counters["predicted_experts"])
-    return out
-
-
 class MoeTracer:
     """Collects per-request timings, then builds, prints and writes the MoE tracing report."""
 
@@ -116,14 +64,14 @@ class MoeTracer:
         n_generated, prefill_s, decode_s; missing = 0)."""
         self.requests.append(
             {
-                "n_prompt": int(_num(stats, "n_prompt")),
-                "n_generated": int(_num(stats, "n_generated")),
-                "prefill_s": float(_num(stats, "prefill_s")),
-                "decode_s": float(_num(stats, "decode_s")),
-                "ttft_ms": float(_num(stats, "ttft_s")) * 1e3,
-                "tpot_ms": float(_num(stats, "tpot_s")) * 1e3,
-                "prefill_tok_s": float(_num(stats, "prefill_tok_s")),
-                "decode_tok_s": float(_num(stats, "decode_tok_s")),
+                "n_prompt": int(metrics.counter(stats, "n_prompt")),
+                "n_generated": int(metrics.counter(stats, "n_generated")),
+                "prefill_s": float(metrics.counter(stats, "prefill_s")),
+                "decode_s": float(metrics.counter(stats, "decode_s")),
+                "ttft_ms": float(metrics.counter(stats, "ttft_s")) * 1e3,
+                "tpot_ms": float(metrics.counter(stats, "tpot_s")) * 1e3,
+                "prefill_tok_s": float(metrics.counter(stats, "prefill_tok_s")),
+                "decode_tok_s": float(metrics.counter(stats, "decode_tok_s")),
             }
         )
 
@@ -131,31 +79,10 @@ class MoeTracer:
         """The report as a dict: {top_k, layers: [...], total: {...}, requests: [...],
         requests_total: {...}}. Pure arithmetic on its arguments and the added requests."""
         expert_stats = expert_stats or {}
-        top_k = expert_stats.get("top_k") or expert_stats.get("n_expert_used") or self.top_k
-        top_k = int(top_k) if top_k else None
-        layers = []
-        totals = {key: 0 for key in LAYER_COUNTERS}
-        for il, raw in enumerate(expert_stats.get("layers", []) or []):
-            counters = {key: _num(raw, key) for key in LAYER_COUNTERS}
-            for key in LAYER_COUNTERS:
-                totals[key] += counters[key]
-            layers.append({"layer": il, **_layer_metrics(counters, top_k)})
-
-        total = _layer_metrics(totals, top_k)
-        times = {key: float(_num(expert_stats, key)) for key in GLOBAL_TIMES}
-        io_busy_source = "expert_stats" if times["io_busy_ms"] > 0 else "none"
-        if times["io_busy_ms"] <= 0 and timeline_events:
-            busy = _reader_busy_ms(timeline_events)
-            if busy > 0:
-                times["io_busy_ms"], io_busy_source = busy, "timeline"
-        total.update(times)
-        total["io_busy_source"] = io_busy_source
-        io_busy_s = times["io_busy_ms"] / 1e3
-        total["io_gbps"] = total["io_bytes"] / io_busy_s / 1e9 if io_busy_s > 0 else None
-        total["compute_ms"] = times["decode_ms"] - total["stall_ms"] if times["decode_ms"] > 0 else None
-        stall_over_busy = _ratio(total["stall_ms"], times["io_busy_ms"])
-        total["overlap"] = None if stall_over_busy is None else 1.0 - stall_over_busy
-        total["predict_overhead"] = _ratio(times["predict_ms"], times["decode_ms"])
+        busy_ms = 0.0
+        if metrics.counter(expert_stats, "io_busy_ms") <= 0 and timeline_events:
+            busy_ms = _reader_busy_ms(timeline_events)
+        doc = metrics.summarise(expert_stats, self.top_k, io_busy_fallback=(busy_ms, "timeline"))
 
         reqs = self.requests
         n_prompt = sum(r["n_prompt"] for r in reqs)
@@ -164,16 +91,14 @@ class MoeTracer:
         decode_s = sum(r["decode_s"] for r in reqs)
         requests_total = {
             "requests": len(reqs),
-            "ttft_ms_mean": _ratio(sum(r["ttft_ms"] for r in reqs), len(reqs)),
+            "ttft_ms_mean": metrics.ratio(sum(r["ttft_ms"] for r in reqs), len(reqs)),
             # TPOT over all decode steps of all requests (a long request weighs by its steps).
-            "tpot_ms": _ratio(decode_s * 1e3, decode_steps),
-            "prefill_tok_s": _ratio(n_prompt, prefill_s),
-            "decode_tok_s": _ratio(decode_steps, decode_s),
+            "tpot_ms": metrics.ratio(decode_s * 1e3, decode_steps),
+            "prefill_tok_s": metrics.ratio(n_prompt, prefill_s),
+            "decode_tok_s": metrics.ratio(decode_steps, decode_s),
         }
         return {
-            "top_k": top_k,
-            "layers": layers,
-            "total": total,
+            **doc,
             "requests": [dict(r) for r in reqs],
             "requests_total": requests_total,
         }
