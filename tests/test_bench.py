@@ -250,7 +250,7 @@ def test_chrome_trace_rejects_malformed_events():
 
 
 def test_memory_cap_kills_a_process_over_its_limit():
-    from sharpi.bench import MemoryCap
+    from sharpi.bench.isolation import MemoryCap
 
     hog = [sys.executable, "-c", "x = b'1' * (256 << 20); print(len(x))"]
     with MemoryCap(64 << 20) as cap:
@@ -403,7 +403,7 @@ def test_bench_quick_smoke(tmp_path):
 def test_predictor_options():
     import argparse
 
-    from sharpi import bench
+    from sharpi.bench import arguments as bench
 
     assert bench._predictor_list("cooc,none,prev_token,cooc") == ["none", "cooc", "prev_token"]
     assert bench._predictor_list("trajectory") == ["none", "trajectory"]
@@ -446,7 +446,7 @@ def random_trace(rng, n_seq, n_layer, n_expert, k):
 
 @pytest.mark.parametrize("n_seq", [2, 3, 10, 37])
 def test_eval_split_and_train_trace(tmp_path, n_seq):
-    from sharpi.bench import eval_split, write_train_trace
+    from sharpi.bench.workloads import eval_split, write_train_trace
 
     rng = np.random.default_rng(n_seq)
     t = random_trace(rng, n_seq, n_layer=6, n_expert=16, k=2)
@@ -475,7 +475,7 @@ def test_eval_split_and_train_trace(tmp_path, n_seq):
 
 
 def test_eval_split_of_the_shared_trace():
-    from sharpi.bench import eval_split
+    from sharpi.bench.workloads import eval_split
 
     if not SHARED_TRACE.is_file():
         pytest.skip("shared traces absent")
@@ -485,7 +485,7 @@ def test_eval_split_of_the_shared_trace():
 
 
 def test_compare_predictors_picks_the_least_stall():
-    from sharpi.bench import compare_predictors
+    from sharpi.bench.report import compare_predictors
 
     def run(share, pred, stall, tpot, tokens=10):
         return {"share": share, "predictor": pred, "stall_ms": stall, "tokens": tokens, "tpot_ms": tpot}
