@@ -135,7 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"first trace row replayed (default: the first token of the evaluation split, the last "
-        f"{1 - TRAIN_SPLIT:.0%} of the trace's sequences)",
+        f"{1 - TRAIN_SPLIT:.0%}% of the trace's sequences)",  # %% : argparse %-formats help
     )
     p.add_argument("--no-trace", action="store_true", help="skip the trace-replay workload")
     p.add_argument("--no-random", action="store_true", help="skip the random-token workload on --preset")
