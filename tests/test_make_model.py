@@ -24,6 +24,7 @@ import pytest
 from sharpi import _core
 from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
+from sharpi.quantize import quantize
 
 QT = gguf.GGMLQuantizationType
 VT = gguf.GGUFValueType
@@ -289,7 +290,7 @@ def test_k_quantizers_against_gguf_dequantize(qtype, bound):
             np.full((2, 512), -3.0),
         ]
     ).astype(np.float32)
-    q = mm.quantize(x, qtype)
+    q = quantize(x, qtype)
     assert q.dtype == np.uint8 and q.shape == (x.shape[0], 512 // 256 * gguf.GGML_QUANT_SIZES[qtype][1])
     y = gguf.quants.dequantize(q, qtype)
     assert y.shape == x.shape and np.isfinite(y).all()

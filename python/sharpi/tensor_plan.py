@@ -1,0 +1,240 @@
+"""The tensors of a synthetic model and the ggml type each gets: what sharpi.make_model writes.
+
+What it owns: the quant names `sharpi make-model --quant` accepts (QUANTS: llama.cpp's file type
+and base type of each) and, per architecture, the tensor names and ggml shapes
+convert_hf_to_gguf.py writes (plan_tensors), each with the type llama.cpp's converter or
+llama-quantize would give it (choose_type, including the K_M mixes' extra bits on some layers).
+Plain data and rules: no weights, no file I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gguf
+
+from ._core import InvalidArgument
+from .presets import HParams
+
+QT = gguf.GGMLQuantizationType
+FT = gguf.LlamaFileType
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    name: str
+    ftype: FT  # general.file_type
+    default: QT  # type of an ordinary weight matrix
+    via_quantizer: bool  # True: llama-quantize's per-tensor rules; False: convert_hf_to_gguf --outtype
+
+
+QUANTS: dict[str, QuantRecipe] = {
+    r.name: r
+    for r in [
+        QuantRecipe("f32", FT.ALL_F32, QT.F32, False),
+        QuantRecipe("f16", FT.MOSTLY_F16, QT.F16, False),
+        QuantRecipe("bf16", FT.MOSTLY_BF16, QT.BF16, False),
+        QuantRecipe("q8_0", FT.MOSTLY_Q8_0, QT.Q8_0, False),
+        QuantRecipe("q4_0", FT.MOSTLY_Q4_0, QT.Q4_0, True),
+        QuantRecipe("q4_1", FT.MOSTLY_Q4_1, QT.Q4_1, True),
+        QuantRecipe("q5_0", FT.MOSTLY_Q5_0, QT.Q5_0, True),
+        QuantRecipe("q5_1", FT.MOSTLY_Q5_1, QT.Q5_1, True),
+        # The plain K names are llama-quantize's "_S" (small) mixes, its only mixes with those types.
+        QuantRecipe("q2_k", FT.MOSTLY_Q2_K, QT.Q2_K, True),
+        QuantRecipe("q3_k", FT.MOSTLY_Q3_K_S, QT.Q3_K, True),
+        QuantRecipe("q4_k", FT.MOSTLY_Q4_K_S, QT.Q4_K, True),
+        QuantRecipe("q5_k", FT.MOSTLY_Q5_K_S, QT.Q5_K, True),
+        QuantRecipe("q6_k", FT.MOSTLY_Q6_K, QT.Q6_K, True),
+        QuantRecipe("q4_k_m", FT.MOSTLY_Q4_K_M, QT.Q4_K, True),
+        QuantRecipe("q5_k_m", FT.MOSTLY_Q5_K_M, QT.Q5_K, True),
+    ]
+}
+
+
+@dataclass
+class TensorSpec:
+    """One tensor of the model. `ne` is ggml order (ne[0] = row length, innermost)."""
+
+    name: str
+    ne: tuple[int, ...]
+    layer: int | None  # block index for blk.N.* tensors
+    role: str  # embed | linear | out_linear | router | shexp_gate | norm | bias | lm_head
+    type: QT = QT.F32
+
+    @property
+    def numpy_shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.ne))
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.ne)
+
+    @property
+    def nbytes(self) -> int:
+        block, size = gguf.GGML_QUANT_SIZES[self.type]
+        return self.n_elements // block * size
+
+    def init_std(self) -> float:
+        """Standard deviation of the synthetic weights: keeps activations O(1) through the network."""
+        fan_in = self.ne[0]
+        return {
+            "embed": 1.0,  # the residual stream starts at unit scale
+            "linear": 1.0 / math.sqrt(fan_in),
+            "out_linear": 1.0 / math.sqrt(fan_in),  # residual branch outputs: O(1) but below the stream
+            "router": 2.0 / math.sqrt(fan_in),  # logits ~N(0, 2): clear top-k margins
+            "shexp_gate": 1.0 / math.sqrt(fan_in),
+            "lm_head": 2.0 / math.sqrt(fan_in),
+            "norm": 0.05,  # around 1.0, see _float_weights
+            "bias": 0.05,
+        }[self.role]
+
+
+def _more_bits(i_layer: int, n_layer: int) -> bool:
+    """llama.cpp's layer choice for the extra bits of the K_M mixes: the first and last eighth of the
+    layers and every third layer in between."""
+    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
+
+
+_FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
+
+
+def _fits(qt: QT, row: int) -> bool:
+    return row % gguf.GGML_QUANT_SIZES[qt][0] == 0
+
+
+def choose_type(spec: TensorSpec, hp: HParams, recipe: QuantRecipe, pure: bool = False) -> QT:
+    """The ggml type llama.cpp's tools give this tensor (rules of convert_hf_to_gguf.py and
+    src/llama-quant.cpp, re-stated; `pure` = llama-quantize --pure: one type for every weight matrix)."""
+    name, row = spec.name, spec.ne[0]
+    # Never quantized: 1-D tensors, norms, biases, routers (both converter and quantizer agree).
+    if (
+        len(spec.ne) < 2
+        or name.endswith("_norm.weight")
+        or not name.endswith(".weight")
+        or ".ffn_gate_inp" in name
+    ):
+        return QT.F32
+
+    if not recipe.via_quantizer:
+        # The converter's --outtype: everything else in that one type; q8_0 rows must be whole blocks.
+        if recipe.default == QT.Q8_0 and not _fits(QT.Q8_0, row):
+            return QT.F16
+        return recipe.default
+
+    ft, new = recipe.ftype, recipe.default
+    n_layer, il = hp.n_layer, spec.layer
+    tied_embd = hp.tie_embeddings and name == "token_embd.weight"
+    if not pure:
+        if name == "output.weight" or tied_embd:
+            if not _fits(new, row):
+                new = QT.Q8_0
+            elif new != QT.Q8_0:
+                new = QT.Q6_K
+        elif name == "token_embd.weight":
+            pass  # the file type's default
+        elif ".attn_v." in name:
+            if ft == FT.MOSTLY_Q2_K:
+                new = QT.Q4_K if hp.n_head // hp.n_head_kv >= 4 else QT.Q3_K
+            elif ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and _more_bits(il, n_layer):
+                new = QT.Q6_K
+            elif ft == FT.MOSTLY_Q4_K_S and il < 4:
+                new = QT.Q5_K
+            if hp.n_expert == 8:
+                new = QT.Q8_0  # "trades just ~128MB" for 8-expert models
+        elif ".attn_k." in name:
+            if hp.n_expert == 8:
+                new = QT.Q8_0
+        elif ".ffn_down" in name:  # ffn_down, ffn_down_exps and ffn_down_shexp alike
+            if ft == FT.MOSTLY_Q2_K:
+                new = QT.Q3_K
+            elif ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and _more_bits(il, n_layer):
+                new = QT.Q6_K
+            elif ft == FT.MOSTLY_Q4_K_S and il < n_layer // 8:
+                new = QT.Q5_K
+        elif ".attn_output." in name:
+            if hp.n_expert == 8:
+                if ft in (FT.MOSTLY_Q2_K, FT.MOSTLY_Q3_K_S, FT.MOSTLY_Q4_K_S, FT.MOSTLY_Q4_K_M):
+                    new = QT.Q5_K
+            elif ft == FT.MOSTLY_Q2_K:
+                new = QT.Q3_K
+    # Rows that are not whole blocks of the chosen type fall back as llama-quantize does
+    # (e.g. Qwen1.5-MoE's 1408-wide ffn_down_exps: q4_K -> q5_0, q6_K -> q8_0).
+    if not _fits(new, row):
+        new = _FALLBACK.get(new, new)
+        if not _fits(new, row):
+            new = QT.F16
+    return new
+
+
+def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[TensorSpec]:
+    """Every tensor of the model in file order (token_embd, blocks in order, output_norm, output)."""
+    recipe = quant_recipe(quant)
+    E, V, Q, KV = hp.n_embd, hp.n_vocab, hp.q_width, hp.kv_width
+    # The qwen2moe shared-expert gate is [n_embd, 1] from the converter; llama-quantize drops the
+    # trailing 1 (it rewrites every shape with ggml_n_dims), so quantized files carry [n_embd].
+    shexp_gate_ne = (E,) if recipe.via_quantizer else (E, 1)
+    specs = [TensorSpec("token_embd.weight", (E, V), None, "embed")]
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
+        t += [
+            TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
+            TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+            TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+        ]
+        if hp.arch in ("qwen2", "qwen2moe"):
+            t += [
+                TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
+                TensorSpec(b + "attn_k.bias", (KV,), il, "bias"),
+                TensorSpec(b + "attn_v.bias", (KV,), il, "bias"),
+            ]
+        if hp.arch in ("qwen3", "qwen3moe"):  # per-head RMSNorm of q and k
+            t += [
+                TensorSpec(b + "attn_q_norm.weight", (hp.head_dim,), il, "norm"),
+                TensorSpec(b + "attn_k_norm.weight", (hp.head_dim,), il, "norm"),
+            ]
+        if hp.arch == "olmoe":  # RMSNorm over the whole q / k projection
+            t += [
+                TensorSpec(b + "attn_q_norm.weight", (Q,), il, "norm"),
+                TensorSpec(b + "attn_k_norm.weight", (KV,), il, "norm"),
+            ]
+        t += [
+            TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+            TensorSpec(b + "ffn_norm.weight", (E,), il, "norm"),
+        ]
+        if hp.is_moe:
+            F, X = hp.n_ff_exp, hp.n_expert
+            t += [
+                TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+                TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+                TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+                TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+            ]
+            if hp.arch == "qwen2moe":
+                S = hp.n_ff_shexp
+                t += [
+                    TensorSpec(b + "ffn_gate_inp_shexp.weight", shexp_gate_ne, il, "shexp_gate"),
+                    TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
+                    TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
+                    TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+                ]
+        else:
+            t += [
+                TensorSpec(b + "ffn_gate.weight", (E, hp.n_ff), il, "linear"),
+                TensorSpec(b + "ffn_up.weight", (E, hp.n_ff), il, "linear"),
+                TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
+            ]
+        specs += t
+    specs.append(TensorSpec("output_norm.weight", (E,), None, "norm"))
+    if not hp.tie_embeddings:
+        specs.append(TensorSpec("output.weight", (E, V), None, "lm_head"))
+    for s in specs:
+        s.type = choose_type(s, hp, recipe, pure)
+    return specs
+
+
+def quant_recipe(quant: str) -> QuantRecipe:
+    if quant not in QUANTS:
+        raise InvalidArgument(f"unknown quant '{quant}' (known: {', '.join(QUANTS)})")
+    return QUANTS[quant]
