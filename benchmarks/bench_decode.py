@@ -24,7 +24,6 @@ import sys
 import time
 
 import numpy as np
-
 import sharpi
 from sharpi import _core
 from sharpi.make_model import write_model

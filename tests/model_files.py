@@ -6,7 +6,7 @@ independent of sharpi's reader), applying edits on the way.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
@@ -15,11 +15,11 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 def rewrite_gguf(
     src: str,
     dst: str,
-    set_kv: Optional[Dict[str, object]] = None,
+    set_kv: dict[str, object] | None = None,
     drop_kv: tuple = (),
     drop_tensors: tuple = (),
-    tensor_edit: Optional[Callable[[str, np.ndarray, GGMLQuantizationType, list], tuple]] = None,
-    add_tensors: Optional[Dict[str, np.ndarray]] = None,
+    tensor_edit: Callable[[str, np.ndarray, GGMLQuantizationType, list], tuple] | None = None,
+    add_tensors: dict[str, np.ndarray] | None = None,
 ) -> None:
     """Copy src to dst. set_kv: {key: value} (str, int, float or bool; replaces or adds).
     tensor_edit(name, raw_bytes, type, ggml_shape) -> (raw_bytes, type, ggml_shape) or None to keep.

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 import sharpi
-from sharpi.make_model import write_model
-
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from model_files import rewrite_gguf
+from sharpi.make_model import write_model
 
 
 @pytest.fixture(scope="module")

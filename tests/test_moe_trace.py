@@ -13,10 +13,8 @@ import json
 
 import numpy as np
 import pytest
+from sharpi.metrics import LAYER_COUNTERS as COUNTERS  # the counters the report reads
 from sharpi.moe_trace import MoeTracer, format_table
-
-# The counters the report reads; the expected values below are computed from them by hand.
-from sharpi.metrics import LAYER_COUNTERS as COUNTERS  # noqa: E402
 
 
 def random_stats(rng, n_layer: int, top_k: int, with_new_keys: bool = True) -> dict:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import sharpi
-from sharpi.make_model import write_model
 from model_files import rewrite_gguf
+from sharpi.make_model import write_model
 from test_streaming import run_tokens  # prompt logits, then greedy token-by-token logits
 
 N_LAYER = 5
@@ -258,7 +257,7 @@ def test_raising_plugin_message_is_kept(models):
 
     class Raises(sharpi.Predictor):
         def observe(self, layer, hidden, router_logits, history, prev):
-            raise ValueError("boom at layer %d" % layer)
+            raise ValueError(f"boom at layer {layer}")
 
     s = streamed(path, k, 1, predictor=Raises())
     s.decode(PROMPT)
@@ -365,7 +364,8 @@ def test_sidecar_for_another_model_or_corrupt_is_a_clear_error(models, sidecars,
         streamed(small, k, 1, predictor=f"cooc:{sidecars['cooc']}")
     s = streamed(other, k, 1, predictor=f"cooc:{sidecars['cooc']}")  # shapes match: accepted
     assert s.expert_stats()["n_staging"] == k
-    data = open(sidecars["cooc"], "rb").read()
+    with open(sidecars["cooc"], "rb") as f:
+        data = f.read()
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(data[: len(data) // 2])
     with pytest.raises(sharpi.FormatError):

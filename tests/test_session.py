@@ -14,7 +14,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import sharpi
 from sharpi.make_model import write_model
 

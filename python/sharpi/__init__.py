@@ -16,9 +16,8 @@ from ._core import (  # noqa: F401
     cuda_available,
     cuda_describe,
 )
-
-from .plugin import Predictor  # noqa: E402,F401
-from .session import Session  # noqa: E402,F401
+from .plugin import Predictor  # noqa: F401
+from .session import Session  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from . import metrics
 from .timeline import write_chrome_trace
 
+
 def _reader_busy_ms(events: Sequence[Mapping]) -> float:
     """Milliseconds during which at least one read was in flight: the union of the spans of every
     track whose name starts with "reader" (overlapping reads count once)."""

@@ -23,7 +23,7 @@ Session.predictor_errors(). It must not call back into the Session.
 
 from __future__ import annotations
 
-from typing import Iterable, Tuple
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -38,5 +38,5 @@ class Predictor:
         router_logits: np.ndarray,
         history: np.ndarray,
         prev: np.ndarray,
-    ) -> Iterable[Tuple[int, int, float]]:
+    ) -> Iterable[tuple[int, int, float]]:
         raise NotImplementedError("subclasses of sharpi.Predictor implement observe()")
