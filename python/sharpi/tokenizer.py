@@ -20,6 +20,9 @@ original tokenizer:
 
 Control tokens (token type 3, and "unknown", type 2) are recognised in the text only when
 encode(special=True); user-defined tokens (type 4) always are, as in llama.cpp.
+
+Over 600 lines as one concept: the tokenizer of a GGUF file (both BPE kinds share the vocabulary,
+special-token handling, chat template and streaming decode that make up most of it).
 """
 
 from __future__ import annotations

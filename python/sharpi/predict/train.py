@@ -9,6 +9,10 @@ leaving the original untouched.
 torch is an optional dependency, imported only by train_learned / train_trajectory
 (`pip install sharpi[torch]`); they run single-threaded unless told otherwise, because the machines
 this runs on are shared.
+
+Over 600 lines as one concept: training predictor parameters from a trace's train split. The
+trainers share the validation cut, the recall measure and the torch set-up; each predictor's
+trainer is one section (cooc, trajectory / learned, pregate).
 """
 
 from __future__ import annotations
