@@ -1,11 +1,14 @@
-"""The `sharpi` command: run, inspect and make-model.
+"""The `sharpi` command: run, inspect and make-model here; bench, trace and predictor registered from
+their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli).
 
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
 and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.
 It never computes anything itself: generation goes through sharpi.Session, inspection through
 sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model. Flags
 follow llama.cpp's names where llama.cpp has the same option (-m, -p, -f, -n, -t, -c, --temp,
---top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos).
+--top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos). Option
+types shared with the other commands are sharpi.cli_args'; the cache counters and their ratios are
+sharpi.metrics'. Imports point one way: this module imports the subcommand modules, never the reverse.
 
 Exit status: 0 on success, 1 for an error sharpi reports (bad file, bad value, I/O), 2 for bad
 command-line usage (argparse's convention), 130 when interrupted.
