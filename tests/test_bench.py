@@ -297,6 +297,12 @@ RUN_FIELDS_EXPECTED = {
 }  # fmt: skip
 
 
+def test_run_fields_are_the_documented_ones():
+    from sharpi.bench.report import RUN_FIELDS
+
+    assert set(RUN_FIELDS) == RUN_FIELDS_EXPECTED and len(RUN_FIELDS) == len(RUN_FIELDS_EXPECTED)
+
+
 SHARED_TRACE = REPO.parent / "shared" / "traces" / "deepseek_v2_lite_train.npz"
 
 

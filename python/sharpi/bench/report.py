@@ -24,8 +24,10 @@ RANDOM_ROUTING_NOTE = (
     "workload say nothing about real models; judge predictors on the trace-replay workload."
 )
 
-# Fields of every streamed run in bench.json (tests check them).
+# Fields of every streamed run in bench.json (tests/test_bench.py checks them). The engine's
+# counters keep sharpi.metrics' names (summed over layers); the rest are the bench's own.
 RUN_FIELDS = (
+    # the run
     "share",
     "n_slots",
     "budget_bytes",
@@ -34,23 +36,21 @@ RUN_FIELDS = (
     "reader",
     "tokens",
     "warmup_tokens",
+    # time
     "decode_s",
     "tpot_ms",
     "tpot_p50_ms",
     "decode_tok_s",
     "cpu_ms_per_token",
-    "accesses",
-    "hits",
-    "misses",
-    "evictions",
+    # the expert cache
+    *metrics.CACHE_COUNTERS,
     "hit_rate",
-    "bytes_read",
     "bytes_per_token",
-    "stall_ms",
     "stall_fraction",
     "io_gbps_wall",
     "io_gbps_stall",
     "peak_rss_bytes",
+    # the bounds and the verdict
     "belady_misses",
     "belady_bytes",
     "belady_hit_rate",
@@ -64,18 +64,13 @@ RUN_FIELDS = (
     "engine_misses_at_least_belady",
     "output_matches_resident",
     "layers",
+    # prediction and prefetch
     "predictor",
     "lookahead",
     "n_staging",
     "recall_at_k",
     "precision",
-    "prefetch_issued",
-    "prefetch_used",
-    "prefetch_timely",
-    "prefetch_late",
-    "prefetch_wasted_bytes",
-    "prefetch_skipped",
-    "hints_dropped",
+    *metrics.PREFETCH_COUNTERS,
     "predict_ms",
     "predict_overhead",
     "overlap",
