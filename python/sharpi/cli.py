@@ -322,7 +322,7 @@ def format_expert_stats(stats: dict) -> str:
     ev = sum(lay["evictions"] for lay in layers)
     rate = hits / acc if acc else 0.0
     return (
-        f"sharpi: experts {stats['n_slots']} slots x {stats['slot_bytes'] / 2**20:.2f} MiB ({stats['reader']}) | "
+        f"sharpi: experts {stats['n_slots']} slots x {stats['slot_bytes'] / 2**20:.2f} MiB ({stats['reader_detail']}) | "
         f"hit rate {rate:.3f} ({hits}/{acc}) | read {read / 2**20:.1f} MiB | evictions {ev} | stall {stall:.1f} ms"
     )
 
@@ -335,7 +335,7 @@ def write_expert_stats(path: str, stats: dict) -> None:
     n_layer = len(layers)
     acc = stats["expert_accesses"].reshape(n_layer, -1) if n_layer else []
     mis = stats["expert_misses"].reshape(n_layer, -1) if n_layer else []
-    doc = {k: stats[k] for k in ("reader", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")}
+    doc = {k: stats[k] for k in ("reader", "reader_detail", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")}
     doc["layers"] = []
     for il, lay in enumerate(layers):
         entry = dict(lay)
