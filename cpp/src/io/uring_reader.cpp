@@ -132,11 +132,10 @@ class UringReader final : public QueuedReader {
         }
         const unsigned entries = static_cast<unsigned>(depth_) + 8;  // + wake poll, probe, slack
         const char* step = "io_uring_setup";
-        int ret = -setup_fault_from_env();
-        if (ret == 0) ret = ring_.init(entries, IORING_SETUP_COOP_TASKRUN, &step);
-        if (ret == -EINVAL && std::strcmp(step, "io_uring_setup") == 0) {
-            ret = ring_.init(entries, 0, &step);  // kernel before 5.19
-        }
+        const int fault = setup_fault_from_env();
+        auto setup = [&](unsigned flags) { return fault != 0 ? -fault : ring_.init(entries, flags, &step); };
+        int ret = setup(IORING_SETUP_COOP_TASKRUN);
+        if (ret == -EINVAL && std::strcmp(step, "io_uring_setup") == 0) ret = setup(0);  // kernel before 5.19
         if (ret < 0) {
             *why = std::string(step) + ": " + std::strerror(-ret);
             return false;
