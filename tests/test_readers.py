@@ -432,7 +432,9 @@ def _io_uring_fds():
     return rings
 
 
-@pytest.mark.skipif(not URING_REQUIRED, reason="io_uring reader not required here (not Linux, or SHARPI_ALLOW_NO_URING=1)")
+@pytest.mark.skipif(
+    not URING_REQUIRED, reason="io_uring reader not required here (not Linux, or SHARPI_ALLOW_NO_URING=1)"
+)
 def test_uring_reader_is_built_and_reads_through_io_uring(random_file):
     """Linux builds always have the io_uring reader (raw system calls, no liburing); "uring" and
     "auto" both run it on this test directory; and its reads really go through an io_uring: the
@@ -443,17 +445,20 @@ def test_uring_reader_is_built_and_reads_through_io_uring(random_file):
     before = set(_io_uring_fds())
     reader = open_reader("uring", random_file, chunk_bytes=4096)
     assert reader.name == "io_uring"
-    assert re.match(r"io_uring: O_DIRECT, registered buffers \(64 MiB arena in 1 piece\), registered files, ", reader.describe)
+    assert re.match(
+        r"io_uring: O_DIRECT, registered buffers \(64 MiB arena in 1 piece\), registered files, ",
+        reader.describe,
+    )
     rings = {fd: info for fd, info in _io_uring_fds().items() if fd not in before}
     assert len(rings) == 1, rings
     [(fd, info)] = rings.items()
     assert "UserBufs:\t1" in info and "UserFiles:\t2" in info, info  # the arena; O_DIRECT + plain fd
-    head = re.search(r"^CqHead:\s*(\d+)", info, re.M)
+    head = re.search(r"^CqHead:\s*(\d+)", info, re.MULTILINE)
     offset, length = 5000, 40 * 4096  # aligned span [4096, 172032): 41 chunks of 4 KiB
     assert reader.read([(offset, length, "demand")]) == [python_read(random_file, offset, length)]
     if head is not None:  # the counters are in fdinfo since Linux 5.18
         with open(f"/proc/self/fdinfo/{fd}") as f:
-            after = int(re.search(r"^CqHead:\s*(\d+)", f.read(), re.M).group(1))
+            after = int(re.search(r"^CqHead:\s*(\d+)", f.read(), re.MULTILINE).group(1))
         assert after - int(head.group(1)) >= 41
 
 
@@ -474,7 +479,9 @@ def test_refused_io_uring_setup_falls_back_and_says_why(err, random_file, monkey
         _core.ExpertReaderTest("uring", str(random_file))
     assert _core.reader_choice(str(random_file)) == {"reader": "pread", "why": f"io_uring unavailable: {why}"}
     monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", "EPRM")
-    with pytest.raises(_core.InvalidArgument, match="SHARPI_FAULT_URING_SETUP: not an errno name or number: 'EPRM'"):
+    with pytest.raises(
+        _core.InvalidArgument, match="SHARPI_FAULT_URING_SETUP: not an errno name or number: 'EPRM'"
+    ):
         _core.ExpertReaderTest("auto", str(random_file))
     monkeypatch.delenv("SHARPI_FAULT_URING_SETUP")
     assert open_reader("uring", random_file).name == "io_uring"
@@ -486,7 +493,9 @@ def test_inspect_names_the_reader_and_why(tiny_gguf, monkeypatch):
 
     monkeypatch.delenv("SHARPI_FAULT_URING_SETUP", raising=False)
     if URING_REQUIRED:
-        line = "expert reader (--reader auto): io_uring (io_uring_setup and O_DIRECT reads through the ring work"
+        line = (
+            "expert reader (--reader auto): io_uring (io_uring_setup and O_DIRECT reads through the ring work"
+        )
         assert line in inspect_report(tiny_gguf)
     if _core.uring_compiled():
         monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", "ENOSYS")
@@ -494,8 +503,9 @@ def test_inspect_names_the_reader_and_why(tiny_gguf, monkeypatch):
             "reader": "pread",
             "why": f"io_uring unavailable: io_uring_setup: {os.strerror(errno.ENOSYS)}",
         }
-        assert "expert reader (--reader auto): pread (io_uring unavailable: io_uring_setup: " in inspect_report(
-            tiny_gguf, list_tensors=False
+        assert (
+            "expert reader (--reader auto): pread (io_uring unavailable: io_uring_setup: "
+            in inspect_report(tiny_gguf, list_tensors=False)
         )
 
 
@@ -515,7 +525,8 @@ def test_file_shrunk_after_open_is_a_typed_error(kind, tmp_path):
     with pytest.raises(_core.IoError) as info:
         reader.read([(900_000, 500_000, "prefetch")])
     assert re.fullmatch(
-        re.escape(f"[io] {path}: read of [{900_000:#x}, {1_400_000:#x}) failed: end of file at ") + "0x[0-9a-f]+",
+        re.escape(f"[io] {path}: read of [{900_000:#x}, {1_400_000:#x}) failed: end of file at ")
+        + "0x[0-9a-f]+",
         str(info.value),
     ), str(info.value)
     assert reader.outstanding == 0

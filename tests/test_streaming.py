@@ -16,9 +16,9 @@ import sys
 
 import numpy as np
 import pytest
-from reader_policy import URING_REQUIRED, uring_unavailable
 
 import sharpi
+from reader_policy import URING_REQUIRED, uring_unavailable
 from sharpi import _core
 from sharpi.make_model import write_model
 
@@ -321,15 +321,18 @@ def test_cli_run_says_which_reader_runs_and_why(models, tmp_path):
            "-c", "128", "--ignore-eos", "--ram-budget", str(fixed + k * slot), "--expert-stats", stats_file]
     env = {k: v for k, v in os.environ.items() if k != "SHARPI_FAULT_URING_SETUP"}
     auto = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-    doc = json.load(open(stats_file))
+    with open(stats_file) as f:
+        doc = json.load(f)
     if URING_REQUIRED:
-        assert doc["reader"] == "io_uring" and "(io_uring: O_DIRECT, registered buffers" in auto.stderr, auto.stderr
+        assert doc["reader"] == "io_uring", doc
+        assert "(io_uring: O_DIRECT, registered buffers" in auto.stderr, auto.stderr
     assert doc["reader_detail"] in auto.stderr
     if not _core.uring_compiled():
         return  # nothing to refuse
     refused = subprocess.run(cmd, check=True, capture_output=True, text=True,
                              env=dict(env, SHARPI_FAULT_URING_SETUP="EPERM"))
-    doc = json.load(open(stats_file))
+    with open(stats_file) as f:
+        doc = json.load(f)
     assert doc["reader"] == "pread"
     assert doc["reader_detail"].endswith(f"(io_uring unavailable: io_uring_setup: {os.strerror(1)})")
     assert doc["reader_detail"] in refused.stderr

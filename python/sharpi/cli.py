@@ -335,7 +335,8 @@ def write_expert_stats(path: str, stats: dict) -> None:
     n_layer = len(layers)
     acc = stats["expert_accesses"].reshape(n_layer, -1) if n_layer else []
     mis = stats["expert_misses"].reshape(n_layer, -1) if n_layer else []
-    doc = {k: stats[k] for k in ("reader", "reader_detail", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")}
+    keys = ("reader", "reader_detail", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")
+    doc = {k: stats[k] for k in keys}
     doc["layers"] = []
     for il, lay in enumerate(layers):
         entry = dict(lay)

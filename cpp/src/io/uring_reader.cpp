@@ -82,14 +82,16 @@ int setup_fault_from_env() {
     static const struct {
         const char* name;
         int err;
-    } kNames[] = {{"EPERM", EPERM}, {"ENOSYS", ENOSYS}, {"EINVAL", EINVAL}, {"ENOMEM", ENOMEM}, {"EACCES", EACCES}};
+    } kNames[] = {
+        {"EPERM", EPERM}, {"ENOSYS", ENOSYS}, {"EINVAL", EINVAL}, {"ENOMEM", ENOMEM}, {"EACCES", EACCES}};
     for (const auto& n : kNames) {
         if (std::strcmp(v, n.name) == 0) return n.err;
     }
     char* end = nullptr;
     const long err = std::strtol(v, &end, 10);
     if (end == v || *end != '\0' || err <= 0 || err > 4095) {
-        throw InvalidArgument(std::string("SHARPI_FAULT_URING_SETUP: not an errno name or number: '") + v + "'");
+        throw InvalidArgument(std::string("SHARPI_FAULT_URING_SETUP: not an errno name or number: '") + v +
+                              "'");
     }
     return static_cast<int>(err);
 }
@@ -97,7 +99,9 @@ int setup_fault_from_env() {
 class UringReader final : public QueuedReader {
   public:
     UringReader(const std::string& path, const ResolvedOptions& options)
-        : QueuedReader(path, options.chunk_bytes, options.queue_depth), path_(path), depth_(options.queue_depth) {}
+        : QueuedReader(path, options.chunk_bytes, options.queue_depth),
+          path_(path),
+          depth_(options.queue_depth) {}
 
     ~UringReader() override {
         if (io_thread_.joinable()) {
@@ -404,11 +408,11 @@ class UringReader final : public QueuedReader {
     bool use_fixed_ = false;     // guarded by mutex_: READ_FIXED for buffers inside the arena
     std::string register_note_;  // guarded by mutex_: why reads are plain ones
 
-    std::vector<InFlight> slots_;      // guarded by mutex_ (I/O thread)
-    std::vector<int> free_slots_;      // guarded by mutex_ (I/O thread)
-    bool stopping_ = false;            // guarded by mutex_
-    bool io_sleeping_ = false;         // guarded by mutex_: I/O thread is (about to be) in the ring
-    bool wake_sent_ = false;           // guarded by mutex_: an eventfd write is not yet consumed
+    std::vector<InFlight> slots_;  // guarded by mutex_ (I/O thread)
+    std::vector<int> free_slots_;  // guarded by mutex_ (I/O thread)
+    bool stopping_ = false;        // guarded by mutex_
+    bool io_sleeping_ = false;     // guarded by mutex_: I/O thread is (about to be) in the ring
+    bool wake_sent_ = false;       // guarded by mutex_: an eventfd write is not yet consumed
     std::thread io_thread_;
 };
 

@@ -29,6 +29,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -74,7 +75,7 @@ class UringRing {
         sq_map_bytes_ = p.sq_off.array + p.sq_entries * sizeof(uint32_t);
         cq_map_bytes_ = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
         const bool single = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
-        if (single) sq_map_bytes_ = cq_map_bytes_ = sq_map_bytes_ > cq_map_bytes_ ? sq_map_bytes_ : cq_map_bytes_;
+        if (single) sq_map_bytes_ = cq_map_bytes_ = std::max(sq_map_bytes_, cq_map_bytes_);
         sq_map_ = map(sq_map_bytes_, IORING_OFF_SQ_RING);
         if (sq_map_ != nullptr) cq_map_ = single ? sq_map_ : map(cq_map_bytes_, IORING_OFF_CQ_RING);
         sqes_bytes_ = p.sq_entries * sizeof(io_uring_sqe);
