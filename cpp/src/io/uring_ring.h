@@ -58,7 +58,7 @@ class UringRing {
 
     // io_uring_setup with `entries` SQEs (the kernel rounds up to a power of two; the CQ gets twice
     // as many) and `flags`, then maps the rings. Returns 0, or -errno with *step naming the call
-    // that failed ("io_uring_setup", "mmap"); the ring is then closed again.
+    // that failed ("io_uring_setup", "mmap of the io_uring rings"); the ring is then closed again.
     int init(unsigned entries, unsigned flags, const char** step) {
         io_uring_params p;
         std::memset(&p, 0, sizeof(p));
@@ -83,7 +83,7 @@ class UringRing {
         if (sqes_ == nullptr) {
             const int err = errno;
             close();
-            *step = "mmap";
+            *step = "mmap of the io_uring rings";
             return -err;
         }
 
