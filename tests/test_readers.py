@@ -3,15 +3,17 @@
 Oracles: bytes read by Python (open/seek/read) for the same ranges, and the gguf package's view of
 each expert's slice of a real GGUF written by sharpi.make_model. Ordering, cancel and promote are
 checked on a reader with one read in flight (queue_depth=1 / pread_threads=1) and a plugged queue,
-so that the completion order is fully determined by the priority rules. io_uring cases skip when
-this build has no io_uring or this machine refuses io_uring_setup / O_DIRECT on the test directory.
+so that the completion order is fully determined by the priority rules. Every case runs with both
+readers: on Linux an io_uring reader that cannot be built or opened fails the test (reader_policy.py).
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,7 @@ import time
 import gguf
 import numpy as np
 import pytest
+from reader_policy import URING_REQUIRED, uring_unavailable
 from sharpi import _core
 from sharpi import make_model as mm
 
@@ -28,13 +31,13 @@ ALIGN = 4096
 
 
 def open_reader(kind, path, **kwargs):
-    """A reader of `kind`; skips the test when io_uring cannot be used here."""
+    """A reader of `kind`; fails the test (on Linux) when io_uring cannot be used here."""
     if kind == "uring" and not _core.uring_compiled():
-        pytest.skip("io_uring reader not compiled (liburing missing at build time)")
+        uring_unavailable("not compiled into this build")
     try:
         return _core.ExpertReaderTest(kind, str(path), **kwargs)
     except _core.UnsupportedError as e:
-        pytest.skip(f"io_uring unavailable here: {e}")
+        uring_unavailable(str(e))
 
 
 def python_read(path, offset, length):
@@ -416,6 +419,119 @@ def test_uring_compiled_matches_reader_availability(random_file):
         assert "O_DIRECT" in reader.describe
 
 
+def _io_uring_fds():
+    """{fd: /proc/self/fdinfo text} of every io_uring instance this process holds."""
+    rings = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[io_uring]":
+                with open(f"/proc/self/fdinfo/{fd}") as f:
+                    rings[int(fd)] = f.read()
+        except OSError:
+            pass  # the directory's own descriptor, or one closed meanwhile
+    return rings
+
+
+@pytest.mark.skipif(
+    not URING_REQUIRED, reason="io_uring reader not required here (not Linux, or SHARPI_ALLOW_NO_URING=1)"
+)
+def test_uring_reader_is_built_and_reads_through_io_uring(random_file):
+    """Linux builds always have the io_uring reader (raw system calls, no liburing); "uring" and
+    "auto" both run it on this test directory; and its reads really go through an io_uring: the
+    kernel's own counters for the reader's ring (/proc/self/fdinfo) count one CQE per chunk."""
+    assert _core.uring_compiled(), "Linux build without the io_uring reader"
+    assert _core.reader_choice(str(random_file))["reader"] == "io_uring"
+    assert _core.ExpertReaderTest("auto", str(random_file)).name == "io_uring"
+    before = set(_io_uring_fds())
+    reader = open_reader("uring", random_file, chunk_bytes=4096)
+    assert reader.name == "io_uring"
+    assert re.match(
+        r"io_uring: O_DIRECT, registered buffers \(64 MiB arena in 1 piece\), registered files, ",
+        reader.describe,
+    )
+    rings = {fd: info for fd, info in _io_uring_fds().items() if fd not in before}
+    assert len(rings) == 1, rings
+    [(fd, info)] = rings.items()
+    assert "UserBufs:\t1" in info and "UserFiles:\t2" in info, info  # the arena; O_DIRECT + plain fd
+    head = re.search(r"^CqHead:\s*(\d+)", info, re.MULTILINE)
+    offset, length = 5000, 40 * 4096  # aligned span [4096, 172032): 41 chunks of 4 KiB
+    assert reader.read([(offset, length, "demand")]) == [python_read(random_file, offset, length)]
+    if head is not None:  # the counters are in fdinfo since Linux 5.18
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            after = int(re.search(r"^CqHead:\s*(\d+)", f.read(), re.MULTILINE).group(1))
+        assert after - int(head.group(1)) >= 41
+
+
+@pytest.mark.parametrize("err", ["EPERM", "ENOSYS", "EINVAL"])
+def test_refused_io_uring_setup_falls_back_and_says_why(err, random_file, monkeypatch):
+    """SHARPI_FAULT_URING_SETUP (read at construction) makes io_uring_setup fail as a seccomp filter
+    (EPERM, ENOSYS), kernel.io_uring_disabled (EPERM) or an old kernel (EINVAL) would: "auto" reads
+    with pread and its description says why; "uring" raises; reader_choice reports the same."""
+    if not _core.uring_compiled():
+        uring_unavailable("not compiled into this build")
+    monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", err)
+    why = f"io_uring_setup: {os.strerror(getattr(errno, err))}"
+    auto = _core.ExpertReaderTest("auto", str(random_file))
+    assert auto.name == "pread"
+    assert auto.describe.endswith(f"(io_uring unavailable: {why})"), auto.describe
+    assert auto.read([(4090, 20, "demand")]) == [python_read(random_file, 4090, 20)]
+    with pytest.raises(_core.UnsupportedError, match=re.escape(f"io_uring reader unavailable: {why}")):
+        _core.ExpertReaderTest("uring", str(random_file))
+    assert _core.reader_choice(str(random_file)) == {"reader": "pread", "why": f"io_uring unavailable: {why}"}
+    monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", "EPRM")
+    with pytest.raises(
+        _core.InvalidArgument, match="SHARPI_FAULT_URING_SETUP: not an errno name or number: 'EPRM'"
+    ):
+        _core.ExpertReaderTest("auto", str(random_file))
+    monkeypatch.delenv("SHARPI_FAULT_URING_SETUP")
+    assert open_reader("uring", random_file).name == "io_uring"
+
+
+def test_inspect_names_the_reader_and_why(tiny_gguf, monkeypatch):
+    """`sharpi inspect` says which reader --reader auto runs on the file, and why."""
+    from sharpi.inspect_model import inspect_report, inspect_summary
+
+    monkeypatch.delenv("SHARPI_FAULT_URING_SETUP", raising=False)
+    if URING_REQUIRED:
+        line = (
+            "expert reader (--reader auto): io_uring (io_uring_setup and O_DIRECT reads through the ring work"
+        )
+        assert line in inspect_report(tiny_gguf)
+    if _core.uring_compiled():
+        monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", "ENOSYS")
+        assert inspect_summary(tiny_gguf)["expert_reader"] == {
+            "reader": "pread",
+            "why": f"io_uring unavailable: io_uring_setup: {os.strerror(errno.ENOSYS)}",
+        }
+        assert (
+            "expert reader (--reader auto): pread (io_uring unavailable: io_uring_setup: "
+            in inspect_report(tiny_gguf, list_tensors=False)
+        )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_file_shrunk_after_open_is_a_typed_error(kind, tmp_path):
+    """A file truncated under an open reader: reads inside what is left still return the file's
+    bytes; a read past the new end is an IoError naming the file and the requested range."""
+    path = tmp_path / "shrinks.bin"
+    data = bytes(np.random.default_rng(21).integers(0, 256, 3 * 2**20 + 100, dtype=np.uint8))
+    path.write_bytes(data)
+    reader = open_reader(kind, path, chunk_bytes=65536)
+    assert reader.read([(10, 5000, "demand")]) == [data[10:5010]]
+    new_size = 1_000_123
+    os.truncate(path, new_size)
+    inside = (new_size - 70_000, 70_000, "demand")  # ends exactly at the new end, unaligned
+    assert reader.read([inside]) == [data[new_size - 70_000 : new_size]]
+    with pytest.raises(_core.IoError) as info:
+        reader.read([(900_000, 500_000, "prefetch")])
+    assert re.fullmatch(
+        re.escape(f"[io] {path}: read of [{900_000:#x}, {1_400_000:#x}) failed: end of file at ")
+        + "0x[0-9a-f]+",
+        str(info.value),
+    ), str(info.value)
+    assert reader.outstanding == 0
+
+
 @pytest.mark.parametrize("kind", ["pread", "uring", "auto"])
 def test_missing_file_is_io_error(kind, tmp_path):
     missing = tmp_path / "nope.gguf"
@@ -448,7 +564,7 @@ def test_destroy_with_reads_outstanding(kind, random_file):
     """Destroying a reader with queued and in-flight reads neither hangs nor crashes; run in a child
     process so a hang or a write into freed memory cannot take the test session down with it."""
     if kind == "uring":
-        open_reader(kind, random_file)  # skips when unavailable
+        open_reader(kind, random_file)  # fails (or skips, see reader_policy.py) when unavailable
     script = textwrap.dedent(
         f"""
         import gc

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import sharpi
+from reader_policy import URING_REQUIRED, uring_unavailable
 from sharpi import _core
 from sharpi.make_model import write_model
 
@@ -25,12 +26,15 @@ READERS = ["pread", "uring"]
 
 
 def reader_available(kind: str, path: str) -> bool:
+    """True when `kind` can stream `path`; an io_uring reader that cannot fails the test on Linux
+    (reader_policy.py) rather than returning False."""
     if kind == "pread":
         return True
     try:
         sharpi.Session(path, threads=1, n_ctx=64, ram_budget="1GiB", reader=kind)
         return True
-    except (sharpi.UnsupportedError, sharpi.IoError):
+    except (sharpi.UnsupportedError, sharpi.IoError) as e:
+        uring_unavailable(str(e))
         return False
 
 
@@ -79,6 +83,7 @@ def test_streamed_equals_resident_for_every_budget(models, arch, reader):
         st = s.expert_stats()
         assert st["n_slots"] == min(n_slots, total)
         assert st["reader"] == ("io_uring" if reader == "uring" else "pread")
+        assert st["reader_detail"].startswith("io_uring: O_DIRECT, " if reader == "uring" else "pread: ")
         streamed = run_tokens(s, prompt, 24)
         np.testing.assert_array_equal(streamed, resident, err_msg=f"{arch} {reader} {n_slots} slots")
         st = s.expert_stats()
@@ -163,12 +168,15 @@ def test_injected_eio_is_a_clear_error_and_the_session_survives(models, tmp_path
         pytest.fail("no token avoids expert 3 of layer 1")
 
 
-def test_file_truncated_while_open(models, tmp_path):
+@pytest.mark.parametrize("reader", READERS)
+def test_file_truncated_while_open(models, tmp_path, reader):
     src = models["llama"]
     path = str(tmp_path / "victim.gguf")
     shutil.copy(src, path)
+    if not reader_available(reader, path):
+        pytest.skip(f"{reader} reader unavailable here")
     fixed, slot, _total, k = plan(path)
-    s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + k * slot, reader="auto")
+    s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + k * slot, reader=reader)
     s.decode([1, 2, 3])
     f = _core.GgufFile(path)
     first_expert = min(t["file_offset"] for t in f.tensors() if "_exps." in t["name"])
@@ -300,6 +308,35 @@ def test_cli_streamed_run_writes_expert_stats(models, tmp_path):
     for lay in doc["layers"]:
         assert lay["accesses"] == lay["hits"] + lay["misses"] == sum(lay["expert_accesses"])
         assert lay["misses"] == sum(lay["expert_misses"]) > 0
+
+
+def test_cli_run_says_which_reader_runs_and_why(models, tmp_path):
+    """A streamed `sharpi run` names its reader on stderr and in --expert-stats: io_uring on Linux
+    (no liburing needed); when io_uring_setup is refused (SHARPI_FAULT_URING_SETUP, as a seccomp
+    filter would) the same command streams with pread, says why and prints the same text."""
+    path = models["qwen3moe"]
+    fixed, slot, _total, k = plan(path, n_ctx=128)
+    stats_file = str(tmp_path / "stats.json")
+    cmd = [sys.executable, "-m", "sharpi.cli", "run", "-m", path, "-p", "hello", "-n", "6", "--temp", "0",
+           "-c", "128", "--ignore-eos", "--ram-budget", str(fixed + k * slot), "--expert-stats", stats_file]
+    env = {k: v for k, v in os.environ.items() if k != "SHARPI_FAULT_URING_SETUP"}
+    auto = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    with open(stats_file) as f:
+        doc = json.load(f)
+    if URING_REQUIRED:
+        assert doc["reader"] == "io_uring", doc
+        assert "(io_uring: O_DIRECT, registered buffers" in auto.stderr, auto.stderr
+    assert doc["reader_detail"] in auto.stderr
+    if not _core.uring_compiled():
+        return  # nothing to refuse
+    refused = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                             env=dict(env, SHARPI_FAULT_URING_SETUP="EPERM"))
+    with open(stats_file) as f:
+        doc = json.load(f)
+    assert doc["reader"] == "pread"
+    assert doc["reader_detail"].endswith(f"(io_uring unavailable: io_uring_setup: {os.strerror(1)})")
+    assert doc["reader_detail"] in refused.stderr
+    assert refused.stdout == auto.stdout
 
 
 def test_timeline_records_compute_and_reads(models):

@@ -285,7 +285,7 @@ def format_expert_stats(stats: dict) -> str:
     acc, hits = total["accesses"], total["hits"]
     rate = metrics.hit_rate(hits, acc) or 0.0
     return (
-        f"sharpi: experts {stats['n_slots']} slots x {stats['slot_bytes'] / 2**20:.2f} MiB ({stats['reader']}) | "
+        f"sharpi: experts {stats['n_slots']} slots x {stats['slot_bytes'] / 2**20:.2f} MiB ({stats['reader_detail']}) | "
         f"hit rate {rate:.3f} ({hits}/{acc}) | read {total['bytes_read'] / 2**20:.1f} MiB | "
         f"evictions {total['evictions']} | stall {total['stall_ms']:.1f} ms"
     )

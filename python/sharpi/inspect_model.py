@@ -112,6 +112,7 @@ def inspect_summary(path) -> dict:
         routed_expert_bytes=routed,
         dense_bytes=total - routed,
         expert_layers=[layers[k] for k in sorted(layers)],
+        expert_reader=_core.reader_choice(f.path),  # what --reader auto runs on this file, and why
         tensors=[
             OrderedDict(
                 name=t["name"],
@@ -180,6 +181,7 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         f"routed experts: {_fmt_bytes(s['routed_expert_bytes'])} ({100 * s['routed_expert_bytes'] / total:.1f} %), "
         f"dense (attention, embeddings, norms, routers, shared experts): {_fmt_bytes(s['dense_bytes'])}"
     )
+    w(f"expert reader (--reader auto): {s['expert_reader']['reader']} ({s['expert_reader']['why']})")
     if s["expert_layers"]:
         w("experts per layer (one expert = its gate, up and down slices):")
         w(

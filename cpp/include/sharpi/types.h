@@ -67,6 +67,7 @@ struct LayerExpertStats {
 // resident (no cache).
 struct ExpertCacheStats {
     std::string reader;          // "io_uring" or "pread"
+    std::string reader_detail;   // the reader's describe(): its setup, and why "auto" fell back to pread
     uint64_t n_slots = 0;        // cache slots (SLRU)
     uint64_t n_staging = 0;      // prefetch staging slots
     uint64_t slot_bytes = 0;

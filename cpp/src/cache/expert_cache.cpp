@@ -441,6 +441,7 @@ void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
 ExpertCacheStats ExpertCache::stats() const {
     ExpertCacheStats st;
     st.reader = reader_->name();
+    st.reader_detail = reader_->describe();
     st.n_slots = n_cache_slots_;
     st.n_staging = n_staging_;
     st.slot_bytes = slot_bytes_;

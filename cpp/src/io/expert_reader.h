@@ -114,7 +114,7 @@ std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const 
 std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
                                                  uint64_t arena_bytes, const ReaderOptions& options);
 
-// True when this build has io_uring support compiled in (liburing found at build time).
+// True when this build has io_uring support compiled in (every Linux build: raw system calls).
 bool uring_compiled();
 
 }  // namespace sharpi

@@ -2,24 +2,39 @@
 //
 // Owns: two descriptors of the model file (O_DIRECT for aligned reads; a plain one for the rare
 // resumption of a short read that stopped at an unaligned position, which O_DIRECT cannot express
-// and which only happens at end of file), one io_uring, an eventfd used to wake the ring's thread,
-// the registration of the caller's arena, and one I/O thread.
+// and which only happens at end of file), one io_uring (UringRing, uring_ring.h: raw system calls,
+// no liburing) with both descriptors registered as fixed files when the kernel allows, an eventfd
+// used to wake the ring's thread, the registration of the caller's arena, and one I/O thread.
 //
 // Threads: the decode thread queues requests in a ReadQueue (reader_common.h) under mutex_ and
 // takes completions from it in reap(). Only the I/O thread touches the ring after construction: it
 // turns queued requests into SQEs (chunks of at most chunk_bytes, at most queue_depth in flight,
-// demand first), blocks in io_uring_submit_and_wait, and handles CQEs: short reads are re-submitted
-// for the remainder, retryable errors (EAGAIN, EINTR, ECANCELED) are retried a few times, the rest
-// finish the chunk. Keeping every submission on that one thread means the reads belong to a thread
-// whose lifetime the reader controls (io_uring cancels requests of exiting threads) and their
-// completion work never interrupts the decode thread's compute. The decode thread wakes the I/O
-// thread by writing the eventfd, which has a (multishot) poll armed in the ring; it writes only
-// when the I/O thread is asleep and no wake is pending, so wakes cost one syscall and at most one CQE.
+// demand first), blocks in io_uring_enter (submit + wait for one CQE), and handles CQEs: short
+// reads are re-submitted for the remainder, retryable errors (EAGAIN, EINTR, ECANCELED) are retried
+// a few times, the rest finish the chunk. Keeping every submission on that one thread means the
+// reads belong to a thread whose lifetime the reader controls (io_uring cancels requests of exiting
+// threads) and their completion work never interrupts the decode thread's compute. The decode
+// thread wakes the I/O thread by writing the eventfd, which has a (multishot) poll armed in the
+// ring; it writes only when the I/O thread is asleep and no wake is pending, so wakes cost one
+// syscall and at most one CQE.
+//
+// Ring setup: IORING_SETUP_COOP_TASKRUN (5.19+; without it on older kernels): completion work runs
+// when the I/O thread enters the kernel, which it does to wait anyway, instead of interrupting it.
+// Entries: queue_depth + 8 (the wake poll, the probe, slack); the CQ is twice that, and every CQE
+// is consumed before the next submission, so it cannot overflow.
 //
 // Registered buffers: the arena is registered in pieces of at most 1 GiB (the kernel's limit per
 // buffer); a chunk lying inside one piece is read with IORING_OP_READ_FIXED, any other with
 // IORING_OP_READ. If registration fails (RLIMIT_MEMLOCK, file-backed arena memory) every read is a
 // plain one; describe() says which. Registration pins the arena's pages for the reader's lifetime.
+//
+// Falling back: construction fails softly (nullptr and a reason, so "auto" uses pread and says why)
+// when io_uring_setup is refused (ENOSYS: no io_uring in this kernel or a seccomp filter; EPERM:
+// kernel.io_uring_disabled or seccomp; EINVAL), when the rings cannot be mapped, when the file
+// refuses O_DIRECT at open, or when a probe read of its first block through the ring fails (a
+// filesystem that takes O_DIRECT at open but not at read time; a kernel before 5.6 without
+// IORING_OP_READ). Test hook: SHARPI_FAULT_URING_SETUP=<errno name or number>, read at
+// construction, makes io_uring_setup act as if the kernel had refused it with that error.
 //
 // Must never: free or unregister memory the kernel may still write to. The destructor drops queued
 // requests, lets the I/O thread run until every chunk in flight has its CQE, and only then joins
@@ -35,7 +50,6 @@
 #include "sharpi/errors.h"
 
 #if SHARPI_WITH_URING
-#include <liburing.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
@@ -44,6 +58,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+
+#include "io/uring_ring.h"
 #endif
 
 namespace sharpi::io {
@@ -56,11 +72,36 @@ constexpr uint64_t kWakeData = ~uint64_t{0};       // user_data of the eventfd p
 constexpr uint64_t kProbeData = ~uint64_t{0} - 1;  // user_data of the construction-time probe read
 constexpr uint64_t kMaxRegisteredPiece = uint64_t{1} << 30;
 constexpr int kMaxRetries = 8;
+constexpr int kDirectFile = 0;    // fixed-file index of fd_direct_
+constexpr int kBufferedFile = 1;  // fixed-file index of fd_buffered_
+
+// SHARPI_FAULT_URING_SETUP: 0 when unset, else the errno io_uring_setup is to "fail" with.
+int setup_fault_from_env() {
+    const char* v = std::getenv("SHARPI_FAULT_URING_SETUP");
+    if (v == nullptr || *v == '\0') return 0;
+    static const struct {
+        const char* name;
+        int err;
+    } kNames[] = {
+        {"EPERM", EPERM}, {"ENOSYS", ENOSYS}, {"EINVAL", EINVAL}, {"ENOMEM", ENOMEM}, {"EACCES", EACCES}};
+    for (const auto& n : kNames) {
+        if (std::strcmp(v, n.name) == 0) return n.err;
+    }
+    char* end = nullptr;
+    const long err = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || err <= 0 || err > 4095) {
+        throw InvalidArgument(std::string("SHARPI_FAULT_URING_SETUP: not an errno name or number: '") + v +
+                              "'");
+    }
+    return static_cast<int>(err);
+}
 
 class UringReader final : public QueuedReader {
   public:
     UringReader(const std::string& path, const ResolvedOptions& options)
-        : QueuedReader(path, options.chunk_bytes, options.queue_depth), path_(path), depth_(options.queue_depth) {}
+        : QueuedReader(path, options.chunk_bytes, options.queue_depth),
+          path_(path),
+          depth_(options.queue_depth) {}
 
     ~UringReader() override {
         if (io_thread_.joinable()) {
@@ -73,8 +114,8 @@ class UringReader final : public QueuedReader {
             kick();
             io_thread_.join();
         }
-        if (registered_) io_uring_unregister_buffers(&ring_);
-        if (ring_ready_) io_uring_queue_exit(&ring_);
+        if (registered_) ring_.unregister_buffers();
+        ring_.close();
         if (wake_fd_ >= 0) ::close(wake_fd_);
         if (fd_direct_ >= 0) ::close(fd_direct_);
         if (fd_buffered_ >= 0) ::close(fd_buffered_);
@@ -94,13 +135,18 @@ class UringReader final : public QueuedReader {
             return false;
         }
         const unsigned entries = static_cast<unsigned>(depth_) + 8;  // + wake poll, probe, slack
-        int ret = io_uring_queue_init(entries, &ring_, IORING_SETUP_COOP_TASKRUN);
-        if (ret == -EINVAL) ret = io_uring_queue_init(entries, &ring_, 0);  // kernel before 5.19
+        const char* step = "io_uring_setup";
+        const int fault = setup_fault_from_env();
+        auto setup = [&](unsigned flags) { return fault != 0 ? -fault : ring_.init(entries, flags, &step); };
+        int ret = setup(IORING_SETUP_COOP_TASKRUN);
+        if (ret == -EINVAL && std::strcmp(step, "io_uring_setup") == 0) ret = setup(0);  // kernel before 5.19
         if (ret < 0) {
-            *why = std::string("io_uring_setup refused: ") + std::strerror(-ret);
+            *why = std::string(step) + ": " + std::strerror(-ret);
             return false;
         }
-        ring_ready_ = true;
+        // Fixed files save a file-table lookup per read; without them the descriptors are used as is.
+        const int fds[2] = {fd_direct_, fd_buffered_};
+        fixed_files_ = ring_.register_files(fds, 2) == 0;
         if (!probe_direct_read(why)) return false;
 
         wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -120,6 +166,7 @@ class UringReader final : public QueuedReader {
         s += use_fixed_ ? "registered buffers (" + std::to_string(arena_bytes_ >> 20) + " MiB arena in " +
                               std::to_string(n_pieces_) + (n_pieces_ == 1 ? " piece)" : " pieces)")
                         : "plain buffers (" + register_note_ + ")";
+        if (fixed_files_) s += ", registered files";
         s += ", depth " + std::to_string(depth_) + ", chunk " + std::to_string(queue_.chunk_bytes() / 1024) +
              " KiB";
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
@@ -141,27 +188,55 @@ class UringReader final : public QueuedReader {
     bool probe_direct_read(std::string* why) {
         void* block = std::aligned_alloc(kAlignment, kAlignment);
         if (block == nullptr) throw IoError("[io] " + path_ + ": out of memory");
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        io_uring_prep_read(sqe, fd_direct_, block, static_cast<unsigned>(kAlignment), 0);
-        io_uring_sqe_set_data64(sqe, kProbeData);
-        int ret = io_uring_submit(&ring_);
-        io_uring_cqe* cqe = nullptr;
-        if (ret >= 0) {
-            do {
-                ret = io_uring_wait_cqe(&ring_, &cqe);
-            } while (ret == -EINTR);
+        prep_rw(ring_.get_sqe(), IORING_OP_READ, kDirectFile, block, kAlignment, 0, kProbeData);
+        int res = ring_.submit_and_wait(1);
+        while (res == -EINTR) res = ring_.submit_and_wait(1);
+        const bool submitted = res > 0;
+        if (!submitted && res == 0) res = -EAGAIN;  // not taken by the kernel: nothing was probed
+        bool seen = false;
+        if (submitted) {
+            while (!seen) {
+                ring_.for_each_cqe([&](const io_uring_cqe& cqe) {
+                    if (cqe.user_data == kProbeData) {
+                        res = cqe.res;
+                        seen = true;
+                    }
+                });
+                if (!seen) {
+                    const int ret = ring_.submit_and_wait(1);
+                    if (ret < 0 && ret != -EINTR) {
+                        res = ret;
+                        break;
+                    }
+                }
+            }
         }
-        int res = ret;
-        if (ret == 0) {
-            res = cqe->res;
-            io_uring_cqe_seen(&ring_, cqe);
-        }
-        std::free(block);
+        // Without its CQE the read may still be in flight: then the block is left to the kernel
+        // (4 KiB, once, on a ring that is failing anyway) rather than freed under it.
+        if (seen || !submitted) std::free(block);
         if (res < 0) {
             *why = std::string("O_DIRECT read through io_uring refused: ") + std::strerror(-res);
             return false;
         }
         return true;
+    }
+
+    // Fills a read SQE: `file` is kDirectFile or kBufferedFile (a fixed-file index when the files
+    // are registered, else the descriptor behind it); buf_index >= 0 makes it a READ_FIXED.
+    void prep_rw(io_uring_sqe* sqe, uint8_t opcode, int file, void* dst, uint64_t len, uint64_t pos,
+                 uint64_t user_data, int buf_index = -1) const {
+        sqe->opcode = opcode;
+        if (fixed_files_) {
+            sqe->fd = file;
+            sqe->flags = IOSQE_FIXED_FILE;
+        } else {
+            sqe->fd = file == kDirectFile ? fd_direct_ : fd_buffered_;
+        }
+        sqe->addr = reinterpret_cast<uint64_t>(dst);
+        sqe->len = static_cast<uint32_t>(len);
+        sqe->off = pos;
+        if (buf_index >= 0) sqe->buf_index = static_cast<uint16_t>(buf_index);
+        sqe->user_data = user_data;
     }
 
     void register_arena(uint8_t* arena, uint64_t arena_bytes) {
@@ -174,8 +249,7 @@ class UringReader final : public QueuedReader {
             pieces.push_back(
                 {arena + done, static_cast<size_t>(std::min(kMaxRegisteredPiece, arena_bytes - done))});
         }
-        const int ret =
-            io_uring_register_buffers(&ring_, pieces.data(), static_cast<unsigned>(pieces.size()));
+        const int ret = ring_.register_buffers(pieces.data(), static_cast<unsigned>(pieces.size()));
         if (ret < 0) {
             register_note_ = std::string("registration failed: ") + std::strerror(-ret);
             return;
@@ -210,22 +284,23 @@ class UringReader final : public QueuedReader {
 
     // I/O thread only, from here on.
     io_uring_sqe* get_sqe() {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = ring_.get_sqe();
         while (sqe == nullptr) {  // the ring is sized so this does not happen; be safe anyway
-            io_uring_submit(&ring_);
-            sqe = io_uring_get_sqe(&ring_);
+            ring_.submit_and_wait(0);
+            sqe = ring_.get_sqe();
         }
         return sqe;
     }
 
     void arm_wake() {
         io_uring_sqe* sqe = get_sqe();
-        if (wake_multishot_) {
-            io_uring_prep_poll_multishot(sqe, wake_fd_, POLLIN);
-        } else {
-            io_uring_prep_poll_add(sqe, wake_fd_, POLLIN);
-        }
-        io_uring_sqe_set_data64(sqe, kWakeData);
+        sqe->opcode = IORING_OP_POLL_ADD;
+        sqe->fd = wake_fd_;
+        // The 16-bit field: the kernel reads 32 bits with the halves swapped on big-endian, which
+        // puts these 16 bits where it looks on both byte orders (liburing does the swap instead).
+        sqe->poll_events = POLLIN;
+        if (wake_multishot_) sqe->len = IORING_POLL_ADD_MULTI;
+        sqe->user_data = kWakeData;
     }
 
     void prep_read(int slot) {
@@ -233,16 +308,11 @@ class UringReader final : public QueuedReader {
         uint8_t* dst = f.chunk.dst + (f.pos - f.chunk.begin);
         const uint64_t len = f.chunk.end - f.pos;
         // chunk.end is aligned, so an aligned position means an aligned length too.
-        const int fd = f.pos % kAlignment == 0 ? fd_direct_ : fd_buffered_;
-        io_uring_sqe* sqe = get_sqe();
+        const int file = f.pos % kAlignment == 0 ? kDirectFile : kBufferedFile;
         const int piece = registered_piece(dst, len);
         f.fixed = piece >= 0;
-        if (piece >= 0) {
-            io_uring_prep_read_fixed(sqe, fd, dst, static_cast<unsigned>(len), f.pos, piece);
-        } else {
-            io_uring_prep_read(sqe, fd, dst, static_cast<unsigned>(len), f.pos);
-        }
-        io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
+        prep_rw(get_sqe(), piece >= 0 ? IORING_OP_READ_FIXED : IORING_OP_READ, file, dst, len, f.pos,
+                static_cast<uint64_t>(slot), piece);
     }
 
     void finish_slot(int slot, int err, uint64_t reached) {
@@ -262,7 +332,7 @@ class UringReader final : public QueuedReader {
     }
 
     void handle_cqe(const io_uring_cqe* cqe) {
-        const uint64_t data = io_uring_cqe_get_data64(cqe);
+        const uint64_t data = cqe->user_data;
         if (data == kWakeData) {
             uint64_t count;
             [[maybe_unused]] const ssize_t n = ::read(wake_fd_, &count, sizeof(count));  // EAGAIN is fine
@@ -311,7 +381,7 @@ class UringReader final : public QueuedReader {
             if (stopping_ && queue_.in_flight() == 0) return;
             io_sleeping_ = true;
             lock.unlock();
-            int ret = io_uring_submit_and_wait(&ring_, 1);
+            const int ret = ring_.submit_and_wait(1);
             if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
                 // Not expected from a healthy ring. Reads already submitted still complete and are
                 // handled below; pause so that a ring in a persistent error state cannot spin a core.
@@ -319,14 +389,7 @@ class UringReader final : public QueuedReader {
             }
             lock.lock();
             io_sleeping_ = false;
-            unsigned head;
-            unsigned seen = 0;
-            io_uring_cqe* cqe;
-            io_uring_for_each_cqe(&ring_, head, cqe) {
-                handle_cqe(cqe);
-                ++seen;
-            }
-            io_uring_cq_advance(&ring_, seen);
+            ring_.for_each_cqe([this](const io_uring_cqe& cqe) { handle_cqe(&cqe); });
         }
     }
 
@@ -335,8 +398,8 @@ class UringReader final : public QueuedReader {
     int fd_direct_ = -1;
     int fd_buffered_ = -1;
     int wake_fd_ = -1;
-    io_uring ring_{};
-    bool ring_ready_ = false;
+    UringRing ring_;
+    bool fixed_files_ = false;    // set by init(), then constant: both descriptors are fixed files
     bool wake_multishot_ = true;  // I/O thread only
     bool registered_ = false;     // set by init(), then constant: the destructor unregisters
     const uint8_t* arena_ = nullptr;
@@ -345,11 +408,11 @@ class UringReader final : public QueuedReader {
     bool use_fixed_ = false;     // guarded by mutex_: READ_FIXED for buffers inside the arena
     std::string register_note_;  // guarded by mutex_: why reads are plain ones
 
-    std::vector<InFlight> slots_;      // guarded by mutex_ (I/O thread)
-    std::vector<int> free_slots_;      // guarded by mutex_ (I/O thread)
-    bool stopping_ = false;            // guarded by mutex_
-    bool io_sleeping_ = false;         // guarded by mutex_: I/O thread is (about to be) in the ring
-    bool wake_sent_ = false;           // guarded by mutex_: an eventfd write is not yet consumed
+    std::vector<InFlight> slots_;  // guarded by mutex_ (I/O thread)
+    std::vector<int> free_slots_;  // guarded by mutex_ (I/O thread)
+    bool stopping_ = false;        // guarded by mutex_
+    bool io_sleeping_ = false;     // guarded by mutex_: I/O thread is (about to be) in the ring
+    bool wake_sent_ = false;       // guarded by mutex_: an eventfd write is not yet consumed
     std::thread io_thread_;
 };
 
@@ -368,7 +431,7 @@ std::unique_ptr<ExpertReader> open_uring_reader(const std::string& path, uint8_t
                                                 const ReaderOptions& options, std::string* why) {
     resolve_options(options);         // same argument checks as the real reader
     ::close(open_or_throw(path, 0));  // a missing file is an IoError in every build
-    *why = "io_uring support not compiled (liburing was not found at build time)";
+    *why = "io_uring support not compiled (<linux/io_uring.h> missing or older than Linux 5.6 at build time)";
     return nullptr;
 }
 

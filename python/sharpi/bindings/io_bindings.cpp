@@ -1,5 +1,6 @@
-// sharpi._core.ExpertReaderTest and uring_compiled(): the expert readers (cpp/src/io/) seen from
-// Python, for tests and benchmarks only; the engine drives the readers from C++.
+// sharpi._core.ExpertReaderTest, uring_compiled() and reader_choice(): the expert readers
+// (cpp/src/io/) seen from Python, for tests, benchmarks and `sharpi inspect`; the engine drives the
+// readers from C++.
 //
 // ExpertReaderTest owns a 4 KiB-aligned arena and one reader whose buffers all lie in it. Two ways
 // to use it, not mixed (read() refuses to run while asynchronous requests are outstanding):
@@ -300,11 +301,29 @@ class ReadQueueTest {
     std::map<std::pair<uint64_t, uint64_t>, io::Chunk> handed_out_;
 };
 
+// What "--reader auto" picks for `path` and why: tries to set up the io_uring reader exactly as
+// make_expert_reader does (ring, O_DIRECT open, a probe read), without an arena, then drops it.
+py::dict reader_choice(const std::string& path) {
+    std::string why;
+    bool works = false;
+    {
+        py::gil_scoped_release release;
+        works = io::open_uring_reader(path, nullptr, 0, ReaderOptions{}, &why) != nullptr;
+    }
+    py::dict d;
+    d["reader"] = works ? "io_uring" : "pread";
+    d["why"] = works ? "io_uring_setup and O_DIRECT reads through the ring work on this file"
+                     : "io_uring unavailable: " + why;
+    return d;
+}
+
 }  // namespace
 
 void bind_io(py::module_& m) {
     m.def("uring_compiled", &uring_compiled,
-          "True when this build has the io_uring reader (liburing at build time)");
+          "True when this build has the io_uring reader (every Linux build: raw io_uring system calls)");
+    m.def("reader_choice", &reader_choice, py::arg("path"),
+          "{'reader': 'io_uring'|'pread', 'why': ...}: the reader --reader auto runs on this file, and why");
 
     py::class_<ExpertReaderTest>(
         m, "ExpertReaderTest",

@@ -55,6 +55,7 @@ py::dict info_dict(const ModelInfo& i) {
 py::dict stats_dict(const ExpertCacheStats& st) {
     py::dict d;
     d["reader"] = st.reader;
+    d["reader_detail"] = st.reader_detail;
     d["n_slots"] = st.n_slots;
     d["n_staging"] = st.n_staging;
     d["slot_bytes"] = st.slot_bytes;
