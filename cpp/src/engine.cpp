@@ -5,10 +5,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cpu/ops/matmul.h"
-#include "cpu/ops/norm.h"
-#include "cpu/quant/kernels.h"
+#include "model/forward.h"
 #include "predict/predictor.h"
+#include "sharpi/errors.h"
 
 namespace sharpi {
 
@@ -47,7 +46,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
         plan_expert_cache(n_ctx);
         install_predictor(std::move(predictor));
     } else {
-        experts_ = std::make_unique<ResidentExperts>(*model_);
+        experts_ = std::make_unique<ResidentExperts>(model_->experts);
     }
     routing_.resize(static_cast<size_t>(h.n_layer));
 
@@ -92,7 +91,7 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const uint64_t buffers =
         static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
     const uint64_t fixed = model_->bytes_dense + kv + buffers;
-    const uint64_t slot = ExpertCache::slot_bytes(*model_);
+    const uint64_t slot = ExpertCache::slot_bytes(model_->experts);
     const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
     const uint64_t budget = options_.ram_budget;
     // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots of
@@ -113,7 +112,7 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     o.n_staging = n_staging;
     o.probation = options_.slru_probation;
     o.reader = options_.reader;
-    auto cache = std::make_unique<ExpertCache>(*model_, o);
+    auto cache = std::make_unique<ExpertCache>(model_->experts, o);
     cache->set_timeline(&timeline_);
     cache_ = cache.get();
     experts_ = std::move(cache);
@@ -185,8 +184,14 @@ void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
 void Engine::install_predictor(std::shared_ptr<Predictor> predictor) {
     prefetcher_.reset();
     if (predictor) {
-        prefetcher_ = std::make_unique<Prefetcher>(model_->hp, *cache_, std::move(predictor),
-                                                   options_.lookahead, options_.skip_late_prefetch);
+        const HParams& h = model_->hp;
+        PrefetchShape shape;
+        shape.n_layer = static_cast<int>(h.n_layer);
+        shape.n_expert = static_cast<int>(h.n_expert);
+        shape.top_k = static_cast<int>(h.n_expert_used);
+        shape.n_embd = static_cast<int>(h.n_embd);
+        prefetcher_ = std::make_unique<Prefetcher>(shape, *cache_, std::move(predictor), options_.lookahead,
+                                                   options_.skip_late_prefetch);
     }
 }
 
@@ -247,23 +252,22 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     return logits;
 }
 
+void Engine::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {
+    prefetcher_->on_gate(il, hidden, router_logits, selected);
+}
+
 void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits) {
     const Model& m = *model_;
     const HParams& h = m.hp;
-    Forward f(m, *kv_, *pool_, *experts_, scratch_, options_.dump_activations ? &dump_ : nullptr);
+    MoeFfn moe(*experts_, h.n_layer);
+    if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
+    Forward f(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
     f.set_timeline(&timeline_);
     f.set_pos0(n_past_);
-    if (route_trace_.n_tokens > 0) f.set_route_trace(&route_trace_);
-    f.routing().resize(static_cast<size_t>(h.n_layer));
 
     residual_.resize(static_cast<size_t>(n * h.n_embd));
     Act x{residual_.data(), n, h.n_embd};
-    const cpu::DequantRowFn embed = cpu::row_kernels(m.token_embd.type).dequant_row;
-    for (int64_t t = 0; t < n; ++t) {
-        embed(m.token_embd.data + static_cast<size_t>(tokens[t]) * m.token_embd.row_bytes, x.row(t),
-              h.n_embd);
-    }
-    f.name(x, "inp_embd", -1);
+    f.embed(tokens, x);
 
     if (prefetcher_ && n == 1) {
         // Single-token decoding: the predictor sees every layer's gate. Its previous-token history
@@ -278,7 +282,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
             have_prev = true;
         }
         prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
-        f.set_gate_observer(prefetcher_.get());
+        moe.set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {
         scratch_.reset();
@@ -289,17 +293,10 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
         std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(n * h.n_embd));
     }
     scratch_.reset();
-    for (int il = 0; il < h.n_layer; ++il)
-        routing_[static_cast<size_t>(il)] = std::move(f.routing()[static_cast<size_t>(il)]);
-
-    const int64_t n_out = n - first_logit_row;
-    if (n_out <= 0) return;
-    Act normed = f.alloc(n_out, h.n_embd);
-    cpu::rms_norm(x.row(first_logit_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd,
-                  m.output_norm.data(), h.rms_eps);
-    f.name(normed, "result_norm", -1);
-    cpu::matmul(*pool_, m.output, normed.data, h.n_embd, n_out, logits, h.n_vocab);
-    if (options_.dump_activations) f.name(Act{logits, n_out, h.n_vocab}, "result_output", -1);
+    for (int il = 0; il < h.n_layer; ++il) {
+        routing_[static_cast<size_t>(il)] = std::move(moe.routing()[static_cast<size_t>(il)]);
+    }
+    f.output_head(x, first_logit_row, logits);
 }
 
 }  // namespace sharpi

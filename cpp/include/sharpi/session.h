@@ -20,13 +20,6 @@ namespace sharpi {
 class Model;
 class Engine;
 
-// One named activation captured during decode() when SessionOptions::dump_activations is set.
-// Name follows llama.cpp's convention with the layer appended: "ffn_moe_out-3", "result_norm".
-struct Activation {
-    std::vector<int64_t> shape;  // [n_tokens, width]
-    std::vector<float> data;
-};
-
 class Session {
   public:
     // Throws FormatError / UnsupportedError / MissingTensorError / IoError / InvalidArgument.

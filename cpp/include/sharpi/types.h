@@ -31,6 +31,13 @@ struct ModelInfo {
     uint64_t bytes_experts = 0;  // tensor bytes of ffn_{gate,up,down}_exps
 };
 
+// One named activation captured during decode() when SessionOptions::dump_activations is set.
+// Name follows llama.cpp's convention with the layer appended: "ffn_moe_out-3", "result_norm".
+struct Activation {
+    std::vector<int64_t> shape;  // [n_tokens, width]
+    std::vector<float> data;
+};
+
 // One span of the timeline (Session::timeline_events()): track "compute", "stall" or "reader".
 struct TimelineEvent {
     std::string track;

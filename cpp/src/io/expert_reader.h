@@ -80,6 +80,15 @@ class ExpertReader {
     virtual size_t reap(std::vector<ReadCompletion>& out, bool wait) = 0;
     virtual size_t outstanding() const = 0;  // queued + in flight + finished but not yet reaped
 
+    // Load accounting (decode thread, like submit/reap): requested bytes (not the aligned superset)
+    // submitted and neither reaped nor cancelled; the time at least one request was outstanding,
+    // since construction; and the measured bandwidth, completed bytes over that time (0 until a
+    // read has completed). Completions are only observed at reap(), so busy time is an upper bound
+    // and the bandwidth a lower bound. The prefetcher's timeliness test and io_busy_ms use these.
+    virtual uint64_t inflight_bytes() const = 0;
+    virtual double busy_ms() const = 0;
+    virtual double bytes_per_ms() const = 0;
+
     virtual void plug() = 0;    // hold every new request in the queue ...
     virtual void unplug() = 0;  // ... until this call, then start them in priority order
     // One line for logs and benchmarks: reader name, O_DIRECT, registered buffers, depth, chunk size.

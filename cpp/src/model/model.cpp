@@ -25,6 +25,28 @@ std::string shape_str(const std::vector<int64_t>& ne) {
 
 }  // namespace
 
+ExpertPart expert_part(const GgufTensor& t, uint32_t file, int64_t n_expert) {
+    ExpertPart p;
+    p.tensor = t.name;
+    p.file = file;
+    p.offset = t.file_offset;
+    // nbytes is a whole number of rows and every expert has the same rows, so this division is exact.
+    p.bytes = t.nbytes / static_cast<uint64_t>(n_expert);
+    return p;
+}
+
+FileRange expert_range(const GgufTensor& t, int64_t expert) {
+    if (t.ne.size() != 3) {
+        throw InvalidArgument("[gguf] tensor " + t.name + " has " + std::to_string(t.ne.size()) +
+                              " dimensions; expert-stacked tensors have 3");
+    }
+    if (expert < 0 || expert >= t.ne[2]) {
+        throw InvalidArgument("[gguf] tensor " + t.name + ": expert " + std::to_string(expert) +
+                              " out of range [0, " + std::to_string(t.ne[2]) + ")");
+    }
+    return expert_part(t, /*file=*/0, t.ne[2]).range(expert);
+}
+
 bool is_expert_tensor(const std::string& name) {
     return name.find("_exps.") != std::string::npos;
 }
@@ -159,13 +181,21 @@ void ModelLoader::moe(int il) {
     L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
     // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
     L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
-    StackedExperts& x = L.experts;
-    x.gate_tensor = &require(blk(il, "ffn_gate_exps.weight"));
-    x.up_tensor = &require(blk(il, "ffn_up_exps.weight"));
-    x.down_tensor = &require(blk(il, "ffn_down_exps.weight"));
-    x.gate = view(*x.gate_tensor, h.n_embd, h.n_ff_exp, h.n_expert);
-    x.up = view(*x.up_tensor, h.n_embd, h.n_ff_exp, h.n_expert);
-    x.down = view(*x.down_tensor, h.n_ff_exp, h.n_embd, h.n_expert);
+    // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h).
+    const char* const names[kExpertParts] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                             "ffn_down_exps.weight"};
+    const int64_t n_cols[kExpertParts] = {h.n_embd, h.n_embd, h.n_ff_exp};
+    const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd};
+    const GgufTensor* tensors[kExpertParts];
+    for (int part = 0; part < kExpertParts; ++part) tensors[part] = &require(blk(il, names[part]));
+    ExpertLayerLayout& x = model_.experts.layers[static_cast<size_t>(il)];
+    for (int part = 0; part < kExpertParts; ++part) {
+        const cpu::WeightView stacked = view(*tensors[part], n_cols[part], n_rows[part], h.n_expert);
+        ExpertPart p = expert_part(*tensors[part], /*file=*/0, h.n_expert);
+        p.view = stacked;  // data: expert 0 in the mapping, or nullptr when streaming
+        p.view.n_rows = n_rows[part];
+        x.parts[part] = std::move(p);
+    }
 }
 
 void ModelLoader::dense_ffn(int il) {
@@ -219,6 +249,10 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     if (!model->output.data) model->output = model->token_embd;  // tied embeddings
 
     model->layers.resize(static_cast<size_t>(h.n_layer));
+    model->experts.files = {path};
+    model->experts.n_expert = h.n_expert;
+    model->experts.n_expert_used = h.n_expert_used;
+    model->experts.layers.resize(static_cast<size_t>(h.n_layer));
     for (int il = 0; il < h.n_layer; ++il) model->spec->load_layer(loader, il);
 
     for (const GgufTensor& t : f.tensors()) {

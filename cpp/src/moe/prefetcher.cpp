@@ -1,4 +1,4 @@
-#include "predict/prefetcher.h"
+#include "moe/prefetcher.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,12 +10,12 @@ constexpr size_t kMaxErrors = 16;
 constexpr double kLayerMsSmoothing = 0.2;  // weight of the newest sample in layer_ms_
 }  // namespace
 
-Prefetcher::Prefetcher(const HParams& hp, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
+Prefetcher::Prefetcher(const PrefetchShape& shape, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
                        int lookahead, bool skip_late)
-    : n_layer_(static_cast<int>(hp.n_layer)),
-      n_expert_(static_cast<int>(hp.n_expert)),
-      top_k_(static_cast<int>(hp.n_expert_used)),
-      n_embd_(static_cast<int>(hp.n_embd)),
+    : n_layer_(shape.n_layer),
+      n_expert_(shape.n_expert),
+      top_k_(shape.top_k),
+      n_embd_(shape.n_embd),
       lookahead_(lookahead),
       skip_late_(skip_late),
       cache_(cache),
@@ -101,8 +101,8 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
         return a.target_layer < b.target_layer || (a.target_layer == b.target_layer && a.score > b.score);
     });
 
-    const double bytes_per_ms = cache_.bytes_per_ms();
-    double queued = static_cast<double>(cache_.inflight_bytes());
+    const double bytes_per_ms = cache_.reader().bytes_per_ms();
+    double queued = static_cast<double>(cache_.reader().inflight_bytes());
     size_t i = 0;
     while (i < hints.size()) {
         const int t = hints[i].target_layer;
@@ -123,7 +123,7 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
             }
             switch (cache_.prefetch(t, e)) {
                 case ExpertCache::PrefetchOutcome::issued:
-                    queued += static_cast<double>(cache_.expert_bytes(t, e));
+                    queued += static_cast<double>(cache_.expert_bytes(t));
                     break;
                 case ExpertCache::PrefetchOutcome::no_slot:
                     ++stats_[static_cast<size_t>(t)].prefetch_skipped;
