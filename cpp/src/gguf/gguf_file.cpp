@@ -1,4 +1,5 @@
-// GGUF v2/v3 reader. See gguf_file.h for ownership and thread-safety.
+// GGUF v2/v3 reader. See gguf_file.h for ownership and thread-safety. One concept (parsing and
+// validating one GGUF file: header, metadata, tensor table, mapping), hence over 600 lines.
 //
 // Layout (little-endian):
 //   "GGUF" u32 version, u64 n_tensors, u64 n_kv

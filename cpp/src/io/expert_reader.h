@@ -3,6 +3,8 @@
 //   UringReader: io_uring + O_DIRECT, reads into registered buffers when possible (the fast path);
 //   PreadReader: a small thread pool doing pread(), always built; the fallback when io_uring or
 //                O_DIRECT is unavailable, and the reference the tests compare UringReader against.
+// A reader owns its file descriptor, its I/O threads or ring, its request queue and its load
+// accounting; it never owns the buffers it reads into and never interprets the bytes.
 //
 // Contract:
 // - A request covers [offset, offset + length) of the file. O_DIRECT needs 4 KiB-aligned offsets,
@@ -10,36 +12,32 @@
 //   aligned superset [align_down(offset), align_up(offset + length)) (clipped at end of file) into
 //   `buffer` and the requested bytes start at buffer + (offset % kAlignment). `buffer` must be
 //   kAlignment-aligned and hold aligned_span(offset, length) bytes. Both readers place identical
-//   bytes there.
+//   bytes there: the span inside the file holds the file's bytes; bytes of the span past the end
+//   of the file are unspecified (O_DIRECT may transfer the whole last block).
 // - Priorities: every queued demand request is started before any queued prefetch request.
 //   promote(tag) raises a queued prefetch to demand; cancel(tag) drops a request that has not
-//   started (returns false once it is in flight: it will complete normally).
-// - Short reads are resumed until the range is complete; a read that cannot complete (EIO, end of
-//   file inside the requested range) completes with ok = false and an error naming the file and
-//   the range. Nothing throws from the I/O path except submit() on invalid arguments.
-// - Threading: submit/cancel/promote/reap are called by one thread (the decode thread that owns the
-//   cache). Completions are delivered only through reap().
-// - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose range covers that offset
-//   complete with EIO, in both readers (used by the fault-injection tests).
-//
-// Additions to the contract above (readers branch):
-// - "Covers" in the fault hook means the requested range [offset, offset + length), not the aligned
-//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB block.
-//   The variable is read once, when the reader is constructed (decimal or 0x-hex; anything else is
-//   InvalidArgument), so setting it later does not affect an existing reader.
-// - Bytes of the aligned span past the end of the file are unspecified (O_DIRECT may transfer the
-//   whole last block); bytes of the span inside the file are the file's, in both readers.
-// - Error text: "[io] <path>: read of [0x<offset>, 0x<offset + length>) failed: <reason>", the
-//   range being the requested one; <reason> is strerror(errno) or "end of file at 0x<pos>".
+//   started (returns false once it is in flight: it will complete normally). Cancelled requests
+//   never produce a completion.
 // - plug()/unplug(): while plugged, submitted requests are queued but none is started, so a batch
 //   (a layer's misses plus its prefetches) is ordered by priority as a whole before the first read
 //   goes out, as the block layer's plugging does. reap(wait = true) unplugs first (waiting on a
 //   plugged queue would never return).
+// - Short reads are resumed until the range is complete; a read that cannot complete (EIO, end of
+//   file inside the requested range) completes with ok = false and an error naming the file and
+//   the range: "[io] <path>: read of [0x<offset>, 0x<offset + length>) failed: <reason>", the
+//   range being the requested one; <reason> is strerror(errno) or "end of file at 0x<pos>".
+//   Nothing throws from the I/O path except submit() on invalid arguments.
 // - outstanding() counts requests submitted and not yet returned by reap(): queued, in flight, or
 //   finished but not reaped, so `while (r.outstanding()) r.reap(out, true);` drains everything.
-// - Cancelled requests never produce a completion.
+// - Threading: submit/cancel/promote/plug/unplug/reap and the load accounting are called by one
+//   thread (the decode thread that owns the cache). Completions are delivered only through reap().
 // - Destruction drops queued requests (no completion) and waits for every read in flight: no kernel
 //   or worker thread writes into a caller's buffer after the destructor returns.
+// - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose requested range [offset,
+//   offset + length) covers that offset complete with EIO, in both readers (not the aligned
+//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB
+//   block). The variable is read once, when the reader is constructed (decimal or 0x-hex; anything
+//   else is InvalidArgument), so setting it later does not affect an existing reader.
 #pragma once
 
 #include <cstdint>
