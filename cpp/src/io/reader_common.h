@@ -1,5 +1,7 @@
 // Pieces shared by the two expert readers (uring_reader.cpp, pread_reader.cpp): the request queue
-// with its priority rules, the fault-injection hook, option defaults and the error text.
+// with its priority rules, the decode-thread side (QueuedReader), the load accounting (LoadMeter:
+// in-flight bytes, busy time, bandwidth), the fault-injection hook, option defaults and the error
+// text.
 //
 // ReadQueue owns the bookkeeping of every request between submit() and reap(): which requests wait
 // (two FIFO lists, demand before prefetch), how far each has been handed out as chunks, how many of
