@@ -10,7 +10,6 @@ import random
 
 import numpy as np
 import pytest
-
 import sharpi
 from sharpi import _core
 from sharpi.belady import belady, lru, slru
@@ -120,8 +119,14 @@ def test_engine_cache_misses_equal_the_offline_replay(model, probation):
     k, n_expert, n_layer = info["n_expert_used"], info["n_expert"], info["n_layer"]
     total = n_layer * n_expert
     for n_slots in sorted({k, 2 * k + 1, total // 3, total // 2}):
-        s = sharpi.Session(model, threads=1, n_ctx=64, ram_budget=fixed + n_slots * slot, reader="pread",
-                           slru_probation=probation)
+        s = sharpi.Session(
+            model,
+            threads=1,
+            n_ctx=64,
+            ram_budget=fixed + n_slots * slot,
+            reader="pread",
+            slru_probation=probation,
+        )
         steps = []
         token = 3
         for _ in range(40):

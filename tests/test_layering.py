@@ -28,7 +28,11 @@ MOE_BRIDGE = {"moe/moe_ffn.h", "moe/moe_ffn.cpp"}
 
 def _sources(folder: str) -> dict[str, str]:
     base = SRC / folder
-    return {p.relative_to(SRC).as_posix(): p.read_text() for p in sorted(base.rglob("*")) if p.suffix in (".h", ".cpp")}
+    return {
+        p.relative_to(SRC).as_posix(): p.read_text()
+        for p in sorted(base.rglob("*"))
+        if p.suffix in (".h", ".cpp")
+    }
 
 
 def _includes(text: str) -> list[str]:
@@ -43,8 +47,16 @@ RULES = [
         lambda name: name.startswith("moe/") and name not in MOE_BRIDGE,
         ("model/", "gguf/"),
     ),
-    ("the readers include nothing of model/ or gguf/", lambda name: name.startswith("io/"), ("model/", "gguf/")),
-    ("model/ never includes the public session header", lambda name: name.startswith("model/"), ("sharpi/session.h",)),
+    (
+        "the readers include nothing of model/ or gguf/",
+        lambda name: name.startswith("io/"),
+        ("model/", "gguf/"),
+    ),
+    (
+        "model/ never includes the public session header",
+        lambda name: name.startswith("model/"),
+        ("sharpi/session.h",),
+    ),
 ]
 
 
@@ -56,7 +68,7 @@ def _violations(files: dict[str, str]) -> list[str]:
                 continue
             for inc in _includes(text):
                 if inc.startswith(forbidden):
-                    out.append(f"{rule}: {name} includes \"{inc}\"")
+                    out.append(f'{rule}: {name} includes "{inc}"')
     return out
 
 

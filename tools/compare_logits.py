@@ -47,8 +47,15 @@ def configs() -> list[dict]:
             out.append({"budget": budget, "reader": reader})
     for predictor in ("prev_token", "next_gate"):
         out.append({"budget": "small", "reader": "auto", "predictor": predictor, "lookahead": 2})
-    out.append({"budget": "small", "reader": "pread", "predictor": "next_gate", "lookahead": 1,
-                "slru_probation": 0.5})
+    out.append(
+        {
+            "budget": "small",
+            "reader": "pread",
+            "predictor": "next_gate",
+            "lookahead": 1,
+            "slru_probation": 0.5,
+        }
+    )
     out.append({"budget": None, "route_trace": True})
     out.append({"budget": "small", "reader": "auto", "route_trace": True, "predictor": "prev_token"})
     return out
@@ -57,7 +64,6 @@ def configs() -> list[dict]:
 def run_side(model_dir: Path, out_path: Path) -> None:
     """Runs every configuration on every model under this process's sharpi; writes digests + raw."""
     import numpy as np
-
     import sharpi
     from sharpi import _core
 
@@ -78,7 +84,9 @@ def run_side(model_dir: Path, out_path: Path) -> None:
             "large": int(info["bytes_dense"] + 2 * info["bytes_experts"] + (256 << 20)),
         }
         rng = np.random.default_rng(0)
-        trace = rng.integers(0, info["n_expert"], size=(7, info["n_layer"], info["n_expert_used"])).astype(np.int32)
+        trace = rng.integers(0, info["n_expert"], size=(7, info["n_layer"], info["n_expert_used"])).astype(
+            np.int32
+        )
         for i, cfg in enumerate(configs()):
             kw = {}
             if cfg["budget"]:
@@ -136,8 +144,11 @@ def main() -> int:
     for side, pp in (("old", a.old), ("new", a.new)):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(pp))
         out = work / f"{side}.json"
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--dir", str(work), "--side", str(out)],
-                       env=env, check=True)
+        subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--dir", str(work), "--side", str(out)],
+            env=env,
+            check=True,
+        )
         digests[side] = json.loads(out.read_text())
     same = [k for k in digests["old"] if digests["new"].get(k) == digests["old"][k]]
     diff = [k for k in digests["old"] if digests["new"].get(k) != digests["old"][k]]

@@ -168,8 +168,9 @@ def lru(steps: Iterable[Iterable[Hashable]], capacity: int, count_from: int = 0)
     return PolicyResult(total, accesses, misses_per_step)
 
 
-def slru(steps: Iterable[Iterable[Hashable]], capacity: int, probation: float = 0.25,
-         count_from: int = 0) -> PolicyResult:
+def slru(
+    steps: Iterable[Iterable[Hashable]], capacity: int, probation: float = 0.25, count_from: int = 0
+) -> PolicyResult:
     """Misses of the engine's SLRU (demand only, cold start), counting steps[count_from:] only.
 
     The calls follow ExpertCache::acquire: the step's resident experts are touched in key order
