@@ -58,6 +58,8 @@ def configs() -> list[dict]:
     )
     out.append({"budget": None, "route_trace": True})
     out.append({"budget": "small", "reader": "auto", "route_trace": True, "predictor": "prev_token"})
+    # Every named activation of the last decode (embedding, each layer's intermediates, output head).
+    out.append({"budget": "small", "reader": "pread", "dump_activations": True})
     return out
 
 
@@ -92,7 +94,7 @@ def run_side(model_dir: Path, out_path: Path) -> None:
             if cfg["budget"]:
                 kw["ram_budget"] = budgets[cfg["budget"]]
                 kw["reader"] = cfg["reader"] if cfg["reader"] != "uring" or _core.uring_compiled() else "auto"
-            for key in ("predictor", "lookahead", "slru_probation"):
+            for key in ("predictor", "lookahead", "slru_probation", "dump_activations"):
                 if key in cfg:
                     kw[key] = cfg[key]
             s = sharpi.Session(str(gguf), **kw)
@@ -109,6 +111,10 @@ def run_side(model_dir: Path, out_path: Path) -> None:
             s.reset()
             for t in prompt[:4]:  # token by token from a reset
                 rows.append(s.decode([t]))
+            if cfg.get("dump_activations"):
+                s.decode(prompt[4:8], all_logits=True)  # a batch, so the dump has prefill shapes
+                dump = s.dump()
+                rows.extend(np.asarray(dump[name]) for name in sorted(dump))
             blob = b"".join(np.ascontiguousarray(r, dtype=np.float32).tobytes() for r in rows)
             key = f"{gguf.stem}#{i}:{json.dumps(cfg, sort_keys=True)}"
             results[key] = hashlib.sha256(blob).hexdigest()
