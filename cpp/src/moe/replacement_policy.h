@@ -7,8 +7,8 @@
 // it for a victim among the slots it may evict (unpinned, not loading). Staged prefetches are not
 // in the policy until the gate adopts them. One thread at a time (the decode thread).
 //
-// Adding a policy is one file: a class implementing this interface plus one line in
-// make_replacement_policy (moe/replacement_policy.cpp).
+// Adding a policy is one file under moe/policies/ (a class implementing this interface and its
+// factory, like policies/slru.cpp) plus one row in the policy table (moe/replacement_policy.cpp).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,7 @@ class ReplacementPolicy {
     virtual uint32_t victim(const Evictable& evictable) const = 0;
 };
 
+// Knobs of every policy in one struct (a policy reads the ones it has and ignores the rest).
 struct ReplacementPolicyOptions {
     // SLRU: share of the capacity in probation, in (0, 1]; 1 leaves no protected segment, which
     // makes SLRU exactly LRU.
