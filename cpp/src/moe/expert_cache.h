@@ -40,7 +40,7 @@
 namespace sharpi {
 
 struct ExpertCacheOptions {
-    uint64_t n_slots = 0;         // SLRU slots (>= n_expert_used)
+    uint64_t n_slots = 0;         // cache slots, held by the policy (>= n_expert_used)
     uint64_t n_staging = 0;       // prefetch staging slots (0: no prefetch)
     std::string policy = "slru";  // replacement policy (make_replacement_policy)
     double probation = 0.25;      // SLRU: share of n_slots in probation, in (0, 1)
