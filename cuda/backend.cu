@@ -1,4 +1,6 @@
-// CUDA build: device discovery. Kernels live under cuda/ops/, one .cu/.cuh pair per op.
+// CUDA build: device discovery only (available / describe, cuda_backend.h). There are no CUDA
+// kernels yet: the engine computes on the CPU in every build. When they come, each op gets one
+// .cu/.cuh pair under cuda/ops/ (STYLE.md habit 2).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -21,7 +23,8 @@ std::string describe() {
     if (n == 0) return "CUDA unavailable: no device";
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "CUDA device 0: properties unavailable";
-    return std::string("CUDA device 0: ") + prop.name + ", " + std::to_string(prop.totalGlobalMem >> 20) + " MiB";
+    return std::string("CUDA device 0: ") + prop.name + ", " + std::to_string(prop.totalGlobalMem >> 20) +
+           " MiB";
 }
 
 }  // namespace sharpi::cuda

@@ -1,5 +1,8 @@
 // The engine behind sharpi::Session: owns the model, the KV cache, the thread pool, the expert
-// source and the scratch arena, and runs the forward pass over a batch of tokens.
+// source (resident, or the streaming ExpertCache), the prefetcher and the scratch arena, and runs
+// the decode loop: embed, every layer, output head (model/forward.h), in chunks of kMaxBatch
+// tokens. It orchestrates and never calls a kernel. It is the GateObserver of the MoE FFN and
+// hands every gate event to the prefetcher (the layer code never sees the prefetcher).
 //
 // Single-threaded API: one caller at a time drives decode(); parallelism is inside (the pool).
 // Failure atomicity: decode() validates everything before it touches state, and advances n_past
@@ -12,19 +15,22 @@
 #include <string>
 #include <vector>
 
-#include "cache/expert_cache.h"
 #include "cpu/threadpool.h"
-#include "model/expert_source.h"
-#include "model/forward.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
-#include "predict/prefetcher.h"
-#include "sharpi/session.h"
+#include "moe/expert_cache.h"
+#include "moe/expert_source.h"
+#include "moe/moe_ffn.h"
+#include "moe/prefetcher.h"
+#include "sharpi/options.h"
+#include "sharpi/predictor.h"
+#include "sharpi/types.h"
 #include "trace/timeline.h"
 
 namespace sharpi {
 
-class Engine {
-public:
+class Engine final : private GateObserver {
+  public:
     Engine(const std::string& path, const SessionOptions& options);
 
     const ModelInfo& info() const { return info_; }
@@ -47,12 +53,15 @@ public:
     void set_predictor(std::shared_ptr<Predictor> predictor);
     std::vector<std::string> predictor_errors() const;
 
-private:
+  private:
     // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
     // are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
     void plan_expert_cache(int64_t n_ctx);
     // Replaces the prefetcher (streaming only); nullptr: no prediction.
     void install_predictor(std::shared_ptr<Predictor> predictor);
+
+    // The MoE FFN's gate event (single-token decoding with a prefetcher): passed to the prefetcher.
+    void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) override;
 
     // One chunk of at most kMaxBatch tokens; writes logits of rows [first_logit_row, n) to `logits`.
     void forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits);
@@ -72,7 +81,7 @@ private:
     int64_t n_past_ = 0;
     std::map<std::string, Activation> dump_;
     std::vector<Routing> routing_;
-    RouteTrace route_trace_;  // n_tokens == 0: replay off
+    RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
     std::vector<int32_t> prev_selection_;     // scratch: the previous token's experts, [n_layer * top_k]
     double decode_ms_ = 0.0;

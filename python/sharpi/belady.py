@@ -1,7 +1,9 @@
-"""Offline replacement policies on a recorded expert-access sequence: Belady's optimum and LRU.
+"""Offline replacement policies on a recorded expert-access sequence: Belady's optimum, LRU and SLRU.
 
-What it owns: pure functions over a sequence of *steps*; nothing here touches the engine, files or
-clocks. A step is the set of experts one layer of one token needs at once (keys are any hashable,
+What it owns: pure functions over a sequence of *steps*; nothing here touches files or clocks. LRU
+and SLRU are not written here: they replay the engine's own policy code (sharpi._core.
+ReplacementPolicy, cpp/src/moe/replacement_policy.h) so that an offline comparison measures the
+policy the engine runs. A step is the set of experts one layer of one token needs at once (keys are any hashable,
 usually `il * n_expert + e`), in the order the decode thread acquires them: token by token, layer by
 layer. The cache holds `capacity` experts; every expert of a step must be resident while that step
 runs, so an expert needed by the current step is never evicted (the engine pins them the same way).
@@ -20,14 +22,17 @@ experts of S with the earliest next use (the same choice Belady's rule makes whe
 the cache), so its misses bound every policy that saw that warm-up. LRU instead is simulated on the
 warm-up steps themselves (`lru(warmup + steps, ..., count_from=len(warmup))`) because that is what an
 LRU engine would really hold.
+
+LRU is the engine's SLRU with the whole cache in probation (probation=1), which is exactly LRU.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+from . import _core
 
 _NEVER = float("inf")
 
@@ -134,34 +139,95 @@ def lru(steps: Iterable[Iterable[Hashable]], capacity: int, count_from: int = 0)
 
     Within a step, the experts of the step are all touched before any eviction choice, so none of
     them is evicted by its own step. Raises ValueError when a step needs more than `capacity`.
+    Replays the engine's SLRU with probation=1 (plain LRU): the step's evictions first (oldest
+    first, skipping the step's experts), then its experts touched or inserted in key order.
     """
     seq = _as_steps(steps, capacity)
-    resident: OrderedDict = OrderedDict()  # oldest first
+    policy = _core.ReplacementPolicy("slru", capacity, probation=1.0)
+    cache = _SlotMap(capacity)
     misses_per_step = []
     total = 0
     accesses = 0
     for i, need in enumerate(seq):
-        missing = [key for key in need if key not in resident]
-        n_evict = len(resident) + len(missing) - capacity
+        missing = [key for key in need if key not in cache.slot_of]
+        n_evict = len(cache.slot_of) + len(missing) - capacity
         if n_evict > 0:
-            victims = []
-            for key in resident:  # oldest first, skipping this step's experts
-                if len(victims) == n_evict:
-                    break
-                if key not in need:
-                    victims.append(key)
-            for key in victims:
-                del resident[key]
-        # The step's experts become the most recent, in a fixed order (ties broken by key).
+            pinned = [cache.slot_of[key] for key in need if key in cache.slot_of]
+            for _ in range(n_evict):
+                cache.evict(policy, pinned)
         for key in _ordered(need):
-            resident[key] = True
-            resident.move_to_end(key)
+            if key in cache.slot_of:
+                policy.touch(cache.slot_of[key])
+            else:
+                policy.insert(cache.add(key))
         counted = i >= count_from
         misses_per_step.append(len(missing) if counted else 0)
         if counted:
             total += len(missing)
             accesses += len(need)
     return PolicyResult(total, accesses, misses_per_step)
+
+
+def slru(
+    steps: Iterable[Iterable[Hashable]], capacity: int, probation: float = 0.25, count_from: int = 0
+) -> PolicyResult:
+    """Misses of the engine's SLRU (demand only, cold start), counting steps[count_from:] only.
+
+    The calls follow ExpertCache::acquire: the step's resident experts are touched in key order
+    (and pinned), then each missing one, in key order, evicts the policy's victim when the cache is
+    full and is inserted. Raises ValueError when a step needs more than `capacity`.
+    """
+    seq = _as_steps(steps, capacity)
+    policy = _core.ReplacementPolicy("slru", capacity, probation=probation)
+    cache = _SlotMap(capacity)
+    misses_per_step = []
+    total = 0
+    accesses = 0
+    for i, need in enumerate(seq):
+        keys = _ordered(need)
+        pinned = []
+        missing = []
+        for key in keys:
+            if key in cache.slot_of:
+                policy.touch(cache.slot_of[key])
+                pinned.append(cache.slot_of[key])
+            else:
+                missing.append(key)
+        for key in missing:
+            if len(cache.slot_of) >= capacity:
+                cache.evict(policy, pinned)
+            slot = cache.add(key)
+            policy.insert(slot)
+            pinned.append(slot)
+        counted = i >= count_from
+        misses_per_step.append(len(missing) if counted else 0)
+        if counted:
+            total += len(missing)
+            accesses += len(need)
+    return PolicyResult(total, accesses, misses_per_step)
+
+
+class _SlotMap:
+    """Keys <-> the slot ids a bound policy orders (0 .. capacity-1), as the cache's slots are."""
+
+    def __init__(self, capacity: int):
+        self.slot_of: dict = {}
+        self.key_of: dict = {}
+        self.free = list(range(capacity - 1, -1, -1))
+
+    def add(self, key) -> int:
+        slot = self.free.pop()
+        self.slot_of[key] = slot
+        self.key_of[slot] = key
+        return slot
+
+    def evict(self, policy, pinned) -> None:
+        slot = policy.victim(pinned)
+        if slot is None:  # cannot happen while every step fits the cache (_as_steps checks)
+            raise RuntimeError("replacement policy found no victim")
+        policy.remove(slot)
+        del self.slot_of[self.key_of.pop(slot)]
+        self.free.append(slot)
 
 
 def _ordered(keys) -> list:

@@ -1,4 +1,5 @@
-// GGUF v2/v3 reader. See gguf_file.h for ownership and thread-safety.
+// GGUF v2/v3 reader. See gguf_file.h for ownership and thread-safety. One concept (parsing and
+// validating one GGUF file: header, metadata, tensor table, mapping), hence over 600 lines.
 //
 // Layout (little-endian):
 //   "GGUF" u32 version, u64 n_tensors, u64 n_kv
@@ -703,21 +704,6 @@ std::vector<uint64_t> GgufFile::get_uint_per_layer(const std::string& key, size_
         out.push_back(static_cast<uint64_t>(x));
     }
     return out;
-}
-
-ByteRange expert_range(const GgufTensor& t, int64_t expert) {
-    if (t.ne.size() != 3) {
-        throw InvalidArgument("[gguf] tensor " + t.name + " has " + std::to_string(t.ne.size()) +
-                              " dimensions; expert-stacked tensors have 3");
-    }
-    const int64_t n_expert = t.ne[2];
-    if (expert < 0 || expert >= n_expert) {
-        throw InvalidArgument("[gguf] tensor " + t.name + ": expert " + std::to_string(expert) +
-                              " out of range [0, " + std::to_string(n_expert) + ")");
-    }
-    // nbytes is a whole number of rows and every expert has ne[1] rows, so this division is exact.
-    const uint64_t per_expert = t.nbytes / static_cast<uint64_t>(n_expert);
-    return ByteRange{t.file_offset + static_cast<uint64_t>(expert) * per_expert, per_expert};
 }
 
 }  // namespace sharpi

@@ -69,17 +69,6 @@ struct GgufTensor {
     uint64_t nbytes = 0;
 };
 
-// Byte range [offset, offset + size) in the file.
-struct ByteRange {
-    uint64_t offset = 0;
-    uint64_t size = 0;
-};
-
-// One expert's slice of an expert-stacked tensor (ffn_{gate,up,down}_exps, ggml ne [in, out, n_expert]):
-// experts are the outermost dimension, so expert e is one contiguous range of nbytes / n_expert bytes.
-// Throws InvalidArgument for a tensor that is not 3-D or an expert index out of range.
-ByteRange expert_range(const GgufTensor& t, int64_t expert);
-
 class GgufFile {
   public:
     // Throws IoError (cannot open/map), FormatError (malformed, truncated, out of bounds),

@@ -3,6 +3,8 @@
 //   UringReader: io_uring + O_DIRECT, reads into registered buffers when possible (the fast path);
 //   PreadReader: a small thread pool doing pread(), always built; the fallback when io_uring or
 //                O_DIRECT is unavailable, and the reference the tests compare UringReader against.
+// A reader owns its file descriptor, its I/O threads or ring, its request queue and its load
+// accounting; it never owns the buffers it reads into and never interprets the bytes.
 //
 // Contract:
 // - A request covers [offset, offset + length) of the file. O_DIRECT needs 4 KiB-aligned offsets,
@@ -10,36 +12,32 @@
 //   aligned superset [align_down(offset), align_up(offset + length)) (clipped at end of file) into
 //   `buffer` and the requested bytes start at buffer + (offset % kAlignment). `buffer` must be
 //   kAlignment-aligned and hold aligned_span(offset, length) bytes. Both readers place identical
-//   bytes there.
+//   bytes there: the span inside the file holds the file's bytes; bytes of the span past the end
+//   of the file are unspecified (O_DIRECT may transfer the whole last block).
 // - Priorities: every queued demand request is started before any queued prefetch request.
 //   promote(tag) raises a queued prefetch to demand; cancel(tag) drops a request that has not
-//   started (returns false once it is in flight: it will complete normally).
-// - Short reads are resumed until the range is complete; a read that cannot complete (EIO, end of
-//   file inside the requested range) completes with ok = false and an error naming the file and
-//   the range. Nothing throws from the I/O path except submit() on invalid arguments.
-// - Threading: submit/cancel/promote/reap are called by one thread (the decode thread that owns the
-//   cache). Completions are delivered only through reap().
-// - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose range covers that offset
-//   complete with EIO, in both readers (used by the fault-injection tests).
-//
-// Additions to the contract above (readers branch):
-// - "Covers" in the fault hook means the requested range [offset, offset + length), not the aligned
-//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB block.
-//   The variable is read once, when the reader is constructed (decimal or 0x-hex; anything else is
-//   InvalidArgument), so setting it later does not affect an existing reader.
-// - Bytes of the aligned span past the end of the file are unspecified (O_DIRECT may transfer the
-//   whole last block); bytes of the span inside the file are the file's, in both readers.
-// - Error text: "[io] <path>: read of [0x<offset>, 0x<offset + length>) failed: <reason>", the
-//   range being the requested one; <reason> is strerror(errno) or "end of file at 0x<pos>".
+//   started (returns false once it is in flight: it will complete normally). Cancelled requests
+//   never produce a completion.
 // - plug()/unplug(): while plugged, submitted requests are queued but none is started, so a batch
 //   (a layer's misses plus its prefetches) is ordered by priority as a whole before the first read
 //   goes out, as the block layer's plugging does. reap(wait = true) unplugs first (waiting on a
 //   plugged queue would never return).
+// - Short reads are resumed until the range is complete; a read that cannot complete (EIO, end of
+//   file inside the requested range) completes with ok = false and an error naming the file and
+//   the range: "[io] <path>: read of [0x<offset>, 0x<offset + length>) failed: <reason>", the
+//   range being the requested one; <reason> is strerror(errno) or "end of file at 0x<pos>".
+//   Nothing throws from the I/O path except submit() on invalid arguments.
 // - outstanding() counts requests submitted and not yet returned by reap(): queued, in flight, or
 //   finished but not reaped, so `while (r.outstanding()) r.reap(out, true);` drains everything.
-// - Cancelled requests never produce a completion.
+// - Threading: submit/cancel/promote/plug/unplug/reap and the load accounting are called by one
+//   thread (the decode thread that owns the cache). Completions are delivered only through reap().
 // - Destruction drops queued requests (no completion) and waits for every read in flight: no kernel
 //   or worker thread writes into a caller's buffer after the destructor returns.
+// - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose requested range [offset,
+//   offset + length) covers that offset complete with EIO, in both readers (not the aligned
+//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB
+//   block). The variable is read once, when the reader is constructed (decimal or 0x-hex; anything
+//   else is InvalidArgument), so setting it later does not affect an existing reader.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +50,9 @@ namespace sharpi {
 enum class ReadPriority : int { demand = 0, prefetch = 1 };
 
 struct ReadRequest {
-    uint64_t tag = 0;      // caller's id for this read, unique among outstanding requests
-    uint64_t offset = 0;   // file offset of the first wanted byte
-    uint64_t length = 0;   // wanted bytes
+    uint64_t tag = 0;           // caller's id for this read, unique among outstanding requests
+    uint64_t offset = 0;        // file offset of the first wanted byte
+    uint64_t length = 0;        // wanted bytes
     uint8_t* buffer = nullptr;  // kAlignment-aligned, at least aligned_span(offset, length) bytes
     ReadPriority priority = ReadPriority::demand;
 };
@@ -66,7 +64,7 @@ struct ReadCompletion {
 };
 
 class ExpertReader {
-public:
+  public:
     static constexpr uint64_t kAlignment = 4096;
 
     virtual ~ExpertReader() = default;
@@ -79,6 +77,15 @@ public:
     // (returns at once when nothing is outstanding). Returns the number appended.
     virtual size_t reap(std::vector<ReadCompletion>& out, bool wait) = 0;
     virtual size_t outstanding() const = 0;  // queued + in flight + finished but not yet reaped
+
+    // Load accounting (decode thread, like submit/reap): requested bytes (not the aligned superset)
+    // submitted and neither reaped nor cancelled; the time at least one request was outstanding,
+    // since construction; and the measured bandwidth, completed bytes over that time (0 until a
+    // read has completed). Completions are only observed at reap(), so busy time is an upper bound
+    // and the bandwidth a lower bound. The prefetcher's timeliness test and io_busy_ms use these.
+    virtual uint64_t inflight_bytes() const = 0;
+    virtual double busy_ms() const = 0;
+    virtual double bytes_per_ms() const = 0;
 
     virtual void plug() = 0;    // hold every new request in the queue ...
     virtual void unplug() = 0;  // ... until this call, then start them in priority order
@@ -108,11 +115,12 @@ struct ReaderOptions {
 // UnsupportedError when io_uring or O_DIRECT is unavailable), "pread".
 // `arena`/`arena_bytes`: memory that will hold every buffer passed to submit (registered with
 // io_uring when possible; may be nullptr). Throws IoError when the file cannot be opened.
-std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
-                                                 uint64_t arena_bytes);
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes);
 // The same with tuning knobs (ReaderOptions{} gives the defaults).
-std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
-                                                 uint64_t arena_bytes, const ReaderOptions& options);
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes,
+                                                 const ReaderOptions& options);
 
 // True when this build has io_uring support compiled in (every Linux build: raw system calls).
 bool uring_compiled();

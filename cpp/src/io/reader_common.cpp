@@ -59,11 +59,13 @@ ResolvedOptions resolve_options(const ReaderOptions& options) {
 
 FaultInjection FaultInjection::from_env() {
     FaultInjection f;
-    if (const char* delay = std::getenv("SHARPI_FAULT_PREFETCH_DELAY_US"); delay != nullptr && *delay != '\0') {
+    if (const char* delay = std::getenv("SHARPI_FAULT_PREFETCH_DELAY_US");
+        delay != nullptr && *delay != '\0') {
         char* end = nullptr;
         f.prefetch_delay_us_ = std::strtoull(delay, &end, 10);
         if (end == delay || *end != '\0') {
-            throw InvalidArgument(std::string("SHARPI_FAULT_PREFETCH_DELAY_US: not a number: '") + delay + "'");
+            throw InvalidArgument(std::string("SHARPI_FAULT_PREFETCH_DELAY_US: not a number: '") + delay +
+                                  "'");
         }
     }
     const char* value = std::getenv("SHARPI_FAULT_EIO_AT");
@@ -245,6 +247,35 @@ void ReadQueue::drop_queued() {
 // ---------------------------------------------------------------------------------------------
 // QueuedReader
 
+void LoadMeter::submitted(uint64_t tag, uint64_t bytes) {
+    if (inflight_bytes_ == 0) busy_since_ = Clock::now();
+    inflight_bytes_ += bytes;
+    bytes_of_[tag] = bytes;
+}
+
+void LoadMeter::finished(uint64_t tag, bool completed) {
+    auto it = bytes_of_.find(tag);
+    if (it == bytes_of_.end()) return;
+    const uint64_t bytes = it->second;
+    bytes_of_.erase(it);
+    inflight_bytes_ -= std::min(bytes, inflight_bytes_);
+    if (completed) completed_bytes_ += bytes;
+    if (inflight_bytes_ == 0)
+        busy_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+}
+
+double LoadMeter::busy_ms() const {
+    double busy = busy_ms_;
+    if (inflight_bytes_ > 0)
+        busy += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+    return busy;
+}
+
+double LoadMeter::bytes_per_ms() const {
+    const double busy = busy_ms();
+    return busy > 0.0 && completed_bytes_ > 0 ? static_cast<double>(completed_bytes_) / busy : 0.0;
+}
+
 QueuedReader::QueuedReader(std::string path, uint64_t chunk_bytes, int depth)
     : queue_(std::move(path), chunk_bytes, depth, FaultInjection::from_env()) {}
 
@@ -255,12 +286,18 @@ void QueuedReader::submit(const ReadRequest& request) {
         queue_.add(request);
         wake = !queue_.plugged() && kick_needed_locked();
     }
+    load_.submitted(request.tag, request.length);
     if (wake) kick();
 }
 
 bool QueuedReader::cancel(uint64_t tag) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return queue_.cancel(tag);
+    bool cancelled;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        cancelled = queue_.cancel(tag);
+    }
+    if (cancelled) load_.finished(tag, /*completed=*/false);
+    return cancelled;
 }
 
 void QueuedReader::promote(uint64_t tag) {
@@ -301,7 +338,11 @@ size_t QueuedReader::reap(std::vector<ReadCompletion>& out, bool wait) {
         }
         done_cv_.wait(lock, [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; });
     }
-    return queue_.take_completions(out);
+    const size_t first = out.size();
+    const size_t n = queue_.take_completions(out);
+    lock.unlock();
+    for (size_t i = first; i < out.size(); ++i) load_.finished(out[i].tag, out[i].ok);
+    return n;
 }
 
 size_t QueuedReader::outstanding() const {

@@ -1,5 +1,7 @@
 // Pieces shared by the two expert readers (uring_reader.cpp, pread_reader.cpp): the request queue
-// with its priority rules, the fault-injection hook, option defaults and the error text.
+// with its priority rules, the decode-thread side (QueuedReader), the load accounting (LoadMeter:
+// in-flight bytes, busy time, bandwidth), the fault-injection hook, option defaults and the error
+// text.
 //
 // ReadQueue owns the bookkeeping of every request between submit() and reap(): which requests wait
 // (two FIFO lists, demand before prefetch), how far each has been handed out as chunks, how many of
@@ -17,6 +19,7 @@
 //   range, so an end of file inside a chunk before the requested end is an error.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <list>
@@ -139,6 +142,26 @@ class ReadQueue {
     std::vector<ReadCompletion> done_;  // completed, not yet reaped
 };
 
+// Load accounting of one reader (ExpertReader::inflight_bytes / busy_ms / bytes_per_ms): bytes of
+// requests between submit and reap (or cancel), and the time that was non-zero. Decode thread only
+// (it is updated by submit, cancel and reap), so it takes no lock.
+class LoadMeter {
+  public:
+    void submitted(uint64_t tag, uint64_t bytes);
+    void finished(uint64_t tag, bool completed);  // reaped (completed = ok) or cancelled (false)
+    uint64_t inflight_bytes() const { return inflight_bytes_; }
+    double busy_ms() const;
+    double bytes_per_ms() const;
+
+  private:
+    using Clock = std::chrono::steady_clock;
+    std::unordered_map<uint64_t, uint64_t> bytes_of_;  // tag -> requested bytes
+    uint64_t inflight_bytes_ = 0;
+    uint64_t completed_bytes_ = 0;
+    double busy_ms_ = 0.0;  // closed busy intervals
+    Clock::time_point busy_since_;
+};
+
 // The decode-thread side both readers share: requests live in a ReadQueue under mutex_, completions
 // are handed out by reap(), and after any change that may let a chunk start the I/O side is kicked.
 // A subclass says how: kick_needed_locked() (under mutex_; may record that a kick is on its way)
@@ -152,6 +175,9 @@ class QueuedReader : public ExpertReader {
     void unplug() override;
     size_t reap(std::vector<ReadCompletion>& out, bool wait) override;
     size_t outstanding() const override;
+    uint64_t inflight_bytes() const override { return load_.inflight_bytes(); }
+    double busy_ms() const override { return load_.busy_ms(); }
+    double bytes_per_ms() const override { return load_.bytes_per_ms(); }
 
   protected:
     QueuedReader(std::string path, uint64_t chunk_bytes, int depth);
@@ -161,6 +187,7 @@ class QueuedReader : public ExpertReader {
     mutable std::mutex mutex_;
     std::condition_variable done_cv_;  // reap(): a completion arrived
     ReadQueue queue_;                  // guarded by mutex_
+    LoadMeter load_;                   // decode thread only
 };
 
 // Constructors used by reader_factory.cpp. open_uring_reader returns nullptr and sets *why when

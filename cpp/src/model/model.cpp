@@ -25,7 +25,31 @@ std::string shape_str(const std::vector<int64_t>& ne) {
 
 }  // namespace
 
-bool is_expert_tensor(const std::string& name) { return name.find("_exps.") != std::string::npos; }
+ExpertPart expert_part(const GgufTensor& t, uint32_t file, int64_t n_expert) {
+    ExpertPart p;
+    p.tensor = t.name;
+    p.file = file;
+    p.offset = t.file_offset;
+    // nbytes is a whole number of rows and every expert has the same rows, so this division is exact.
+    p.bytes = t.nbytes / static_cast<uint64_t>(n_expert);
+    return p;
+}
+
+FileRange expert_range(const GgufTensor& t, int64_t expert) {
+    if (t.ne.size() != 3) {
+        throw InvalidArgument("[gguf] tensor " + t.name + " has " + std::to_string(t.ne.size()) +
+                              " dimensions; expert-stacked tensors have 3");
+    }
+    if (expert < 0 || expert >= t.ne[2]) {
+        throw InvalidArgument("[gguf] tensor " + t.name + ": expert " + std::to_string(expert) +
+                              " out of range [0, " + std::to_string(t.ne[2]) + ")");
+    }
+    return expert_part(t, /*file=*/0, t.ne[2]).range(expert);
+}
+
+bool is_expert_tensor(const std::string& name) {
+    return name.find("_exps.") != std::string::npos;
+}
 
 namespace {
 
@@ -46,12 +70,14 @@ void read_dense_tensors(Model& model) {
         uint8_t* dst = base + at;
         uint64_t done = 0;
         while (done < t.nbytes) {
-            const ssize_t r = ::pread(f.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
+            const ssize_t r =
+                ::pread(f.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
-                throw IoError("[model] " + f.path() + ": reading tensor " + t.name + " at offset " +
-                              std::to_string(t.file_offset + done) + " failed: " +
-                              (r == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno))));
+                throw IoError(
+                    "[model] " + f.path() + ": reading tensor " + t.name + " at offset " +
+                    std::to_string(t.file_offset + done) + " failed: " +
+                    (r == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno))));
             }
             done += static_cast<uint64_t>(r);
         }
@@ -69,8 +95,8 @@ std::string ModelLoader::where(const std::string& tensor) const {
 const GgufTensor& ModelLoader::require(const std::string& name) {
     const GgufTensor* t = model_.file->find_tensor(name);
     if (!t) {
-        throw MissingTensorError("[model] " + model_.file->path() + ": missing tensor " + name + " (required by arch " +
-                                 model_.hp.arch + ")");
+        throw MissingTensorError("[model] " + model_.file->path() + ": missing tensor " + name +
+                                 " (required by arch " + model_.hp.arch + ")");
     }
     return *t;
 }
@@ -90,8 +116,9 @@ cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n
         throw UnsupportedError(where(t.name) + " has type " + traits.name + ", which sharpi cannot compute");
     }
     if (n_cols % traits.block_size != 0) {
-        throw FormatError(where(t.name) + ": row width " + std::to_string(n_cols) + " is not a multiple of the " +
-                          traits.name + " block size " + std::to_string(traits.block_size));
+        throw FormatError(where(t.name) + ": row width " + std::to_string(n_cols) +
+                          " is not a multiple of the " + traits.name + " block size " +
+                          std::to_string(traits.block_size));
     }
     cpu::WeightView w;
     w.type = t.type;
@@ -154,19 +181,28 @@ void ModelLoader::moe(int il) {
     L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
     // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
     L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
-    StackedExperts& x = L.experts;
-    x.gate_tensor = &require(blk(il, "ffn_gate_exps.weight"));
-    x.up_tensor = &require(blk(il, "ffn_up_exps.weight"));
-    x.down_tensor = &require(blk(il, "ffn_down_exps.weight"));
-    x.gate = view(*x.gate_tensor, h.n_embd, h.n_ff_exp, h.n_expert);
-    x.up = view(*x.up_tensor, h.n_embd, h.n_ff_exp, h.n_expert);
-    x.down = view(*x.down_tensor, h.n_ff_exp, h.n_embd, h.n_expert);
+    // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h).
+    const char* const names[kExpertParts] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                             "ffn_down_exps.weight"};
+    const int64_t n_cols[kExpertParts] = {h.n_embd, h.n_embd, h.n_ff_exp};
+    const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd};
+    const GgufTensor* tensors[kExpertParts];
+    for (int part = 0; part < kExpertParts; ++part) tensors[part] = &require(blk(il, names[part]));
+    ExpertLayerLayout& x = model_.experts.layers[static_cast<size_t>(il)];
+    for (int part = 0; part < kExpertParts; ++part) {
+        const cpu::WeightView stacked = view(*tensors[part], n_cols[part], n_rows[part], h.n_expert);
+        ExpertPart p = expert_part(*tensors[part], /*file=*/0, h.n_expert);
+        p.view = stacked;  // data: expert 0 in the mapping, or nullptr when streaming
+        p.view.n_rows = n_rows[part];
+        x.parts[part] = std::move(p);
+    }
 }
 
 void ModelLoader::dense_ffn(int il) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
-    if (h.n_ff <= 0) throw MissingTensorError("[model] " + model_.file->path() + ": feed_forward_length is missing");
+    if (h.n_ff <= 0)
+        throw MissingTensorError("[model] " + model_.file->path() + ": feed_forward_length is missing");
     L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
     L.ffn_gate.w = matrix(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
     L.ffn_up.w = matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
@@ -191,12 +227,14 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     const GgufFile& f = *model->file;
 
     const std::string arch = f.get_string_or("general.architecture", "");
-    if (arch.empty()) throw MissingTensorError("[model] " + path + ": missing metadata key general.architecture");
+    if (arch.empty())
+        throw MissingTensorError("[model] " + path + ": missing metadata key general.architecture");
     model->spec = find_arch(arch);
     if (!model->spec) {
         std::string known;
         for (const auto& n : arch_names()) known += (known.empty() ? "" : ", ") + n;
-        throw UnsupportedError("[model] " + path + ": unknown architecture '" + arch + "' (supported: " + known + ")");
+        throw UnsupportedError("[model] " + path + ": unknown architecture '" + arch +
+                               "' (supported: " + known + ")");
     }
     model->hp = read_hparams(f, *model->spec);
     const HParams& h = model->hp;
@@ -211,6 +249,10 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     if (!model->output.data) model->output = model->token_embd;  // tied embeddings
 
     model->layers.resize(static_cast<size_t>(h.n_layer));
+    model->experts.files = {path};
+    model->experts.n_expert = h.n_expert;
+    model->experts.n_expert_used = h.n_expert_used;
+    model->experts.layers.resize(static_cast<size_t>(h.n_layer));
     for (int il = 0; il < h.n_layer; ++il) model->spec->load_layer(loader, il);
 
     for (const GgufTensor& t : f.tensors()) {

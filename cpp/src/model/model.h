@@ -3,7 +3,7 @@
 // Dense weights are views into the read-only mapping (zero copies); small 1-D tensors (norms,
 // biases) are copied to f32 so the ops never care how the file stored them. Routed experts are
 // described here (stacked tensor views) but compute reaches them only through an ExpertSource
-// (model/expert_source.h), so streaming can replace residency without touching architecture code.
+// (moe/expert_source.h), so streaming can replace residency without touching architecture code.
 #pragma once
 
 #include <map>
@@ -15,6 +15,7 @@
 #include "gguf/gguf_file.h"
 #include "model/arch.h"
 #include "model/hparams.h"
+#include "moe/expert_layout.h"
 
 namespace sharpi {
 
@@ -23,15 +24,6 @@ struct Linear {
     cpu::WeightView w;
     std::vector<float> bias;  // empty: no bias
     bool present() const { return w.data != nullptr; }
-};
-
-// The three stacked tensors of a layer's routed experts, expert-major: expert e of ffn_up_exps is
-// rows [e * n_ff_exp, (e + 1) * n_ff_exp), one contiguous byte range per tensor.
-struct StackedExperts {
-    cpu::WeightView gate, up, down;  // n_rows = n_expert * (n_ff_exp | n_embd)
-    const GgufTensor* gate_tensor = nullptr;
-    const GgufTensor* up_tensor = nullptr;
-    const GgufTensor* down_tensor = nullptr;
 };
 
 struct LayerWeights {
@@ -43,9 +35,9 @@ struct LayerWeights {
     Linear ffn_gate, ffn_up, ffn_down;
     cpu::WeightView ffn_gate_inp_shexp;  // [1, n_embd] shared-expert gate; data == nullptr: none
     // routed experts
-    cpu::WeightView ffn_gate_inp;  // router [n_expert, n_embd]
+    cpu::WeightView ffn_gate_inp;     // router [n_expert, n_embd]
     cpu::WeightView ffn_pregate_inp;  // [n_expert, n_embd]: layer il+1's pre-gate; data == nullptr: none
-    StackedExperts experts;
+    // The routed experts themselves are in Model::experts (an ExpertLayout), not here.
 };
 
 struct Model {
@@ -59,8 +51,11 @@ struct Model {
     HParams hp;
     cpu::WeightView token_embd;  // [n_vocab, n_embd]
     std::vector<float> output_norm;
-    cpu::WeightView output;      // [n_vocab, n_embd]; token_embd when the file ties them
+    cpu::WeightView output;  // [n_vocab, n_embd]; token_embd when the file ties them
     std::vector<LayerWeights> layers;
+    // Routed experts of every layer: file ranges and views, built by load_model. The expert cache
+    // and the resident source see only this (never Model or GGUF objects).
+    ExpertLayout experts;
     uint64_t bytes_dense = 0;
     uint64_t bytes_experts = 0;
 };
@@ -74,9 +69,16 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming = fals
 // True for the stacked routed-expert tensors (ffn_{gate,up,down}_exps).
 bool is_expert_tensor(const std::string& name);
 
+// A stacked routed-expert tensor of n_expert experts in file number `file` as an ExpertPart (its
+// view left empty): name, offset of expert 0 and bytes per expert (nbytes / n_expert).
+ExpertPart expert_part(const GgufTensor& t, uint32_t file, int64_t n_expert);
+// Expert `expert`'s bytes of a stacked tensor of a single-file model, through expert_part (the
+// engine's own slicing). Throws InvalidArgument for a tensor that is not 3-D or an index out of range.
+FileRange expert_range(const GgufTensor& t, int64_t expert);
+
 // The shared tensor loaders that architecture files call from their load_layer.
 class ModelLoader {
-public:
+  public:
     ModelLoader(Model& model) : model_(model) {}
 
     Model& model() { return model_; }
@@ -105,7 +107,7 @@ public:
 
     static std::string blk(int il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
 
-private:
+  private:
     const GgufTensor& require(const std::string& name);
     cpu::WeightView view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack = 1);
     std::string where(const std::string& tensor) const;

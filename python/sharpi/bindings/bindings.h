@@ -12,5 +12,6 @@ void bind_session(pybind11::module_& m);  // session_bindings.cpp
 void bind_sampler(pybind11::module_& m);  // sampler_bindings.cpp
 void bind_io(pybind11::module_& m);       // io_bindings.cpp
 void bind_predict(pybind11::module_& m);  // predict_bindings.cpp
+void bind_cache(pybind11::module_& m);    // cache_bindings.cpp
 
 }  // namespace sharpi::py_bindings

@@ -16,6 +16,7 @@
 
 #include "bindings.h"
 #include "gguf/gguf_file.h"
+#include "model/model.h"
 #include "sharpi/errors.h"
 
 namespace py = pybind11;
@@ -225,8 +226,8 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
         .def(
             "expert_range",
             [](const GgufFile& f, const std::string& name, int64_t expert) {
-                const ByteRange r = expert_range(tensor_or_throw(f, name), expert);
-                return py::make_tuple(r.offset, r.size);
+                const FileRange r = expert_range(tensor_or_throw(f, name), expert);
+                return py::make_tuple(r.offset, r.bytes);
             },
             py::arg("name"), py::arg("expert"),
             "(file_offset, nbytes) of one expert's slice of an expert-stacked (3-D) tensor")

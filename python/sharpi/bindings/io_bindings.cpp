@@ -77,6 +77,9 @@ class ExpertReaderTest {
     std::string name() const { return reader_->name(); }
     std::string describe() const { return reader_->describe(); }
     size_t outstanding() const { return reader_->outstanding(); }
+    uint64_t inflight_bytes() const { return reader_->inflight_bytes(); }
+    double busy_ms() const { return reader_->busy_ms(); }
+    double bytes_per_ms() const { return reader_->bytes_per_ms(); }
 
     py::object read(const std::vector<std::tuple<uint64_t, uint64_t, std::string>>& requests, bool keep_bytes,
                     bool whole_span) {
@@ -334,6 +337,12 @@ void bind_io(py::module_& m) {
              py::arg("queue_depth") = 0, py::arg("pread_threads") = 0, py::arg("chunk_bytes") = 0,
              py::arg("refuse_o_direct") = false, py::arg("register_arena") = true)
         .def_property_readonly("name", &ExpertReaderTest::name)
+        .def_property_readonly("inflight_bytes", &ExpertReaderTest::inflight_bytes,
+                               "requested bytes submitted and neither reaped nor cancelled")
+        .def_property_readonly("busy_ms", &ExpertReaderTest::busy_ms,
+                               "time with at least one request outstanding, since construction")
+        .def_property_readonly("bytes_per_ms", &ExpertReaderTest::bytes_per_ms,
+                               "completed bytes / busy_ms (0 until a read completed)")
         .def_property_readonly("describe", &ExpertReaderTest::describe)
         .def_property_readonly("outstanding", &ExpertReaderTest::outstanding)
         .def("read", &ExpertReaderTest::read, py::arg("requests"), py::arg("keep_bytes") = true,

@@ -19,6 +19,9 @@ namespace sharpi::cpu {
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
 
 const char* isa_name(Isa isa);
+// "scalar" | "avx2" | "avx512" -> Isa; false for any other spelling. Used for SHARPI_ISA and by
+// the bindings' isa= arguments.
+bool parse_isa_name(const char* name, Isa* isa);
 // The best ISA this CPU supports (CPUID), regardless of any override.
 Isa detect_isa();
 // detect_isa(), capped by SHARPI_ISA=scalar|avx2|avx512 when set (never above what the CPU has).
@@ -34,27 +37,19 @@ struct RowKernels {
     DotRowFn dot_row = nullptr;
 };
 
-// Kernels of `type` for `isa`. Every table is complete: a SIMD table borrowing a scalar entry would
-// break the dot_row == dot_f32(dequant_row) invariant.
+// Kernels of `type` for `isa`. Every table is complete: no SIMD table borrows a scalar entry (every
+// supported type has avx2 and avx512 kernels, tested), because a borrowed scalar dot_row would not
+// be bit-identical to the SIMD dot_f32 that prefill uses, breaking the invariant above.
 // Throws UnsupportedError naming the type when sharpi has no kernel for it.
 const RowKernels& row_kernels(GgmlType type, Isa isa);
-inline const RowKernels& row_kernels(GgmlType type) { return row_kernels(type, active_isa()); }
+inline const RowKernels& row_kernels(GgmlType type) {
+    return row_kernels(type, active_isa());
+}
 
 DotF32Fn dot_f32_kernel(Isa isa);
-inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_f32_kernel(active_isa())(a, b, n); }
-
-}  // namespace sharpi::cpu
-
-// ---- additions (kernels engineer) ----------------------------------------------------------------
-//
-// Note on row_kernels above: in practice no SIMD table borrows a scalar entry. Every supported type
-// has avx2 and avx512 kernels (tested), because a borrowed scalar dot_row would not be
-// bit-identical to the SIMD dot_f32 that prefill uses, breaking the invariant.
-namespace sharpi::cpu {
-
-// "scalar" | "avx2" | "avx512" -> Isa; false for any other spelling. Used for SHARPI_ISA and by
-// the bindings' isa= arguments.
-bool parse_isa_name(const char* name, Isa* isa);
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+    return dot_f32_kernel(active_isa())(a, b, n);
+}
 
 // Prefill helper: y[t * ldy + r] = dot_f32(w + r * ldw, x + t * ldx, n) for r < n_rows and
 // t < n_tokens, each result bit-identical to that ISA's dot_f32, computed in register tiles of

@@ -1,9 +1,11 @@
 // Prefetcher: turns a predictor's hints into early expert reads (DESIGN §3-§4, docs/predictors.md).
 //
 // Data flows one way: predictor -> prefetcher -> cache.prefetch() -> reader. The prefetcher owns
-// the token's routing history, the prediction-quality counters and the timeliness test; it never
-// touches slots (the cache decides what is present and where staged bytes go) and it never evicts:
-// every read it starts lands in a staging slot. Decode thread only.
+// the token's routing history, the prediction-quality counters and the timeliness test (from the
+// reader's own load: ExpertReader::inflight_bytes / bytes_per_ms); it never touches slots (the
+// cache decides what is present and where staged bytes go) and it never evicts: every read it
+// starts lands in a staging slot. Predictors (predict/) only produce hints and never see the cache.
+// Decode thread only; the engine drives it, never the layer code.
 //
 // Per decoded token: begin_token(prev) once, then on_gate(il, ...) for each MoE layer in order,
 // called after that layer's demand reads went out (so prefetches queue behind them).
@@ -15,22 +17,28 @@
 #include <string>
 #include <vector>
 
-#include "cache/expert_cache.h"
-#include "model/forward.h"
+#include "moe/expert_cache.h"
 #include "sharpi/predictor.h"
 #include "sharpi/types.h"
 
 namespace sharpi {
 
-class Prefetcher final : public GateObserver {
-public:
-    Prefetcher(const HParams& hp, ExpertCache& cache, std::shared_ptr<Predictor> predictor, int lookahead,
-               bool skip_late);
+// The model dimensions the prefetcher needs (from HParams; kept plain so moe/ needs no model/).
+struct PrefetchShape {
+    int n_layer = 0, n_expert = 0, top_k = 0, n_embd = 0;
+};
+
+class Prefetcher final {
+  public:
+    Prefetcher(const PrefetchShape& shape, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
+               int lookahead, bool skip_late);
 
     // A new token: `prev` is the previous token's selections [n_layer * top_k] (nullptr: none).
     // Forgets predictions made for a token that did not finish (a failed decode).
     void begin_token(const int32_t* prev);
-    void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) override;
+    // Layer il's gate fired: hidden [n_embd] is the residual entering the MoE block, router_logits
+    // [n_expert], selected [top_k] in rank order.
+    void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected);
 
     // Merges the prediction counters into `st` (per layer) and adds predict_ms and call counts.
     void add_stats(ExpertCacheStats& st) const;
@@ -39,7 +47,7 @@ public:
     const std::vector<std::string>& errors() const { return errors_; }
     const Predictor& predictor() const { return *predictor_; }
 
-private:
+  private:
     using Clock = std::chrono::steady_clock;
     void score_predictions(int il, const int32_t* selected);
     void issue(int il, std::vector<PrefetchHint>& hints);

@@ -1,9 +1,9 @@
-#include "cache/expert_cache.h"
+#include "moe/expert_cache.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cmath>
+#include <chrono>
 
 #include "sharpi/errors.h"
 
@@ -13,66 +13,67 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const GgufTensor* part_tensor(const StackedExperts& x, int part) {
-    return part == 0 ? x.gate_tensor : part == 1 ? x.up_tensor : x.down_tensor;
-}
-
-const char* const kPartName[3] = {"gate", "up", "down"};
-
-}  // namespace
-
 // Offsets of the gate/up/down regions inside a slot (base[0..2]) and the slot size (base[3]). Each
 // region fits the largest expert range of its part over all layers, padded so that its 4 KiB
 // aligned superset fits (worst case for an unaligned range: one extra block at each end).
-static void slot_layout(const Model& model, uint64_t base[4]) {
+void slot_layout(const ExpertLayout& layout, uint64_t base[kExpertParts + 1]) {
     uint64_t at = 0;
-    for (int part = 0; part < 3; ++part) {
+    for (int part = 0; part < kExpertParts; ++part) {
         base[part] = at;
         uint64_t largest = 0;
-        for (const LayerWeights& L : model.layers) {
-            if (L.experts.gate_tensor) {
-                largest = std::max(largest, part_tensor(L.experts, part)->nbytes / static_cast<uint64_t>(model.hp.n_expert));
-            }
+        for (const ExpertLayerLayout& x : layout.layers) {
+            if (x.present()) largest = std::max(largest, x.parts[part].bytes);
         }
         at += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
     }
-    base[3] = at;
+    base[kExpertParts] = at;
 }
 
-uint64_t ExpertCache::slot_bytes(const Model& model) {
-    uint64_t base[4];
-    slot_layout(model, base);
-    return base[3];
+}  // namespace
+
+uint64_t ExpertCache::slot_bytes(const ExpertLayout& layout) {
+    uint64_t base[kExpertParts + 1];
+    slot_layout(layout, base);
+    return base[kExpertParts];
 }
 
-ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
-    : model_(model), n_expert_(model.hp.n_expert) {
-    const int64_t k = model.hp.n_expert_used;
+ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options)
+    : layout_(layout), n_expert_(layout.n_expert) {
+    const int64_t k = layout.n_expert_used;
     if (options.n_slots < static_cast<uint64_t>(k)) {
-        throw InvalidArgument("[cache] " + std::to_string(options.n_slots) + " expert slots cannot hold the " +
-                              std::to_string(k) + " experts one token uses per layer");
+        throw InvalidArgument("[cache] " + std::to_string(options.n_slots) +
+                              " expert slots cannot hold the " + std::to_string(k) +
+                              " experts one token uses per layer");
     }
     if (!(options.probation > 0.0 && options.probation < 1.0)) {
-        throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " + std::to_string(options.probation));
+        throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " +
+                              std::to_string(options.probation));
+    }
+    if (layout.files.size() != 1) {
+        throw UnsupportedError("[cache] a model split over " + std::to_string(layout.files.size()) +
+                               " files cannot be streamed yet (the cache has one reader)");
     }
     n_cache_slots_ = options.n_slots;
     n_staging_ = options.n_staging;
-    n_protected_max_ = static_cast<uint64_t>(std::floor(static_cast<double>(n_cache_slots_) * (1.0 - options.probation)));
-    uint64_t layout[4];
-    slot_layout(model, layout);
-    std::copy(layout, layout + 3, part_base_);
-    slot_bytes_ = layout[3];
+    ReplacementPolicyOptions policy_options;
+    policy_options.probation = options.probation;
+    policy_ = make_replacement_policy(options.policy, n_cache_slots_, policy_options);
+    uint64_t base[kExpertParts + 1];
+    slot_layout(layout, base);
+    std::copy(base, base + kExpertParts, part_base_);
+    slot_bytes_ = base[kExpertParts];
 
     const uint64_t n_total = n_cache_slots_ + n_staging_;
     arena_bytes_ = n_total * slot_bytes_;
-    void* p = ::mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = ::mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-        throw IoError("[cache] cannot reserve " + std::to_string(arena_bytes_) + " bytes for " + std::to_string(n_total) +
-                      " expert slots");
+        throw IoError("[cache] cannot reserve " + std::to_string(arena_bytes_) + " bytes for " +
+                      std::to_string(n_total) + " expert slots");
     }
     arena_ = static_cast<uint8_t*>(p);
     try {
-        reader_ = make_expert_reader(options.reader, model.file->path(), arena_, arena_bytes_);
+        reader_ = make_expert_reader(options.reader, layout.files[0], arena_, arena_bytes_);
     } catch (...) {
         ::munmap(arena_, arena_bytes_);
         throw;
@@ -83,8 +84,8 @@ ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
         slots_[s].mem = arena_ + s * slot_bytes_;
         free_.push_back(static_cast<uint32_t>(n_total - 1 - s));  // pop_back hands out slot 0 first
     }
-    where_.assign(static_cast<size_t>(model.hp.n_layer * n_expert_), -1);
-    layer_stats_.resize(static_cast<size_t>(model.hp.n_layer));
+    where_.assign(static_cast<size_t>(layout.n_layer() * n_expert_), -1);
+    layer_stats_.resize(static_cast<size_t>(layout.n_layer()));
     expert_accesses_.assign(where_.size(), 0);
     expert_misses_.assign(where_.size(), 0);
 }
@@ -99,7 +100,7 @@ ExpertCache::~ExpertCache() {
 
 void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priority) {
     Slot& slot = slots_[s];
-    const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
+    const ExpertLayerLayout& x = layout_.layers[static_cast<size_t>(il)];
     slot.state = State::loading;
     slot.layer = il;
     slot.expert = e;
@@ -107,19 +108,18 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
     slot.dropped = false;
     slot.error.clear();
     slot.bytes = 0;
-    slot.pending = 3;
+    slot.pending = kExpertParts;
     if (timeline_ && timeline_->enabled()) slot.issued_us = timeline_->now_us();
-    for (int part = 0; part < 3; ++part) {
-        const ByteRange r = expert_range(*part_tensor(x, part), e);
+    for (int part = 0; part < kExpertParts; ++part) {
+        const FileRange r = x.parts[part].range(e);
         ReadRequest req;
         req.tag = tag(s, part);
         req.offset = r.offset;
-        req.length = r.size;
+        req.length = r.bytes;
         req.buffer = slot.mem + part_base_[part];
         req.priority = priority;
         reader_->submit(req);
-        slot.bytes += r.size;
-        add_inflight(r.size);
+        slot.bytes += r.bytes;
     }
     where_[key(il, e)] = static_cast<int32_t>(s);
 }
@@ -129,19 +129,16 @@ void ExpertCache::process(const std::vector<ReadCompletion>& done) {
         const uint32_t s = static_cast<uint32_t>(c.tag / 4);
         const int part = static_cast<int>(c.tag % 4);
         Slot& slot = slots_[s];
-        remove_inflight(expert_range(*part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part),
-                                     slot.expert).size,
-                        c.ok);
         if (!c.ok && !slot.failed) {
             slot.failed = true;
-            const GgufTensor* t = part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part);
-            slot.error = c.error + " (tensor " + t->name + ", expert " + std::to_string(slot.expert) + " " +
-                         kPartName[part] + ")";
+            slot.error = c.error + " (tensor " + layout_.part(slot.layer, part).tensor + ", expert " +
+                         std::to_string(slot.expert) + " " + expert_part_name(part) + ")";
         }
         if (--slot.pending > 0) continue;
         if (timeline_ && timeline_->enabled()) {
-            timeline_->span("reader", "L" + std::to_string(slot.layer) + " E" + std::to_string(slot.expert) +
-                                          (slot.segment == Segment::staging ? " prefetch" : ""),
+            timeline_->span("reader",
+                            "L" + std::to_string(slot.layer) + " E" + std::to_string(slot.expert) +
+                                (slot.staged ? " prefetch" : ""),
                             slot.issued_us, timeline_->now_us());
         }
         if (slot.failed || slot.dropped) {
@@ -166,40 +163,18 @@ void ExpertCache::fail_if_needed(uint32_t s) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SLRU bookkeeping
+// Slot bookkeeping (the order of eviction is the policy's)
 
-void ExpertCache::unlink(uint32_t s) {
-    Slot& slot = slots_[s];
-    if (slot.segment == Segment::probation) probation_.erase(slot.lru);
-    if (slot.segment == Segment::protected_) protected_.erase(slot.lru);
-    if (slot.segment == Segment::staging) --n_staged_;
-    slot.segment = Segment::none;
-}
-
-void ExpertCache::insert_probation(uint32_t s) {
-    probation_.push_front(s);
-    slots_[s].lru = probation_.begin();
-    slots_[s].segment = Segment::probation;
-}
-
-void ExpertCache::touch(uint32_t s) {
-    Slot& slot = slots_[s];
-    unlink(s);
-    protected_.push_front(s);
-    slot.lru = protected_.begin();
-    slot.segment = Segment::protected_;
-    // Protected overflow goes back to probation's hot end (it gets one more chance there).
-    while (protected_.size() > n_protected_max_) {
-        const uint32_t demoted = protected_.back();
-        protected_.pop_back();
-        slots_[demoted].segment = Segment::none;
-        insert_probation(demoted);
-    }
+void ExpertCache::unstage(uint32_t s) {
+    if (!slots_[s].staged) return;
+    slots_[s].staged = false;
+    --n_staged_;
 }
 
 void ExpertCache::free_slot(uint32_t s) {
     Slot& slot = slots_[s];
-    unlink(s);
+    policy_->remove(s);
+    unstage(s);
     if (slot.layer >= 0 && where_[key(slot.layer, slot.expert)] == static_cast<int32_t>(s)) {
         where_[key(slot.layer, slot.expert)] = -1;
     }
@@ -215,21 +190,19 @@ void ExpertCache::evict(uint32_t s) {
 }
 
 uint32_t ExpertCache::take_cache_slot() {
-    if (probation_.size() + protected_.size() < n_cache_slots_ && !free_.empty()) {
+    if (policy_->size() < n_cache_slots_ && !free_.empty()) {
         const uint32_t s = free_.back();
         free_.pop_back();
         return s;
     }
-    for (std::list<uint32_t>* segment : {&probation_, &protected_}) {
-        for (auto it = segment->rbegin(); it != segment->rend(); ++it) {
-            const Slot& slot = slots_[*it];
-            if (slot.pins == 0 && slot.state == State::ready) {
-                const uint32_t victim = *it;
-                evict(victim);
-                free_.pop_back();  // evict() pushed it
-                return victim;
-            }
-        }
+    const uint32_t victim = policy_->victim([this](uint32_t s) {
+        const Slot& slot = slots_[s];
+        return slot.pins == 0 && slot.state == State::ready;
+    });
+    if (victim != ReplacementPolicy::kNone) {
+        evict(victim);
+        free_.pop_back();  // evict() pushed it
+        return victim;
     }
     // Only reachable if more experts are held at once than max_acquire() allows, or every unpinned
     // slot is still loading; callers acquire in waves of max_acquire().
@@ -242,14 +215,12 @@ uint32_t ExpertCache::take_cache_slot() {
 
 void ExpertCache::view_of(uint32_t s, ExpertView* view) const {
     const Slot& slot = slots_[s];
-    const StackedExperts& x = model_.layers[static_cast<size_t>(slot.layer)].experts;
-    const cpu::WeightView* stacked[3] = {&x.gate, &x.up, &x.down};
-    cpu::WeightView* out[3] = {&view->gate, &view->up, &view->down};
-    for (int part = 0; part < 3; ++part) {
-        const ByteRange r = expert_range(*part_tensor(x, part), slot.expert);
-        *out[part] = *stacked[part];
-        out[part]->n_rows = stacked[part]->n_rows / n_expert_;
-        out[part]->data = slot.mem + part_base_[part] + (r.offset % ExpertReader::kAlignment);
+    const ExpertLayerLayout& x = layout_.layers[static_cast<size_t>(slot.layer)];
+    cpu::WeightView* out[kExpertParts] = {&view->gate, &view->up, &view->down};
+    for (int part = 0; part < kExpertParts; ++part) {
+        // The reader put the aligned superset at the region's start (io/expert_reader.h).
+        const uint64_t skew = x.parts[part].range(slot.expert).offset % ExpertReader::kAlignment;
+        *out[part] = x.parts[part].at(slot.mem + part_base_[part] + skew);
     }
 }
 
@@ -276,23 +247,24 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
         }
         Slot& slot = slots_[static_cast<uint32_t>(s)];
         ++ls.hits;
-        if (slot.segment == Segment::staging) {
+        if (slot.staged) {
             ++ls.prefetch_used;
             ++(slot.state == State::ready ? ls.prefetch_timely : ls.prefetch_late);
-            // Adopt a prefetched expert: it joins the SLRU (probation), evicting a victim if full.
-            unlink(static_cast<uint32_t>(s));
-            if (probation_.size() + protected_.size() >= n_cache_slots_) {
+            // Adopt a prefetched expert: it joins the policy, evicting a victim if the cache is full.
+            unstage(static_cast<uint32_t>(s));
+            if (policy_->size() >= n_cache_slots_) {
                 slot.pins++;  // keep it out of the victim search
                 const uint32_t v = take_cache_slot();
                 free_.push_back(v);
                 slot.pins--;
             }
-            insert_probation(static_cast<uint32_t>(s));
+            policy_->insert(static_cast<uint32_t>(s));
         } else {
-            touch(static_cast<uint32_t>(s));
+            policy_->touch(static_cast<uint32_t>(s));
         }
         if (slot.state == State::loading) {
-            for (int part = 0; part < 3; ++part) reader_->promote(tag(static_cast<uint32_t>(s), part));
+            for (int part = 0; part < kExpertParts; ++part)
+                reader_->promote(tag(static_cast<uint32_t>(s), part));
         }
         slot.pins++;
         current_[static_cast<size_t>(i)] = static_cast<uint32_t>(s);
@@ -306,7 +278,7 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
         ++expert_misses_[kk];
         const uint32_t s = take_cache_slot();
         issue_reads(s, il, experts[i], ReadPriority::demand);
-        insert_probation(s);
+        policy_->insert(s);
         slots_[s].pins++;
         ls.bytes_read += slots_[s].bytes;
         current_[static_cast<size_t>(i)] = s;
@@ -339,8 +311,9 @@ void ExpertCache::wait(int i) {
         layer_stats_[static_cast<size_t>(current_layer_)].stall_ms += stalled_ms;
         if (timeline_ && timeline_->enabled()) {
             const double end = timeline_->now_us();
-            timeline_->span("stall", "wait L" + std::to_string(current_layer_) + " E" +
-                                         std::to_string(slots_[s].expert), end - stalled_ms * 1e3, end);
+            timeline_->span(
+                "stall", "wait L" + std::to_string(current_layer_) + " E" + std::to_string(slots_[s].expert),
+                end - stalled_ms * 1e3, end);
         }
     }
     if (slots_[s].failed) throw IoError(slots_[s].error);
@@ -359,45 +332,17 @@ void ExpertCache::release(int il) {
 // ---------------------------------------------------------------------------------------------
 // Prefetch
 
-uint64_t ExpertCache::expert_bytes(int il, int32_t e) const {
-    const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
-    uint64_t bytes = 0;
-    for (int part = 0; part < 3; ++part) bytes += expert_range(*part_tensor(x, part), e).size;
-    return bytes;
-}
-
-void ExpertCache::add_inflight(uint64_t bytes) {
-    if (inflight_bytes_ == 0) busy_since_ = Clock::now();
-    inflight_bytes_ += bytes;
-}
-
-void ExpertCache::remove_inflight(uint64_t bytes, bool completed) {
-    inflight_bytes_ -= std::min(bytes, inflight_bytes_);
-    if (completed) completed_bytes_ += bytes;
-    if (inflight_bytes_ == 0) {
-        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
-        busy_ms_total_ += ms;
-        busy_ms_stats_ += ms;
-    }
-}
-
-double ExpertCache::bytes_per_ms() const {
-    double busy = busy_ms_total_;
-    if (inflight_bytes_ > 0) busy += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
-    return busy > 0.0 && completed_bytes_ > 0 ? static_cast<double>(completed_bytes_) / busy : 0.0;
-}
-
 ExpertCache::PrefetchOutcome ExpertCache::prefetch(int il, int32_t e) {
     if (where_[key(il, e)] >= 0) return PrefetchOutcome::present;
     if (n_staged_ >= n_staging_) return PrefetchOutcome::no_slot;
     poll();
     // Staging slots come from the free list only; with the cache full there is always room, since
-    // the SLRU holds at most n_cache_slots and staging at most n_staging.
+    // the policy holds at most n_cache_slots and staging at most n_staging.
     if (free_.empty()) return PrefetchOutcome::no_slot;
     const uint32_t s = free_.back();
     free_.pop_back();
     issue_reads(s, il, e, ReadPriority::prefetch);
-    slots_[s].segment = Segment::staging;
+    slots_[s].staged = true;
     ++n_staged_;
     LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
     ++ls.prefetch_issued;
@@ -406,20 +351,18 @@ ExpertCache::PrefetchOutcome ExpertCache::prefetch(int il, int32_t e) {
 }
 
 void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
+    const ExpertLayerLayout& x = layout_.layers[static_cast<size_t>(il)];
     for (uint32_t s = 0; s < slots_.size(); ++s) {
         Slot& slot = slots_[s];
-        if (slot.segment != Segment::staging || slot.layer != il || slot.dropped) continue;
+        if (!slot.staged || slot.layer != il || slot.dropped) continue;
         if (std::find(selected, selected + n, slot.expert) != selected + n) continue;
         // Wasted: what was (or is being) read for nothing; cancelled parts never cost bytes.
         uint64_t wasted = slot.bytes;
         if (slot.state == State::loading) {
-            const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
-            for (int part = 0; part < 3; ++part) {
+            for (int part = 0; part < kExpertParts; ++part) {
                 if (reader_->cancel(tag(s, part))) {
                     slot.pending--;
-                    const uint64_t size = expert_range(*part_tensor(x, part), slot.expert).size;
-                    wasted -= size;
-                    remove_inflight(size, false);
+                    wasted -= x.parts[part].bytes;
                 }
             }
             layer_stats_[static_cast<size_t>(il)].bytes_read -= slot.bytes - wasted;
@@ -448,8 +391,7 @@ ExpertCacheStats ExpertCache::stats() const {
     st.layers = layer_stats_;
     st.expert_accesses = expert_accesses_;
     st.expert_misses = expert_misses_;
-    st.io_busy_ms = busy_ms_stats_;
-    if (inflight_bytes_ > 0) st.io_busy_ms += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+    st.io_busy_ms = reader_->busy_ms() - busy_ms_at_reset_;
     return st;
 }
 
@@ -457,8 +399,7 @@ void ExpertCache::reset_stats() {
     std::fill(layer_stats_.begin(), layer_stats_.end(), LayerExpertStats{});
     std::fill(expert_accesses_.begin(), expert_accesses_.end(), 0);
     std::fill(expert_misses_.begin(), expert_misses_.end(), 0);
-    busy_ms_stats_ = 0.0;
-    if (inflight_bytes_ > 0) busy_since_ = Clock::now();
+    busy_ms_at_reset_ = reader_->busy_ms();
 }
 
 }  // namespace sharpi

@@ -2,9 +2,13 @@
 // slots under a byte budget (DESIGN §4). It is the ExpertSource of a streaming session.
 //
 // Owns: the slot arena (one anonymous mapping, 4 KiB-aligned, pages touched only when filled), the
-// reader (io_uring or pread, which reads straight into slot memory), and all bookkeeping. Called
-// only from the decode thread (acquire / ready / wait / release / prefetch); the reader completes
-// reads asynchronously and the cache learns of them only through reap(), so no locks are needed.
+// reader (io_uring or pread, which reads straight into slot memory), the replacement policy (which
+// slot to evict; moe/replacement_policy.h) and all slot bookkeeping. It knows the model only as an
+// ExpertLayout (file ranges and matrix shapes), never Model or GGUF objects. Called only from the
+// decode thread (acquire / ready / wait / release by the MoE FFN, prefetch / present by the
+// prefetcher); the reader completes reads asynchronously and the cache learns of them only through
+// reap(), so no locks are needed. It must never block except in wait(), and never evict for a
+// prefetch.
 //
 // A slot holds one expert of one layer: its gate, up and down byte ranges, kept quantized exactly
 // as in the file. Slot states: free -> loading -> ready, with a pin count while a layer computes.
@@ -13,44 +17,46 @@
 //   into it); a pinned slot is never evicted.
 // - An expert is in at most one slot; a demand for an expert already loading waits on that read
 //   (and raises it to demand priority) and never issues a second one.
-// - Prefetch never evicts: prefetched experts land in a separate staging pool. When the gate
-//   selects a staged expert it is adopted into the SLRU (evicting a probation victim then). A
-//   staged expert the gate did not select is dropped: it leaves the expert map at once (it can
-//   never be adopted) and its slot is freed when its reads in flight finish.
-// - SLRU: new entries enter probation; a second use promotes to protected (whose overflow is
-//   demoted back to probation); victims come from probation's cold end, else protected's.
+// - Prefetch never evicts: prefetched experts land in a separate staging pool, outside the
+//   replacement policy. When the gate selects a staged expert it is adopted into the policy
+//   (evicting a victim then). A staged expert the gate did not select is dropped: it leaves the
+//   expert map at once (it can never be adopted) and its slot is freed when its reads in flight
+//   finish.
+// - The policy holds exactly the adopted or demand-filled slots (at most n_slots of them).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "io/expert_reader.h"
-#include "model/expert_source.h"
-#include "model/model.h"
+#include "moe/expert_layout.h"
+#include "moe/expert_source.h"
+#include "moe/replacement_policy.h"
 #include "sharpi/types.h"
 #include "trace/timeline.h"
 
 namespace sharpi {
 
 struct ExpertCacheOptions {
-    uint64_t n_slots = 0;     // SLRU slots (>= n_expert_used)
-    uint64_t n_staging = 0;   // prefetch staging slots (0: no prefetch)
-    double probation = 0.25;  // share of n_slots in probation
+    uint64_t n_slots = 0;         // cache slots, held by the policy (>= n_expert_used)
+    uint64_t n_staging = 0;       // prefetch staging slots (0: no prefetch)
+    std::string policy = "slru";  // replacement policy (make_replacement_policy)
+    double probation = 0.25;      // SLRU: share of n_slots in probation, in (0, 1)
     std::string reader = "auto";
 };
 
 class ExpertCache final : public ExpertSource {
-public:
-    ExpertCache(const Model& model, const ExpertCacheOptions& options);
+  public:
+    // `layout` must outlive the cache. Throws InvalidArgument (too few slots, bad policy option),
+    // UnsupportedError (a model split over several files), IoError (reader cannot open the file).
+    ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options);
     ~ExpertCache() override;
 
     // Bytes of one slot for this model: the largest expert's three ranges, each padded so that its
     // 4 KiB-aligned superset fits.
-    static uint64_t slot_bytes(const Model& model);
+    static uint64_t slot_bytes(const ExpertLayout& layout);
 
     void acquire(int il, const int32_t* experts, int n, ExpertView* views) override;
     bool ready(int i) override;
@@ -64,16 +70,11 @@ public:
     PrefetchOutcome prefetch(int il, int32_t e);
     // Whether expert e of layer il is cached or loading.
     bool present(int il, int32_t e) const { return where_[key(il, e)] >= 0; }
-    // Requested bytes of one expert (its three ranges).
-    uint64_t expert_bytes(int il, int32_t e) const;
-
-    // Reader load, for the prefetcher's timeliness test: bytes submitted and not yet completed
-    // (queued or in flight), and the measured read bandwidth in bytes per millisecond (completed
-    // bytes over the time at least one read was outstanding; 0 until a read has completed).
-    // Completions are only observed when the decode thread polls, so busy time is an upper bound
-    // and the bandwidth a lower bound.
-    uint64_t inflight_bytes() const { return inflight_bytes_; }
-    double bytes_per_ms() const;
+    // Requested bytes of one expert of layer il (its three ranges).
+    uint64_t expert_bytes(int il) const { return layout_.expert_bytes(il); }
+    // The reader's load (ExpertReader::inflight_bytes / bytes_per_ms), for the prefetcher's
+    // timeliness test.
+    const ExpertReader& reader() const { return *reader_; }
     // Gate of layer il fired with `selected`: staged experts of il it did not pick are dropped
     // (queued reads cancelled; their bytes counted as wasted).
     void drop_unselected(int il, const int32_t* selected, int n);
@@ -84,15 +85,13 @@ public:
     const char* reader_name() const { return reader_->name(); }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
-private:
+  private:
     enum class State { free, loading, ready };
-    enum class Segment { none, probation, protected_, staging };
 
     struct Slot {
         uint8_t* mem = nullptr;
         State state = State::free;
-        Segment segment = Segment::none;
-        std::list<uint32_t>::iterator lru;  // position in its SLRU segment's list
+        bool staged = false;  // in the staging pool (a prefetch not yet adopted), not in the policy
         int32_t layer = -1, expert = -1;
         int pins = 0;
         int pending = 0;       // reads not yet completed
@@ -107,41 +106,33 @@ private:
     uint64_t tag(uint32_t slot, int part) const { return uint64_t{slot} * 4 + static_cast<uint64_t>(part); }
     void issue_reads(uint32_t s, int il, int32_t e, ReadPriority priority);
     void view_of(uint32_t s, ExpertView* view) const;
-    uint32_t take_cache_slot();  // a free slot, evicting an SLRU victim if the cache is full
+    uint32_t take_cache_slot();  // a free slot, evicting the policy's victim if the cache is full
     void evict(uint32_t s);
     void free_slot(uint32_t s);
-    void touch(uint32_t s);      // SLRU hit bookkeeping
-    void insert_probation(uint32_t s);
-    void unlink(uint32_t s);
+    void unstage(uint32_t s);
     void process(const std::vector<ReadCompletion>& done);
     void poll();
     void fail_if_needed(uint32_t s);
 
-    const Model& model_;
+    const ExpertLayout& layout_;
     int64_t n_expert_ = 0;
-    uint64_t n_cache_slots_ = 0, n_staging_ = 0, n_protected_max_ = 0;
+    uint64_t n_cache_slots_ = 0, n_staging_ = 0;
     uint64_t slot_bytes_ = 0;
-    uint64_t part_base_[3] = {0, 0, 0};  // offsets of the gate/up/down regions inside a slot
+    uint64_t part_base_[kExpertParts] = {0, 0, 0};  // offsets of the gate/up/down regions inside a slot
     uint8_t* arena_ = nullptr;
     uint64_t arena_bytes_ = 0;
     std::unique_ptr<ExpertReader> reader_;  // declared after the arena: destroyed first
+    std::unique_ptr<ReplacementPolicy> policy_;
 
     std::vector<Slot> slots_;
     std::vector<int32_t> where_;  // key -> slot or -1
     std::vector<uint32_t> free_;
-    std::list<uint32_t> probation_, protected_;  // front = most recently used
     uint64_t n_staged_ = 0;
     std::vector<uint32_t> current_;  // slots of the last acquire, by index
     int current_layer_ = -1;
     std::vector<ReadCompletion> completions_;
 
-    void add_inflight(uint64_t bytes);
-    void remove_inflight(uint64_t bytes, bool completed);
-    uint64_t inflight_bytes_ = 0;
-    uint64_t completed_bytes_ = 0;     // since creation (bandwidth estimate)
-    double busy_ms_total_ = 0.0;       // since creation (bandwidth estimate)
-    double busy_ms_stats_ = 0.0;       // since reset_stats (io_busy_ms)
-    std::chrono::steady_clock::time_point busy_since_;
+    double busy_ms_at_reset_ = 0.0;  // reader_->busy_ms() at reset_stats (io_busy_ms counts from there)
 
     Timeline* timeline_ = nullptr;
     std::vector<LayerExpertStats> layer_stats_;

@@ -1,0 +1,238 @@
+#include "moe/moe_ffn.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/ops/activation.h"
+#include "cpu/ops/matmul.h"
+#include "cpu/ops/router.h"
+#include "cpu/quant/kernels.h"
+
+namespace sharpi {
+
+namespace {
+
+// out = sum_j weights[j] * ys[j], in slot order j = 0..k-1: the one place expert outputs are
+// combined, shared by the one-token and the batch paths so both round identically.
+void weighted_sum(float* out, const float* const* ys, const float* weights, int64_t k, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = weights[0] * ys[0][i];
+    for (int64_t j = 1; j < k; ++j) {
+        for (int64_t i = 0; i < n; ++i) out[i] += weights[j] * ys[j][i];
+    }
+}
+
+// Releases an ExpertSource layer on every exit path, exceptions included.
+struct ExpertLease {
+    ExpertSource& source;
+    int il;
+    ~ExpertLease() { source.release(il); }
+};
+
+}  // namespace
+
+// Decode fast path: the selected experts of the token in two parallel passes (gate+up rows of
+// every slot, then down rows of every slot) instead of three matmuls per expert. Experts whose bytes
+// are ready go first, in one group; each still-loading expert is then computed as soon as its read
+// completes, so compute overlaps the remaining IO. Every row is one dot_row whatever the grouping,
+// so the result is bit-identical to the all-resident run.
+void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
+                               const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
+                               Act& out, int il) {
+    const HParams& h = f.hp();
+    const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
+    std::vector<ExpertView> views(unique.size());
+    experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
+    ExpertLease lease{experts_, il};
+    // The layer's demand reads are out: the observer's prefetches queue behind them.
+    if (gate_observer_ && hidden) gate_observer_->on_gate(il, hidden, router_logits, ids);
+
+    std::vector<int> slot_unique(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) {
+        slot_unique[j] =
+            static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
+    }
+    // Kernel entry points per distinct expert, looked up once (types can differ per tensor and layer).
+    std::vector<cpu::DotRowFn> gate_dot(unique.size()), up_dot(unique.size()), down_dot(unique.size());
+    for (size_t u = 0; u < unique.size(); ++u) {
+        gate_dot[u] = cpu::row_kernels(views[u].gate.type).dot_row;
+        up_dot[u] = cpu::row_kernels(views[u].up.type).dot_row;
+        down_dot[u] = cpu::row_kernels(views[u].down.type).dot_row;
+    }
+    Act g = f.alloc(k, n_ff), up = f.alloc(k, n_ff), act = f.alloc(k, n_ff), y = f.alloc(k, n_embd);
+    cpu::ThreadPool& pool = f.pool();
+    const float* x = cur.row(0);
+    auto compute_slots = [&](const std::vector<int64_t>& slots) {
+        const int64_t n = static_cast<int64_t>(slots.size());
+        if (n == 0) return;
+        pool.parallel_for(n * 2 * n_ff, [&](int64_t begin, int64_t end, int) {
+            for (int64_t item = begin; item < end; ++item) {
+                const int64_t j = slots[item / (2 * n_ff)], r = item % (2 * n_ff);
+                const int u = slot_unique[j];
+                const ExpertView& v = views[u];
+                if (r < n_ff) {
+                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes, x, n_embd);
+                } else {
+                    const int64_t ru = r - n_ff;
+                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes, x, n_embd);
+                }
+            }
+        });
+        for (int64_t j : slots) cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+        pool.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
+            for (int64_t item = begin; item < end; ++item) {
+                const int64_t j = slots[item / n_embd], r = item % n_embd;
+                const int u = slot_unique[j];
+                const ExpertView& v = views[u];
+                y.row(j)[r] = down_dot[u](v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
+            }
+        });
+    };
+    std::vector<int64_t> ready_slots;
+    for (int64_t j = 0; j < k; ++j) {
+        if (experts_.ready(slot_unique[j])) ready_slots.push_back(j);
+    }
+    compute_slots(ready_slots);
+    for (size_t u = 0; u < unique.size(); ++u) {
+        std::vector<int64_t> slots;
+        for (int64_t j = 0; j < k; ++j) {
+            if (slot_unique[j] == static_cast<int>(u) &&
+                std::find(ready_slots.begin(), ready_slots.end(), j) == ready_slots.end()) {
+                slots.push_back(j);
+            }
+        }
+        if (slots.empty()) continue;
+        experts_.wait(static_cast<int>(u));
+        compute_slots(slots);
+    }
+    std::vector<const float*> ys(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) ys[j] = y.row(j);
+    weighted_sum(out.row(0), ys.data(), weights, k, n_embd);
+}
+
+// Prefill path: each selected expert runs once over the tokens that chose it (gathered rows),
+// then every token sums its k expert outputs in rank order. Experts are acquired in waves of at
+// most max_acquire() (a prefill batch can select more experts than a small cache holds).
+void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
+                           const std::vector<int32_t>& unique, Act& out, int il) {
+    const HParams& h = f.hp();
+    const int64_t T = cur.n_tokens, k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
+    Act y = f.alloc(T * k, n_embd);  // y.row(t * k + j): output of token t's slot j
+    cpu::ThreadPool& pool = f.pool();
+    std::vector<int64_t> members;
+    const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
+    for (size_t w0 = 0; w0 < unique.size(); w0 += wave) {
+        const size_t n_wave = std::min(wave, unique.size() - w0);
+        std::vector<ExpertView> views(n_wave);
+        experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
+        ExpertLease lease{experts_, il};
+        for (size_t u = 0; u < n_wave; ++u) {
+            members.clear();
+            for (int64_t i = 0; i < T * k; ++i) {
+                if (ids[i] == unique[w0 + u]) members.push_back(i);
+            }
+            const int64_t n = static_cast<int64_t>(members.size());
+            Act xe = f.alloc(n, n_embd), g = f.alloc(n, n_ff), upv = f.alloc(n, n_ff),
+                ye = f.alloc(n, n_embd);
+            for (int64_t m = 0; m < n; ++m)
+                std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
+            experts_.wait(static_cast<int>(u));
+            cpu::matmul(pool, views[u].gate, xe.data, n_embd, n, g.data, n_ff);
+            cpu::matmul(pool, views[u].up, xe.data, n_embd, n, upv.data, n_ff);
+            cpu::swiglu(g.data, upv.data, g.data, n * n_ff);
+            cpu::matmul(pool, views[u].down, g.data, n_ff, n, ye.data, n_embd);
+            for (int64_t m = 0; m < n; ++m) std::memcpy(y.row(members[m]), ye.row(m), sizeof(float) * n_embd);
+        }
+    }
+    std::vector<const float*> ys(static_cast<size_t>(k));
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < k; ++j) ys[j] = y.row(t * k + j);
+        weighted_sum(out.row(t), ys.data(), weights + t * k, k, n_embd);
+    }
+}
+
+// Replaces each token's top-k with the trace's row for its position: the recorded ids as a set
+// (duplicates and -1 entries filled with the router's best remaining experts), ordered like the
+// router orders (probability descending, then id), weighted by the router's own probabilities.
+void MoeFfn::apply_route_trace(const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens, int il,
+                               int32_t* ids, float* weights) const {
+    const int64_t k = h.n_expert_used, E = h.n_expert;
+    std::vector<int32_t> chosen;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* p = probs + t * E;
+        const int32_t* rec = route_trace_->row(pos0 + t, il);
+        chosen.clear();
+        for (int64_t j = 0; j < k; ++j) {
+            if (rec[j] >= 0 && std::find(chosen.begin(), chosen.end(), rec[j]) == chosen.end())
+                chosen.push_back(rec[j]);
+        }
+        // Fill gaps with the router's own choices (ids[] holds its top-k in rank order; any
+        // further need is met by scanning all experts by probability).
+        for (int64_t j = 0; j < k && static_cast<int64_t>(chosen.size()) < k; ++j) {
+            const int32_t e = ids[t * k + j];
+            if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        for (int32_t e = 0; e < E && static_cast<int64_t>(chosen.size()) < k; ++e) {
+            if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        std::sort(chosen.begin(), chosen.end(),
+                  [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+        float sum = 0.0f;
+        for (int64_t j = 0; j < k; ++j) sum += p[chosen[j]];
+        for (int64_t j = 0; j < k; ++j) {
+            ids[t * k + j] = chosen[j];
+            weights[t * k + j] = h.expert_weights_norm ? p[chosen[j]] / sum : p[chosen[j]];
+        }
+    }
+}
+
+Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
+    const HParams& h = f.hp();
+    const LayerWeights& L = f.layer(il);
+    const int64_t T = cur.n_tokens, k = h.n_expert_used;
+
+    Linear router;
+    router.w = L.ffn_gate_inp;
+    Act logits = f.linear(cur, router, "ffn_moe_logits", il);
+    Act probs = f.alloc(T, h.n_expert);
+    Routing& r = routing_[static_cast<size_t>(il)];
+    r.ids.resize(static_cast<size_t>(T * k));
+    r.weights.resize(static_cast<size_t>(T * k));
+    cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, r.ids.data(),
+                    r.weights.data());
+    if (route_trace_) apply_route_trace(h, f.pos0(), probs.data, T, il, r.ids.data(), r.weights.data());
+    f.name(probs, "ffn_moe_probs", il);
+    if (f.dumping()) {
+        f.name(Act{r.weights.data(), T, k}, "ffn_moe_weights", il);
+        std::vector<float> topk(r.ids.begin(), r.ids.end());  // expert ids as floats, [T, k]
+        f.name(Act{topk.data(), T, k}, "ffn_moe_topk", il);
+    }
+
+    std::vector<int32_t> unique(r.ids.begin(), r.ids.end());
+    std::sort(unique.begin(), unique.end());
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    experts_.gate_fired(il, unique.data(), static_cast<int>(unique.size()));
+    Act out = f.alloc(T, h.n_embd);
+    if (T == 1) {
+        experts_one_token(f, cur, hidden, logits.data, r.ids.data(), r.weights.data(), unique, out, il);
+    } else {
+        experts_batch(f, cur, r.ids.data(), r.weights.data(), unique, out, il);
+    }
+    f.name(out, "ffn_moe_out", il);
+
+    if (!L.ffn_gate.present()) return out;
+    // Shared expert (qwen2moe): always on, scaled by sigmoid(ffn_gate_inp_shexp . x).
+    Act shared = f.ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_shexp", il);
+    if (L.ffn_gate_inp_shexp.data) {
+        Linear gate;
+        gate.w = L.ffn_gate_inp_shexp;
+        Act s = f.linear(cur, gate, "ffn_shexp_gate", il);
+        for (int64_t t = 0; t < T; ++t) {
+            const float w = cpu::sigmoid(s.row(t)[0]);
+            float* row = shared.row(t);
+            for (int64_t i = 0; i < h.n_embd; ++i) row[i] *= w;
+        }
+    }
+    return f.add(out, shared, "ffn_out", il);
+}
+
+}  // namespace sharpi

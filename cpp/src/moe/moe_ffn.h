@@ -1,0 +1,79 @@
+// MoeFfn: the routed-expert FFN of a MoE layer and its scheduling against the ExpertSource (DESIGN
+// §3): router softmax and top-k (or a recorded route trace), the gate event, the experts leased
+// from the source (acquire / wait / release, in waves for prefill batches), the weighted sum in
+// top-k rank order, and the shared expert where the layer has one.
+//
+// Owns the last step's per-layer routing. Called on the decode thread by the layer builders
+// (Forward::moe_ffn) for one batch of tokens; the engine makes one per chunk and tells it where
+// gate events go (GateObserver: the engine, which hands them to the prefetcher). It computes with
+// the CPU kernels and never talks to a reader or a predictor directly.
+//
+// Determinism: every token's row is computed with the same code whatever the batch size or the
+// order in which expert bytes arrive (experts_one_token's ready-first grouping changes only when a
+// row is computed, never how), so streamed, prefilled and resident runs are bit-identical.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/forward.h"
+#include "moe/expert_source.h"
+
+namespace sharpi {
+
+// Per-token routing of the last step, kept for stats and tests: [n_tokens, n_expert_used] per layer.
+struct Routing {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+};
+
+// Recorded expert choices that replace the router's top-k (trace replay): [n_tokens, n_layers, k].
+struct RouteTrace {
+    int64_t n_tokens = 0, n_layers = 0, k = 0;
+    std::vector<int32_t> experts;
+    const int32_t* row(int64_t position, int il) const {
+        return experts.data() + ((position % n_tokens) * n_layers + il) * k;
+    }
+};
+
+// Told when a MoE layer's gate has fired during single-token decoding, after the layer's demand
+// reads were issued (so reads it starts queue behind them). hidden: [n_embd] residual entering
+// the MoE block; router_logits: [n_expert]; selected: [top_k] in rank order.
+class GateObserver {
+  public:
+    virtual ~GateObserver() = default;
+    virtual void on_gate(int il, const float* hidden, const float* router_logits,
+                         const int32_t* selected) = 0;
+};
+
+class MoeFfn {
+  public:
+    MoeFfn(ExpertSource& experts, int64_t n_layer)
+        : experts_(experts), routing_(static_cast<size_t>(n_layer)) {}
+
+    void set_route_trace(const RouteTrace* trace) { route_trace_ = trace; }
+    void set_gate_observer(GateObserver* observer) { gate_observer_ = observer; }
+    std::vector<Routing>& routing() { return routing_; }
+
+    // The layer's MoE FFN output for `cur` ([n_tokens, n_embd], normalised): routed experts plus
+    // the sigmoid-gated shared expert when the layer has one. hidden: the residual entering the
+    // block (row 0 goes to the gate observer when n_tokens == 1; nullptr: no gate event).
+    Act forward(Forward& f, const Act& cur, const float* hidden, int il);
+
+  private:
+    // Decode (one token) and prefill (a batch) paths over the selected experts.
+    void experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
+                           const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
+                           Act& out, int il);
+    void experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
+                       const std::vector<int32_t>& unique, Act& out, int il);
+    void apply_route_trace(const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens, int il,
+                           int32_t* ids, float* weights) const;
+
+    ExpertSource& experts_;
+    const RouteTrace* route_trace_ = nullptr;
+    GateObserver* gate_observer_ = nullptr;
+    std::vector<Routing> routing_;
+};
+
+}  // namespace sharpi
