@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -144,6 +145,8 @@ class EngineRunner:
             with open(spec_path, "w") as fh:
                 json.dump(spec, fh)
             argv = self.wrap + [sys.executable, os.fspath(Path(__file__).resolve()), "--worker", spec_path]
+            load_before = os.getloadavg()[0]
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             try:
                 with open(log_path, "w") as log:
@@ -153,12 +156,17 @@ class EngineRunner:
             except subprocess.TimeoutExpired:
                 rc = None
             wall = time.perf_counter() - t0
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            # CPU seconds of the worker (user + system), load average before it: on a shared machine
+            # these tell a slow run from a starved one (a spin-waiting pool burns CPU while it waits).
+            usage = {"cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+                     "loadavg_before": load_before, "wall_s": wall}
             result = None
             if os.path.exists(spec["result"]):
                 with open(spec["result"]) as fh:
                     result = json.load(fh)
         if rc == 0 and result is not None:
-            result.update(status=STATUS_OK, reason="", wall_s=wall, log=os.fspath(log_path))
+            result.update(status=STATUS_OK, reason="", log=os.fspath(log_path), **usage)
             return result
         if rc is None:
             why = f"timed out after {self.timeout_s:.0f} s"
@@ -168,7 +176,7 @@ class EngineRunner:
             why = f"exit status {rc}"
         tail = _tail(log_path)
         return {"status": STATUS_FAILED, "reason": f"{why}: {tail}" if tail else why, "exit_status": rc,
-                "wall_s": wall, "log": os.fspath(log_path)}
+                "log": os.fspath(log_path), **usage}
 
     # -- inside the worker --------------------------------------------------------------------
     @classmethod
@@ -265,7 +273,7 @@ class LlamaCppRunner(EngineRunner):
         self.no_repack = no_repack
 
     def options(self) -> dict:
-        return {"module": self.module, "lowlevel": self.lowlevel, "no_repack": self.no_repack}
+        return {"module": self.module, "lowlevel": self.lowlevel, "no_repack": self.no_repack, "env": self.env}
 
     @classmethod
     def worker_main(cls, spec: dict) -> dict:
@@ -309,6 +317,9 @@ class LlamaCppRunner(EngineRunner):
         cp.n_ubatch = n_max
         cp.n_threads = threads
         cp.n_threads_batch = threads
+        for field in ("flash_attn_type", "flash_attn", "type_k", "type_v"):  # recorded as llama.cpp chose
+            if hasattr(cp, field):
+                settings[field] = int(getattr(cp, field))
         ctx = pick("llama_init_from_model", "llama_new_context_with_model")(model, cp)
         if not ctx:
             raise RuntimeError(f"{L.__name__} could not create a context")
@@ -596,7 +607,8 @@ def render_table(report: dict) -> str:
     plural = "s" if cfg["threads"] != 1 else ""
     title = (f"# sharpi vs peers — {cfg['threads']} thread{plural}, {cfg['n_decode']} decode tokens, "
              f"median of {cfg['repeats']} alternating runs")
-    machine = (f"read bandwidth ({bw['threads']} thread{plural}, numpy): {bw['gbps']:.1f} GB/s; load average "
+    machine = (f"read bandwidth ({bw['threads']} thread{plural}, numpy): {bw['gbps']:.1f} GB/s (best of "
+               f"{bw['start_gbps']:.1f} before and {bw['end_gbps']:.1f} after the runs); load average "
                f"{report['loadavg_start'][0]:.2f} at start, {report['loadavg_end'][0]:.2f} at end; "
                f"{report['machine']}")
     lines = [title, "", machine, ""]
@@ -685,6 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sharpi-exact", action="store_true", help="sharpi in exact mode (Session(exact=True))")
     ap.add_argument("--llama-no-repack", action="store_true",
                     help="llama.cpp (and ik_llama.cpp) with weight repacking off (use_extra_bufts=False)")
+    ap.add_argument("--llama-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for the llama.cpp/ik_llama.cpp workers only, e.g. OMP_WAIT_POLICY=passive "
+                         "(repeatable)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds one measurement may take")
     ap.add_argument("--bw-bytes", type=int, default=1 << 30, help="buffer for the read-bandwidth loop")
     ap.add_argument("--out", default="bench-out/compare", help="folder for compare.md, compare.json, logs")
@@ -695,14 +710,20 @@ def build_parser() -> argparse.ArgumentParser:
 def make_runners(args, n_ctx: int, log_dir: Path) -> list:
     """--engines names -> runners. "sharpi" follows --sharpi-exact; "sharpi-exact" is always exact
     mode (a peer column: fast ÷ exact once the fast kernels land)."""
+    llama_env = {}
+    for item in args.llama_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"compare: --llama-env wants KEY=VALUE, got {item!r}")
+        llama_env[key] = value
     engines = {
         "sharpi": lambda: SharpiRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
                                        exact=args.sharpi_exact),
         "sharpi-exact": lambda: SharpiRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout, exact=True),
         "llama.cpp": lambda: LlamaCppRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
-                                            no_repack=args.llama_no_repack),
+                                            no_repack=args.llama_no_repack, env=llama_env),
         "ik_llama.cpp": lambda: IkLlamaRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
-                                              no_repack=args.llama_no_repack),
+                                              no_repack=args.llama_no_repack, env=llama_env),
     }
     runners = []
     for name in [e.strip() for e in args.engines.split(",") if e.strip()]:
@@ -746,18 +767,27 @@ def main(argv=None) -> int:
     report = {
         "config": {"threads": args.threads, "prompts": lengths, "n_decode": args.decode, "n_ctx": n_ctx,
                    "repeats": args.repeats, "sharpi_exact": args.sharpi_exact,
-                   "llama_no_repack": args.llama_no_repack, "argv": sys.argv[1:] if argv is None else list(argv)},
+                   "llama_no_repack": args.llama_no_repack, "llama_env": args.llama_env, "argv": sys.argv[1:] if argv is None else list(argv)},
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}",
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": list(os.getloadavg()),
         "engines": [{"key": r.key, "label": r.label, "probe": r.probe()} for r in runners],
     }
-    report["read_bandwidth"] = read_bandwidth_gbps(args.threads, args.bw_bytes)
-    print(f"compare: read bandwidth {report['read_bandwidth']['gbps']:.1f} GB/s ({args.threads} threads)",
-          file=sys.stderr)
-    report["files"] = [run_file(f, runners, lengths, args.decode, args.repeats, out,
-                                report["read_bandwidth"]["gbps"]) for f in files]
+    # Read bandwidth before and after the runs; the limit uses the better of the two (on a shared
+    # machine a busy moment only ever lowers it).
+    bw_start = read_bandwidth_gbps(args.threads, args.bw_bytes)
+    print(f"compare: read bandwidth {bw_start['gbps']:.1f} GB/s ({args.threads} threads)", file=sys.stderr)
+    report["files"] = [run_file(f, runners, lengths, args.decode, args.repeats, out, bw_start["gbps"])
+                       for f in files]
     report["loadavg_end"] = list(os.getloadavg())
+    bw_end = read_bandwidth_gbps(args.threads, args.bw_bytes)
+    best = max(bw_start, bw_end, key=lambda b: b["gbps"])
+    report["read_bandwidth"] = {**best, "start_gbps": bw_start["gbps"], "end_gbps": bw_end["gbps"]}
+    for f in report["files"]:
+        for e in f["engines"].values():
+            for p in e["prompts"].values():
+                d = p["decode_tok_s"]["median"]
+                p["decode_fraction_of_read_limit"] = d * f["bytes_per_token"] / (best["gbps"] * 1e9) if d else None
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     table = render_table(report)
     (out / "compare.md").write_text(table)

@@ -63,6 +63,7 @@ def check_engine_numbers(f: dict, key: str) -> None:
             assert run["prefill_tok_s"] == pytest.approx(n / run["prefill_s"])
             assert run["decode_tok_s"] == pytest.approx(N_DECODE / run["decode_s"])
             assert run["logits_finite"]
+            assert run["cpu_s"] > 0 and run["wall_s"] > run["prefill_s"] + run["decode_s"]
         for metric in ("prefill_tok_s", "decode_tok_s"):
             s = p[metric]
             assert s["status"] == "ok"
