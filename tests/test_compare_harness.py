@@ -81,12 +81,14 @@ def check_ratios(f: dict, ref: str, peer: str) -> None:
             assert f["ratios"][peer][str(n)][metric] == pytest.approx(a / b, rel=1e-12)
 
 
-def test_sharpi_with_peers_faked_absent(tiny, tmp_path):
-    # Modules that fail to import stand in for llama-cpp-python and ik-llama-cpp-python, installed or not.
+def test_sharpi_with_peers_faked_absent_or_failing(tiny, tmp_path):
+    # Stand-ins, whether the real packages are installed or not: a llama_cpp that fails to import
+    # (not installed) and an ik_llama_cpp that imports but whose engine dies in every run (failed).
     fake = tmp_path / "fake"
-    fake.mkdir()
-    for mod in ("llama_cpp", "ik_llama_cpp"):
-        (fake / f"{mod}.py").write_text("raise ImportError('faked absent by the test')\n")
+    (fake / "ik_llama_cpp").mkdir(parents=True)
+    (fake / "llama_cpp.py").write_text("raise ImportError('faked absent by the test')\n")
+    (fake / "ik_llama_cpp" / "__init__.py").write_text("__version__ = '0.0-fake'\n")
+    (fake / "ik_llama_cpp" / "_ctypes_api.py").write_text("raise RuntimeError('faked engine failure')\n")
     report = run_compare(tiny, tmp_path / "out", "sharpi,sharpi-exact,llama.cpp,ik_llama.cpp", fake)
 
     assert [e["key"] for e in report["engines"]] == ["sharpi", "sharpi_exact", "llama_cpp", "ik_llama_cpp"]
@@ -100,18 +102,24 @@ def test_sharpi_with_peers_faked_absent(tiny, tmp_path):
     check_engine_numbers(f, "sharpi")
     check_engine_numbers(f, "sharpi_exact")
     check_ratios(f, "sharpi", "sharpi_exact")
-    for peer in ("llama_cpp", "ik_llama_cpp"):
-        e = f["engines"][peer]
-        assert e["probe"]["status"] == "not installed" and "faked absent" in e["probe"]["reason"]
+    e = f["engines"]["llama_cpp"]
+    assert e["probe"]["status"] == "not installed" and "faked absent" in e["probe"]["reason"]
+    e = f["engines"]["ik_llama_cpp"]
+    assert e["probe"]["status"] == "ok" and e["probe"]["version"] == "0.0-fake"
+    assert e["warm"]["status"] == "failed" and e["warm"]["exit_status"] == 1
+    for peer, status in (("llama_cpp", "not installed"), ("ik_llama_cpp", "failed")):
         for n in PROMPTS:
-            assert e["prompts"][str(n)]["prefill_tok_s"]["status"] == "not installed"
+            p = f["engines"][peer]["prompts"][str(n)]
+            assert p["prefill_tok_s"]["status"] == status and p["prefill_tok_s"]["median"] is None
+            assert len(p["runs"]) == REPEATS and all(r["status"] == status for r in p["runs"])
             assert f["ratios"][peer][str(n)]["decode_tok_s"] is None
-    # The table names both peers and says they are not installed, on every row.
+    # The table keeps both peers' columns and says why they have no numbers, on every row.
     table = report["_table"]
     assert "| llama.cpp |" in table and "| ik_llama.cpp |" in table
     rows = [ln for ln in table.splitlines() if " tok/s" in ln and "| measure |" not in ln and "| arch |" not in ln]
     assert len(rows) == 2 * len(PROMPTS)
-    assert all(ln.count("not installed") == 2 for ln in rows)
+    assert all(ln.count("not installed") == 1 and ln.count("failed [1]") == 1 for ln in rows)
+    assert "[1] exit status 1: " in table and "faked engine failure" in table
     # The logits sanity line compares every peer with the first engine.
     agree = f["engines"]["sharpi_exact"]["vs_sharpi"]
     assert agree["rel_l2"] >= 0 and agree["greedy_len"] == N_DECODE + 1
