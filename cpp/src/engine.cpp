@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu/ops/matmul.h"
@@ -12,7 +13,17 @@
 
 namespace sharpi {
 
-Engine::Engine(const std::string& path, const SessionOptions& options) : options_(options) {
+namespace {
+
+// Exact mode: SessionOptions::exact, or SHARPI_EXACT=1 in the environment when the session is made.
+bool exact_mode(const SessionOptions& options) {
+    const char* env = std::getenv("SHARPI_EXACT");
+    return options.exact || (env != nullptr && std::strcmp(env, "1") == 0);
+}
+
+}  // namespace
+
+Engine::Engine(const std::string& path, const SessionOptions& options) : options_(options), exact_(exact_mode(options)) {
     if (options.n_ctx < 0) throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
     if (options.n_threads < 0) {
         throw InvalidArgument("threads must be >= 0 (0 = one per core), got " + std::to_string(options.n_threads));
@@ -245,6 +256,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     const HParams& h = m.hp;
     Forward f(m, *kv_, *pool_, *experts_, scratch_, options_.dump_activations ? &dump_ : nullptr);
     f.set_timeline(&timeline_);
+    f.set_exact(exact_);
     f.set_pos0(n_past_);
     if (route_trace_.n_tokens > 0) f.set_route_trace(&route_trace_);
     f.routing().resize(static_cast<size_t>(h.n_layer));
@@ -288,7 +300,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     cpu::rms_norm(x.row(first_logit_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd, m.output_norm.data(),
                   h.rms_eps);
     f.name(normed, "result_norm", -1);
-    cpu::matmul(*pool_, m.output, normed.data, h.n_embd, n_out, logits, h.n_vocab);
+    cpu::matmul(*pool_, m.output, normed.data, h.n_embd, n_out, logits, h.n_vocab, exact_);
     if (options_.dump_activations) f.name(Act{logits, n_out, h.n_vocab}, "result_output", -1);
 }
 

@@ -70,7 +70,7 @@ Act Forward::norm(const Act& x, const std::vector<float>& weight, const char* na
 
 Act Forward::linear(const Act& x, const Linear& w, const char* name, int il) {
     Act y = alloc(x.n_tokens, w.w.n_rows);
-    cpu::matmul(pool_, w.w, x.data, x.width, x.n_tokens, y.data, y.width);
+    cpu::matmul(pool_, w.w, x.data, x.width, x.n_tokens, y.data, y.width, exact_);
     if (!w.bias.empty()) {
         for (int64_t t = 0; t < y.n_tokens; ++t) {
             float* r = y.row(t);
@@ -181,15 +181,17 @@ void Forward::experts_one_token(const Act& cur, const float* router_logits, cons
     for (int64_t j = 0; j < k; ++j) {
         slot_unique[j] = static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
     }
-    // Kernel entry points per distinct expert, looked up once (types can differ per tensor and layer).
-    std::vector<cpu::DotRowFn> gate_dot(unique.size()), up_dot(unique.size()), down_dot(unique.size());
-    for (size_t u = 0; u < unique.size(); ++u) {
-        gate_dot[u] = cpu::row_kernels(views[u].gate.type).dot_row;
-        up_dot[u] = cpu::row_kernels(views[u].up.type).dot_row;
-        down_dot[u] = cpu::row_kernels(views[u].down.type).dot_row;
-    }
-    Act g = alloc(k, n_ff), up = alloc(k, n_ff), act = alloc(k, n_ff), y = alloc(k, n_embd);
+    // Row dots per distinct expert, bound once (types can differ per tensor and layer); in fast mode
+    // x is quantized once per activation format here, and each slot's down input after its SwiGLU.
     const float* x = cur.row(0);
+    cpu::PreparedRow x_in(x, n_embd, exact_);
+    std::vector<cpu::RowDot> gate_dot(unique.size()), up_dot(unique.size()), down_dot(static_cast<size_t>(k));
+    for (size_t u = 0; u < unique.size(); ++u) {
+        gate_dot[u] = x_in.bind(views[u].gate.type);
+        up_dot[u] = x_in.bind(views[u].up.type);
+    }
+    std::vector<cpu::PreparedRow> down_in(static_cast<size_t>(k));
+    Act g = alloc(k, n_ff), up = alloc(k, n_ff), act = alloc(k, n_ff), y = alloc(k, n_embd);
     auto compute_slots = [&](const std::vector<int64_t>& slots) {
         const int64_t n = static_cast<int64_t>(slots.size());
         if (n == 0) return;
@@ -199,20 +201,24 @@ void Forward::experts_one_token(const Act& cur, const float* router_logits, cons
                 const int u = slot_unique[j];
                 const ExpertView& v = views[u];
                 if (r < n_ff) {
-                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes, x, n_embd);
+                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes);
                 } else {
                     const int64_t ru = r - n_ff;
-                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes, x, n_embd);
+                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes);
                 }
             }
         });
-        for (int64_t j : slots) cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+        for (int64_t j : slots) {
+            cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+            down_in[j].reset(act.row(j), n_ff, exact_);
+            down_dot[j] = down_in[j].bind(views[slot_unique[j]].down.type);
+        }
         pool_.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / n_embd], r = item % n_embd;
                 const int u = slot_unique[j];
                 const ExpertView& v = views[u];
-                y.row(j)[r] = down_dot[u](v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
+                y.row(j)[r] = down_dot[j](v.down.data + r * v.down.row_bytes);
             }
         });
     };
@@ -262,10 +268,10 @@ void Forward::experts_batch(const Act& cur, const int32_t* ids, const float* wei
             Act xe = alloc(n, n_embd), g = alloc(n, n_ff), upv = alloc(n, n_ff), ye = alloc(n, n_embd);
             for (int64_t m = 0; m < n; ++m) std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
             experts_.wait(static_cast<int>(u));
-            cpu::matmul(pool_, views[u].gate, xe.data, n_embd, n, g.data, n_ff);
-            cpu::matmul(pool_, views[u].up, xe.data, n_embd, n, upv.data, n_ff);
+            cpu::matmul(pool_, views[u].gate, xe.data, n_embd, n, g.data, n_ff, exact_);
+            cpu::matmul(pool_, views[u].up, xe.data, n_embd, n, upv.data, n_ff, exact_);
             cpu::swiglu(g.data, upv.data, g.data, n * n_ff);
-            cpu::matmul(pool_, views[u].down, g.data, n_ff, n, ye.data, n_embd);
+            cpu::matmul(pool_, views[u].down, g.data, n_ff, n, ye.data, n_embd, exact_);
             for (int64_t m = 0; m < n; ++m) std::memcpy(y.row(members[m]), ye.row(m), sizeof(float) * n_embd);
         }
     }

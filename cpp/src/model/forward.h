@@ -101,6 +101,10 @@ public:
     void set_route_trace(const RouteTrace* trace) { route_trace_ = trace; }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
     void set_gate_observer(GateObserver* observer) { gate_observer_ = observer; }
+    // Exact mode (SessionOptions::exact): every matmul and expert dot in f32 on dequantized
+    // weights; otherwise fast mode quantizes activations (cpu/ops/matmul.h).
+    void set_exact(bool exact) { exact_ = exact; }
+    bool exact() const { return exact_; }
     std::vector<Routing>& routing() { return routing_; }
 
     Act alloc(int64_t n_tokens, int64_t width);
@@ -147,6 +151,7 @@ private:
     const RouteTrace* route_trace_ = nullptr;
     Timeline* timeline_ = nullptr;
     GateObserver* gate_observer_ = nullptr;
+    bool exact_ = false;
     const float* moe_hidden_ = nullptr;  // decoder_layer's residual entering the current MoE block
     std::vector<Routing> routing_;
 };
