@@ -260,10 +260,17 @@ struct KQ2_K {
     }
 };
 
+// The 16 sub-block scales as int16, even ones in the low 128-bit half, odd ones in the high half,
+// so that one in-lane shuffle per chunk (chunk_scales) picks both of a chunk's scales.
+inline __m256i split_scales(__m128i sc) {
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, even_odd));
+}
+
 // Scales of chunk c as int16 lanes: lanes 0-7 (elements 32c .. 32c + 15) sc[2c], lanes 8-15 sc[2c + 1].
-inline __m256i chunk_scales(__m128i sc, int c) {
-    const __m128i pick = _mm_set_epi64x(0x0101010101010101LL * (2 * c + 1), 0x0101010101010101LL * (2 * c));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick));
+inline __m256i chunk_scales(__m256i split, int c) {
+    const __m256i pick = _mm256_set1_epi16(static_cast<short>(0x0100 * (2 * c + 1) + 2 * c));
+    return _mm256_shuffle_epi8(split, pick);
 }
 
 template <typename D, int NT>
@@ -279,7 +286,8 @@ inline void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_
         KUnpacked k;
         D::decode(blocks + ib, k);
         __m256i s[8];
-        for (int c = 0; c < 8; ++c) s[c] = chunk_scales(k.sc, c);
+        const __m256i split = split_scales(k.sc);
+        for (int c = 0; c < 8; ++c) s[c] = chunk_scales(split, c);
         const __m256i sc16 = _mm256_cvtepi8_epi16(k.sc);
         const __m256i mn16 = _mm256_cvtepu8_epi16(k.mn);
         for (int t = 0; t < NT; ++t) {
