@@ -40,6 +40,12 @@ inline float sub_f(float a, float b) {
     return _mm_cvtss_f32(_mm_sub_ss(_mm_set_ss(a), _mm_set_ss(b)));
 }
 
+inline uint32_t load_u32_any(const void* p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 inline __m256i load256(const void* p) {
     return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
@@ -138,16 +144,29 @@ struct KUnpacked {
     __m256i u[8];
     __m128i sc;
     __m128i mn;
-    float d, dmin;
+    __m128 d_dmin;  // [d, dmin, -, -] (dmin lane unused by types without mins)
 };
 
-// Q4_K / Q5_K: the 8 six-bit scales and mins, each repeated for the two 16-element halves.
-inline void q4_K_scales16(const uint8_t* packed, KUnpacked& k) {
-    const Q4KScaleWords w = unpack_q4_K_scale_min(packed);
-    const __m128i sc = _mm_set_epi32(0, 0, static_cast<int>(w.sc_hi), static_cast<int>(w.sc_lo));
-    const __m128i mn = _mm_set_epi32(0, 0, static_cast<int>(w.m_hi), static_cast<int>(w.m_lo));
-    k.sc = _mm_unpacklo_epi8(sc, sc);
-    k.mn = _mm_unpacklo_epi8(mn, mn);
+// f16 d (and dmin right after it, when `with_min`) as floats.
+inline __m128 load_d_dmin(const uint16_t* d, bool with_min) {
+    return _mm_cvtph_ps(with_min ? _mm_cvtsi32_si128(static_cast<int>(load_u32_any(d))) : _mm_cvtsi32_si128(*d));
+}
+
+// Q4_K / Q5_K: the 8 six-bit scales and mins (kernels_impl.h's unpack_q4_K_scale_min, in SIMD),
+// each repeated for the two 16-element halves of its sub-block. Reads 16 bytes at `packed` (the 12
+// scale bytes and the first 4 quant bytes of the block).
+inline void q4_K_scales16(const uint8_t* packed, __m128i& sc, __m128i& mn) {
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+    // Low parts: sc[0..3] = s[0..3] & 63, sc[4..7] = s[8..11] & 15, m[0..3] = s[4..7] & 63,
+    // m[4..7] = s[8..11] >> 4; high parts of sc[4..7] / m[4..7]: bits 6-7 of s[0..3] / s[4..7].
+    const __m128i low = _mm_srlv_epi32(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
+                                       _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i low_mask = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    const __m128i top = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i r = _mm_or_si128(_mm_and_si128(low, low_mask),
+                                   _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));  // [sc0..7, m0..7]
+    sc = _mm_unpacklo_epi8(r, r);
+    mn = _mm_unpackhi_epi8(r, r);
 }
 
 struct KQ4_K {
@@ -155,9 +174,8 @@ struct KQ4_K {
     static constexpr int kOffsetShift = -1;  // no offset
     static constexpr bool kHasMin = true;
     static void decode(const Block* b, KUnpacked& k) {
-        k.d = half_to_float(b->d);
-        k.dmin = half_to_float(b->dmin);
-        q4_K_scales16(b->scales, k);
+        k.d_dmin = load_d_dmin(&b->d, true);
+        q4_K_scales16(b->scales, k.sc, k.mn);
         const __m256i low4 = _mm256_set1_epi8(0x0F);
         for (int j = 0; j < 4; ++j) {
             const __m256i q = load256(b->qs + 32 * j);
@@ -172,9 +190,8 @@ struct KQ5_K {
     static constexpr int kOffsetShift = -1;
     static constexpr bool kHasMin = true;
     static void decode(const Block* b, KUnpacked& k) {
-        k.d = half_to_float(b->d);
-        k.dmin = half_to_float(b->dmin);
-        q4_K_scales16(b->scales, k);
+        k.d_dmin = load_d_dmin(&b->d, true);
+        q4_K_scales16(b->scales, k.sc, k.mn);
         const __m256i low4 = _mm256_set1_epi8(0x0F);
         const __m256i qh = load256(b->qh);
         const __m256i q0 = load256(b->qs), q1 = load256(b->qs + 32), q2 = load256(b->qs + 64),
@@ -197,8 +214,7 @@ struct KQ6_K {
     static constexpr int kOffsetShift = 5;  // offset 32
     static constexpr bool kHasMin = false;
     static void decode(const Block* b, KUnpacked& k) {
-        k.d = half_to_float(b->d);
-        k.dmin = 0.0f;
+        k.d_dmin = load_d_dmin(&b->d, false);
         k.sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
         k.mn = _mm_setzero_si128();
         const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
@@ -220,8 +236,7 @@ struct KQ3_K {
     static constexpr int kOffsetShift = 2;  // offset 4
     static constexpr bool kHasMin = false;
     static void decode(const Block* b, KUnpacked& k) {
-        k.d = half_to_float(b->d);
-        k.dmin = 0.0f;
+        k.d_dmin = load_d_dmin(&b->d, false);
         uint32_t biased[4];
         unpack_q3_K_scales(b->scales, biased);
         k.sc = _mm_sub_epi8(_mm_set_epi32(static_cast<int>(biased[3]), static_cast<int>(biased[2]),
@@ -247,8 +262,7 @@ struct KQ2_K {
     static constexpr int kOffsetShift = -1;
     static constexpr bool kHasMin = true;
     static void decode(const Block* b, KUnpacked& k) {
-        k.d = half_to_float(b->d);
-        k.dmin = half_to_float(b->dmin);
+        k.d_dmin = load_d_dmin(&b->d, true);
         const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
         k.sc = _mm_and_si128(s, _mm_set1_epi8(0x0F));
         k.mn = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0F));
@@ -273,8 +287,37 @@ inline __m256i chunk_scales(__m256i split, int c) {
     return _mm256_shuffle_epi8(split, pick);
 }
 
+// acc after one block (qdot.h): `lanes` holds the block's sum_s sc[s] * (sum u q) spread over 8
+// int32 lanes; the offset and min terms come from bsums; both reductions are exact, then the f32
+// operations in qdot.h's order.
+template <typename D>
+inline float k_block_update(float acc, __m256i lanes, __m256i sc16, __m256i mn16, const block_q8_K& xb, __m128 d_dmin) {
+    const __m256i bsums = load256(xb.bsums);
+    if constexpr (D::kOffsetShift >= 0) {
+        lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
+    }
+    __m128i sums;  // [isum, imin, ...]
+    if constexpr (D::kHasMin) {
+        const __m256i h = _mm256_hadd_epi32(lanes, _mm256_madd_epi16(mn16, bsums));
+        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        sums = _mm_hadd_epi32(q, q);
+    } else {
+        sums = _mm_cvtsi32_si128(hsum_epi32(lanes));
+    }
+    // [(dx * d) * float(isum), (dx * dmin) * float(imin)]
+    const __m128 terms = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(xb.d), d_dmin), _mm_cvtepi32_ps(sums));
+    acc = acc + _mm_cvtss_f32(terms);
+    if constexpr (D::kHasMin) acc = acc - _mm_cvtss_f32(_mm_movehdup_ps(terms));
+    return acc;
+}
+
+// The K-quant row loop on 256-bit vectors. The including file defines k_dot_tokens (declared
+// here) as this one or as a wider version with the same arithmetic.
 template <typename D, int NT>
-inline void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
+void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc);
+
+template <typename D, int NT>
+inline void k_dot_tokens_256(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
     const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
     const block_q8_K* x[NT];
     for (int t = 0; t < NT; ++t) {
@@ -294,15 +337,7 @@ inline void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_
             const block_q8_K& xb = x[t][ib];
             __m256i v = _mm256_setzero_si256();
             for (int c = 0; c < 8; ++c) v = acc_scaled_pairs(v, k.u[c], load256(xb.qs + 32 * c), s[c]);
-            const __m256i bsums = load256(xb.bsums);
-            if constexpr (D::kOffsetShift >= 0) {
-                v = _mm256_sub_epi32(v, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
-            }
-            acc[t] = add_f(acc[t], mul_f(mul_f(xb.d, k.d), static_cast<float>(hsum_epi32(v))));
-            if constexpr (D::kHasMin) {
-                const int32_t imin = hsum_epi32(_mm256_madd_epi16(mn16, bsums));
-                acc[t] = sub_f(acc[t], mul_f(mul_f(xb.d, k.dmin), static_cast<float>(imin)));
-            }
+            acc[t] = k_block_update<D>(acc[t], v, sc16, mn16, xb, k.d_dmin);
         }
     }
 }
