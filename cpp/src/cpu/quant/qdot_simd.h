@@ -377,9 +377,8 @@ inline __m256i bits_to_bytes(const uint8_t* p) {
 
 // Nibbles of 16 bytes as 32 bytes: elements 0..15 the low nibbles, 16..31 the high ones.
 inline __m256i nibbles32(const uint8_t* qs) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_and_si128(q, low4));
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 struct B32Unpacked {
@@ -447,8 +446,9 @@ inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int6
         const typename D::Act& xb = x[t][ib];
         const __m256i xv = D::kSigned ? _mm256_sign_epi8(load256(xb.qs), o.q) : load256(xb.qs);
         const __m256 lanes = _mm256_cvtepi32_ps(dot_quads(u, xv));
-        const float dd = mul_f(o.d, half_to_float(xb.d));
-        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(dd), lanes));
+        // dw * dx in every lane (one f32 rounding, as the scalar dw * dx), the f16 dx widened in place.
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(o.d), _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(xb.d))));
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(dd, lanes));
         if constexpr (D::kHasMin) msum[t] = add_f(msum[t], mul_f(o.m, act_s(xb)));
     }
 }
