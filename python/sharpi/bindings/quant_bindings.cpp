@@ -8,9 +8,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bindings.h"
+#include "cpu/ops/activation.h"
+#include "cpu/ops/expert_ffn.h"
 #include "cpu/ops/matmul.h"
 #include "cpu/quant/kernels.h"
 #include "cpu/quant/qdot.h"
@@ -198,6 +201,61 @@ FloatArray vec_dot_tile(int type_id, const ByteArray& w, const ByteArray& xq, in
     return y;
 }
 
+// experts: k tuples (gate_type, gate_bytes, up_type, up_bytes, down_type, down_bytes); gate/up are
+// [n_ff, n_embd], down [n_embd, n_ff]. fused=True: cpu::expert_ffn_one_token; False: the unfused
+// composition (a one-token matmul per projection, swiglu, weighted sum in slot order).
+using ExpertTuple = std::tuple<int, ByteArray, int, ByteArray, int, ByteArray>;
+
+FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray& weights, const FloatArray& x,
+                      int64_t n_ff, int threads, bool exact, bool fused) {
+    const int k = static_cast<int>(experts.size());
+    if (k < 1 || weights.ndim() != 1 || weights.shape(0) != k || x.ndim() != 1) {
+        throw InvalidArgument("[quant] expert_ffn: need k >= 1 experts, weights[k] and a 1-D x");
+    }
+    if (threads < 1 || threads > 1024) throw InvalidArgument("[quant] expert_ffn: threads must be in [1, 1024]");
+    const int64_t n_embd = x.shape(0);
+    std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
+    auto view = [](int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols) {
+        const GgmlType type = type_arg(type_id);
+        cpu::row_kernels(type);
+        cpu::WeightView v;
+        v.type = type;
+        v.n_rows = n_rows;
+        v.n_cols = n_cols;
+        v.row_bytes = checked_row_bytes(type, n_cols);
+        check_data_size(data, v.row_bytes * static_cast<size_t>(n_rows), type, "an expert projection");
+        v.data = data.data();
+        return v;
+    };
+    for (int j = 0; j < k; ++j) {
+        const ExpertTuple& e = experts[static_cast<size_t>(j)];
+        w[j].gate = view(std::get<0>(e), std::get<1>(e), n_ff, n_embd);
+        w[j].up = view(std::get<2>(e), std::get<3>(e), n_ff, n_embd);
+        w[j].down = view(std::get<4>(e), std::get<5>(e), n_embd, n_ff);
+    }
+    FloatArray out(static_cast<py::ssize_t>(n_embd));
+    const float* xp = x.data();
+    const float* wp = weights.data();
+    float* op = out.mutable_data();
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(pools_mutex);
+    std::unique_ptr<cpu::ThreadPool>& pool = pools[threads];
+    if (!pool) pool = std::make_unique<cpu::ThreadPool>(threads);
+    if (fused) {
+        cpu::expert_ffn_one_token(*pool, w.data(), wp, k, xp, op, exact);
+        return out;
+    }
+    std::vector<float> g(static_cast<size_t>(n_ff)), u(static_cast<size_t>(n_ff)), y(static_cast<size_t>(n_embd));
+    for (int j = 0; j < k; ++j) {
+        cpu::matmul(*pool, w[j].gate, xp, n_embd, 1, g.data(), n_ff, exact);
+        cpu::matmul(*pool, w[j].up, xp, n_embd, 1, u.data(), n_ff, exact);
+        cpu::swiglu(g.data(), u.data(), g.data(), n_ff);
+        cpu::matmul(*pool, w[j].down, g.data(), n_ff, 1, y.data(), n_embd, exact);
+        for (int64_t i = 0; i < n_embd; ++i) op[i] = j == 0 ? wp[0] * y[i] : op[i] + wp[j] * y[i];
+    }
+    return out;
+}
+
 std::vector<std::string> isa_available() {
     std::vector<std::string> names;
     for (int i = 0; i <= static_cast<int>(cpu::detect_isa()); ++i)
@@ -220,6 +278,10 @@ void bind_quant(py::module_& m) {
           py::arg("x"), py::arg("threads") = 1, py::arg("exact") = false,
           "Y[T, n_rows] = X[T, n_cols] @ W.T for W given as n_rows quantized rows; active ISA, GIL released. "
           "exact=False: fast mode (X quantized per token for types with integer kernels)");
+    m.def("expert_ffn", &expert_ffn, py::arg("experts"), py::arg("weights"), py::arg("x"), py::arg("n_ff"),
+          py::arg("threads") = 1, py::arg("exact") = false, py::arg("fused") = true,
+          "One token's routed-expert FFN: sum_j weights[j] * down_j(silu(gate_j x) * up_j x); experts = "
+          "[(gate_type, gate_bytes, up_type, up_bytes, down_type, down_bytes)], fused or unfused");
     m.def(
         "act_format", [](int type) { return std::string(cpu::act_format_name(cpu::act_format(type_arg(type)))); },
         py::arg("type"), "Activation format fast mode dots weight type `type` with: q8_0, q8_1, q8_K or f32");
