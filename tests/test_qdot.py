@@ -216,10 +216,10 @@ def model_vec_dot(qtype, data, xq_raw):
     terms = list(terms.reshape(-1))
     if qtype in (Q.Q4_1, Q.Q5_1):
         s = xb["s"].astype(F32)
-        msum = F32(0)
+        msum = [F32(0), F32(0)]
         for b in range(len(q)):
-            msum = F32(msum + F32(bl["m"][b] * s[b]))
-        r = F32(r + msum)
+            msum[b % 2] = F32(msum[b % 2] + F32(bl["m"][b] * s[b]))
+        r = F32(r + F32(msum[0] + msum[1]))
         terms += list(bl["m"].astype(np.float64) * s)
     terms = np.array(terms)
     return r, float(terms.sum()), float(np.abs(terms).sum())

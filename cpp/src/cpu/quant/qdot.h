@@ -20,8 +20,9 @@
 //   32-element blocks: weight quants w (signed: Q4_0 u - 8, Q5_0 u - 16, Q8_0; unsigned: Q4_1,
 //     Q5_1), per block eight exact int32 lane sums L[l] = sum_{i = 4l..4l+3} w_i * q_i, and
 //       acc[b % 2][l] = acc[b % 2][l] + (dw * dx) * float(L[l])     (8 lanes, two accumulators)
-//       msum = msum + mw * s                                         (Q4_1 / Q5_1 only)
-//     result = tree(acc[0] + acc[1]) (+ msum), tree(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+//       msum[b % 2] = msum[b % 2] + mw * s                           (Q4_1 / Q5_1 only)
+//     result = tree(acc[0] + acc[1]) (+ (msum[0] + msum[1])),
+//     tree(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 // Integer sums are exact whatever order an ISA forms them in, and the float operations are the
 // same sequence on every ISA, so scalar, AVX2 and AVX-512 give the same bits, and a tile of tokens
 // gives each token exactly its vec_dot (the invariant prefill == decode rests on it).

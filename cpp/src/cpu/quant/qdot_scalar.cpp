@@ -315,7 +315,7 @@ void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tok
     using Act = typename D::Act;
     const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
     float acc[kMaxTileTokens][2][8] = {};
-    float msum[kMaxTileTokens] = {0, 0, 0, 0};
+    float msum[kMaxTileTokens][2] = {};
     B32Block o;
     for (int64_t ib = 0; ib < n / 32; ++ib) {
         D::decode(blocks + ib, o);
@@ -329,14 +329,14 @@ void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tok
                 for (int i = 4 * l; i < 4 * l + 4; ++i) lane += o.q[i] * x.qs[i];
                 a[l] = a[l] + dd * static_cast<float>(lane);
             }
-            if (D::kHasMin) msum[t] = msum[t] + o.m * act_s(x);
+            if (D::kHasMin) msum[t][ib % 2] = msum[t][ib % 2] + o.m * act_s(x);
         }
     }
     for (int t = 0; t < n_tokens; ++t) {
         float a[8];
         for (int l = 0; l < 8; ++l) a[l] = acc[t][0][l] + acc[t][1][l];
         float r = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-        if (D::kHasMin) r = r + msum[t];
+        if (D::kHasMin) r = r + (msum[t][0] + msum[t][1]);
         y[t * ldy] = r;
     }
 }

@@ -29,15 +29,9 @@ inline float tree8(__m256 a) {
     return _mm_cvtss_f32(s1);
 }
 
-// One f32 rounding each (intrinsics, so the compiler cannot fuse them).
+// One f32 rounding (an intrinsic, so the compiler cannot fuse it with a neighbour).
 inline float mul_f(float a, float b) {
     return _mm_cvtss_f32(_mm_mul_ss(_mm_set_ss(a), _mm_set_ss(b)));
-}
-inline float add_f(float a, float b) {
-    return _mm_cvtss_f32(_mm_add_ss(_mm_set_ss(a), _mm_set_ss(b)));
-}
-inline float sub_f(float a, float b) {
-    return _mm_cvtss_f32(_mm_sub_ss(_mm_set_ss(a), _mm_set_ss(b)));
 }
 
 inline uint32_t load_u32_any(const void* p) {
@@ -383,7 +377,7 @@ inline __m256i nibbles32(const uint8_t* qs) {
 
 struct B32Unpacked {
     __m256i q;  // signed (kSigned) or unsigned quants
-    float d, m;
+    __m128 dm;  // [d, m, -, -]; lane 1 unused (junk) for the types without a min
 };
 
 struct B32Q4_0 {
@@ -391,7 +385,7 @@ struct B32Q4_0 {
     using Act = block_q8_0;
     static constexpr bool kSigned = true, kHasMin = false;
     static void decode(const Block* b, B32Unpacked& o) {
-        o.d = half_to_float(b->d);
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
         o.q = _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8));
     }
 };
@@ -400,8 +394,7 @@ struct B32Q4_1 {
     using Act = block_q8_1;
     static constexpr bool kSigned = false, kHasMin = true;
     static void decode(const Block* b, B32Unpacked& o) {
-        o.d = half_to_float(b->d);
-        o.m = half_to_float(b->m);
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&b->d))));
         o.q = nibbles32(b->qs);
     }
 };
@@ -410,7 +403,7 @@ struct B32Q5_0 {
     using Act = block_q8_0;
     static constexpr bool kSigned = true, kHasMin = false;
     static void decode(const Block* b, B32Unpacked& o) {
-        o.d = half_to_float(b->d);
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
         const __m256i high = _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10));
         o.q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b->qs), high), _mm256_set1_epi8(16));
     }
@@ -420,8 +413,7 @@ struct B32Q5_1 {
     using Act = block_q8_1;
     static constexpr bool kSigned = false, kHasMin = true;
     static void decode(const Block* b, B32Unpacked& o) {
-        o.d = half_to_float(b->d);
-        o.m = half_to_float(b->m);
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&b->d))));
         o.q = _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10)));
     }
 };
@@ -430,26 +422,25 @@ struct B32Q8_0 {
     using Act = block_q8_0;
     static constexpr bool kSigned = true, kHasMin = false;
     static void decode(const Block* b, B32Unpacked& o) {
-        o.d = half_to_float(b->d);
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
         o.q = load256(b->qs);
     }
 };
 
-inline float act_s(const block_q8_0&) { return 0.0f; }
-inline float act_s(const block_q8_1& x) { return half_to_float(x.s); }
-
+// One block into acc (this block's parity) and, for the min types, msum's lane 1 (qdot.h).
 template <typename D, int NT>
-inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int64_t ib, __m256* acc, float* msum) {
+inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int64_t ib, __m256* acc, __m128* msum) {
     // Signed weights: |w| as the unsigned operand, the sign moved onto the activations.
     const __m256i u = D::kSigned ? _mm256_sign_epi8(o.q, o.q) : o.q;
     for (int t = 0; t < NT; ++t) {
         const typename D::Act& xb = x[t][ib];
         const __m256i xv = D::kSigned ? _mm256_sign_epi8(load256(xb.qs), o.q) : load256(xb.qs);
         const __m256 lanes = _mm256_cvtepi32_ps(dot_quads(u, xv));
-        // dw * dx in every lane (one f32 rounding, as the scalar dw * dx), the f16 dx widened in place.
-        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(o.d), _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(xb.d))));
-        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(dd, lanes));
-        if constexpr (D::kHasMin) msum[t] = add_f(msum[t], mul_f(o.m, act_s(xb)));
+        // [dw, mw] * [dx, s]: dw * dx (one f32 rounding, as the scalar dw * dx) and mw * s in one
+        // multiply; lane 1 is unused for the types without a min (q8_0 has no s: junk there).
+        const __m128 p = _mm_mul_ps(o.dm, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&xb.d)))));
+        if constexpr (D::kHasMin) msum[t] = _mm_add_ps(msum[t], p);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_broadcastss_ps(p), lanes));
     }
 }
 
@@ -459,12 +450,13 @@ inline void b32_dot_tokens(const void* w, const void* xq, size_t xq_stride, int6
     const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
     const Act* x[NT];
     __m256 acc0[NT], acc1[NT];
-    float msum[NT];
+    __m128 msum0[NT], msum1[NT];  // lane 1: the min terms of even / odd blocks
     for (int t = 0; t < NT; ++t) {
         x[t] = reinterpret_cast<const Act*>(static_cast<const uint8_t*>(xq) + t * xq_stride);
         acc0[t] = _mm256_setzero_ps();
         acc1[t] = _mm256_setzero_ps();
-        msum[t] = 0.0f;
+        msum0[t] = _mm_setzero_ps();
+        msum1[t] = _mm_setzero_ps();
     }
     const int64_t nb = n / 32;
     int64_t ib = 0;
@@ -472,18 +464,21 @@ inline void b32_dot_tokens(const void* w, const void* xq, size_t xq_stride, int6
         prefetch_ahead(blocks + ib, 2 * sizeof(typename D::Block));
         B32Unpacked o;
         D::decode(blocks + ib, o);
-        b32_step<D, NT>(o, x, ib, acc0, msum);
+        b32_step<D, NT>(o, x, ib, acc0, msum0);
         D::decode(blocks + ib + 1, o);
-        b32_step<D, NT>(o, x, ib + 1, acc1, msum);
+        b32_step<D, NT>(o, x, ib + 1, acc1, msum1);
     }
     if (ib < nb) {
         B32Unpacked o;
         D::decode(blocks + ib, o);
-        b32_step<D, NT>(o, x, ib, acc0, msum);
+        b32_step<D, NT>(o, x, ib, acc0, msum0);
     }
     for (int t = 0; t < NT; ++t) {
         float r = tree8(_mm256_add_ps(acc0[t], acc1[t]));
-        if constexpr (D::kHasMin) r = add_f(r, msum[t]);
+        if constexpr (D::kHasMin) {
+            const __m128 m = _mm_add_ps(msum0[t], msum1[t]);
+            r = r + _mm_cvtss_f32(_mm_movehdup_ps(m));
+        }
         out[t] = r;
     }
 }
