@@ -83,7 +83,9 @@ def worker(args):
         x1 = rng.standard_normal((1, N_COLS), dtype=np.float32)
         for threads, math in [(t, m) for m in args.math for t in args.threads]:
             exact = math == "exact"
-            run = functools.partial(_core.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads, exact=exact)
+            run = functools.partial(
+                _core.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads, exact=exact
+            )
             t = best_time(run, args.reps)
             entry = {
                 "type": name, "isa": _core.active_isa(), "math": math, "threads": threads, "mode": "decode", "tokens": 1,
@@ -103,7 +105,9 @@ def worker(args):
                 rows = max(1, n_rows // 16)
                 xs = rng.standard_normal((args.prefill, N_COLS), dtype=np.float32)
                 part = data[: rows * row_bytes]
-                run = functools.partial(_core.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads, exact=exact)
+                run = functools.partial(
+                    _core.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads, exact=exact
+                )
                 t = best_time(run, args.reps)
                 pf = {**entry, "mode": "prefill", "tokens": args.prefill, "weight_bytes": part.size, "n_rows": rows,
                       "multiply_adds": rows * N_COLS * args.prefill, "seconds": t, "weight_gbps": part.size / t / 1e9,

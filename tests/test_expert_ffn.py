@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from sharpi import _core
-
 from test_quant import oracle_dequantize, random_rows
 
 # (gate/up type, down type) per slot: a Q4_K_M-like mix, Q8_0, a 32-element min type, plain f32.
@@ -58,7 +57,9 @@ def test_fused_equals_unfused_and_reference(exact, rng):
     unfused = _core.expert_ffn(experts, weights, x, N_FF, threads=1, exact=exact, fused=False)
     for threads in (1, 2, 3):
         fused = _core.expert_ffn(experts, weights, x, N_FF, threads=threads, exact=exact, fused=True)
-        np.testing.assert_array_equal(fused.view(np.uint32), unfused.view(np.uint32), err_msg=f"threads={threads}")
+        np.testing.assert_array_equal(
+            fused.view(np.uint32), unfused.view(np.uint32), err_msg=f"threads={threads}"
+        )
     assert np.isfinite(unfused).all()
     want = reference(dense, weights.astype(np.float64), x.astype(np.float64))
     rel = np.abs(unfused - want).max() / np.abs(want).max()

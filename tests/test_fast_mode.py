@@ -32,12 +32,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import sharpi
 from sharpi.make_model import write_model
 
 MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]
-QUANT_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"]
+QUANT_TYPES = [
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q2_k",
+    "q3_k",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+    "q4_k_m",
+    "q5_k_m",
+]
 PLAIN_TYPES = ["f32", "f16", "bf16"]
 
 MEDIAN_BUDGET = 3e-2  # measured <= 2.0e-2
@@ -103,7 +115,7 @@ def test_fast_mode_dense_models(arch, overrides, quant, model, rng):
     # No router, so no flips: every position is held to the rounding budget.
     path = model(arch, quant, **overrides)
     n_vocab = sharpi.Session(path, threads=1, n_ctx=8).info["n_vocab"]
-    _, _, per_position, agreement = compare(path, rng.integers(0, n_vocab, size=N_TOKENS).tolist())
+    _, _, per_position, _agreement = compare(path, rng.integers(0, n_vocab, size=N_TOKENS).tolist())
     assert per_position.max() <= DENSE_WORST_BUDGET, f"{arch}/{quant}: worst {per_position.max():.2e}"
 
 
@@ -151,7 +163,12 @@ _PRINT_LOGITS = (
 def test_sharpi_exact_env_selects_exact_mode(model, tmp_path):
     path = model("qwen2moe", "q4_k_m")
     out = {}
-    for name, env_value, exact_arg in (("env", "1", "0"), ("arg", None, "1"), ("fast", None, "0"), ("env0", "0", "0")):
+    for name, env_value, exact_arg in (
+        ("env", "1", "0"),
+        ("arg", None, "1"),
+        ("fast", None, "0"),
+        ("env0", "0", "0"),
+    ):
         env = dict(os.environ)
         env.pop("SHARPI_EXACT", None)
         if env_value is not None:
@@ -171,8 +188,13 @@ def test_two_sessions_in_one_process_keep_their_modes(model):
     fast = sharpi.Session(path, threads=2)
     a = exact.decode(tokens, all_logits=True)
     b = fast.decode(tokens, all_logits=True)
-    np.testing.assert_array_equal(exact.decode([17]), sharpi.Session(path, threads=2, exact=True).decode(tokens + [17], all_logits=True)[-1:][0])
-    np.testing.assert_array_equal(a, sharpi.Session(path, threads=1, exact=True).decode(tokens, all_logits=True))
+    np.testing.assert_array_equal(
+        exact.decode([17]),
+        sharpi.Session(path, threads=2, exact=True).decode(tokens + [17], all_logits=True)[-1:][0],
+    )
+    np.testing.assert_array_equal(
+        a, sharpi.Session(path, threads=1, exact=True).decode(tokens, all_logits=True)
+    )
     np.testing.assert_array_equal(b, sharpi.Session(path, threads=1).decode(tokens, all_logits=True))
     assert not np.array_equal(a, b)
 

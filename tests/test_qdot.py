@@ -18,14 +18,20 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from sharpi import InvalidArgument, _core
-
 from test_quant import oracle_dequantize, random_rows
 
 ISAS = _core.isa_available()
 K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 B32_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 FAST_TYPES = K_TYPES + B32_TYPES
-FORMAT = {**{t: "q8_K" for t in K_TYPES}, Q.Q4_0: "q8_0", Q.Q5_0: "q8_0", Q.Q8_0: "q8_0", Q.Q4_1: "q8_1", Q.Q5_1: "q8_1"}
+FORMAT = {
+    **{t: "q8_K" for t in K_TYPES},
+    Q.Q4_0: "q8_0",
+    Q.Q5_0: "q8_0",
+    Q.Q8_0: "q8_0",
+    Q.Q4_1: "q8_1",
+    Q.Q5_1: "q8_1",
+}
 F32 = np.float32
 
 Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
@@ -113,7 +119,14 @@ def unpack_k(qtype, data):
                 lo = lo | (((qh >> (2 * j)) & 1) << 4)
                 hi = hi | (((qh >> (2 * j + 1)) & 1) << 4)
             u[:, 64 * j : 64 * j + 32], u[:, 64 * j + 32 : 64 * j + 64] = lo, hi
-        return dict(u=u, sc=np.repeat(sc, 2, axis=1), mn=np.repeat(m, 2, axis=1), d=f16(raw, 0), dmin=f16(raw, 2), offset=0)
+        return {
+            "u": u,
+            "sc": np.repeat(sc, 2, axis=1),
+            "mn": np.repeat(m, 2, axis=1),
+            "d": f16(raw, 0),
+            "dmin": f16(raw, 2),
+            "offset": 0,
+        }
     if qtype == Q.Q6_K:
         ql, qh = raw[:, 0:128].astype(np.int64), raw[:, 128:192].astype(np.int64)
         for h in range(2):
@@ -123,9 +136,13 @@ def unpack_k(qtype, data):
                 high = (qh[:, 32 * h : 32 * h + 32] >> (2 * c)) & 3
                 u[:, 128 * h + 32 * c : 128 * h + 32 * c + 32] = low | (high << 4)
         sc = raw[:, 192:208].view(np.int8).astype(np.int64)
-        return dict(u=u, sc=sc, mn=zeros, d=f16(raw, 208), dmin=np.zeros(nb, F32), offset=32)
+        return {"u": u, "sc": sc, "mn": zeros, "d": f16(raw, 208), "dmin": np.zeros(nb, F32), "offset": 32}
     if qtype == Q.Q3_K:
-        hm, qs, s = raw[:, 0:32].astype(np.int64), raw[:, 32:96].astype(np.int64), raw[:, 96:108].astype(np.int64)
+        hm, qs, s = (
+            raw[:, 0:32].astype(np.int64),
+            raw[:, 32:96].astype(np.int64),
+            raw[:, 96:108].astype(np.int64),
+        )
         sc = np.zeros((nb, 16), np.int64)
         for i in range(16):
             low = (s[:, i] & 0xF) if i < 8 else (s[:, i - 8] >> 4)
@@ -136,13 +153,13 @@ def unpack_k(qtype, data):
                 low = (qs[:, 32 * h : 32 * h + 32] >> (2 * j)) & 3
                 high = (hm >> (4 * h + j)) & 1
                 u[:, 128 * h + 32 * j : 128 * h + 32 * j + 32] = low | (high << 2)
-        return dict(u=u, sc=sc, mn=zeros, d=f16(raw, 108), dmin=np.zeros(nb, F32), offset=4)
+        return {"u": u, "sc": sc, "mn": zeros, "d": f16(raw, 108), "dmin": np.zeros(nb, F32), "offset": 4}
     # Q2_K
     s, qs = raw[:, 0:16].astype(np.int64), raw[:, 16:80].astype(np.int64)
     for h in range(2):
         for j in range(4):
             u[:, 128 * h + 32 * j : 128 * h + 32 * j + 32] = (qs[:, 32 * h : 32 * h + 32] >> (2 * j)) & 3
-    return dict(u=u, sc=s & 0xF, mn=s >> 4, d=f16(raw, 80), dmin=f16(raw, 82), offset=0)
+    return {"u": u, "sc": s & 0xF, "mn": s >> 4, "d": f16(raw, 80), "dmin": f16(raw, 82), "offset": 0}
 
 
 def unpack_b32(qtype, data):
@@ -151,7 +168,7 @@ def unpack_b32(qtype, data):
     raw = data.reshape(-1, ts)
     nb = len(raw)
     if qtype == Q.Q8_0:
-        return dict(q=raw[:, 2:34].view(np.int8).astype(np.int64), d=f16(raw, 0), m=np.zeros(nb, F32))
+        return {"q": raw[:, 2:34].view(np.int8).astype(np.int64), "d": f16(raw, 0), "m": np.zeros(nb, F32)}
     has_m = qtype in (Q.Q4_1, Q.Q5_1)
     first = 4 if has_m else 2
     qh = None
@@ -164,7 +181,7 @@ def unpack_b32(qtype, data):
         q = q | (((qh[:, None] >> np.arange(32)) & 1) << 4)
     if not has_m:
         q = q - (16 if qh is not None else 8)
-    return dict(q=q, d=f16(raw, 0), m=f16(raw, 2) if has_m else np.zeros(nb, F32))
+    return {"q": q, "d": f16(raw, 0), "m": f16(raw, 2) if has_m else np.zeros(nb, F32)}
 
 
 def unpacked_dequant(qtype, data):
@@ -172,7 +189,10 @@ def unpacked_dequant(qtype, data):
     if qtype in K_TYPES:
         k = unpack_k(qtype, data)
         sc, mn = np.repeat(k["sc"], 16, axis=1), np.repeat(k["mn"], 16, axis=1)
-        w = k["d"][:, None].astype(np.float64) * sc * (k["u"] - k["offset"]) - k["dmin"][:, None].astype(np.float64) * mn
+        w = (
+            k["d"][:, None].astype(np.float64) * sc * (k["u"] - k["offset"])
+            - k["dmin"][:, None].astype(np.float64) * mn
+        )
     else:
         b = unpack_b32(qtype, data)
         w = b["d"][:, None].astype(np.float64) * b["q"] + b["m"][:, None].astype(np.float64)
@@ -299,7 +319,9 @@ def test_tile_gives_each_token_its_vec_dot(qtype, isa, rng):
     single = [_core.vec_dot_tile(int(qtype), data, xq, n, 1, isa)[0] for xq in xqs]
     for nt in (2, 3, 4):
         tile = _core.vec_dot_tile(int(qtype), data, np.concatenate(xqs[:nt]), n, nt, isa)
-        np.testing.assert_array_equal(bits(tile), bits(single[:nt]), err_msg=f"{qtype.name} {isa} tile of {nt}")
+        np.testing.assert_array_equal(
+            bits(tile), bits(single[:nt]), err_msg=f"{qtype.name} {isa} tile of {nt}"
+        )
 
 
 @pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
@@ -330,7 +352,12 @@ def test_matmul_fast_equals_vec_dot_and_prefill_equals_decode(qtype, rng):
     fmt = FORMAT[qtype]
     want = np.array(
         [
-            [_core.vec_dot_tile(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], np_quantize(fmt, x[t]), n)[0] for r in range(n_rows)]
+            [
+                _core.vec_dot_tile(
+                    int(qtype), data[r * row_bytes : (r + 1) * row_bytes], np_quantize(fmt, x[t]), n
+                )[0]
+                for r in range(n_rows)
+            ]
             for t in range(7)
         ],
         F32,

@@ -15,8 +15,8 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
     const int64_t n_ff = experts[0].gate.n_rows, n_embd = experts[0].gate.n_cols;
     for (int j = 0; j < k; ++j) {
         const ExpertFfnWeights& e = experts[j];
-        if (e.gate.n_rows != n_ff || e.up.n_rows != n_ff || e.gate.n_cols != n_embd || e.up.n_cols != n_embd ||
-            e.down.n_rows != n_embd || e.down.n_cols != n_ff) {
+        if (e.gate.n_rows != n_ff || e.up.n_rows != n_ff || e.gate.n_cols != n_embd ||
+            e.up.n_cols != n_embd || e.down.n_rows != n_embd || e.down.n_cols != n_ff) {
             throw InvalidArgument("[expert_ffn] expert slot " + std::to_string(j) + ": gate/up must be [" +
                                   std::to_string(n_ff) + ", " + std::to_string(n_embd) + "] and down [" +
                                   std::to_string(n_embd) + ", " + std::to_string(n_ff) + "]");
@@ -51,7 +51,8 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
     pool.parallel_for(n_embd, [&](int64_t begin, int64_t end, int) {
         for (int64_t i = begin; i < end; ++i) {
             float sum = weights[0] * down_dot[0](experts[0].down.data + i * experts[0].down.row_bytes);
-            for (int j = 1; j < k; ++j) sum += weights[j] * down_dot[j](experts[j].down.data + i * experts[j].down.row_bytes);
+            for (int j = 1; j < k; ++j)
+                sum += weights[j] * down_dot[j](experts[j].down.data + i * experts[j].down.row_bytes);
             out[i] = sum;
         }
     });

@@ -1,10 +1,12 @@
 // Quantized weight matrix times f32 activations (see matmul.h).
 //
-// Owns nothing but per-thread scratch for dequantized rows (thread_local, reused across calls,
-// sized to the largest tile seen). Called from the decode thread; runs its body on the pool.
-// Every Y element is computed by a fixed function of (weight row, token) -- dot_row for one token,
-// dot_f32 on the dequantized row for several -- and those two are bit-identical for one ISA
-// (kernels.h), so Y never depends on n_tokens, the thread count, the tiling or timing.
+// Owns nothing but thread-local scratch, reused across calls and sized to the largest call seen:
+// per pool thread, dequantized rows (exact prefill); on the calling thread, the quantized
+// activation rows (fast mode), which the pool's threads only read. Called from the decode thread;
+// runs its body on the pool. Every Y element is a fixed function of (weight row, token): exact mode
+// dot_row for one token and dot_f32 on the dequantized row for several (bit-identical for one ISA,
+// kernels.h); fast mode vec_dot for one token and vec_dot_tile for several (bit-identical, qdot.h).
+// So Y never depends on n_tokens, the thread count, the tiling or timing.
 #include "cpu/ops/matmul.h"
 
 #include <algorithm>

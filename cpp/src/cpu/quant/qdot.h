@@ -51,8 +51,8 @@ using QuantizeActFn = void (*)(const float* x, void* dst, int64_t n);
 using VecDotFn = float (*)(const void* w, const void* xq, int64_t n);
 // y[t * ldy] = vec_dot(w, xq + t * xq_stride, n) for t < n_tokens (1 .. kMaxTileTokens), bit for
 // bit, decoding each weight block once for all the tokens.
-using VecDotTileFn = void (*)(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
-                              int64_t ldy);
+using VecDotTileFn = void (*)(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n,
+                              float* y, int64_t ldy);
 constexpr int kMaxTileTokens = 4;
 
 struct QuantDotKernels {

@@ -23,30 +23,30 @@ const QuantIsaKernels& avx512vnni_quant_kernels();  // call only when the CPU ha
 // file defines in its anonymous namespace: the quantizers quantize_q8_0 / quantize_q8_1 /
 // quantize_q8_K, the decoders KQ2_K .. KQ6_K and B32Q4_0 .. B32Q8_0, and the row functions
 // k_vec_dot<D> / k_vec_dot_tile<D> and b32_vec_dot<D> / b32_vec_dot_tile<D>.
-#define SHARPI_QDOT_TABLE(table_name)                                                                  \
-    template <typename D>                                                                                \
-    constexpr QuantDotKernels k_entry() {                                                                \
-        return QuantDotKernels{&k_vec_dot<D>, &k_vec_dot_tile<D>};                                       \
-    }                                                                                                    \
-    template <typename D>                                                                                \
-    constexpr QuantDotKernels b32_entry() {                                                              \
-        return QuantDotKernels{&b32_vec_dot<D>, &b32_vec_dot_tile<D>};                                   \
-    }                                                                                                    \
-    constexpr QuantIsaKernels make_##table_name() {                                                      \
-        QuantIsaKernels t{};                                                                             \
-        t.by_type[static_cast<int>(GgmlType::Q4_0)] = b32_entry<B32Q4_0>();                             \
-        t.by_type[static_cast<int>(GgmlType::Q4_1)] = b32_entry<B32Q4_1>();                             \
-        t.by_type[static_cast<int>(GgmlType::Q5_0)] = b32_entry<B32Q5_0>();                             \
-        t.by_type[static_cast<int>(GgmlType::Q5_1)] = b32_entry<B32Q5_1>();                             \
-        t.by_type[static_cast<int>(GgmlType::Q8_0)] = b32_entry<B32Q8_0>();                             \
-        t.by_type[static_cast<int>(GgmlType::Q2_K)] = k_entry<KQ2_K>();                                 \
-        t.by_type[static_cast<int>(GgmlType::Q3_K)] = k_entry<KQ3_K>();                                 \
-        t.by_type[static_cast<int>(GgmlType::Q4_K)] = k_entry<KQ4_K>();                                 \
-        t.by_type[static_cast<int>(GgmlType::Q5_K)] = k_entry<KQ5_K>();                                 \
-        t.by_type[static_cast<int>(GgmlType::Q6_K)] = k_entry<KQ6_K>();                                 \
-        t.quantize[static_cast<int>(ActFormat::q8_0)] = &quantize_q8_0;                                  \
-        t.quantize[static_cast<int>(ActFormat::q8_1)] = &quantize_q8_1;                                  \
-        t.quantize[static_cast<int>(ActFormat::q8_K)] = &quantize_q8_K;                                  \
-        return t;                                                                                        \
-    }                                                                                                    \
+#define SHARPI_QDOT_TABLE(table_name)                                       \
+    template <typename D>                                                   \
+    constexpr QuantDotKernels k_entry() {                                   \
+        return QuantDotKernels{&k_vec_dot<D>, &k_vec_dot_tile<D>};          \
+    }                                                                       \
+    template <typename D>                                                   \
+    constexpr QuantDotKernels b32_entry() {                                 \
+        return QuantDotKernels{&b32_vec_dot<D>, &b32_vec_dot_tile<D>};      \
+    }                                                                       \
+    constexpr QuantIsaKernels make_##table_name() {                         \
+        QuantIsaKernels t{};                                                \
+        t.by_type[static_cast<int>(GgmlType::Q4_0)] = b32_entry<B32Q4_0>(); \
+        t.by_type[static_cast<int>(GgmlType::Q4_1)] = b32_entry<B32Q4_1>(); \
+        t.by_type[static_cast<int>(GgmlType::Q5_0)] = b32_entry<B32Q5_0>(); \
+        t.by_type[static_cast<int>(GgmlType::Q5_1)] = b32_entry<B32Q5_1>(); \
+        t.by_type[static_cast<int>(GgmlType::Q8_0)] = b32_entry<B32Q8_0>(); \
+        t.by_type[static_cast<int>(GgmlType::Q2_K)] = k_entry<KQ2_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q3_K)] = k_entry<KQ3_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q4_K)] = k_entry<KQ4_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q5_K)] = k_entry<KQ5_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q6_K)] = k_entry<KQ6_K>();     \
+        t.quantize[static_cast<int>(ActFormat::q8_0)] = &quantize_q8_0;     \
+        t.quantize[static_cast<int>(ActFormat::q8_1)] = &quantize_q8_1;     \
+        t.quantize[static_cast<int>(ActFormat::q8_K)] = &quantize_q8_K;     \
+        return t;                                                           \
+    }                                                                       \
     constexpr QuantIsaKernels table_name = make_##table_name();

@@ -104,7 +104,8 @@ struct KQ5_K {
         q4_K_scales16(b->scales, k);
         for (int j = 0; j < 4; ++j) {
             for (int i = 0; i < 32; ++i) {
-                k.u[64 * j + i] = static_cast<uint8_t>((b->qs[32 * j + i] & 0x0F) | ((b->qh[i] >> (2 * j)) & 1) << 4);
+                k.u[64 * j + i] =
+                    static_cast<uint8_t>((b->qs[32 * j + i] & 0x0F) | ((b->qh[i] >> (2 * j)) & 1) << 4);
                 k.u[64 * j + 32 + i] =
                     static_cast<uint8_t>((b->qs[32 * j + i] >> 4) | ((b->qh[i] >> (2 * j + 1)) & 1) << 4);
             }
@@ -306,8 +307,12 @@ struct B32Q8_0 {
     }
 };
 
-inline float act_s(const block_q8_0&) { return 0.0f; }
-inline float act_s(const block_q8_1& x) { return fp16_to_fp32(x.s); }
+inline float act_s(const block_q8_0&) {
+    return 0.0f;
+}
+inline float act_s(const block_q8_1& x) {
+    return fp16_to_fp32(x.s);
+}
 
 template <typename D>
 void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
@@ -320,8 +325,7 @@ void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tok
     for (int64_t ib = 0; ib < n / 32; ++ib) {
         D::decode(blocks + ib, o);
         for (int t = 0; t < n_tokens; ++t) {
-            const Act& x =
-                reinterpret_cast<const Act*>(static_cast<const uint8_t*>(xq) + t * xq_stride)[ib];
+            const Act& x = reinterpret_cast<const Act*>(static_cast<const uint8_t*>(xq) + t * xq_stride)[ib];
             const float dd = o.d * fp16_to_fp32(x.d);
             float* a = acc[t][ib % 2];
             for (int l = 0; l < 8; ++l) {

@@ -72,13 +72,15 @@ struct Q8Block32 {
 inline float quantize_group(const float* x, int n_sub, int8_t* q, int16_t* sums16, int32_t* total) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 amax = _mm256_setzero_ps();
-    for (int i = 0; i < 32 * n_sub; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    for (int i = 0; i < 32 * n_sub; i += 8)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float max_abs = _mm_cvtss_f32(m4);
     const float d = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(max_abs), _mm_set_ss(127.0f)));
-    const float id = max_abs != 0.0f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(127.0f), _mm_set_ss(max_abs))) : 0.0f;
+    const float id =
+        max_abs != 0.0f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(127.0f), _mm_set_ss(max_abs))) : 0.0f;
     const __m256 vid = _mm256_set1_ps(id);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int32_t all = 0;
@@ -92,7 +94,8 @@ inline float quantize_group(const float* x, int n_sub, int8_t* q, int16_t* sums1
             sums16[2 * g] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(v[0], v[1])));
             sums16[2 * g + 1] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(v[2], v[3])));
         }
-        if (total != nullptr) all += hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
+        if (total != nullptr)
+            all += hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
         // packs interleave the 128-bit halves; the permutation restores element order.
         const __m256i w16a = _mm256_packs_epi32(v[0], v[1]), w16b = _mm256_packs_epi32(v[2], v[3]);
         const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), order);
@@ -143,7 +146,8 @@ struct KUnpacked {
 
 // f16 d (and dmin right after it, when `with_min`) as floats.
 inline __m128 load_d_dmin(const uint16_t* d, bool with_min) {
-    return _mm_cvtph_ps(with_min ? _mm_cvtsi32_si128(static_cast<int>(load_u32_any(d))) : _mm_cvtsi32_si128(*d));
+    return _mm_cvtph_ps(with_min ? _mm_cvtsi32_si128(static_cast<int>(load_u32_any(d)))
+                                 : _mm_cvtsi32_si128(*d));
 }
 
 // Q4_K / Q5_K: the 8 six-bit scales and mins (kernels_impl.h's unpack_q4_K_scale_min, in SIMD),
@@ -153,12 +157,15 @@ inline void q4_K_scales16(const uint8_t* packed, __m128i& sc, __m128i& mn) {
     const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
     // Low parts: sc[0..3] = s[0..3] & 63, sc[4..7] = s[8..11] & 15, m[0..3] = s[4..7] & 63,
     // m[4..7] = s[8..11] >> 4; high parts of sc[4..7] / m[4..7]: bits 6-7 of s[0..3] / s[4..7].
-    const __m128i low = _mm_srlv_epi32(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
-                                       _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i low =
+        _mm_srlv_epi32(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
+                       _mm_setr_epi32(0, 0, 0, 4));
     const __m128i low_mask = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
-    const __m128i top = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    const __m128i r = _mm_or_si128(_mm_and_si128(low, low_mask),
-                                   _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));  // [sc0..7, m0..7]
+    const __m128i top =
+        _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i r =
+        _mm_or_si128(_mm_and_si128(low, low_mask),
+                     _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));  // [sc0..7, m0..7]
     sc = _mm_unpacklo_epi8(r, r);
     mn = _mm_unpackhi_epi8(r, r);
 }
@@ -215,8 +222,10 @@ struct KQ6_K {
         for (int h = 0; h < 2; ++h) {
             const __m256i l0 = load256(b->ql + 64 * h), l1 = load256(b->ql + 64 * h + 32);
             const __m256i qh = load256(b->qh + 32 * h);
-            k.u[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
-            k.u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+            k.u[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                             _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+            k.u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                             _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
             k.u[4 * h + 2] = _mm256_or_si256(byte_field(l0, 4, 0x0F), _mm256_and_si256(qh, bits45));
             k.u[4 * h + 3] = _mm256_or_si256(byte_field(l1, 4, 0x0F), byte_field(qh, 2, 0x30));
         }
@@ -285,7 +294,8 @@ inline __m256i chunk_scales(__m256i split, int c) {
 // int32 lanes; the offset and min terms come from bsums; both reductions are exact, then the f32
 // operations in qdot.h's order.
 template <typename D>
-inline float k_block_update(float acc, __m256i lanes, __m256i sc16, __m256i mn16, const block_q8_K& xb, __m128 d_dmin) {
+inline float k_block_update(float acc, __m256i lanes, __m256i sc16, __m256i mn16, const block_q8_K& xb,
+                            __m128 d_dmin) {
     const __m256i bsums = load256(xb.bsums);
     if constexpr (D::kOffsetShift >= 0) {
         lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
@@ -348,10 +358,18 @@ void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_token
                     int64_t ldy) {
     float acc[kMaxTileTokens];
     switch (n_tokens) {
-        case 1: k_dot_tokens<D, 1>(w, xq, xq_stride, n, acc); break;
-        case 2: k_dot_tokens<D, 2>(w, xq, xq_stride, n, acc); break;
-        case 3: k_dot_tokens<D, 3>(w, xq, xq_stride, n, acc); break;
-        default: k_dot_tokens<D, 4>(w, xq, xq_stride, n, acc); break;
+        case 1:
+            k_dot_tokens<D, 1>(w, xq, xq_stride, n, acc);
+            break;
+        case 2:
+            k_dot_tokens<D, 2>(w, xq, xq_stride, n, acc);
+            break;
+        case 3:
+            k_dot_tokens<D, 3>(w, xq, xq_stride, n, acc);
+            break;
+        default:
+            k_dot_tokens<D, 4>(w, xq, xq_stride, n, acc);
+            break;
     }
     for (int t = 0; t < n_tokens; ++t) y[t * ldy] = acc[t];
 }
@@ -414,7 +432,8 @@ struct B32Q5_1 {
     static constexpr bool kSigned = false, kHasMin = true;
     static void decode(const Block* b, B32Unpacked& o) {
         o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&b->d))));
-        o.q = _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10)));
+        o.q =
+            _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10)));
     }
 };
 struct B32Q8_0 {
@@ -429,7 +448,8 @@ struct B32Q8_0 {
 
 // One block into acc (this block's parity) and, for the min types, msum's lane 1 (qdot.h).
 template <typename D, int NT>
-inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int64_t ib, __m256* acc, __m128* msum) {
+inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int64_t ib, __m256* acc,
+                     __m128* msum) {
     // Signed weights: |w| as the unsigned operand, the sign moved onto the activations.
     const __m256i u = D::kSigned ? _mm256_sign_epi8(o.q, o.q) : o.q;
     for (int t = 0; t < NT; ++t) {
@@ -438,7 +458,8 @@ inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int6
         const __m256 lanes = _mm256_cvtepi32_ps(dot_quads(u, xv));
         // [dw, mw] * [dx, s]: dw * dx (one f32 rounding, as the scalar dw * dx) and mw * s in one
         // multiply; lane 1 is unused for the types without a min (q8_0 has no s: junk there).
-        const __m128 p = _mm_mul_ps(o.dm, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&xb.d)))));
+        const __m128 p =
+            _mm_mul_ps(o.dm, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&xb.d)))));
         if constexpr (D::kHasMin) msum[t] = _mm_add_ps(msum[t], p);
         acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_broadcastss_ps(p), lanes));
     }
@@ -495,10 +516,18 @@ void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tok
                       int64_t ldy) {
     float out[kMaxTileTokens];
     switch (n_tokens) {
-        case 1: b32_dot_tokens<D, 1>(w, xq, xq_stride, n, out); break;
-        case 2: b32_dot_tokens<D, 2>(w, xq, xq_stride, n, out); break;
-        case 3: b32_dot_tokens<D, 3>(w, xq, xq_stride, n, out); break;
-        default: b32_dot_tokens<D, 4>(w, xq, xq_stride, n, out); break;
+        case 1:
+            b32_dot_tokens<D, 1>(w, xq, xq_stride, n, out);
+            break;
+        case 2:
+            b32_dot_tokens<D, 2>(w, xq, xq_stride, n, out);
+            break;
+        case 3:
+            b32_dot_tokens<D, 3>(w, xq, xq_stride, n, out);
+            break;
+        default:
+            b32_dot_tokens<D, 4>(w, xq, xq_stride, n, out);
+            break;
     }
     for (int t = 0; t < n_tokens; ++t) y[t * ldy] = out[t];
 }
