@@ -400,7 +400,9 @@ def test_bad_arguments(rng):
 
 
 # Each ISA in a child process (the active ISA is fixed per process): matmul in fast mode, T=1 and
-# T=6 with 2 threads, equals that ISA's vec_dot on the numpy-quantized rows.
+# T=6 with 2 threads, equals that ISA's vec_dot on the numpy-quantized rows; on the scalar ISA fast
+# mode takes the f32 path (matmul.h: the portable integer kernels are only the reference), so there
+# it equals dot_row.
 _FAST_MATMUL_PER_ISA = textwrap.dedent(
     """
     import sys
@@ -419,8 +421,12 @@ _FAST_MATMUL_PER_ISA = textwrap.dedent(
         x = np.stack([random_activations(rng, n) for _ in range(6)])
         y6 = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=False)
         for t in range(6):
-            ref = [_core.vec_dot_tile(int(qtype), data[r * rb:(r + 1) * rb], np_quantize(FORMAT[qtype], x[t]), n, 1, isa)[0]
-                   for r in range(n_rows)]
+            rows = [data[r * rb:(r + 1) * rb] for r in range(n_rows)]
+            if isa == "scalar":
+                ref = [_core.dot(int(qtype), row, x[t], isa) for row in rows]
+            else:
+                xq = np_quantize(FORMAT[qtype], x[t])
+                ref = [_core.vec_dot_tile(int(qtype), row, xq, n, 1, isa)[0] for row in rows]
             y1 = _core.matmul(int(qtype), data, n_rows, n, x[t:t + 1], threads=1, exact=False)
             assert np.array_equal(bits(y1[0]), bits(ref)), (qtype.name, t, "T=1")
             assert np.array_equal(bits(y6[t]), bits(ref)), (qtype.name, t, "T=6")

@@ -12,7 +12,9 @@
 //   row of X is quantized once (q8_K / q8_0 / q8_1 as the weight type needs), then every output is
 //   vec_dot(weight row, quantized token row); prefill runs vec_dot_tile over up to kMaxTileTokens
 //   tokens at a time, which decodes each weight block once for all of them and gives each token
-//   its vec_dot bits. Types without integer kernels (F32 / F16 / BF16) take the exact path.
+//   its vec_dot bits. Types without integer kernels (F32 / F16 / BF16) take the exact path, and
+//   so does every type when the active ISA is scalar (no AVX2: the integer kernels there are the
+//   portable reference, slower than the f32 path).
 // Either way Y[t, r] is a fixed function of (weight row r, token row t): rows are split across the
 // pool's threads with a fixed partition, and results never depend on n_tokens, the thread count,
 // the tiling or timing (prefill == token-by-token decode, streamed == resident, bit for bit).
