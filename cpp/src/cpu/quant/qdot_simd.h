@@ -5,14 +5,12 @@
 //     u unsigned bytes, x signed bytes, s16 int16 (AVX2: maddubs + madd + add; VNNI: maddubs + dpwssd)
 //   dot_quads(u, x): int32 lanes l = sum_{i=4l..4l+3} u[i] x[i] (AVX2: maddubs + madd; VNNI: dpbusd)
 // Every product sum fits its lanes (|u| <= 63 or 128, |x| <= 127: no saturation), so the integer
-// results are exact, and the float operations follow qdot.h one intrinsic at a time (no FMA), so
-// this code gives the scalar reference's bits. Weight blocks are unpacked once per tile of tokens.
+// results are exact, and the float operations follow qdot.h one rounding at a time (separate
+// multiply and add intrinsics, and -ffp-contract=off for the plain float expressions: no FMA), so
+// this code gives the scalar reference's bits. Weight blocks are unpacked once per tile of tokens,
+// and the k_dot_tokens / b32_dot_tokens loops for one token are the same code as for a tile.
 //
 // Not a normal header: no include guard, no namespace of its own.
-
-inline float half_to_float(uint16_t h) {
-    return _cvtsh_ss(h);
-}
 
 inline int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
