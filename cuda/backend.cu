@@ -21,7 +21,8 @@ std::string describe() {
     if (n == 0) return "CUDA unavailable: no device";
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "CUDA device 0: properties unavailable";
-    return std::string("CUDA device 0: ") + prop.name + ", " + std::to_string(prop.totalGlobalMem >> 20) + " MiB";
+    return std::string("CUDA device 0: ") + prop.name + ", " + std::to_string(prop.totalGlobalMem >> 20) +
+           " MiB";
 }
 
 }  // namespace sharpi::cuda

@@ -3,8 +3,12 @@
 
 namespace sharpi::cuda {
 
-bool available() { return false; }
+bool available() {
+    return false;
+}
 
-std::string describe() { return "CUDA unavailable: sharpi was built without the CUDA backend"; }
+std::string describe() {
+    return "CUDA unavailable: sharpi was built without the CUDA backend";
+}
 
 }  // namespace sharpi::cuda

@@ -23,10 +23,13 @@ bool exact_mode(const SessionOptions& options) {
 
 }  // namespace
 
-Engine::Engine(const std::string& path, const SessionOptions& options) : options_(options), exact_(exact_mode(options)) {
-    if (options.n_ctx < 0) throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
+Engine::Engine(const std::string& path, const SessionOptions& options)
+    : options_(options), exact_(exact_mode(options)) {
+    if (options.n_ctx < 0)
+        throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
     if (options.n_threads < 0) {
-        throw InvalidArgument("threads must be >= 0 (0 = one per core), got " + std::to_string(options.n_threads));
+        throw InvalidArgument("threads must be >= 0 (0 = one per core), got " +
+                              std::to_string(options.n_threads));
     }
     const bool streaming = options.ram_budget > 0;
     timeline_.set_enabled(options.timeline);
@@ -49,7 +52,8 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     }
 
     const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
-    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads : cpu::hardware_threads());
+    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
+                                                                    : cpu::hardware_threads());
     kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
     if (streaming) {
         plan_expert_cache(n_ctx);
@@ -97,22 +101,24 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const int64_t T = kMaxBatch, k = h.n_expert_used;
     const int64_t floats_per_token = 10 * h.n_embd + 3 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
                                      k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
-    const uint64_t buffers = static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
+    const uint64_t buffers =
+        static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
     const uint64_t fixed = model_->bytes_dense + kv + buffers;
     const uint64_t slot = ExpertCache::slot_bytes(*model_);
     const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
     const uint64_t budget = options_.ram_budget;
     // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots of
     // their own (prefetch never evicts).
-    const uint64_t n_staging =
-        options_.predictor != "none" ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead) : 0;
+    const uint64_t n_staging = options_.predictor != "none"
+                                   ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead)
+                                   : 0;
     const uint64_t minimum = fixed + (static_cast<uint64_t>(k) + n_staging) * slot;
     if (budget < minimum) {
         throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
-                              ": dense weights " + mib(model_->bytes_dense) + " + KV cache " + mib(kv) + " (n_ctx " +
-                              std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " + std::to_string(k) +
-                              " expert slots (+" + std::to_string(n_staging) + " staging) of " + mib(slot) +
-                              " need at least " + mib(minimum));
+                              ": dense weights " + mib(model_->bytes_dense) + " + KV cache " + mib(kv) +
+                              " (n_ctx " + std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " +
+                              std::to_string(k) + " expert slots (+" + std::to_string(n_staging) +
+                              " staging) of " + mib(slot) + " need at least " + mib(minimum));
     }
     ExpertCacheOptions o;
     o.n_slots = std::min<uint64_t>((budget - fixed) / slot - n_staging, total_experts);
@@ -138,8 +144,9 @@ void Engine::set_route_trace(RouteTrace trace) {
         static_cast<int64_t>(trace.experts.size()) != trace.n_tokens * trace.n_layers * trace.k) {
         throw InvalidArgument("route trace shape [" + std::to_string(trace.n_tokens) + ", " +
                               std::to_string(trace.n_layers) + ", " + std::to_string(trace.k) +
-                              "] does not match the model: " + std::to_string(h.n_layer) + " MoE layers, top-" +
-                              std::to_string(h.n_expert_used) + " (use the make-model preset of the trace's shape)");
+                              "] does not match the model: " + std::to_string(h.n_layer) +
+                              " MoE layers, top-" + std::to_string(h.n_expert_used) +
+                              " (use the make-model preset of the trace's shape)");
     }
     for (size_t i = 0; i < trace.experts.size(); ++i) {
         const int32_t e = trace.experts[i];
@@ -190,8 +197,8 @@ void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
 void Engine::install_predictor(std::shared_ptr<Predictor> predictor) {
     prefetcher_.reset();
     if (predictor) {
-        prefetcher_ = std::make_unique<Prefetcher>(model_->hp, *cache_, std::move(predictor), options_.lookahead,
-                                                   options_.skip_late_prefetch);
+        prefetcher_ = std::make_unique<Prefetcher>(model_->hp, *cache_, std::move(predictor),
+                                                   options_.lookahead, options_.skip_late_prefetch);
     }
 }
 
@@ -205,14 +212,15 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     if (n == 0) throw InvalidArgument("decode: no tokens");
     for (size_t i = 0; i < tokens.size(); ++i) {
         if (tokens[i] < 0 || tokens[i] >= h.n_vocab) {
-            throw InvalidArgument("decode: token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                                  " is outside the vocabulary [0, " + std::to_string(h.n_vocab) + ")");
+            throw InvalidArgument("decode: token " + std::to_string(tokens[i]) + " at index " +
+                                  std::to_string(i) + " is outside the vocabulary [0, " +
+                                  std::to_string(h.n_vocab) + ")");
         }
     }
     if (n_past_ + n > kv_->n_ctx()) {
-        throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " + std::to_string(n_past_) +
-                                   " exceed the context of " + std::to_string(kv_->n_ctx()) +
-                                   " tokens (use a larger n_ctx or reset())");
+        throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " +
+                                   std::to_string(n_past_) + " exceed the context of " +
+                                   std::to_string(kv_->n_ctx()) + " tokens (use a larger n_ctx or reset())");
     }
     const auto t_start = std::chrono::steady_clock::now();
     struct AddElapsed {  // decode_ms_ counts failed calls too
@@ -265,7 +273,8 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     Act x{residual_.data(), n, h.n_embd};
     const cpu::DequantRowFn embed = cpu::row_kernels(m.token_embd.type).dequant_row;
     for (int64_t t = 0; t < n; ++t) {
-        embed(m.token_embd.data + static_cast<size_t>(tokens[t]) * m.token_embd.row_bytes, x.row(t), h.n_embd);
+        embed(m.token_embd.data + static_cast<size_t>(tokens[t]) * m.token_embd.row_bytes, x.row(t),
+              h.n_embd);
     }
     f.name(x, "inp_embd", -1);
 
@@ -288,17 +297,19 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
         scratch_.reset();
         const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
         Act out = m.spec->build_layer(f, x, il);
-        if (timeline_.enabled()) timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
+        if (timeline_.enabled())
+            timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
         std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(n * h.n_embd));
     }
     scratch_.reset();
-    for (int il = 0; il < h.n_layer; ++il) routing_[static_cast<size_t>(il)] = std::move(f.routing()[static_cast<size_t>(il)]);
+    for (int il = 0; il < h.n_layer; ++il)
+        routing_[static_cast<size_t>(il)] = std::move(f.routing()[static_cast<size_t>(il)]);
 
     const int64_t n_out = n - first_logit_row;
     if (n_out <= 0) return;
     Act normed = f.alloc(n_out, h.n_embd);
-    cpu::rms_norm(x.row(first_logit_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd, m.output_norm.data(),
-                  h.rms_eps);
+    cpu::rms_norm(x.row(first_logit_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd,
+                  m.output_norm.data(), h.rms_eps);
     f.name(normed, "result_norm", -1);
     cpu::matmul(*pool_, m.output, normed.data, h.n_embd, n_out, logits, h.n_vocab, exact_);
     if (options_.dump_activations) f.name(Act{logits, n_out, h.n_vocab}, "result_output", -1);

@@ -24,7 +24,7 @@
 namespace sharpi {
 
 class Engine {
-public:
+  public:
     Engine(const std::string& path, const SessionOptions& options);
 
     const ModelInfo& info() const { return info_; }
@@ -49,7 +49,7 @@ public:
     void set_predictor(std::shared_ptr<Predictor> predictor);
     std::vector<std::string> predictor_errors() const;
 
-private:
+  private:
     // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
     // are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
     void plan_expert_cache(int64_t n_ctx);
@@ -75,7 +75,7 @@ private:
     int64_t n_past_ = 0;
     std::map<std::string, Activation> dump_;
     std::vector<Routing> routing_;
-    RouteTrace route_trace_;  // n_tokens == 0: replay off
+    RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
     std::vector<int32_t> prev_selection_;     // scratch: the previous token's experts, [n_layer * top_k]
     double decode_ms_ = 0.0;

@@ -1,9 +1,10 @@
+#include "sharpi/options.h"
+
 #include <cctype>
 #include <cmath>
 #include <string>
 
 #include "sharpi/errors.h"
-#include "sharpi/options.h"
 
 namespace sharpi {
 
@@ -21,16 +22,26 @@ uint64_t parse_byte_size(const std::string& text) {
     double scale = 0;
     std::string u;
     for (char c : unit) u += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (u.empty() || u == "B") scale = 1;
-    else if (u == "K" || u == "KIB") scale = 1024.0;
-    else if (u == "M" || u == "MIB") scale = 1024.0 * 1024;
-    else if (u == "G" || u == "GIB") scale = 1024.0 * 1024 * 1024;
-    else if (u == "T" || u == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
-    else if (u == "KB") scale = 1e3;
-    else if (u == "MB") scale = 1e6;
-    else if (u == "GB") scale = 1e9;
-    else if (u == "TB") scale = 1e12;
-    else throw bad();
+    if (u.empty() || u == "B")
+        scale = 1;
+    else if (u == "K" || u == "KIB")
+        scale = 1024.0;
+    else if (u == "M" || u == "MIB")
+        scale = 1024.0 * 1024;
+    else if (u == "G" || u == "GIB")
+        scale = 1024.0 * 1024 * 1024;
+    else if (u == "T" || u == "TIB")
+        scale = 1024.0 * 1024 * 1024 * 1024;
+    else if (u == "KB")
+        scale = 1e3;
+    else if (u == "MB")
+        scale = 1e6;
+    else if (u == "GB")
+        scale = 1e9;
+    else if (u == "TB")
+        scale = 1e12;
+    else
+        throw bad();
     const double bytes = value * scale;
     if (!(bytes >= 1.0) || bytes > 1.8e19) throw bad();
     return static_cast<uint64_t>(std::llround(bytes));

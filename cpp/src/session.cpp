@@ -11,19 +11,28 @@ Session::Session(const std::string& model_path, const SessionOptions& options)
 
 Session::~Session() = default;
 
-const ModelInfo& Session::info() const { return engine_->info(); }
+const ModelInfo& Session::info() const {
+    return engine_->info();
+}
 
 std::vector<float> Session::decode(const std::vector<token_t>& tokens, bool all_logits) {
     return engine_->decode(tokens, all_logits);
 }
 
-int64_t Session::n_past() const { return engine_->n_past(); }
+int64_t Session::n_past() const {
+    return engine_->n_past();
+}
 
-void Session::reset() { engine_->reset(); }
+void Session::reset() {
+    engine_->reset();
+}
 
-const std::map<std::string, Activation>& Session::dump() const { return engine_->dump(); }
+const std::map<std::string, Activation>& Session::dump() const {
+    return engine_->dump();
+}
 
-void Session::set_route_trace(const std::vector<int32_t>& experts, int64_t n_tokens, int64_t n_layers, int64_t top_k) {
+void Session::set_route_trace(const std::vector<int32_t>& experts, int64_t n_tokens, int64_t n_layers,
+                              int64_t top_k) {
     RouteTrace trace;
     if (!experts.empty()) {
         trace.n_tokens = n_tokens;
@@ -40,28 +49,45 @@ std::vector<std::vector<int32_t>> Session::last_routing() const {
     return out;
 }
 
-std::vector<TimelineEvent> Session::timeline_events() const { return engine_->timeline().events(); }
+std::vector<TimelineEvent> Session::timeline_events() const {
+    return engine_->timeline().events();
+}
 
-void Session::clear_timeline() { engine_->timeline().clear(); }
+void Session::clear_timeline() {
+    engine_->timeline().clear();
+}
 
-ExpertCacheStats Session::expert_stats() const { return engine_->expert_stats(); }
+ExpertCacheStats Session::expert_stats() const {
+    return engine_->expert_stats();
+}
 
-void Session::reset_stats() { engine_->reset_stats(); }
+void Session::reset_stats() {
+    engine_->reset_stats();
+}
 
-void Session::set_predictor(std::shared_ptr<Predictor> predictor) { engine_->set_predictor(std::move(predictor)); }
+void Session::set_predictor(std::shared_ptr<Predictor> predictor) {
+    engine_->set_predictor(std::move(predictor));
+}
 
-std::vector<std::string> Session::predictor_errors() const { return engine_->predictor_errors(); }
+std::vector<std::string> Session::predictor_errors() const {
+    return engine_->predictor_errors();
+}
 
 std::string Session::metadata_string(const std::string& key) const {
     const GgufValue* v = engine_->model().file->find(key);
     if (!v) return "";
     switch (v->type) {
-        case GgufValueType::STRING: return v->str;
-        case GgufValueType::ARRAY: return "[" + std::to_string(v->array_size()) + " items]";
+        case GgufValueType::STRING:
+            return v->str;
+        case GgufValueType::ARRAY:
+            return "[" + std::to_string(v->array_size()) + " items]";
         case GgufValueType::FLOAT32:
-        case GgufValueType::FLOAT64: return std::to_string(v->f);
-        case GgufValueType::BOOL: return v->i ? "true" : "false";
-        default: return std::to_string(v->i);
+        case GgufValueType::FLOAT64:
+            return std::to_string(v->f);
+        case GgufValueType::BOOL:
+            return v->i ? "true" : "false";
+        default:
+            return std::to_string(v->i);
     }
 }
 

@@ -15,13 +15,14 @@
 
 // A C++ predictor plug-in: for the next layer, guess the experts this layer selected, best first.
 class SameAsThisLayer final : public sharpi::Predictor {
-public:
+  public:
     const char* name() const override { return "same_as_this_layer"; }
     void observe(const sharpi::PredictorInput& in, std::vector<sharpi::PrefetchHint>& hints) override {
         ++calls;
         if (in.layer + 1 >= in.n_layer) return;
         const int32_t* mine = in.history + in.layer * in.top_k;
-        for (int j = 0; j < in.top_k; ++j) hints.push_back({in.layer + 1, mine[j], static_cast<float>(in.top_k - j)});
+        for (int j = 0; j < in.top_k; ++j)
+            hints.push_back({in.layer + 1, mine[j], static_cast<float>(in.top_k - j)});
     }
     long calls = 0;
 };

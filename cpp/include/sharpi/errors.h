@@ -9,7 +9,7 @@
 namespace sharpi {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 

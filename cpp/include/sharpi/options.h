@@ -45,10 +45,10 @@ struct SessionOptions {
 uint64_t parse_byte_size(const std::string& text);
 
 struct SamplingParams {
-    float temperature = 0.8f;  // 0: greedy
-    int32_t top_k = 40;        // <= 0: disabled
-    float top_p = 0.95f;       // 1: disabled
-    float min_p = 0.05f;       // 0: disabled
+    float temperature = 0.8f;     // 0: greedy
+    int32_t top_k = 40;           // <= 0: disabled
+    float top_p = 0.95f;          // 1: disabled
+    float min_p = 0.05f;          // 0: disabled
     float repeat_penalty = 1.0f;  // 1: disabled
     int32_t repeat_last_n = 64;   // window the penalty looks back over
     uint64_t seed = 0xC0FFEE;

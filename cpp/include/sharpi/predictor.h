@@ -34,7 +34,7 @@ struct PredictorInput {
 };
 
 class Predictor {
-public:
+  public:
     virtual ~Predictor() = default;
     virtual const char* name() const = 0;
     // Appends hints for layers in (in.layer, in.layer + in.lookahead]. Hints outside that range or

@@ -28,7 +28,7 @@ struct Activation {
 };
 
 class Session {
-public:
+  public:
     // Throws FormatError / UnsupportedError / MissingTensorError / IoError / InvalidArgument.
     Session(const std::string& model_path, const SessionOptions& options = {});
     ~Session();
@@ -53,7 +53,8 @@ public:
     // remaining experts). The token at position p uses row (p % n_tokens); the weights are the
     // router's own probabilities of the forced experts. Throws InvalidArgument when n_layers,
     // top_k or an id does not fit the model. An empty vector turns replay off.
-    void set_route_trace(const std::vector<int32_t>& experts, int64_t n_tokens, int64_t n_layers, int64_t top_k);
+    void set_route_trace(const std::vector<int32_t>& experts, int64_t n_tokens, int64_t n_layers,
+                         int64_t top_k);
 
     // Experts each layer selected for the tokens of the last decode(): [n_layer][n_tokens * top_k],
     // in top-k rank order (empty for dense models).
@@ -76,19 +77,19 @@ public:
     // GGUF metadata as strings (arrays rendered as "[n items]") for hosts without the Python side.
     std::string metadata_string(const std::string& key) const;
 
-private:
+  private:
     std::unique_ptr<Engine> engine_;
 };
 
 // Samples one token from logits. Stateless apart from its RNG; the caller passes the recent tokens
 // for the repetition penalty. Throws InvalidArgument on out-of-range params.
 class Sampler {
-public:
+  public:
     explicit Sampler(const SamplingParams& params);
     token_t sample(const float* logits, int64_t n_vocab, const std::vector<token_t>& recent_tokens);
     const SamplingParams& params() const { return params_; }
 
-private:
+  private:
     SamplingParams params_;
     uint64_t rng_state_;
 };

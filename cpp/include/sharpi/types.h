@@ -20,13 +20,13 @@ struct ModelInfo {
     int64_t n_head = 0;
     int64_t n_head_kv = 0;
     int64_t head_dim = 0;
-    int64_t n_ff = 0;         // dense FFN width (0 when every layer is MoE)
-    int64_t n_ff_exp = 0;     // routed expert FFN width
-    int64_t n_ff_shexp = 0;   // shared expert FFN width (0 = none)
-    int64_t n_expert = 0;     // 0 for dense models
+    int64_t n_ff = 0;        // dense FFN width (0 when every layer is MoE)
+    int64_t n_ff_exp = 0;    // routed expert FFN width
+    int64_t n_ff_shexp = 0;  // shared expert FFN width (0 = none)
+    int64_t n_expert = 0;    // 0 for dense models
     int64_t n_expert_used = 0;
     int64_t n_ctx_train = 0;
-    int64_t n_ctx = 0;        // the session's context size
+    int64_t n_ctx = 0;           // the session's context size
     uint64_t bytes_dense = 0;    // tensor bytes outside the routed experts
     uint64_t bytes_experts = 0;  // tensor bytes of ffn_{gate,up,down}_exps
 };
@@ -45,9 +45,9 @@ struct LayerExpertStats {
     uint64_t accesses = 0;
     uint64_t hits = 0;
     uint64_t misses = 0;
-    uint64_t evictions = 0;   // experts of this layer evicted from the cache
-    uint64_t bytes_read = 0;  // requested bytes (the aligned superset actually read can be larger)
-    double stall_ms = 0.0;    // time the decode thread waited on this layer's expert reads
+    uint64_t evictions = 0;              // experts of this layer evicted from the cache
+    uint64_t bytes_read = 0;             // requested bytes (the aligned superset actually read can be larger)
+    double stall_ms = 0.0;               // time the decode thread waited on this layer's expert reads
     uint64_t prefetch_issued = 0;        // expert reads started by the prefetcher
     uint64_t prefetch_used = 0;          // prefetched experts the gate then selected
     uint64_t prefetch_timely = 0;        // ... of which were ready when the gate fired
@@ -60,18 +60,18 @@ struct LayerExpertStats {
     uint64_t predictions = 0;
     uint64_t predicted_correct = 0;  // sum of |prediction set ∩ selected|
     uint64_t predicted_experts = 0;  // sum of |prediction set|
-    uint64_t hints_dropped = 0;      // hints this layer's predictor call returned out of range (or a failed call)
+    uint64_t hints_dropped = 0;  // hints this layer's predictor call returned out of range (or a failed call)
 };
 
 // Counters since the session was created (or reset_stats()). Empty `layers` when every expert is
 // resident (no cache).
 struct ExpertCacheStats {
-    std::string reader;          // "io_uring" or "pread"
-    uint64_t n_slots = 0;        // cache slots (SLRU)
-    uint64_t n_staging = 0;      // prefetch staging slots
+    std::string reader;      // "io_uring" or "pread"
+    uint64_t n_slots = 0;    // cache slots (SLRU)
+    uint64_t n_staging = 0;  // prefetch staging slots
     uint64_t slot_bytes = 0;
     uint64_t budget_bytes = 0;
-    uint64_t fixed_bytes = 0;    // dense weights + KV cache + buffers charged before slots
+    uint64_t fixed_bytes = 0;  // dense weights + KV cache + buffers charged before slots
     std::vector<LayerExpertStats> layers;
     // [n_layer * n_expert], index il * n_expert + e
     std::vector<uint64_t> expert_accesses;

@@ -31,7 +31,8 @@ static void slot_layout(const Model& model, uint64_t base[4]) {
         uint64_t largest = 0;
         for (const LayerWeights& L : model.layers) {
             if (L.experts.gate_tensor) {
-                largest = std::max(largest, part_tensor(L.experts, part)->nbytes / static_cast<uint64_t>(model.hp.n_expert));
+                largest = std::max(
+                    largest, part_tensor(L.experts, part)->nbytes / static_cast<uint64_t>(model.hp.n_expert));
             }
         }
         at += ExpertReader::align_up(largest) + ExpertReader::kAlignment;
@@ -49,15 +50,18 @@ ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
     : model_(model), n_expert_(model.hp.n_expert) {
     const int64_t k = model.hp.n_expert_used;
     if (options.n_slots < static_cast<uint64_t>(k)) {
-        throw InvalidArgument("[cache] " + std::to_string(options.n_slots) + " expert slots cannot hold the " +
-                              std::to_string(k) + " experts one token uses per layer");
+        throw InvalidArgument("[cache] " + std::to_string(options.n_slots) +
+                              " expert slots cannot hold the " + std::to_string(k) +
+                              " experts one token uses per layer");
     }
     if (!(options.probation > 0.0 && options.probation < 1.0)) {
-        throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " + std::to_string(options.probation));
+        throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " +
+                              std::to_string(options.probation));
     }
     n_cache_slots_ = options.n_slots;
     n_staging_ = options.n_staging;
-    n_protected_max_ = static_cast<uint64_t>(std::floor(static_cast<double>(n_cache_slots_) * (1.0 - options.probation)));
+    n_protected_max_ =
+        static_cast<uint64_t>(std::floor(static_cast<double>(n_cache_slots_) * (1.0 - options.probation)));
     uint64_t layout[4];
     slot_layout(model, layout);
     std::copy(layout, layout + 3, part_base_);
@@ -65,10 +69,11 @@ ExpertCache::ExpertCache(const Model& model, const ExpertCacheOptions& options)
 
     const uint64_t n_total = n_cache_slots_ + n_staging_;
     arena_bytes_ = n_total * slot_bytes_;
-    void* p = ::mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = ::mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-        throw IoError("[cache] cannot reserve " + std::to_string(arena_bytes_) + " bytes for " + std::to_string(n_total) +
-                      " expert slots");
+        throw IoError("[cache] cannot reserve " + std::to_string(arena_bytes_) + " bytes for " +
+                      std::to_string(n_total) + " expert slots");
     }
     arena_ = static_cast<uint8_t*>(p);
     try {
@@ -129,9 +134,11 @@ void ExpertCache::process(const std::vector<ReadCompletion>& done) {
         const uint32_t s = static_cast<uint32_t>(c.tag / 4);
         const int part = static_cast<int>(c.tag % 4);
         Slot& slot = slots_[s];
-        remove_inflight(expert_range(*part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part),
-                                     slot.expert).size,
-                        c.ok);
+        remove_inflight(
+            expert_range(*part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part),
+                         slot.expert)
+                .size,
+            c.ok);
         if (!c.ok && !slot.failed) {
             slot.failed = true;
             const GgufTensor* t = part_tensor(model_.layers[static_cast<size_t>(slot.layer)].experts, part);
@@ -140,8 +147,9 @@ void ExpertCache::process(const std::vector<ReadCompletion>& done) {
         }
         if (--slot.pending > 0) continue;
         if (timeline_ && timeline_->enabled()) {
-            timeline_->span("reader", "L" + std::to_string(slot.layer) + " E" + std::to_string(slot.expert) +
-                                          (slot.segment == Segment::staging ? " prefetch" : ""),
+            timeline_->span("reader",
+                            "L" + std::to_string(slot.layer) + " E" + std::to_string(slot.expert) +
+                                (slot.segment == Segment::staging ? " prefetch" : ""),
                             slot.issued_us, timeline_->now_us());
         }
         if (slot.failed || slot.dropped) {
@@ -339,8 +347,9 @@ void ExpertCache::wait(int i) {
         layer_stats_[static_cast<size_t>(current_layer_)].stall_ms += stalled_ms;
         if (timeline_ && timeline_->enabled()) {
             const double end = timeline_->now_us();
-            timeline_->span("stall", "wait L" + std::to_string(current_layer_) + " E" +
-                                         std::to_string(slots_[s].expert), end - stalled_ms * 1e3, end);
+            timeline_->span(
+                "stall", "wait L" + std::to_string(current_layer_) + " E" + std::to_string(slots_[s].expert),
+                end - stalled_ms * 1e3, end);
         }
     }
     if (slots_[s].failed) throw IoError(slots_[s].error);
@@ -383,7 +392,8 @@ void ExpertCache::remove_inflight(uint64_t bytes, bool completed) {
 
 double ExpertCache::bytes_per_ms() const {
     double busy = busy_ms_total_;
-    if (inflight_bytes_ > 0) busy += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+    if (inflight_bytes_ > 0)
+        busy += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
     return busy > 0.0 && completed_bytes_ > 0 ? static_cast<double>(completed_bytes_) / busy : 0.0;
 }
 
@@ -448,7 +458,8 @@ ExpertCacheStats ExpertCache::stats() const {
     st.expert_accesses = expert_accesses_;
     st.expert_misses = expert_misses_;
     st.io_busy_ms = busy_ms_stats_;
-    if (inflight_bytes_ > 0) st.io_busy_ms += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+    if (inflight_bytes_ > 0)
+        st.io_busy_ms += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
     return st;
 }
 

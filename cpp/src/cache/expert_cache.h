@@ -44,7 +44,7 @@ struct ExpertCacheOptions {
 };
 
 class ExpertCache final : public ExpertSource {
-public:
+  public:
     ExpertCache(const Model& model, const ExpertCacheOptions& options);
     ~ExpertCache() override;
 
@@ -84,7 +84,7 @@ public:
     const char* reader_name() const { return reader_->name(); }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
-private:
+  private:
     enum class State { free, loading, ready };
     enum class Segment { none, probation, protected_, staging };
 
@@ -110,7 +110,7 @@ private:
     uint32_t take_cache_slot();  // a free slot, evicting an SLRU victim if the cache is full
     void evict(uint32_t s);
     void free_slot(uint32_t s);
-    void touch(uint32_t s);      // SLRU hit bookkeeping
+    void touch(uint32_t s);  // SLRU hit bookkeeping
     void insert_probation(uint32_t s);
     void unlink(uint32_t s);
     void process(const std::vector<ReadCompletion>& done);
@@ -138,9 +138,9 @@ private:
     void add_inflight(uint64_t bytes);
     void remove_inflight(uint64_t bytes, bool completed);
     uint64_t inflight_bytes_ = 0;
-    uint64_t completed_bytes_ = 0;     // since creation (bandwidth estimate)
-    double busy_ms_total_ = 0.0;       // since creation (bandwidth estimate)
-    double busy_ms_stats_ = 0.0;       // since reset_stats (io_busy_ms)
+    uint64_t completed_bytes_ = 0;  // since creation (bandwidth estimate)
+    double busy_ms_total_ = 0.0;    // since creation (bandwidth estimate)
+    double busy_ms_stats_ = 0.0;    // since reset_stats (io_busy_ms)
     std::chrono::steady_clock::time_point busy_since_;
 
     Timeline* timeline_ = nullptr;

@@ -25,7 +25,7 @@
 namespace sharpi::cpu {
 
 class ThreadPool {
-public:
+  public:
     explicit ThreadPool(int n_threads);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
@@ -41,7 +41,7 @@ public:
     // Chunk i of n_chunks over [0, n) (contiguous, sizes differing by at most one).
     static void chunk(int64_t n, int64_t i, int64_t n_chunks, int64_t* begin, int64_t* end);
 
-private:
+  private:
     // One parallel_for call. Lives on the caller's stack; workers reach it through job_ and the
     // caller returns only when every chunk is done and no worker still holds a pointer to it.
     struct Job {

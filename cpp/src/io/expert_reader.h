@@ -52,9 +52,9 @@ namespace sharpi {
 enum class ReadPriority : int { demand = 0, prefetch = 1 };
 
 struct ReadRequest {
-    uint64_t tag = 0;      // caller's id for this read, unique among outstanding requests
-    uint64_t offset = 0;   // file offset of the first wanted byte
-    uint64_t length = 0;   // wanted bytes
+    uint64_t tag = 0;           // caller's id for this read, unique among outstanding requests
+    uint64_t offset = 0;        // file offset of the first wanted byte
+    uint64_t length = 0;        // wanted bytes
     uint8_t* buffer = nullptr;  // kAlignment-aligned, at least aligned_span(offset, length) bytes
     ReadPriority priority = ReadPriority::demand;
 };
@@ -66,7 +66,7 @@ struct ReadCompletion {
 };
 
 class ExpertReader {
-public:
+  public:
     static constexpr uint64_t kAlignment = 4096;
 
     virtual ~ExpertReader() = default;
@@ -108,11 +108,12 @@ struct ReaderOptions {
 // UnsupportedError when io_uring or O_DIRECT is unavailable), "pread".
 // `arena`/`arena_bytes`: memory that will hold every buffer passed to submit (registered with
 // io_uring when possible; may be nullptr). Throws IoError when the file cannot be opened.
-std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
-                                                 uint64_t arena_bytes);
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes);
 // The same with tuning knobs (ReaderOptions{} gives the defaults).
-std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path, uint8_t* arena,
-                                                 uint64_t arena_bytes, const ReaderOptions& options);
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes,
+                                                 const ReaderOptions& options);
 
 // True when this build has io_uring support compiled in (liburing found at build time).
 bool uring_compiled();

@@ -113,7 +113,7 @@ class PreadReader final : public QueuedReader {
 
     const int fd_;
     const int n_threads_;
-    const std::string note_;  // why "auto" fell back to this reader, if it did
+    const std::string note_;           // why "auto" fell back to this reader, if it did
     std::condition_variable work_cv_;  // workers: a chunk may be startable, or stopping
     bool stopping_ = false;            // guarded by mutex_
     std::vector<std::thread> workers_;

@@ -59,11 +59,13 @@ ResolvedOptions resolve_options(const ReaderOptions& options) {
 
 FaultInjection FaultInjection::from_env() {
     FaultInjection f;
-    if (const char* delay = std::getenv("SHARPI_FAULT_PREFETCH_DELAY_US"); delay != nullptr && *delay != '\0') {
+    if (const char* delay = std::getenv("SHARPI_FAULT_PREFETCH_DELAY_US");
+        delay != nullptr && *delay != '\0') {
         char* end = nullptr;
         f.prefetch_delay_us_ = std::strtoull(delay, &end, 10);
         if (end == delay || *end != '\0') {
-            throw InvalidArgument(std::string("SHARPI_FAULT_PREFETCH_DELAY_US: not a number: '") + delay + "'");
+            throw InvalidArgument(std::string("SHARPI_FAULT_PREFETCH_DELAY_US: not a number: '") + delay +
+                                  "'");
         }
     }
     const char* value = std::getenv("SHARPI_FAULT_EIO_AT");

@@ -60,7 +60,9 @@ constexpr int kMaxRetries = 8;
 class UringReader final : public QueuedReader {
   public:
     UringReader(const std::string& path, const ResolvedOptions& options)
-        : QueuedReader(path, options.chunk_bytes, options.queue_depth), path_(path), depth_(options.queue_depth) {}
+        : QueuedReader(path, options.chunk_bytes, options.queue_depth),
+          path_(path),
+          depth_(options.queue_depth) {}
 
     ~UringReader() override {
         if (io_thread_.joinable()) {
@@ -345,11 +347,11 @@ class UringReader final : public QueuedReader {
     bool use_fixed_ = false;     // guarded by mutex_: READ_FIXED for buffers inside the arena
     std::string register_note_;  // guarded by mutex_: why reads are plain ones
 
-    std::vector<InFlight> slots_;      // guarded by mutex_ (I/O thread)
-    std::vector<int> free_slots_;      // guarded by mutex_ (I/O thread)
-    bool stopping_ = false;            // guarded by mutex_
-    bool io_sleeping_ = false;         // guarded by mutex_: I/O thread is (about to be) in the ring
-    bool wake_sent_ = false;           // guarded by mutex_: an eventfd write is not yet consumed
+    std::vector<InFlight> slots_;  // guarded by mutex_ (I/O thread)
+    std::vector<int> free_slots_;  // guarded by mutex_ (I/O thread)
+    bool stopping_ = false;        // guarded by mutex_
+    bool io_sleeping_ = false;     // guarded by mutex_: I/O thread is (about to be) in the ring
+    bool wake_sent_ = false;       // guarded by mutex_: an eventfd write is not yet consumed
     std::thread io_thread_;
 };
 

@@ -31,7 +31,7 @@ inline cpu::WeightView expert_slice(const cpu::WeightView& stacked, int64_t n_ex
 }
 
 class ExpertSource {
-public:
+  public:
     virtual ~ExpertSource() = default;
     // Fills views[i] for experts[i] (unique ids of layer il) and starts loading what is missing.
     virtual void acquire(int il, const int32_t* experts, int n, ExpertView* views) = 0;
@@ -47,7 +47,7 @@ public:
 
 // Every expert resident in the file mapping: acquire is pointer arithmetic, release is a no-op.
 class ResidentExperts final : public ExpertSource {
-public:
+  public:
     explicit ResidentExperts(const Model& model) : model_(model) {}
     void acquire(int il, const int32_t* experts, int n, ExpertView* views) override {
         const StackedExperts& x = model_.layers[static_cast<size_t>(il)].experts;
@@ -60,7 +60,7 @@ public:
     }
     void release(int) override {}
 
-private:
+  private:
     const Model& model_;
 };
 

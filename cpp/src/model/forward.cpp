@@ -102,9 +102,10 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
 
     if (qk_norm == QkNorm::per_head) {
         // Rows of head_dim: [T * n_head, head_dim] viewed in place.
-        cpu::rms_norm(q.data, h.head_dim, q.data, h.head_dim, T * h.n_head, h.head_dim, L.attn_q_norm.data(), h.rms_eps);
-        cpu::rms_norm(k.data, h.head_dim, k.data, h.head_dim, T * h.n_head_kv, h.head_dim, L.attn_k_norm.data(),
+        cpu::rms_norm(q.data, h.head_dim, q.data, h.head_dim, T * h.n_head, h.head_dim, L.attn_q_norm.data(),
                       h.rms_eps);
+        cpu::rms_norm(k.data, h.head_dim, k.data, h.head_dim, T * h.n_head_kv, h.head_dim,
+                      L.attn_k_norm.data(), h.rms_eps);
     } else if (qk_norm == QkNorm::full) {
         cpu::rms_norm(q.data, q.width, q.data, q.width, T, q.width, L.attn_q_norm.data(), h.rms_eps);
         cpu::rms_norm(k.data, k.width, k.data, k.width, T, k.width, L.attn_k_norm.data(), h.rms_eps);
@@ -126,7 +127,8 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
         std::memcpy(vc + (pos0_ + t) * ld_kv, v.row(t), sizeof(float) * static_cast<size_t>(ld_kv));
     }
     Act kqv = alloc(T, h.n_embd_q());
-    cpu::AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim, 1.0f / std::sqrt(static_cast<float>(h.head_dim))};
+    cpu::AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim,
+                              1.0f / std::sqrt(static_cast<float>(h.head_dim))};
     cpu::attention(pool_, q.data, q.width, kc, vc, ld_kv, T, pos0_, shape, kqv.data, kqv.width);
     name(kqv, "kqv_out", il);
     return linear(kqv, L.wo, "attn_out", il);
@@ -135,7 +137,8 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
 // ---------------------------------------------------------------------------------------------
 // FFN
 
-Act Forward::ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name, int il) {
+Act Forward::ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name,
+                 int il) {
     Act g = linear(cur, gate, "ffn_gate", il);
     Act u = linear(cur, up, "ffn_up", il);
     Act a = alloc(cur.n_tokens, g.width);
@@ -168,8 +171,8 @@ struct ExpertLease {
 // are ready go first, in one group; each still-loading expert is then computed as soon as its read
 // completes, so compute overlaps the remaining IO. Every row is one dot_row whatever the grouping,
 // so the result is bit-identical to the all-resident run.
-void Forward::experts_one_token(const Act& cur, const float* router_logits, const int32_t* ids, const float* weights,
-                                const std::vector<int32_t>& unique, Act& out, int il) {
+void Forward::experts_one_token(const Act& cur, const float* router_logits, const int32_t* ids,
+                                const float* weights, const std::vector<int32_t>& unique, Act& out, int il) {
     const HParams& h = hp();
     const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
     std::vector<ExpertView> views(unique.size());
@@ -179,7 +182,8 @@ void Forward::experts_one_token(const Act& cur, const float* router_logits, cons
 
     std::vector<int> slot_unique(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) {
-        slot_unique[j] = static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
+        slot_unique[j] =
+            static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
     }
     // Row dots per distinct expert, bound once (types can differ per tensor and layer); in fast mode
     // x is quantized once per activation format here, and each slot's down input after its SwiGLU.
@@ -266,7 +270,8 @@ void Forward::experts_batch(const Act& cur, const int32_t* ids, const float* wei
             }
             const int64_t n = static_cast<int64_t>(members.size());
             Act xe = alloc(n, n_embd), g = alloc(n, n_ff), upv = alloc(n, n_ff), ye = alloc(n, n_embd);
-            for (int64_t m = 0; m < n; ++m) std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
+            for (int64_t m = 0; m < n; ++m)
+                std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
             experts_.wait(static_cast<int>(u));
             cpu::matmul(pool_, views[u].gate, xe.data, n_embd, n, g.data, n_ff, exact_);
             cpu::matmul(pool_, views[u].up, xe.data, n_embd, n, upv.data, n_ff, exact_);
@@ -285,7 +290,8 @@ void Forward::experts_batch(const Act& cur, const int32_t* ids, const float* wei
 // Replaces each token's top-k with the trace's row for its position: the recorded ids as a set
 // (duplicates and -1 entries filled with the router's best remaining experts), ordered like the
 // router orders (probability descending, then id), weighted by the router's own probabilities.
-void Forward::apply_route_trace(const float* probs, int64_t n_tokens, int il, int32_t* ids, float* weights) const {
+void Forward::apply_route_trace(const float* probs, int64_t n_tokens, int il, int32_t* ids,
+                                float* weights) const {
     const HParams& h = hp();
     const int64_t k = h.n_expert_used, E = h.n_expert;
     std::vector<int32_t> chosen;
@@ -294,7 +300,8 @@ void Forward::apply_route_trace(const float* probs, int64_t n_tokens, int il, in
         const int32_t* rec = route_trace_->row(pos0_ + t, il);
         chosen.clear();
         for (int64_t j = 0; j < k; ++j) {
-            if (rec[j] >= 0 && std::find(chosen.begin(), chosen.end(), rec[j]) == chosen.end()) chosen.push_back(rec[j]);
+            if (rec[j] >= 0 && std::find(chosen.begin(), chosen.end(), rec[j]) == chosen.end())
+                chosen.push_back(rec[j]);
         }
         // Fill gaps with the router's own choices (ids[] holds its top-k in rank order; any
         // further need is met by scanning all experts by probability).
@@ -305,7 +312,8 @@ void Forward::apply_route_trace(const float* probs, int64_t n_tokens, int il, in
         for (int32_t e = 0; e < E && static_cast<int64_t>(chosen.size()) < k; ++e) {
             if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
         }
-        std::sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+        std::sort(chosen.begin(), chosen.end(),
+                  [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
         float sum = 0.0f;
         for (int64_t j = 0; j < k; ++j) sum += p[chosen[j]];
         for (int64_t j = 0; j < k; ++j) {
@@ -327,7 +335,8 @@ Act Forward::moe_ffn(const Act& cur, int il) {
     Routing& r = routing_[static_cast<size_t>(il)];
     r.ids.resize(static_cast<size_t>(T * k));
     r.weights.resize(static_cast<size_t>(T * k));
-    cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, r.ids.data(), r.weights.data());
+    cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, r.ids.data(),
+                    r.weights.data());
     if (route_trace_) apply_route_trace(probs.data, T, il, r.ids.data(), r.weights.data());
     name(probs, "ffn_moe_probs", il);
     if (dump_) {
@@ -377,7 +386,8 @@ Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
     Act ffn_inp = add(cur, inp, "ffn_inp", il);
     cur = norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
     moe_hidden_ = ffn_inp.data;
-    cur = L.experts.gate_tensor ? moe_ffn(cur, il) : ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_out", il);
+    cur =
+        L.experts.gate_tensor ? moe_ffn(cur, il) : ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_out", il);
     return add(cur, ffn_inp, "l_out", il);
 }
 

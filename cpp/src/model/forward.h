@@ -35,11 +35,11 @@ struct Act {
 // Bump allocator for activations. Blocks are kept across resets, so after the first step of a
 // given batch size no allocation happens. Pointers stay valid until reset().
 class Scratch {
-public:
+  public:
     float* alloc(int64_t n);
     void reset();
 
-private:
+  private:
     struct Block {
         std::unique_ptr<float[]> data;
         int64_t size = 0;
@@ -50,14 +50,14 @@ private:
 
 // f32 K and V for every layer: [n_layer][n_ctx, n_embd_kv]. Pages are touched only when written.
 class KvCache {
-public:
+  public:
     KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv);
     float* k(int il) { return k_[static_cast<size_t>(il)].get(); }
     float* v(int il) { return v_[static_cast<size_t>(il)].get(); }
     int64_t n_ctx() const { return n_ctx_; }
     int64_t row_width() const { return n_embd_kv_; }
 
-private:
+  private:
     int64_t n_ctx_, n_embd_kv_;
     std::vector<std::unique_ptr<float[]>> k_, v_;
 };
@@ -83,13 +83,14 @@ struct RouteTrace {
 // reads were issued (the prefetcher: its reads then queue behind them). hidden: [n_embd] residual
 // entering the MoE block; router_logits: [n_expert]; selected: [top_k] in rank order.
 class GateObserver {
-public:
+  public:
     virtual ~GateObserver() = default;
-    virtual void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) = 0;
+    virtual void on_gate(int il, const float* hidden, const float* router_logits,
+                         const int32_t* selected) = 0;
 };
 
 class Forward {
-public:
+  public:
     Forward(const Model& model, KvCache& kv, cpu::ThreadPool& pool, ExpertSource& experts, Scratch& scratch,
             std::map<std::string, Activation>* dump)
         : model_(model), kv_(kv), pool_(pool), experts_(experts), scratch_(scratch), dump_(dump) {}
@@ -121,7 +122,8 @@ public:
     Act self_attention(const Act& cur, int il, QkNorm qk_norm);
 
     // down(silu(gate x) * up x) with dense weights (dense FFN or a shared expert).
-    Act ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name, int il);
+    Act ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name,
+            int il);
 
     // Routed experts: router softmax, top-k (renormalised when hp().expert_weights_norm), the
     // selected experts through the ExpertSource, weighted sum in top-k rank order; plus the
@@ -133,11 +135,11 @@ public:
     // where ffn is moe_ffn on layers with routed experts and the dense SwiGLU FFN otherwise.
     Act decoder_layer(const Act& inp, int il, QkNorm qk_norm);
 
-private:
-    void experts_one_token(const Act& cur, const float* router_logits, const int32_t* ids, const float* weights,
-                           const std::vector<int32_t>& unique, Act& out, int il);
-    void experts_batch(const Act& cur, const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
-                       Act& out, int il);
+  private:
+    void experts_one_token(const Act& cur, const float* router_logits, const int32_t* ids,
+                           const float* weights, const std::vector<int32_t>& unique, Act& out, int il);
+    void experts_batch(const Act& cur, const int32_t* ids, const float* weights,
+                       const std::vector<int32_t>& unique, Act& out, int il);
 
     const Model& model_;
     KvCache& kv_;

@@ -21,33 +21,36 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     HParams hp;
     hp.arch = spec.name;
     const std::string a = hp.arch + ".";
-    auto fail = [&](const std::string& what) {
-        return FormatError("[model] " + f.path() + ": " + what);
-    };
+    auto fail = [&](const std::string& what) { return FormatError("[model] " + f.path() + ": " + what); };
 
     hp.n_embd = static_cast<int64_t>(f.get_uint(a + "embedding_length"));
     hp.n_layer = static_cast<int64_t>(f.get_uint(a + "block_count"));
     hp.n_head = static_cast<int64_t>(f.get_uint(a + "attention.head_count"));
-    hp.n_head_kv = static_cast<int64_t>(f.get_uint_or(a + "attention.head_count_kv", static_cast<uint64_t>(hp.n_head)));
+    hp.n_head_kv =
+        static_cast<int64_t>(f.get_uint_or(a + "attention.head_count_kv", static_cast<uint64_t>(hp.n_head)));
     hp.n_ctx_train = static_cast<int64_t>(f.get_uint_or(a + "context_length", 2048));
     hp.n_ff = static_cast<int64_t>(f.get_uint_or(a + "feed_forward_length", 0));
     hp.rms_eps = static_cast<float>(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-6));
     hp.n_expert = static_cast<int64_t>(f.get_uint_or(a + "expert_count", 0));
     hp.n_expert_used = static_cast<int64_t>(f.get_uint_or(a + "expert_used_count", 0));
 
-    if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv != 0) {
-        throw fail("inconsistent attention hyper-parameters: n_embd " + std::to_string(hp.n_embd) + ", n_layer " +
-                   std::to_string(hp.n_layer) + ", n_head " + std::to_string(hp.n_head) + ", n_head_kv " +
-                   std::to_string(hp.n_head_kv));
+    if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
+        hp.n_head % hp.n_head_kv != 0) {
+        throw fail("inconsistent attention hyper-parameters: n_embd " + std::to_string(hp.n_embd) +
+                   ", n_layer " + std::to_string(hp.n_layer) + ", n_head " + std::to_string(hp.n_head) +
+                   ", n_head_kv " + std::to_string(hp.n_head_kv));
     }
     // Per-head width: explicit in qwen3 files, implied by n_embd / n_head elsewhere.
     hp.head_dim = static_cast<int64_t>(f.get_uint_or(a + "attention.key_length", 0));
     if (hp.head_dim == 0) {
-        if (hp.n_embd % hp.n_head != 0) throw fail("n_embd is not a multiple of n_head and key_length is absent");
+        if (hp.n_embd % hp.n_head != 0)
+            throw fail("n_embd is not a multiple of n_head and key_length is absent");
         hp.head_dim = hp.n_embd / hp.n_head;
     }
-    const int64_t value_length = static_cast<int64_t>(f.get_uint_or(a + "attention.value_length", hp.head_dim));
-    if (value_length != hp.head_dim) throw UnsupportedError("[model] " + f.path() + ": value_length != key_length");
+    const int64_t value_length =
+        static_cast<int64_t>(f.get_uint_or(a + "attention.value_length", hp.head_dim));
+    if (value_length != hp.head_dim)
+        throw UnsupportedError("[model] " + f.path() + ": value_length != key_length");
 
     // The vocabulary is whatever token_embd holds (some files omit vocab_size).
     hp.n_vocab = tensor_dim(f, "token_embd.weight", 1);
@@ -67,10 +70,11 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     hp.expert_weights_norm = f.get_bool_or(a + "expert_weights_norm", spec.expert_weights_norm);
 
     hp.rope.type = spec.rope_type;
-    hp.rope.n_rot = static_cast<int64_t>(f.get_uint_or(a + "rope.dimension_count", static_cast<uint64_t>(hp.head_dim)));
+    hp.rope.n_rot =
+        static_cast<int64_t>(f.get_uint_or(a + "rope.dimension_count", static_cast<uint64_t>(hp.head_dim)));
     if (hp.rope.n_rot <= 0 || hp.rope.n_rot > hp.head_dim || hp.rope.n_rot % 2 != 0) {
-        throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) + " must be even and <= head_dim " +
-                   std::to_string(hp.head_dim));
+        throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) +
+                   " must be even and <= head_dim " + std::to_string(hp.head_dim));
     }
     hp.rope.freq_base = static_cast<float>(f.get_float_or(a + "rope.freq_base", 10000.0));
     const std::string scaling = f.get_string_or(a + "rope.scaling.type", "none");

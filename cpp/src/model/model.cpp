@@ -25,7 +25,9 @@ std::string shape_str(const std::vector<int64_t>& ne) {
 
 }  // namespace
 
-bool is_expert_tensor(const std::string& name) { return name.find("_exps.") != std::string::npos; }
+bool is_expert_tensor(const std::string& name) {
+    return name.find("_exps.") != std::string::npos;
+}
 
 namespace {
 
@@ -46,12 +48,14 @@ void read_dense_tensors(Model& model) {
         uint8_t* dst = base + at;
         uint64_t done = 0;
         while (done < t.nbytes) {
-            const ssize_t r = ::pread(f.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
+            const ssize_t r =
+                ::pread(f.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
-                throw IoError("[model] " + f.path() + ": reading tensor " + t.name + " at offset " +
-                              std::to_string(t.file_offset + done) + " failed: " +
-                              (r == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno))));
+                throw IoError(
+                    "[model] " + f.path() + ": reading tensor " + t.name + " at offset " +
+                    std::to_string(t.file_offset + done) + " failed: " +
+                    (r == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno))));
             }
             done += static_cast<uint64_t>(r);
         }
@@ -69,8 +73,8 @@ std::string ModelLoader::where(const std::string& tensor) const {
 const GgufTensor& ModelLoader::require(const std::string& name) {
     const GgufTensor* t = model_.file->find_tensor(name);
     if (!t) {
-        throw MissingTensorError("[model] " + model_.file->path() + ": missing tensor " + name + " (required by arch " +
-                                 model_.hp.arch + ")");
+        throw MissingTensorError("[model] " + model_.file->path() + ": missing tensor " + name +
+                                 " (required by arch " + model_.hp.arch + ")");
     }
     return *t;
 }
@@ -90,8 +94,9 @@ cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n
         throw UnsupportedError(where(t.name) + " has type " + traits.name + ", which sharpi cannot compute");
     }
     if (n_cols % traits.block_size != 0) {
-        throw FormatError(where(t.name) + ": row width " + std::to_string(n_cols) + " is not a multiple of the " +
-                          traits.name + " block size " + std::to_string(traits.block_size));
+        throw FormatError(where(t.name) + ": row width " + std::to_string(n_cols) +
+                          " is not a multiple of the " + traits.name + " block size " +
+                          std::to_string(traits.block_size));
     }
     cpu::WeightView w;
     w.type = t.type;
@@ -166,7 +171,8 @@ void ModelLoader::moe(int il) {
 void ModelLoader::dense_ffn(int il) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
-    if (h.n_ff <= 0) throw MissingTensorError("[model] " + model_.file->path() + ": feed_forward_length is missing");
+    if (h.n_ff <= 0)
+        throw MissingTensorError("[model] " + model_.file->path() + ": feed_forward_length is missing");
     L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
     L.ffn_gate.w = matrix(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
     L.ffn_up.w = matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
@@ -191,12 +197,14 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     const GgufFile& f = *model->file;
 
     const std::string arch = f.get_string_or("general.architecture", "");
-    if (arch.empty()) throw MissingTensorError("[model] " + path + ": missing metadata key general.architecture");
+    if (arch.empty())
+        throw MissingTensorError("[model] " + path + ": missing metadata key general.architecture");
     model->spec = find_arch(arch);
     if (!model->spec) {
         std::string known;
         for (const auto& n : arch_names()) known += (known.empty() ? "" : ", ") + n;
-        throw UnsupportedError("[model] " + path + ": unknown architecture '" + arch + "' (supported: " + known + ")");
+        throw UnsupportedError("[model] " + path + ": unknown architecture '" + arch +
+                               "' (supported: " + known + ")");
     }
     model->hp = read_hparams(f, *model->spec);
     const HParams& h = model->hp;

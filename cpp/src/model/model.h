@@ -43,7 +43,7 @@ struct LayerWeights {
     Linear ffn_gate, ffn_up, ffn_down;
     cpu::WeightView ffn_gate_inp_shexp;  // [1, n_embd] shared-expert gate; data == nullptr: none
     // routed experts
-    cpu::WeightView ffn_gate_inp;  // router [n_expert, n_embd]
+    cpu::WeightView ffn_gate_inp;     // router [n_expert, n_embd]
     cpu::WeightView ffn_pregate_inp;  // [n_expert, n_embd]: layer il+1's pre-gate; data == nullptr: none
     StackedExperts experts;
 };
@@ -59,7 +59,7 @@ struct Model {
     HParams hp;
     cpu::WeightView token_embd;  // [n_vocab, n_embd]
     std::vector<float> output_norm;
-    cpu::WeightView output;      // [n_vocab, n_embd]; token_embd when the file ties them
+    cpu::WeightView output;  // [n_vocab, n_embd]; token_embd when the file ties them
     std::vector<LayerWeights> layers;
     uint64_t bytes_dense = 0;
     uint64_t bytes_experts = 0;
@@ -76,7 +76,7 @@ bool is_expert_tensor(const std::string& name);
 
 // The shared tensor loaders that architecture files call from their load_layer.
 class ModelLoader {
-public:
+  public:
     ModelLoader(Model& model) : model_(model) {}
 
     Model& model() { return model_; }
@@ -105,7 +105,7 @@ public:
 
     static std::string blk(int il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
 
-private:
+  private:
     const GgufTensor& require(const std::string& name);
     cpu::WeightView view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack = 1);
     std::string where(const std::string& tensor) const;

@@ -41,13 +41,14 @@ namespace {
 // Layer t's experts of the previous token, best rank first. Training-free, and the baseline the
 // other predictors are compared against.
 class PrevTokenPredictor final : public Predictor {
-public:
+  public:
     const char* name() const override { return "prev_token"; }
     void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
         for (int d = 1; d <= in.lookahead && in.layer + d < in.n_layer; ++d) {
             const int32_t* row = in.prev + static_cast<int64_t>(in.layer + d) * in.top_k;
             for (int j = 0; j < in.top_k; ++j) {
-                if (row[j] >= 0) hints.push_back(PrefetchHint{in.layer + d, row[j], static_cast<float>(in.top_k - j)});
+                if (row[j] >= 0)
+                    hints.push_back(PrefetchHint{in.layer + d, row[j], static_cast<float>(in.top_k - j)});
             }
         }
     }
@@ -58,25 +59,30 @@ public:
 // ffn_norm (FATE / PreScope style); pregate uses the model's pre-gate of layer L behind layer L's
 // ffn_norm (Pre-gated MoE).
 class RouterPredictor final : public ScoringPredictor {
-public:
+  public:
     RouterPredictor(const Model& model, bool pregate)
-        : ScoringPredictor(model.hp.n_expert, model.hp.n_expert_used), model_(model), pregate_(pregate),
+        : ScoringPredictor(model.hp.n_expert, model.hp.n_expert_used),
+          model_(model),
+          pregate_(pregate),
           normed_(static_cast<size_t>(model.hp.n_embd)) {}
     const char* name() const override { return pregate_ ? "pregate" : "next_gate"; }
     bool predicts(const PredictorInput& in, int d) const override {
-        return pregate_ ? d == 1 && model_.layers[static_cast<size_t>(in.layer)].ffn_pregate_inp.data != nullptr
-                        : model_.layers[static_cast<size_t>(in.layer + d)].ffn_gate_inp.data != nullptr;
+        return pregate_
+                   ? d == 1 && model_.layers[static_cast<size_t>(in.layer)].ffn_pregate_inp.data != nullptr
+                   : model_.layers[static_cast<size_t>(in.layer + d)].ffn_gate_inp.data != nullptr;
     }
     void scores(const PredictorInput& in, int d, float* out) override {
         const LayerWeights& src = model_.layers[static_cast<size_t>(pregate_ ? in.layer : in.layer + d)];
         const cpu::WeightView& w = pregate_ ? src.ffn_pregate_inp : src.ffn_gate_inp;
         const int64_t n_embd = model_.hp.n_embd;
-        cpu::rms_norm(in.hidden, n_embd, normed_.data(), n_embd, 1, n_embd, src.ffn_norm.data(), model_.hp.rms_eps);
+        cpu::rms_norm(in.hidden, n_embd, normed_.data(), n_embd, 1, n_embd, src.ffn_norm.data(),
+                      model_.hp.rms_eps);
         const cpu::DotRowFn dot = cpu::row_kernels(w.type).dot_row;
-        for (int64_t e = 0; e < n_expert_; ++e) out[e] = dot(w.data + e * w.row_bytes, normed_.data(), n_embd);
+        for (int64_t e = 0; e < n_expert_; ++e)
+            out[e] = dot(w.data + e * w.row_bytes, normed_.data(), n_embd);
     }
 
-private:
+  private:
     const Model& model_;
     bool pregate_;
     std::vector<float> normed_;
@@ -90,8 +96,8 @@ void check_lookahead(int lookahead) {
     }
 }
 
-std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file, const Model& model,
-                                          int lookahead) {
+std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file,
+                                          const Model& model, int lookahead) {
     const HParams& h = model.hp;
     check_lookahead(lookahead);
     const bool sidecar = name == "cooc" || name == "learned" || name == "trajectory";
@@ -103,15 +109,18 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
         throw InvalidArgument("predictor '" + name + "' takes no predictor file (got " + file + ")");
     }
     if (name == "none") return nullptr;
-    if (!h.is_moe()) throw InvalidArgument("predictor '" + name + "': " + model.file->path() + " has no routed experts");
+    if (!h.is_moe())
+        throw InvalidArgument("predictor '" + name + "': " + model.file->path() + " has no routed experts");
     if (name == "prev_token") return std::make_unique<PrevTokenPredictor>();
     if (name == "next_gate") return std::make_unique<RouterPredictor>(model, false);
     if (name == "pregate") {
         int n_present = 0;
-        for (int il = 0; il + 1 < h.n_layer; ++il) n_present += model.layers[static_cast<size_t>(il)].ffn_pregate_inp.data != nullptr;
+        for (int il = 0; il + 1 < h.n_layer; ++il)
+            n_present += model.layers[static_cast<size_t>(il)].ffn_pregate_inp.data != nullptr;
         if (n_present == 0) {
-            throw InvalidArgument("predictor 'pregate': " + model.file->path() +
-                                  " has no pre-gate tensors (blk.N.ffn_pregate_inp.weight; see docs/predictors.md)");
+            throw InvalidArgument(
+                "predictor 'pregate': " + model.file->path() +
+                " has no pre-gate tensors (blk.N.ffn_pregate_inp.weight; see docs/predictors.md)");
         }
         return std::make_unique<RouterPredictor>(model, true);
     }

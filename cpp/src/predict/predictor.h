@@ -17,14 +17,14 @@ namespace sharpi {
 // next_gate, pregate): observe() is the top-k of scores() for each d. scores() is public so tests
 // can compare the raw scores with an independent numpy implementation.
 class ScoringPredictor : public Predictor {
-public:
+  public:
     // Whether it predicts layer in.layer + d at all (e.g. pregate only d = 1, nothing past the last layer).
     virtual bool predicts(const PredictorInput& in, int d) const = 0;
     // out: [n_expert] scores of layer in.layer + d. Only called when predicts(in, d).
     virtual void scores(const PredictorInput& in, int d, float* out) = 0;
     void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override;
 
-protected:
+  protected:
     ScoringPredictor(int64_t n_expert, int64_t top_k) : n_expert_(n_expert), top_k_(top_k), buf_(n_expert) {}
     int64_t n_expert_, top_k_;
     std::vector<float> buf_;
@@ -42,13 +42,14 @@ void check_lookahead(int lookahead);
 // otherwise. "none" returns nullptr. Throws InvalidArgument for an unknown name, a missing or
 // mismatched file (naming both shapes), or a model without pregate tensors for "pregate";
 // FormatError for a corrupt sidecar. `max_lookahead` is the session's lookahead.
-std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file, const Model& model,
-                                          int lookahead);
+std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file,
+                                          const Model& model, int lookahead);
 
 // Sidecar-backed predictors (cpp/src/predict/{cooc,learned,trajectory}.cpp). Each validates the
 // file against the model and the lookahead and throws as make_predictor documents.
 std::unique_ptr<Predictor> load_cooc_predictor(const std::string& file, const Model& model, int lookahead);
 std::unique_ptr<Predictor> load_learned_predictor(const std::string& file, const Model& model, int lookahead);
-std::unique_ptr<Predictor> load_trajectory_predictor(const std::string& file, const Model& model, int lookahead);
+std::unique_ptr<Predictor> load_trajectory_predictor(const std::string& file, const Model& model,
+                                                     int lookahead);
 
 }  // namespace sharpi

@@ -10,8 +10,8 @@ constexpr size_t kMaxErrors = 16;
 constexpr double kLayerMsSmoothing = 0.2;  // weight of the newest sample in layer_ms_
 }  // namespace
 
-Prefetcher::Prefetcher(const HParams& hp, ExpertCache& cache, std::shared_ptr<Predictor> predictor, int lookahead,
-                       bool skip_late)
+Prefetcher::Prefetcher(const HParams& hp, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
+                       int lookahead, bool skip_late)
     : n_layer_(static_cast<int>(hp.n_layer)),
       n_expert_(static_cast<int>(hp.n_expert)),
       top_k_(static_cast<int>(hp.n_expert_used)),
@@ -41,7 +41,8 @@ void Prefetcher::score_predictions(int il, const int32_t* selected) {
     for (const std::vector<int32_t>& set : pending_[static_cast<size_t>(il)]) {
         ++ls.predictions;
         ls.predicted_experts += set.size();
-        for (int32_t e : set) ls.predicted_correct += std::find(selected, selected + top_k_, e) != selected + top_k_;
+        for (int32_t e : set)
+            ls.predicted_correct += std::find(selected, selected + top_k_, e) != selected + top_k_;
     }
     pending_[static_cast<size_t>(il)].clear();
 }
@@ -78,7 +79,8 @@ void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits
         ++failures_;
         ++stats_[static_cast<size_t>(il)].hints_dropped;
         if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
-        errors_.push_back(std::string(predictor_->name()) + " at layer " + std::to_string(il) + ": " + e.what());
+        errors_.push_back(std::string(predictor_->name()) + " at layer " + std::to_string(il) + ": " +
+                          e.what());
         hints_.clear();
     }
     issue(il, hints_);
@@ -89,8 +91,8 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
     LayerExpertStats& source = stats_[static_cast<size_t>(il)];
     // Drop what cannot be a hint, then order: nearest layer first, best score first, one per expert.
     auto invalid = [&](const PrefetchHint& h) {
-        return h.target_layer <= il || h.target_layer > il + lookahead_ || h.target_layer >= n_layer_ || h.expert < 0 ||
-               h.expert >= n_expert_ || std::isnan(h.score);
+        return h.target_layer <= il || h.target_layer > il + lookahead_ || h.target_layer >= n_layer_ ||
+               h.expert < 0 || h.expert >= n_expert_ || std::isnan(h.score);
     };
     const auto bad = std::remove_if(hints.begin(), hints.end(), invalid);
     source.hints_dropped += static_cast<uint64_t>(hints.end() - bad);
@@ -107,7 +109,8 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
         std::vector<int32_t> set;  // this call's prediction set for t: its best k distinct experts
         for (; i < hints.size() && hints[i].target_layer == t; ++i) {
             const int32_t e = hints[i].expert;
-            if (static_cast<int>(set.size()) == top_k_ || std::find(set.begin(), set.end(), e) != set.end()) continue;
+            if (static_cast<int>(set.size()) == top_k_ || std::find(set.begin(), set.end(), e) != set.end())
+                continue;
             set.push_back(e);
             if (cache_.present(t, e)) continue;
             // Timeliness: a read that could only start after layer t's gate (queue ahead of it
@@ -119,9 +122,14 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
                 continue;
             }
             switch (cache_.prefetch(t, e)) {
-                case ExpertCache::PrefetchOutcome::issued: queued += static_cast<double>(cache_.expert_bytes(t, e)); break;
-                case ExpertCache::PrefetchOutcome::no_slot: ++stats_[static_cast<size_t>(t)].prefetch_skipped; break;
-                case ExpertCache::PrefetchOutcome::present: break;
+                case ExpertCache::PrefetchOutcome::issued:
+                    queued += static_cast<double>(cache_.expert_bytes(t, e));
+                    break;
+                case ExpertCache::PrefetchOutcome::no_slot:
+                    ++stats_[static_cast<size_t>(t)].prefetch_skipped;
+                    break;
+                case ExpertCache::PrefetchOutcome::present:
+                    break;
             }
         }
         if (!set.empty()) pending_[static_cast<size_t>(t)].push_back(std::move(set));

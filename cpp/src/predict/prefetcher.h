@@ -23,7 +23,7 @@
 namespace sharpi {
 
 class Prefetcher final : public GateObserver {
-public:
+  public:
     Prefetcher(const HParams& hp, ExpertCache& cache, std::shared_ptr<Predictor> predictor, int lookahead,
                bool skip_late);
 
@@ -39,7 +39,7 @@ public:
     const std::vector<std::string>& errors() const { return errors_; }
     const Predictor& predictor() const { return *predictor_; }
 
-private:
+  private:
     using Clock = std::chrono::steady_clock;
     void score_predictions(int il, const int32_t* selected);
     void issue(int il, std::vector<PrefetchHint>& hints);

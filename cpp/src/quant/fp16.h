@@ -40,8 +40,8 @@ inline uint16_t fp32_to_fp16(float f) {
     x &= 0x7FFFFFFFu;
     if (x >= 0x7F800000u) return static_cast<uint16_t>(sign | 0x7C00u | (x > 0x7F800000u ? 0x200u : 0u));
     if (x >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // overflow to inf
-    if (x < 0x38800000u) {                                                // subnormal or zero
-        const float v = fp32_from_bits(x) * 16777216.0f;                  // in units of 2^-24
+    if (x < 0x38800000u) {                                               // subnormal or zero
+        const float v = fp32_from_bits(x) * 16777216.0f;                 // in units of 2^-24
         uint32_t m = static_cast<uint32_t>(v);
         const float rem = v - static_cast<float>(m);
         if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
@@ -55,6 +55,8 @@ inline uint16_t fp32_to_fp16(float f) {
     return static_cast<uint16_t>(sign | h);
 }
 
-inline float bf16_to_fp32(uint16_t h) { return fp32_from_bits(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_fp32(uint16_t h) {
+    return fp32_from_bits(static_cast<uint32_t>(h) << 16);
+}
 
 }  // namespace sharpi

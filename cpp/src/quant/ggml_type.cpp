@@ -40,38 +40,70 @@ const GgmlTypeTraits& ggml_type_traits(GgmlType type) {
     static const GgmlTypeTraits kTQ2_0{"tq2_0", QK_K, 66, false};
     static const GgmlTypeTraits kMXFP4{"mxfp4", 32, 17, false};
     switch (type) {
-        case GgmlType::F32: return kF32;
-        case GgmlType::F16: return kF16;
-        case GgmlType::BF16: return kBF16;
-        case GgmlType::Q4_0: return kQ4_0;
-        case GgmlType::Q4_1: return kQ4_1;
-        case GgmlType::Q5_0: return kQ5_0;
-        case GgmlType::Q5_1: return kQ5_1;
-        case GgmlType::Q8_0: return kQ8_0;
-        case GgmlType::Q8_1: return kQ8_1;
-        case GgmlType::Q2_K: return kQ2_K;
-        case GgmlType::Q3_K: return kQ3_K;
-        case GgmlType::Q4_K: return kQ4_K;
-        case GgmlType::Q5_K: return kQ5_K;
-        case GgmlType::Q6_K: return kQ6_K;
-        case GgmlType::Q8_K: return kQ8_K;
-        case GgmlType::IQ2_XXS: return kIQ2_XXS;
-        case GgmlType::IQ2_XS: return kIQ2_XS;
-        case GgmlType::IQ3_XXS: return kIQ3_XXS;
-        case GgmlType::IQ1_S: return kIQ1_S;
-        case GgmlType::IQ4_NL: return kIQ4_NL;
-        case GgmlType::IQ3_S: return kIQ3_S;
-        case GgmlType::IQ2_S: return kIQ2_S;
-        case GgmlType::IQ4_XS: return kIQ4_XS;
-        case GgmlType::I8: return kI8;
-        case GgmlType::I16: return kI16;
-        case GgmlType::I32: return kI32;
-        case GgmlType::I64: return kI64;
-        case GgmlType::F64: return kF64;
-        case GgmlType::IQ1_M: return kIQ1_M;
-        case GgmlType::TQ1_0: return kTQ1_0;
-        case GgmlType::TQ2_0: return kTQ2_0;
-        case GgmlType::MXFP4: return kMXFP4;
+        case GgmlType::F32:
+            return kF32;
+        case GgmlType::F16:
+            return kF16;
+        case GgmlType::BF16:
+            return kBF16;
+        case GgmlType::Q4_0:
+            return kQ4_0;
+        case GgmlType::Q4_1:
+            return kQ4_1;
+        case GgmlType::Q5_0:
+            return kQ5_0;
+        case GgmlType::Q5_1:
+            return kQ5_1;
+        case GgmlType::Q8_0:
+            return kQ8_0;
+        case GgmlType::Q8_1:
+            return kQ8_1;
+        case GgmlType::Q2_K:
+            return kQ2_K;
+        case GgmlType::Q3_K:
+            return kQ3_K;
+        case GgmlType::Q4_K:
+            return kQ4_K;
+        case GgmlType::Q5_K:
+            return kQ5_K;
+        case GgmlType::Q6_K:
+            return kQ6_K;
+        case GgmlType::Q8_K:
+            return kQ8_K;
+        case GgmlType::IQ2_XXS:
+            return kIQ2_XXS;
+        case GgmlType::IQ2_XS:
+            return kIQ2_XS;
+        case GgmlType::IQ3_XXS:
+            return kIQ3_XXS;
+        case GgmlType::IQ1_S:
+            return kIQ1_S;
+        case GgmlType::IQ4_NL:
+            return kIQ4_NL;
+        case GgmlType::IQ3_S:
+            return kIQ3_S;
+        case GgmlType::IQ2_S:
+            return kIQ2_S;
+        case GgmlType::IQ4_XS:
+            return kIQ4_XS;
+        case GgmlType::I8:
+            return kI8;
+        case GgmlType::I16:
+            return kI16;
+        case GgmlType::I32:
+            return kI32;
+        case GgmlType::I64:
+            return kI64;
+        case GgmlType::F64:
+            return kF64;
+        case GgmlType::IQ1_M:
+            return kIQ1_M;
+        case GgmlType::TQ1_0:
+            return kTQ1_0;
+        case GgmlType::TQ2_0:
+            return kTQ2_0;
+        case GgmlType::MXFP4:
+            return kMXFP4;
     }
     return kUnknown;
 }

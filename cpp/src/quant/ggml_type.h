@@ -44,15 +44,17 @@ enum class GgmlType : uint32_t {
 };
 
 struct GgmlTypeTraits {
-    const char* name;       // "q4_K": the spelling ggml and the gguf package use
-    int64_t block_size;     // elements per block (1 for plain floats)
-    size_t type_size;       // bytes per block
-    bool supported;         // sharpi has dequantize and dot kernels for it
+    const char* name;    // "q4_K": the spelling ggml and the gguf package use
+    int64_t block_size;  // elements per block (1 for plain floats)
+    size_t type_size;    // bytes per block
+    bool supported;      // sharpi has dequantize and dot kernels for it
 };
 
 // Traits for any type id found in a file; unknown ids get {"unknown", 0, 0, false}.
 const GgmlTypeTraits& ggml_type_traits(GgmlType type);
-inline const GgmlTypeTraits& ggml_type_traits(uint32_t type) { return ggml_type_traits(static_cast<GgmlType>(type)); }
+inline const GgmlTypeTraits& ggml_type_traits(uint32_t type) {
+    return ggml_type_traits(static_cast<GgmlType>(type));
+}
 
 // Bytes of one row of n elements; n must be a multiple of the block size.
 inline size_t ggml_row_size(GgmlType type, int64_t n) {

@@ -15,7 +15,7 @@
 namespace sharpi {
 
 class Timeline {
-public:
+  public:
     void set_enabled(bool on) { enabled_ = on; }
     bool enabled() const { return enabled_; }
     double now_us() const {
@@ -27,7 +27,7 @@ public:
     const std::vector<TimelineEvent>& events() const { return events_; }
     void clear() { events_.clear(); }
 
-private:
+  private:
     bool enabled_ = false;
     std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
     std::vector<TimelineEvent> events_;

@@ -179,14 +179,15 @@ FloatArray vec_dot_tile(int type_id, const ByteArray& w, const ByteArray& xq, in
     const cpu::QuantDotKernels& k = quant_dot_arg(type, i);
     check_data_size(w, checked_row_bytes(type, n), type, "a row of n=" + std::to_string(n));
     if (n_tokens < 1 || n_tokens > cpu::kMaxTileTokens) {
-        throw InvalidArgument("[quant] vec_dot_tile: n_tokens must be in [1, " + std::to_string(cpu::kMaxTileTokens) +
-                              "], got " + std::to_string(n_tokens));
+        throw InvalidArgument("[quant] vec_dot_tile: n_tokens must be in [1, " +
+                              std::to_string(cpu::kMaxTileTokens) + "], got " + std::to_string(n_tokens));
     }
     const size_t xq_bytes = cpu::act_row_bytes(cpu::act_format(type), n);
     if (xq.ndim() != 1 || static_cast<size_t>(xq.size()) != xq_bytes * static_cast<size_t>(n_tokens)) {
         throw InvalidArgument("[quant] vec_dot: xq has " + std::to_string(xq.size()) + " bytes; " +
-                              std::to_string(n_tokens) + " rows of " + cpu::act_format_name(cpu::act_format(type)) +
-                              " need " + std::to_string(xq_bytes * static_cast<size_t>(n_tokens)));
+                              std::to_string(n_tokens) + " rows of " +
+                              cpu::act_format_name(cpu::act_format(type)) + " need " +
+                              std::to_string(xq_bytes * static_cast<size_t>(n_tokens)));
     }
     FloatArray y(static_cast<py::ssize_t>(n_tokens));
     const uint8_t* wp = w.data();
@@ -212,7 +213,8 @@ FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray&
     if (k < 1 || weights.ndim() != 1 || weights.shape(0) != k || x.ndim() != 1) {
         throw InvalidArgument("[quant] expert_ffn: need k >= 1 experts, weights[k] and a 1-D x");
     }
-    if (threads < 1 || threads > 1024) throw InvalidArgument("[quant] expert_ffn: threads must be in [1, 1024]");
+    if (threads < 1 || threads > 1024)
+        throw InvalidArgument("[quant] expert_ffn: threads must be in [1, 1024]");
     const int64_t n_embd = x.shape(0);
     std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
     auto view = [](int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols) {
@@ -245,7 +247,8 @@ FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray&
         cpu::expert_ffn_one_token(*pool, w.data(), wp, k, xp, op, exact);
         return out;
     }
-    std::vector<float> g(static_cast<size_t>(n_ff)), u(static_cast<size_t>(n_ff)), y(static_cast<size_t>(n_embd));
+    std::vector<float> g(static_cast<size_t>(n_ff)), u(static_cast<size_t>(n_ff)),
+        y(static_cast<size_t>(n_embd));
     for (int j = 0; j < k; ++j) {
         cpu::matmul(*pool, w[j].gate, xp, n_embd, 1, g.data(), n_ff, exact);
         cpu::matmul(*pool, w[j].up, xp, n_embd, 1, u.data(), n_ff, exact);
@@ -283,7 +286,8 @@ void bind_quant(py::module_& m) {
           "One token's routed-expert FFN: sum_j weights[j] * down_j(silu(gate_j x) * up_j x); experts = "
           "[(gate_type, gate_bytes, up_type, up_bytes, down_type, down_bytes)], fused or unfused");
     m.def(
-        "act_format", [](int type) { return std::string(cpu::act_format_name(cpu::act_format(type_arg(type)))); },
+        "act_format",
+        [](int type) { return std::string(cpu::act_format_name(cpu::act_format(type_arg(type)))); },
         py::arg("type"), "Activation format fast mode dots weight type `type` with: q8_0, q8_1, q8_K or f32");
     m.def("quantize_act", &quantize_act, py::arg("format"), py::arg("x"), py::arg("isa") = "",
           "Quantize float32 x[n] to activation blocks of `format` (q8_0, q8_1, q8_K): raw bytes");

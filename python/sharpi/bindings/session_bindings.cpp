@@ -97,7 +97,7 @@ py::dict stats_dict(const ExpertCacheStats& st) {
 // copies, read-only, valid during the call) and converts the returned hints. A Python exception
 // becomes a C++ exception carrying its text, which the prefetcher counts and drops.
 class PyPredictor final : public Predictor {
-public:
+  public:
     explicit PyPredictor(py::object obj) : obj_(std::move(obj)) {
         name_ = py::str(py::type::of(obj_).attr("__name__")).cast<std::string>();
     }
@@ -118,7 +118,8 @@ public:
                 return a;
             };
             auto view_i = [&](const int32_t* p) {
-                py::array_t<int32_t> a({static_cast<py::ssize_t>(in.n_layer), static_cast<py::ssize_t>(in.top_k)}, p, owner);
+                py::array_t<int32_t> a(
+                    {static_cast<py::ssize_t>(in.n_layer), static_cast<py::ssize_t>(in.top_k)}, p, owner);
                 py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
                 return a;
             };
@@ -130,9 +131,10 @@ public:
                 py::module_::import("numpy").attr("asarray")(out, "float64");
             if (arr.size() == 0) return;
             if (arr.ndim() != 2 || arr.shape(1) != 3) {
-                throw InvalidArgument("observe() must return (target_layer, expert, score) triples, got an array of shape " +
-                                      std::string(py::str(py::tuple(py::cast(std::vector<py::ssize_t>(
-                                          arr.shape(), arr.shape() + arr.ndim()))))));
+                throw InvalidArgument(
+                    "observe() must return (target_layer, expert, score) triples, got an array of shape " +
+                    std::string(py::str(py::tuple(
+                        py::cast(std::vector<py::ssize_t>(arr.shape(), arr.shape() + arr.ndim()))))));
             }
             const double* d = arr.data();
             for (py::ssize_t i = 0; i < arr.shape(0); ++i) {
@@ -140,7 +142,8 @@ public:
                 // Non-integral or huge ids become -1: out of range, so the prefetcher drops and counts them.
                 const bool ok_t = std::isfinite(t) && t == std::floor(t) && std::fabs(t) < 1e9;
                 const bool ok_e = std::isfinite(e) && e == std::floor(e) && std::fabs(e) < 1e9;
-                hints.push_back(PrefetchHint{ok_t ? static_cast<int>(t) : -1, ok_e ? static_cast<int32_t>(e) : -1,
+                hints.push_back(PrefetchHint{ok_t ? static_cast<int>(t) : -1,
+                                             ok_e ? static_cast<int32_t>(e) : -1,
                                              static_cast<float>(d[3 * i + 2])});
             }
         } catch (py::error_already_set& e) {
@@ -149,7 +152,7 @@ public:
         if (!error.empty()) throw std::runtime_error(error);
     }
 
-private:
+  private:
     py::object obj_;
     std::string name_;
 };
@@ -157,7 +160,8 @@ private:
 }  // namespace
 
 void bind_session(py::module_& m) {
-    m.def("parse_byte_size", &parse_byte_size, py::arg("text"), "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
+    m.def("parse_byte_size", &parse_byte_size, py::arg("text"),
+          "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
     py::class_<PySession>(m, "Session")
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
                          uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
@@ -271,7 +275,8 @@ void bind_session(py::module_& m) {
                 std::shared_ptr<Predictor> p;
                 if (!predictor.is_none()) {
                     if (!py::hasattr(predictor, "observe")) {
-                        throw InvalidArgument("predictor object has no observe() method (subclass sharpi.Predictor)");
+                        throw InvalidArgument(
+                            "predictor object has no observe() method (subclass sharpi.Predictor)");
                     }
                     p = std::make_shared<PyPredictor>(predictor);
                 }
@@ -280,7 +285,8 @@ void bind_session(py::module_& m) {
             },
             py::arg("predictor"))
         .def("predictor_errors", [](PySession& s) { return s.session->predictor_errors(); })
-        .def("metadata_string", [](PySession& s, const std::string& key) { return s.session->metadata_string(key); });
+        .def("metadata_string",
+             [](PySession& s, const std::string& key) { return s.session->metadata_string(key); });
 }
 
 }  // namespace sharpi::py_bindings

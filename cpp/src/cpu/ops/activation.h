@@ -7,6 +7,8 @@ namespace sharpi::cpu {
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+inline float sigmoid(float x) {
+    return 1.0f / (1.0f + __builtin_expf(-x));
+}
 
 }  // namespace sharpi::cpu

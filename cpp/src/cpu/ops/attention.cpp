@@ -8,8 +8,9 @@
 
 namespace sharpi::cpu {
 
-void attention(ThreadPool& pool, const float* q, int64_t ldq, const float* k_cache, const float* v_cache, int64_t ld_kv,
-               int64_t n_tokens, int64_t pos0, const AttentionShape& s, float* out, int64_t ldo) {
+void attention(ThreadPool& pool, const float* q, int64_t ldq, const float* k_cache, const float* v_cache,
+               int64_t ld_kv, int64_t n_tokens, int64_t pos0, const AttentionShape& s, float* out,
+               int64_t ldo) {
     const int64_t group = s.n_head / s.n_head_kv;
     const DotF32Fn dot = dot_f32_kernel(active_isa());
     pool.parallel_for(n_tokens * s.n_head, [&](int64_t begin, int64_t end, int) {

@@ -21,7 +21,8 @@ struct AttentionShape {
 
 // q: [n_tokens, n_head * head_dim] (row stride ldq); k_cache, v_cache: [n_ctx, n_head_kv * head_dim]
 // (row stride ld_kv); out: [n_tokens, n_head * head_dim] (row stride ldo).
-void attention(ThreadPool& pool, const float* q, int64_t ldq, const float* k_cache, const float* v_cache, int64_t ld_kv,
-               int64_t n_tokens, int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo);
+void attention(ThreadPool& pool, const float* q, int64_t ldq, const float* k_cache, const float* v_cache,
+               int64_t ld_kv, int64_t n_tokens, int64_t pos0, const AttentionShape& shape, float* out,
+               int64_t ldo);
 
 }  // namespace sharpi::cpu

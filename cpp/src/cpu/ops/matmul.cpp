@@ -56,7 +56,6 @@ void validate(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens
     }
 }
 
-
 // The integer kernels fast mode uses for `type`, or nullptr for the f32 path: in exact mode, for
 // types without integer kernels, and on Isa::scalar, where the portable integer kernels are only
 // the reference (measured slower than the f32 path: prefill ~0.5 vs ~9 Gmac/s on Q8_0), so a CPU
@@ -74,19 +73,22 @@ void matmul_quantized(ThreadPool& pool, const WeightView& w, const QuantDotKerne
     const size_t xq_bytes = act_row_bytes(format, w.n_cols);
     // Decode-thread scratch, reused across calls; the pool's threads only read it.
     thread_local std::vector<uint8_t> xq;
-    if (xq.size() < xq_bytes * static_cast<size_t>(n_tokens)) xq.resize(xq_bytes * static_cast<size_t>(n_tokens));
+    if (xq.size() < xq_bytes * static_cast<size_t>(n_tokens))
+        xq.resize(xq_bytes * static_cast<size_t>(n_tokens));
     uint8_t* xq_data = xq.data();
     const int64_t n = w.n_cols;
     if (n_tokens == 1) {
         quantize(x, xq_data, n);
         const VecDotFn vec_dot = kernels.vec_dot;
         pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
-            for (int64_t r = begin; r < end; ++r) y[r] = vec_dot(w.data + static_cast<size_t>(r) * w.row_bytes, xq_data, n);
+            for (int64_t r = begin; r < end; ++r)
+                y[r] = vec_dot(w.data + static_cast<size_t>(r) * w.row_bytes, xq_data, n);
         });
         return;
     }
     pool.parallel_for(n_tokens, [&](int64_t begin, int64_t end, int) {
-        for (int64_t t = begin; t < end; ++t) quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
+        for (int64_t t = begin; t < end; ++t)
+            quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
     });
     const VecDotTileFn tile = kernels.vec_dot_tile;
     pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
@@ -94,7 +96,8 @@ void matmul_quantized(ThreadPool& pool, const WeightView& w, const QuantDotKerne
             const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
             for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
                 const int nt = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n_tokens - t0));
-                tile(row, xq_data + static_cast<size_t>(t0) * xq_bytes, xq_bytes, nt, n, y + t0 * ldy + r, ldy);
+                tile(row, xq_data + static_cast<size_t>(t0) * xq_bytes, xq_bytes, nt, n, y + t0 * ldy + r,
+                     ldy);
             }
         }
     });

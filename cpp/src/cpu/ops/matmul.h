@@ -22,7 +22,6 @@
 
 #include <cstddef>
 #include <cstdint>
-
 #include <vector>
 
 #include "cpu/quant/kernels.h"
@@ -50,7 +49,9 @@ struct RowDot {
     VecDotFn q_dot = nullptr;  // fast mode
     const void* xq = nullptr;
     int64_t n = 0;
-    float operator()(const uint8_t* w_row) const { return q_dot ? q_dot(w_row, xq, n) : f32_dot(w_row, x, n); }
+    float operator()(const uint8_t* w_row) const {
+        return q_dot ? q_dot(w_row, xq, n) : f32_dot(w_row, x, n);
+    }
 };
 
 // One activation row x[n] prepared for row-by-row dot products (decode paths such as the experts
@@ -59,7 +60,7 @@ struct RowDot {
 // the decode thread before the parallel loop that uses the RowDot, keep this object alive (and
 // unmoved) while the RowDot is in use, and do not change x in between.
 class PreparedRow {
-public:
+  public:
     PreparedRow() = default;
     PreparedRow(const float* x, int64_t n, bool exact) { reset(x, n, exact); }
     PreparedRow(const PreparedRow&) = delete;
@@ -70,7 +71,7 @@ public:
     // multiple of its block size.
     RowDot bind(GgmlType type);
 
-private:
+  private:
     const float* x_ = nullptr;
     int64_t n_ = 0;
     bool exact_ = true;

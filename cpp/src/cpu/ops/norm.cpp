@@ -4,8 +4,8 @@
 
 namespace sharpi::cpu {
 
-void rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width, const float* weight,
-              float eps) {
+void rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
+              const float* weight, float eps) {
     for (int64_t r = 0; r < n_rows; ++r) {
         const float* xr = x + r * ldx;
         float* yr = y + r * ldy;

@@ -8,7 +8,7 @@ namespace sharpi::cpu {
 
 // x, y: [n_rows, width] with row strides ldx, ldy (may alias: y == x is allowed).
 // weight: [width], or nullptr for no scale.
-void rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width, const float* weight,
-              float eps);
+void rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
+              const float* weight, float eps);
 
 }  // namespace sharpi::cpu

@@ -20,6 +20,7 @@ struct RopeParams {
 };
 
 // x: [n_tokens, n_heads * head_dim] with row stride ld; token t has position pos0 + t.
-void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p);
+void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
+          const RopeParams& p);
 
 }  // namespace sharpi::cpu

@@ -13,7 +13,7 @@ namespace sharpi::cpu {
 
 // logits: [n_tokens, n_expert]; probs (out, may be nullptr): [n_tokens, n_expert];
 // ids, weights (out): [n_tokens, k].
-void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, bool normalize_topk, float* probs,
-                int32_t* ids, float* weights);
+void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, bool normalize_topk,
+                float* probs, int32_t* ids, float* weights);
 
 }  // namespace sharpi::cpu

@@ -38,10 +38,14 @@ struct RowKernels {
 // break the dot_row == dot_f32(dequant_row) invariant.
 // Throws UnsupportedError naming the type when sharpi has no kernel for it.
 const RowKernels& row_kernels(GgmlType type, Isa isa);
-inline const RowKernels& row_kernels(GgmlType type) { return row_kernels(type, active_isa()); }
+inline const RowKernels& row_kernels(GgmlType type) {
+    return row_kernels(type, active_isa());
+}
 
 DotF32Fn dot_f32_kernel(Isa isa);
-inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_f32_kernel(active_isa())(a, b, n); }
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+    return dot_f32_kernel(active_isa())(a, b, n);
+}
 
 }  // namespace sharpi::cpu
 
