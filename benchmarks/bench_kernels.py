@@ -1,11 +1,12 @@
 """Throughput of the quantized CPU kernels: decode matmul (dot_row per weight row) over a large
 matrix, per type and ISA, on 1 and 2 threads, next to this machine's memory bandwidth.
 
-    PYTHONPATH=python python benchmarks/bench_kernels.py [--mib 64] [--types q4_K,q6_K] [--out DIR]
+    PYTHONPATH=python python benchmarks/bench_kernels.py [--mib 64] [--types q4_K,q6_K] [--math fast,exact] [--out DIR]
 
 Decode is memory-bound in principle: every weight byte is read once per token. The table shows
 GB/s of weight bytes read (compare with the memcpy line) and Gelem/s (multiply-adds per second:
-weights x tokens). Optionally (--prefill T) also prefill throughput for T tokens. Each ISA runs in its own
+weights x tokens), for each --math: "fast" (activations quantized once per call, integer dots:
+cpu/quant/qdot.h) and "exact" (f32 activations on dequantized weights). Optionally (--prefill T) also prefill throughput for T tokens. Each ISA runs in its own
 child process (SHARPI_ISA is fixed per process). Raw numbers go to DIR/bench_kernels.json.
 
 Timing: best of --reps calls after one warm-up call, wall clock. The machines this runs on are
@@ -80,11 +81,14 @@ def worker(args):
         n_rows = max(1, int(args.mib * 2**20) // row_bytes)
         data = random_matrix(name, n_rows, rng)
         x1 = rng.standard_normal((1, N_COLS), dtype=np.float32)
-        for threads in args.threads:
-            run = functools.partial(_core.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads)
+        for threads, math in [(t, m) for m in args.math for t in args.threads]:
+            exact = math == "exact"
+            run = functools.partial(
+                _core.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads, exact=exact
+            )
             t = best_time(run, args.reps)
             entry = {
-                "type": name, "isa": _core.active_isa(), "threads": threads, "mode": "decode", "tokens": 1,
+                "type": name, "isa": _core.active_isa(), "math": math, "threads": threads, "mode": "decode", "tokens": 1,
                 "weight_bytes": data.size, "n_rows": n_rows, "n_cols": N_COLS, "multiply_adds": n_rows * N_COLS, "seconds": t,
                 "weight_gbps": data.size / t / 1e9, "gelem_per_s": n_rows * N_COLS / t / 1e9,
             }  # fmt: skip
@@ -101,7 +105,9 @@ def worker(args):
                 rows = max(1, n_rows // 16)
                 xs = rng.standard_normal((args.prefill, N_COLS), dtype=np.float32)
                 part = data[: rows * row_bytes]
-                run = functools.partial(_core.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads)
+                run = functools.partial(
+                    _core.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads, exact=exact
+                )
                 t = best_time(run, args.reps)
                 pf = {**entry, "mode": "prefill", "tokens": args.prefill, "weight_bytes": part.size, "n_rows": rows,
                       "multiply_adds": rows * N_COLS * args.prefill, "seconds": t, "weight_gbps": part.size / t / 1e9,
@@ -132,12 +138,16 @@ def main():
     p.add_argument("--isas", default="", help="comma-separated ISAs (default: all available)")
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--math", default="fast,exact", help="comma-separated: fast, exact")
     p.add_argument("--prefill", type=int, default=0, help="also time prefill with this many tokens")
     p.add_argument("--out", default="bench-out/kernels", help="folder for bench_kernels.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.types = [t for t in args.types.split(",") if t]
     args.threads = [int(t) for t in args.threads.split(",") if t]
+    args.math = [m for m in args.math.split(",") if m]
+    if any(m not in ("fast", "exact") for m in args.math):
+        p.error(f"--math takes fast and/or exact, got {args.math}")
     unknown = [t for t in args.types if t not in TYPE_IDS]
     if unknown:
         p.error(f"unknown types {unknown}; known: {list(TYPE_IDS)}")
@@ -153,7 +163,7 @@ def main():
     for isa in isas:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mib", str(args.mib), "--types",
                ",".join(args.types), "--threads", ",".join(map(str, args.threads)), "--reps", str(args.reps),
-               "--prefill", str(args.prefill)]  # fmt: skip
+               "--prefill", str(args.prefill), "--math", ",".join(args.math)]  # fmt: skip
         out = subprocess.run(
             cmd, env={**os.environ, "SHARPI_ISA": isa}, capture_output=True, text=True, check=False
         )
@@ -165,7 +175,7 @@ def main():
         f"memcpy (numpy copy, 512 MiB): {copy_gbps:.1f} GB/s of array bytes ({2 * copy_gbps:.1f} GB/s read+write)"
     )
     print(f"weights: {args.mib:g} MiB per type, {N_COLS} columns; load average {os.getloadavg()[0]:.2f}")
-    header = f"{'type':6} {'isa':7} {'mode':8}"
+    header = f"{'type':6} {'isa':7} {'math':5} {'mode':8}"
     for t in args.threads:
         header += f" | {t}T GB/s  Gelem/s"
     header += " | 1T by CPU time: GB/s  Gelem/s"
@@ -173,15 +183,15 @@ def main():
     print("-" * len(header))
     for mode in ("decode", "prefill"):
         for name in args.types:
-            for isa in isas:
+            for isa, math in [(i, m) for i in isas for m in args.math]:
                 sel = {
                     r["threads"]: r
                     for r in rows
-                    if r["type"] == name and r["isa"] == isa and r["mode"] == mode
+                    if r["type"] == name and r["isa"] == isa and r["mode"] == mode and r["math"] == math
                 }
                 if not sel:
                     continue
-                line = f"{name:6} {isa:7} {mode if mode == 'decode' else f'pf T={args.prefill}':8}"
+                line = f"{name:6} {isa:7} {math:5} {mode if mode == 'decode' else f'pf T={args.prefill}':8}"
                 for t in args.threads:
                     line += f" | {sel[t]['weight_gbps']:7.2f}  {sel[t]['gelem_per_s']:7.2f}"
                 if 1 in sel and "cpu_seconds" in sel[1]:

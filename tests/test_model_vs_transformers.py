@@ -47,7 +47,8 @@ def _prompt(name: str, vocab_size: int, salt: int):
 
 def _session_opener(path):
     def open_session(dump_activations):
-        return sharpi.Session(path, threads=THREADS, n_ctx=0, dump_activations=dump_activations)
+        # Exact mode: transformers computes in f32 on the same dequantized weights.
+        return sharpi.Session(path, threads=THREADS, n_ctx=0, exact=True, dump_activations=dump_activations)
 
     return open_session
 

@@ -1,4 +1,5 @@
-"""Quantized CPU kernels (cpu/quant, cpu/ops/matmul) against independent oracles.
+"""Quantized CPU kernels (cpu/quant, cpu/ops/matmul) against independent oracles, in exact mode
+(f32 activations; the fast mode's integer kernels are tested in test_qdot.py).
 
 Oracles: the gguf package's numpy `gguf.quants.dequantize` for dequantization, float64 numpy for
 dot products and matmul. Every case runs on every ISA this CPU has (scalar, avx2, avx512).
@@ -200,11 +201,11 @@ def test_matmul_matches_float64_and_decode_equals_prefill(qtype):
         dtype=np.float32,
     )
     for threads in (1, 2, 3):
-        y5 = _core.matmul(int(qtype), data, n_rows, n, x, threads=threads)
+        y5 = _core.matmul(int(qtype), data, n_rows, n, x, threads=threads, exact=True)
         assert y5.shape == (5, n_rows) and y5.dtype == np.float32
         assert np.all(np.abs(y5 - exact) <= budget), f"{qtype.name} threads={threads}"
         for t in range(5):
-            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads)
+            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads, exact=True)
             np.testing.assert_array_equal(bits(y1[0]), bits(y5[t]), err_msg=f"T=1 vs T=5, token {t}")
         np.testing.assert_array_equal(
             bits(y5), bits(per_row), err_msg=f"matmul vs dot_row, threads={threads}"
@@ -218,7 +219,7 @@ def test_matmul_prefill_tiling_many_tokens():
     qtype, n_rows, n, n_tokens = Q.Q4_K, 9, 16 * 256, 70
     data = random_rows(qtype, n_rows, n, rng)
     x = rng.standard_normal((n_tokens, n)).astype(np.float32)
-    y = _core.matmul(int(qtype), data, n_rows, n, x, threads=2)
+    y = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
     row_bytes = data.size // n_rows
     for t in (0, 1, 63, 64, 69):
         for r in range(n_rows):
@@ -245,9 +246,9 @@ _MATMUL_PER_ISA = textwrap.dedent(
         data = random_rows(qtype, n_rows, n, rng)
         row_bytes = data.size // n_rows
         x = rng.standard_normal((4, n)).astype(np.float32)
-        y4 = _core.matmul(int(qtype), data, n_rows, n, x, threads=2)
+        y4 = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
         for t in range(4):
-            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=1)
+            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=1, exact=True)
             rows = [data[r * row_bytes : (r + 1) * row_bytes] for r in range(n_rows)]
             ref = np.array([_core.dot(int(qtype), row, x[t], isa) for row in rows], dtype=np.float32)
             assert np.array_equal(bits(y1[0]), bits(ref)), (qtype.name, t, "T=1")

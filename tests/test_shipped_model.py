@@ -10,8 +10,10 @@ Checked:
 - the held-out loss the model card states is what transformers computes on these weights (±0.02),
   on the held-out token stream kept in tests/data (so the check does not depend on the local stdlib);
 - sharpi follows transformers' greedy path for 32 steps on 4 held-out prompts, with every step's
-  logits within the stated relative error; exact mode (f32 math on the dequantized weights) to the
-  foundation budget 1e-3, the default fast mode (q8_0 activations, as llama.cpp does) to 2e-2;
+  logits within the stated relative error, in exact mode (f32 math on the dequantized weights: the
+  oracle's arithmetic) to the foundation budget 1e-3. The default fast mode (q8_0 activations, as
+  llama.cpp does) is held to exact mode in test_fast_mode.py (same 16 greedy tokens, >= 95% top-1
+  agreement), not to transformers;
 - the routing trace in tests/data is what transformers computes (it is test data for predictors,
   so it must be the shipped model's real routing);
 - where llama-cpp-python is installed, llama.cpp follows the same greedy path.
@@ -219,11 +221,11 @@ def _rel_error(got, want):
     return float(np.max(np.abs(np.asarray(got, dtype=np.float64) - want)) / np.max(np.abs(want)))
 
 
-@pytest.mark.parametrize("exact,budget", [(True, 1e-3), (False, 2e-2)], ids=["exact", "fast"])
-def test_sharpi_follows_transformers(reference_paths, exact, budget):
+def test_sharpi_follows_transformers(reference_paths):
     import sharpi
 
-    session = sharpi.Session(str(MODEL), threads=2, exact=exact)
+    budget = 1e-3
+    session = sharpi.Session(str(MODEL), threads=2, exact=True)
     for n, (path, want) in enumerate(reference_paths):
         session.reset()
         prompt = path[:PROMPT_TOKENS]

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "model/forward.h"
@@ -11,7 +12,18 @@
 
 namespace sharpi {
 
-Engine::Engine(const std::string& path, const SessionOptions& options) : options_(options) {
+namespace {
+
+// Exact mode: SessionOptions::exact, or SHARPI_EXACT=1 in the environment when the session is made.
+bool exact_mode(const SessionOptions& options) {
+    const char* env = std::getenv("SHARPI_EXACT");
+    return options.exact || (env != nullptr && std::strcmp(env, "1") == 0);
+}
+
+}  // namespace
+
+Engine::Engine(const std::string& path, const SessionOptions& options)
+    : options_(options), exact_(exact_mode(options)) {
     if (options.n_ctx < 0)
         throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
     if (options.n_threads < 0) {
@@ -263,6 +275,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
     Forward f(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
     f.set_timeline(&timeline_);
+    f.set_exact(exact_);
     f.set_pos0(n_past_);
 
     residual_.resize(static_cast<size_t>(n * h.n_embd));

@@ -36,6 +36,8 @@ class Engine final : private GateObserver {
     const ModelInfo& info() const { return info_; }
     const Model& model() const { return *model_; }
     int64_t n_past() const { return n_past_; }
+    // Exact mode (SessionOptions::exact or SHARPI_EXACT=1): f32 activations in every matmul.
+    bool exact() const { return exact_; }
     void reset();
 
     std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
@@ -69,6 +71,7 @@ class Engine final : private GateObserver {
     static constexpr int64_t kMaxBatch = 256;
 
     SessionOptions options_;
+    bool exact_ = false;
     std::unique_ptr<Model> model_;
     ModelInfo info_;
     std::unique_ptr<cpu::ThreadPool> pool_;

@@ -212,6 +212,7 @@ def harvest(
     ram_budget=None,
     n_ctx: int = 0,
     progress=None,
+    exact: bool = False,
 ) -> dict:
     """Runs every prompt (text, or a list of token ids) through the model and writes the trace .npz
     to out_path. Returns a summary: {path, sequences, tokens, prompt_tokens, generated_tokens,
@@ -219,6 +220,8 @@ def harvest(
 
     generate: greedy tokens decoded one by one after each prompt. ram_budget: as Session's (None =
     every expert resident; the routing is the same either way). progress: callable(str) or None.
+    exact: run the session in exact mode (f32 math, as the trace of an independent implementation
+    would be computed); the default fast mode records the routing sharpi itself runs by default.
     Raises InvalidArgument for a dense model, an empty prompt list, an empty prompt or a token id
     outside the vocabulary; ContextOverflowError when a prompt does not fit the context."""
     from . import _core
@@ -230,7 +233,9 @@ def harvest(
     if not prompts:
         raise _core.InvalidArgument("harvest: no prompts given")
     t0 = time.perf_counter()
-    session = Session(model_path, threads=threads, n_ctx=n_ctx, dump_activations=True, ram_budget=ram_budget)
+    session = Session(
+        model_path, threads=threads, n_ctx=n_ctx, exact=exact, dump_activations=True, ram_budget=ram_budget
+    )
     info = session.info
     if int(info["n_expert"]) == 0 or int(info["n_expert_used"]) == 0:
         raise _core.InvalidArgument(

@@ -38,7 +38,13 @@ class Session:
         skip_late_prefetch: bool = True,
         trace: Union[str, os.PathLike, bool, None] = None,
     ):
-        """ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
+        """exact: every matmul in f32 on dequantized weights (DESIGN §8; also env SHARPI_EXACT=1).
+        The default fast mode quantizes each activation row once per matmul (q8_K for K-quant
+        weights, q8_0 / q8_1 for the 32-element types, as llama.cpp does) and dots in integers:
+        ~1e-2 relative from exact mode on the logits, bit for bit the same between prefill and
+        token-by-token decode and between streamed and resident runs.
+
+        ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
         resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
         becomes expert slots streamed from the file (reader: "auto", "uring" or "pread").
 

@@ -9,8 +9,10 @@ namespace sharpi {
 struct SessionOptions {
     int n_threads = 0;  // 0: one per online core
     int n_ctx = 0;      // 0: min(n_ctx_train, 4096)
-    // Every kernel computes in f32 on dequantized weights. The CPU kernels already do this (they
-    // never quantize activations), so today this only documents intent; kept for fast paths to come.
+    // Exact mode (DESIGN §8): every matmul computes in f32 on dequantized weights (f32 activations,
+    // f32 KV cache). false (default): fast mode, where activations are quantized once per matmul
+    // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as
+    // llama.cpp does. SHARPI_EXACT=1 in the environment when the session is made also selects exact.
     bool exact = false;
     // Record every named intermediate activation of the next decode() (see Session::dump()).
     bool dump_activations = false;

@@ -38,7 +38,7 @@ Act Forward::norm(const Act& x, const std::vector<float>& weight, const char* na
 
 Act Forward::linear(const Act& x, const Linear& w, const char* name, int il) {
     Act y = alloc(x.n_tokens, w.w.n_rows);
-    cpu::matmul(pool_, w.w, x.data, x.width, x.n_tokens, y.data, y.width);
+    cpu::matmul(pool_, w.w, x.data, x.width, x.n_tokens, y.data, y.width, exact_);
     if (!w.bias.empty()) {
         for (int64_t t = 0; t < y.n_tokens; ++t) {
             float* r = y.row(t);
@@ -138,7 +138,7 @@ void Forward::output_head(const Act& x, int64_t first_row, float* logits) {
     cpu::rms_norm(x.row(first_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd,
                   model_.output_norm.data(), h.rms_eps);
     name(normed, "result_norm", -1);
-    cpu::matmul(pool_, model_.output, normed.data, h.n_embd, n_out, logits, h.n_vocab);
+    cpu::matmul(pool_, model_.output, normed.data, h.n_embd, n_out, logits, h.n_vocab, exact_);
     name(Act{logits, n_out, h.n_vocab}, "result_output", -1);
 }
 

@@ -45,6 +45,10 @@ class Forward {
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
     bool dumping() const { return dump_ != nullptr; }
+    // Exact mode (SessionOptions::exact): every matmul and expert dot in f32 on dequantized
+    // weights; otherwise fast mode quantizes activations (cpu/ops/matmul.h).
+    void set_exact(bool exact) { exact_ = exact; }
+    bool exact() const { return exact_; }
 
     Act alloc(int64_t n_tokens, int64_t width);
     // Records `x` under name-il in the dump (when enabled).
@@ -89,6 +93,7 @@ class Forward {
 
     int64_t pos0_ = 0;
     Timeline* timeline_ = nullptr;
+    bool exact_ = false;
 };
 
 }  // namespace sharpi

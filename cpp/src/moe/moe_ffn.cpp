@@ -33,7 +33,7 @@ struct ExpertLease {
 // Decode fast path: the selected experts of the token in two parallel passes (gate+up rows of
 // every slot, then down rows of every slot) instead of three matmuls per expert. Experts whose bytes
 // are ready go first, in one group; each still-loading expert is then computed as soon as its read
-// completes, so compute overlaps the remaining IO. Every row is one dot_row whatever the grouping,
+// completes, so compute overlaps the remaining IO. Every row is one RowDot whatever the grouping,
 // so the result is bit-identical to the all-resident run.
 void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
                                const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
@@ -51,16 +51,18 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
         slot_unique[j] =
             static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
     }
-    // Kernel entry points per distinct expert, looked up once (types can differ per tensor and layer).
-    std::vector<cpu::DotRowFn> gate_dot(unique.size()), up_dot(unique.size()), down_dot(unique.size());
+    // Row dots per distinct expert, bound once (types can differ per tensor and layer). In fast mode x
+    // is quantized once per activation format here, and each slot's down input after its SwiGLU.
+    const bool exact = f.exact();
+    cpu::PreparedRow x_in(cur.row(0), n_embd, exact);
+    std::vector<cpu::RowDot> gate_dot(unique.size()), up_dot(unique.size()), down_dot(static_cast<size_t>(k));
     for (size_t u = 0; u < unique.size(); ++u) {
-        gate_dot[u] = cpu::row_kernels(views[u].gate.type).dot_row;
-        up_dot[u] = cpu::row_kernels(views[u].up.type).dot_row;
-        down_dot[u] = cpu::row_kernels(views[u].down.type).dot_row;
+        gate_dot[u] = x_in.bind(views[u].gate.type);
+        up_dot[u] = x_in.bind(views[u].up.type);
     }
+    std::vector<cpu::PreparedRow> down_in(static_cast<size_t>(k));
     Act g = f.alloc(k, n_ff), up = f.alloc(k, n_ff), act = f.alloc(k, n_ff), y = f.alloc(k, n_embd);
     cpu::ThreadPool& pool = f.pool();
-    const float* x = cur.row(0);
     auto compute_slots = [&](const std::vector<int64_t>& slots) {
         const int64_t n = static_cast<int64_t>(slots.size());
         if (n == 0) return;
@@ -70,20 +72,24 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
                 const int u = slot_unique[j];
                 const ExpertView& v = views[u];
                 if (r < n_ff) {
-                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes, x, n_embd);
+                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes);
                 } else {
                     const int64_t ru = r - n_ff;
-                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes, x, n_embd);
+                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes);
                 }
             }
         });
-        for (int64_t j : slots) cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+        for (int64_t j : slots) {
+            cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+            down_in[j].reset(act.row(j), n_ff, exact);
+            down_dot[j] = down_in[j].bind(views[slot_unique[j]].down.type);
+        }
         pool.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / n_embd], r = item % n_embd;
                 const int u = slot_unique[j];
                 const ExpertView& v = views[u];
-                y.row(j)[r] = down_dot[u](v.down.data + r * v.down.row_bytes, act.row(j), n_ff);
+                y.row(j)[r] = down_dot[j](v.down.data + r * v.down.row_bytes);
             }
         });
     };
@@ -136,10 +142,10 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
             for (int64_t m = 0; m < n; ++m)
                 std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
             experts_.wait(static_cast<int>(u));
-            cpu::matmul(pool, views[u].gate, xe.data, n_embd, n, g.data, n_ff);
-            cpu::matmul(pool, views[u].up, xe.data, n_embd, n, upv.data, n_ff);
+            cpu::matmul(pool, views[u].gate, xe.data, n_embd, n, g.data, n_ff, f.exact());
+            cpu::matmul(pool, views[u].up, xe.data, n_embd, n, upv.data, n_ff, f.exact());
             cpu::swiglu(g.data, upv.data, g.data, n * n_ff);
-            cpu::matmul(pool, views[u].down, g.data, n_ff, n, ye.data, n_embd);
+            cpu::matmul(pool, views[u].down, g.data, n_ff, n, ye.data, n_embd, f.exact());
             for (int64_t m = 0; m < n; ++m) std::memcpy(y.row(members[m]), ye.row(m), sizeof(float) * n_embd);
         }
     }

@@ -107,4 +107,24 @@ struct block_q6_K {
 };
 static_assert(sizeof(block_q6_K) == QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, "wrong q6_K block size");
 
+// ---- activation blocks (fast mode: a row of activations quantized once per matmul) ---------------
+//
+// Weights of Q4_0 / Q5_0 / Q8_0 are dotted with activations in block_q8_0 (above; f16 scale, as
+// llama.cpp), Q4_1 / Q5_1 with block_q8_1 (f16 scale and f16 s = d * sum(qs), for the weight's
+// min term), every K-quant with block_q8_K (f32 scale, and bsums[i] = sum of qs[16i .. 16i + 15]
+// for the K-quants' mins and offsets). In every one x ~= d * qs with qs in [-127, 127].
+struct block_q8_1 {
+    ggml_half d;
+    ggml_half s;
+    int8_t qs[QK8_0];
+};
+static_assert(sizeof(block_q8_1) == 4 + QK8_0, "wrong q8_1 block size");
+
+struct block_q8_K {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+};
+static_assert(sizeof(block_q8_K) == 4 + QK_K + QK_K / 8, "wrong q8_K block size");
+
 }  // namespace sharpi

@@ -8,11 +8,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bindings.h"
+#include "cpu/ops/activation.h"
+#include "cpu/ops/expert_ffn.h"
 #include "cpu/ops/matmul.h"
 #include "cpu/quant/kernels.h"
+#include "cpu/quant/qdot.h"
 #include "cpu/threadpool.h"
 #include "quant/ggml_type.h"
 #include "sharpi/errors.h"
@@ -95,7 +99,7 @@ std::mutex pools_mutex;
 std::map<int, std::unique_ptr<cpu::ThreadPool>> pools;
 
 FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols, const FloatArray& x,
-                  int threads) {
+                  int threads, bool exact) {
     const GgmlType type = type_arg(type_id);
     cpu::row_kernels(type);  // UnsupportedError before any size message
     if (n_rows < 0)
@@ -127,9 +131,132 @@ FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_
         std::lock_guard<std::mutex> lock(pools_mutex);
         std::unique_ptr<cpu::ThreadPool>& pool = pools[threads];
         if (!pool) pool = std::make_unique<cpu::ThreadPool>(threads);
-        cpu::matmul(*pool, w, xp, n_cols, n_tokens, yp, n_rows);
+        cpu::matmul(*pool, w, xp, n_cols, n_tokens, yp, n_rows, exact);
     }
     return y;
+}
+
+// ---- fast-mode kernels (cpu/quant/qdot.h) ----
+
+cpu::ActFormat format_arg(const std::string& name) {
+    for (cpu::ActFormat f : {cpu::ActFormat::q8_0, cpu::ActFormat::q8_1, cpu::ActFormat::q8_K}) {
+        if (name == cpu::act_format_name(f)) return f;
+    }
+    throw InvalidArgument("[quant] unknown activation format '" + name + "': expected q8_0, q8_1 or q8_K");
+}
+
+const cpu::QuantDotKernels& quant_dot_arg(GgmlType type, cpu::Isa isa) {
+    cpu::row_kernels(type, isa);  // UnsupportedError for types sharpi cannot compute at all
+    const cpu::QuantDotKernels* k = cpu::quant_dot_kernels(type, isa);
+    if (k == nullptr) {
+        throw InvalidArgument(std::string("[quant] ") + ggml_type_traits(type).name +
+                              " has no integer kernel (f32 activations in both modes)");
+    }
+    return *k;
+}
+
+ByteArray quantize_act(const std::string& format_name, const FloatArray& x, const std::string& isa) {
+    const cpu::ActFormat format = format_arg(format_name);
+    const cpu::QuantizeActFn quantize = cpu::quantize_act_kernel(format, isa_arg(isa));
+    if (x.ndim() != 1 || x.shape(0) % cpu::act_block_size(format) != 0) {
+        throw InvalidArgument("[quant] quantize_act: x must be 1-D with a multiple of " +
+                              std::to_string(cpu::act_block_size(format)) + " elements");
+    }
+    const int64_t n = x.shape(0);
+    ByteArray out(static_cast<py::ssize_t>(cpu::act_row_bytes(format, n)));
+    const float* xp = x.data();
+    uint8_t* dst = out.mutable_data();
+    py::gil_scoped_release release;
+    quantize(xp, dst, n);
+    return out;
+}
+
+// n_tokens rows of quantized activations (act_row_bytes each, consecutive) . one weight row of n.
+FloatArray vec_dot_tile(int type_id, const ByteArray& w, const ByteArray& xq, int64_t n, int n_tokens,
+                        const std::string& isa) {
+    const GgmlType type = type_arg(type_id);
+    const cpu::Isa i = isa_arg(isa);
+    const cpu::QuantDotKernels& k = quant_dot_arg(type, i);
+    check_data_size(w, checked_row_bytes(type, n), type, "a row of n=" + std::to_string(n));
+    if (n_tokens < 1 || n_tokens > cpu::kMaxTileTokens) {
+        throw InvalidArgument("[quant] vec_dot_tile: n_tokens must be in [1, " +
+                              std::to_string(cpu::kMaxTileTokens) + "], got " + std::to_string(n_tokens));
+    }
+    const size_t xq_bytes = cpu::act_row_bytes(cpu::act_format(type), n);
+    if (xq.ndim() != 1 || static_cast<size_t>(xq.size()) != xq_bytes * static_cast<size_t>(n_tokens)) {
+        throw InvalidArgument("[quant] vec_dot: xq has " + std::to_string(xq.size()) + " bytes; " +
+                              std::to_string(n_tokens) + " rows of " +
+                              cpu::act_format_name(cpu::act_format(type)) + " need " +
+                              std::to_string(xq_bytes * static_cast<size_t>(n_tokens)));
+    }
+    FloatArray y(static_cast<py::ssize_t>(n_tokens));
+    const uint8_t* wp = w.data();
+    const uint8_t* xp = xq.data();
+    float* yp = y.mutable_data();
+    py::gil_scoped_release release;
+    if (n_tokens == 1) {
+        yp[0] = k.vec_dot(wp, xp, n);
+    } else {
+        k.vec_dot_tile(wp, xp, xq_bytes, n_tokens, n, yp, 1);
+    }
+    return y;
+}
+
+// experts: k tuples (gate_type, gate_bytes, up_type, up_bytes, down_type, down_bytes); gate/up are
+// [n_ff, n_embd], down [n_embd, n_ff]. fused=True: cpu::expert_ffn_one_token; False: the unfused
+// composition (a one-token matmul per projection, swiglu, weighted sum in slot order).
+using ExpertTuple = std::tuple<int, ByteArray, int, ByteArray, int, ByteArray>;
+
+FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray& weights, const FloatArray& x,
+                      int64_t n_ff, int threads, bool exact, bool fused) {
+    const int k = static_cast<int>(experts.size());
+    if (k < 1 || weights.ndim() != 1 || weights.shape(0) != k || x.ndim() != 1) {
+        throw InvalidArgument("[quant] expert_ffn: need k >= 1 experts, weights[k] and a 1-D x");
+    }
+    if (threads < 1 || threads > 1024)
+        throw InvalidArgument("[quant] expert_ffn: threads must be in [1, 1024]");
+    const int64_t n_embd = x.shape(0);
+    std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
+    auto view = [](int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols) {
+        const GgmlType type = type_arg(type_id);
+        cpu::row_kernels(type);
+        cpu::WeightView v;
+        v.type = type;
+        v.n_rows = n_rows;
+        v.n_cols = n_cols;
+        v.row_bytes = checked_row_bytes(type, n_cols);
+        check_data_size(data, v.row_bytes * static_cast<size_t>(n_rows), type, "an expert projection");
+        v.data = data.data();
+        return v;
+    };
+    for (int j = 0; j < k; ++j) {
+        const ExpertTuple& e = experts[static_cast<size_t>(j)];
+        w[j].gate = view(std::get<0>(e), std::get<1>(e), n_ff, n_embd);
+        w[j].up = view(std::get<2>(e), std::get<3>(e), n_ff, n_embd);
+        w[j].down = view(std::get<4>(e), std::get<5>(e), n_embd, n_ff);
+    }
+    FloatArray out(static_cast<py::ssize_t>(n_embd));
+    const float* xp = x.data();
+    const float* wp = weights.data();
+    float* op = out.mutable_data();
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(pools_mutex);
+    std::unique_ptr<cpu::ThreadPool>& pool = pools[threads];
+    if (!pool) pool = std::make_unique<cpu::ThreadPool>(threads);
+    if (fused) {
+        cpu::expert_ffn_one_token(*pool, w.data(), wp, k, xp, op, exact);
+        return out;
+    }
+    std::vector<float> g(static_cast<size_t>(n_ff)), u(static_cast<size_t>(n_ff)),
+        y(static_cast<size_t>(n_embd));
+    for (int j = 0; j < k; ++j) {
+        cpu::matmul(*pool, w[j].gate, xp, n_embd, 1, g.data(), n_ff, exact);
+        cpu::matmul(*pool, w[j].up, xp, n_embd, 1, u.data(), n_ff, exact);
+        cpu::swiglu(g.data(), u.data(), g.data(), n_ff);
+        cpu::matmul(*pool, w[j].down, g.data(), n_ff, 1, y.data(), n_embd, exact);
+        for (int64_t i = 0; i < n_embd; ++i) op[i] = j == 0 ? wp[0] * y[i] : op[i] + wp[j] * y[i];
+    }
+    return out;
 }
 
 std::vector<std::string> isa_available() {
@@ -151,8 +278,23 @@ void bind_quant(py::module_& m) {
     m.def("dot", &dot, py::arg("type"), py::arg("data"), py::arg("x"), py::arg("isa") = "",
           "dot_row: one quantized row (raw bytes) with float32 x[n]");
     m.def("matmul", &matmul, py::arg("type"), py::arg("data"), py::arg("n_rows"), py::arg("n_cols"),
-          py::arg("x"), py::arg("threads") = 1,
-          "Y[T, n_rows] = X[T, n_cols] @ W.T for W given as n_rows quantized rows; active ISA, GIL released");
+          py::arg("x"), py::arg("threads") = 1, py::arg("exact") = false,
+          "Y[T, n_rows] = X[T, n_cols] @ W.T for W given as n_rows quantized rows; active ISA, GIL released. "
+          "exact=False: fast mode (X quantized per token for types with integer kernels)");
+    m.def("expert_ffn", &expert_ffn, py::arg("experts"), py::arg("weights"), py::arg("x"), py::arg("n_ff"),
+          py::arg("threads") = 1, py::arg("exact") = false, py::arg("fused") = true,
+          "One token's routed-expert FFN: sum_j weights[j] * down_j(silu(gate_j x) * up_j x); experts = "
+          "[(gate_type, gate_bytes, up_type, up_bytes, down_type, down_bytes)], fused or unfused");
+    m.def(
+        "act_format",
+        [](int type) { return std::string(cpu::act_format_name(cpu::act_format(type_arg(type)))); },
+        py::arg("type"), "Activation format fast mode dots weight type `type` with: q8_0, q8_1, q8_K or f32");
+    m.def("quantize_act", &quantize_act, py::arg("format"), py::arg("x"), py::arg("isa") = "",
+          "Quantize float32 x[n] to activation blocks of `format` (q8_0, q8_1, q8_K): raw bytes");
+    m.def("vec_dot_tile", &vec_dot_tile, py::arg("type"), py::arg("w"), py::arg("xq"), py::arg("n"),
+          py::arg("n_tokens") = 1, py::arg("isa") = "",
+          "Integer dot of one weight row with n_tokens quantized activation rows (vec_dot for 1, the "
+          "tile kernel above): float32[n_tokens]");
 }
 
 }  // namespace sharpi::py_bindings

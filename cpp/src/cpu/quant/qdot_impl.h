@@ -1,0 +1,52 @@
+// Private to cpu/quant: the per-ISA tables of the fast-mode kernels (qdot.h) that qdot.cpp
+// chooses from. The ODR rule of kernels_impl.h applies: the SIMD files keep everything static or
+// in an anonymous namespace.
+#pragma once
+
+#include "cpu/quant/kernels_impl.h"
+#include "cpu/quant/qdot.h"
+
+namespace sharpi::cpu::detail {
+
+struct QuantIsaKernels {
+    QuantDotKernels by_type[kTypeTableSize];
+    QuantizeActFn quantize[4];  // by ActFormat; [f32] stays null
+};
+
+const QuantIsaKernels& scalar_quant_kernels();
+const QuantIsaKernels& avx2_quant_kernels();        // call only when detect_isa() >= Isa::avx2
+const QuantIsaKernels& avx512vnni_quant_kernels();  // call only when the CPU has AVX-512 VNNI
+
+}  // namespace sharpi::cpu::detail
+
+// The table of a SIMD file, written once (a macro for the reason given in kernels_impl.h). The
+// file defines in its anonymous namespace: the quantizers quantize_q8_0 / quantize_q8_1 /
+// quantize_q8_K, the decoders KQ2_K .. KQ6_K and B32Q4_0 .. B32Q8_0, and the row functions
+// k_vec_dot<D> / k_vec_dot_tile<D> and b32_vec_dot<D> / b32_vec_dot_tile<D>.
+#define SHARPI_QDOT_TABLE(table_name)                                       \
+    template <typename D>                                                   \
+    constexpr QuantDotKernels k_entry() {                                   \
+        return QuantDotKernels{&k_vec_dot<D>, &k_vec_dot_tile<D>};          \
+    }                                                                       \
+    template <typename D>                                                   \
+    constexpr QuantDotKernels b32_entry() {                                 \
+        return QuantDotKernels{&b32_vec_dot<D>, &b32_vec_dot_tile<D>};      \
+    }                                                                       \
+    constexpr QuantIsaKernels make_##table_name() {                         \
+        QuantIsaKernels t{};                                                \
+        t.by_type[static_cast<int>(GgmlType::Q4_0)] = b32_entry<B32Q4_0>(); \
+        t.by_type[static_cast<int>(GgmlType::Q4_1)] = b32_entry<B32Q4_1>(); \
+        t.by_type[static_cast<int>(GgmlType::Q5_0)] = b32_entry<B32Q5_0>(); \
+        t.by_type[static_cast<int>(GgmlType::Q5_1)] = b32_entry<B32Q5_1>(); \
+        t.by_type[static_cast<int>(GgmlType::Q8_0)] = b32_entry<B32Q8_0>(); \
+        t.by_type[static_cast<int>(GgmlType::Q2_K)] = k_entry<KQ2_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q3_K)] = k_entry<KQ3_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q4_K)] = k_entry<KQ4_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q5_K)] = k_entry<KQ5_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q6_K)] = k_entry<KQ6_K>();     \
+        t.quantize[static_cast<int>(ActFormat::q8_0)] = &quantize_q8_0;     \
+        t.quantize[static_cast<int>(ActFormat::q8_1)] = &quantize_q8_1;     \
+        t.quantize[static_cast<int>(ActFormat::q8_K)] = &quantize_q8_K;     \
+        return t;                                                           \
+    }                                                                       \
+    constexpr QuantIsaKernels table_name = make_##table_name();

@@ -1,0 +1,531 @@
+// The fast-mode kernels of qdot.h on 256-bit vectors, shared by qdot_avx2.cpp and
+// qdot_avx512vnni.cpp: each includes this file INSIDE its anonymous namespace (internal linkage,
+// see kernels_impl.h on the ODR hazard) after defining its two integer primitives:
+//   acc_scaled_pairs(acc, u, x, s16): acc + sum over pairs (u[2i] x[2i] + u[2i+1] x[2i+1]) * s16[i],
+//     u unsigned bytes, x signed bytes, s16 int16 (AVX2: maddubs + madd + add; VNNI: maddubs + dpwssd)
+//   dot_quads(u, x): int32 lanes l = sum_{i=4l..4l+3} u[i] x[i] (AVX2: maddubs + madd; VNNI: dpbusd)
+// Every product sum fits its lanes (|u| <= 63 or 128, |x| <= 127: no saturation), so the integer
+// results are exact, and the float operations follow qdot.h one rounding at a time (separate
+// multiply and add intrinsics, and -ffp-contract=off for the plain float expressions: no FMA), so
+// this code gives the scalar reference's bits. Weight blocks are unpacked once per tile of tokens,
+// and the k_dot_tokens / b32_dot_tokens loops for one token are the same code as for a tile.
+//
+// Not a normal header: no include guard, no namespace of its own.
+
+inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+inline float tree8(__m256 a) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+}
+
+// One f32 rounding (an intrinsic, so the compiler cannot fuse it with a neighbour).
+inline float mul_f(float a, float b) {
+    return _mm_cvtss_f32(_mm_mul_ss(_mm_set_ss(a), _mm_set_ss(b)));
+}
+
+inline uint32_t load_u32_any(const void* p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+inline __m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// Bit `from` of every byte moved to bit `to`, other bits cleared. Shifts act on 16-bit lanes; the
+// bits that cross from the neighbouring byte never land on bit `to` (see the mask argument in
+// kernels_impl.h), so the result is per byte.
+template <int from, int to>
+inline __m256i move_bit(__m256i v) {
+    const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << to));
+    if constexpr (to > from) return _mm256_and_si256(_mm256_slli_epi16(v, to - from), mask);
+    if constexpr (to < from) return _mm256_and_si256(_mm256_srli_epi16(v, from - to), mask);
+    return _mm256_and_si256(v, mask);
+}
+
+// (v >> shift) & mask per byte (mask must clear the bits shifted in from the neighbouring byte).
+inline __m256i byte_field(__m256i v, int shift, int mask) {
+    return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+
+// ---- activation quantizers (qdot.h): blocks of 32 values, 4 vectors each --------------------------
+
+struct Q8Block32 {
+    float d;
+    int32_t sum;  // sum of the 32 quants
+};
+
+// Quantizes x[0..32 * n_sub) with one scale (n_sub 32-value groups: 1 for q8_0 / q8_1, 8 for q8_K);
+// also writes the sum of each 16 quants to sums16 when not null.
+inline float quantize_group(const float* x, int n_sub, int8_t* q, int16_t* sums16, int32_t* total) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 32 * n_sub; i += 8)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float max_abs = _mm_cvtss_f32(m4);
+    const float d = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(max_abs), _mm_set_ss(127.0f)));
+    const float id =
+        max_abs != 0.0f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(127.0f), _mm_set_ss(max_abs))) : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int32_t all = 0;
+    for (int g = 0; g < n_sub; ++g) {
+        __m256i v[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vid);
+            v[k] = _mm256_cvtps_epi32(_mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        if (sums16 != nullptr) {
+            sums16[2 * g] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(v[0], v[1])));
+            sums16[2 * g + 1] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(v[2], v[3])));
+        }
+        if (total != nullptr)
+            all += hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
+        // packs interleave the 128-bit halves; the permutation restores element order.
+        const __m256i w16a = _mm256_packs_epi32(v[0], v[1]), w16b = _mm256_packs_epi32(v[2], v[3]);
+        const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), order);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * g), b);
+    }
+    if (total != nullptr) *total = all;
+    return d;
+}
+
+inline uint16_t float_to_half(float f) {
+    return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+
+void quantize_q8_0(const float* x, void* dst, int64_t n) {
+    block_q8_0* y = static_cast<block_q8_0*>(dst);
+    for (int64_t ib = 0; ib < n / QK8_0; ++ib) {
+        y[ib].d = float_to_half(quantize_group(x + ib * QK8_0, 1, y[ib].qs, nullptr, nullptr));
+    }
+}
+
+void quantize_q8_1(const float* x, void* dst, int64_t n) {
+    block_q8_1* y = static_cast<block_q8_1*>(dst);
+    for (int64_t ib = 0; ib < n / QK8_0; ++ib) {
+        int32_t sum = 0;
+        const float d = quantize_group(x + ib * QK8_0, 1, y[ib].qs, nullptr, &sum);
+        y[ib].d = float_to_half(d);
+        y[ib].s = float_to_half(mul_f(static_cast<float>(sum), d));
+    }
+}
+
+void quantize_q8_K(const float* x, void* dst, int64_t n) {
+    block_q8_K* y = static_cast<block_q8_K*>(dst);
+    for (int64_t ib = 0; ib < n / QK_K; ++ib) {
+        y[ib].d = quantize_group(x + ib * QK_K, QK_K / 32, y[ib].qs, y[ib].bsums, nullptr);
+    }
+}
+
+// ---- K-quants ------------------------------------------------------------------------------------
+
+// A K-quant block unpacked: u[c] = unsigned quants of elements 32c .. 32c + 31; sc / mn = the 16
+// sub-block scales (signed) and mins as bytes; w = d * sc * (u - kOffset) - dmin * mn.
+struct KUnpacked {
+    __m256i u[8];
+    __m128i sc;
+    __m128i mn;
+    __m128 d_dmin;  // [d, dmin, -, -] (dmin lane unused by types without mins)
+};
+
+// f16 d (and dmin right after it, when `with_min`) as floats.
+inline __m128 load_d_dmin(const uint16_t* d, bool with_min) {
+    return _mm_cvtph_ps(with_min ? _mm_cvtsi32_si128(static_cast<int>(load_u32_any(d)))
+                                 : _mm_cvtsi32_si128(*d));
+}
+
+// Q4_K / Q5_K: the 8 six-bit scales and mins (kernels_impl.h's unpack_q4_K_scale_min, in SIMD),
+// each repeated for the two 16-element halves of its sub-block. Reads 16 bytes at `packed` (the 12
+// scale bytes and the first 4 quant bytes of the block).
+inline void q4_K_scales16(const uint8_t* packed, __m128i& sc, __m128i& mn) {
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+    // Low parts: sc[0..3] = s[0..3] & 63, sc[4..7] = s[8..11] & 15, m[0..3] = s[4..7] & 63,
+    // m[4..7] = s[8..11] >> 4; high parts of sc[4..7] / m[4..7]: bits 6-7 of s[0..3] / s[4..7].
+    const __m128i low =
+        _mm_srlv_epi32(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
+                       _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i low_mask = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    const __m128i top =
+        _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i r =
+        _mm_or_si128(_mm_and_si128(low, low_mask),
+                     _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));  // [sc0..7, m0..7]
+    sc = _mm_unpacklo_epi8(r, r);
+    mn = _mm_unpackhi_epi8(r, r);
+}
+
+struct KQ4_K {
+    using Block = block_q4_K;
+    static constexpr int kOffsetShift = -1;  // no offset
+    static constexpr bool kHasMin = true;
+    static void decode(const Block* b, KUnpacked& k) {
+        k.d_dmin = load_d_dmin(&b->d, true);
+        q4_K_scales16(b->scales, k.sc, k.mn);
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        for (int j = 0; j < 4; ++j) {
+            const __m256i q = load256(b->qs + 32 * j);
+            k.u[2 * j] = _mm256_and_si256(q, low4);
+            k.u[2 * j + 1] = byte_field(q, 4, 0x0F);
+        }
+    }
+};
+
+struct KQ5_K {
+    using Block = block_q5_K;
+    static constexpr int kOffsetShift = -1;
+    static constexpr bool kHasMin = true;
+    static void decode(const Block* b, KUnpacked& k) {
+        k.d_dmin = load_d_dmin(&b->d, true);
+        q4_K_scales16(b->scales, k.sc, k.mn);
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        const __m256i qh = load256(b->qh);
+        const __m256i q0 = load256(b->qs), q1 = load256(b->qs + 32), q2 = load256(b->qs + 64),
+                      q3 = load256(b->qs + 96);
+        k.u[0] = _mm256_or_si256(_mm256_and_si256(q0, low4), move_bit<0, 4>(qh));
+        k.u[1] = _mm256_or_si256(byte_field(q0, 4, 0x0F), move_bit<1, 4>(qh));
+        k.u[2] = _mm256_or_si256(_mm256_and_si256(q1, low4), move_bit<2, 4>(qh));
+        k.u[3] = _mm256_or_si256(byte_field(q1, 4, 0x0F), move_bit<3, 4>(qh));
+        k.u[4] = _mm256_or_si256(_mm256_and_si256(q2, low4), move_bit<4, 4>(qh));
+        k.u[5] = _mm256_or_si256(byte_field(q2, 4, 0x0F), move_bit<5, 4>(qh));
+        k.u[6] = _mm256_or_si256(_mm256_and_si256(q3, low4), move_bit<6, 4>(qh));
+        k.u[7] = _mm256_or_si256(byte_field(q3, 4, 0x0F), move_bit<7, 4>(qh));
+    }
+};
+
+// Q6_K: chunk 4h + c: low 4 bits from ql[64h + 32(c % 2) + i] (low nibble for c < 2, else high),
+// high 2 bits from qh[32h + i] at bit 2c.
+struct KQ6_K {
+    using Block = block_q6_K;
+    static constexpr int kOffsetShift = 5;  // offset 32
+    static constexpr bool kHasMin = false;
+    static void decode(const Block* b, KUnpacked& k) {
+        k.d_dmin = load_d_dmin(&b->d, false);
+        k.sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+        k.mn = _mm_setzero_si128();
+        const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i l0 = load256(b->ql + 64 * h), l1 = load256(b->ql + 64 * h + 32);
+            const __m256i qh = load256(b->qh + 32 * h);
+            k.u[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                             _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+            k.u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                             _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+            k.u[4 * h + 2] = _mm256_or_si256(byte_field(l0, 4, 0x0F), _mm256_and_si256(qh, bits45));
+            k.u[4 * h + 3] = _mm256_or_si256(byte_field(l1, 4, 0x0F), byte_field(qh, 2, 0x30));
+        }
+    }
+};
+
+// Q3_K: chunk 4h + j: low 2 bits of qs[32h + i] at bit 2j, high bit of hmask[i] at bit 4h + j;
+// u = low + 4 * high, w = d * sc * (u - 4).
+struct KQ3_K {
+    using Block = block_q3_K;
+    static constexpr int kOffsetShift = 2;  // offset 4
+    static constexpr bool kHasMin = false;
+    static void decode(const Block* b, KUnpacked& k) {
+        k.d_dmin = load_d_dmin(&b->d, false);
+        uint32_t biased[4];
+        unpack_q3_K_scales(b->scales, biased);
+        k.sc = _mm_sub_epi8(_mm_set_epi32(static_cast<int>(biased[3]), static_cast<int>(biased[2]),
+                                          static_cast<int>(biased[1]), static_cast<int>(biased[0])),
+                            _mm_set1_epi8(32));
+        k.mn = _mm_setzero_si128();
+        const __m256i hm = load256(b->hmask);
+        const __m256i q0 = load256(b->qs), q1 = load256(b->qs + 32);
+        k.u[0] = _mm256_or_si256(byte_field(q0, 0, 3), move_bit<0, 2>(hm));
+        k.u[1] = _mm256_or_si256(byte_field(q0, 2, 3), move_bit<1, 2>(hm));
+        k.u[2] = _mm256_or_si256(byte_field(q0, 4, 3), move_bit<2, 2>(hm));
+        k.u[3] = _mm256_or_si256(byte_field(q0, 6, 3), move_bit<3, 2>(hm));
+        k.u[4] = _mm256_or_si256(byte_field(q1, 0, 3), move_bit<4, 2>(hm));
+        k.u[5] = _mm256_or_si256(byte_field(q1, 2, 3), move_bit<5, 2>(hm));
+        k.u[6] = _mm256_or_si256(byte_field(q1, 4, 3), move_bit<6, 2>(hm));
+        k.u[7] = _mm256_or_si256(byte_field(q1, 6, 3), move_bit<7, 2>(hm));
+    }
+};
+
+// Q2_K: chunk 4h + j: 2 bits of qs[32h + i] at bit 2j; scales low nibble, mins high nibble.
+struct KQ2_K {
+    using Block = block_q2_K;
+    static constexpr int kOffsetShift = -1;
+    static constexpr bool kHasMin = true;
+    static void decode(const Block* b, KUnpacked& k) {
+        k.d_dmin = load_d_dmin(&b->d, true);
+        const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+        k.sc = _mm_and_si128(s, _mm_set1_epi8(0x0F));
+        k.mn = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0F));
+        const __m256i q0 = load256(b->qs), q1 = load256(b->qs + 32);
+        for (int j = 0; j < 4; ++j) {
+            k.u[j] = byte_field(q0, 2 * j, 3);
+            k.u[4 + j] = byte_field(q1, 2 * j, 3);
+        }
+    }
+};
+
+// The 16 sub-block scales as int16, even ones in the low 128-bit half, odd ones in the high half,
+// so that one in-lane shuffle per chunk (chunk_scales) picks both of a chunk's scales.
+inline __m256i split_scales(__m128i sc) {
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, even_odd));
+}
+
+// Scales of chunk c as int16 lanes: lanes 0-7 (elements 32c .. 32c + 15) sc[2c], lanes 8-15 sc[2c + 1].
+inline __m256i chunk_scales(__m256i split, int c) {
+    const __m256i pick = _mm256_set1_epi16(static_cast<short>(0x0100 * (2 * c + 1) + 2 * c));
+    return _mm256_shuffle_epi8(split, pick);
+}
+
+// acc after one block (qdot.h): `lanes` holds the block's sum_s sc[s] * (sum u q) spread over 8
+// int32 lanes; the offset and min terms come from bsums; both reductions are exact, then the f32
+// operations in qdot.h's order.
+template <typename D>
+inline float k_block_update(float acc, __m256i lanes, __m256i sc16, __m256i mn16, const block_q8_K& xb,
+                            __m128 d_dmin) {
+    const __m256i bsums = load256(xb.bsums);
+    if constexpr (D::kOffsetShift >= 0) {
+        lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
+    }
+    __m128i sums;  // [isum, imin, ...]
+    if constexpr (D::kHasMin) {
+        const __m256i h = _mm256_hadd_epi32(lanes, _mm256_madd_epi16(mn16, bsums));
+        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        sums = _mm_hadd_epi32(q, q);
+    } else {
+        sums = _mm_cvtsi32_si128(hsum_epi32(lanes));
+    }
+    // [(dx * d) * float(isum), (dx * dmin) * float(imin)]
+    const __m128 terms = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(xb.d), d_dmin), _mm_cvtepi32_ps(sums));
+    acc = acc + _mm_cvtss_f32(terms);
+    if constexpr (D::kHasMin) acc = acc - _mm_cvtss_f32(_mm_movehdup_ps(terms));
+    return acc;
+}
+
+// The K-quant row loop on 256-bit vectors. The including file defines k_dot_tokens (declared
+// here) as this one or as a wider version with the same arithmetic.
+template <typename D, int NT>
+void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc);
+
+template <typename D, int NT>
+inline void k_dot_tokens_256(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
+    const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
+    const block_q8_K* x[NT];
+    for (int t = 0; t < NT; ++t) {
+        x[t] = reinterpret_cast<const block_q8_K*>(static_cast<const uint8_t*>(xq) + t * xq_stride);
+        acc[t] = 0.0f;
+    }
+    for (int64_t ib = 0; ib < n / QK_K; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
+        KUnpacked k;
+        D::decode(blocks + ib, k);
+        __m256i s[8];
+        const __m256i split = split_scales(k.sc);
+        for (int c = 0; c < 8; ++c) s[c] = chunk_scales(split, c);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(k.sc);
+        const __m256i mn16 = _mm256_cvtepu8_epi16(k.mn);
+        for (int t = 0; t < NT; ++t) {
+            const block_q8_K& xb = x[t][ib];
+            __m256i v = _mm256_setzero_si256();
+            for (int c = 0; c < 8; ++c) v = acc_scaled_pairs(v, k.u[c], load256(xb.qs + 32 * c), s[c]);
+            acc[t] = k_block_update<D>(acc[t], v, sc16, mn16, xb, k.d_dmin);
+        }
+    }
+}
+
+template <typename D>
+float k_vec_dot(const void* w, const void* xq, int64_t n) {
+    float acc[1];
+    k_dot_tokens<D, 1>(w, xq, 0, n, acc);
+    return acc[0];
+}
+
+template <typename D>
+void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
+                    int64_t ldy) {
+    float acc[kMaxTileTokens];
+    switch (n_tokens) {
+        case 1:
+            k_dot_tokens<D, 1>(w, xq, xq_stride, n, acc);
+            break;
+        case 2:
+            k_dot_tokens<D, 2>(w, xq, xq_stride, n, acc);
+            break;
+        case 3:
+            k_dot_tokens<D, 3>(w, xq, xq_stride, n, acc);
+            break;
+        default:
+            k_dot_tokens<D, 4>(w, xq, xq_stride, n, acc);
+            break;
+    }
+    for (int t = 0; t < n_tokens; ++t) y[t * ldy] = acc[t];
+}
+
+// ---- 32-element blocks ---------------------------------------------------------------------------
+
+// 32 bits -> 32 bytes, byte i = 0xFF where bit i is set.
+inline __m256i bits_to_bytes(const uint8_t* p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// Nibbles of 16 bytes as 32 bytes: elements 0..15 the low nibbles, 16..31 the high ones.
+inline __m256i nibbles32(const uint8_t* qs) {
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+
+struct B32Unpacked {
+    __m256i q;  // signed (kSigned) or unsigned quants
+    __m128 dm;  // [d, m, -, -]; lane 1 unused (junk) for the types without a min
+};
+
+struct B32Q4_0 {
+    using Block = block_q4_0;
+    using Act = block_q8_0;
+    static constexpr bool kSigned = true, kHasMin = false;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
+        o.q = _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8));
+    }
+};
+struct B32Q4_1 {
+    using Block = block_q4_1;
+    using Act = block_q8_1;
+    static constexpr bool kSigned = false, kHasMin = true;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&b->d))));
+        o.q = nibbles32(b->qs);
+    }
+};
+struct B32Q5_0 {
+    using Block = block_q5_0;
+    using Act = block_q8_0;
+    static constexpr bool kSigned = true, kHasMin = false;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
+        const __m256i high = _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10));
+        o.q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b->qs), high), _mm256_set1_epi8(16));
+    }
+};
+struct B32Q5_1 {
+    using Block = block_q5_1;
+    using Act = block_q8_1;
+    static constexpr bool kSigned = false, kHasMin = true;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&b->d))));
+        o.q =
+            _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10)));
+    }
+};
+struct B32Q8_0 {
+    using Block = block_q8_0;
+    using Act = block_q8_0;
+    static constexpr bool kSigned = true, kHasMin = false;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
+        o.q = load256(b->qs);
+    }
+};
+
+// One block into acc (this block's parity) and, for the min types, msum's lane 1 (qdot.h).
+template <typename D, int NT>
+inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int64_t ib, __m256* acc,
+                     __m128* msum) {
+    // Signed weights: |w| as the unsigned operand, the sign moved onto the activations.
+    const __m256i u = D::kSigned ? _mm256_sign_epi8(o.q, o.q) : o.q;
+    for (int t = 0; t < NT; ++t) {
+        const typename D::Act& xb = x[t][ib];
+        const __m256i xv = D::kSigned ? _mm256_sign_epi8(load256(xb.qs), o.q) : load256(xb.qs);
+        const __m256 lanes = _mm256_cvtepi32_ps(dot_quads(u, xv));
+        // [dw, mw] * [dx, s]: dw * dx (one f32 rounding, as the scalar dw * dx) and mw * s in one
+        // multiply; lane 1 is unused for the types without a min (q8_0 has no s: junk there).
+        const __m128 p =
+            _mm_mul_ps(o.dm, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(&xb.d)))));
+        if constexpr (D::kHasMin) msum[t] = _mm_add_ps(msum[t], p);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_broadcastss_ps(p), lanes));
+    }
+}
+
+template <typename D, int NT>
+inline void b32_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* out) {
+    using Act = typename D::Act;
+    const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
+    const Act* x[NT];
+    __m256 acc0[NT], acc1[NT];
+    __m128 msum0[NT], msum1[NT];  // lane 1: the min terms of even / odd blocks
+    for (int t = 0; t < NT; ++t) {
+        x[t] = reinterpret_cast<const Act*>(static_cast<const uint8_t*>(xq) + t * xq_stride);
+        acc0[t] = _mm256_setzero_ps();
+        acc1[t] = _mm256_setzero_ps();
+        msum0[t] = _mm_setzero_ps();
+        msum1[t] = _mm_setzero_ps();
+    }
+    const int64_t nb = n / 32;
+    int64_t ib = 0;
+    for (; ib + 2 <= nb; ib += 2) {
+        prefetch_ahead(blocks + ib, 2 * sizeof(typename D::Block));
+        B32Unpacked o;
+        D::decode(blocks + ib, o);
+        b32_step<D, NT>(o, x, ib, acc0, msum0);
+        D::decode(blocks + ib + 1, o);
+        b32_step<D, NT>(o, x, ib + 1, acc1, msum1);
+    }
+    if (ib < nb) {
+        B32Unpacked o;
+        D::decode(blocks + ib, o);
+        b32_step<D, NT>(o, x, ib, acc0, msum0);
+    }
+    for (int t = 0; t < NT; ++t) {
+        float r = tree8(_mm256_add_ps(acc0[t], acc1[t]));
+        if constexpr (D::kHasMin) {
+            const __m128 m = _mm_add_ps(msum0[t], msum1[t]);
+            r = r + _mm_cvtss_f32(_mm_movehdup_ps(m));
+        }
+        out[t] = r;
+    }
+}
+
+template <typename D>
+float b32_vec_dot(const void* w, const void* xq, int64_t n) {
+    float out[1];
+    b32_dot_tokens<D, 1>(w, xq, 0, n, out);
+    return out[0];
+}
+
+template <typename D>
+void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
+                      int64_t ldy) {
+    float out[kMaxTileTokens];
+    switch (n_tokens) {
+        case 1:
+            b32_dot_tokens<D, 1>(w, xq, xq_stride, n, out);
+            break;
+        case 2:
+            b32_dot_tokens<D, 2>(w, xq, xq_stride, n, out);
+            break;
+        case 3:
+            b32_dot_tokens<D, 3>(w, xq, xq_stride, n, out);
+            break;
+        default:
+            b32_dot_tokens<D, 4>(w, xq, xq_stride, n, out);
+            break;
+    }
+    for (int t = 0; t < n_tokens; ++t) y[t * ldy] = out[t];
+}
