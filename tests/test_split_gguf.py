@@ -6,7 +6,9 @@ truncated) are FormatErrors naming the file and what is wrong.
 
 Oracles: the single-file conversion by the same converter (tensor bytes, logits), and the `gguf`
 package reading each shard file on its own (which tensors each shard holds, the split.* keys).
-Skips without torch/transformers (needed to build the Hugging Face model) or the converter.
+The converter tests skip without torch/transformers (needed to build the Hugging Face model) or the
+converter. The same equalities are also checked, without them, on a sharpi-written Q4_K_M model
+(mixed quant types per layer) split by tests/gguf_split.py.
 """
 
 from __future__ import annotations
@@ -18,10 +20,6 @@ from types import SimpleNamespace
 import gguf
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers", minversion="5.0")
-
 import sharpi
 from reader_policy import uring_unavailable
 from reference import hf_export
@@ -46,6 +44,8 @@ def _convert_split(hf_dir: Path, out: Path, converter: Path, max_tensors: int) -
 
 @pytest.fixture(scope="module")
 def model(model_dir):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers", minversion="5.0")
     try:
         converter = hf_export.converter_dir()
     except hf_export.ConverterUnavailable as error:
@@ -226,3 +226,40 @@ def test_inspect_lists_the_shards(model):
     for i, path in enumerate(model.shards):
         assert f"  {i + 1:>3}  {path}" in text
     assert "  shard 4" in text
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    from gguf_split import split_gguf
+    from sharpi.make_model import write_model
+
+    d = tmp_path_factory.mktemp("split_written")
+    single = d / "olmoe-q4_k_m.gguf"
+    write_model(str(single), arch="olmoe", preset="tiny", quant="q4_k_m", seed=5)
+    shards = split_gguf(single, d / "olmoe-q4_k_m", 3)
+    return SimpleNamespace(single=str(single), shards=[str(p) for p in shards])
+
+
+@pytest.mark.parametrize("reader", ["resident", "pread", "uring"])
+def test_written_split_model_equals_single_file(written, reader):
+    f = _core.GgufFile(written.shards[2])
+    assert len(f.shards) == 3
+    types = {t["type_name"] for t in f.tensors() if "_exps." in t["name"]}
+    assert len(types) >= 2, "Q4_K_M mixes expert types: slots must fit the largest over all shards"
+    prompt = list(range(3, 15))
+    expected = _run(sharpi.Session(written.single, threads=2, n_ctx=64), prompt)
+    if reader == "resident":
+        got = _run(sharpi.Session(written.shards[0], threads=2, n_ctx=64), prompt)
+        np.testing.assert_array_equal(got, expected)
+        return
+    probe = sharpi.Session(written.shards[0], threads=1, n_ctx=64, ram_budget="4GiB", reader="pread")
+    st = probe.expert_stats()
+    budget = st["fixed_bytes"] + probe.info["n_expert_used"] * st["slot_bytes"]
+    try:
+        s = sharpi.Session(written.shards[0], threads=2, n_ctx=64, ram_budget=budget, reader=reader)
+    except (sharpi.UnsupportedError, sharpi.IoError) as error:
+        if reader == "uring":
+            uring_unavailable(str(error))
+        raise
+    np.testing.assert_array_equal(_run(s, prompt), expected, err_msg=reader)
+    assert sum(layer["evictions"] for layer in s.expert_stats()["layers"]) > 0

@@ -36,10 +36,11 @@
 // - Destruction drops queued requests (no completion) and waits for every read in flight: no kernel
 //   or worker thread writes into a caller's buffer after the destructor returns.
 // - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose requested range [offset,
-//   offset + length) covers that offset complete with EIO, in both readers (not the aligned
-//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB
-//   block). The variable is read once, when the reader is constructed (decimal or 0x-hex; anything
-//   else is InvalidArgument), so setting it later does not affect an existing reader.
+//   offset + length) covers that offset (in any of the reader's files) complete with EIO, in both
+//   readers (not the aligned superset, so a test can fail one expert without touching its
+//   neighbours in the same 4 KiB block). The variable is read once, when the reader is constructed
+//   (decimal or 0x-hex; anything else is InvalidArgument), so setting it later does not affect an
+//   existing reader.
 #pragma once
 
 #include <cstdint>
