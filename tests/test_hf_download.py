@@ -193,3 +193,32 @@ def test_one_gguf_needs_no_tag_and_bad_repo(files, hub, tmp_path):
     assert absent.returncode == 1 and "sharpi: error: sharpi-test/nope" in absent.stderr
     bad = sharpi_cli(["run", "-hf", "no-slash", *RUN_ARGS], hf_home, hub.url)
     assert bad.returncode == 1 and "expected USER/REPO[:QUANT]" in bad.stderr
+
+
+def test_quant_tag_matching():
+    """The selection rules on their own: whole-word, case-insensitive tags; shards grouped and
+    complete; mmproj files ignored; Q4_K_M when no tag is given and there are several models."""
+    from sharpi.hub import HubError, parse_spec, select_files
+
+    files = [
+        "README.md",
+        "M-Q4_K_M.gguf",
+        "M-Q4_K_S.gguf",
+        "UD-Q2_K_XL/M-UD-Q2_K_XL-00002-of-00002.gguf",
+        "UD-Q2_K_XL/M-UD-Q2_K_XL-00001-of-00002.gguf",
+        "mmproj-M-f16.gguf",
+    ]
+    assert parse_spec("u/r:q4_k_m") == ("u/r", "q4_k_m") and parse_spec("u/r") == ("u/r", None)
+    assert select_files("u/r", files, "q4_k_s") == ["M-Q4_K_S.gguf"]
+    assert select_files("u/r", files, None) == ["M-Q4_K_M.gguf"]
+    assert select_files("u/r", files, "ud-q2_k_xl") == [
+        "UD-Q2_K_XL/M-UD-Q2_K_XL-00001-of-00002.gguf",
+        "UD-Q2_K_XL/M-UD-Q2_K_XL-00002-of-00002.gguf",
+    ]
+    with pytest.raises(HubError, match="no GGUF file for quant 'Q4_K'"):
+        select_files("u/r", files, "Q4_K")  # a prefix of Q4_K_M / Q4_K_S is not a match
+    with pytest.raises(HubError, match="no GGUF file for quant 'F16'"):
+        select_files("u/r", files, "F16")  # only the mmproj file has it
+    with pytest.raises(HubError, match=r"shard\(s\) \[2\] missing"):
+        select_files("u/r", ["M-Q8_0-00001-of-00002.gguf"], "Q8_0")
+    assert select_files("u/r", ["only.gguf", "x.txt"], None) == ["only.gguf"]
