@@ -6,7 +6,8 @@ and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and
 It never computes anything itself: generation goes through sharpi.Session, inspection through
 sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model. Flags
 follow llama.cpp's names where llama.cpp has the same option (-m, -p, -f, -n, -t, -c, --temp,
---top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos). Option
+--top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos, -hf: a
+model from the Hugging Face Hub, resolved and cached by sharpi.hub). Option
 types shared with the other commands are sharpi.cli_args'; the cache counters and their ratios are
 sharpi.metrics'. Imports point one way: this module imports the subcommand modules, never the reverse.
 
@@ -28,8 +29,9 @@ from .cli_args import add_compute_arguments, non_negative_int
 def _user_errors() -> tuple:
     """Errors that come from the user's input or environment, not from a bug: one line, no traceback."""
     from . import _core
+    from .hub import HubError
 
-    return (_core.SharpiError, OSError)
+    return (_core.SharpiError, OSError, HubError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,13 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate text from a prompt",
         description="Generate text from a prompt, streaming it to stdout; timing goes to stderr.",
     )
-    run.add_argument(
+    model_src = run.add_mutually_exclusive_group()
+    model_src.add_argument(
         "-m",
         "--model",
         default=None,
         metavar="FILE",
-        help="GGUF model file (default: the shipped stdlib-moe model, see sharpi/models/MODEL_CARD.md)",
+        help="GGUF model file, or any shard of a split one (default: the shipped stdlib-moe model, see "
+        "sharpi/models/MODEL_CARD.md)",
     )
+    _add_hf_argument(model_src)
     src = run.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default=None, help="prompt text")
     src.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE")
@@ -153,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="describe a GGUF file",
         description="Architecture, tensors, quant mix and expert vs dense bytes of a GGUF file.",
     )
-    inspect.add_argument("model", metavar="FILE", help="GGUF model file")
+    inspect_src = inspect.add_mutually_exclusive_group(required=True)
+    inspect_src.add_argument("model", metavar="FILE", nargs="?", help="GGUF model file, or any shard of a split one")
+    _add_hf_argument(inspect_src)
 
     make = sub.add_parser(
         "make-model",
@@ -182,6 +189,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_predictor_parser(sub)
     return parser
+
+
+def _add_hf_argument(p) -> None:
+    p.add_argument(
+        "-hf",
+        "--hf-repo",
+        default=None,
+        metavar="REPO[:QUANT]",
+        help="download the model from the Hugging Face Hub (cached; e.g. unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M); "
+        "honours HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE",
+    )
+
+
+def _model_from_hub(args, err: TextIO) -> None:
+    """-hf: resolve (download or find in the cache) and put the local path in args.model."""
+    if getattr(args, "hf_repo", None) is None:
+        return
+    from .hub import resolve
+
+    args.model = resolve(args.hf_repo, log=lambda msg: err.write(msg + "\n"))
 
 
 def _require_file(path: str) -> None:
@@ -226,6 +253,7 @@ def format_timing(stats: dict) -> str:
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
     import sharpi
 
+    _model_from_hub(args, err)
     if args.model is None:
         from .models import default_model_path
 
@@ -312,6 +340,7 @@ def write_expert_stats(path: str, stats: dict) -> None:
 
 
 def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
+    _model_from_hub(args, err)
     _require_file(args.model)
     from .inspect_model import inspect_report
 

@@ -3,7 +3,9 @@
 inspect_summary(path) returns the facts as a dict; inspect_report(path) renders them as text:
 architecture and hyper-parameters, tokenizer, quant mix (bytes per type), bytes in routed experts vs
 dense weights, experts per layer with the bytes of one expert (the unit the expert cache moves), and
-the tensor list. Read-only: it opens the file without mapping the data and reads no tensor bytes.
+the tensor list. A split model (NAME-0000i-of-0000K.gguf, any shard named) is inspected as a whole:
+the shards are listed and each tensor says which one holds it. Read-only: it opens the file without
+mapping the data and reads no tensor bytes.
 """
 
 from __future__ import annotations
@@ -93,9 +95,13 @@ def inspect_summary(path) -> dict:
                 tok[key] = md[f"tokenizer.ggml.{key}"]
         tok["chat_template"] = "tokenizer.chat_template" in md
 
+    shards = f.shards
+    for i, shard in enumerate(shards):
+        shard["tensor_bytes"] = sum(t["nbytes"] for t in tensors if t["shard"] == i)
     return OrderedDict(
         path=f.path,
-        file_size=f.file_size,
+        file_size=sum(shard["file_size"] for shard in shards),
+        shards=shards,
         version=f.version,
         alignment=f.alignment,
         data_offset=f.data_offset,
@@ -120,6 +126,7 @@ def inspect_summary(path) -> dict:
                 shape=t["shape"],
                 nbytes=t["nbytes"],
                 file_offset=t["file_offset"],
+                shard=t["shard"],
             )
             for t in tensors
         ],
@@ -143,7 +150,15 @@ def inspect_report(path, list_tensors: bool = True) -> str:
     w(
         f"{s['path']}: GGUF v{s['version']}, {_fmt_bytes(s['file_size'])}, alignment {s['alignment']}, "
         f"data at {s['data_offset']:#x}, {s['n_metadata']} metadata keys, {s['n_tensors']} tensors"
+        + (f", split over {len(s['shards'])} files" if len(s["shards"]) > 1 else "")
     )
+    if len(s["shards"]) > 1:
+        w("shards:")
+        for i, shard in enumerate(s["shards"]):
+            w(
+                f"  {i + 1:>3}  {shard['path']}  {_fmt_bytes(shard['file_size'])}, {shard['n_tensors']} tensors "
+                f"({_fmt_bytes(shard['tensor_bytes'])})"
+            )
     w(
         f"arch {s['arch']}"
         + (f"  name '{s['name']}'" if s["name"] else "")
@@ -197,13 +212,17 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         w("")
         w("tensors:")
         width = max((len(t["name"]) for t in s["tensors"]), default=10)
+        split = len(s["shards"]) > 1
         for t in s["tensors"]:
-            w(f"  {t['name']:<{width}} {t['type']:<7} {t['shape']!s:<22} {_fmt_bytes(t['nbytes']):>12}")
+            where = f"  shard {t['shard'] + 1}" if split else ""
+            w(
+                f"  {t['name']:<{width}} {t['type']:<7} {t['shape']!s:<22} {_fmt_bytes(t['nbytes']):>12}{where}"
+            )
     return "\n".join(out) + "\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="GGUF file")
+    p.add_argument("model", help="GGUF file (any shard of a split model)")
     p.add_argument("--no-tensors", action="store_true", help="leave out the tensor list")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 

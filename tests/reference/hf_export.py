@@ -345,8 +345,10 @@ def converter_dir() -> Path:
     return path
 
 
-def convert(hf_dir: Path, out_path: Path, outtype: str, converter: Path) -> Path:
-    """Convert hf_dir to out_path with llama.cpp's converter (--outtype f32 | f16 | q8_0 ...)."""
+def convert(hf_dir: Path, out_path: Path, outtype: str, converter: Path, extra_args=()) -> Path:
+    """Convert hf_dir to out_path with llama.cpp's converter (--outtype f32 | f16 | q8_0 ...).
+    extra_args go to the converter as they are (e.g. ["--split-max-tensors", "20"]: then the files
+    are out_path's stem + "-0000i-of-0000K.gguf" and the first of them is returned)."""
     env = dict(os.environ)
     # The downloaded gguf-py goes first: the converter may need a newer gguf than the installed one.
     env["PYTHONPATH"] = os.pathsep.join([str(converter / "gguf-py"), str(converter)])
@@ -360,8 +362,12 @@ def convert(hf_dir: Path, out_path: Path, outtype: str, converter: Path) -> Path
         str(out_path),
         "--outtype",
         outtype,
+        *extra_args,
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+    if extra_args and not Path(out_path).is_file():
+        shards = sorted(Path(out_path).parent.glob(Path(out_path).stem + "-00001-of-*.gguf"))
+        out_path = shards[0] if shards else out_path
     if done.returncode != 0 or not Path(out_path).is_file():
         raise RuntimeError(
             f"convert_hf_to_gguf failed for {hf_dir} ({outtype}), rc {done.returncode}:\n{done.stderr[-4000:]}"

@@ -427,6 +427,146 @@ size_t GgufValue::array_size() const {
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, bool map_data) {
+    std::unique_ptr<GgufFile> file = open_one(path, map_data);
+    if (file->get_uint_or(kGgufSplitCount, 0) > 1) return open_split(std::move(file), map_data);
+    return file;
+}
+
+namespace {
+
+// NAME-0000i-of-0000K.gguf, as llama.cpp writes shard names (llama_split_path: "%s-%05d-of-%05d.gguf",
+// gguf-py's SHARD_NAME_FORMAT). Wider numbers are accepted; i and K are 1-based.
+struct SplitName {
+    std::string prefix;  // everything before "-0000i-of-0000K.gguf", directory included
+    uint64_t no = 0;
+    uint64_t count = 0;
+};
+
+bool parse_split_name(const std::string& path, SplitName* out) {
+    static const std::string kSuffix = ".gguf";
+    if (path.size() < kSuffix.size() ||
+        path.compare(path.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+        return false;
+    const std::string stem = path.substr(0, path.size() - kSuffix.size());
+    // Walk back over "-DIGITS-of-DIGITS".
+    auto digits_before = [&](size_t end, size_t* begin) {
+        size_t b = end;
+        while (b > 0 && stem[b - 1] >= '0' && stem[b - 1] <= '9') --b;
+        *begin = b;
+        return end - b >= 5 && end - b <= 18;
+    };
+    size_t count_begin = 0, no_begin = 0;
+    if (!digits_before(stem.size(), &count_begin)) return false;
+    if (count_begin < 4 || stem.compare(count_begin - 4, 4, "-of-") != 0) return false;
+    if (!digits_before(count_begin - 4, &no_begin)) return false;
+    if (no_begin < 2 || stem[no_begin - 1] != '-') return false;
+    out->prefix = stem.substr(0, no_begin - 1);
+    out->no = std::stoull(stem.substr(no_begin, count_begin - 4 - no_begin));
+    out->count = std::stoull(stem.substr(count_begin));
+    return out->no >= 1 && out->no <= out->count;
+}
+
+[[noreturn]] void split_fail(const std::string& file, const std::string& what) {
+    throw FormatError("[gguf] " + file + ": " + what);
+}
+
+std::string split_path(const std::string& prefix, uint64_t no, uint64_t count) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "-%05" PRIu64 "-of-%05" PRIu64 ".gguf", no, count);
+    return prefix + buf;
+}
+
+}  // namespace
+
+std::unique_ptr<GgufFile> GgufFile::open_split(std::unique_ptr<GgufFile> opened, bool map_data) {
+    const std::string& path = opened->path();
+    const uint64_t count = opened->get_uint(kGgufSplitCount);
+    SplitName name;
+    if (!parse_split_name(path, &name)) {
+        split_fail(path, "split.count = " + std::to_string(count) +
+                             " (one shard of a split model), but the file name does not follow "
+                             "NAME-0000i-of-0000K.gguf, so the other shards cannot be found");
+    }
+    if (name.count != count) {
+        split_fail(path, "the file name says " + std::to_string(name.count) + " shards, split.count says " +
+                             std::to_string(count));
+    }
+    if (count > 9999)
+        split_fail(path, "split.count = " + std::to_string(count) + " is not a plausible shard count");
+
+    std::vector<std::unique_ptr<GgufFile>> shards(count);
+    const uint64_t opened_no = name.no - 1;
+    shards[opened_no] = std::move(opened);
+    for (uint64_t i = 0; i < count; ++i) {
+        if (shards[i]) continue;
+        const std::string shard_path = split_path(name.prefix, i + 1, count);
+        struct stat st;
+        if (::stat(shard_path.c_str(), &st) != 0) {
+            split_fail(shard_path, "missing shard " + std::to_string(i + 1) + " of " + std::to_string(count) +
+                                       " of the split model " + split_path(name.prefix, 1, count) + " (" +
+                                       std::strerror(errno) + ")");
+        }
+        shards[i] = open_one(shard_path, map_data);
+    }
+
+    // Every shard must say it is shard i of this split and count the same tensors as the first.
+    const uint64_t n_total = shards[0]->get_uint_or(kGgufSplitTensorsCount, 0);
+    const std::string arch = shards[0]->get_string_or("general.architecture", "");
+    for (uint64_t i = 0; i < count; ++i) {
+        const GgufFile& s = *shards[i];
+        const std::string which = "shard " + std::to_string(i + 1) + " of " + std::to_string(count);
+        if (!s.has(kGgufSplitCount) || !s.has(kGgufSplitNo)) {
+            split_fail(s.path(),
+                       which + " has no split.count / split.no keys: not a shard of this split model");
+        }
+        if (s.get_uint(kGgufSplitCount) != count) {
+            split_fail(s.path(), which +
+                                     " says split.count = " + std::to_string(s.get_uint(kGgufSplitCount)) +
+                                     ": a shard of another split");
+        }
+        if (s.get_uint(kGgufSplitNo) != i) {
+            split_fail(s.path(), which + " says split.no = " + std::to_string(s.get_uint(kGgufSplitNo)) +
+                                     " (shard " + std::to_string(s.get_uint(kGgufSplitNo) + 1) + ")");
+        }
+        if (s.get_uint_or(kGgufSplitTensorsCount, 0) != n_total) {
+            split_fail(s.path(), which + " says split.tensors.count = " +
+                                     std::to_string(s.get_uint_or(kGgufSplitTensorsCount, 0)) +
+                                     ", shard 1 says " + std::to_string(n_total) +
+                                     ": a shard of another model or split");
+        }
+        const std::string shard_arch = s.get_string_or("general.architecture", arch);
+        if (shard_arch != arch) {
+            split_fail(s.path(), which + " is a '" + shard_arch + "' model, shard 1 a '" + arch +
+                                     "' model: a shard of another model");
+        }
+    }
+
+    // Merge the tensor directories into the first shard's, each tensor keeping its shard.
+    std::unique_ptr<GgufFile> first = std::move(shards[0]);
+    for (uint64_t i = 1; i < count; ++i) {
+        for (const GgufTensor& t : shards[i]->tensors_) {
+            auto it = first->tensor_index_.find(t.name);
+            if (it != first->tensor_index_.end()) {
+                split_fail(shards[i]->path(), "tensor " + printable(t.name) + " is also in shard " +
+                                                  std::to_string(first->tensors_[it->second].shard + 1) +
+                                                  ": a shard of another model or split");
+            }
+            GgufTensor merged = t;
+            merged.shard = static_cast<uint32_t>(i);
+            first->tensor_index_.emplace(t.name, first->tensors_.size());
+            first->tensors_.push_back(std::move(merged));
+        }
+        first->others_.push_back(std::move(shards[i]));
+    }
+    if (first->tensors_.size() != n_total) {
+        split_fail(first->path(), "the " + std::to_string(count) + " shards hold " +
+                                      std::to_string(first->tensors_.size()) +
+                                      " tensors, split.tensors.count says " + std::to_string(n_total));
+    }
+    return first;
+}
+
+std::unique_ptr<GgufFile> GgufFile::open_one(const std::string& path, bool map_data) {
     std::unique_ptr<GgufFile> file(new GgufFile());
     file->path_ = path;
     file->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

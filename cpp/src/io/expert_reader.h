@@ -1,13 +1,15 @@
-// Reads byte ranges of the model file into caller-owned buffers, asynchronously, for the expert
-// cache. Two implementations with the same contract:
+// Reads byte ranges of the model's files into caller-owned buffers, asynchronously, for the expert
+// cache. A reader serves a list of files (the shards of a split GGUF; one entry for a one-file
+// model) and a request names its file by index into that list; every file has its own descriptor(s). Two
+// implementations with the same contract:
 //   UringReader: io_uring + O_DIRECT, reads into registered buffers when possible (the fast path);
 //   PreadReader: a small thread pool doing pread(), always built; the fallback when io_uring or
 //                O_DIRECT is unavailable, and the reference the tests compare UringReader against.
-// A reader owns its file descriptor, its I/O threads or ring, its request queue and its load
+// A reader owns its file descriptors, its I/O threads or ring, its request queue and its load
 // accounting; it never owns the buffers it reads into and never interprets the bytes.
 //
 // Contract:
-// - A request covers [offset, offset + length) of the file. O_DIRECT needs 4 KiB-aligned offsets,
+// - A request covers [offset, offset + length) of file number `file`. O_DIRECT needs 4 KiB-aligned offsets,
 //   lengths and buffers, and expert ranges in GGUF are not aligned, so every reader reads the
 //   aligned superset [align_down(offset), align_up(offset + length)) (clipped at end of file) into
 //   `buffer` and the requested bytes start at buffer + (offset % kAlignment). `buffer` must be
@@ -34,10 +36,11 @@
 // - Destruction drops queued requests (no completion) and waits for every read in flight: no kernel
 //   or worker thread writes into a caller's buffer after the destructor returns.
 // - Test hook: SHARPI_FAULT_EIO_AT=<byte offset> makes any read whose requested range [offset,
-//   offset + length) covers that offset complete with EIO, in both readers (not the aligned
-//   superset, so a test can fail one expert without touching its neighbours in the same 4 KiB
-//   block). The variable is read once, when the reader is constructed (decimal or 0x-hex; anything
-//   else is InvalidArgument), so setting it later does not affect an existing reader.
+//   offset + length) covers that offset (in any of the reader's files) complete with EIO, in both
+//   readers (not the aligned superset, so a test can fail one expert without touching its
+//   neighbours in the same 4 KiB block). The variable is read once, when the reader is constructed
+//   (decimal or 0x-hex; anything else is InvalidArgument), so setting it later does not affect an
+//   existing reader.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +54,7 @@ enum class ReadPriority : int { demand = 0, prefetch = 1 };
 
 struct ReadRequest {
     uint64_t tag = 0;           // caller's id for this read, unique among outstanding requests
+    uint32_t file = 0;          // index into the reader's files (InvalidArgument when out of range)
     uint64_t offset = 0;        // file offset of the first wanted byte
     uint64_t length = 0;        // wanted bytes
     uint8_t* buffer = nullptr;  // kAlignment-aligned, at least aligned_span(offset, length) bytes
@@ -114,7 +118,11 @@ struct ReaderOptions {
 // kind: "auto" (io_uring when it works on this file, else pread), "uring" (throws
 // UnsupportedError when io_uring or O_DIRECT is unavailable), "pread".
 // `arena`/`arena_bytes`: memory that will hold every buffer passed to submit (registered with
-// io_uring when possible; may be nullptr). Throws IoError when the file cannot be opened.
+// io_uring when possible; may be nullptr). Throws IoError when a file cannot be opened.
+// `paths`: the files requests may name (ReadRequest::file); one path = a one-file model.
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind,
+                                                 const std::vector<std::string>& paths, uint8_t* arena,
+                                                 uint64_t arena_bytes, const ReaderOptions& options);
 std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
                                                  uint8_t* arena, uint64_t arena_bytes);
 // The same with tuning knobs (ReaderOptions{} gives the defaults).

@@ -1,7 +1,7 @@
 // PreadReader: the expert reader that works everywhere (no liburing, no io_uring, filesystems that
 // refuse O_DIRECT) and the reference the tests hold UringReader to.
 //
-// Owns one plain read-only file descriptor and a small pool of worker threads (2 by default). The
+// Owns one plain read-only file descriptor per file and a small pool of worker threads (2 by default). The
 // decode thread queues requests in a ReadQueue (reader_common.h) under mutex_; each worker takes one
 // chunk (at most chunk_bytes of the aligned superset) at a time, in priority order, reads it with
 // pread() outside the lock, resuming short reads until the chunk is complete or the file ends, and
@@ -26,30 +26,34 @@ namespace {
 
 class PreadReader final : public QueuedReader {
   public:
-    PreadReader(const std::string& path, int fd, const ResolvedOptions& options, const std::string& note)
-        : QueuedReader(path, options.chunk_bytes, options.pread_threads),
-          fd_(fd),
+    // fds: one per path, in order; owned by the reader once the constructor returns (the caller
+    // closes them when it throws).
+    PreadReader(const std::vector<std::string>& paths, const std::vector<int>& fds,
+                const ResolvedOptions& options, const std::string& note)
+        : QueuedReader(paths, options.chunk_bytes, options.pread_threads),
+          fds_(fds),
           n_threads_(options.pread_threads),
           note_(note) {
         workers_.reserve(static_cast<size_t>(options.pread_threads));
         try {
             for (int i = 0; i < options.pread_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
         } catch (...) {
-            stop_workers();  // the fd stays with the caller, which closes it on this exception
+            stop_workers();  // the fds stay with the caller, which closes them on this exception
             throw;
         }
     }
 
     ~PreadReader() override {
         stop_workers();
-        ::close(fd_);
+        close_fds();
     }
 
     const char* name() const override { return "pread"; }
 
     std::string describe() const override {
-        std::string s = "pread: " + std::to_string(n_threads_) + " threads, chunk " +
-                        std::to_string(queue_.chunk_bytes() / 1024) + " KiB";
+        std::string s = "pread: " + std::to_string(n_threads_) + " threads, ";
+        if (fds_.size() > 1) s += std::to_string(fds_.size()) + " files, ";
+        s += "chunk " + std::to_string(queue_.chunk_bytes() / 1024) + " KiB";
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
         if (!note_.empty()) s += " (" + note_ + ")";
         return s;
@@ -58,6 +62,11 @@ class PreadReader final : public QueuedReader {
   private:
     bool kick_needed_locked() override { return true; }
     void kick() override { work_cv_.notify_all(); }
+
+    void close_fds() {
+        for (int fd : fds_) ::close(fd);
+        fds_.clear();
+    }
 
     void stop_workers() {
         {
@@ -98,8 +107,8 @@ class PreadReader final : public QueuedReader {
     uint64_t read_chunk(const Chunk& chunk, int* err) const {
         uint64_t pos = chunk.begin;
         while (pos < chunk.end) {
-            const ssize_t n =
-                ::pread(fd_, chunk.dst + (pos - chunk.begin), chunk.end - pos, static_cast<off_t>(pos));
+            const ssize_t n = ::pread(fds_[chunk.file], chunk.dst + (pos - chunk.begin), chunk.end - pos,
+                                      static_cast<off_t>(pos));
             if (n < 0) {
                 if (errno == EINTR) continue;
                 *err = errno;
@@ -111,7 +120,7 @@ class PreadReader final : public QueuedReader {
         return pos;
     }
 
-    const int fd_;
+    std::vector<int> fds_;  // one per file, in the order of the paths; constant while workers run
     const int n_threads_;
     const std::string note_;           // why "auto" fell back to this reader, if it did
     std::condition_variable work_cv_;  // workers: a chunk may be startable, or stopping
@@ -121,14 +130,15 @@ class PreadReader final : public QueuedReader {
 
 }  // namespace
 
-std::unique_ptr<ExpertReader> open_pread_reader(const std::string& path, const ReaderOptions& options,
-                                                const std::string& note) {
+std::unique_ptr<ExpertReader> open_pread_reader(const std::vector<std::string>& paths,
+                                                const ReaderOptions& options, const std::string& note) {
     const ResolvedOptions resolved = resolve_options(options);
-    const int fd = open_or_throw(path, 0);
+    std::vector<int> fds;
     try {
-        return std::make_unique<PreadReader>(path, fd, resolved, note);
+        for (const std::string& path : paths) fds.push_back(open_or_throw(path, 0));
+        return std::make_unique<PreadReader>(paths, fds, resolved, note);
     } catch (...) {
-        ::close(fd);
+        for (int fd : fds) ::close(fd);
         throw;
     }
 }

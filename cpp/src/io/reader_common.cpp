@@ -90,8 +90,8 @@ int open_or_throw(const std::string& path, int extra_flags) {
     return fd;
 }
 
-ReadQueue::ReadQueue(std::string path, uint64_t chunk_bytes, int depth, FaultInjection fault)
-    : path_(std::move(path)),
+ReadQueue::ReadQueue(std::vector<std::string> paths, uint64_t chunk_bytes, int depth, FaultInjection fault)
+    : paths_(std::move(paths)),
       chunk_bytes_(chunk_bytes),
       depth_(depth),
       prefetch_limit_(std::max(1, depth / 4)),
@@ -104,7 +104,13 @@ uint64_t ReadQueue::test_delay_us(const Chunk& chunk) const {
 }
 
 void ReadQueue::add(const ReadRequest& request) {
-    const std::string what = "[io] " + path_ + ": read request (tag " + std::to_string(request.tag) + ")";
+    if (request.file >= paths_.size()) {
+        throw InvalidArgument("[io] read request (tag " + std::to_string(request.tag) + "): file " +
+                              std::to_string(request.file) + " out of range (the reader has " +
+                              std::to_string(paths_.size()) + ")");
+    }
+    const std::string what =
+        "[io] " + paths_[request.file] + ": read request (tag " + std::to_string(request.tag) + ")";
     if (request.buffer == nullptr) throw InvalidArgument(what + ": buffer is null");
     if (reinterpret_cast<uintptr_t>(request.buffer) % ExpertReader::kAlignment != 0) {
         throw InvalidArgument(what + ": buffer is not " + std::to_string(ExpertReader::kAlignment) +
@@ -170,6 +176,7 @@ bool ReadQueue::next_chunk(Chunk* out) {
         QueuedRead* r = from->front();
         Chunk c;
         c.read = r;
+        c.file = r->request.file;
         c.begin = r->next_begin;
         c.end = std::min(r->span_end, c.begin + chunk_bytes_);
         c.dst = r->request.buffer + (c.begin - r->span_begin);
@@ -196,9 +203,10 @@ void ReadQueue::finish_chunk(const Chunk& chunk, int err, uint64_t reached) {
     const uint64_t want_end = std::min(chunk.end, r->request.offset + r->request.length);
     if (r->error.empty()) {
         if (err != 0) {
-            r->error = read_error_text(path_, r->request.offset, r->request.length, std::strerror(err));
+            r->error =
+                read_error_text(paths_[chunk.file], r->request.offset, r->request.length, std::strerror(err));
         } else if (reached < want_end) {
-            r->error = read_error_text(path_, r->request.offset, r->request.length,
+            r->error = read_error_text(paths_[chunk.file], r->request.offset, r->request.length,
                                        "end of file at " + hex(reached));
         }
     }
@@ -239,7 +247,7 @@ void ReadQueue::drop_queued() {
     }
     for (QueuedRead* r : cut_short) {
         unlink(r);
-        if (r->error.empty()) r->error = "[io] " + path_ + ": reader shut down";
+        if (r->error.empty()) r->error = "[io] " + paths_[r->request.file] + ": reader shut down";
         complete_if_done(r);
     }
 }
@@ -276,8 +284,8 @@ double LoadMeter::bytes_per_ms() const {
     return busy > 0.0 && completed_bytes_ > 0 ? static_cast<double>(completed_bytes_) / busy : 0.0;
 }
 
-QueuedReader::QueuedReader(std::string path, uint64_t chunk_bytes, int depth)
-    : queue_(std::move(path), chunk_bytes, depth, FaultInjection::from_env()) {}
+QueuedReader::QueuedReader(std::vector<std::string> paths, uint64_t chunk_bytes, int depth)
+    : queue_(std::move(paths), chunk_bytes, depth, FaultInjection::from_env()) {}
 
 void QueuedReader::submit(const ReadRequest& request) {
     bool wake;

@@ -74,9 +74,10 @@ class FaultInjection {
 
 struct QueuedRead;
 
-// One piece of a request for an I/O thread: read file bytes [begin, end) into dst.
+// One piece of a request for an I/O thread: read bytes [begin, end) of file number `file` into dst.
 struct Chunk {
     QueuedRead* read = nullptr;
+    uint32_t file = 0;
     uint64_t begin = 0;
     uint64_t end = 0;
     uint8_t* dst = nullptr;
@@ -85,7 +86,8 @@ struct Chunk {
 class ReadQueue {
   public:
     // depth: chunks that may be in flight at once (io_uring SQEs, or pread worker threads).
-    ReadQueue(std::string path, uint64_t chunk_bytes, int depth, FaultInjection fault);
+    // paths: the reader's files (error messages name the request's file; add() checks the index).
+    ReadQueue(std::vector<std::string> paths, uint64_t chunk_bytes, int depth, FaultInjection fault);
     ~ReadQueue();
     ReadQueue(const ReadQueue&) = delete;
     ReadQueue& operator=(const ReadQueue&) = delete;
@@ -115,7 +117,7 @@ class ReadQueue {
     int in_flight() const { return in_flight_; }
     int depth() const { return depth_; }
     uint64_t chunk_bytes() const { return chunk_bytes_; }
-    const std::string& path() const { return path_; }
+    const std::vector<std::string>& paths() const { return paths_; }
     const FaultInjection& fault() const { return fault_; }
     // The test delay that applies to this chunk (0 unless its read has prefetch priority and the hook
     // is armed). Call with the reader's lock held.
@@ -129,7 +131,7 @@ class ReadQueue {
     void unlink(QueuedRead* r);
     void complete_if_done(QueuedRead* r);
 
-    std::string path_;
+    std::vector<std::string> paths_;
     uint64_t chunk_bytes_;
     int depth_;
     int prefetch_limit_;  // prefetch chunks start only while in_flight_ < prefetch_limit_ (see next_chunk)
@@ -180,7 +182,7 @@ class QueuedReader : public ExpertReader {
     double bytes_per_ms() const override { return load_.bytes_per_ms(); }
 
   protected:
-    QueuedReader(std::string path, uint64_t chunk_bytes, int depth);
+    QueuedReader(std::vector<std::string> paths, uint64_t chunk_bytes, int depth);
     virtual bool kick_needed_locked() = 0;
     virtual void kick() = 0;
 
@@ -191,13 +193,14 @@ class QueuedReader : public ExpertReader {
 };
 
 // Constructors used by reader_factory.cpp. open_uring_reader returns nullptr and sets *why when
-// io_uring or O_DIRECT cannot be used for this file (not compiled, io_uring_setup refused, O_DIRECT
-// refused by the filesystem); both throw IoError when the file cannot be opened at all.
+// io_uring or O_DIRECT cannot be used for these files (not compiled, io_uring_setup refused, O_DIRECT
+// refused by the filesystem); both throw IoError when a file cannot be opened at all.
 // refuse_o_direct (tests only) acts as if the filesystem refused O_DIRECT.
-std::unique_ptr<ExpertReader> open_pread_reader(const std::string& path, const ReaderOptions& options,
-                                                const std::string& note);
-std::unique_ptr<ExpertReader> open_uring_reader(const std::string& path, uint8_t* arena, uint64_t arena_bytes,
-                                                const ReaderOptions& options, std::string* why);
+std::unique_ptr<ExpertReader> open_pread_reader(const std::vector<std::string>& paths,
+                                                const ReaderOptions& options, const std::string& note);
+std::unique_ptr<ExpertReader> open_uring_reader(const std::vector<std::string>& paths, uint8_t* arena,
+                                                uint64_t arena_bytes, const ReaderOptions& options,
+                                                std::string* why);
 
 // Opens `path` read-only (plus extra_flags); throws IoError "[io] <path>: cannot open: <strerror>".
 int open_or_throw(const std::string& path, int extra_flags);

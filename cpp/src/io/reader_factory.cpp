@@ -7,19 +7,26 @@
 
 namespace sharpi {
 
-std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
-                                                 uint8_t* arena, uint64_t arena_bytes,
-                                                 const ReaderOptions& options) {
-    if (kind == "pread") return io::open_pread_reader(path, options, "");
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind,
+                                                 const std::vector<std::string>& paths, uint8_t* arena,
+                                                 uint64_t arena_bytes, const ReaderOptions& options) {
+    if (paths.empty()) throw InvalidArgument("[io] a reader needs at least one file");
+    if (kind == "pread") return io::open_pread_reader(paths, options, "");
     if (kind != "auto" && kind != "uring") {
         throw InvalidArgument("[io] unknown reader kind '" + kind +
                               "' (expected 'auto', 'uring' or 'pread')");
     }
     std::string why;
-    std::unique_ptr<ExpertReader> reader = io::open_uring_reader(path, arena, arena_bytes, options, &why);
+    std::unique_ptr<ExpertReader> reader = io::open_uring_reader(paths, arena, arena_bytes, options, &why);
     if (reader) return reader;
-    if (kind == "uring") throw UnsupportedError("[io] " + path + ": io_uring reader unavailable: " + why);
-    return io::open_pread_reader(path, options, "io_uring unavailable: " + why);
+    if (kind == "uring") throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
+    return io::open_pread_reader(paths, options, "io_uring unavailable: " + why);
+}
+
+std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,
+                                                 uint8_t* arena, uint64_t arena_bytes,
+                                                 const ReaderOptions& options) {
+    return make_expert_reader(kind, std::vector<std::string>{path}, arena, arena_bytes, options);
 }
 
 std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind, const std::string& path,

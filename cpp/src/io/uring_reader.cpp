@@ -1,9 +1,10 @@
 // UringReader: the fast expert reader, io_uring + O_DIRECT into (when possible) registered buffers.
 //
-// Owns: two descriptors of the model file (O_DIRECT for aligned reads; a plain one for the rare
-// resumption of a short read that stopped at an unaligned position, which O_DIRECT cannot express
-// and which only happens at end of file), one io_uring (UringRing, uring_ring.h: raw system calls,
-// no liburing) with both descriptors registered as fixed files when the kernel allows, an eventfd
+// Owns: two descriptors of each model file (one per shard of a split GGUF; O_DIRECT for aligned
+// reads; a plain one for the rare resumption of a short read that stopped at an unaligned position,
+// which O_DIRECT cannot express and which only happens at end of file), one io_uring (UringRing,
+// uring_ring.h: raw system calls, no liburing) with all descriptors registered as fixed files when
+// the kernel allows, an eventfd
 // used to wake the ring's thread, the registration of the caller's arena, and one I/O thread.
 //
 // Threads: the decode thread queues requests in a ReadQueue (reader_common.h) under mutex_ and
@@ -72,8 +73,9 @@ constexpr uint64_t kWakeData = ~uint64_t{0};       // user_data of the eventfd p
 constexpr uint64_t kProbeData = ~uint64_t{0} - 1;  // user_data of the construction-time probe read
 constexpr uint64_t kMaxRegisteredPiece = uint64_t{1} << 30;
 constexpr int kMaxRetries = 8;
-constexpr int kDirectFile = 0;    // fixed-file index of fd_direct_
-constexpr int kBufferedFile = 1;  // fixed-file index of fd_buffered_
+// The two descriptors of file f are fixed files 2f + kDirectFile and 2f + kBufferedFile.
+constexpr int kDirectFile = 0;    // fds_direct_[f]
+constexpr int kBufferedFile = 1;  // fds_buffered_[f]
 
 // SHARPI_FAULT_URING_SETUP: 0 when unset, else the errno io_uring_setup is to "fail" with.
 int setup_fault_from_env() {
@@ -98,9 +100,10 @@ int setup_fault_from_env() {
 
 class UringReader final : public QueuedReader {
   public:
-    UringReader(const std::string& path, const ResolvedOptions& options)
-        : QueuedReader(path, options.chunk_bytes, options.queue_depth),
-          path_(path),
+    UringReader(const std::vector<std::string>& paths, const ResolvedOptions& options)
+        : QueuedReader(paths, options.chunk_bytes, options.queue_depth),
+          paths_(paths),
+          path_(paths[0]),
           depth_(options.queue_depth) {}
 
     ~UringReader() override {
@@ -117,22 +120,25 @@ class UringReader final : public QueuedReader {
         if (registered_) ring_.unregister_buffers();
         ring_.close();
         if (wake_fd_ >= 0) ::close(wake_fd_);
-        if (fd_direct_ >= 0) ::close(fd_direct_);
-        if (fd_buffered_ >= 0) ::close(fd_buffered_);
+        for (int fd : fds_direct_) ::close(fd);
+        for (int fd : fds_buffered_) ::close(fd);
     }
 
-    // Opens the file and sets up the ring. Returns false with *why when io_uring or O_DIRECT is not
-    // usable here (the caller may fall back to pread); throws IoError when the file cannot be opened.
+    // Opens the files and sets up the ring. Returns false with *why when io_uring or O_DIRECT is not
+    // usable here (the caller may fall back to pread); throws IoError when a file cannot be opened.
     bool init(uint8_t* arena, uint64_t arena_bytes, bool refuse_o_direct, std::string* why) {
-        fd_buffered_ = open_or_throw(path_, 0);
+        for (const std::string& path : paths_) fds_buffered_.push_back(open_or_throw(path, 0));
         if (refuse_o_direct) {
             *why = "O_DIRECT refused (test knob refuse_o_direct)";
             return false;
         }
-        fd_direct_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (fd_direct_ < 0) {
-            *why = std::string("O_DIRECT refused by the filesystem: ") + std::strerror(errno);
-            return false;
+        for (const std::string& path : paths_) {
+            const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+            if (fd < 0) {
+                *why = std::string("O_DIRECT refused by the filesystem: ") + std::strerror(errno);
+                return false;
+            }
+            fds_direct_.push_back(fd);
         }
         const unsigned entries = static_cast<unsigned>(depth_) + 8;  // + wake poll, probe, slack
         const char* step = "io_uring_setup";
@@ -145,8 +151,12 @@ class UringReader final : public QueuedReader {
             return false;
         }
         // Fixed files save a file-table lookup per read; without them the descriptors are used as is.
-        const int fds[2] = {fd_direct_, fd_buffered_};
-        fixed_files_ = ring_.register_files(fds, 2) == 0;
+        std::vector<int> fds;
+        for (size_t f = 0; f < paths_.size(); ++f) {
+            fds.push_back(fds_direct_[f]);
+            fds.push_back(fds_buffered_[f]);
+        }
+        fixed_files_ = ring_.register_files(fds.data(), static_cast<unsigned>(fds.size())) == 0;
         if (!probe_direct_read(why)) return false;
 
         wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -188,7 +198,7 @@ class UringReader final : public QueuedReader {
     bool probe_direct_read(std::string* why) {
         void* block = std::aligned_alloc(kAlignment, kAlignment);
         if (block == nullptr) throw IoError("[io] " + path_ + ": out of memory");
-        prep_rw(ring_.get_sqe(), IORING_OP_READ, kDirectFile, block, kAlignment, 0, kProbeData);
+        prep_rw(ring_.get_sqe(), IORING_OP_READ, 0, kDirectFile, block, kAlignment, 0, kProbeData);
         int res = ring_.submit_and_wait(1);
         while (res == -EINTR) res = ring_.submit_and_wait(1);
         const bool submitted = res > 0;
@@ -221,16 +231,17 @@ class UringReader final : public QueuedReader {
         return true;
     }
 
-    // Fills a read SQE: `file` is kDirectFile or kBufferedFile (a fixed-file index when the files
-    // are registered, else the descriptor behind it); buf_index >= 0 makes it a READ_FIXED.
-    void prep_rw(io_uring_sqe* sqe, uint8_t opcode, int file, void* dst, uint64_t len, uint64_t pos,
-                 uint64_t user_data, int buf_index = -1) const {
+    // Fills a read SQE of file number `file`: `kind` is kDirectFile or kBufferedFile (a fixed-file
+    // index when the files are registered, else the descriptor behind it); buf_index >= 0 makes it
+    // a READ_FIXED.
+    void prep_rw(io_uring_sqe* sqe, uint8_t opcode, uint32_t file, int kind, void* dst, uint64_t len,
+                 uint64_t pos, uint64_t user_data, int buf_index = -1) const {
         sqe->opcode = opcode;
         if (fixed_files_) {
-            sqe->fd = file;
+            sqe->fd = static_cast<int>(2 * file) + kind;
             sqe->flags = IOSQE_FIXED_FILE;
         } else {
-            sqe->fd = file == kDirectFile ? fd_direct_ : fd_buffered_;
+            sqe->fd = kind == kDirectFile ? fds_direct_[file] : fds_buffered_[file];
         }
         sqe->addr = reinterpret_cast<uint64_t>(dst);
         sqe->len = static_cast<uint32_t>(len);
@@ -308,11 +319,11 @@ class UringReader final : public QueuedReader {
         uint8_t* dst = f.chunk.dst + (f.pos - f.chunk.begin);
         const uint64_t len = f.chunk.end - f.pos;
         // chunk.end is aligned, so an aligned position means an aligned length too.
-        const int file = f.pos % kAlignment == 0 ? kDirectFile : kBufferedFile;
+        const int kind = f.pos % kAlignment == 0 ? kDirectFile : kBufferedFile;
         const int piece = registered_piece(dst, len);
         f.fixed = piece >= 0;
-        prep_rw(get_sqe(), piece >= 0 ? IORING_OP_READ_FIXED : IORING_OP_READ, file, dst, len, f.pos,
-                static_cast<uint64_t>(slot), piece);
+        prep_rw(get_sqe(), piece >= 0 ? IORING_OP_READ_FIXED : IORING_OP_READ, f.chunk.file, kind, dst, len,
+                f.pos, static_cast<uint64_t>(slot), piece);
     }
 
     void finish_slot(int slot, int err, uint64_t reached) {
@@ -393,10 +404,11 @@ class UringReader final : public QueuedReader {
         }
     }
 
-    const std::string path_;
+    const std::vector<std::string> paths_;
+    const std::string path_;  // paths_[0], for messages about the reader as a whole
     const int depth_;
-    int fd_direct_ = -1;
-    int fd_buffered_ = -1;
+    std::vector<int> fds_direct_;    // one per file (O_DIRECT)
+    std::vector<int> fds_buffered_;  // one per file (plain, for unaligned resumptions)
     int wake_fd_ = -1;
     UringRing ring_;
     bool fixed_files_ = false;    // set by init(), then constant: both descriptors are fixed files
@@ -418,19 +430,21 @@ class UringReader final : public QueuedReader {
 
 }  // namespace
 
-std::unique_ptr<ExpertReader> open_uring_reader(const std::string& path, uint8_t* arena, uint64_t arena_bytes,
-                                                const ReaderOptions& options, std::string* why) {
-    auto reader = std::make_unique<UringReader>(path, resolve_options(options));
+std::unique_ptr<ExpertReader> open_uring_reader(const std::vector<std::string>& paths, uint8_t* arena,
+                                                uint64_t arena_bytes, const ReaderOptions& options,
+                                                std::string* why) {
+    auto reader = std::make_unique<UringReader>(paths, resolve_options(options));
     if (!reader->init(arena, arena_bytes, options.refuse_o_direct, why)) return nullptr;
     return reader;
 }
 
 #else  // !SHARPI_WITH_URING
 
-std::unique_ptr<ExpertReader> open_uring_reader(const std::string& path, uint8_t*, uint64_t,
+std::unique_ptr<ExpertReader> open_uring_reader(const std::vector<std::string>& paths, uint8_t*, uint64_t,
                                                 const ReaderOptions& options, std::string* why) {
-    resolve_options(options);         // same argument checks as the real reader
-    ::close(open_or_throw(path, 0));  // a missing file is an IoError in every build
+    resolve_options(options);  // same argument checks as the real reader
+    for (const std::string& path : paths)
+        ::close(open_or_throw(path, 0));  // missing file: IoError in every build
     *why = "io_uring support not compiled (<linux/io_uring.h> missing or older than Linux 5.6 at build time)";
     return nullptr;
 }

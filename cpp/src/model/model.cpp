@@ -44,7 +44,7 @@ FileRange expert_range(const GgufTensor& t, int64_t expert) {
         throw InvalidArgument("[gguf] tensor " + t.name + ": expert " + std::to_string(expert) +
                               " out of range [0, " + std::to_string(t.ne[2]) + ")");
     }
-    return expert_part(t, /*file=*/0, t.ne[2]).range(expert);
+    return expert_part(t, t.shard, t.ne[2]).range(expert);
 }
 
 bool is_expert_tensor(const std::string& name) {
@@ -68,14 +68,15 @@ void read_dense_tensors(Model& model) {
     for (const GgufTensor& t : f.tensors()) {
         if (is_expert_tensor(t.name)) continue;
         uint8_t* dst = base + at;
+        const GgufFile& shard = f.shard(t.shard);
         uint64_t done = 0;
         while (done < t.nbytes) {
             const ssize_t r =
-                ::pread(f.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
+                ::pread(shard.fd(), dst + done, t.nbytes - done, static_cast<off_t>(t.file_offset + done));
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
                 throw IoError(
-                    "[model] " + f.path() + ": reading tensor " + t.name + " at offset " +
+                    "[model] " + shard.path() + ": reading tensor " + t.name + " at offset " +
                     std::to_string(t.file_offset + done) + " failed: " +
                     (r == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno))));
             }
@@ -191,7 +192,7 @@ void ModelLoader::moe(int il) {
     ExpertLayerLayout& x = model_.experts.layers[static_cast<size_t>(il)];
     for (int part = 0; part < kExpertParts; ++part) {
         const cpu::WeightView stacked = view(*tensors[part], n_cols[part], n_rows[part], h.n_expert);
-        ExpertPart p = expert_part(*tensors[part], /*file=*/0, h.n_expert);
+        ExpertPart p = expert_part(*tensors[part], tensors[part]->shard, h.n_expert);
         p.view = stacked;  // data: expert 0 in the mapping, or nullptr when streaming
         p.view.n_rows = n_rows[part];
         x.parts[part] = std::move(p);
@@ -249,7 +250,8 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     if (!model->output.data) model->output = model->token_embd;  // tied embeddings
 
     model->layers.resize(static_cast<size_t>(h.n_layer));
-    model->experts.files = {path};
+    model->experts.files.clear();  // one per shard: ExpertPart::file is the tensor's shard
+    for (size_t i = 0; i < f.n_shards(); ++i) model->experts.files.push_back(f.shard(i).path());
     model->experts.n_expert = h.n_expert;
     model->experts.n_expert_used = h.n_expert_used;
     model->experts.layers.resize(static_cast<size_t>(h.n_layer));

@@ -72,7 +72,7 @@ bool is_expert_tensor(const std::string& name);
 // A stacked routed-expert tensor of n_expert experts in file number `file` as an ExpertPart (its
 // view left empty): name, offset of expert 0 and bytes per expert (nbytes / n_expert).
 ExpertPart expert_part(const GgufTensor& t, uint32_t file, int64_t n_expert);
-// Expert `expert`'s bytes of a stacked tensor of a single-file model, through expert_part (the
+// Expert `expert`'s bytes of a stacked tensor (file = the tensor's shard), through expert_part (the
 // engine's own slicing). Throws InvalidArgument for a tensor that is not 3-D or an index out of range.
 FileRange expert_range(const GgufTensor& t, int64_t expert);
 

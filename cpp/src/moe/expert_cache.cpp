@@ -49,10 +49,6 @@ ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& o
         throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " +
                               std::to_string(options.probation));
     }
-    if (layout.files.size() != 1) {
-        throw UnsupportedError("[cache] a model split over " + std::to_string(layout.files.size()) +
-                               " files cannot be streamed yet (the cache has one reader)");
-    }
     n_cache_slots_ = options.n_slots;
     n_staging_ = options.n_staging;
     ReplacementPolicyOptions policy_options;
@@ -73,7 +69,7 @@ ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& o
     }
     arena_ = static_cast<uint8_t*>(p);
     try {
-        reader_ = make_expert_reader(options.reader, layout.files[0], arena_, arena_bytes_);
+        reader_ = make_expert_reader(options.reader, layout.files, arena_, arena_bytes_, ReaderOptions{});
     } catch (...) {
         ::munmap(arena_, arena_bytes_);
         throw;
@@ -114,6 +110,7 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
         const FileRange r = x.parts[part].range(e);
         ReadRequest req;
         req.tag = tag(s, part);
+        req.file = r.file;
         req.offset = r.offset;
         req.length = r.bytes;
         req.buffer = slot.mem + part_base_[part];

@@ -49,8 +49,9 @@ struct ExpertCacheOptions {
 
 class ExpertCache final : public ExpertSource {
   public:
-    // `layout` must outlive the cache. Throws InvalidArgument (too few slots, bad policy option),
-    // UnsupportedError (a model split over several files), IoError (reader cannot open the file).
+    // `layout` must outlive the cache. Its reader opens every file of layout.files (the shards of a
+    // split model) and reads each expert from the file its part names. Throws InvalidArgument (too
+    // few slots, bad policy option), IoError (the reader cannot open a file).
     ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options);
     ~ExpertCache() override;
 

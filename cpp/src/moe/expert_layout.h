@@ -8,8 +8,8 @@
 // offset + e * bytes. ExpertPart is the one place that slices a stacked tensor into experts, for
 // file ranges (streaming) and for views into the mapping (resident) alike.
 //
-// `file` indexes ExpertLayout::files. One file today; a model split over several GGUF files gets
-// one entry per file and each part names the file its tensor is in.
+// `file` indexes ExpertLayout::files: one entry per GGUF file (one per shard of a split model, in
+// shard order), and each part names the file its tensor is in.
 #pragma once
 
 #include <cstdint>

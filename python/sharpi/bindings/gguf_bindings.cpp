@@ -121,6 +121,7 @@ py::dict tensor_to_py(const GgufTensor& t) {
     d["offset"] = t.offset;
     d["file_offset"] = t.file_offset;
     d["nbytes"] = t.nbytes;
+    d["shard"] = t.shard;
     return d;
 }
 
@@ -150,6 +151,9 @@ void pread_exact(const GgufFile& f, uint8_t* dst, uint64_t offset, uint64_t n) {
 void bind_gguf(py::module_& m) {
     py::class_<GgufFile, std::unique_ptr<GgufFile>>(m, "GgufFile", R"doc(
 A GGUF v2/v3 file: metadata, tensor directory and (by default) a read-only mapping of the data.
+`path` may name any shard of a split model (NAME-0000i-of-0000K.gguf): all shards are opened and
+checked; `shards` lists them and each tensor names its shard. path/file_size/data_offset/version are
+the first shard's.
 
 GgufFile(path, map_data=True). Raises FormatError (malformed / truncated / out of bounds),
 UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (cannot open / read).
@@ -166,6 +170,25 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
         .def_property_readonly("data_offset", &GgufFile::data_offset)
         .def_property_readonly("file_size", &GgufFile::file_size)
         .def_property_readonly("is_mapped", &GgufFile::is_mapped)
+        .def_property_readonly(
+            "shards",
+            [](const GgufFile& f) {
+                py::list out;
+                for (size_t i = 0; i < f.n_shards(); ++i) {
+                    const GgufFile& s = f.shard(i);
+                    py::dict d;
+                    d["path"] = s.path();
+                    d["file_size"] = s.file_size();
+                    d["data_offset"] = s.data_offset();
+                    size_t n_tensors = 0;  // shard(0).tensors() lists every shard's: count by index
+                    for (const GgufTensor& t : f.tensors()) n_tensors += t.shard == i;
+                    d["n_tensors"] = n_tensors;
+                    out.append(d);
+                }
+                return out;
+            },
+            "The model's files in shard order (one for a one-file model): dicts {path, file_size, "
+            "data_offset, n_tensors}")
         .def(
             "metadata",
             [](const GgufFile& f) {
@@ -190,7 +213,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                 return out;
             },
             "Tensor directory in file order: dicts {name, type, type_name, shape (ggml order, ne[0] first), "
-            "n_elements, offset (in the data section), file_offset, nbytes}")
+            "n_elements, offset (in the data section), file_offset (in its shard's file), nbytes, shard}")
         .def(
             "tensor",
             [](const GgufFile& f, const std::string& name) { return tensor_to_py(tensor_or_throw(f, name)); },
@@ -217,7 +240,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                     std::memcpy(dst, f.tensor_data(t), t.nbytes);
                 } else {
                     py::gil_scoped_release release;
-                    pread_exact(f, dst, t.file_offset, t.nbytes);
+                    pread_exact(f.shard(t.shard), dst, t.file_offset, t.nbytes);
                 }
                 return std::move(out);
             },
@@ -230,14 +253,16 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                 return py::make_tuple(r.offset, r.bytes);
             },
             py::arg("name"), py::arg("expert"),
-            "(file_offset, nbytes) of one expert's slice of an expert-stacked (3-D) tensor")
+            "(file_offset, nbytes) of one expert's slice of an expert-stacked (3-D) tensor, in the file "
+            "of the tensor's shard")
         .def("get_uint_per_layer", &GgufFile::get_uint_per_layer, py::arg("key"), py::arg("n_layer"),
              py::arg("default") = 0,
              "A scalar or per-layer integer key as n_layer values (llama.cpp get_key_or_arr)")
         .def("__repr__", [](const GgufFile& f) {
             return "<GgufFile '" + f.path() + "' v" + std::to_string(f.version()) + ", " +
                    std::to_string(f.metadata().size()) + " keys, " + std::to_string(f.tensors().size()) +
-                   " tensors>";
+                   " tensors" + (f.n_shards() > 1 ? ", " + std::to_string(f.n_shards()) + " shards" : "") +
+                   ">";
         });
 }
 

@@ -230,8 +230,8 @@ class ReadQueueTest {
         options.chunk_bytes = chunk_bytes;
         options.queue_depth = depth;
         const io::ResolvedOptions resolved = io::resolve_options(options);
-        queue_ = std::make_unique<io::ReadQueue>(path, resolved.chunk_bytes, resolved.queue_depth,
-                                                 io::FaultInjection::from_env());
+        queue_ = std::make_unique<io::ReadQueue>(std::vector<std::string>{path}, resolved.chunk_bytes,
+                                                 resolved.queue_depth, io::FaultInjection::from_env());
     }
 
     void add(uint64_t tag, uint64_t offset, uint64_t length, const std::string& priority) {
@@ -311,7 +311,7 @@ py::dict reader_choice(const std::string& path) {
     bool works = false;
     {
         py::gil_scoped_release release;
-        works = io::open_uring_reader(path, nullptr, 0, ReaderOptions{}, &why) != nullptr;
+        works = io::open_uring_reader({path}, nullptr, 0, ReaderOptions{}, &why) != nullptr;
     }
     py::dict d;
     d["reader"] = works ? "io_uring" : "pread";
