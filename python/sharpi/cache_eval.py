@@ -11,8 +11,8 @@ cache, moe/policy_replay.h). Belady's misses (sharpi.belady.belady) on the same 
 are the bound; each policy's misses are reported as a multiple of them. Every run starts cold.
 
 What is learned, and from what: the "prior" policy's table (expected uses per token of every
-(layer, expert)) and the "predictive" policy's hints (the cooc predictor, sharpi.predict.train,
-predicting layer L+1 from the choices so far) are fitted on the train sequences only, so no
+(layer, expert)) and the "predictive" policy's hints (a cross-layer co-occurrence
+table predicting layer L+1 from layer L) are fitted on the train sequences only, so no
 policy sees the sequences it is scored on. Budgets are shares of every expert of the model
 (n_slots = round(share x n_layer x n_expert), at least top_k), as `sharpi bench` counts them.
 """
@@ -88,23 +88,32 @@ class Steps:
         return [frozenset(flat[bounds[i] : bounds[i + 1]]) for i in range(len(self))]
 
 
-def cooc_hints(trace, train_idx: np.ndarray, eval_idx: np.ndarray, quiet: bool = True) -> tuple:
-    """(offsets, layer, expert): after step (token, L), the top_k experts the cooc predictor (trained
-    on train_idx) expects at layer L+1. Offsets index the hint arrays per step."""
-    from .predict.reference import CoocPredictor
-    from .predict.train import train_cooc
-
-    sc = train_cooc(trace, train_idx, max_lookahead=1, quiet=quiet)
-    pred = CoocPredictor(sc)
+def cooc_hints(trace, train_idx: np.ndarray, eval_idx: np.ndarray, lookahead: int = 2) -> tuple:
+    """(offsets, layer, expert): after step (token, L), for d = 1..lookahead, the top_k experts of
+    layer L+d that co-occur most, on the train sequences, with the token's choices at layer L (a
+    cross-layer co-occurrence table, the cooc predictor's leading term, counted in seconds; recall@k
+    ~0.48 at L+1 on DeepSeek per shared/traces/README.md). As in the engine, a protection lasts until
+    its layer's gate, so only hints for L+2 and beyond outlive an eviction. Offsets index the hints."""
     n_tok, n_layer, k = len(eval_idx), trace.n_layer, trace.top_k
-    hint_e = np.full((n_tok, n_layer, k), -1, dtype=np.int32)
-    for il in range(n_layer - 1):
-        scores = pred.scores(trace, eval_idx, il, 1)  # [n_tok, n_expert]
-        hint_e[:, il, :] = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    counts = np.where(np.arange(n_layer) < n_layer - 1, k, 0)
+    per_step: list = [[] for _ in range(n_layer)]  # per source layer: [(target, ids [n_tok, k])]
+    for il in range(n_layer):
+        for t in range(il + 1, min(il + lookahead, n_layer - 1) + 1):
+            table = trace.multi_hot(train_idx, il).T @ trace.multi_hot(train_idx, t)  # [E, E]
+            table += trace.multi_hot(train_idx, t).mean(axis=0) * 1e-3  # ties: the more popular
+            scores = trace.multi_hot(eval_idx, il) @ table
+            per_step[il].append((t, np.argsort(-scores, axis=1, kind="stable")[:, :k].astype(np.int32)))
+    counts = np.array([k * len(p) for p in per_step], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(np.tile(counts, n_tok))]).astype(np.int64)
-    hint_layer = np.repeat(np.tile(np.arange(1, n_layer + 1, dtype=np.int32), n_tok), np.tile(counts, n_tok))
-    hint_expert = hint_e[:, : n_layer - 1, :].reshape(-1).astype(np.int32)
+    hint_layer = np.empty(int(offsets[-1]), dtype=np.int32)
+    hint_expert = np.empty(int(offsets[-1]), dtype=np.int32)
+    for il in range(n_layer):
+        col = 0
+        for t, ids in per_step[il]:
+            for tok in range(n_tok):
+                at = int(offsets[tok * n_layer + il]) + col
+                hint_layer[at : at + k] = t
+                hint_expert[at : at + k] = ids[tok]
+            col += k
     return offsets, hint_layer, hint_expert
 
 
@@ -142,15 +151,15 @@ def evaluate(
     steps = Steps(trace.experts[eval_idx])
     sets = steps.key_sets(trace.n_expert)
     prior = fit_prior(trace, split.train) if "prior" in names else None
-    hints = cooc_hints(trace, split.train, eval_idx, quiet) if "predictive" in names else None
+    hints = cooc_hints(trace, split.train, eval_idx) if "predictive" in names else None
     out = {
         "trace": os.path.basename(trace_path),
         "split": split.describe(),
-        "eval_tokens": int(len(eval_idx)),
+        "eval_tokens": len(eval_idx),
         "n_layer": trace.n_layer,
         "n_expert": trace.n_expert,
         "top_k": trace.top_k,
-        "accesses": int(len(steps.experts)),
+        "accesses": len(steps.experts),
         "budgets": [],
     }
     for share in budgets:
@@ -160,8 +169,13 @@ def evaluate(
         row = {"share": share, "capacity": cap, "belady": opt, "policies": {}}
         for name in names:
             misses = int(
-                replay(name, steps, cap, prior=prior if name == "prior" else None,
-                       hints=hints if name == "predictive" else None).sum()
+                replay(
+                    name,
+                    steps,
+                    cap,
+                    prior=prior if name == "prior" else None,
+                    hints=hints if name == "predictive" else None,
+                ).sum()
             )
             row["policies"][name] = {"misses": misses, "ratio": misses / opt if opt else None}
         row["seconds"] = time.perf_counter() - t0
@@ -206,13 +220,26 @@ def add_parsers(sub) -> None:
         description="Misses of each expert-cache replacement policy (the engine's code) / Belady's "
         "misses on the held-out sequences of routing traces, at budgets given as a share of all experts.",
     )
-    ev.add_argument("--trace", action="append", required=True, metavar="NPZ", help="routing trace (repeatable)")
-    ev.add_argument("--budgets", type=_shares, default=[0.10, 0.25, 0.50], metavar="PCT,...",
-                    help="cache sizes in percent of all experts (default: 10,25,50)")
+    ev.add_argument(
+        "--trace", action="append", required=True, metavar="NPZ", help="routing trace (repeatable)"
+    )
+    ev.add_argument(
+        "--budgets",
+        type=_shares,
+        default=[0.10, 0.25, 0.50],
+        metavar="PCT,...",
+        help="cache sizes in percent of all experts (default: 10,25,50)",
+    )
     ev.add_argument("--policies", default=None, metavar="NAME,...", help="policies (default: all)")
-    ev.add_argument("--train-fraction", type=float, default=TRAIN_FRACTION,
-                    help="share of sequences the prior and the predictor learn from (default: 0.7)")
-    ev.add_argument("--max-eval-tokens", type=int, default=None, help="score only the first N held-out tokens")
+    ev.add_argument(
+        "--train-fraction",
+        type=float,
+        default=TRAIN_FRACTION,
+        help="share of sequences the prior and the predictor learn from (default: 0.7)",
+    )
+    ev.add_argument(
+        "--max-eval-tokens", type=int, default=None, help="score only the first N held-out tokens"
+    )
     ev.add_argument("--json", default=None, metavar="FILE", help="write every number as JSON")
 
     pr = sub.add_parser(
@@ -222,8 +249,12 @@ def add_parsers(sub) -> None:
         "and writes the table as a cache prior GGUF for --cache-policy prior:FILE.",
     )
     pr.add_argument("--trace", required=True, metavar="NPZ", help="routing trace (e.g. from `sharpi trace`)")
-    pr.add_argument("--train-fraction", type=float, default=TRAIN_FRACTION,
-                    help="fit on the first share of sequences (default: 0.7; 1 = all)")
+    pr.add_argument(
+        "--train-fraction",
+        type=float,
+        default=TRAIN_FRACTION,
+        help="fit on the first share of sequences (default: 0.7; 1 = all)",
+    )
     pr.add_argument("-o", "--out", required=True, metavar="FILE", help="output GGUF")
 
 
@@ -253,7 +284,9 @@ def cmd_cache_prior(args, out: TextIO) -> int:
         train, what = split.train, f"sequences [0, {split.n_train_seq})"
     prior = fit_prior(trace, train)
     write_prior(args.out, prior, source=f"{os.path.basename(args.trace)} {what}")
-    out.write(f"wrote {args.out}: prior [{trace.n_layer}, {trace.n_expert}] from {what} ({len(train)} tokens)\n")
+    out.write(
+        f"wrote {args.out}: prior [{trace.n_layer}, {trace.n_expert}] from {what} ({len(train)} tokens)\n"
+    )
     return 0
 
 

@@ -68,8 +68,9 @@ struct ReplacementPolicyOptions {
     // SLRU: share of the capacity in probation, in (0, 1]; 1 leaves no protected segment, which
     // makes SLRU exactly LRU.
     double probation = 0.25;
-    // LFU: accesses (touches and inserts) over which an expert's count decays by half, > 0.
-    double lfu_half_life = 4096.0;
+    // LFU: accesses (touches and inserts) over which an expert's count decays by half, > 0; 0 picks
+    // 4 x capacity (measured best on real routing across budgets, docs/cache_policies.md).
+    double lfu_half_life = 0.0;
     // S3-FIFO: share of the capacity in the small FIFO, in (0, 1).
     double s3fifo_small = 0.1;
     // prior: share of the capacity reserved for the experts the prior ranks hottest, in [0, 1].

@@ -36,7 +36,8 @@ void bind_cache(py::module_& m) {
     py::class_<ReplacementPolicy, std::unique_ptr<ReplacementPolicy>>(
         m, "ReplacementPolicy",
         "An expert-cache replacement policy over slot ids (small ints the caller hands out).\n"
-        "ReplacementPolicy(name, capacity, probation=0.25, lfu_half_life=4096, s3fifo_small=0.1,\n"
+        "ReplacementPolicy(name, capacity, probation=0.25, lfu_half_life=0 (4 x capacity), "
+        "s3fifo_small=0.1,\n"
         "prior=None, prior_pin=0.5): name from replacement_policy_names(); probation: SLRU's\n"
         "probation share in (0, 1] (1 = plain LRU); prior: float [n_layer, n_expert] for 'prior'.")
         .def(py::init([](const std::string& name, uint64_t capacity, double probation, double lfu_half_life,
@@ -57,7 +58,7 @@ void bind_cache(py::module_& m) {
                  return make_replacement_policy(name, capacity, options);
              }),
              py::arg("name"), py::arg("capacity"), py::arg("probation") = 0.25,
-             py::arg("lfu_half_life") = 4096.0, py::arg("s3fifo_small") = 0.1, py::arg("prior") = py::none(),
+             py::arg("lfu_half_life") = 0.0, py::arg("s3fifo_small") = 0.1, py::arg("prior") = py::none(),
              py::arg("prior_pin") = 0.5)
         .def_property_readonly("name", [](const ReplacementPolicy& p) { return std::string(p.name()); })
         .def(

@@ -11,6 +11,7 @@
 // expert is used, since decay is a growing weight for new uses rather than a shrinking one for
 // old ones, so the order needs no periodic rescan. When the weight grows large every score is
 // divided by it (order unchanged).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <set>
@@ -110,12 +111,17 @@ class LfuPolicy final : public ReplacementPolicy {
 
 }  // namespace
 
-std::unique_ptr<ReplacementPolicy> make_lfu_policy(uint64_t, const ReplacementPolicyOptions& options) {
-    if (!(options.lfu_half_life > 0.0) || !std::isfinite(options.lfu_half_life)) {
-        throw InvalidArgument("[cache] LFU half-life must be a positive number of uses, got " +
-                              std::to_string(options.lfu_half_life));
+std::unique_ptr<ReplacementPolicy> make_lfu_policy(uint64_t capacity,
+                                                   const ReplacementPolicyOptions& options) {
+    if (!(options.lfu_half_life >= 0.0) || !std::isfinite(options.lfu_half_life)) {
+        throw InvalidArgument(
+            "[cache] LFU half-life must be a positive number of uses (0: 4 x capacity), got " +
+            std::to_string(options.lfu_half_life));
     }
-    return std::make_unique<LfuPolicy>(options.lfu_half_life);
+    const double half_life = options.lfu_half_life > 0.0
+                                 ? options.lfu_half_life
+                                 : 4.0 * static_cast<double>(std::max<uint64_t>(capacity, 1));
+    return std::make_unique<LfuPolicy>(half_life);
 }
 
 }  // namespace sharpi
