@@ -25,7 +25,7 @@
 // - The policy holds exactly the adopted or demand-filled slots (at most n_slots of them).
 // - The policy sees the calls moe/policy_replay.h replays offline, in the same order: gate(il) at
 //   each acquire, touch for hits, victim/remove/insert for misses, protect for the prefetcher's
-//   hints (hint()) on cached experts. So offline misses of any policy equal the engine's.
+//   hints (hint()) on cached experts. So without prefetch, offline misses equal the engine's.
 #pragma once
 
 #include <cstdint>
