@@ -126,6 +126,7 @@ def test_engine_cache_misses_equal_the_offline_replay(model, probation):
             ram_budget=fixed + n_slots * slot,
             reader="pread",
             slru_probation=probation,
+            cache_policy="slru",
         )
         steps = []
         token = 3

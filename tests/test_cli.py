@@ -95,7 +95,7 @@ def test_run_streams_text_and_prints_timing(fake_session, capsys):
     (s,) = RecordingSession.instances
     assert (s.path, s.threads, s.n_ctx) == (fake_session, 0, 0)
     assert s.streaming == {"ram_budget": None, "slru_probation": 0.25, "reader": "auto", "route_trace": None,
-                           "predictor": "none", "lookahead": 1, "trace": None}
+                           "predictor": "none", "lookahead": 1, "trace": None, "cache_policy": None}
     ((prompt, kwargs),) = s.generate_calls
     assert prompt == "Hi there"
     assert kwargs == {
@@ -414,13 +414,14 @@ def test_run_passes_streaming_options(fake_session, capsys):
     code, _, _ = run_main(
         ["run", "-m", fake_session, "-p", "x", "--ram-budget", "6GiB", "--reader", "pread",
          "--slru-probation", "0.4", "--route-trace", "t.npz", "--predictor", "cooc:p.gguf", "--lookahead", "3",
-         "--trace", "out"],
+         "--trace", "out", "--cache-policy", "prior:prior.gguf"],
         capsys,
     )
     assert code == 0
     (s,) = RecordingSession.instances
     assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz",
-                           "predictor": "cooc:p.gguf", "lookahead": 3, "trace": "out"}
+                           "predictor": "cooc:p.gguf", "lookahead": 3, "trace": "out",
+                           "cache_policy": "prior:prior.gguf"}
 
 
 def test_run_without_model_uses_the_shipped_model():

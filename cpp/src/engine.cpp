@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "gguf/cache_prior_file.h"
 #include "model/forward.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
@@ -42,6 +43,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
                               "' needs a RAM budget (ram_budget / --ram-budget): with every expert resident "
                               "there is nothing to prefetch");
     }
+    if (!options.cache_policy.empty()) check_replacement_policy_name(options.cache_policy);
     // Built before any memory is planned, so a bad name or predictor file fails fast.
     std::shared_ptr<Predictor> predictor;
     if (options.predictor == "custom") {
@@ -123,6 +125,12 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     o.n_slots = std::min<uint64_t>((budget - fixed) / slot - n_staging, total_experts);
     o.n_staging = n_staging;
     o.probation = options_.slru_probation;
+    if (!options_.cache_policy.empty()) o.policy = options_.cache_policy;
+    if (!options_.cache_policy_file.empty() && o.policy != "prior") {
+        throw InvalidArgument("[cache] policy '" + o.policy + "' reads no file (only 'prior' does)");
+    }
+    if (o.policy == "prior")
+        o.policy_prior = read_cache_prior(options_.cache_policy_file, h.n_layer, h.n_expert);
     o.reader = options_.reader;
     auto cache = std::make_unique<ExpertCache>(model_->experts, o);
     cache->set_timeline(&timeline_);

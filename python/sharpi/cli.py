@@ -123,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of expert slots in the SLRU probation segment (default: 0.25)",
     )
     run.add_argument(
+        "--cache-policy",
+        default=None,
+        metavar="NAME[:FILE]",
+        help="expert-cache replacement policy when streaming: lru, slru, lfu, arc, s3fifo, predictive, or "
+        "prior:FILE (fitted by `sharpi cache-prior`) (default: the best on real routing, "
+        "docs/cache_policies.md)",
+    )
+    run.add_argument(
         "--predictor",
         default="none",
         metavar="NAME[:FILE]",
@@ -188,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .predict.cli import add_predictor_parser
 
     add_predictor_parser(sub)
+    from . import cache_eval
+
+    cache_eval.add_parsers(sub)
     return parser
 
 
@@ -266,6 +277,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         n_ctx=args.ctx_size,
         ram_budget=args.ram_budget,
         slru_probation=args.slru_probation,
+        cache_policy=args.cache_policy,
         reader=args.reader,
         route_trace=args.route_trace,
         predictor=args.predictor,
@@ -380,8 +392,21 @@ def cmd_predictor(args, out: TextIO, err: TextIO) -> int:
     return run_predictor_command(args, out)
 
 
+def cmd_cache_eval(args, out: TextIO, err: TextIO) -> int:
+    from .cache_eval import cmd_cache_eval
+
+    return cmd_cache_eval(args, out)
+
+
+def cmd_cache_prior(args, out: TextIO, err: TextIO) -> int:
+    from .cache_eval import cmd_cache_prior
+
+    return cmd_cache_prior(args, out)
+
+
 _COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench,
-             "trace": cmd_trace, "predictor": cmd_predictor}
+             "trace": cmd_trace, "predictor": cmd_predictor, "cache-eval": cmd_cache_eval,
+             "cache-prior": cmd_cache_prior}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ class Session:
         lookahead: int = 1,
         skip_late_prefetch: bool = True,
         trace: Union[str, os.PathLike, bool, None] = None,
+        cache_policy: Optional[str] = None,
     ):
         """exact: every matmul in f32 on dequantized weights (DESIGN §8; also env SHARPI_EXACT=1).
         The default fast mode quantizes each activation row once per matmul (q8_K for K-quant
@@ -53,6 +54,11 @@ class Session:
         or a sharpi.Predictor instance. lookahead: predict layers L+1..L+lookahead (1..3).
         skip_late_prefetch=False issues predictions even when the measured bandwidth says they
         cannot start before their layer's gate.
+
+        cache_policy (streaming only, docs/cache_policies.md): the expert cache's replacement policy,
+        one of sharpi.cache_policies() ("lru", "slru", "lfu", "arc", "s3fifo", "predictive", or
+        "prior:FILE" with a prior fitted by `sharpi cache-prior`); None: the default
+        (sharpi.default_cache_policy()).
 
         trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
         to record the MoE tracing report (DESIGN §7): close() prints the table and writes
@@ -71,6 +77,7 @@ class Session:
             if predictor_file is not None and os.fspath(predictor_file) != file_part:
                 raise _core.InvalidArgument(f"predictor file given twice: {file_part!r} and {os.fspath(predictor_file)!r}")
             predictor_file = file_part
+        policy_name, _, policy_file = (cache_policy or "").partition(":")
         env_trace = os.environ.get("SHARPI_TRACE_MOE", "")
         if trace is None and env_trace not in ("", "0"):
             trace = True if env_trace == "1" else env_trace
@@ -93,6 +100,8 @@ class Session:
             predictor_file=os.fspath(predictor_file) if predictor_file is not None else "",
             lookahead=lookahead,
             skip_late_prefetch=skip_late_prefetch,
+            cache_policy=policy_name,
+            cache_policy_file=policy_file,
         )
         if plugin is not None:
             self._core.set_predictor(plugin)

@@ -23,7 +23,12 @@ struct SessionOptions {
     // (fewer slots than experts one token uses in a layer) is an InvalidArgument naming the minimum.
     uint64_t ram_budget = 0;
     double slru_probation = 0.25;  // share of the cache slots in the SLRU probation segment
-    std::string reader = "auto";   // "auto" (io_uring when available), "uring", "pread"
+    // Expert-cache replacement policy (docs/cache_policies.md): "lru", "slru", "lfu", "arc", "s3fifo",
+    // "prior" (reads cache_policy_file, fitted by `sharpi cache-prior`), "predictive" (keeps what the
+    // predictor's hints name). Empty: the default, the policy closest to Belady on real routing.
+    std::string cache_policy;
+    std::string cache_policy_file;
+    std::string reader = "auto";  // "auto" (io_uring when available), "uring", "pread"
     // Predictive prefetch while streaming (docs/predictors.md): "none" (reactive: a layer's misses
     // are read when its gate fires), "prev_token", "next_gate", "pregate", "cooc", "learned",
     // "trajectory" (the last three read `predictor_file`), or "custom" (the host installs one with

@@ -53,6 +53,9 @@ ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& o
     n_staging_ = options.n_staging;
     ReplacementPolicyOptions policy_options;
     policy_options.probation = options.probation;
+    policy_options.prior = options.policy_prior;
+    policy_options.n_layer = layout.n_layer();
+    policy_options.n_expert = n_expert_;
     policy_ = make_replacement_policy(options.policy, n_cache_slots_, policy_options);
     uint64_t base[kExpertParts + 1];
     slot_layout(layout, base);
@@ -229,6 +232,7 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
     poll();
     current_.clear();
     current_layer_ = il;
+    policy_->gate(il);
     LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
     // Pin the hits first, so that the misses' evictions can never pick an expert this layer needs.
     std::vector<int> missing;
@@ -255,7 +259,7 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
                 free_.push_back(v);
                 slot.pins--;
             }
-            policy_->insert(static_cast<uint32_t>(s));
+            policy_->insert(static_cast<uint32_t>(s), ExpertKey{il, experts[i]});
         } else {
             policy_->touch(static_cast<uint32_t>(s));
         }
@@ -275,7 +279,7 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
         ++expert_misses_[kk];
         const uint32_t s = take_cache_slot();
         issue_reads(s, il, experts[i], ReadPriority::demand);
-        policy_->insert(s);
+        policy_->insert(s, ExpertKey{il, experts[i]});
         slots_[s].pins++;
         ls.bytes_read += slots_[s].bytes;
         current_[static_cast<size_t>(i)] = s;
@@ -345,6 +349,11 @@ ExpertCache::PrefetchOutcome ExpertCache::prefetch(int il, int32_t e) {
     ++ls.prefetch_issued;
     ls.bytes_read += slots_[s].bytes;
     return PrefetchOutcome::issued;
+}
+
+void ExpertCache::hint(int il, int32_t e) {
+    const int32_t s = where_[key(il, e)];
+    if (s >= 0 && !slots_[static_cast<uint32_t>(s)].staged) policy_->protect(static_cast<uint32_t>(s), il);
 }
 
 void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {

@@ -23,6 +23,9 @@
 //   expert map at once (it can never be adopted) and its slot is freed when its reads in flight
 //   finish.
 // - The policy holds exactly the adopted or demand-filled slots (at most n_slots of them).
+// - The policy sees the calls moe/policy_replay.h replays offline, in the same order: gate(il) at
+//   each acquire, touch for hits, victim/remove/insert for misses, protect for the prefetcher's
+//   hints (hint()) on cached experts. So without prefetch, offline misses equal the engine's.
 #pragma once
 
 #include <cstdint>
@@ -40,10 +43,11 @@
 namespace sharpi {
 
 struct ExpertCacheOptions {
-    uint64_t n_slots = 0;         // cache slots, held by the policy (>= n_expert_used)
-    uint64_t n_staging = 0;       // prefetch staging slots (0: no prefetch)
-    std::string policy = "slru";  // replacement policy (make_replacement_policy)
-    double probation = 0.25;      // SLRU: share of n_slots in probation, in (0, 1)
+    uint64_t n_slots = 0;                               // cache slots, held by the policy (>= n_expert_used)
+    uint64_t n_staging = 0;                             // prefetch staging slots (0: no prefetch)
+    std::string policy = default_replacement_policy();  // replacement policy (make_replacement_policy)
+    double probation = 0.25;                            // SLRU: share of n_slots in probation, in (0, 1)
+    std::vector<float> policy_prior;  // "prior": [n_layer * n_expert] (gguf/cache_prior_file.h)
     std::string reader = "auto";
 };
 
@@ -80,6 +84,9 @@ class ExpertCache final : public ExpertSource {
     // (queued reads cancelled; their bytes counted as wasted).
     void drop_unselected(int il, const int32_t* selected, int n);
     void gate_fired(int il, const int32_t* selected, int n) override { drop_unselected(il, selected, n); }
+    // The predictor expects expert e of layer il to be needed at il's gate (a hint the prefetcher
+    // passes on): if it is cached, the policy may protect it until then (ReplacementPolicy::protect).
+    void hint(int il, int32_t e);
 
     ExpertCacheStats stats() const;
     void reset_stats();

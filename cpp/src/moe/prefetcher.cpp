@@ -112,6 +112,8 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
             if (static_cast<int>(set.size()) == top_k_ || std::find(set.begin(), set.end(), e) != set.end())
                 continue;
             set.push_back(e);
+            // A cached expert the prediction names is kept until t's gate, if the policy uses hints.
+            cache_.hint(t, e);
             if (cache_.present(t, e)) continue;
             // Timeliness: a read that could only start after layer t's gate (queue ahead of it
             // drained at the measured bandwidth) would arrive no earlier than a demand read issued

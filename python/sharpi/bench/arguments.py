@@ -128,6 +128,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--reader", choices=["auto", "uring", "pread"], default="auto", help="expert reader (default: auto)"
     )
     p.add_argument(
+        "--cache-policy",
+        default=None,
+        metavar="NAME[:FILE]",
+        help="expert-cache replacement policy of the streamed runs (default: the engine's default)",
+    )
+    p.add_argument(
         "--trace", default=None, help=f"routing trace to replay (default: ../shared/traces/{TRACE_FILE})"
     )
     p.add_argument(
@@ -186,6 +192,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
         "warmup": args.warmup or (3 if quick else 8),
         "threads": args.threads,
         "reader": args.reader,
+        "cache_policy": args.cache_policy,
         "trace_start": args.trace_start,
         "timeline_tokens": args.timeline_tokens or (2 if quick else 3),
         "cap": not args.no_cap,

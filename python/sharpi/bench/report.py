@@ -207,7 +207,7 @@ def verdict(r: dict, resident: dict, seq_gbps: float) -> str:
         )
     if r["belady_misses"] and r["misses"] > r["belady_misses"]:
         reasons.append(
-            f"SLRU misses {r['misses']} vs Belady {r['belady_misses']} ({r['misses'] / r['belady_misses']:.2f}x, LRU "
+            f"cache misses {r['misses']} vs Belady {r['belady_misses']} ({r['misses'] / r['belady_misses']:.2f}x, LRU "
             f"{r['lru_misses']}): the reactive policy reads more than the optimum"
         )
     if r["io_gbps_stall"] and r["io_gbps_stall"] < 0.8 * seq_gbps:

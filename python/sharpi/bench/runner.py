@@ -59,7 +59,8 @@ def run_workload(
     path = model["path"]
     work = opts["out"] / "work"
     n_ctx = opts["warmup"] + opts["tokens"] + 16
-    base = {"path": path, "threads": opts["threads"], "n_ctx": n_ctx, "reader": opts["reader"]}
+    base = {"path": path, "threads": opts["threads"], "n_ctx": n_ctx, "reader": opts["reader"],
+            "cache_policy": opts.get("cache_policy")}  # fmt: skip
     w: dict = {"name": name, "model": dict(model)}
 
     probe = launch(

@@ -102,6 +102,7 @@ def _worker_run(sharpi, cfg: dict) -> dict:
     kwargs = {"threads": cfg["threads"], "n_ctx": cfg["n_ctx"], "reader": cfg["reader"]}
     if mode in ("probe", "stream"):
         kwargs["ram_budget"] = int(cfg["budget_bytes"])
+        kwargs["cache_policy"] = cfg.get("cache_policy")
     if mode == "stream":
         kwargs.update(_predictor_kwargs(cfg))
     want_timeline = bool(cfg.get("timeline_path"))

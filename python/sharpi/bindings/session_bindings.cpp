@@ -167,7 +167,8 @@ void bind_session(py::module_& m) {
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
                          uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
                          const std::string& predictor, const std::string& predictor_file, int lookahead,
-                         bool skip_late_prefetch) {
+                         bool skip_late_prefetch, const std::string& cache_policy,
+                         const std::string& cache_policy_file) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
@@ -181,6 +182,8 @@ void bind_session(py::module_& m) {
                  o.predictor_file = predictor_file;
                  o.lookahead = lookahead;
                  o.skip_late_prefetch = skip_late_prefetch;
+                 o.cache_policy = cache_policy;
+                 o.cache_policy_file = cache_policy_file;
                  auto s = std::make_unique<PySession>();
                  py::gil_scoped_release release;
                  s->session = std::make_unique<Session>(path, o);
@@ -189,7 +192,8 @@ void bind_session(py::module_& m) {
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
              py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
              py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
-             py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true)
+             py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
+             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
         .def(

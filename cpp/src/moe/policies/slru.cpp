@@ -22,12 +22,12 @@ class SlruPolicy final : public ReplacementPolicy {
     SlruPolicy(uint64_t capacity, double probation);
 
     const char* name() const override { return "slru"; }
-    void insert(uint32_t slot) override;
+    void insert(uint32_t slot, ExpertKey key) override;
     void touch(uint32_t slot) override;
     void remove(uint32_t slot) override;
     bool contains(uint32_t slot) const override { return segment_of(slot) != Segment::none; }
     size_t size() const override { return probation_.size() + protected_.size(); }
-    uint32_t victim(const Evictable& evictable) const override;
+    uint32_t victim(const Evictable& evictable) override;
 
   private:
     enum class Segment : uint8_t { none, probation, protected_ };
@@ -66,7 +66,7 @@ void SlruPolicy::push_probation(uint32_t slot) {
     e.segment = Segment::probation;
 }
 
-void SlruPolicy::insert(uint32_t slot) {
+void SlruPolicy::insert(uint32_t slot, ExpertKey) {
     remove(slot);
     push_probation(slot);
 }
@@ -100,7 +100,7 @@ void SlruPolicy::touch(uint32_t slot) {
     }
 }
 
-uint32_t SlruPolicy::victim(const Evictable& evictable) const {
+uint32_t SlruPolicy::victim(const Evictable& evictable) {
     for (const std::list<uint32_t>* segment : {&probation_, &protected_}) {
         for (auto it = segment->rbegin(); it != segment->rend(); ++it) {
             if (evictable(*it)) return *it;
