@@ -27,6 +27,8 @@ namespace {
 constexpr size_t kTileBytes = 32 * 1024;
 constexpr size_t kTokenBlockBytes = 1024 * 1024;
 constexpr int64_t kMinTokenBlock = 16;
+// Fast-mode prefill: weight rows per block of the row loop (matmul_quantized), to stay in L2.
+constexpr size_t kQuantRowBlockBytes = 256 * 1024;
 
 std::string weight_desc(const WeightView& w) {
     return std::string("[matmul] ") + ggml_type_traits(w.type).name + " weight [" + std::to_string(w.n_rows) +
@@ -90,14 +92,22 @@ void matmul_quantized(ThreadPool& pool, const WeightView& w, const QuantDotKerne
         for (int64_t t = begin; t < end; ++t)
             quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
     });
+    // Blocked so that one tile of quantized tokens stays in L1 while a block of weight rows
+    // (kQuantRowBlockBytes) streams from L2, rather than every row re-reading all the tokens'
+    // activations. Each (row, token) is still one vec_dot_tile call on the same token tile.
     const VecDotTileFn tile = kernels.vec_dot_tile;
+    const int64_t row_block =
+        std::max<int64_t>(1, static_cast<int64_t>(kQuantRowBlockBytes / std::max<size_t>(1, w.row_bytes)));
     pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
-        for (int64_t r = begin; r < end; ++r) {
-            const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
+        for (int64_t r0 = begin; r0 < end; r0 += row_block) {
+            const int64_t r1 = std::min(end, r0 + row_block);
             for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
                 const int nt = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n_tokens - t0));
-                tile(row, xq_data + static_cast<size_t>(t0) * xq_bytes, xq_bytes, nt, n, y + t0 * ldy + r,
-                     ldy);
+                const uint8_t* xt = xq_data + static_cast<size_t>(t0) * xq_bytes;
+                for (int64_t r = r0; r < r1; ++r) {
+                    tile(w.data + static_cast<size_t>(r) * w.row_bytes, xt, xq_bytes, nt, n, y + t0 * ldy + r,
+                         ldy);
+                }
             }
         }
     });

@@ -53,7 +53,7 @@ using VecDotFn = float (*)(const void* w, const void* xq, int64_t n);
 // bit, decoding each weight block once for all the tokens.
 using VecDotTileFn = void (*)(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n,
                               float* y, int64_t ldy);
-constexpr int kMaxTileTokens = 4;
+constexpr int kMaxTileTokens = 8;
 
 struct QuantDotKernels {
     VecDotFn vec_dot = nullptr;

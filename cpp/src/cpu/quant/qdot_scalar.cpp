@@ -207,7 +207,7 @@ template <typename D>
 void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
                     int64_t ldy) {
     const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
-    float acc[kMaxTileTokens] = {0, 0, 0, 0};
+    float acc[kMaxTileTokens] = {};
     KBlock k;
     for (int64_t ib = 0; ib < n / QK_K; ++ib) {
         D::decode(blocks + ib, k);

@@ -365,8 +365,20 @@ void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_token
         case 3:
             k_dot_tokens<D, 3>(w, xq, xq_stride, n, acc);
             break;
-        default:
+        case 4:
             k_dot_tokens<D, 4>(w, xq, xq_stride, n, acc);
+            break;
+        case 5:
+            k_dot_tokens<D, 5>(w, xq, xq_stride, n, acc);
+            break;
+        case 6:
+            k_dot_tokens<D, 6>(w, xq, xq_stride, n, acc);
+            break;
+        case 7:
+            k_dot_tokens<D, 7>(w, xq, xq_stride, n, acc);
+            break;
+        default:
+            k_dot_tokens<D, 8>(w, xq, xq_stride, n, acc);
             break;
     }
     for (int t = 0; t < n_tokens; ++t) y[t * ldy] = acc[t];
@@ -512,20 +524,26 @@ float b32_vec_dot(const void* w, const void* xq, int64_t n) {
 template <typename D>
 void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
                       int64_t ldy) {
-    float out[kMaxTileTokens];
-    switch (n_tokens) {
-        case 1:
-            b32_dot_tokens<D, 1>(w, xq, xq_stride, n, out);
-            break;
-        case 2:
-            b32_dot_tokens<D, 2>(w, xq, xq_stride, n, out);
-            break;
-        case 3:
-            b32_dot_tokens<D, 3>(w, xq, xq_stride, n, out);
-            break;
-        default:
-            b32_dot_tokens<D, 4>(w, xq, xq_stride, n, out);
-            break;
+    // At most 4 tokens per pass: each token keeps four vector accumulators, so wider passes would
+    // spill. Every token's arithmetic is its own, so the passes give the same bits as one.
+    for (int t0 = 0; t0 < n_tokens; t0 += 4) {
+        const void* xt = static_cast<const uint8_t*>(xq) + static_cast<size_t>(t0) * xq_stride;
+        float out[4];
+        const int nt = n_tokens - t0 < 4 ? n_tokens - t0 : 4;
+        switch (nt) {
+            case 1:
+                b32_dot_tokens<D, 1>(w, xt, xq_stride, n, out);
+                break;
+            case 2:
+                b32_dot_tokens<D, 2>(w, xt, xq_stride, n, out);
+                break;
+            case 3:
+                b32_dot_tokens<D, 3>(w, xt, xq_stride, n, out);
+                break;
+            default:
+                b32_dot_tokens<D, 4>(w, xt, xq_stride, n, out);
+                break;
+        }
+        for (int t = 0; t < nt; ++t) y[(t0 + t) * ldy] = out[t];
     }
-    for (int t = 0; t < n_tokens; ++t) y[t * ldy] = out[t];
 }
