@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import os
 import random
 import subprocess
 import sys
@@ -20,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sharpi
 from sharpi.belady import belady, lru, steps_from_routing
 from sharpi.timeline import chrome_trace, write_chrome_trace
+from subprocess_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -310,9 +309,7 @@ def run_bench(out, models, *extra):
     """`sharpi bench --quick` in a subprocess; returns (bench.json, stdout)."""
     # The child imports the same sharpi as this process: the installed package in CI, a developer
     # build under python/ when PYTHONPATH points there.
-    env = dict(os.environ)
-    sharpi_root = str(Path(sharpi.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = sharpi_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env()
     cmd = [
         sys.executable,
         "-m",

@@ -25,6 +25,7 @@ import pytest
 import sharpi
 from sharpi import cli
 from sharpi.tokenizer import Tokenizer
+from subprocess_env import child_env
 
 # ------------------------------------------------------------------------------------------ in-process
 
@@ -294,9 +295,7 @@ needs_engine = pytest.mark.skipif(
 
 def sharpi_cli(*args, timeout=300):
     """Run `python -m sharpi.cli ARGS` against the same sharpi package this test imported."""
-    env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sharpi.__file__)))
-    env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     return subprocess.run(
         [sys.executable, "-m", "sharpi.cli", *args],
         check=False,

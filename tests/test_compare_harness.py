@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sharpi.make_model import write_model
+from subprocess_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "compare.py"
@@ -36,9 +36,7 @@ def tiny(model_dir) -> Path:
 
 
 def run_compare(tiny: Path, out: Path, engines: str, extra_path: Path | None = None) -> dict:
-    env = dict(os.environ)
-    paths = [str(REPO / "python")] + ([str(extra_path)] if extra_path else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths[::-1] + [env.get("PYTHONPATH", "")])
+    env = child_env(*([str(extra_path)] if extra_path else []))
     argv = [sys.executable, str(SCRIPT), str(tiny), "--engines", engines, "--threads", "1",
             "--prompts", ",".join(map(str, PROMPTS)), "--decode", str(N_DECODE), "--repeats", str(REPEATS),
             "--bw-bytes", str(64 << 20), "--out", str(out)]

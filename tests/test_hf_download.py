@@ -27,8 +27,8 @@ pytest.importorskip("huggingface_hub")
 from fake_hub import FakeHub
 from gguf_split import split_gguf
 from sharpi.make_model import write_model
+from subprocess_env import child_env
 
-PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
 REPO = "sharpi-test/Tiny-MoE-GGUF"
 ONE = "sharpi-test/one-file"
 RUN_ARGS = ["-p", "Once upon a time", "-n", "6", "--temp", "0", "-t", "1", "-c", "64"]
@@ -73,6 +73,7 @@ def hub(files):
 
 def sharpi_cli(args, hf_home, endpoint, offline=False, timeout=300):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "HUGGING_FACE_HUB_TOKEN"}
+    env = child_env(base=env)
     env.update(
         HF_HOME=str(hf_home),
         HF_ENDPOINT=endpoint,
@@ -80,7 +81,6 @@ def sharpi_cli(args, hf_home, endpoint, offline=False, timeout=300):
         HF_HUB_DISABLE_XET="1",
         HF_HUB_DOWNLOAD_TIMEOUT="20",
         HF_HUB_ETAG_TIMEOUT="5",
-        PYTHONPATH=os.pathsep.join([str(PYTHON_DIR), env.get("PYTHONPATH", "")]),
         NO_PROXY="127.0.0.1,localhost",
         no_proxy="127.0.0.1,localhost",
     )
@@ -102,10 +102,7 @@ def local_run(path) -> str:
         check=False,
         capture_output=True,
         text=True,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(PYTHON_DIR), os.environ.get("PYTHONPATH", "")]),
-        },
+        env=child_env(),
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
