@@ -240,7 +240,7 @@ class SharpiRunner(EngineRunner):
     def child_env(self) -> dict:
         env = super().child_env()
         python_dir = os.fspath(REPO / "python")
-        if python_dir not in env.get("PYTHONPATH", "").split(os.pathsep):
+        if developer_build() and python_dir not in env.get("PYTHONPATH", "").split(os.pathsep):
             env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), python_dir) if p)
         return env
 
@@ -735,11 +735,19 @@ def make_runners(args, n_ctx: int, log_dir: Path) -> list:
     return runners
 
 
+def developer_build() -> bool:
+    """Whether this checkout's python/sharpi holds a compiled _core (a developer build). Only then is
+    python/ put on the path; otherwise sharpi is the installed package, and the checkout's python/
+    (sources without _core) must not shadow it."""
+    return any((REPO / "python" / "sharpi").glob("_core*.so"))
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return worker(args.worker)
-    sys.path.insert(0, os.fspath(REPO / "python"))
+    if developer_build():
+        sys.path.insert(0, os.fspath(REPO / "python"))
     lengths = [int(x) for x in args.prompts.split(",") if x.strip()]
     if not lengths or min(lengths) < 1:
         raise SystemExit("compare: --prompts needs positive lengths")
