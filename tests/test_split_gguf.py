@@ -23,6 +23,7 @@ import pytest
 import sharpi
 from reader_policy import uring_unavailable
 from reference import hf_export
+from reference.engine_checks import greedy_logits
 from sharpi import _core
 from sharpi.inspect_model import inspect_report, inspect_summary
 
@@ -104,13 +105,7 @@ def test_any_shard_opens_the_whole_model(model, map_data):
 
 
 def _run(session, prompt, n_decode=12):
-    rows = [session.decode(prompt, all_logits=True)]
-    token = int(np.argmax(rows[0][-1]))
-    for _ in range(n_decode):
-        logits = session.decode([token])
-        rows.append(logits[None, :])
-        token = int(np.argmax(logits))
-    return np.concatenate(rows)
+    return greedy_logits(session, prompt, n_decode)
 
 
 def test_split_logits_equal_single_file_resident(model):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import sharpi
 from reader_policy import URING_REQUIRED, uring_unavailable
+from reference.engine_checks import greedy_logits
 from sharpi import _core
 from sharpi.make_model import write_model
 
@@ -58,15 +59,7 @@ def plan(path: str, n_ctx: int = 128):
     return st["fixed_bytes"], st["slot_bytes"], info["n_layer"] * info["n_expert"], info["n_expert_used"]
 
 
-def run_tokens(session, prompt, n_decode):
-    """All-position logits of the prompt, then greedy token-by-token logits."""
-    rows = [session.decode(prompt, all_logits=True)]
-    token = int(np.argmax(rows[0][-1]))
-    for _ in range(n_decode):
-        logits = session.decode([token])
-        rows.append(logits[None, :])
-        token = int(np.argmax(logits))
-    return np.concatenate(rows)
+run_tokens = greedy_logits  # all-position prompt logits, then greedy token-by-token logits
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -21,6 +21,19 @@ import numpy as np
 from .compare import assert_greedy_match, assert_logits_match, first_divergent_activation
 
 
+def greedy_logits(session, prompt, n_decode: int) -> np.ndarray:
+    """All-position logits of the prompt (one prefill call), then n_decode greedy tokens decoded one
+    by one: [len(prompt) + n_decode, n_vocab]. Two engines (or one engine in two configurations) that
+    must agree bit for bit are compared on this."""
+    rows = [session.decode(prompt, all_logits=True)]
+    token = int(np.argmax(rows[0][-1]))
+    for _ in range(n_decode):
+        logits = session.decode([token])
+        rows.append(logits[None, :])
+        token = int(np.argmax(logits))
+    return np.concatenate(rows)
+
+
 def _rows(logits, n_rows: int) -> np.ndarray:
     return np.asarray(logits, dtype=np.float64).reshape(n_rows, -1)
 
