@@ -21,6 +21,19 @@ bool exact_mode(const SessionOptions& options) {
     return options.exact || (env != nullptr && std::strcmp(env, "1") == 0);
 }
 
+// SHARPI_READ_TIMEOUT_MS: how long compute waits for an expert read before IoError (default 60 s).
+double read_timeout_ms() {
+    const char* env = std::getenv("SHARPI_READ_TIMEOUT_MS");
+    if (env == nullptr || *env == '\0') return 60000.0;
+    char* end = nullptr;
+    const double ms = std::strtod(env, &end);
+    if (end == env || *end != '\0' || !(ms > 0.0)) {
+        throw InvalidArgument(std::string("SHARPI_READ_TIMEOUT_MS: not a positive number of ms: '") + env +
+                              "'");
+    }
+    return ms;
+}
+
 }  // namespace
 
 Engine::Engine(const std::string& path, const SessionOptions& options)
@@ -132,6 +145,7 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     if (o.policy == "prior")
         o.policy_prior = read_cache_prior(options_.cache_policy_file, h.n_layer, h.n_expert);
     o.reader = options_.reader;
+    o.read_timeout_ms = read_timeout_ms();
     auto cache = std::make_unique<ExpertCache>(model_->experts, o);
     cache->set_timeline(&timeline_);
     cache_ = cache.get();
@@ -186,6 +200,7 @@ void Engine::reset_stats() {
 
 void Engine::reset() {
     n_past_ = 0;
+    clear_cancel();
     // The next token has no previous token (prev-token history starts over).
     for (Routing& r : routing_) {
         r.ids.clear();
@@ -257,6 +272,10 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         n_past_ = start_pos + c;
         try {
             forward_chunk(tokens.data() + c, m, first, out);
+        } catch (const CancelledError&) {
+            n_past_ = start_pos;
+            clear_cancel();  // this call consumed the request
+            throw;
         } catch (...) {
             n_past_ = start_pos;
             throw;
@@ -276,10 +295,18 @@ void Engine::on_gate(int il, const float* hidden, const float* router_logits, co
     prefetcher_->on_gate(il, hidden, router_logits, selected);
 }
 
+void Engine::throw_if_cancelled(int il) const {
+    if (!cancel_requested_.load(std::memory_order_relaxed)) return;
+    throw CancelledError("decode cancelled at position " + std::to_string(n_past_) + ", layer " +
+                         std::to_string(il) + " (nothing of the call was appended)");
+}
+
 void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits) {
     const Model& m = *model_;
     const HParams& h = m.hp;
+    throw_if_cancelled(0);
     MoeFfn moe(*experts_, h.n_layer);
+    moe.set_cancel_flag(&cancel_requested_);
     if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
     Forward f(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
     f.set_timeline(&timeline_);
@@ -306,6 +333,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
         moe.set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {
+        throw_if_cancelled(il);
         scratch_.reset();
         const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
         Act out = m.spec->build_layer(f, x, il);

@@ -5,11 +5,13 @@
 // hands every gate event to the prefetcher (the layer code never sees the prefetcher).
 //
 // Single-threaded API: one caller at a time drives decode(); parallelism is inside (the pool).
+// The one exception is cancel(), callable from any thread or a signal handler while decode() runs.
 // Failure atomicity: decode() validates everything before it touches state, and advances n_past
-// only after the whole batch succeeded, so an exception leaves the session usable at the old
-// position (positions beyond n_past in the KV cache are never read).
+// only after the whole batch succeeded, so an exception (CancelledError included) leaves the
+// session usable at the old position (positions beyond n_past in the KV cache are never read).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,6 +43,12 @@ class Engine final : private GateObserver {
     void reset();
 
     std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
+    // Asks the running decode(), or the next one, to stop: it throws CancelledError at its next
+    // check (before each prefill chunk, each layer and each expert wave of a batch) and appends
+    // nothing; the request is then consumed. reset() drops a request no decode has seen yet.
+    // Lock-free and async-signal-safe: any thread, or a signal handler, may call it.
+    void cancel() noexcept { cancel_requested_.store(true, std::memory_order_relaxed); }
+    void clear_cancel() noexcept { cancel_requested_.store(false, std::memory_order_relaxed); }
 
     const std::map<std::string, Activation>& dump() const { return dump_; }
     // Expert choices of every layer for the tokens of the last decode(): [n_tokens, n_expert_used].
@@ -68,7 +76,11 @@ class Engine final : private GateObserver {
     // One chunk of at most kMaxBatch tokens; writes logits of rows [first_logit_row, n) to `logits`.
     void forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits);
 
+    // CancelledError naming where decode() stopped, when cancel() was called.
+    void throw_if_cancelled(int il) const;
+
     static constexpr int64_t kMaxBatch = 256;
+    static_assert(std::atomic<bool>::is_always_lock_free, "cancel() must be async-signal-safe");
 
     SessionOptions options_;
     bool exact_ = false;
@@ -89,6 +101,7 @@ class Engine final : private GateObserver {
     std::vector<int32_t> prev_selection_;     // scratch: the previous token's experts, [n_layer * top_k]
     double decode_ms_ = 0.0;
     Timeline timeline_;
+    std::atomic<bool> cancel_requested_{false};
 };
 
 }  // namespace sharpi

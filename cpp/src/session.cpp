@@ -19,6 +19,14 @@ std::vector<float> Session::decode(const std::vector<token_t>& tokens, bool all_
     return engine_->decode(tokens, all_logits);
 }
 
+void Session::cancel() noexcept {
+    engine_->cancel();
+}
+
+void Session::clear_cancel() noexcept {
+    engine_->clear_cancel();
+}
+
 int64_t Session::n_past() const {
     return engine_->n_past();
 }

@@ -6,6 +6,7 @@ The engine is C++ (sharpi._core); this package adds the tokenizer, generation lo
 import os as _os
 
 from ._core import (  # noqa: F401
+    CancelledError,
     ContextOverflowError,
     FormatError,
     InvalidArgument,

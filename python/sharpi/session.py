@@ -18,6 +18,11 @@ class Session:
     decode() appends tokens and returns logits; generate() tokenizes a prompt, decodes it and samples
     up to max_tokens new tokens, yielding text as soon as it is complete UTF-8. Not thread-safe
     for concurrent generate() calls on one session (decode() itself is serialised in C++).
+
+    Every method may be called from another thread while a decode() runs: cancel() at once (it
+    takes no lock), the others wait for the decode to finish. cancel() makes that decode raise
+    CancelledError within one layer with nothing appended; Ctrl-C during a decode() on the main
+    thread cancels it the same way and then raises KeyboardInterrupt.
     """
 
     def __init__(
@@ -153,7 +158,18 @@ class Session:
         return self._core.decode([int(t) for t in tokens], all_logits)
 
     def reset(self) -> None:
+        """Forget the KV cache (n_past = 0) and any cancel() no decode has seen yet."""
         self._core.reset()
+
+    def cancel(self) -> None:
+        """Stop the running decode(), or the next one if none runs, within one layer: it raises
+        CancelledError and appends nothing (n_past and the KV cache stay as before that call).
+        Lock-free: call it from any thread (a UI, a server noticing its client left)."""
+        self._core.cancel()
+
+    def clear_cancel(self) -> None:
+        """Drop a cancel() that no decode() has seen yet (before starting a new request)."""
+        self._core.clear_cancel()
 
     def set_route_trace(self, trace: Union[str, os.PathLike, np.ndarray, None]) -> None:
         """Make the router follow recorded expert choices (trace replay for benchmarks).

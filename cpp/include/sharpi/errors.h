@@ -43,4 +43,10 @@ class ContextOverflowError : public Error {
     using Error::Error;
 };
 
+// Session::cancel() stopped a decode() (between layers, prefill chunks or expert waves). Nothing
+// of the cancelled call was appended: the session is usable at its old position.
+class CancelledError : public Error {
+    using Error::Error;
+};
+
 }  // namespace sharpi

@@ -1,7 +1,8 @@
 // The public entry point: load a GGUF model, decode tokens, sample.
 //
 // A Session owns one model and one KV cache. It is not thread-safe: one caller at a time
-// (the Python bindings release the GIL around decode() but serialize calls per session).
+// (the Python bindings release the GIL around decode() but serialize calls per session), except
+// cancel(), which any thread or a signal handler may call at any time.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +36,16 @@ class Session {
     // do not fit; in that case nothing is appended and the session is unchanged.
     std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits = false);
 
+    // Stops the running decode(), or the next one if none runs, within one layer: it throws
+    // CancelledError and appends nothing (n_past and the KV cache are as before the call). The
+    // request is consumed by the decode that throws; reset() drops one that no decode has seen.
+    // Lock-free and async-signal-safe.
+    void cancel() noexcept;
+    // Drops a cancel() that no decode has seen yet (a host starting a new request). Lock-free.
+    void clear_cancel() noexcept;
+
     int64_t n_past() const;
-    void reset();  // forget the KV cache
+    void reset();  // forget the KV cache (and a pending cancel())
 
     // Activations recorded by the last decode() (empty unless dump_activations).
     const std::map<std::string, Activation>& dump() const;

@@ -80,6 +80,10 @@ class ExpertReader {
     // Appends finished requests to `out`; with wait = true blocks until at least one completes
     // (returns at once when nothing is outstanding). Returns the number appended.
     virtual size_t reap(std::vector<ReadCompletion>& out, bool wait) = 0;
+    // reap(out, true) that gives up after timeout_ms: returns 0 with nothing appended when no
+    // request completed in time (a stalled device), so the caller can report it or look at a cancel
+    // flag instead of blocking forever.
+    virtual size_t reap_for(std::vector<ReadCompletion>& out, double timeout_ms) = 0;
     virtual size_t outstanding() const = 0;  // queued + in flight + finished but not yet reaped
 
     // Load accounting (decode thread, like submit/reap): requested bytes (not the aligned superset)

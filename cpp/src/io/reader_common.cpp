@@ -57,17 +57,26 @@ ResolvedOptions resolve_options(const ReaderOptions& options) {
     return r;
 }
 
+namespace {
+
+// A test hook's delay in microseconds from the environment (0 when unset).
+uint64_t delay_from_env(const char* name) {
+    const char* delay = std::getenv(name);
+    if (delay == nullptr || *delay == '\0') return 0;
+    char* end = nullptr;
+    const uint64_t us = std::strtoull(delay, &end, 10);
+    if (end == delay || *end != '\0') {
+        throw InvalidArgument(std::string(name) + ": not a number: '" + delay + "'");
+    }
+    return us;
+}
+
+}  // namespace
+
 FaultInjection FaultInjection::from_env() {
     FaultInjection f;
-    if (const char* delay = std::getenv("SHARPI_FAULT_PREFETCH_DELAY_US");
-        delay != nullptr && *delay != '\0') {
-        char* end = nullptr;
-        f.prefetch_delay_us_ = std::strtoull(delay, &end, 10);
-        if (end == delay || *end != '\0') {
-            throw InvalidArgument(std::string("SHARPI_FAULT_PREFETCH_DELAY_US: not a number: '") + delay +
-                                  "'");
-        }
-    }
+    f.prefetch_delay_us_ = delay_from_env("SHARPI_FAULT_PREFETCH_DELAY_US");
+    f.read_delay_us_ = delay_from_env("SHARPI_FAULT_READ_DELAY_US");
     const char* value = std::getenv("SHARPI_FAULT_EIO_AT");
     if (value == nullptr || *value == '\0') return f;
     errno = 0;
@@ -100,7 +109,9 @@ ReadQueue::ReadQueue(std::vector<std::string> paths, uint64_t chunk_bytes, int d
 ReadQueue::~ReadQueue() = default;
 
 uint64_t ReadQueue::test_delay_us(const Chunk& chunk) const {
-    return chunk.read->request.priority == ReadPriority::prefetch ? fault_.prefetch_delay_us() : 0;
+    const uint64_t prefetch =
+        chunk.read->request.priority == ReadPriority::prefetch ? fault_.prefetch_delay_us() : 0;
+    return std::max(prefetch, fault_.read_delay_us());
 }
 
 void ReadQueue::add(const ReadRequest& request) {
@@ -334,6 +345,18 @@ void QueuedReader::unplug() {
 }
 
 size_t QueuedReader::reap(std::vector<ReadCompletion>& out, bool wait) {
+    return reap_until(out, wait, nullptr);
+}
+
+size_t QueuedReader::reap_for(std::vector<ReadCompletion>& out, double timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double, std::milli>(std::max(0.0, timeout_ms)));
+    return reap_until(out, true, &deadline);
+}
+
+size_t QueuedReader::reap_until(std::vector<ReadCompletion>& out, bool wait,
+                                const std::chrono::steady_clock::time_point* deadline) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (wait) {
         if (queue_.plugged()) {  // waiting on a plugged queue would never return
@@ -344,7 +367,12 @@ size_t QueuedReader::reap(std::vector<ReadCompletion>& out, bool wait) {
                 lock.lock();
             }
         }
-        done_cv_.wait(lock, [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; });
+        const auto done = [this] { return queue_.completions_ready() > 0 || queue_.outstanding() == 0; };
+        if (deadline) {
+            done_cv_.wait_until(lock, *deadline, done);
+        } else {
+            done_cv_.wait(lock, done);
+        }
     }
     const size_t first = out.size();
     const size_t n = queue_.take_completions(out);

@@ -58,6 +58,8 @@ ResolvedOptions resolve_options(const ReaderOptions& options);
 // SHARPI_FAULT_PREFETCH_DELAY_US (tests only, pread reader only): each chunk of a prefetch-priority
 // read completes that many microseconds late, so tests can make a prefetch outlive the demand reads
 // issued after it deterministically (the race between prefetch, drop and a later demand).
+// SHARPI_FAULT_READ_DELAY_US (tests only, pread reader only): every chunk completes that many
+// microseconds late, a slow or stalled device for the read timeout (SHARPI_READ_TIMEOUT_MS).
 class FaultInjection {
   public:
     static FaultInjection from_env();
@@ -65,11 +67,13 @@ class FaultInjection {
     bool armed() const { return armed_; }
     uint64_t offset() const { return offset_; }
     uint64_t prefetch_delay_us() const { return prefetch_delay_us_; }
+    uint64_t read_delay_us() const { return read_delay_us_; }
 
   private:
     bool armed_ = false;
     uint64_t offset_ = 0;
     uint64_t prefetch_delay_us_ = 0;
+    uint64_t read_delay_us_ = 0;
 };
 
 struct QueuedRead;
@@ -176,6 +180,7 @@ class QueuedReader : public ExpertReader {
     void plug() override;
     void unplug() override;
     size_t reap(std::vector<ReadCompletion>& out, bool wait) override;
+    size_t reap_for(std::vector<ReadCompletion>& out, double timeout_ms) override;
     size_t outstanding() const override;
     uint64_t inflight_bytes() const override { return load_.inflight_bytes(); }
     double busy_ms() const override { return load_.busy_ms(); }
@@ -185,6 +190,10 @@ class QueuedReader : public ExpertReader {
     QueuedReader(std::vector<std::string> paths, uint64_t chunk_bytes, int depth);
     virtual bool kick_needed_locked() = 0;
     virtual void kick() = 0;
+    // reap() and reap_for(): wait until a completion arrives, nothing is outstanding, or `deadline`
+    // passes (nullptr: no deadline).
+    size_t reap_until(std::vector<ReadCompletion>& out, bool wait,
+                      const std::chrono::steady_clock::time_point* deadline);
 
     mutable std::mutex mutex_;
     std::condition_variable done_cv_;  // reap(): a completion arrived

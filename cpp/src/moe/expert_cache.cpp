@@ -49,8 +49,13 @@ ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& o
         throw InvalidArgument("[cache] SLRU probation share must be in (0, 1), got " +
                               std::to_string(options.probation));
     }
+    if (!(options.read_timeout_ms > 0.0)) {
+        throw InvalidArgument("[cache] read timeout must be > 0 ms, got " +
+                              std::to_string(options.read_timeout_ms));
+    }
     n_cache_slots_ = options.n_slots;
     n_staging_ = options.n_staging;
+    read_timeout_ms_ = options.read_timeout_ms;
     ReplacementPolicyOptions policy_options;
     policy_options.probation = options.probation;
     policy_options.prior = options.policy_prior;
@@ -297,17 +302,9 @@ void ExpertCache::wait(int i) {
     const uint32_t s = current_[static_cast<size_t>(i)];
     if (slots_[s].state == State::loading) {
         const auto t0 = Clock::now();
-        while (slots_[s].state == State::loading && !slots_[s].failed) {
-            completions_.clear();
-            reader_->reap(completions_, /*wait=*/true);
-            process(completions_);
-        }
+        while (slots_[s].state == State::loading && !slots_[s].failed) wait_for_reads(s);
         // A failed read may still have sibling reads in flight: wait them out so the slot can be freed.
-        while (slots_[s].pending > 0) {
-            completions_.clear();
-            reader_->reap(completions_, /*wait=*/true);
-            process(completions_);
-        }
+        while (slots_[s].pending > 0) wait_for_reads(s);
         const double stalled_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         layer_stats_[static_cast<size_t>(current_layer_)].stall_ms += stalled_ms;
         if (timeline_ && timeline_->enabled()) {
@@ -318,6 +315,20 @@ void ExpertCache::wait(int i) {
         }
     }
     if (slots_[s].failed) throw IoError(slots_[s].error);
+}
+
+void ExpertCache::wait_for_reads(uint32_t s) {
+    completions_.clear();
+    if (reader_->reap_for(completions_, read_timeout_ms_) == 0 && reader_->outstanding() > 0) {
+        // The slot stays loading: its reads may still land, and only then can it be reused.
+        const Slot& slot = slots_[s];
+        const FileRange r = layout_.layers[static_cast<size_t>(slot.layer)].parts[0].range(slot.expert);
+        throw IoError("[io] " + layout_.files[r.file] + ": expert " + std::to_string(slot.expert) +
+                      " of layer " + std::to_string(slot.layer) + ": no read completed within " +
+                      std::to_string(static_cast<int64_t>(read_timeout_ms_)) +
+                      " ms (stalled device? SHARPI_READ_TIMEOUT_MS sets the limit)");
+    }
+    process(completions_);
 }
 
 void ExpertCache::release(int il) {

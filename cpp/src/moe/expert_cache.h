@@ -49,6 +49,8 @@ struct ExpertCacheOptions {
     double probation = 0.25;                            // SLRU: share of n_slots in probation, in (0, 1)
     std::vector<float> policy_prior;  // "prior": [n_layer * n_expert] (gguf/cache_prior_file.h)
     std::string reader = "auto";
+    // wait() raises IoError when no read completes for this long (a stalled device); > 0.
+    double read_timeout_ms = 60000.0;
 };
 
 class ExpertCache final : public ExpertSource {
@@ -120,12 +122,16 @@ class ExpertCache final : public ExpertSource {
     void unstage(uint32_t s);
     void process(const std::vector<ReadCompletion>& done);
     void poll();
+    // Blocks until at least one read completes and processes it; IoError naming slot s (the one
+    // compute waits for) when none completes within the read timeout.
+    void wait_for_reads(uint32_t s);
     void fail_if_needed(uint32_t s);
 
     const ExpertLayout& layout_;
     int64_t n_expert_ = 0;
     uint64_t n_cache_slots_ = 0, n_staging_ = 0;
     uint64_t slot_bytes_ = 0;
+    double read_timeout_ms_ = 0.0;
     uint64_t part_base_[kExpertParts] = {0, 0, 0};  // offsets of the gate/up/down regions inside a slot
     uint8_t* arena_ = nullptr;
     uint64_t arena_bytes_ = 0;

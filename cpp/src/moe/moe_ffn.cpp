@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "cpu/ops/activation.h"
 #include "cpu/ops/matmul.h"
 #include "cpu/ops/router.h"
 #include "cpu/quant/kernels.h"
+#include "sharpi/errors.h"
 
 namespace sharpi {
 
@@ -127,6 +129,10 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
     std::vector<int64_t> members;
     const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
     for (size_t w0 = 0; w0 < unique.size(); w0 += wave) {
+        if (w0 > 0 && cancel_ && cancel_->load(std::memory_order_relaxed)) {
+            throw CancelledError("decode cancelled in layer " + std::to_string(il) + " after " +
+                                 std::to_string(w0) + " of " + std::to_string(unique.size()) + " experts");
+        }
         const size_t n_wave = std::min(wave, unique.size() - w0);
         std::vector<ExpertView> views(n_wave);
         experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());

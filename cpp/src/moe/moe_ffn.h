@@ -13,6 +13,7 @@
 // row is computed, never how), so streamed, prefilled and resident runs are bit-identical.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +54,8 @@ class MoeFfn {
 
     void set_route_trace(const RouteTrace* trace) { route_trace_ = trace; }
     void set_gate_observer(GateObserver* observer) { gate_observer_ = observer; }
+    // Session::cancel()'s flag, polled between the expert waves of a batch (CancelledError when set).
+    void set_cancel_flag(const std::atomic<bool>* flag) { cancel_ = flag; }
     std::vector<Routing>& routing() { return routing_; }
 
     // The layer's MoE FFN output for `cur` ([n_tokens, n_embd], normalised): routed experts plus
@@ -73,6 +76,7 @@ class MoeFfn {
     ExpertSource& experts_;
     const RouteTrace* route_trace_ = nullptr;
     GateObserver* gate_observer_ = nullptr;
+    const std::atomic<bool>* cancel_ = nullptr;
     std::vector<Routing> routing_;
 };
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sharpi/errors.h"
+
 namespace sharpi {
 
 namespace {
@@ -74,6 +76,8 @@ void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits
     ++calls_;
     try {
         predictor_->observe(in, hints_);
+    } catch (const CancelledError&) {
+        throw;  // the host asked to stop (a Python predictor saw KeyboardInterrupt): not a predictor fault
     } catch (const std::exception& e) {
         // A failing predictor costs its hints, never a token (docs/predictors.md).
         ++failures_;

@@ -19,6 +19,7 @@ void bind_errors(py::module_& m) {
     py::register_exception<IoError>(m, "IoError", base.ptr());
     py::register_exception<InvalidArgument>(m, "InvalidArgument", base.ptr());
     py::register_exception<ContextOverflowError>(m, "ContextOverflowError", base.ptr());
+    py::register_exception<CancelledError>(m, "CancelledError", base.ptr());
 }
 
 }  // namespace sharpi::py_bindings

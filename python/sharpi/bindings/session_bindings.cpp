@@ -1,12 +1,22 @@
 // sharpi._core.Session: type conversion around sharpi::Session. Compute runs with the GIL
 // released; a per-session mutex serialises Python threads that share one session.
+//
+// Lock order: the GIL is never held while waiting for the session mutex. decode() runs under the
+// mutex and a Python predictor takes the GIL inside it (mutex -> GIL), so every method that touches
+// the engine releases the GIL first, then locks (locked() below), copies what it needs into C++
+// values, unlocks, and converts to Python objects with the GIL back. cancel() and clear_cancel()
+// take no lock at all: they are how another thread stops a decode that holds the mutex.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <signal.h>
 
+#include <atomic>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "bindings.h"
 #include "sharpi/session.h"
@@ -20,6 +30,86 @@ namespace {
 struct PySession {
     std::unique_ptr<Session> session;
     std::mutex mutex;
+};
+
+// Runs f() on the session under its mutex with the GIL released (see the lock order above); f must
+// not touch Python objects. Returns what f returns.
+template <class F>
+auto locked(PySession& s, F&& f) {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    return f(*s.session);
+}
+
+// A Python exception that is not an Exception (KeyboardInterrupt, SystemExit) raised inside a
+// Python predictor's observe(): the host is asking to stop, so it unwinds decode() as a cancellation
+// (the prefetcher passes CancelledError on instead of counting a predictor failure) and the decode
+// binding raises the original Python exception. Destroyed only with the GIL held (the catch in
+// decode) or by error_already_set's own GIL-taking deleter.
+struct PythonInterrupt : CancelledError {
+    explicit PythonInterrupt(py::error_already_set e)
+        : CancelledError(std::string("decode cancelled by ") + e.what()), error(std::move(e)) {}
+    py::error_already_set error;
+};
+
+// Ctrl-C during a decode on the main thread. CPython runs Python signal handlers only on the main
+// thread between bytecodes, never while decode() computes without the GIL, so for the duration of
+// the call a C handler owns SIGINT: it calls Session::cancel() (lock-free, async-signal-safe) and
+// then the handler it replaced (CPython's, which records the signal for the interpreter). decode()
+// stops within one layer and the binding runs the Python handler (PyErr_CheckSignals): normally
+// KeyboardInterrupt. Armed only on the main thread and only when Python handles SIGINT (not SIG_DFL
+// or SIG_IGN); the handler may run on any thread of the process.
+class SigintBridge {
+  public:
+    explicit SigintBridge(Session& session) {  // with the GIL
+        static const unsigned long main_ident =
+            py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+        if (PyThread_get_thread_ident() != main_ident || target_.load() != nullptr) return;
+        struct sigaction current;
+        if (::sigaction(SIGINT, nullptr, &current) != 0) return;
+        const bool has_info = (current.sa_flags & SA_SIGINFO) != 0;
+        if (!has_info && (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN)) return;
+        previous_ = current;
+        fired_.store(false);
+        target_.store(&session);
+        struct sigaction mine = current;
+        mine.sa_flags = (current.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+        mine.sa_sigaction = &SigintBridge::handle;
+        if (::sigaction(SIGINT, &mine, nullptr) != 0) {
+            target_.store(nullptr);
+            return;
+        }
+        armed_ = true;
+    }
+    ~SigintBridge() {
+        if (!armed_) return;
+        ::sigaction(SIGINT, &previous_, nullptr);
+        target_.store(nullptr);
+    }
+    SigintBridge(const SigintBridge&) = delete;
+    SigintBridge& operator=(const SigintBridge&) = delete;
+
+    bool fired() const { return armed_ && fired_.load(); }
+
+  private:
+    static void handle(int sig, siginfo_t* info, void* context) {
+        if (Session* s = target_.load()) {
+            s->cancel();
+            fired_.store(true);
+        }
+        if (previous_.sa_flags & SA_SIGINFO) {
+            previous_.sa_sigaction(sig, info, context);
+        } else if (previous_.sa_handler != SIG_DFL && previous_.sa_handler != SIG_IGN) {
+            previous_.sa_handler(sig);
+        }
+    }
+
+    static inline std::atomic<Session*> target_{nullptr};
+    static inline std::atomic<bool> fired_{false};
+    static inline struct sigaction previous_{};
+    bool armed_ = false;
+    static_assert(std::atomic<Session*>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+                  "the SIGINT handler may only use lock-free atomics");
 };
 
 // Moves a vector into a numpy array without copying (the capsule owns it).
@@ -148,6 +238,7 @@ class PyPredictor final : public Predictor {
                                              static_cast<float>(d[3 * i + 2])});
             }
         } catch (py::error_already_set& e) {
+            if (!e.matches(PyExc_Exception)) throw PythonInterrupt(std::move(e));
             error = e.what();  // read while holding the GIL; the exception object dies here too
         }
         if (!error.empty()) throw std::runtime_error(error);
@@ -195,16 +286,28 @@ void bind_session(py::module_& m) {
              py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
              py::arg("cache_policy") = "", py::arg("cache_policy_file") = "")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
-        .def_property_readonly("n_past", [](PySession& s) { return s.session->n_past(); })
+        .def_property_readonly("n_past",
+                               [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })
         .def(
             "decode",
             [](PySession& s, std::vector<token_t> tokens, bool all_logits) {
                 std::vector<float> logits;
                 const int64_t n_vocab = s.session->info().n_vocab;
                 {
-                    py::gil_scoped_release release;
-                    std::lock_guard<std::mutex> lock(s.mutex);
-                    logits = s.session->decode(tokens, all_logits);
+                    SigintBridge sigint(*s.session);
+                    try {
+                        logits = locked(s, [&](Session& x) { return x.decode(tokens, all_logits); });
+                    } catch (PythonInterrupt& e) {
+                        throw py::error_already_set(e.error);
+                    } catch (const CancelledError&) {
+                        // Ctrl-C: let Python's handler speak (KeyboardInterrupt unless the script
+                        // installed its own); a cancel() from another thread stays CancelledError.
+                        if (sigint.fired() && PyErr_CheckSignals() != 0) throw py::error_already_set();
+                        throw;
+                    }
+                    // A Ctrl-C after the last check: the call completed, Python raises the
+                    // KeyboardInterrupt on its own, and the next decode must not be cancelled.
+                    if (sigint.fired()) s.session->clear_cancel();
                 }
                 if (all_logits) {
                     return to_numpy(std::move(logits), {static_cast<py::ssize_t>(tokens.size()), n_vocab});
@@ -213,18 +316,21 @@ void bind_session(py::module_& m) {
             },
             py::arg("tokens"), py::arg("all_logits") = false,
             "Append tokens and return f32 logits: [n_vocab] for the last token or [n_tokens, n_vocab].")
-        .def("reset",
-             [](PySession& s) {
-                 std::lock_guard<std::mutex> lock(s.mutex);
-                 s.session->reset();
-             })
+        .def(
+            "cancel", [](PySession& s) { s.session->cancel(); },
+            "Stop the running decode (or the next one) within one layer with CancelledError; any thread, "
+            "no lock.")
+        .def(
+            "clear_cancel", [](PySession& s) { s.session->clear_cancel(); },
+            "Drop a cancel() that no decode has seen yet.")
+        .def("reset", [](PySession& s) { locked(s, [](Session& x) { x.reset(); }); })
         .def("dump",
              [](PySession& s) {
+                 std::map<std::string, Activation> acts = locked(s, [](Session& x) { return x.dump(); });
                  py::dict d;
-                 for (const auto& [name, act] : s.session->dump()) {
-                     std::vector<float> copy = act.data;
+                 for (auto& [name, act] : acts) {
                      std::vector<py::ssize_t> shape(act.shape.begin(), act.shape.end());
-                     d[py::str(name)] = to_numpy(std::move(copy), shape);
+                     d[py::str(name)] = to_numpy(std::move(act.data), shape);
                  }
                  return d;
              })
@@ -232,7 +338,7 @@ void bind_session(py::module_& m) {
             "set_route_trace",
             [](PySession& s, py::array_t<int32_t, py::array::c_style | py::array::forcecast> experts) {
                 if (experts.size() == 0) {
-                    s.session->set_route_trace({}, 0, 0, 0);
+                    locked(s, [](Session& x) { x.set_route_trace({}, 0, 0, 0); });
                     return;
                 }
                 if (experts.ndim() != 3) {
@@ -240,15 +346,16 @@ void bind_session(py::module_& m) {
                                           std::to_string(experts.ndim()) + " dimensions");
                 }
                 std::vector<int32_t> flat(experts.data(), experts.data() + experts.size());
-                std::lock_guard<std::mutex> lock(s.mutex);
-                s.session->set_route_trace(flat, experts.shape(0), experts.shape(1), experts.shape(2));
+                const py::ssize_t n_tokens = experts.shape(0), n_layers = experts.shape(1),
+                                  k = experts.shape(2);
+                locked(s, [&](Session& x) { x.set_route_trace(flat, n_tokens, n_layers, k); });
             },
             py::arg("experts"))
         .def("last_routing",
              [](PySession& s) {
                  py::list out;
                  const int64_t k = s.session->info().n_expert_used;
-                 for (std::vector<int32_t>& ids : s.session->last_routing()) {
+                 for (std::vector<int32_t>& ids : locked(s, [](Session& x) { return x.last_routing(); })) {
                      const py::ssize_t n = k > 0 ? static_cast<py::ssize_t>(ids.size()) / k : 0;
                      out.append(py::array_t<int32_t>({n, static_cast<py::ssize_t>(k)}, ids.data()));
                  }
@@ -257,7 +364,7 @@ void bind_session(py::module_& m) {
         .def("timeline_events",
              [](PySession& s) {
                  py::list out;
-                 for (const TimelineEvent& e : s.session->timeline_events()) {
+                 for (const TimelineEvent& e : locked(s, [](Session& x) { return x.timeline_events(); })) {
                      py::dict d;
                      d["track"] = e.track;
                      d["name"] = e.name;
@@ -267,13 +374,10 @@ void bind_session(py::module_& m) {
                  }
                  return out;
              })
-        .def("clear_timeline", [](PySession& s) { s.session->clear_timeline(); })
-        .def("expert_stats", [](PySession& s) { return stats_dict(s.session->expert_stats()); })
-        .def("reset_stats",
-             [](PySession& s) {
-                 std::lock_guard<std::mutex> lock(s.mutex);
-                 s.session->reset_stats();
-             })
+        .def("clear_timeline", [](PySession& s) { locked(s, [](Session& x) { x.clear_timeline(); }); })
+        .def("expert_stats",
+             [](PySession& s) { return stats_dict(locked(s, [](Session& x) { return x.expert_stats(); })); })
+        .def("reset_stats", [](PySession& s) { locked(s, [](Session& x) { x.reset_stats(); }); })
         .def(
             "set_predictor",
             [](PySession& s, py::object predictor) {
@@ -285,11 +389,11 @@ void bind_session(py::module_& m) {
                     }
                     p = std::make_shared<PyPredictor>(predictor);
                 }
-                std::lock_guard<std::mutex> lock(s.mutex);
-                s.session->set_predictor(std::move(p));
+                locked(s, [&](Session& x) { x.set_predictor(std::move(p)); });
             },
             py::arg("predictor"))
-        .def("predictor_errors", [](PySession& s) { return s.session->predictor_errors(); })
+        .def("predictor_errors",
+             [](PySession& s) { return locked(s, [](Session& x) { return x.predictor_errors(); }); })
         .def("metadata_string",
              [](PySession& s, const std::string& key) { return s.session->metadata_string(key); });
 }
