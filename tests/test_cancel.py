@@ -8,7 +8,6 @@ and the streamed engine equals the resident one).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -290,8 +289,7 @@ def test_sigint_outside_decode_is_plain_keyboard_interrupt(model):
         "    print('ok', s.n_past)\n"
         "print(s.decode([3]).shape)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                       env=child_env(), timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[0] == "ok 2", r.stdout
-    assert os.linesep.join(r.stdout.splitlines()[1:2]).startswith("(")
+    assert r.stdout.splitlines() == ["ok 2", "(1024,)"], r.stdout
