@@ -304,7 +304,6 @@ void Engine::throw_if_cancelled(int il) const {
 void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits) {
     const Model& m = *model_;
     const HParams& h = m.hp;
-    throw_if_cancelled(0);
     MoeFfn moe(*experts_, h.n_layer);
     moe.set_cancel_flag(&cancel_requested_);
     if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);

@@ -18,7 +18,8 @@ of layers 0..layer, later rows -1; the previous token's, all -1 when there is no
 iterable of (target_layer, expert, score) or an array [n, 3]; targets must lie in
 (layer, layer + lookahead]. Out-of-range hints are dropped and counted (`hints_dropped` in
 Session.expert_stats()); an exception drops the call's hints and is kept in
-Session.predictor_errors(). It must not call back into the Session.
+Session.predictor_errors(). KeyboardInterrupt or SystemExit cancels the decode instead (nothing of
+it is appended) and reaches the caller. It must not call back into the Session.
 """
 
 from __future__ import annotations
