@@ -153,6 +153,7 @@ def test_pread_syscall_faults(model, shim, tmp_path, fault, hard, budget):
     _expect(model, tmp_path, report, hard)
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("fault,hard", URING_FAULTS)
 def test_uring_completion_faults(model, tmp_path, fault, hard, budget):
@@ -192,3 +193,43 @@ def test_uring_fault_hook_rejects_bad_specs(model, monkeypatch, value):
     monkeypatch.setenv("SHARPI_FAULT_URING_RES", value)
     with pytest.raises(sharpi.InvalidArgument, match="SHARPI_FAULT_URING_RES"):
         sharpi.Session(model["path"], threads=1, n_ctx=64, ram_budget="1GiB", reader="uring")
+
+
+TRUNCATE_CHILD = r"""
+import json, os, sys
+import sharpi
+from sharpi import _core
+path, where = sys.argv[1:3]
+s = sharpi.Session(path, threads=2, n_ctx=64)
+s.decode([1, 2, 3])
+f = _core.GgufFile(path)
+experts = [t["file_offset"] for t in f.tensors() if "_exps." in t["name"]]
+cut = min(experts) + 10 if where == "experts" else f.data_offset + 10
+del f
+os.truncate(path, cut)
+report = {"cut": cut}
+for attempt in ("first", "after_reset"):
+    try:
+        s.decode(list(range(4, 12)))
+        report[attempt] = "ok"
+    except sharpi.IoError as e:
+        report[attempt] = "IoError: " + str(e)
+    s.reset()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("where", ["experts", "dense"])
+def test_resident_survives_truncation_after_open(model, tmp_path, where):
+    """Resident mode computes from a MAP_SHARED mapping: truncating the file under it makes the next
+    access a SIGBUS. map_guard.h turns that into an IoError from decode() (the pages read as zeros
+    and the result is discarded), every later decode raises it too, and the process lives."""
+    path = str(tmp_path / "victim.gguf")
+    shutil.copy(model["path"], path)
+    proc = subprocess.run([sys.executable, "-c", TRUNCATE_CHILD, path, where], capture_output=True, text=True,
+                          timeout=120, env=child_env(), check=False)  # fmt: skip
+    assert proc.returncode == 0, f"child died ({proc.returncode}): {proc.stderr[-3000:]}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    for attempt in ("first", "after_reset"):
+        assert report[attempt].startswith("IoError"), report
+        assert "victim.gguf" in report[attempt] and "truncated or changed after it was opened" in report[attempt]

@@ -43,6 +43,7 @@ std::vector<float> read_cache_prior(const std::string& path, int64_t n_layer, in
     }
     std::vector<float> out(static_cast<size_t>(n_layer * n_expert));
     std::memcpy(out.data(), file->tensor_data(*t), t->nbytes);
+    file->check_mapping();
     return out;
 }
 

@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gguf/map_guard.h"
 #include "sharpi/errors.h"
 
 namespace sharpi {
@@ -630,11 +631,25 @@ std::unique_ptr<GgufFile> GgufFile::open_one(const std::string& path, bool map_d
                           " bytes failed: " + std::strerror(errno));
         }
         file->mapping_ = static_cast<const uint8_t*>(m);
+        file->guard_id_ = map_guard::guard(m, file->file_size_);
     }
     return file;
 }
 
+void GgufFile::check_mapping() const {
+    for (size_t i = 0; i < n_shards(); ++i) {
+        const GgufFile& f = shard(i);
+        const uint64_t at = map_guard::fault_offset(f.guard_id_);
+        if (at == map_guard::kNoFault) continue;
+        throw IoError("[gguf] " + f.path_ + ": the mapped file could not be read at offset " + hex(at) +
+                      " (mapped size " + std::to_string(f.file_size_) +
+                      "): it was truncated or changed after it was opened, or the device failed; "
+                      "reopen the model");
+    }
+}
+
 GgufFile::~GgufFile() {
+    map_guard::unguard(guard_id_);
     if (mapping_) ::munmap(const_cast<uint8_t*>(mapping_), file_size_);
     if (fd_ >= 0) ::close(fd_);
 }
