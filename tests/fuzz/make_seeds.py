@@ -16,8 +16,17 @@ from sharpi.make_model import write_model
 
 # The smallest shapes the writer accepts: rows of 32 (one q8_0 block), one layer, four experts, the
 # smallest byte-level BPE vocabulary (~50 KiB a file, mostly tokenizer).
-MICRO = {"n_embd": 32, "n_layer": 1, "n_head": 1, "n_head_kv": 1, "n_ff": 32, "n_expert": 4, "n_expert_used": 2, "n_ff_exp": 32,
-             "n_ctx_train": 64}  # fmt: skip
+MICRO = {
+    "n_embd": 32,
+    "n_layer": 1,
+    "n_head": 1,
+    "n_head_kv": 1,
+    "n_ff": 32,
+    "n_expert": 4,
+    "n_expert_used": 2,
+    "n_ff_exp": 32,
+    "n_ctx_train": 64,
+}
 
 
 def main(out: str = os.path.join(HERE, "corpus")) -> None:
