@@ -98,6 +98,14 @@ def shim(tmp_path_factory):
     return out
 
 
+def _require_uring(path: str) -> None:
+    """Fails (on Linux; reader_policy.py) when the io_uring reader cannot stream `path` here."""
+    try:
+        sharpi.Session(path, threads=1, n_ctx=64, ram_budget="1GiB", reader="uring")
+    except (sharpi.UnsupportedError, sharpi.IoError) as e:
+        uring_unavailable(str(e))
+
+
 def _run(model, tmp_path, reader, budget, env_extra):
     env = child_env(str(TESTS), base={**os.environ, **env_extra})
     cmd = [sys.executable, "-c", CHILD, model["path"], str(model["budgets"][budget]), reader, str(tmp_path),
@@ -157,10 +165,7 @@ def test_pread_syscall_faults(model, shim, tmp_path, fault, hard, budget):
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("fault,hard", URING_FAULTS)
 def test_uring_completion_faults(model, tmp_path, fault, hard, budget):
-    try:
-        sharpi.Session(model["path"], threads=1, n_ctx=64, ram_budget="1GiB", reader="uring")
-    except (sharpi.UnsupportedError, sharpi.IoError) as e:
-        uring_unavailable(str(e))
+    _require_uring(model["path"])
     report = _run(model, tmp_path, "uring", budget, {"SHARPI_FAULT_URING_RES": _spec(fault, model["offset"])})
     assert report["reader"] == "io_uring", report
     want = int(fault.split("x")[1]) if "x" in fault else 1
@@ -175,10 +180,7 @@ def test_uring_registered_buffer_refusal_falls_back_to_plain_reads(model, tmp_pa
     reader to plain reads, that chunk included: same logits, and describe() says why. Where the
     arena could not be registered at all (RLIMIT_MEMLOCK) the read was a plain one, and the same
     error is then a hard one."""
-    try:
-        sharpi.Session(model["path"], threads=1, n_ctx=64, ram_budget="1GiB", reader="uring")
-    except (sharpi.UnsupportedError, sharpi.IoError) as e:
-        uring_unavailable(str(e))
+    _require_uring(model["path"])
     report = _run(model, tmp_path, "uring", "min", {"SHARPI_FAULT_URING_RES": f"EOPNOTSUPP@{model['offset']}"})
     assert "1 completions rewritten" in report["detail"], report
     if "registration failed" in report["detail"]:

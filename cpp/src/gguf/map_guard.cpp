@@ -21,9 +21,20 @@ struct Entry {
 Entry g_entries[kMaxGuarded];
 std::mutex g_mutex;           // guard() / unguard()
 struct sigaction g_previous;  // the handler ours replaced; written under g_mutex before install
-std::atomic<bool> g_installed{false};
+uintptr_t g_page = 4096;      // the page size, read once before the handler is installed
+
+std::atomic<int> g_chaining{0};  // a chained handler is running (it may raise the signal again)
 
 void chain(int sig, siginfo_t* info, void* context) {
+    // A handler that re-raises the signal after restoring its own predecessor (Python's faulthandler
+    // does, and that predecessor can be us again) must not bounce back and forth: die by default.
+    if (g_chaining.exchange(1) != 0) {
+        signal(sig, SIG_DFL);
+        return;
+    }
+    struct Reset {
+        ~Reset() { g_chaining.store(0); }
+    } reset;
     if (g_previous.sa_flags & SA_SIGINFO) {
         if (g_previous.sa_sigaction != nullptr) {
             g_previous.sa_sigaction(sig, info, context);
@@ -45,8 +56,7 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
         const uintptr_t begin = e.begin.load(std::memory_order_acquire);
         const uintptr_t end = e.end.load(std::memory_order_acquire);
         if (addr == 0 || begin == 0 || addr < begin || addr >= end) continue;
-        const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-        const uintptr_t from = addr & ~(page - 1);
+        const uintptr_t from = addr & ~(g_page - 1);
         void* p = mmap(reinterpret_cast<void*>(from), end - from, PROT_READ,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
         if (p == MAP_FAILED) break;  // cannot repair: let the previous handler (or death) have it
@@ -63,13 +73,13 @@ bool install() {
     struct sigaction current;
     if (sigaction(SIGBUS, nullptr, &current) != 0) return false;
     if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus) return true;
+    g_page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));  // sysconf is not async-signal-safe
     struct sigaction ours = {};
     ours.sa_sigaction = on_sigbus;
     ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
     sigemptyset(&ours.sa_mask);
     g_previous = current;
     if (sigaction(SIGBUS, &ours, nullptr) != 0) return false;
-    g_installed.store(true);
     return true;
 }
 
