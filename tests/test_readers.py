@@ -221,7 +221,6 @@ def test_demand_before_prefetch(kind, random_file):
         assert reader.data(tag) == data[offset : offset + length]
 
 
-@pytest.mark.concurrency
 @pytest.mark.parametrize("kind", KINDS)
 def test_demand_overtakes_a_started_prefetch(kind, tmp_path):
     """A long prefetch is read in 4 KiB chunks (12288 of them), so a demand submitted after it has
