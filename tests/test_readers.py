@@ -93,6 +93,7 @@ def random_ranges(size, n, seed):
     return ranges
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("depth,chunk,register", [(0, 0, True), (3, 8192, True), (0, 0, False)])
 def test_random_ranges_equal_python_read(kind, depth, chunk, register, random_file):
@@ -253,6 +254,7 @@ def test_demand_overtakes_a_started_prefetch(kind, tmp_path):
     pytest.fail(f"the demand never overtook the started prefetch: completion orders {orders}")
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("kind", KINDS)
 def test_cancel_and_promote(kind, random_file):
     data = random_file.read_bytes()
@@ -559,6 +561,7 @@ def test_bad_arguments(random_file):
     assert reader.data(7) == python_read(random_file, 0, 10)
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("kind", KINDS)
 def test_destroy_with_reads_outstanding(kind, random_file):
     """Destroying a reader with queued and in-flight reads neither hangs nor crashes; run in a child
@@ -590,6 +593,7 @@ def test_destroy_with_reads_outstanding(kind, random_file):
     assert out.stdout.strip() == "clean"
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("kind", KINDS)
 def test_reap_without_wait_and_drain(kind, random_file):
     reader = open_reader(kind, random_file, queue_depth=4, pread_threads=2)

@@ -124,6 +124,7 @@ def _expert_offset(path: str, il: int, e: int) -> int:
     return int(off) + 100
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("reader", READERS)
 def test_injected_eio_is_a_clear_error_and_the_session_survives(models, tmp_path, reader, monkeypatch):
     path = models["qwen2moe"]
@@ -403,6 +404,7 @@ print(sum(l["prefetch_issued"] for l in layers), sum(l["prefetch_used"] for l in
 """
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("delay_us", [0, 30000])
 def test_prefetch_drops_and_rerequests_under_stress(models, delay_us):
     # Regression: a prefetch dropped while its reads were in flight must never be adopted by a later

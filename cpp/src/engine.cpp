@@ -272,6 +272,7 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         n_past_ = start_pos + c;
         try {
             forward_chunk(tokens.data() + c, m, first, out);
+            model_->file->check_mapping();  // resident: no result computed from a lost page
         } catch (const CancelledError&) {
             n_past_ = start_pos;
             clear_cancel();  // this call consumed the request

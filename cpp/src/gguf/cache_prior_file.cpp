@@ -24,9 +24,11 @@ std::vector<float> read_cache_prior(const std::string& path, int64_t n_layer, in
     for (const char* k : {"sharpi.cache_prior.n_layer", "sharpi.cache_prior.n_expert"}) {
         if (!file->has(k)) throw FormatError(where + "missing metadata key '" + k + "'");
     }
-    const int64_t file_layers = static_cast<int64_t>(file->get_uint("sharpi.cache_prior.n_layer"));
-    const int64_t file_experts = static_cast<int64_t>(file->get_uint("sharpi.cache_prior.n_expert"));
-    if (file_layers != n_layer || file_experts != n_expert) {
+    // Compared as read (u64), before anything is sized by them: the only allocation below is sized
+    // by the model's own (validated) n_layer * n_expert, once the file is known to agree with it.
+    const uint64_t file_layers = file->get_uint("sharpi.cache_prior.n_layer");
+    const uint64_t file_experts = file->get_uint("sharpi.cache_prior.n_expert");
+    if (file_layers != static_cast<uint64_t>(n_layer) || file_experts != static_cast<uint64_t>(n_expert)) {
         throw InvalidArgument(where + "prior is for n_layer=" + std::to_string(file_layers) +
                               ", n_expert=" + std::to_string(file_experts) + " but the model has n_layer=" +
                               std::to_string(n_layer) + ", n_expert=" + std::to_string(n_expert));
@@ -41,6 +43,7 @@ std::vector<float> read_cache_prior(const std::string& path, int64_t n_layer, in
     }
     std::vector<float> out(static_cast<size_t>(n_layer * n_expert));
     std::memcpy(out.data(), file->tensor_data(*t), t->nbytes);
+    file->check_mapping();
     return out;
 }
 

@@ -12,8 +12,11 @@
 // (separately detected) big-endian variant, so v2 and v3 little-endian files parse identically.
 //
 // The header is read with pread through a small window buffer, never through the mapping, so that a
-// corrupt header can only produce a typed error. Every length and count is checked against the bytes
-// left in the file before anything is allocated for it.
+// corrupt header can only produce a typed error. Every length and count is checked, before anything
+// is allocated for it, against the bytes left in the file AND against a fixed cap (below): the bytes
+// left are not enough, since parsed metadata takes up to ~14x its encoded size (an empty nested
+// array is 12 bytes in the file and a ~150-byte GgufValue here), so a hostile file of a few hundred
+// MB could otherwise make the parser allocate gigabytes and die by the OOM killer.
 #include "gguf/gguf_file.h"
 
 #include <fcntl.h>
@@ -27,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gguf/map_guard.h"
 #include "sharpi/errors.h"
 
 namespace sharpi {
@@ -37,6 +41,20 @@ constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u
 constexpr uint64_t kDefaultAlignment = 32;
 constexpr int kMaxArrayDepth = 8;  // real files nest at most once; deeper is hostile
 constexpr uint32_t kMaxDims = 4;   // GGML_MAX_DIMS
+
+// Allocation caps, each far above any real file and low enough that a hostile header fails with a
+// FormatError before the parser holds more than ~kMaxHeaderMemory. Real files: < 100 metadata
+// keys; at most a few thousand tensors (experts are stacked, 3 tensors per layer); the largest
+// arrays are vocabularies of ~262k tokens and ~500k merges; the longest strings are chat templates
+// (tens of KiB) and the largest u8 array a tokenizer's precompiled charsmap (~1 MiB).
+constexpr uint64_t kMaxKv = uint64_t{1} << 16;
+constexpr uint64_t kMaxTensors = uint64_t{1} << 17;
+constexpr uint64_t kMaxArrayElements = uint64_t{1} << 24;
+constexpr uint64_t kMaxStringBytes = uint64_t{1} << 26;
+// Memory the parsed header (metadata values, keys, tensor directory) may take in all: 256 MiB,
+// ~10x that of the largest real vocabulary, and a quarter of the 1 GiB address space the hostile-
+// file tests give a whole Python process.
+constexpr uint64_t kMaxHeaderMemory = uint64_t{256} << 20;
 
 // Smallest encoding of one metadata entry: empty key (8) + type (4) + a one-byte scalar.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
@@ -164,6 +182,17 @@ class HeaderReader {
         }
     }
 
+    // Accounts `bytes` of memory the parse is about to allocate; FormatError past kMaxHeaderMemory.
+    // Called before each allocation whose size comes from the file, so nothing over the cap is
+    // ever allocated.
+    void charge(uint64_t bytes, const std::string& what) {
+        if (bytes > kMaxHeaderMemory - charged_) {
+            fail_here(what + " would take the header past " + std::to_string(kMaxHeaderMemory >> 20) +
+                      " MiB of memory (no real GGUF comes close): corrupt or hostile file");
+        }
+        charged_ += bytes;
+    }
+
     template <typename T>
     T read_scalar() {
         T v;
@@ -177,6 +206,11 @@ class HeaderReader {
             fail_here(std::string(what) + " length " + std::to_string(len) + " exceeds the " +
                       std::to_string(remaining()) + " bytes left in the file");
         }
+        if (len > kMaxStringBytes) {
+            fail_here(std::string(what) + " length " + std::to_string(len) + " exceeds the cap of " +
+                      std::to_string(kMaxStringBytes) + " bytes");
+        }
+        charge(len, what);
         std::string s(len, '\0');
         if (len) read(&s[0], len);
         return s;
@@ -212,6 +246,7 @@ class HeaderReader {
     uint64_t win_start_ = 0;
     const char* section_ = "header";
     std::string item_;
+    uint64_t charged_ = 0;  // memory accounted by charge()
 };
 
 struct Number {
@@ -301,6 +336,16 @@ void read_array(HeaderReader& r, GgufValue& out, int depth) {
                     " elements cannot fit in the " + std::to_string(r.remaining()) +
                     " bytes left in the file");
     }
+    if (n > kMaxArrayElements) {
+        r.fail_here("array of " + std::to_string(n) + " elements exceeds the cap of " +
+                    std::to_string(kMaxArrayElements));
+    }
+    // What the elements take here (not in the file): strings and nested values are far larger in
+    // memory than their smallest encoding; numbers are widened to 8 bytes (plus the raw copy).
+    const uint64_t elem_memory = elem == GgufValueType::STRING  ? sizeof(std::string)
+                                 : elem == GgufValueType::ARRAY ? sizeof(GgufValue)
+                                                                : 8 + min_size;
+    r.charge(n * elem_memory, "array of " + std::to_string(n) + " " + gguf_value_type_name(elem));
     out.array_type = elem;
     switch (elem) {
         case GgufValueType::STRING:
@@ -586,11 +631,25 @@ std::unique_ptr<GgufFile> GgufFile::open_one(const std::string& path, bool map_d
                           " bytes failed: " + std::strerror(errno));
         }
         file->mapping_ = static_cast<const uint8_t*>(m);
+        file->guard_id_ = map_guard::guard(m, file->file_size_);
     }
     return file;
 }
 
+void GgufFile::check_mapping() const {
+    for (size_t i = 0; i < n_shards(); ++i) {
+        const GgufFile& f = shard(i);
+        const uint64_t at = map_guard::fault_offset(f.guard_id_);
+        if (at == map_guard::kNoFault) continue;
+        throw IoError("[gguf] " + f.path_ + ": the mapped file could not be read at offset " + hex(at) +
+                      " (mapped size " + std::to_string(f.file_size_) +
+                      "): it was truncated or changed after it was opened, or the device failed; "
+                      "reopen the model");
+    }
+}
+
 GgufFile::~GgufFile() {
+    map_guard::unguard(guard_id_);
     if (mapping_) ::munmap(const_cast<uint8_t*>(mapping_), file_size_);
     if (fd_ >= 0) ::close(fd_);
 }
@@ -626,6 +685,11 @@ void GgufFile::parse() {
                std::to_string(kMinKvBytes) + ")");
     }
 
+    if (n_kv > kMaxKv) {
+        r.fail("metadata count " + std::to_string(n_kv) + " exceeds the cap of " + std::to_string(kMaxKv) +
+               " (real files hold fewer than 100 keys)");
+    }
+    r.charge(n_kv * (sizeof(kv_[0]) + 64), "the metadata table");  // + 64: the index entry
     kv_.reserve(n_kv);
     for (uint64_t i = 0; i < n_kv; ++i) {
         const std::string nth = std::to_string(i) + " of " + std::to_string(n_kv);
@@ -660,6 +724,11 @@ void GgufFile::parse() {
                std::to_string(r.remaining()) + " bytes left after the metadata (each entry needs at least " +
                std::to_string(kMinTensorInfoBytes) + ")");
     }
+    if (n_tensors > kMaxTensors) {
+        r.fail("tensor count " + std::to_string(n_tensors) + " exceeds the cap of " +
+               std::to_string(kMaxTensors));
+    }
+    r.charge(n_tensors * (sizeof(GgufTensor) + kMaxDims * sizeof(int64_t) + 64), "the tensor directory");
     tensors_.reserve(n_tensors);
     for (uint64_t i = 0; i < n_tensors; ++i) {
         const std::string nth = std::to_string(i) + " of " + std::to_string(n_tensors);

@@ -140,13 +140,18 @@ class GgufFile {
         return f.mapping_ ? f.mapping_ + t.file_offset : nullptr;
     }
     bool is_mapped() const { return mapping_ != nullptr; }
+    // Throws IoError when a page of the mapping of any shard could not be read since it was opened
+    // (file truncated or changed, device error: SIGBUS caught by map_guard.h, the page read as zeros).
+    // Whoever computed from tensor_data() calls this before using the result.
+    void check_mapping() const;
 
   private:
     GgufFile() = default;
     static std::unique_ptr<GgufFile> open_one(const std::string& path, bool map_data);
     // `opened` is one shard of a split model (split.count > 1): opens, checks and merges the others.
     static std::unique_ptr<GgufFile> open_split(std::unique_ptr<GgufFile> opened, bool map_data);
-    void parse();  // reads and validates the header and directory; fills every member but mapping_
+    int guard_id_ = -1;  // map_guard entry of mapping_ (-1: none)
+    void parse();        // reads and validates the header and directory; fills every member but mapping_
 
     std::string path_;
     uint32_t version_ = 0;

@@ -102,20 +102,29 @@ class PreadReader final : public QueuedReader {
         }
     }
 
-    // Reads [chunk.begin, chunk.end) into chunk.dst, resuming short reads. Returns the position
-    // reached (chunk.end unless the file ended first); sets *err on a read error.
+    // Reads [chunk.begin, chunk.end) into chunk.dst, resuming short reads and retrying transient
+    // errors (EINTR always; EAGAIN, which a file opened without O_NONBLOCK should not return but
+    // network and FUSE filesystems do, up to kMaxTransientRetries times in a row, backing off).
+    // Returns the position reached (chunk.end unless the file ended first); sets *err on a read error.
     uint64_t read_chunk(const Chunk& chunk, int* err) const {
         uint64_t pos = chunk.begin;
+        int retries = 0;
         while (pos < chunk.end) {
             const ssize_t n = ::pread(fds_[chunk.file], chunk.dst + (pos - chunk.begin), chunk.end - pos,
                                       static_cast<off_t>(pos));
             if (n < 0) {
                 if (errno == EINTR) continue;
+                if (errno == EAGAIN && retries < kMaxTransientRetries) {
+                    ++retries;
+                    std::this_thread::sleep_for(std::chrono::microseconds(100 << retries));
+                    continue;
+                }
                 *err = errno;
                 return pos;
             }
             if (n == 0) break;  // end of file
             pos += static_cast<uint64_t>(n);
+            retries = 0;
         }
         return pos;
     }

@@ -36,6 +36,9 @@ namespace sharpi::io {
 constexpr int kDefaultQueueDepth = 16;
 constexpr int kDefaultPreadThreads = 2;
 constexpr uint64_t kDefaultChunkBytes = 512 * 1024;
+// Transient read errors (EAGAIN, EINTR, ECANCELED) are retried this many times in a row per chunk
+// before they fail the request: a device that keeps saying "try again" is treated as failing.
+constexpr int kMaxTransientRetries = 8;
 
 std::string hex(uint64_t v);
 

@@ -37,6 +37,14 @@
 // IORING_OP_READ). Test hook: SHARPI_FAULT_URING_SETUP=<errno name or number>, read at
 // construction, makes io_uring_setup act as if the kernel had refused it with that error.
 //
+// Test hook for the completion path: SHARPI_FAULT_URING_RES=<what>@<offset>[x<count>], read at
+// construction. Completions are read from a shared ring with no call an LD_PRELOAD shim could
+// intercept, so the I/O thread rewrites the `res` of the CQE of a read whose range covers <offset>
+// after the kernel has done the read: <what> is an errno name (EIO, EAGAIN, ECANCELED, EINTR,
+// EFAULT, EINVAL, EOPNOTSUPP: res = -errno) or `short` (res = the bytes before <offset>, or half
+// of what was read when the read starts at it: the remainder is then resumed, unaligned, through
+// the buffered descriptor). <count> completions are rewritten (default 1; `x*` = every one).
+//
 // Must never: free or unregister memory the kernel may still write to. The destructor drops queued
 // requests, lets the I/O thread run until every chunk in flight has its CQE, and only then joins
 // it, unregisters the arena and tears the ring down.
@@ -72,7 +80,6 @@ namespace {
 constexpr uint64_t kWakeData = ~uint64_t{0};       // user_data of the eventfd poll
 constexpr uint64_t kProbeData = ~uint64_t{0} - 1;  // user_data of the construction-time probe read
 constexpr uint64_t kMaxRegisteredPiece = uint64_t{1} << 30;
-constexpr int kMaxRetries = 8;
 // The two descriptors of file f are fixed files 2f + kDirectFile and 2f + kBufferedFile.
 constexpr int kDirectFile = 0;    // fds_direct_[f]
 constexpr int kBufferedFile = 1;  // fds_buffered_[f]
@@ -98,13 +105,66 @@ int setup_fault_from_env() {
     return static_cast<int>(err);
 }
 
+// SHARPI_FAULT_URING_RES, parsed (see the header comment). Inactive when count == 0.
+struct CqeFault {
+    int err = 0;  // errno to report; 0 = a short read
+    uint64_t offset = 0;
+    int count = 0;  // completions still to rewrite; -1 = all
+};
+
+CqeFault cqe_fault_from_env() {
+    CqeFault f;
+    const char* v = std::getenv("SHARPI_FAULT_URING_RES");
+    if (v == nullptr || *v == '\0') return f;
+    const std::string spec(v);
+    auto bad = [&]() {
+        return InvalidArgument(
+            "SHARPI_FAULT_URING_RES: expected <errno name|short>@<offset>[x<count>|x*], got '" + spec + "'");
+    };
+    const size_t at = spec.find('@');
+    if (at == std::string::npos) throw bad();
+    const std::string what = spec.substr(0, at);
+    static const struct {
+        const char* name;
+        int err;
+    } kNames[] = {{"short", 0},     {"EIO", EIO},       {"EAGAIN", EAGAIN}, {"ECANCELED", ECANCELED},
+                  {"EINTR", EINTR}, {"EFAULT", EFAULT}, {"EINVAL", EINVAL}, {"EOPNOTSUPP", EOPNOTSUPP}};
+    bool known = false;
+    for (const auto& n : kNames) {
+        if (what == n.name) {
+            f.err = n.err;
+            known = true;
+        }
+    }
+    if (!known) throw bad();
+    const std::string rest = spec.substr(at + 1);
+    const size_t x = rest.find('x', 2);  // after a possible "0x"
+    const std::string offset = rest.substr(0, x);
+    char* end = nullptr;
+    errno = 0;
+    f.offset = std::strtoull(offset.c_str(), &end, 0);
+    if (offset.empty() || errno != 0 || *end != '\0' || offset[0] == '-') throw bad();
+    f.count = 1;
+    if (x != std::string::npos) {
+        const std::string count = rest.substr(x + 1);
+        if (count == "*") {
+            f.count = -1;
+        } else {
+            f.count = static_cast<int>(std::strtol(count.c_str(), &end, 10));
+            if (count.empty() || *end != '\0' || f.count <= 0) throw bad();
+        }
+    }
+    return f;
+}
+
 class UringReader final : public QueuedReader {
   public:
     UringReader(const std::vector<std::string>& paths, const ResolvedOptions& options)
         : QueuedReader(paths, options.chunk_bytes, options.queue_depth),
           paths_(paths),
           path_(paths[0]),
-          depth_(options.queue_depth) {}
+          depth_(options.queue_depth),
+          cqe_fault_(cqe_fault_from_env()) {}
 
     ~UringReader() override {
         if (io_thread_.joinable()) {
@@ -180,6 +240,9 @@ class UringReader final : public QueuedReader {
         s += ", depth " + std::to_string(depth_) + ", chunk " + std::to_string(queue_.chunk_bytes() / 1024) +
              " KiB";
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
+        if (cqe_faults_fired_ > 0)
+            s +=
+                ", " + std::to_string(cqe_faults_fired_) + " completions rewritten by SHARPI_FAULT_URING_RES";
         return s;
     }
 
@@ -356,7 +419,7 @@ class UringReader final : public QueuedReader {
         }
         const int slot = static_cast<int>(data);
         InFlight& f = slots_[static_cast<size_t>(slot)];
-        const int res = cqe->res;
+        const int res = inject_fault(f, cqe->res);
         if (res < 0 && f.fixed && (res == -EFAULT || res == -EINVAL || res == -EOPNOTSUPP)) {
             // The kernel would not read into the registered buffer (a file or filesystem that does
             // not take fixed buffers): plain reads from now on, this chunk included.
@@ -364,7 +427,7 @@ class UringReader final : public QueuedReader {
             register_note_ = std::string("READ_FIXED refused: ") + std::strerror(-res);
             prep_read(slot);
         } else if (res < 0) {
-            if ((res == -EAGAIN || res == -EINTR || res == -ECANCELED) && f.retries < kMaxRetries) {
+            if ((res == -EAGAIN || res == -EINTR || res == -ECANCELED) && f.retries < kMaxTransientRetries) {
                 ++f.retries;
                 prep_read(slot);
             } else {
@@ -381,6 +444,18 @@ class UringReader final : public QueuedReader {
                 prep_read(slot);  // short read: the rest of the chunk
             }
         }
+    }
+
+    // SHARPI_FAULT_URING_RES: the res to act on for a completion of `f` whose real result is `res`.
+    int inject_fault(const InFlight& f, int res) {
+        CqeFault& q = cqe_fault_;
+        if (q.count == 0 || res <= 0 || q.offset < f.pos || q.offset >= f.chunk.end) return res;
+        const uint64_t before = q.offset - f.pos;
+        if (q.err == 0 && before >= static_cast<uint64_t>(res)) return res;  // stopped short of it anyway
+        if (q.count > 0) --q.count;
+        ++cqe_faults_fired_;
+        if (q.err != 0) return -q.err;
+        return before > 0 ? static_cast<int>(before) : std::max(1, res / 2);
     }
 
     void io_loop() {
@@ -423,6 +498,8 @@ class UringReader final : public QueuedReader {
     std::vector<InFlight> slots_;  // guarded by mutex_ (I/O thread)
     std::vector<int> free_slots_;  // guarded by mutex_ (I/O thread)
     bool stopping_ = false;        // guarded by mutex_
+    CqeFault cqe_fault_;           // guarded by mutex_ (I/O thread; test hook)
+    int cqe_faults_fired_ = 0;     // guarded by mutex_
     bool io_sleeping_ = false;     // guarded by mutex_: I/O thread is (about to be) in the ring
     bool wake_sent_ = false;       // guarded by mutex_: an eventfd write is not yet consumed
     std::thread io_thread_;

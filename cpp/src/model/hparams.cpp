@@ -1,5 +1,6 @@
 #include "model/hparams.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gguf/gguf_file.h"
@@ -9,6 +10,19 @@
 namespace sharpi {
 
 namespace {
+
+// Caps on hyper-parameters read from a file, checked before anything is sized by them (layers,
+// KV cache, expert tables). Each is far above every real model (126 layers, n_embd 16384, 128 heads,
+// 512 experts, contexts of 1M tokens, head_dim 256) and keeps every product the engine forms of two
+// or three of them (n_layer * n_expert, n_head * head_dim, n_ctx * n_embd_kv * n_layer) well
+// inside int64, which the checked multiplies below verify anyway.
+constexpr int64_t kMaxLayers = 1 << 12;
+constexpr int64_t kMaxEmbd = 1 << 20;
+constexpr int64_t kMaxHeads = 1 << 14;
+constexpr int64_t kMaxHeadDim = 1 << 14;
+constexpr int64_t kMaxExperts = 1 << 16;
+constexpr int64_t kMaxFfn = 1 << 22;
+constexpr int64_t kMaxCtxTrain = int64_t{1} << 26;
 
 int64_t tensor_dim(const GgufFile& f, const std::string& name, size_t dim) {
     const GgufTensor* t = f.find_tensor(name);
@@ -22,17 +36,29 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     hp.arch = spec.name;
     const std::string a = hp.arch + ".";
     auto fail = [&](const std::string& what) { return FormatError("[model] " + f.path() + ": " + what); };
+    // A count from the file: FormatError when above `cap` (this also keeps huge u64 values, which
+    // would read as negative int64, out).
+    auto capped = [&](const std::string& key, uint64_t value, int64_t cap) {
+        if (value > static_cast<uint64_t>(cap)) {
+            throw fail("metadata key '" + key + "' = " + std::to_string(value) + " exceeds the cap of " +
+                       std::to_string(cap) + " (corrupt or hostile file)");
+        }
+        return static_cast<int64_t>(value);
+    };
+    auto get = [&](const std::string& key, int64_t cap) { return capped(key, f.get_uint(a + key), cap); };
+    auto get_or = [&](const std::string& key, uint64_t def, int64_t cap) {
+        return capped(key, f.get_uint_or(a + key, def), cap);
+    };
 
-    hp.n_embd = static_cast<int64_t>(f.get_uint(a + "embedding_length"));
-    hp.n_layer = static_cast<int64_t>(f.get_uint(a + "block_count"));
-    hp.n_head = static_cast<int64_t>(f.get_uint(a + "attention.head_count"));
-    hp.n_head_kv =
-        static_cast<int64_t>(f.get_uint_or(a + "attention.head_count_kv", static_cast<uint64_t>(hp.n_head)));
-    hp.n_ctx_train = static_cast<int64_t>(f.get_uint_or(a + "context_length", 2048));
-    hp.n_ff = static_cast<int64_t>(f.get_uint_or(a + "feed_forward_length", 0));
+    hp.n_embd = get("embedding_length", kMaxEmbd);
+    hp.n_layer = get("block_count", kMaxLayers);
+    hp.n_head = get("attention.head_count", kMaxHeads);
+    hp.n_head_kv = get_or("attention.head_count_kv", static_cast<uint64_t>(hp.n_head), kMaxHeads);
+    hp.n_ctx_train = get_or("context_length", 2048, kMaxCtxTrain);
+    hp.n_ff = get_or("feed_forward_length", 0, kMaxFfn);
     hp.rms_eps = static_cast<float>(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-6));
-    hp.n_expert = static_cast<int64_t>(f.get_uint_or(a + "expert_count", 0));
-    hp.n_expert_used = static_cast<int64_t>(f.get_uint_or(a + "expert_used_count", 0));
+    hp.n_expert = get_or("expert_count", 0, kMaxExperts);
+    hp.n_expert_used = get_or("expert_used_count", 0, kMaxExperts);
 
     if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
         hp.n_head % hp.n_head_kv != 0) {
@@ -41,16 +67,24 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
                    ", n_head_kv " + std::to_string(hp.n_head_kv));
     }
     // Per-head width: explicit in qwen3 files, implied by n_embd / n_head elsewhere.
-    hp.head_dim = static_cast<int64_t>(f.get_uint_or(a + "attention.key_length", 0));
+    hp.head_dim = get_or("attention.key_length", 0, kMaxHeadDim);
     if (hp.head_dim == 0) {
         if (hp.n_embd % hp.n_head != 0)
             throw fail("n_embd is not a multiple of n_head and key_length is absent");
         hp.head_dim = hp.n_embd / hp.n_head;
     }
     const int64_t value_length =
-        static_cast<int64_t>(f.get_uint_or(a + "attention.value_length", hp.head_dim));
+        get_or("attention.value_length", static_cast<uint64_t>(hp.head_dim), kMaxHeadDim);
     if (value_length != hp.head_dim)
         throw UnsupportedError("[model] " + f.path() + ": value_length != key_length");
+    // The widths the engine sizes buffers with; the caps make overflow impossible, this proves it.
+    int64_t product = 0;
+    if (__builtin_mul_overflow(hp.n_head, hp.head_dim, &product) ||
+        __builtin_mul_overflow(hp.n_layer, std::max<int64_t>(hp.n_expert, 1), &product) ||
+        __builtin_mul_overflow(hp.n_ctx_train, hp.n_head_kv * hp.head_dim, &product) ||
+        __builtin_mul_overflow(product, hp.n_layer, &product)) {
+        throw fail("hyper-parameter products overflow 64 bits");
+    }
 
     // The vocabulary is whatever token_embd holds (some files omit vocab_size).
     hp.n_vocab = tensor_dim(f, "token_embd.weight", 1);
@@ -61,17 +95,16 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
             throw fail("expert_used_count " + std::to_string(hp.n_expert_used) + " not in [1, expert_count " +
                        std::to_string(hp.n_expert) + "]");
         }
-        hp.n_ff_exp = static_cast<int64_t>(f.get_uint_or(a + "expert_feed_forward_length", 0));
+        hp.n_ff_exp = get_or("expert_feed_forward_length", 0, kMaxFfn);
         if (hp.n_ff_exp == 0) hp.n_ff_exp = tensor_dim(f, "blk.0.ffn_gate_exps.weight", 1);
         if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff;  // Mixtral: feed_forward_length is the expert width
-        hp.n_ff_shexp = static_cast<int64_t>(f.get_uint_or(a + "expert_shared_feed_forward_length", 0));
+        hp.n_ff_shexp = get_or("expert_shared_feed_forward_length", 0, kMaxFfn);
         if (hp.n_ff_shexp == 0) hp.n_ff_shexp = tensor_dim(f, "blk.0.ffn_gate_shexp.weight", 1);
     }
     hp.expert_weights_norm = f.get_bool_or(a + "expert_weights_norm", spec.expert_weights_norm);
 
     hp.rope.type = spec.rope_type;
-    hp.rope.n_rot =
-        static_cast<int64_t>(f.get_uint_or(a + "rope.dimension_count", static_cast<uint64_t>(hp.head_dim)));
+    hp.rope.n_rot = get_or("rope.dimension_count", static_cast<uint64_t>(hp.head_dim), kMaxHeadDim);
     if (hp.rope.n_rot <= 0 || hp.rope.n_rot > hp.head_dim || hp.rope.n_rot % 2 != 0) {
         throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) +
                    " must be even and <= head_dim " + std::to_string(hp.head_dim));

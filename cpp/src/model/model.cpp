@@ -260,6 +260,7 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     for (const GgufTensor& t : f.tensors()) {
         (is_expert_tensor(t.name) ? model->bytes_experts : model->bytes_dense) += t.nbytes;
     }
+    f.check_mapping();  // norms and biases were copied out of the mapping above
     return model;
 }
 

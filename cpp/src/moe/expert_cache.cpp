@@ -112,8 +112,9 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
     slot.dropped = false;
     slot.error.clear();
     slot.bytes = 0;
-    slot.pending = kExpertParts;
+    slot.pending = 0;
     if (timeline_ && timeline_->enabled()) slot.issued_us = timeline_->now_us();
+    where_[key(il, e)] = static_cast<int32_t>(s);
     for (int part = 0; part < kExpertParts; ++part) {
         const FileRange r = x.parts[part].range(e);
         ReadRequest req;
@@ -123,10 +124,22 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
         req.length = r.bytes;
         req.buffer = slot.mem + part_base_[part];
         req.priority = priority;
-        reader_->submit(req);
+        try {
+            reader_->submit(req);
+        } catch (...) {
+            // The parts already submitted are cancelled, or (started) left to finish and free the
+            // slot in process(); nobody may find the half-read expert meanwhile.
+            for (int p = 0; p < part; ++p) {
+                if (reader_->cancel(tag(s, p))) slot.pending--;
+            }
+            slot.dropped = true;
+            where_[key(il, e)] = -1;
+            if (slot.pending == 0) free_slot(s);
+            throw;
+        }
+        slot.pending++;
         slot.bytes += r.bytes;
     }
-    where_[key(il, e)] = static_cast<int32_t>(s);
 }
 
 void ExpertCache::process(const std::vector<ReadCompletion>& done) {
@@ -200,17 +213,31 @@ uint32_t ExpertCache::take_cache_slot() {
         free_.pop_back();
         return s;
     }
-    const uint32_t victim = policy_->victim([this](uint32_t s) {
-        const Slot& slot = slots_[s];
-        return slot.pins == 0 && slot.state == State::ready;
-    });
-    if (victim != ReplacementPolicy::kNone) {
-        evict(victim);
-        free_.pop_back();  // evict() pushed it
-        return victim;
+    for (;;) {
+        const uint32_t victim = policy_->victim([this](uint32_t s) {
+            const Slot& slot = slots_[s];
+            return slot.pins == 0 && slot.state == State::ready;
+        });
+        if (victim != ReplacementPolicy::kNone) {
+            evict(victim);
+            free_.pop_back();  // evict() pushed it
+            return victim;
+        }
+        // Every unpinned slot is still loading: wait for a read to finish rather than fail. This
+        // happens at the minimum budget after a layer ended early (an IoError from wait() leaves
+        // the layer's other reads in flight, unpinned).
+        if (reader_->outstanding() == 0) break;
+        completions_.clear();
+        reader_->reap(completions_, /*wait=*/true);
+        process(completions_);
+        if (policy_->size() < n_cache_slots_ && !free_.empty()) {  // a failed read freed its slot
+            const uint32_t s = free_.back();
+            free_.pop_back();
+            return s;
+        }
     }
-    // Only reachable if more experts are held at once than max_acquire() allows, or every unpinned
-    // slot is still loading; callers acquire in waves of max_acquire().
+    // Only reachable if more experts are held at once than max_acquire() allows; callers acquire
+    // in waves of max_acquire().
     throw Error("[cache] no evictable expert slot: all " + std::to_string(n_cache_slots_) +
                 " slots are pinned or loading");
 }
@@ -237,11 +264,35 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
     poll();
     current_.clear();
     current_layer_ = il;
+    // Exception safety: a throw below (no evictable slot, a rejected read request, bad_alloc) must
+    // not leave slots pinned or the reader plugged: the caller's lease (moe_ffn.cpp) only exists once
+    // acquire returns, and at the minimum budget one leaked pin wedges every later layer.
+    bool plugged = false;
+    try {
+        acquire_pinned(il, experts, n, &plugged);
+    } catch (...) {
+        for (uint32_t s : current_) {
+            if (s == kNoSlot) continue;
+            Slot& slot = slots_[s];
+            if (slot.pins > 0) slot.pins--;
+            fail_if_needed(s);
+        }
+        current_.clear();
+        current_layer_ = -1;
+        if (plugged) reader_->unplug();
+        throw;
+    }
+    if (plugged) reader_->unplug();
+    for (int i = 0; i < n; ++i) view_of(current_[static_cast<size_t>(i)], &views[i]);
+}
+
+// acquire() without the rollback: pins one slot per expert into current_ (kNoSlot until pinned).
+void ExpertCache::acquire_pinned(int il, const int32_t* experts, int n, bool* plugged) {
     policy_->gate(il);
     LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
     // Pin the hits first, so that the misses' evictions can never pick an expert this layer needs.
     std::vector<int> missing;
-    current_.resize(static_cast<size_t>(n));
+    current_.assign(static_cast<size_t>(n), kNoSlot);
     for (int i = 0; i < n; ++i) {
         const uint32_t kk = key(il, experts[i]);
         ++ls.accesses;
@@ -252,18 +303,15 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
             continue;
         }
         Slot& slot = slots_[static_cast<uint32_t>(s)];
+        slot.pins++;  // pinned before anything below can throw, so the rollback unpins it
+        current_[static_cast<size_t>(i)] = static_cast<uint32_t>(s);
         ++ls.hits;
         if (slot.staged) {
             ++ls.prefetch_used;
             ++(slot.state == State::ready ? ls.prefetch_timely : ls.prefetch_late);
             // Adopt a prefetched expert: it joins the policy, evicting a victim if the cache is full.
-            unstage(static_cast<uint32_t>(s));
-            if (policy_->size() >= n_cache_slots_) {
-                slot.pins++;  // keep it out of the victim search
-                const uint32_t v = take_cache_slot();
-                free_.push_back(v);
-                slot.pins--;
-            }
+            if (policy_->size() >= n_cache_slots_) free_.push_back(take_cache_slot());
+            unstage(static_cast<uint32_t>(s));  // after the throw point: a failed adoption stays staged
             policy_->insert(static_cast<uint32_t>(s), ExpertKey{il, experts[i]});
         } else {
             policy_->touch(static_cast<uint32_t>(s));
@@ -272,25 +320,30 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
             for (int part = 0; part < kExpertParts; ++part)
                 reader_->promote(tag(static_cast<uint32_t>(s), part));
         }
-        slot.pins++;
-        current_[static_cast<size_t>(i)] = static_cast<uint32_t>(s);
     }
     // Plugged: the layer's misses are all queued before the first starts, so they go out in one
     // batch ordered by priority.
-    if (!missing.empty()) reader_->plug();
+    if (!missing.empty()) {
+        reader_->plug();
+        *plugged = true;
+    }
     for (int i : missing) {
         const uint32_t kk = key(il, experts[i]);
         ++ls.misses;
         ++expert_misses_[kk];
         const uint32_t s = take_cache_slot();
-        issue_reads(s, il, experts[i], ReadPriority::demand);
+        try {
+            issue_reads(s, il, experts[i], ReadPriority::demand);
+        } catch (...) {
+            if (slots_[s].state == State::free && std::find(free_.begin(), free_.end(), s) == free_.end())
+                free_.push_back(s);  // taken, never issued
+            throw;
+        }
         policy_->insert(s, ExpertKey{il, experts[i]});
         slots_[s].pins++;
         ls.bytes_read += slots_[s].bytes;
         current_[static_cast<size_t>(i)] = s;
     }
-    if (!missing.empty()) reader_->unplug();
-    for (int i = 0; i < n; ++i) view_of(current_[static_cast<size_t>(i)], &views[i]);
 }
 
 bool ExpertCache::ready(int i) {

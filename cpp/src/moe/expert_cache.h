@@ -115,6 +115,8 @@ class ExpertCache final : public ExpertSource {
     uint32_t key(int il, int32_t e) const { return static_cast<uint32_t>(il * n_expert_ + e); }
     uint64_t tag(uint32_t slot, int part) const { return uint64_t{slot} * 4 + static_cast<uint64_t>(part); }
     void issue_reads(uint32_t s, int il, int32_t e, ReadPriority priority);
+    void acquire_pinned(int il, const int32_t* experts, int n, bool* plugged);
+    static constexpr uint32_t kNoSlot = ~uint32_t{0};  // current_ entry not pinned (yet)
     void view_of(uint32_t s, ExpertView* view) const;
     uint32_t take_cache_slot();  // a free slot, evicting the policy's victim if the cache is full
     void evict(uint32_t s);

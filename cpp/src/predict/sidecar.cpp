@@ -124,6 +124,7 @@ std::vector<float> SidecarReader::tensor(const std::string& name,
     }
     std::vector<float> out(static_cast<size_t>(t->n_elements));
     if (!out.empty()) std::memcpy(out.data(), file_->tensor_data(*t), t->nbytes);
+    file_->check_mapping();
     return out;
 }
 

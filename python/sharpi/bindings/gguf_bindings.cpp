@@ -238,6 +238,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                 uint8_t* dst = out.mutable_data();
                 if (f.is_mapped()) {
                     std::memcpy(dst, f.tensor_data(t), t.nbytes);
+                    f.check_mapping();  // IoError, not zeros, when the file shrank under the mapping
                 } else {
                     py::gil_scoped_release release;
                     pread_exact(f.shard(t.shard), dst, t.file_offset, t.nbytes);
