@@ -37,6 +37,10 @@ class ThreadPool {
     // An exception thrown by a body is rethrown here (the first one) after all chunks finish.
     using Body = std::function<void(int64_t begin, int64_t end, int thread_index)>;
     void parallel_for(int64_t n, const Body& body);
+    // The same over exactly min(n, n_chunks) chunks, for callers whose elements are already
+    // work items of balanced size (a grouped GEMM's (expert, row block) items): one item per chunk
+    // lets a thread that finishes early take the next item instead of idling at the barrier.
+    void parallel_for(int64_t n, const Body& body, int64_t n_chunks);
 
     // Chunk i of n_chunks over [0, n) (contiguous, sizes differing by at most one).
     static void chunk(int64_t n, int64_t i, int64_t n_chunks, int64_t* begin, int64_t* end);
