@@ -80,7 +80,13 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
     auto compute_slots = [&](const std::vector<int64_t>& slots) {
         const int64_t n = static_cast<int64_t>(slots.size());
         if (n == 0) return;
-        pool.parallel_for(n * 2 * n_ff, [&](int64_t begin, int64_t end, int) {
+        int64_t gate_up_bytes = 0, down_bytes = 0;  // for parallel_for_bytes
+        for (int64_t j : slots) {
+            const ExpertView& v = views[slot_unique[j]];
+            gate_up_bytes += static_cast<int64_t>(v.gate.row_bytes + v.up.row_bytes) * n_ff;
+            down_bytes += static_cast<int64_t>(v.down.row_bytes) * n_embd;
+        }
+        pool.parallel_for_bytes(n * 2 * n_ff, gate_up_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / (2 * n_ff)], r = item % (2 * n_ff);
                 const int u = slot_unique[j];
@@ -98,7 +104,7 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
             down_in[j].reset(act.row(j), n_ff, exact);
             down_dot[j] = down_in[j].bind(views[slot_unique[j]].down.type);
         }
-        pool.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
+        pool.parallel_for_bytes(n * n_embd, down_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / n_embd], r = item % n_embd;
                 const int u = slot_unique[j];

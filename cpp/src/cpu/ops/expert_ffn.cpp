@@ -31,6 +31,10 @@ void check_shapes(const ExpertFfnWeights* experts, int k, int64_t* n_ff_out, int
     *n_embd_out = n_embd;
 }
 
+int64_t matrix_bytes(const WeightView& w) {
+    return w.n_rows * static_cast<int64_t>(w.row_bytes);
+}
+
 }  // namespace
 
 void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, const float* weights, int k,
@@ -45,8 +49,13 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
         gate_dot[j] = x_in.bind(experts[j].gate.type);
         up_dot[j] = x_in.bind(experts[j].up.type);
     }
+    int64_t gate_up_bytes = 0, down_bytes = 0;
+    for (int j = 0; j < k; ++j) {
+        gate_up_bytes += matrix_bytes(experts[j].gate) + matrix_bytes(experts[j].up);
+        down_bytes += matrix_bytes(experts[j].down);
+    }
     std::vector<float> act(static_cast<size_t>(k * n_ff));
-    pool.parallel_for(k * n_ff, [&](int64_t begin, int64_t end, int) {
+    pool.parallel_for_bytes(k * n_ff, gate_up_bytes, [&](int64_t begin, int64_t end, int) {
         for (int64_t item = begin; item < end; ++item) {
             const int64_t j = item / n_ff, r = item % n_ff;
             const ExpertFfnWeights& e = experts[j];
@@ -63,7 +72,7 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
         act_in[j].reset(act.data() + j * n_ff, n_ff, exact);
         down_dot[j] = act_in[j].bind(experts[j].down.type);
     }
-    pool.parallel_for(n_embd, [&](int64_t begin, int64_t end, int) {
+    pool.parallel_for_bytes(n_embd, down_bytes, [&](int64_t begin, int64_t end, int) {
         for (int64_t i = begin; i < end; ++i) {
             float sum = weights[0] * down_dot[0](experts[0].down.data + i * experts[0].down.row_bytes);
             for (int j = 1; j < k; ++j)
@@ -100,9 +109,11 @@ void plan_items(const int64_t* member_begin, const int64_t* member_end, int n_ex
 template <typename Src>
 void quantize_rows(ThreadPool& pool, QuantizeActFn quantize, Src src, int64_t n_rows, int64_t n, uint8_t* dst,
                    size_t row_bytes) {
-    pool.parallel_for(n_rows, [&](int64_t begin, int64_t end, int) {
-        for (int64_t m = begin; m < end; ++m) quantize(src(m), dst + static_cast<size_t>(m) * row_bytes, n);
-    });
+    pool.parallel_for_bytes(n_rows, n_rows * n * static_cast<int64_t>(sizeof(float)),
+                            [&](int64_t begin, int64_t end, int) {
+                                for (int64_t m = begin; m < end; ++m)
+                                    quantize(src(m), dst + static_cast<size_t>(m) * row_bytes, n);
+                            });
 }
 
 // Exact mode / types without integer kernels: expert by expert, the engine's unfused matmuls.
@@ -179,12 +190,19 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
     // Items of about 1/16 of a thread's share of the work, at least a few tile passes each.
     const int64_t target = std::max<int64_t>(
         8 * kMinItemRows, n_members * std::max(n_ff, n_embd) / (16 * static_cast<int64_t>(pool.n_threads())));
+    // Work of the passes (weight bytes times the members reading them), for parallel_for_bytes.
+    int64_t gate_up_work = 0, down_work = 0;
+    for (int e = 0; e < n_experts; ++e) {
+        const int64_t n = std::max<int64_t>(0, member_end[e] - member_begin[e]);
+        gate_up_work += n * (matrix_bytes(experts[e].gate) + matrix_bytes(experts[e].up));
+        down_work += n * matrix_bytes(experts[e].down);
+    }
     std::vector<RowItem> items;
     // Pass 1: gate rows into act, up rows into per-thread scratch, then act = silu(gate) * up.
     plan_items(member_begin, member_end, n_experts, n_ff, target, &items);
     float* act_data = act.data();
-    pool.parallel_for(
-        static_cast<int64_t>(items.size()),
+    pool.parallel_for_bytes(
+        static_cast<int64_t>(items.size()), gate_up_work,
         [&](int64_t begin, int64_t end, int) {
             thread_local std::vector<float> up;
             for (int64_t it = begin; it < end; ++it) {
@@ -214,8 +232,8 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
         act_q_data, d_bytes);
     // Pass 3: down rows over each expert's members, straight into y.
     plan_items(member_begin, member_end, n_experts, n_embd, target, &items);
-    pool.parallel_for(
-        static_cast<int64_t>(items.size()),
+    pool.parallel_for_bytes(
+        static_cast<int64_t>(items.size()), down_work,
         [&](int64_t begin, int64_t end, int) {
             for (int64_t it = begin; it < end; ++it) {
                 const RowItem& item = items[static_cast<size_t>(it)];

@@ -79,20 +79,22 @@ void matmul_quantized(ThreadPool& pool, const WeightView& w, const QuantDotKerne
         xq.resize(xq_bytes * static_cast<size_t>(n_tokens));
     uint8_t* xq_data = xq.data();
     const int64_t n = w.n_cols;
+    const int64_t weight_bytes = w.n_rows * static_cast<int64_t>(w.row_bytes);
     if (n_tokens == 1) {
         quantize(x, xq_data, n);
         const VecDotFn vec_dot = kernels.vec_dot;
-        pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+        pool.parallel_for_bytes(w.n_rows, weight_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t r = begin; r < end; ++r)
                 y[r] = vec_dot(w.data + static_cast<size_t>(r) * w.row_bytes, xq_data, n);
         });
         return;
     }
-    pool.parallel_for(n_tokens, [&](int64_t begin, int64_t end, int) {
-        for (int64_t t = begin; t < end; ++t)
-            quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
-    });
-    pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+    pool.parallel_for_bytes(n_tokens, n_tokens * n * static_cast<int64_t>(sizeof(float)),
+                            [&](int64_t begin, int64_t end, int) {
+                                for (int64_t t = begin; t < end; ++t)
+                                    quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
+                            });
+    pool.parallel_for_bytes(w.n_rows, weight_bytes * n_tokens, [&](int64_t begin, int64_t end, int) {
         quantized_rows(w, kernels, xq_data, xq_bytes, n_tokens, begin, end, y, ldy);
     });
 }
@@ -118,10 +120,11 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
         }
     }
 
+    const int64_t weight_bytes = w.n_rows * static_cast<int64_t>(w.row_bytes);
     if (n_tokens == 1) {
         // Decode: memory-bound; each thread streams its contiguous share of the rows once.
         const DotRowFn dot_row = kernels.dot_row;
-        pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+        pool.parallel_for_bytes(w.n_rows, weight_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t r = begin; r < end; ++r) {
                 y[r] = dot_row(w.data + static_cast<size_t>(r) * w.row_bytes, x, w.n_cols);
             }
@@ -136,7 +139,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
     const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / row_floats_bytes));
     const int64_t token_block =
         std::max<int64_t>(kMinTokenBlock, static_cast<int64_t>(kTokenBlockBytes / row_floats_bytes));
-    pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+    pool.parallel_for_bytes(w.n_rows, weight_bytes * n_tokens, [&](int64_t begin, int64_t end, int) {
         thread_local std::vector<float> scratch;
         const size_t need =
             static_cast<size_t>(std::min(tile_rows, end - begin)) * static_cast<size_t>(w.n_cols);
