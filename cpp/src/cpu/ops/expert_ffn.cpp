@@ -1,4 +1,4 @@
-// Fused expert FFN of one token (see expert_ffn.h).
+// Fused expert FFNs: one token (decode) and grouped by expert (prefill); see expert_ffn.h.
 #include "cpu/ops/expert_ffn.h"
 
 #include <algorithm>
