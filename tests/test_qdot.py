@@ -317,6 +317,10 @@ def test_tile_gives_each_token_its_vec_dot(qtype, isa, rng):
     data = random_rows(qtype, 1, n, rng)
     xqs = [np_quantize(fmt, random_activations(rng, n)) for _ in range(8)]
     single = [_core.vec_dot_tile(int(qtype), data, xq, n, 1, isa)[0] for xq in xqs]
+    # The numpy model directly too: the tile kernels (K-quants: the epilogue vectorized over the
+    # tile's tokens) are a separate code path from vec_dot.
+    model = [model_vec_dot(qtype, data, xq)[0] for xq in xqs]
+    np.testing.assert_array_equal(bits(single), bits(model), err_msg=f"{qtype.name} {isa} vec_dot")
     for nt in range(2, 9):
         tile = _core.vec_dot_tile(int(qtype), data, np.concatenate(xqs[:nt]), n, nt, isa)
         np.testing.assert_array_equal(

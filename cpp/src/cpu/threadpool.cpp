@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "sharpi/errors.h"
@@ -76,6 +77,10 @@ void ThreadPool::run_job(Job& job, int ith) {
 }
 
 void ThreadPool::parallel_for(int64_t n, const Body& body) {
+    parallel_for(n, body, n_threads_ * kChunksPerThread);
+}
+
+void ThreadPool::parallel_for(int64_t n, const Body& body, int64_t n_chunks) {
     if (n <= 0) return;
     if (n_threads_ == 1 || n == 1) {
         body(0, n, 0);
@@ -84,7 +89,7 @@ void ThreadPool::parallel_for(int64_t n, const Body& body) {
     Job job;
     job.body = &body;
     job.n = n;
-    job.n_chunks = std::min<int64_t>(n, n_threads_ * kChunksPerThread);
+    job.n_chunks = std::min<int64_t>(n, std::max<int64_t>(1, n_chunks));
     error_ = nullptr;
     job_.store(&job);
     {

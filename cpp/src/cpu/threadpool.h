@@ -37,6 +37,27 @@ class ThreadPool {
     // An exception thrown by a body is rethrown here (the first one) after all chunks finish.
     using Body = std::function<void(int64_t begin, int64_t end, int thread_index)>;
     void parallel_for(int64_t n, const Body& body);
+    // The same over exactly min(n, n_chunks) chunks, for callers whose elements are already
+    // work items of balanced size (a grouped GEMM's (expert, row block) items): one item per chunk
+    // lets a thread that finishes early take the next item instead of idling at the barrier.
+    void parallel_for(int64_t n, const Body& body, int64_t n_chunks);
+
+    // parallel_for for a loop whose whole work reads about `bytes` (weights, or activations for
+    // loops without weights): below kMinParallelBytes it runs inline as body(0, n, 0), since
+    // waking the workers and meeting them at the barrier would cost more than the loop itself (on
+    // a shared machine a descheduled worker holding a claimed chunk stalls the caller for a time
+    // slice). Bodies already give the same results however [0, n) is cut, so this changes no bit.
+    static constexpr int64_t kMinParallelBytes = 128 * 1024;
+    // n_chunks > 0: as the three-argument parallel_for.
+    void parallel_for_bytes(int64_t n, int64_t bytes, const Body& body, int64_t n_chunks = 0) {
+        if (bytes < kMinParallelBytes) {
+            if (n > 0) body(0, n, 0);
+        } else if (n_chunks > 0) {
+            parallel_for(n, body, n_chunks);
+        } else {
+            parallel_for(n, body);
+        }
+    }
 
     // Chunk i of n_chunks over [0, n) (contiguous, sizes differing by at most one).
     static void chunk(int64_t n, int64_t i, int64_t n_chunks, int64_t* begin, int64_t* end);

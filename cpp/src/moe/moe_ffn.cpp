@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cpu/ops/activation.h"
+#include "cpu/ops/expert_ffn.h"
 #include "cpu/ops/matmul.h"
 #include "cpu/ops/router.h"
 #include "cpu/quant/kernels.h"
@@ -32,11 +33,11 @@ struct ExpertLease {
 
 }  // namespace
 
-// Decode fast path: the selected experts of the token in two parallel passes (gate+up rows of
-// every slot, then down rows of every slot) instead of three matmuls per expert. Experts whose bytes
-// are ready go first, in one group; each still-loading expert is then computed as soon as its read
-// completes, so compute overlaps the remaining IO. Every row is one RowDot whatever the grouping,
-// so the result is bit-identical to the all-resident run.
+// Decode fast path: when every selected expert is ready, cpu::expert_ffn_one_token (two passes on the
+// pool, SwiGLU and the router-weighted sum fused in). Otherwise the selected experts in two parallel
+// passes per group (gate+up rows, then down rows): experts whose bytes are ready go first, in one group; each
+// still-loading expert is then computed as soon as its read completes, so compute overlaps the remaining IO.
+// Every row is one RowDot whatever the grouping, so the result is bit-identical to the all-resident run.
 void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
                                const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
                                Act& out, int il) {
@@ -49,9 +50,22 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
     if (gate_observer_ && hidden) gate_observer_->on_gate(il, hidden, router_logits, ids);
 
     std::vector<int> slot_unique(static_cast<size_t>(k));
+    bool all_ready = true;
     for (int64_t j = 0; j < k; ++j) {
         slot_unique[j] =
             static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
+        all_ready = all_ready && experts_.ready(slot_unique[j]);
+    }
+    if (all_ready) {
+        // Nothing to overlap: the fused op (same bits as the grouped passes below).
+        std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
+        for (int64_t j = 0; j < k; ++j) {
+            const ExpertView& v = views[slot_unique[j]];
+            w[j] = {v.gate, v.up, v.down};
+        }
+        cpu::expert_ffn_one_token(f.pool(), w.data(), weights, static_cast<int>(k), cur.row(0), out.row(0),
+                                  f.exact());
+        return;
     }
     // Row dots per distinct expert, bound once (types can differ per tensor and layer). In fast mode x
     // is quantized once per activation format here, and each slot's down input after its SwiGLU.
@@ -68,7 +82,13 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
     auto compute_slots = [&](const std::vector<int64_t>& slots) {
         const int64_t n = static_cast<int64_t>(slots.size());
         if (n == 0) return;
-        pool.parallel_for(n * 2 * n_ff, [&](int64_t begin, int64_t end, int) {
+        int64_t gate_up_bytes = 0, down_bytes = 0;  // for parallel_for_bytes
+        for (int64_t j : slots) {
+            const ExpertView& v = views[slot_unique[j]];
+            gate_up_bytes += static_cast<int64_t>(v.gate.row_bytes + v.up.row_bytes) * n_ff;
+            down_bytes += static_cast<int64_t>(v.down.row_bytes) * n_embd;
+        }
+        pool.parallel_for_bytes(n * 2 * n_ff, gate_up_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / (2 * n_ff)], r = item % (2 * n_ff);
                 const int u = slot_unique[j];
@@ -86,7 +106,7 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
             down_in[j].reset(act.row(j), n_ff, exact);
             down_dot[j] = down_in[j].bind(views[slot_unique[j]].down.type);
         }
-        pool.parallel_for(n * n_embd, [&](int64_t begin, int64_t end, int) {
+        pool.parallel_for_bytes(n * n_embd, down_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t j = slots[item / n_embd], r = item % n_embd;
                 const int u = slot_unique[j];
@@ -117,47 +137,80 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
     weighted_sum(out.row(0), ys.data(), weights, k, n_embd);
 }
 
-// Prefill path: each selected expert runs once over the tokens that chose it (gathered rows),
-// then every token sums its k expert outputs in rank order. Experts are acquired in waves of at
-// most max_acquire() (a prefill batch can select more experts than a small cache holds).
+// Prefill path: each selected expert runs once over the tokens that chose it (cpu::expert_ffn_batch
+// on the slots grouped by expert), then every token sums its k expert outputs in rank order.
+// Experts are acquired in waves of at most max_acquire() (a prefill batch can select more experts
+// than a small cache holds); within a wave the ready experts run together, then each one still
+// being read as soon as it arrives (the op gives every row the same bits whatever the grouping).
 void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
                            const std::vector<int32_t>& unique, Act& out, int il) {
     const HParams& h = f.hp();
-    const int64_t T = cur.n_tokens, k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
-    Act y = f.alloc(T * k, n_embd);  // y.row(t * k + j): output of token t's slot j
+    const int64_t T = cur.n_tokens, k = h.n_expert_used, n_embd = h.n_embd;
+    const int64_t n_slots = T * k;
+    // Slots i = t * k + j grouped by expert (counting sort, stable): members [begin[u], end[u]) of
+    // unique[u] are rows of y; tokens[m] is member m's token, member_of[i] slot i's member.
+    const size_t n_unique = unique.size();
+    std::vector<int64_t> begin(n_unique + 1, 0), end(n_unique), tokens(static_cast<size_t>(n_slots)),
+        member_of(static_cast<size_t>(n_slots));
+    std::vector<int> slot_unique(static_cast<size_t>(n_slots));
+    for (int64_t i = 0; i < n_slots; ++i) {
+        slot_unique[i] =
+            static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[i]) - unique.begin());
+        ++begin[slot_unique[i] + 1];
+    }
+    for (size_t u = 0; u < n_unique; ++u) begin[u + 1] += begin[u];
+    for (size_t u = 0; u < n_unique; ++u) end[u] = begin[u];
+    for (int64_t i = 0; i < n_slots; ++i) {
+        const int64_t m = end[slot_unique[i]]++;
+        tokens[m] = i / k;
+        member_of[i] = m;
+    }
+    Act y = f.alloc(n_slots, n_embd);  // y.row(member_of[t * k + j]): output of token t's slot j
     cpu::ThreadPool& pool = f.pool();
-    std::vector<int64_t> members;
     const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
-    for (size_t w0 = 0; w0 < unique.size(); w0 += wave) {
+    for (size_t w0 = 0; w0 < n_unique; w0 += wave) {
         if (w0 > 0 && cancel_ && cancel_->load(std::memory_order_relaxed)) {
             throw CancelledError("decode cancelled in layer " + std::to_string(il) + " after " +
-                                 std::to_string(w0) + " of " + std::to_string(unique.size()) + " experts");
+                                 std::to_string(w0) + " of " + std::to_string(n_unique) + " experts");
         }
-        const size_t n_wave = std::min(wave, unique.size() - w0);
+        const size_t n_wave = std::min(wave, n_unique - w0);
         std::vector<ExpertView> views(n_wave);
         experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
         ExpertLease lease{experts_, il};
+        std::vector<cpu::ExpertFfnWeights> w;
+        std::vector<int64_t> group_begin, group_end;
+        auto run = [&] {
+            if (w.empty()) return;
+            cpu::expert_ffn_batch(pool, w.data(), group_begin.data(), group_end.data(),
+                                  static_cast<int>(w.size()), tokens.data(), cur.data, n_embd, y.data, n_embd,
+                                  f.exact());
+            w.clear();
+            group_begin.clear();
+            group_end.clear();
+        };
+        auto add = [&](size_t u) {
+            w.push_back({views[u].gate, views[u].up, views[u].down});
+            group_begin.push_back(begin[w0 + u]);
+            group_end.push_back(end[w0 + u]);
+        };
+        std::vector<bool> done(n_wave, false);
         for (size_t u = 0; u < n_wave; ++u) {
-            members.clear();
-            for (int64_t i = 0; i < T * k; ++i) {
-                if (ids[i] == unique[w0 + u]) members.push_back(i);
+            if (experts_.ready(static_cast<int>(u))) {
+                add(u);
+                done[u] = true;
             }
-            const int64_t n = static_cast<int64_t>(members.size());
-            Act xe = f.alloc(n, n_embd), g = f.alloc(n, n_ff), upv = f.alloc(n, n_ff),
-                ye = f.alloc(n, n_embd);
-            for (int64_t m = 0; m < n; ++m)
-                std::memcpy(xe.row(m), cur.row(members[m] / k), sizeof(float) * n_embd);
+        }
+        run();
+        for (size_t u = 0; u < n_wave; ++u) {
+            if (done[u]) continue;
             experts_.wait(static_cast<int>(u));
-            cpu::matmul(pool, views[u].gate, xe.data, n_embd, n, g.data, n_ff, f.exact());
-            cpu::matmul(pool, views[u].up, xe.data, n_embd, n, upv.data, n_ff, f.exact());
-            cpu::swiglu(g.data, upv.data, g.data, n * n_ff);
-            cpu::matmul(pool, views[u].down, g.data, n_ff, n, ye.data, n_embd, f.exact());
-            for (int64_t m = 0; m < n; ++m) std::memcpy(y.row(members[m]), ye.row(m), sizeof(float) * n_embd);
+            add(u);
+            run();
         }
     }
     std::vector<const float*> ys(static_cast<size_t>(k));
     for (int64_t t = 0; t < T; ++t) {
-        for (int64_t j = 0; j < k; ++j) ys[j] = y.row(t * k + j);
+        for (int64_t j = 0; j < k; ++j) ys[j] = y.row(member_of[t * k + j]);
         weighted_sum(out.row(t), ys.data(), weights + t * k, k, n_embd);
     }
 }

@@ -98,6 +98,13 @@ float dot(int type_id, const ByteArray& data, const FloatArray& x, const std::st
 std::mutex pools_mutex;
 std::map<int, std::unique_ptr<cpu::ThreadPool>> pools;
 
+// The cached pool of `threads` threads; call with pools_mutex held.
+cpu::ThreadPool& pool_of(int threads) {
+    std::unique_ptr<cpu::ThreadPool>& pool = pools[threads];
+    if (!pool) pool = std::make_unique<cpu::ThreadPool>(threads);
+    return *pool;
+}
+
 FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols, const FloatArray& x,
                   int threads, bool exact) {
     const GgmlType type = type_arg(type_id);
@@ -129,9 +136,7 @@ FloatArray matmul(int type_id, const ByteArray& data, int64_t n_rows, int64_t n_
     {
         py::gil_scoped_release release;
         std::lock_guard<std::mutex> lock(pools_mutex);
-        std::unique_ptr<cpu::ThreadPool>& pool = pools[threads];
-        if (!pool) pool = std::make_unique<cpu::ThreadPool>(threads);
-        cpu::matmul(*pool, w, xp, n_cols, n_tokens, yp, n_rows, exact);
+        cpu::matmul(pool_of(threads), w, xp, n_cols, n_tokens, yp, n_rows, exact);
     }
     return y;
 }
@@ -207,16 +212,9 @@ FloatArray vec_dot_tile(int type_id, const ByteArray& w, const ByteArray& xq, in
 // composition (a one-token matmul per projection, swiglu, weighted sum in slot order).
 using ExpertTuple = std::tuple<int, ByteArray, int, ByteArray, int, ByteArray>;
 
-FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray& weights, const FloatArray& x,
-                      int64_t n_ff, int threads, bool exact, bool fused) {
-    const int k = static_cast<int>(experts.size());
-    if (k < 1 || weights.ndim() != 1 || weights.shape(0) != k || x.ndim() != 1) {
-        throw InvalidArgument("[quant] expert_ffn: need k >= 1 experts, weights[k] and a 1-D x");
-    }
-    if (threads < 1 || threads > 1024)
-        throw InvalidArgument("[quant] expert_ffn: threads must be in [1, 1024]");
-    const int64_t n_embd = x.shape(0);
-    std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
+// The experts' weight views ([n_ff, n_embd] gate/up, [n_embd, n_ff] down), validated.
+std::vector<cpu::ExpertFfnWeights> expert_views(const std::vector<ExpertTuple>& experts, int64_t n_ff,
+                                                int64_t n_embd) {
     auto view = [](int type_id, const ByteArray& data, int64_t n_rows, int64_t n_cols) {
         const GgmlType type = type_arg(type_id);
         cpu::row_kernels(type);
@@ -229,20 +227,33 @@ FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray&
         v.data = data.data();
         return v;
     };
-    for (int j = 0; j < k; ++j) {
-        const ExpertTuple& e = experts[static_cast<size_t>(j)];
+    std::vector<cpu::ExpertFfnWeights> w(experts.size());
+    for (size_t j = 0; j < experts.size(); ++j) {
+        const ExpertTuple& e = experts[j];
         w[j].gate = view(std::get<0>(e), std::get<1>(e), n_ff, n_embd);
         w[j].up = view(std::get<2>(e), std::get<3>(e), n_ff, n_embd);
         w[j].down = view(std::get<4>(e), std::get<5>(e), n_embd, n_ff);
     }
+    return w;
+}
+
+FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray& weights, const FloatArray& x,
+                      int64_t n_ff, int threads, bool exact, bool fused) {
+    const int k = static_cast<int>(experts.size());
+    if (k < 1 || weights.ndim() != 1 || weights.shape(0) != k || x.ndim() != 1) {
+        throw InvalidArgument("[quant] expert_ffn: need k >= 1 experts, weights[k] and a 1-D x");
+    }
+    if (threads < 1 || threads > 1024)
+        throw InvalidArgument("[quant] expert_ffn: threads must be in [1, 1024]");
+    const int64_t n_embd = x.shape(0);
+    std::vector<cpu::ExpertFfnWeights> w = expert_views(experts, n_ff, n_embd);
     FloatArray out(static_cast<py::ssize_t>(n_embd));
     const float* xp = x.data();
     const float* wp = weights.data();
     float* op = out.mutable_data();
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(pools_mutex);
-    std::unique_ptr<cpu::ThreadPool>& pool = pools[threads];
-    if (!pool) pool = std::make_unique<cpu::ThreadPool>(threads);
+    cpu::ThreadPool* pool = &pool_of(threads);
     if (fused) {
         cpu::expert_ffn_one_token(*pool, w.data(), wp, k, xp, op, exact);
         return out;
@@ -257,6 +268,41 @@ FloatArray expert_ffn(const std::vector<ExpertTuple>& experts, const FloatArray&
         for (int64_t i = 0; i < n_embd; ++i) op[i] = j == 0 ? wp[0] * y[i] : op[i] + wp[j] * y[i];
     }
     return out;
+}
+
+// members[e]: the token rows of x ([T, n_embd]) expert e runs over; returns the unweighted outputs
+// [sum of len(members[e]), n_embd], expert by expert in members order (cpu::expert_ffn_batch).
+FloatArray expert_ffn_batch(const std::vector<ExpertTuple>& experts,
+                            const std::vector<py::array_t<int64_t, py::array::c_style>>& members,
+                            const FloatArray& x, int64_t n_ff, int threads, bool exact) {
+    const int n_experts = static_cast<int>(experts.size());
+    if (n_experts < 1 || members.size() != experts.size() || x.ndim() != 2) {
+        throw InvalidArgument(
+            "[quant] expert_ffn_batch: need experts, one token array per expert and a 2-D x");
+    }
+    if (threads < 1 || threads > 1024)
+        throw InvalidArgument("[quant] expert_ffn_batch: threads must be in [1, 1024]");
+    const int64_t n_tokens = x.shape(0), n_embd = x.shape(1);
+    std::vector<cpu::ExpertFfnWeights> w = expert_views(experts, n_ff, n_embd);
+    std::vector<int64_t> begin, end, tokens;
+    for (const auto& m : members) {
+        begin.push_back(static_cast<int64_t>(tokens.size()));
+        for (py::ssize_t i = 0; i < m.size(); ++i) {
+            const int64_t t = m.data()[i];
+            if (t < 0 || t >= n_tokens)
+                throw InvalidArgument("[quant] expert_ffn_batch: token index out of range");
+            tokens.push_back(t);
+        }
+        end.push_back(static_cast<int64_t>(tokens.size()));
+    }
+    FloatArray y({static_cast<py::ssize_t>(tokens.size()), static_cast<py::ssize_t>(n_embd)});
+    const float* xp = x.data();
+    float* yp = y.mutable_data();
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(pools_mutex);
+    cpu::expert_ffn_batch(pool_of(threads), w.data(), begin.data(), end.data(), n_experts, tokens.data(), xp,
+                          n_embd, yp, n_embd, exact);
+    return y;
 }
 
 std::vector<std::string> isa_available() {
@@ -285,6 +331,11 @@ void bind_quant(py::module_& m) {
           py::arg("threads") = 1, py::arg("exact") = false, py::arg("fused") = true,
           "One token's routed-expert FFN: sum_j weights[j] * down_j(silu(gate_j x) * up_j x); experts = "
           "[(gate_type, gate_bytes, up_type, up_bytes, down_type, down_bytes)], fused or unfused");
+    m.def(
+        "expert_ffn_batch", &expert_ffn_batch, py::arg("experts"), py::arg("members"), py::arg("x"),
+        py::arg("n_ff"), py::arg("threads") = 1, py::arg("exact") = false,
+        "Prefill FFN of several experts over their own token rows of x[T, n_embd] (members[e]: indices): the "
+        "unweighted outputs [sum len(members[e]), n_embd] in member order");
     m.def(
         "act_format",
         [](int type) { return std::string(cpu::act_format_name(cpu::act_format(type_arg(type)))); },

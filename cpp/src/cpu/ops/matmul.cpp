@@ -79,37 +79,23 @@ void matmul_quantized(ThreadPool& pool, const WeightView& w, const QuantDotKerne
         xq.resize(xq_bytes * static_cast<size_t>(n_tokens));
     uint8_t* xq_data = xq.data();
     const int64_t n = w.n_cols;
+    const int64_t weight_bytes = w.n_rows * static_cast<int64_t>(w.row_bytes);
     if (n_tokens == 1) {
         quantize(x, xq_data, n);
         const VecDotFn vec_dot = kernels.vec_dot;
-        pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+        pool.parallel_for_bytes(w.n_rows, weight_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t r = begin; r < end; ++r)
                 y[r] = vec_dot(w.data + static_cast<size_t>(r) * w.row_bytes, xq_data, n);
         });
         return;
     }
-    pool.parallel_for(n_tokens, [&](int64_t begin, int64_t end, int) {
-        for (int64_t t = begin; t < end; ++t)
-            quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
-    });
-    // Blocked so that one tile of quantized tokens stays in L1 while a block of weight rows
-    // (kQuantRowBlockBytes) streams from L2, rather than every row re-reading all the tokens'
-    // activations. Each (row, token) is still one vec_dot_tile call on the same token tile.
-    const VecDotTileFn tile = kernels.vec_dot_tile;
-    const int64_t row_block =
-        std::max<int64_t>(1, static_cast<int64_t>(kQuantRowBlockBytes / std::max<size_t>(1, w.row_bytes)));
-    pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
-        for (int64_t r0 = begin; r0 < end; r0 += row_block) {
-            const int64_t r1 = std::min(end, r0 + row_block);
-            for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
-                const int nt = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n_tokens - t0));
-                const uint8_t* xt = xq_data + static_cast<size_t>(t0) * xq_bytes;
-                for (int64_t r = r0; r < r1; ++r) {
-                    tile(w.data + static_cast<size_t>(r) * w.row_bytes, xt, xq_bytes, nt, n, y + t0 * ldy + r,
-                         ldy);
-                }
-            }
-        }
+    pool.parallel_for_bytes(n_tokens, n_tokens * n * static_cast<int64_t>(sizeof(float)),
+                            [&](int64_t begin, int64_t end, int) {
+                                for (int64_t t = begin; t < end; ++t)
+                                    quantize(x + t * ldx, xq_data + static_cast<size_t>(t) * xq_bytes, n);
+                            });
+    pool.parallel_for_bytes(w.n_rows, weight_bytes * n_tokens, [&](int64_t begin, int64_t end, int) {
+        quantized_rows(w, kernels, xq_data, xq_bytes, n_tokens, begin, end, y, ldy);
     });
 }
 
@@ -134,10 +120,11 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
         }
     }
 
+    const int64_t weight_bytes = w.n_rows * static_cast<int64_t>(w.row_bytes);
     if (n_tokens == 1) {
         // Decode: memory-bound; each thread streams its contiguous share of the rows once.
         const DotRowFn dot_row = kernels.dot_row;
-        pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+        pool.parallel_for_bytes(w.n_rows, weight_bytes, [&](int64_t begin, int64_t end, int) {
             for (int64_t r = begin; r < end; ++r) {
                 y[r] = dot_row(w.data + static_cast<size_t>(r) * w.row_bytes, x, w.n_cols);
             }
@@ -152,7 +139,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
     const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / row_floats_bytes));
     const int64_t token_block =
         std::max<int64_t>(kMinTokenBlock, static_cast<int64_t>(kTokenBlockBytes / row_floats_bytes));
-    pool.parallel_for(w.n_rows, [&](int64_t begin, int64_t end, int) {
+    pool.parallel_for_bytes(w.n_rows, weight_bytes * n_tokens, [&](int64_t begin, int64_t end, int) {
         thread_local std::vector<float> scratch;
         const size_t need =
             static_cast<size_t>(std::min(tile_rows, end - begin)) * static_cast<size_t>(w.n_cols);
@@ -171,6 +158,31 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, 
             }
         }
     });
+}
+
+const QuantDotKernels* fast_dot_kernels(GgmlType type, bool exact) {
+    return fast_kernels(type, active_isa(), exact);
+}
+
+void quantized_rows(const WeightView& w, const QuantDotKernels& kernels, const uint8_t* xq, size_t xq_bytes,
+                    int64_t n_tokens, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+    // Blocked so that one tile of quantized tokens stays in L1 while a block of weight rows
+    // (kQuantRowBlockBytes) streams from L2, rather than every row re-reading all the tokens'
+    // activations. Each (row, token) is still one vec_dot_tile call on the same token tile.
+    const VecDotTileFn tile = kernels.vec_dot_tile;
+    const int64_t row_block =
+        std::max<int64_t>(1, static_cast<int64_t>(kQuantRowBlockBytes / std::max<size_t>(1, w.row_bytes)));
+    for (int64_t b0 = r0; b0 < r1; b0 += row_block) {
+        const int64_t b1 = std::min(r1, b0 + row_block);
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
+            const int nt = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n_tokens - t0));
+            const uint8_t* xt = xq + static_cast<size_t>(t0) * xq_bytes;
+            for (int64_t r = b0; r < b1; ++r) {
+                tile(w.data + static_cast<size_t>(r) * w.row_bytes, xt, xq_bytes, nt, w.n_cols,
+                     y + t0 * ldy + r, ldy);
+            }
+        }
+    }
 }
 
 void PreparedRow::reset(const float* x, int64_t n, bool exact) {

@@ -42,6 +42,18 @@ struct WeightView {
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy, bool exact);
 
+// The integer kernels fast mode dots `type` with, or nullptr where matmul takes the f32 path (exact
+// mode, a type without integer kernels, or Isa::scalar).
+const QuantDotKernels* fast_dot_kernels(GgmlType type, bool exact);
+
+// Fast-mode prefill of weight rows [r0, r1) with n_tokens activation rows already quantized to
+// act_format(w.type) (row t at xq + t * xq_bytes): y[t * ldy + r] = vec_dot(row r, token t), bit
+// for bit, through vec_dot_tile on tiles of kMaxTileTokens tokens, blocked so a block of weight
+// rows stays in L2 while the token tiles stream past it. Runs on the calling thread: the body of
+// matmul's fast prefill, for callers that split the work over the pool themselves.
+void quantized_rows(const WeightView& w, const QuantDotKernels& kernels, const uint8_t* xq, size_t xq_bytes,
+                    int64_t n_tokens, int64_t r0, int64_t r1, float* y, int64_t ldy);
+
 // One weight row . one activation row, bound to the row's mode and weight type by PreparedRow.
 struct RowDot {
     DotRowFn f32_dot = nullptr;  // exact mode, or a weight type without integer kernels

@@ -344,6 +344,73 @@ inline void k_dot_tokens_256(const void* w, const void* xq, size_t xq_stride, in
     }
 }
 
+// Eight int32 vectors -> one vector of their eight horizontal sums (lane t = sum of v[t]'s lanes).
+inline __m256i hsum8_epi32(const __m256i* v) {
+    const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+// The K-quant row loop for a tile of NT tokens (2..8) with the per-block epilogue of k_block_update
+// done for all the tokens at once: the integer sums of the NT tokens transposed into one vector
+// (hsum8_epi32), then qdot.h's float operations lane by lane, lane t being token t:
+//   acc[t] = acc[t] + (dx[t] * d) * float(isum[t]);  acc[t] = acc[t] - (dx[t] * dmin) * float(imin[t])
+// one rounding each, as in k_block_update (IEEE multiplication commutes), so every token gets
+// k_dot_tokens_256's bits while the horizontal reductions and scalar float steps per (block, token)
+// become a handful of vector operations per block.
+template <typename D, int NT>
+inline void k_dot_tokens_256_wide(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
+    static_assert(NT >= 2 && NT <= 8, "a tile of 2 to 8 tokens");
+    const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
+    const block_q8_K* x[NT];
+    for (int t = 0; t < NT; ++t)
+        x[t] = reinterpret_cast<const block_q8_K*>(static_cast<const uint8_t*>(xq) + t * xq_stride);
+    __m256 accv = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n / QK_K; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
+        KUnpacked k;
+        D::decode(blocks + ib, k);
+        __m256i s[8];
+        const __m256i split = split_scales(k.sc);
+        for (int c = 0; c < 8; ++c) s[c] = chunk_scales(split, c);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(k.sc);
+        const __m256i mn16 = _mm256_cvtepu8_epi16(k.mn);
+        __m256i v[8], mv[8];
+        float dx[8];
+        for (int t = 0; t < 8; ++t) {
+            v[t] = _mm256_setzero_si256();
+            mv[t] = _mm256_setzero_si256();
+            dx[t] = 0.0f;
+        }
+        for (int t = 0; t < NT; ++t) {
+            const block_q8_K& xb = x[t][ib];
+            __m256i lanes = _mm256_setzero_si256();
+            for (int c = 0; c < 8; ++c)
+                lanes = acc_scaled_pairs(lanes, k.u[c], load256(xb.qs + 32 * c), s[c]);
+            const __m256i bsums = load256(xb.bsums);
+            if constexpr (D::kOffsetShift >= 0) {
+                lanes = _mm256_sub_epi32(lanes,
+                                         _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
+            }
+            if constexpr (D::kHasMin) mv[t] = _mm256_madd_epi16(mn16, bsums);
+            v[t] = lanes;
+            dx[t] = xb.d;
+        }
+        const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
+        const __m256 d = _mm256_set1_ps(_mm_cvtss_f32(k.d_dmin));
+        accv = _mm256_add_ps(accv, _mm256_mul_ps(_mm256_mul_ps(dxv, d), _mm256_cvtepi32_ps(hsum8_epi32(v))));
+        if constexpr (D::kHasMin) {
+            const __m256 dmin = _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(k.d_dmin)));
+            accv = _mm256_sub_ps(
+                accv, _mm256_mul_ps(_mm256_mul_ps(dxv, dmin), _mm256_cvtepi32_ps(hsum8_epi32(mv))));
+        }
+    }
+    float all[8];
+    _mm256_storeu_ps(all, accv);
+    for (int t = 0; t < NT; ++t) acc[t] = all[t];
+}
+
 template <typename D>
 float k_vec_dot(const void* w, const void* xq, int64_t n) {
     float acc[1];
