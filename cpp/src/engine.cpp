@@ -55,7 +55,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
                                                                     : cpu::hardware_threads());
-    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
+    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv(), /*with_v=*/!h.is_mla());
     if (streaming) {
         plan_expert_cache(n_ctx);
         install_predictor(std::move(predictor));
@@ -96,7 +96,7 @@ std::string mib(uint64_t bytes) {
 
 void Engine::plan_expert_cache(int64_t n_ctx) {
     const HParams& h = model_->hp;
-    const uint64_t kv = 2ull * static_cast<uint64_t>(h.n_layer * n_ctx * h.n_embd_kv()) * sizeof(float);
+    const uint64_t kv = static_cast<uint64_t>(h.n_layer * n_ctx * h.kv_floats_per_token()) * sizeof(float);
     // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
     // plus the logits of the batch.
     const int64_t T = kMaxBatch, k = h.n_expert_used;

@@ -35,6 +35,8 @@ MOE_MODELS = {
     "qwen2moe": "qwen2moe",  # Qwen2MoeForCausalLM
     "qwen3moe": "qwen3moe",  # Qwen3MoeForCausalLM
     "olmoe": "olmoe",  # OlmoeForCausalLM
+    "deepseek_v2": "deepseek2",  # DeepseekV2ForCausalLM
+    "deepseek_v3": "deepseek2",  # DeepseekV3ForCausalLM
 }
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
@@ -158,6 +160,54 @@ def make_config(name: str, vocab_size: int):
             norm_topk_prob=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
+    if name in ("deepseek_v2", "deepseek_v3"):
+        # MLA with the real models' proportions at a small size: q LoRA (V3) or one q projection
+        # (V2-Lite), kv_lora_rank 64 + a 16-wide shared RoPE key, qk_nope 32, v_head_dim 24 (!= qk
+        # widths), one leading dense layer, shared experts, 4 groups of 4 experts with top-2 groups,
+        # a routed weight scale != 1, and YaRN with mscale == mscale_all_dim as the real configs have.
+        deepseek = {
+            **common,
+            "num_hidden_layers": 3,
+            "num_key_value_heads": common["num_attention_heads"],
+            "intermediate_size": 192,
+            "moe_intermediate_size": 64,
+            "n_routed_experts": 16,
+            "n_shared_experts": 2,
+            "num_experts_per_tok": 4,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": 64,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 24,
+            "n_group": 4,
+            "topk_group": 2,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+        }
+        if name == "deepseek_v2":
+            return transformers.DeepseekV2Config(
+                **deepseek,
+                q_lora_rank=None,
+                topk_method="group_limited_greedy",
+                norm_topk_prob=False,
+                routed_scaling_factor=1.5,
+            )
+        config = transformers.DeepseekV3Config(
+            **deepseek, q_lora_rank=48, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True
+        )
+        # What real V3 configs carry and the converter reads (expert_gating_func = sigmoid); HF's V3
+        # always uses sigmoid scores.
+        config.scoring_func = "sigmoid"
+        config.topk_method = "noaux_tc"
+        return config
     if name == "llama":
         return transformers.LlamaConfig(
             **common,
@@ -200,6 +250,8 @@ def build_model(name: str, vocab_size: int, seed: int):
         "llama": transformers.LlamaForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "deepseek_v2": transformers.DeepseekV2ForCausalLM,
+        "deepseek_v3": transformers.DeepseekV3ForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
@@ -213,6 +265,11 @@ def build_model(name: str, vocab_size: int, seed: int):
                 param.copy_(0.05 * noise)
             else:
                 param.copy_(WEIGHT_STD * noise)
+        for buffer_name, buffer in sorted(model.named_buffers()):
+            # DeepSeek-V3's selection bias (a persistent buffer, zeros at init): spread it so that it
+            # changes which experts win.
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.05 * torch.randn(buffer.shape, generator=generator, dtype=torch.float32))
     if config.tie_word_embeddings:
         model.tie_weights()
     return model
