@@ -201,7 +201,7 @@ def make_config(name: str, vocab_size: int):
                 routed_scaling_factor=1.5,
             )
         config = transformers.DeepseekV3Config(
-            **deepseek, q_lora_rank=48, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True
+            **deepseek, q_lora_rank=64, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True
         )
         # What real V3 configs carry and the converter reads (expert_gating_func = sigmoid); HF's V3
         # always uses sigmoid scores.
@@ -344,10 +344,49 @@ def hf_hidden_states(model, tokens) -> list:
     return [h[0].to(torch.float64).numpy() for h in out.hidden_states]
 
 
-def hf_router_logits(model, tokens) -> list:
-    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip)."""
+def _deepseek_choice_scores(model, tokens) -> list:
+    """DeepSeek routers choose on more than the logits (softmax or sigmoid scores, V3's selection
+    bias, group limits), so the order of the raw logits is not their choice. Per MoE layer: the
+    scores HF's router ranks, experts of groups it excluded at -1e9, so that their top-k is HF's
+    selection and the k-th minus (k+1)-th score is its margin."""
     import torch
 
+    captured = []
+
+    def hook(module, inputs, output):
+        router_logits, _, topk_indices = output
+        logits = router_logits.to(torch.float64)
+        if hasattr(module, "e_score_correction_bias"):  # V3: sigmoid + bias
+            scores = logits.sigmoid() + module.e_score_correction_bias.to(torch.float64)
+        else:
+            scores = logits.softmax(dim=-1)
+        n_group = module.num_group or 1
+        if n_group > 1:
+            # Allowed = the groups HF's selection came from (its groups are contiguous).
+            group_of = topk_indices // (scores.shape[1] // n_group)
+            allowed = torch.zeros(scores.shape[0], n_group, dtype=torch.bool)
+            allowed.scatter_(1, group_of, True)
+            allowed = allowed.repeat_interleave(scores.shape[1] // n_group, dim=1)
+            scores = torch.where(allowed, scores, torch.full_like(scores, -1e9))
+        captured.append(scores.numpy())
+
+    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(tokens)], dtype=torch.long), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [c.reshape(len(tokens), -1) for c in captured]
+
+
+def hf_router_logits(model, tokens) -> list:
+    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip); for DeepSeek
+    the scores its router ranks (see _deepseek_choice_scores)."""
+    import torch
+
+    if model.config.model_type in ("deepseek_v2", "deepseek_v3"):
+        return _deepseek_choice_scores(model, tokens)
     with torch.no_grad():
         ids = torch.tensor([list(tokens)], dtype=torch.long)
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)
