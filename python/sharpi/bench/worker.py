@@ -50,7 +50,8 @@ def _decode_steps(session, tokens, on_step=None) -> dict:
         logits = session.decode([int(token)])
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        routing.append([[int(e) for e in ids[0]] for ids in session.last_routing()])
+        # MoE layers only (deepseek2's leading dense layers route nothing), as traces record them.
+        routing.append([[int(e) for e in ids[0]] for ids in session.last_routing() if ids.size])
         digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
     return {"step_s": wall, "cpu_s": cpu, "routing": routing, "logits_sha256": digest.hexdigest()}
 
