@@ -170,7 +170,8 @@ def _worker_run(sharpi, cfg: dict) -> dict:
             "fixed_bytes": int(st["fixed_bytes"]),
             "budget_bytes": int(st["budget_bytes"]),
             "n_staging": int(st.get("n_staging", 0)),
-            "layers": [dict(lay) for lay in st["layers"]],
+            # MoE layers only (the bench counts layers as the traces do; deepseek2's first is dense).
+            "layers": [dict(lay) for lay in st["layers"][int(session.info.get("n_layer_dense_lead", 0)) :]],
             # Top-level counters (io_busy_ms, decode_ms, predict_ms, ... where the engine has them).
             "stats_globals": {
                 k: v for k, v in st.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
