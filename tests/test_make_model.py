@@ -779,3 +779,23 @@ def test_deepseek_v2_lite_preset_is_the_real_architecture(tmp_path):
         assert "attention: MLA, q one projection, latent kv_lora_rank 512 + RoPE 64" in inspect_report(path)
     finally:
         path.unlink()
+
+
+def test_deepseek_v2_lite_shape_matches_llama_cpp(tmp_path):
+    """A third, independent implementation: llama.cpp's own deepseek2 graph (llama-cpp-python) on a
+    deepseek-v2-lite file at small widths (27 layers, so llama.cpp takes it as a Lite model without
+    q LoRA; YaRN x40; 64 experts top-6; f32 weights and an f32 KV cache there, so only rounding
+    differs: measured 1.8e-6)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    small = {"n_vocab": 512, "n_embd": 128, "n_head": 2, "head_dim": 64, "n_rot": 32, "n_lora_kv": 64,
+             "head_dim_v": 32, "n_ff": 128, "n_ff_exp": 32, "n_ff_shexp": 64}  # fmt: skip
+    path = str(tmp_path / "dsv2lite-small.gguf")
+    mm.write_model(path, preset="deepseek-v2-lite", quant="f32", seed=5, **small)
+    tokens = [int(t) for t in np.random.default_rng(0).integers(5, 500, 16)]
+    llm = llama_cpp.Llama(path, n_ctx=64, n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0)
+    llm.eval(tokens)
+    theirs = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    ours = np.asarray(sharpi.Session(path, threads=2, exact=True).decode(tokens, True), dtype=np.float64)
+    ours = ours.reshape(len(tokens), -1)
+    rel = np.abs(ours - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
+    assert rel.max() <= 1e-5, rel
