@@ -269,7 +269,8 @@ def test_memory_cap_kills_a_process_over_its_limit():
 
 
 def expert_bytes_by_gguf(path):
-    """Bytes of one expert per layer, read with the gguf package (independent of sharpi's reader)."""
+    """Bytes of one expert per MoE layer, read with the gguf package (independent of sharpi's reader);
+    layers without experts (deepseek2's leading dense layer) are left out, as the bench counts layers."""
     import gguf
 
     r = gguf.GGUFReader(path)
@@ -280,6 +281,7 @@ def expert_bytes_by_gguf(path):
     return [
         sum(sizes[f"blk.{il}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")) // n_expert
         for il in range(n_layer)
+        if f"blk.{il}.ffn_gate_exps.weight" in sizes
     ]
 
 

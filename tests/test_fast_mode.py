@@ -35,7 +35,7 @@ import pytest
 import sharpi
 from sharpi.make_model import write_model
 
-MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]
+MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2"]
 QUANT_TYPES = [
     "q8_0",
     "q4_0",

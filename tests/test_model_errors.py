@@ -94,3 +94,36 @@ def test_inconsistent_expert_count(tiny, tmp_path):
 def test_missing_file():
     with pytest.raises(sharpi.IoError, match="no-such-model.gguf"):
         sharpi.Session("/nonexistent/no-such-model.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek2(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("errors") / "tiny-deepseek2.gguf")
+    write_model(path, arch="deepseek2", preset="tiny", quant="f32", seed=1)
+    return path
+
+
+def test_deepseek2_old_conversion_without_split_kv_b(tiny_deepseek2, tmp_path):
+    # Files from before the converter split attn_kv_b into attn_k_b / attn_v_b.
+    bad = str(tmp_path / "kv_b.gguf")
+    kv_b = np.zeros((4 * (64 + 64), 256), dtype=np.float32)  # numpy [n_head * (qk_nope + v_head), kv_lora]
+    rewrite_gguf(tiny_deepseek2, bad, drop_tensors=("blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"),
+                 add_tensors={"blk.0.attn_kv_b.weight": kv_b})  # fmt: skip
+    with pytest.raises(sharpi.UnsupportedError, match=r"attn_kv_b.* re-convert"):
+        sharpi.Session(bad)
+
+
+@pytest.mark.parametrize(
+    "kv, match",
+    [
+        ({"deepseek2.expert_gating_func": 4}, r"expert_gating_func 4 is not supported"),
+        ({"deepseek2.expert_group_count": 3}, r"expert groups: 3 groups"),
+        ({"deepseek2.attention.value_length": 100}, r"inconsistent MLA hyper-parameters"),
+        ({"deepseek2.leading_dense_block_count": 9}, r"leading_dense_block_count 9 > block_count"),
+    ],
+)
+def test_deepseek2_bad_metadata(tiny_deepseek2, tmp_path, kv, match):
+    bad = str(tmp_path / "bad.gguf")
+    rewrite_gguf(tiny_deepseek2, bad, set_kv=kv)
+    with pytest.raises((sharpi.UnsupportedError, sharpi.FormatError), match=match):
+        sharpi.Session(bad)

@@ -22,7 +22,7 @@ from reference.engine_checks import greedy_logits
 from sharpi import _core
 from sharpi.make_model import write_model
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2"]
 READERS = ["pread", "uring"]
 
 
@@ -56,7 +56,8 @@ def plan(path: str, n_ctx: int = 128):
     s = sharpi.Session(path, threads=1, n_ctx=n_ctx, ram_budget="4GiB", reader="pread")
     st = s.expert_stats()
     info = s.info
-    return st["fixed_bytes"], st["slot_bytes"], info["n_layer"] * info["n_expert"], info["n_expert_used"]
+    n_moe_layer = info["n_layer"] - info["n_layer_dense_lead"]  # deepseek2's leading layers are dense
+    return st["fixed_bytes"], st["slot_bytes"], n_moe_layer * info["n_expert"], info["n_expert_used"]
 
 
 run_tokens = greedy_logits  # all-position prompt logits, then greedy token-by-token logits
@@ -419,3 +420,36 @@ def test_prefetch_drops_and_rerequests_under_stress(models, delay_us):
     assert done.returncode == 0, done.stderr
     issued, used = map(int, done.stdout.split())
     assert issued > used > 0
+
+
+# DeepSeek-V2-Lite's real architecture (deepseek2: MLA, 1 leading dense layer + 26 MoE layers of 64
+# experts, top-6, 2 shared experts) at small widths, so the recorded DeepSeek-V2-Lite trace drives it.
+DEEPSEEK_V2_LITE_SMALL = {"n_vocab": 512, "n_embd": 128, "n_head": 2, "head_dim": 64, "n_rot": 32,
+                          "n_lora_kv": 64, "head_dim_v": 32, "n_ff": 128, "n_ff_exp": 32, "n_ff_shexp": 64}
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_deepseek_v2_lite_trace_streamed_equals_resident_at_quarter_budget(tmp_path, reader):
+    trace_path = os.path.join(TRACES, "deepseek_v2_lite_train.npz")
+    if not os.path.exists(trace_path):
+        pytest.skip("shared/traces not present")
+    path = str(tmp_path / "deepseek-v2-lite-small.gguf")
+    write_model(path, preset="deepseek-v2-lite", quant="q8_0", seed=4, **DEEPSEEK_V2_LITE_SMALL)
+    if not reader_available(reader, path):
+        pytest.skip(f"{reader} reader unavailable here")
+    with np.load(trace_path) as z:
+        experts = z["experts"]
+    fixed, slot, total, k = plan(path)
+    assert (total, k) == (experts.shape[1] * 64, experts.shape[2]) == (26 * 64, 6)
+    resident = sharpi.Session(path, threads=2, n_ctx=128, route_trace=trace_path)
+    prompt = list(range(3, 35))
+    want = run_tokens(resident, prompt, 32)
+    routing = resident.last_routing()  # the last decoded token: position 63 follows trace row 63
+    assert routing[0].size == 0  # the dense layer routes nothing
+    for il in range(1, 27):
+        assert {int(e) for e in experts[63, il - 1] if e >= 0} <= set(routing[il][0].tolist())
+    s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + total // 4 * slot, reader=reader,
+                       route_trace=trace_path)
+    assert s.expert_stats()["n_slots"] == total // 4
+    np.testing.assert_array_equal(run_tokens(s, prompt, 32), want)
+    assert sum(lay["misses"] for lay in s.expert_stats()["layers"]) > total // 4  # it really streamed

@@ -68,7 +68,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
                                                                     : cpu::hardware_threads());
-    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv());
+    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv(), /*with_v=*/!h.is_mla());
     if (streaming) {
         plan_expert_cache(n_ctx);
         install_predictor(std::move(predictor));
@@ -91,6 +91,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     info_.n_ff_shexp = h.n_ff_shexp;
     info_.n_expert = h.n_expert;
     info_.n_expert_used = h.n_expert_used;
+    info_.n_layer_dense_lead = h.n_layer_dense_lead;
     info_.n_ctx_train = h.n_ctx_train;
     info_.n_ctx = n_ctx;
     info_.bytes_dense = model_->bytes_dense;
@@ -109,7 +110,7 @@ std::string mib(uint64_t bytes) {
 
 void Engine::plan_expert_cache(int64_t n_ctx) {
     const HParams& h = model_->hp;
-    const uint64_t kv = 2ull * static_cast<uint64_t>(h.n_layer * n_ctx * h.n_embd_kv()) * sizeof(float);
+    const uint64_t kv = static_cast<uint64_t>(h.n_layer * n_ctx * h.kv_floats_per_token()) * sizeof(float);
     // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
     // plus the logits of the batch.
     const int64_t T = kMaxBatch, k = h.n_expert_used;
@@ -119,7 +120,7 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
         static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
     const uint64_t fixed = model_->bytes_dense + kv + buffers;
     const uint64_t slot = ExpertCache::slot_bytes(model_->experts);
-    const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
+    const uint64_t total_experts = static_cast<uint64_t>((h.n_layer - h.n_layer_dense_lead) * h.n_expert);
     const uint64_t budget = options_.ram_budget;
     // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots of
     // their own (prefetch never evicts).
@@ -161,11 +162,13 @@ void Engine::set_route_trace(RouteTrace trace) {
         return;
     }
     if (!h.is_moe()) throw InvalidArgument("route trace: " + model_->file->path() + " has no routed experts");
-    if (trace.n_tokens < 0 || trace.n_layers != h.n_layer || trace.k != h.n_expert_used ||
+    const int64_t n_moe_layer = h.n_layer - h.n_layer_dense_lead;
+    trace.first_layer = h.n_layer_dense_lead;
+    if (trace.n_tokens < 0 || trace.n_layers != n_moe_layer || trace.k != h.n_expert_used ||
         static_cast<int64_t>(trace.experts.size()) != trace.n_tokens * trace.n_layers * trace.k) {
         throw InvalidArgument("route trace shape [" + std::to_string(trace.n_tokens) + ", " +
                               std::to_string(trace.n_layers) + ", " + std::to_string(trace.k) +
-                              "] does not match the model: " + std::to_string(h.n_layer) +
+                              "] does not match the model: " + std::to_string(n_moe_layer) +
                               " MoE layers, top-" + std::to_string(h.n_expert_used) +
                               " (use the make-model preset of the trace's shape)");
     }

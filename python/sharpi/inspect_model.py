@@ -60,6 +60,8 @@ def inspect_summary(path) -> dict:
     if "vocab_size" not in hparams and "token_embd.weight" in by_name:
         derived["vocab_size"] = by_name["token_embd.weight"]["shape"][1]
 
+    attention = _attention_summary(hparams)
+
     by_type: dict[str, dict] = {}
     for t in tensors:
         e = by_type.setdefault(t["type_name"], {"tensors": 0, "bytes": 0, "elements": 0})
@@ -112,6 +114,7 @@ def inspect_summary(path) -> dict:
         file_type=_file_type_name(md["general.file_type"]) if "general.file_type" in md else None,
         hparams=hparams,
         derived=derived,
+        attention=attention,
         tokenizer=tok,
         bytes_by_type=OrderedDict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
         tensor_bytes=total,
@@ -131,6 +134,34 @@ def inspect_summary(path) -> dict:
             for t in tensors
         ],
     )
+
+
+def _attention_summary(hparams: dict) -> OrderedDict:
+    """How the file's attention works, in words sharpi's engine uses: "mla" (multi-head latent
+    attention, deepseek2: the KV cache holds one latent per position) or "mha" (GQA/MHA), with the
+    per-position KV cache floats per layer."""
+    n_head = hparams.get("attention.head_count")
+    out = OrderedDict()
+    if "attention.kv_lora_rank" in hparams:
+        kv_lora, n_rot = hparams["attention.kv_lora_rank"], hparams.get("rope.dimension_count", 0)
+        k_mla, v_mla = hparams.get("attention.key_length_mla"), hparams.get("attention.value_length_mla")
+        out["kind"] = "mla"
+        out["q_lora_rank"] = hparams.get("attention.q_lora_rank", 0)  # 0: one q projection
+        out["kv_lora_rank"] = kv_lora
+        out["rope_dims"] = n_rot
+        out["head_dim_qk"] = k_mla
+        out["head_dim_v"] = v_mla
+        out["kv_cache_floats_per_token_layer"] = kv_lora + n_rot
+        if n_head and k_mla and v_mla:
+            out["expanded_kv_floats_per_token_layer"] = n_head * (k_mla + v_mla)
+    elif n_head:
+        n_head_kv = hparams.get("attention.head_count_kv", n_head)
+        head_dim = hparams.get("attention.key_length") or hparams["embedding_length"] // n_head
+        out["kind"] = "mha" if n_head_kv == n_head else "gqa"
+        out["kv_cache_floats_per_token_layer"] = 2 * n_head_kv * head_dim
+    if "rope.scaling.type" in hparams:
+        out["rope_scaling"] = hparams["rope.scaling.type"]
+    return out
 
 
 def _value_str(v) -> str:
@@ -170,6 +201,16 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         w(f"  {k:<40} {_value_str(v)}")
     for k, v in s["derived"].items():
         w(f"  {k:<40} {_value_str(v)}   (derived from shapes)")
+    a = s["attention"]
+    if a.get("kind") == "mla":
+        w(
+            f"attention: MLA, q {'LoRA rank ' + str(a['q_lora_rank']) if a['q_lora_rank'] else 'one projection'}, "
+            f"latent kv_lora_rank {a['kv_lora_rank']} + RoPE {a['rope_dims']}, head q/k {a['head_dim_qk']} v "
+            f"{a['head_dim_v']}; KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer "
+            f"(expanded heads would take {a.get('expanded_kv_floats_per_token_layer', '?')})"
+        )
+    elif a:
+        w(f"attention: {a['kind'].upper()}, KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer")
     if s["tokenizer"]:
         t = s["tokenizer"]
         w("")

@@ -69,10 +69,12 @@ def _write_metadata(
     w.add_embedding_length(hp.n_embd)
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the
     # dense width (unused by the MoE layers) for the Qwen MoE models.
-    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe") or not hp.is_moe
+    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2") or not hp.is_moe
     w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
+    if hp.arch == "deepseek2":
+        _write_deepseek2_metadata(w, hp)
     w.add_rope_freq_base(hp.rope_freq_base)
     w.add_layer_norm_rms_eps(hp.rms_eps)
     if hp.is_moe:
@@ -106,6 +108,29 @@ def _write_metadata(
     w.add_string("sharpi.preset", preset)
     w.add_uint32("sharpi.seed", seed)
     w.add_string("sharpi.weights", weights)
+
+
+def _write_deepseek2_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
+    """The MLA, routing and YaRN keys DeepseekV2Model.set_gguf_parameters writes (MLA as MQA over the
+    latent: key_length = kv_lora_rank + n_rot, value_length = kv_lora_rank)."""
+    w.add_leading_dense_block_count(hp.n_layer_dense_lead)
+    w.add_vocab_size(hp.n_vocab)
+    if hp.n_lora_q:
+        w.add_q_lora_rank(hp.n_lora_q)
+    w.add_kv_lora_rank(hp.n_lora_kv)
+    w.add_key_length(hp.n_lora_kv + hp.n_rot)
+    w.add_value_length(hp.n_lora_kv)
+    w.add_key_length_mla(hp.head_dim)
+    w.add_value_length_mla(hp.head_dim_v)
+    w.add_expert_feed_forward_length(hp.n_ff_exp)
+    w.add_expert_shared_count(hp.n_ff_shexp // hp.n_ff_exp)
+    w.add_expert_weights_scale(hp.expert_weights_scale)
+    w.add_rope_dimension_count(hp.n_rot)
+    if hp.yarn_factor > 1.0:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(hp.yarn_factor)
+        w.add_rope_scaling_orig_ctx_len(hp.yarn_n_ctx_orig)
+        w.add_rope_scaling_yarn_log_mul(0.1 * hp.yarn_mscale_all_dim)
 
 
 # ==================================================================================================

@@ -5,8 +5,8 @@ A preset is a set of hyper-parameters; `resolve()` combines a preset, an archite
 overrides into one validated `HParams`. Field names follow llama.cpp's (n_embd, n_head_kv, n_ff_exp).
 Sources for the real models are their Hugging Face config.json files:
   allenai/OLMoE-1B-7B-0924, Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen1.5-MoE-A2.7B,
-  deepseek-ai/DeepSeek-V2-Lite (for the trace-shaped preset; DeepSeek's MLA attention is not modelled,
-  the file is a qwen3moe with DeepSeek-V2-Lite's expert layout).
+  deepseek-ai/DeepSeek-V2-Lite (preset deepseek-v2-lite: the real deepseek2 architecture, MLA and all;
+  the older trace-shaped "deepseek-trace" is a qwen3moe with DeepSeek-V2-Lite's expert layout).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
-MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe")  # always MoE
+MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2")  # always MoE
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
 ARCHES = ("llama",) + MOE_ARCHES + DENSE_ARCHES  # llama: Mixtral-style MoE when n_expert > 0, else dense
 
@@ -40,6 +40,17 @@ class HParams:
     rope_freq_base: float
     rms_eps: float
     tie_embeddings: bool = False  # no output.weight; the lm head reuses token_embd
+    # deepseek2 (multi-head latent attention). head_dim is then the per-head q/k width (qk_nope +
+    # n_rot, key_length_mla) and n_head_kv is 1 (the converter writes MLA as MQA over the latent).
+    n_lora_q: int = 0  # q LoRA rank; 0: one q projection (DeepSeek-V2-Lite)
+    n_lora_kv: int = 0  # compressed KV width (kv_lora_rank)
+    n_rot: int = 0  # qk_rope_head_dim
+    head_dim_v: int = 0  # v_head_dim
+    n_layer_dense_lead: int = 0  # first_k_dense_replace
+    expert_weights_scale: float = 1.0  # routed_scaling_factor
+    yarn_factor: float = 0.0  # YaRN rope scaling factor (0: none)
+    yarn_n_ctx_orig: int = 0
+    yarn_mscale_all_dim: float = 0.0
 
     @property
     def is_moe(self) -> bool:
@@ -164,6 +175,47 @@ PRESETS: dict[str, dict] = {
         "rms_eps": 1e-6,
     },
 }
+# deepseek-ai/DeepSeek-V2-Lite: 27 layers (the first dense, then 26 MoE layers of 64 routed experts,
+# top-6, plus 2 shared experts = n_ff_shexp 2 * 1408), MLA without q LoRA, YaRN x40. Its routing is
+# ../shared/traces/deepseek_v2_lite_train.npz's.
+PRESETS["deepseek-v2-lite"] = {
+    "arch": "deepseek2",
+    "n_vocab": 102400,
+    "n_ctx_train": 163840,
+    "n_embd": 2048,
+    "n_layer": 27,
+    "n_head": 16,
+    "n_head_kv": 1,
+    "head_dim": 192,
+    "n_ff": 10944,
+    "n_expert": 64,
+    "n_expert_used": 6,
+    "n_ff_exp": 1408,
+    "n_ff_shexp": 2816,
+    "rope_freq_base": 10000.0,
+    "rms_eps": 1e-6,
+    "n_lora_q": 0,
+    "n_lora_kv": 512,
+    "n_rot": 64,
+    "head_dim_v": 128,
+    "n_layer_dense_lead": 1,
+    "expert_weights_scale": 1.0,
+    "yarn_factor": 40.0,
+    "yarn_n_ctx_orig": 4096,
+    "yarn_mscale_all_dim": 0.707,
+}
+# "tiny" as deepseek2: the same widths, one leading dense layer + 2 MoE layers, 2 shared experts.
+TINY_DEEPSEEK2 = {
+    "n_layer": 3,
+    "n_head_kv": 1,
+    "head_dim": 96,
+    "n_ff_shexp": 512,
+    "n_lora_kv": 256,
+    "n_rot": 32,
+    "head_dim_v": 64,
+    "n_layer_dense_lead": 1,
+    "expert_weights_scale": 1.5,
+}
 # ../shared/traces/mixtral_8x7b_small.npz: 32 layers x 8 experts, top-2 = Mixtral 8x7B itself.
 PRESETS["mixtral-trace"] = dict(PRESETS["mixtral-8x7b"])
 
@@ -198,6 +250,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p["n_expert"] = p["n_expert_used"] = 0
         if arch != "qwen2moe":
             p["n_ff_shexp"] = 0
+        if arch == "deepseek2":
+            p.update(TINY_DEEPSEEK2)
         if arch == "olmoe":
             # llama.cpp sizes OLMoE's k_norm as n_embd, i.e. it assumes n_head_kv == n_head.
             p["n_head_kv"] = p["n_head"]
@@ -234,8 +288,19 @@ def validate(hp: HParams) -> None:
         bad("n_ff must be positive in a dense model")
     if hp.arch == "qwen2moe" and hp.n_ff_shexp <= 0:
         bad("qwen2moe needs a shared expert: n_ff_shexp must be positive")
-    if hp.arch != "qwen2moe" and hp.n_ff_shexp:
-        bad("only qwen2moe has a shared expert; set n_ff_shexp = 0")
+    if hp.arch not in ("qwen2moe", "deepseek2") and hp.n_ff_shexp:
+        bad("only qwen2moe and deepseek2 have shared experts; set n_ff_shexp = 0")
+    if hp.arch == "deepseek2":
+        if hp.n_lora_kv <= 0 or hp.n_rot <= 0 or hp.head_dim_v <= 0 or hp.head_dim <= hp.n_rot:
+            bad("MLA needs n_lora_kv, n_rot, head_dim_v > 0 and head_dim (qk_nope + n_rot) > n_rot")
+        if hp.n_head_kv != 1:
+            bad("deepseek2 files carry MLA as one latent KV head: n_head_kv must be 1")
+        if not 0 <= hp.n_layer_dense_lead < hp.n_layer:
+            bad(f"n_layer_dense_lead = {hp.n_layer_dense_lead} must be in 0..n_layer-1")
+        if hp.n_ff_shexp % hp.n_ff_exp:
+            bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
+        if hp.n_layer_dense_lead and hp.n_ff <= 0:
+            bad("the leading dense layers need n_ff > 0")
     # The converter writes attention.key_length only where the HF config has head_dim (qwen3, qwen3moe,
     # and llama when set); elsewhere readers derive head_dim = n_embd / n_head, so it must be that.
     if hp.arch in ("qwen2moe", "olmoe", "qwen2") and hp.n_head * hp.head_dim != hp.n_embd:

@@ -183,6 +183,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
             TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
             TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
         ]
+        if hp.arch == "deepseek2":
+            specs += _deepseek2_layer(hp, il)
+            continue
         if hp.arch in ("qwen2", "qwen2moe"):
             t += [
                 TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
@@ -232,6 +235,52 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
     for s in specs:
         s.type = choose_type(s, hp, recipe, pure)
     return specs
+
+
+def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One deepseek2 block as convert_hf_to_gguf.py writes it: MLA with kv_b split per head into
+    attn_k_b (W_kb transposed, ne [qk_nope, kv_lora, n_head]) and attn_v_b (ne [kv_lora, v_head,
+    n_head]), q through a LoRA when n_lora_q > 0, a dense FFN in the leading layers, else routed
+    experts plus the shared experts (no shared-expert gate)."""
+    E, H, R = hp.n_embd, hp.n_head, hp.n_rot
+    b = f"blk.{il}."
+    t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
+    if hp.n_lora_q > 0:
+        t += [
+            TensorSpec(b + "attn_q_a.weight", (E, hp.n_lora_q), il, "linear"),
+            TensorSpec(b + "attn_q_a_norm.weight", (hp.n_lora_q,), il, "norm"),
+            TensorSpec(b + "attn_q_b.weight", (hp.n_lora_q, hp.q_width), il, "linear"),
+        ]
+    else:
+        t.append(TensorSpec(b + "attn_q.weight", (E, hp.q_width), il, "linear"))
+    t += [
+        TensorSpec(b + "attn_kv_a_mqa.weight", (E, hp.n_lora_kv + R), il, "linear"),
+        TensorSpec(b + "attn_kv_a_norm.weight", (hp.n_lora_kv,), il, "norm"),
+        TensorSpec(b + "attn_k_b.weight", (hp.head_dim - R, hp.n_lora_kv, H), il, "linear"),
+        TensorSpec(b + "attn_v_b.weight", (hp.n_lora_kv, hp.head_dim_v, H), il, "linear"),
+        TensorSpec(b + "attn_output.weight", (H * hp.head_dim_v, E), il, "out_linear"),
+        TensorSpec(b + "ffn_norm.weight", (E,), il, "norm"),
+    ]
+    if il < hp.n_layer_dense_lead:
+        return t + [
+            TensorSpec(b + "ffn_gate.weight", (E, hp.n_ff), il, "linear"),
+            TensorSpec(b + "ffn_up.weight", (E, hp.n_ff), il, "linear"),
+            TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
+        ]
+    F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
+    t += [
+        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+        TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+    ]
+    if S:
+        t += [
+            TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
+            TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
+            TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+        ]
+    return t
 
 
 def quant_recipe(quant: str) -> QuantRecipe:

@@ -45,7 +45,9 @@ def _router_scores_from_dumps(dumps: list, n_layer: int):
     Otherwise from the router probabilities ("ffn_moe_probs-<layer>"). None if neither is recorded
     (mismatches are then reported without that help)."""
     scores = []
-    for il in range(n_layer):
+    # The MoE layers in order (deepseek2's leading dense layers record no router): the first n_layer.
+    moe_layers = sorted(int(key.rsplit("-", 1)[1]) for key in dumps[0] if key.startswith("ffn_moe_probs-"))
+    for il in moe_layers[:n_layer]:
         probs_key, topk_key = f"ffn_moe_probs-{il}", f"ffn_moe_topk-{il}"
         if not all(probs_key in d for d in dumps):
             return None
@@ -62,7 +64,7 @@ def _router_scores_from_dumps(dumps: list, n_layer: int):
             else:
                 per_call.append(probs)
         scores.append(np.concatenate(per_call))
-    return scores
+    return scores or None
 
 
 def prefill_router_scores(open_session, tokens, n_moe_layers: int):

@@ -35,6 +35,8 @@ MOE_MODELS = {
     "qwen2moe": "qwen2moe",  # Qwen2MoeForCausalLM
     "qwen3moe": "qwen3moe",  # Qwen3MoeForCausalLM
     "olmoe": "olmoe",  # OlmoeForCausalLM
+    "deepseek_v2": "deepseek2",  # DeepseekV2ForCausalLM
+    "deepseek_v3": "deepseek2",  # DeepseekV3ForCausalLM
 }
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
@@ -158,6 +160,54 @@ def make_config(name: str, vocab_size: int):
             norm_topk_prob=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
+    if name in ("deepseek_v2", "deepseek_v3"):
+        # MLA with the real models' proportions at a small size: q LoRA (V3) or one q projection
+        # (V2-Lite), kv_lora_rank 64 + a 16-wide shared RoPE key, qk_nope 32, v_head_dim 24 (!= qk
+        # widths), one leading dense layer, shared experts, 4 groups of 4 experts with top-2 groups,
+        # a routed weight scale != 1, and YaRN with mscale == mscale_all_dim as the real configs have.
+        deepseek = {
+            **common,
+            "num_hidden_layers": 3,
+            "num_key_value_heads": common["num_attention_heads"],
+            "intermediate_size": 192,
+            "moe_intermediate_size": 64,
+            "n_routed_experts": 16,
+            "n_shared_experts": 2,
+            "num_experts_per_tok": 4,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": 64,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 24,
+            "n_group": 4,
+            "topk_group": 2,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+        }
+        if name == "deepseek_v2":
+            return transformers.DeepseekV2Config(
+                **deepseek,
+                q_lora_rank=None,
+                topk_method="group_limited_greedy",
+                norm_topk_prob=False,
+                routed_scaling_factor=1.5,
+            )
+        config = transformers.DeepseekV3Config(
+            **deepseek, q_lora_rank=64, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True
+        )
+        # What real V3 configs carry and the converter reads (expert_gating_func = sigmoid); HF's V3
+        # always uses sigmoid scores.
+        config.scoring_func = "sigmoid"
+        config.topk_method = "noaux_tc"
+        return config
     if name == "llama":
         return transformers.LlamaConfig(
             **common,
@@ -200,6 +250,8 @@ def build_model(name: str, vocab_size: int, seed: int):
         "llama": transformers.LlamaForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "deepseek_v2": transformers.DeepseekV2ForCausalLM,
+        "deepseek_v3": transformers.DeepseekV3ForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
@@ -213,6 +265,11 @@ def build_model(name: str, vocab_size: int, seed: int):
                 param.copy_(0.05 * noise)
             else:
                 param.copy_(WEIGHT_STD * noise)
+        for buffer_name, buffer in sorted(model.named_buffers()):
+            # DeepSeek-V3's selection bias (a persistent buffer, zeros at init): spread it so that it
+            # changes which experts win.
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.05 * torch.randn(buffer.shape, generator=generator, dtype=torch.float32))
     if config.tie_word_embeddings:
         model.tie_weights()
     return model
@@ -287,10 +344,49 @@ def hf_hidden_states(model, tokens) -> list:
     return [h[0].to(torch.float64).numpy() for h in out.hidden_states]
 
 
-def hf_router_logits(model, tokens) -> list:
-    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip)."""
+def _deepseek_choice_scores(model, tokens) -> list:
+    """DeepSeek routers choose on more than the logits (softmax or sigmoid scores, V3's selection
+    bias, group limits), so the order of the raw logits is not their choice. Per MoE layer: the
+    scores HF's router ranks, experts of groups it excluded at -1e9, so that their top-k is HF's
+    selection and the k-th minus (k+1)-th score is its margin."""
     import torch
 
+    captured = []
+
+    def hook(module, inputs, output):
+        router_logits, _, topk_indices = output
+        logits = router_logits.to(torch.float64)
+        if hasattr(module, "e_score_correction_bias"):  # V3: sigmoid + bias
+            scores = logits.sigmoid() + module.e_score_correction_bias.to(torch.float64)
+        else:
+            scores = logits.softmax(dim=-1)
+        n_group = module.num_group or 1
+        if n_group > 1:
+            # Allowed = the groups HF's selection came from (its groups are contiguous).
+            group_of = topk_indices // (scores.shape[1] // n_group)
+            allowed = torch.zeros(scores.shape[0], n_group, dtype=torch.bool)
+            allowed.scatter_(1, group_of, True)
+            allowed = allowed.repeat_interleave(scores.shape[1] // n_group, dim=1)
+            scores = torch.where(allowed, scores, torch.full_like(scores, -1e9))
+        captured.append(scores.numpy())
+
+    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(tokens)], dtype=torch.long), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [c.reshape(len(tokens), -1) for c in captured]
+
+
+def hf_router_logits(model, tokens) -> list:
+    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip); for DeepSeek
+    the scores its router ranks (see _deepseek_choice_scores)."""
+    import torch
+
+    if model.config.model_type in ("deepseek_v2", "deepseek_v3"):
+        return _deepseek_choice_scores(model, tokens)
     with torch.no_grad():
         ids = torch.tensor([list(tokens)], dtype=torch.long)
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)

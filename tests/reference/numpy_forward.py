@@ -19,6 +19,11 @@ Architectures (GGUF `general.architecture`):
   qwen3moe  MoE, per-head q/k RMSNorm, top-k weights renormalised to sum 1.
   olmoe     MoE, RMSNorm over the whole q and k projections (weights [n_head*head_dim] and
             [n_head_kv*head_dim]) before splitting into heads; top-k weights NOT renormalised.
+  deepseek2 DeepSeek-V2/V3: multi-head latent attention computed in the EXPANDED form (each head's
+            keys and values rebuilt from the latent with attn_k_b / attn_v_b, then ordinary
+            attention; the engine uses the absorbed form), q LoRA, YaRN, leading dense layers,
+            shared experts, softmax (V2) or sigmoid + selection-bias (V3) group-limited routing,
+            top-k weights scaled by expert_weights_scale.
 
 Array orientation: every weight is stored the PyTorch way, [out_features, in_features] (numpy shape
 = reversed ggml ne), so a projection is `x @ W.T`; stacked experts are [n_expert, out, in].
@@ -32,7 +37,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2")
 
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX rotates (i, i + n_rot/2).
 NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe"})
@@ -60,6 +65,19 @@ class HParams:
     n_expert: int  # 0 for dense models
     n_expert_used: int
     renormalise_topk: bool
+    # deepseek2 only (defaults leave the other architectures unchanged)
+    n_lora_kv: int = 0
+    head_dim_k_mla: int = 0
+    head_dim_v_mla: int = 0
+    sigmoid_gating: bool = False
+    n_group: int = 1
+    n_group_used: int = 1
+    expert_weights_scale: float = 1.0
+    yarn_ext_factor: float = 0.0  # YaRN on when > 0 (rope_freq_scale is then 1 / factor)
+    yarn_n_ctx_orig: int = 0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    kq_scale: float = 0.0  # 0: 1 / sqrt(head_dim_k)
 
 
 class ReferenceModel:
@@ -112,6 +130,33 @@ class ReferenceModel:
 
         scaling_type = self._key(f"{arch}.rope.scaling.type", "linear")
         scaling_factor = float(self.metadata.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+        mla = {}
+        if arch == "deepseek2":
+            n_lora_kv = int(self._key(f"{arch}.attention.kv_lora_rank"))
+            head_dim_k_mla = int(self._key(f"{arch}.attention.key_length_mla"))
+            mscale = 1.0
+            if scaling_type == "yarn":
+                # HF DeepSeek: softmax scale * yarn_get_mscale(factor, mscale_all_dim)^2; the
+                # converter stores 0.1 * mscale_all_dim as yarn_log_multiplier.
+                log_mul = float(self.metadata.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+                mscale = 1.0 + log_mul * np.log(scaling_factor)
+                mla.update(
+                    yarn_ext_factor=1.0,
+                    yarn_n_ctx_orig=int(self._key(f"{arch}.rope.scaling.original_context_length")),
+                    yarn_beta_fast=float(self.metadata.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                    yarn_beta_slow=float(self.metadata.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+                )
+                scaling_type = "linear"
+            mla.update(
+                n_lora_kv=n_lora_kv,
+                head_dim_k_mla=head_dim_k_mla,
+                head_dim_v_mla=int(self._key(f"{arch}.attention.value_length_mla")),
+                sigmoid_gating=int(self.metadata.get(f"{arch}.expert_gating_func", 1) or 1) == 2,
+                n_group=int(self.metadata.get(f"{arch}.expert_group_count", 1) or 1),
+                n_group_used=int(self.metadata.get(f"{arch}.expert_group_used_count", 1) or 1),
+                expert_weights_scale=float(self.metadata.get(f"{arch}.expert_weights_scale", 1.0) or 1.0),
+                kq_scale=mscale * mscale / np.sqrt(head_dim_k_mla),
+            )
         if scaling_type == "none":
             rope_freq_scale = 1.0
         elif scaling_type == "linear":
@@ -145,7 +190,8 @@ class ReferenceModel:
             neox_rope=arch in NEOX_ROPE_ARCHS,
             n_expert=n_expert,
             n_expert_used=n_expert_used,
-            renormalise_topk=RENORMALISE_TOPK.get(arch, False),
+            renormalise_topk=bool(self.metadata.get(f"{arch}.expert_weights_norm", RENORMALISE_TOPK.get(arch, False))),
+            **mla,
         )
 
 
@@ -204,7 +250,20 @@ def rope(x: np.ndarray, positions: np.ndarray, hp: HParams, freq_factors=None) -
     inv_freq = hp.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
-    angle = hp.rope_freq_scale * positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    if hp.yarn_ext_factor > 0.0:
+        # YaRN (HF _compute_yarn_parameters): frequencies below the correction range are
+        # interpolated (freq_scale), those above it kept, a linear ramp between.
+        def correction_dim(n_rotations):
+            return n_rot * np.log(hp.yarn_n_ctx_orig / (n_rotations * 2 * np.pi)) / (2 * np.log(hp.rope_base))
+
+        low = max(np.floor(correction_dim(hp.yarn_beta_fast)), 0.0)
+        high = min(np.ceil(correction_dim(hp.yarn_beta_slow)), n_rot - 1.0)
+        ramp = np.clip((np.arange(half) - low) / max(high - low, 0.001), 0.0, 1.0)
+        keep = (1.0 - ramp) * hp.yarn_ext_factor  # weight of the un-interpolated frequency
+        inv_freq = inv_freq * hp.rope_freq_scale * (1.0 - keep) + inv_freq * keep
+        angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    else:
+        angle = hp.rope_freq_scale * positions.astype(np.float64)[:, None] * inv_freq[None, :]
     cos = np.cos(angle)[:, None, :]  # [n_tokens, 1, half], broadcast over heads
     sin = np.sin(angle)[:, None, :]
 
@@ -220,14 +279,14 @@ def rope(x: np.ndarray, positions: np.ndarray, hp: HParams, freq_factors=None) -
     return out
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None) -> np.ndarray:
     """Scaled dot-product attention with a causal mask and grouped KV heads.
     q [T, n_head, Dk], k [T, n_head_kv, Dk], v [T, n_head_kv, Dv] -> [T, n_head * Dv].
     Query head h reads KV head h // (n_head / n_head_kv): consecutive query heads share a KV head,
     as both llama.cpp's broadcast and HF's repeat_kv arrange them."""
     n_tokens, n_head, head_dim = q.shape
     group = n_head // k.shape[1]
-    scale = 1.0 / np.sqrt(head_dim)
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
     future = np.triu(np.ones((n_tokens, n_tokens), dtype=bool), k=1)
     out = np.empty((n_tokens, n_head, v.shape[2]))
     for h in range(n_head):
@@ -303,6 +362,69 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     return linear(kqv, layer.w("attn_output"), layer.b("attn_output"))
 
 
+def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record) -> np.ndarray:
+    """deepseek2's multi-head latent attention, expanded: every head's keys and values are rebuilt
+    from the cached latent c with the converter's per-head halves of kv_b (attn_k_b holds W_kb_h
+    transposed, numpy [n_head, kv_lora, qk_nope]; attn_v_b holds W_vb_h, [n_head, v_head, kv_lora]),
+    then ordinary causal attention over [k_nope_h, k_pe] with the one RoPE key k_pe shared by all heads."""
+    hp = model.hparams
+    layer = _Layer(model, il)
+    n_tokens = x.shape[0]
+    n_head, n_rot, n_lora_kv = hp.n_head, hp.n_rot, hp.n_lora_kv
+    qk_nope = hp.head_dim_k_mla - n_rot
+    if layer.has("attn_q_a"):
+        q = linear(rms_norm(linear(x, layer.w("attn_q_a")), layer.w("attn_q_a_norm"), hp.rms_eps), layer.w("attn_q_b"))
+    else:
+        q = linear(x, layer.w("attn_q"))
+    record("Qcur", q)
+    q = q.reshape(n_tokens, n_head, hp.head_dim_k_mla)
+    kv = linear(x, layer.w("attn_kv_a_mqa"))  # [T, kv_lora + n_rot]
+    c = rms_norm(kv[:, :n_lora_kv], layer.w("attn_kv_a_norm"), hp.rms_eps)
+    k_pe = rope(kv[:, None, n_lora_kv:], positions, hp)  # [T, 1, n_rot]
+    q_pe = rope(q[:, :, qk_nope:], positions, hp)  # [T, n_head, n_rot]
+    k_b = layer.w("attn_k_b")  # [n_head, kv_lora, qk_nope]
+    v_b = layer.w("attn_v_b")  # [n_head, v_head, kv_lora]
+    k = np.empty((n_tokens, n_head, hp.head_dim_k_mla))
+    v = np.empty((n_tokens, n_head, hp.head_dim_v_mla))
+    for h in range(n_head):
+        k[:, h, :qk_nope] = c @ k_b[h]
+        k[:, h, qk_nope:] = k_pe[:, 0, :]
+        v[:, h, :] = c @ v_b[h].T
+    q = np.concatenate([q[:, :, :qk_nope], q_pe], axis=2)
+    record("Qcur_rope", q.reshape(n_tokens, -1))
+    kqv = causal_attention(q, k, v, scale=hp.kq_scale)
+    record("kqv_out", kqv)
+    return linear(kqv, layer.w("attn_output"))
+
+
+def select_experts(model: ReferenceModel, il: int, router_logits: np.ndarray):
+    """Gating scores [T, n_expert], selected experts [T, k] (best first) and the scores the choice
+    was made on, following the HF DeepSeek routers for deepseek2 and plain softmax top-k otherwise."""
+    hp = model.hparams
+    k = hp.n_expert_used
+    if not hp.sigmoid_gating:
+        probs = softmax(router_logits)
+    else:
+        probs = sigmoid(router_logits)
+    choice = probs.copy()
+    bias = model.tensors.get(f"blk.{il}.exp_probs_b.bias")
+    if bias is not None:
+        choice = choice + bias
+    if hp.n_group > 1 and hp.n_group_used < hp.n_group:
+        grouped = choice.reshape(choice.shape[0], hp.n_group, -1)
+        if hp.sigmoid_gating:  # V3: a group's score is the sum of its two best
+            group_score = np.sort(grouped, axis=2)[:, :, -2:].sum(axis=2)
+        else:  # V2 group_limited_greedy: its best
+            group_score = grouped.max(axis=2)
+        top_groups = np.argsort(-group_score, axis=1, kind="stable")[:, : hp.n_group_used]
+        allowed = np.zeros_like(group_score, dtype=bool)
+        np.put_along_axis(allowed, top_groups, True, axis=1)
+        allowed = np.repeat(allowed, grouped.shape[2], axis=1)
+        choice = np.where(allowed, choice, -np.inf)
+    selected = np.argsort(-choice, axis=1, kind="stable")[:, :k]
+    return probs, selected, np.where(np.isfinite(choice), choice, -1e9)
+
+
 def swiglu_ffn(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None):
     """down(silu(gate x) * up x) for x [T, n_embd]."""
     return linear(silu(linear(x, gate_w, gate_b)) * linear(x, up_w, up_b), down_w, down_b)
@@ -320,14 +442,14 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
         raise ValueError(
             f"blk.{il}.ffn_gate_inp has {router_logits.shape[1]} experts, expected {hp.n_expert}"
         )
-    probs = softmax(router_logits)
-    # Descending by probability; a stable sort on the negated values breaks exact ties toward the
+    # Descending by selection score; a stable sort on the negated values breaks exact ties toward the
     # lower expert id. (Exact ties do not happen with random float weights; near-ties do, and the
     # tests report them through router_margins() instead of relying on any tie-break rule.)
-    selected = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # [T, k]
+    probs, selected, choice = select_experts(model, il, router_logits)  # selected: [T, k]
     weights = np.take_along_axis(probs, selected, axis=1)  # [T, k]
     if hp.renormalise_topk:
         weights = weights / np.sum(weights, axis=1, keepdims=True)
+    weights = weights * hp.expert_weights_scale
     record("ffn_moe_logits", router_logits)
     record("ffn_moe_probs", probs)
     record("ffn_moe_weights", weights)
@@ -355,8 +477,12 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
         shared = swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
         record("ffn_shexp_out", shared * shared_gate)
         out = out + shared * shared_gate
+    elif layer.has("ffn_gate_shexp"):
+        # deepseek2's shared experts: always on, unscaled.
+        out = out + swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
 
-    result.router_logits.append(router_logits)
+    # Margins are taken on the scores the choice was made on (= the logits' order for softmax).
+    result.router_logits.append(router_logits if hp.arch != "deepseek2" else choice)
     result.selected_experts.append(selected)
     result.expert_weights.append(weights)
     return out
@@ -383,7 +509,8 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
 
         normed = rms_norm(hidden, layer.w("attn_norm"), hp.rms_eps)
         record("attn_norm", normed)
-        attn_out = attention_block(model, il, normed, positions, record)
+        block = mla_attention_block if hp.arch == "deepseek2" else attention_block
+        attn_out = block(model, il, normed, positions, record)
         record("attn_out", attn_out)
         ffn_inp = hidden + attn_out
         record("ffn_inp", ffn_inp)

@@ -25,6 +25,7 @@ struct ModelInfo {
     int64_t n_ff_shexp = 0;  // shared expert FFN width (0 = none)
     int64_t n_expert = 0;    // 0 for dense models
     int64_t n_expert_used = 0;
+    int64_t n_layer_dense_lead = 0;  // leading layers with a dense FFN instead of experts (deepseek2)
     int64_t n_ctx_train = 0;
     int64_t n_ctx = 0;           // the session's context size
     uint64_t bytes_dense = 0;    // tensor bytes outside the routed experts

@@ -9,9 +9,10 @@ extern const ArchSpec kArchQwen3Moe;
 extern const ArchSpec kArchOlmoe;
 extern const ArchSpec kArchQwen2;
 extern const ArchSpec kArchQwen3;
+extern const ArchSpec kArchDeepseek2;
 
 static const ArchSpec* const kArchTable[] = {
-    &kArchLlama, &kArchQwen2Moe, &kArchQwen3Moe, &kArchOlmoe, &kArchQwen2, &kArchQwen3,
+    &kArchLlama, &kArchQwen2Moe, &kArchQwen3Moe, &kArchOlmoe, &kArchQwen2, &kArchQwen3, &kArchDeepseek2,
 };
 
 const ArchSpec* find_arch(const std::string& name) {

@@ -146,11 +146,15 @@ void Forward::output_head(const Act& x, int64_t first_row, float* logits) {
 // Block
 
 Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
+    return decoder_layer(inp, il, [&](const Act& cur) { return self_attention(cur, il, qk_norm); });
+}
+
+Act Forward::decoder_layer(const Act& inp, int il, const std::function<Act(const Act&)>& attention) {
     const LayerWeights& L = layer(il);
     const bool timed = timeline_ && timeline_->enabled();
     const double t0 = timed ? timeline_->now_us() : 0.0;
     Act cur = norm(inp, L.attn_norm, "attn_norm", il);
-    cur = self_attention(cur, il, qk_norm);
+    cur = attention(cur);
     if (timed) timeline_->span("compute", "attention " + std::to_string(il), t0, timeline_->now_us());
     Act ffn_inp = add(cur, inp, "ffn_inp", il);
     cur = norm(ffn_inp, L.ffn_norm, "ffn_norm", il);

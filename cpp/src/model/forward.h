@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -41,6 +42,7 @@ class Forward {
     const HParams& hp() const { return model_.hp; }
     const LayerWeights& layer(int il) const { return model_.layers[static_cast<size_t>(il)]; }
     cpu::ThreadPool& pool() { return pool_; }
+    KvCache& kv() { return kv_; }
     int64_t pos0() const { return pos0_; }
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
@@ -82,6 +84,8 @@ class Forward {
     //   h = x + attn(attn_norm(x));  out = h + ffn(ffn_norm(h))
     // where ffn is moe_ffn on layers with routed experts and the dense SwiGLU FFN otherwise.
     Act decoder_layer(const Act& inp, int il, QkNorm qk_norm);
+    // The same block with another attention (deepseek2's MLA): attention(attn_norm(x)) -> [T, n_embd].
+    Act decoder_layer(const Act& inp, int il, const std::function<Act(const Act&)>& attention);
 
   private:
     const Model& model_;

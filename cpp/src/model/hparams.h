@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cpu/ops/rope.h"
+#include "cpu/ops/router.h"
 
 namespace sharpi {
 
@@ -29,7 +30,23 @@ struct HParams {
     int64_t n_ctx_train = 0;
     float rms_eps = 1e-6f;
     bool expert_weights_norm = false;  // renormalise the top-k router weights to sum 1
+    // Gating function, group-limited selection and weight scale (deepseek2); defaults: plain softmax.
+    cpu::RouterParams router;
+    int64_t n_layer_dense_lead = 0;  // leading_dense_block_count: first layers with a dense FFN
     cpu::RopeParams rope;
+    float attn_scale = 1.0f;  // softmax scale of q.k (1/sqrt(head width), YaRN-adjusted for MLA)
+
+    // Multi-head latent attention (deepseek2; all 0 elsewhere). The converter writes MLA as MQA over
+    // the latent: head_count_kv 1, key_length = kv_lora_rank + n_rot, value_length = kv_lora_rank;
+    // the per-head q/k and v widths are key_length_mla / value_length_mla.
+    int64_t n_lora_q = 0;           // q LoRA rank (attention.q_lora_rank), 0: q is one projection
+    int64_t n_lora_kv = 0;          // compressed KV width (attention.kv_lora_rank)
+    int64_t n_embd_head_k_mla = 0;  // qk_nope + qk_rope
+    int64_t n_embd_head_v_mla = 0;  // v_head_dim
+    bool is_mla() const { return n_lora_kv > 0; }
+    // Floats one position takes in one layer's KV cache: the latent (+ RoPE part) for MLA, K and V
+    // otherwise.
+    int64_t kv_floats_per_token() const { return is_mla() ? n_lora_kv + rope.n_rot : 2 * n_embd_kv(); }
 
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }

@@ -25,11 +25,12 @@ void Scratch::reset() {
     for (Block& b : blocks_) b.used = 0;
 }
 
-KvCache::KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv) : n_ctx_(n_ctx), n_embd_kv_(n_embd_kv) {
+KvCache::KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv, bool with_v)
+    : n_ctx_(n_ctx), n_embd_kv_(n_embd_kv) {
     for (int64_t il = 0; il < n_layer; ++il) {
         // new float[] without () leaves the memory untouched: pages are faulted in as positions fill.
         k_.emplace_back(new float[static_cast<size_t>(n_ctx * n_embd_kv)]);
-        v_.emplace_back(new float[static_cast<size_t>(n_ctx * n_embd_kv)]);
+        v_.emplace_back(with_v ? new float[static_cast<size_t>(n_ctx * n_embd_kv)] : nullptr);
     }
 }
 

@@ -35,9 +35,10 @@ class Scratch {
 
 // f32 K and V for every layer: [n_layer][n_ctx, n_embd_kv]. Pages are touched only when written.
 // Positions at or beyond the engine's n_past are never read, so a failed decode needs no undo.
+// with_v = false (MLA): only k(il) exists, holding each position's latent; v(il) is nullptr.
 class KvCache {
   public:
-    KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv);
+    KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv, bool with_v = true);
     float* k(int il) { return k_[static_cast<size_t>(il)].get(); }
     float* v(int il) { return v_[static_cast<size_t>(il)].get(); }
     int64_t n_ctx() const { return n_ctx_; }

@@ -144,6 +144,11 @@ cpu::WeightView ModelLoader::optional_matrix(const std::string& name, int64_t n_
     return t ? view(*t, n_cols, n_rows) : cpu::WeightView{};
 }
 
+cpu::WeightView ModelLoader::stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows,
+                                            int64_t n_stack) {
+    return view(require(name), n_cols, n_rows, n_stack);
+}
+
 std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
     cpu::WeightView w = view(require(name), n, 1);
     std::vector<float> out(static_cast<size_t>(n));

@@ -30,6 +30,13 @@ struct LayerWeights {
     std::vector<float> attn_norm;
     Linear wq, wk, wv, wo;
     std::vector<float> attn_q_norm, attn_k_norm;  // empty when the arch has none
+    // Multi-head latent attention (deepseek2): q = wq (or wq_b(norm(wq_a x))), latent and shared
+    // RoPE key = wkv_a_mqa x; wk_b / wv_b are per-head matrices stacked head-major:
+    // wk_b [n_head * kv_lora_rank, qk_nope] (absorbs k into q), wv_b [n_head * v_head_dim, kv_lora_rank].
+    Linear wq_a, wq_b, wkv_a_mqa;
+    std::vector<float> attn_q_a_norm, attn_kv_a_norm;
+    cpu::WeightView wk_b, wv_b;
+    std::vector<float> exp_probs_b;  // [n_expert] selection bias (DeepSeek-V3 noaux_tc); empty: none
     std::vector<float> ffn_norm;
     // dense FFN (dense archs), or the shared expert (qwen2moe)
     Linear ffn_gate, ffn_up, ffn_down;
@@ -92,6 +99,9 @@ class ModelLoader {
     // A 1-D tensor of n elements ([n] or [n, 1]) as f32. Throws when absent.
     std::vector<float> vector(const std::string& name, int64_t n);
     std::vector<float> optional_vector(const std::string& name, int64_t n);
+    // n_stack matrices of [n_rows, n_cols] in one tensor of ggml shape [n_cols, n_rows, n_stack],
+    // viewed as one [n_stack * n_rows, n_cols] matrix.
+    cpu::WeightView stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_stack);
 
     // Shared layer pieces (tensor names as llama.cpp's converter writes them):
     // attn_norm, attn_q/k/v/output (+ biases when present).

@@ -241,12 +241,8 @@ void MoeFfn::apply_route_trace(const HParams& h, int64_t pos0, const float* prob
         }
         std::sort(chosen.begin(), chosen.end(),
                   [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-        float sum = 0.0f;
-        for (int64_t j = 0; j < k; ++j) sum += p[chosen[j]];
-        for (int64_t j = 0; j < k; ++j) {
-            ids[t * k + j] = chosen[j];
-            weights[t * k + j] = h.expert_weights_norm ? p[chosen[j]] / sum : p[chosen[j]];
-        }
+        std::copy(chosen.begin(), chosen.begin() + k, ids + t * k);
+        cpu::topk_weights(p, ids + t * k, k, h.router, weights + t * k);
     }
 }
 
@@ -262,8 +258,9 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     Routing& r = routing_[static_cast<size_t>(il)];
     r.ids.resize(static_cast<size_t>(T * k));
     r.weights.resize(static_cast<size_t>(T * k));
-    cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, r.ids.data(),
-                    r.weights.data());
+    cpu::RouterParams router_params = h.router;
+    if (!L.exp_probs_b.empty()) router_params.selection_bias = L.exp_probs_b.data();
+    cpu::route_topk(logits.data, T, h.n_expert, k, router_params, probs.data, r.ids.data(), r.weights.data());
     if (route_trace_) apply_route_trace(h, f.pos0(), probs.data, T, il, r.ids.data(), r.weights.data());
     f.name(probs, "ffn_moe_probs", il);
     if (f.dumping()) {
@@ -285,7 +282,8 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     f.name(out, "ffn_moe_out", il);
 
     if (!L.ffn_gate.present()) return out;
-    // Shared expert (qwen2moe): always on, scaled by sigmoid(ffn_gate_inp_shexp . x).
+    // Shared expert: always on; scaled by sigmoid(ffn_gate_inp_shexp . x) where the layer has that
+    // gate (qwen2moe), added as it is otherwise (deepseek2).
     Act shared = f.ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_shexp", il);
     if (L.ffn_gate_inp_shexp.data) {
         Linear gate;

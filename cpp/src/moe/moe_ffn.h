@@ -28,12 +28,14 @@ struct Routing {
     std::vector<float> weights;
 };
 
-// Recorded expert choices that replace the router's top-k (trace replay): [n_tokens, n_layers, k].
+// Recorded expert choices that replace the router's top-k (trace replay): [n_tokens, n_layers, k]
+// over the model's MoE layers; layer il reads trace layer il - first_layer (the number of leading
+// dense layers, as in deepseek2, whose traces record only the MoE layers).
 struct RouteTrace {
-    int64_t n_tokens = 0, n_layers = 0, k = 0;
+    int64_t n_tokens = 0, n_layers = 0, k = 0, first_layer = 0;
     std::vector<int32_t> experts;
     const int32_t* row(int64_t position, int il) const {
-        return experts.data() + ((position % n_tokens) * n_layers + il) * k;
+        return experts.data() + ((position % n_tokens) * n_layers + (il - first_layer)) * k;
     }
 };
 

@@ -88,6 +88,34 @@ class RouterPredictor final : public ScoringPredictor {
     std::vector<float> normed_;
 };
 
+// Sidecar predictors are trained on routing traces, which record the MoE layers only; on a model
+// whose first `first` layers are dense (deepseek2) their layer L is the model's layer L + first.
+// Gate events come from MoE layers only, so in.layer >= first here.
+class MoeLayerOffset final : public Predictor {
+  public:
+    MoeLayerOffset(std::unique_ptr<Predictor> inner, int first) : inner_(std::move(inner)), first_(first) {}
+    const char* name() const override { return inner_->name(); }
+    void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
+        PredictorInput moe = in;
+        moe.layer -= first_;
+        moe.n_layer -= first_;
+        moe.history += static_cast<int64_t>(first_) * in.top_k;
+        moe.prev += static_cast<int64_t>(first_) * in.top_k;
+        const size_t begin = hints.size();
+        inner_->observe(moe, hints);
+        for (size_t i = begin; i < hints.size(); ++i) hints[i].target_layer += first_;
+    }
+
+  private:
+    std::unique_ptr<Predictor> inner_;
+    int first_;
+};
+
+std::unique_ptr<Predictor> on_moe_layers(std::unique_ptr<Predictor> p, const HParams& h) {
+    if (h.n_layer_dense_lead == 0) return p;
+    return std::make_unique<MoeLayerOffset>(std::move(p), static_cast<int>(h.n_layer_dense_lead));
+}
+
 }  // namespace
 
 void check_lookahead(int lookahead) {
@@ -124,9 +152,9 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
         }
         return std::make_unique<RouterPredictor>(model, true);
     }
-    if (name == "cooc") return load_cooc_predictor(file, model, lookahead);
-    if (name == "learned") return load_learned_predictor(file, model, lookahead);
-    if (name == "trajectory") return load_trajectory_predictor(file, model, lookahead);
+    if (name == "cooc") return on_moe_layers(load_cooc_predictor(file, model, lookahead), h);
+    if (name == "learned") return on_moe_layers(load_learned_predictor(file, model, lookahead), h);
+    if (name == "trajectory") return on_moe_layers(load_trajectory_predictor(file, model, lookahead), h);
     throw InvalidArgument("unknown predictor '" + name +
                           "' (none, prev_token, next_gate, pregate, cooc, learned, trajectory)");
 }

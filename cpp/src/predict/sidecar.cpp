@@ -72,12 +72,13 @@ SidecarReader::SidecarReader(const std::string& path, const std::string& expecte
     header_.n_expert = uint_key("n_expert", 1, 1 << 20);
     header_.top_k = uint_key("top_k", 1, 1 << 20);
     const HParams& hp = model.hp;
-    if (header_.n_layer != hp.n_layer || header_.n_expert != hp.n_expert ||
+    const int64_t n_moe_layer = hp.n_layer - hp.n_layer_dense_lead;  // traces record MoE layers only
+    if (header_.n_layer != n_moe_layer || header_.n_expert != hp.n_expert ||
         header_.top_k != hp.n_expert_used) {
         throw InvalidArgument(where() + "sidecar is for " +
                               model_shape(header_.n_layer, header_.n_expert, header_.top_k) + " but model " +
                               (model.file ? model.file->path() : std::string("(in memory)")) + " has " +
-                              model_shape(hp.n_layer, hp.n_expert, hp.n_expert_used));
+                              model_shape(n_moe_layer, hp.n_expert, hp.n_expert_used));
     }
     header_.max_lookahead = static_cast<int>(uint_key("max_lookahead", 1, 3));
     if (header_.max_lookahead < lookahead) {

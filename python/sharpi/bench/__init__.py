@@ -2,14 +2,16 @@
 
 What it measures (DESIGN §7, §9). For a synthetic model (default: Qwen3-30B-A3B's shapes at q4_k_m,
 built once and reused from --model-dir) and, when the recorded trace is at hand, for DeepSeek-V2-Lite's
-expert layout replaying its real routing (shared/traces/deepseek_v2_lite_train.npz), it runs:
+real architecture (the deepseek-v2-lite preset: deepseek2, MLA, a dense first layer and 26 MoE layers)
+replaying its real routing (shared/traces/deepseek_v2_lite_train.npz), it runs:
   - a probe, which reads the engine's own plan: fixed bytes (dense weights, KV cache, buffers) and
     the size of one expert slot;
   - the reader's sequential bandwidth on this file (O_DIRECT, page cache dropped), expert-sized
     reads back to back through the expert tensors;
   - the resident engine (every expert memory-mapped) decoding the same tokens twice: the second pass
     is the all-in-RAM TPOT;
-  - one streamed run per budget share s: n_slots = s x n_layer x n_expert, ram_budget = fixed +
+  - one streamed run per budget share s: n_slots = s x n_layer x n_expert (n_layer counts the MoE
+    layers, as the traces do), ram_budget = fixed +
     n_slots x slot, each in a fresh subprocess under a cgroup-v1 memory cap of budget + a stated
     overhead (when running as root with the memory controller mounted), page cache dropped first.
 Every run decodes the same tokens one at a time: a warm-up of --warmup tokens, then --tokens measured

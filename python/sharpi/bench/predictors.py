@@ -67,7 +67,7 @@ def prepare_predictors(
         elif pred in SIDECAR_PREDICTORS and pred not in given:
             to_train.append(pred)
     if to_train:
-        n_layer = int(info["n_layer"])
+        n_layer = int(info["n_layer"]) - int(info.get("n_layer_dense_lead", 0))  # MoE layers, as traces
         tag = (
             f"trace{opts['train_tokens'] or 'all'}"
             if trace is not None

@@ -69,7 +69,9 @@ def run_workload(
     if not probe["ok"]:
         raise RuntimeError(f"{name}: probe failed: {probe['error']}")
     info = probe["info"]
-    n_layer, n_expert, k = info["n_layer"], info["n_expert"], info["n_expert_used"]
+    # n_layer counts the MoE layers (the ones with experts to stream; deepseek2's first is dense).
+    n_layer = info["n_layer"] - info.get("n_layer_dense_lead", 0)
+    n_expert, k = info["n_expert"], info["n_expert_used"]
     layout = expert_layout(path)
     w["model"].update(
         {
@@ -208,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         tm.update({"preset": TRACE_PRESET, "quant": opts["quant"], "overrides": overrides})
         from .. import presets
 
-        n_layer = presets.resolve(None, TRACE_PRESET, **overrides).n_layer
+        trace_hp = presets.resolve(None, TRACE_PRESET, **overrides)
+        n_layer = trace_hp.n_layer - trace_hp.n_layer_dense_lead  # the trace records MoE layers only
         with np.load(opts["trace"]) as z:
             n_train_seq, eval_start = eval_split(z["seq_start"], z["experts"].shape[0])
         start = eval_start if opts["trace_start"] is None else opts["trace_start"]

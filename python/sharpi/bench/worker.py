@@ -50,7 +50,8 @@ def _decode_steps(session, tokens, on_step=None) -> dict:
         logits = session.decode([int(token)])
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        routing.append([[int(e) for e in ids[0]] for ids in session.last_routing()])
+        # MoE layers only (deepseek2's leading dense layers route nothing), as traces record them.
+        routing.append([[int(e) for e in ids[0]] for ids in session.last_routing() if ids.size])
         digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
     return {"step_s": wall, "cpu_s": cpu, "routing": routing, "logits_sha256": digest.hexdigest()}
 
@@ -169,7 +170,8 @@ def _worker_run(sharpi, cfg: dict) -> dict:
             "fixed_bytes": int(st["fixed_bytes"]),
             "budget_bytes": int(st["budget_bytes"]),
             "n_staging": int(st.get("n_staging", 0)),
-            "layers": [dict(lay) for lay in st["layers"]],
+            # MoE layers only (the bench counts layers as the traces do; deepseek2's first is dense).
+            "layers": [dict(lay) for lay in st["layers"][int(session.info.get("n_layer_dense_lead", 0)) :]],
             # Top-level counters (io_busy_ms, decode_ms, predict_ms, ... where the engine has them).
             "stats_globals": {
                 k: v for k, v in st.items() if isinstance(v, (int, float)) and not isinstance(v, bool)

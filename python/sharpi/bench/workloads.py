@@ -19,18 +19,22 @@ import numpy as np
 from .isolation import MiB, drop_page_cache
 
 TRACE_FILE = "deepseek_v2_lite_train.npz"
-TRACE_PRESET = "deepseek-trace"
+TRACE_PRESET = "deepseek-v2-lite"  # the trace's own architecture: deepseek2, MLA, 1 dense + 26 MoE layers
 
-# --quick: the trace model keeps DeepSeek-V2-Lite's 64 experts, top-6, but with 4 small layers (the
-# trace's first 4 layers are replayed) so the smoke run writes a few MiB, not gigabytes.
+# --quick: the trace model keeps DeepSeek-V2-Lite's architecture, 64 experts, top-6, 2 shared
+# experts, but with the dense layer + 4 small MoE layers (the trace's first 4 layers are replayed)
+# so the smoke run writes a few MiB, not gigabytes. Widths stay multiples of 256 (K-quants).
 QUICK_TRACE_OVERRIDES = {
-    "n_layer": 4,
+    "n_layer": 5,
     "n_embd": 256,
-    "n_head": 4,
-    "n_head_kv": 4,
-    "head_dim": 64,
+    "n_head": 2,
+    "head_dim": 96,
+    "n_rot": 32,
+    "n_lora_kv": 256,
+    "head_dim_v": 128,
     "n_ff": 512,
     "n_ff_exp": 256,
+    "n_ff_shexp": 512,
     "n_vocab": 1024,
 }
 TRAIN_SPLIT = 0.7  # first 70% of a trace's sequences train predictors, the rest are replayed
@@ -76,7 +80,7 @@ def _model_matches(path: Path, hp, preset: str, seed: int) -> bool:
 
 
 def expert_layout(path: str) -> dict:
-    """Per layer: bytes of one expert (its gate + up + down slices) and the expert byte ranges of the
+    """Per MoE layer: bytes of one expert (its gate + up + down slices) and the expert byte ranges of the
     file in file order, from the GGUF header."""
     from .. import _core
 
@@ -88,6 +92,8 @@ def expert_layout(path: str) -> dict:
     by_name = {t["name"]: t for t in f.tensors()}
     expert_bytes, tensors = [], []
     for il in range(n_layer):
+        if f"blk.{il}.ffn_gate_exps.weight" not in by_name:
+            continue  # a dense layer (deepseek2's first): nothing to stream
         total = 0
         for part in ("gate", "up", "down"):
             t = by_name[f"blk.{il}.ffn_{part}_exps.weight"]

@@ -133,6 +133,7 @@ py::dict info_dict(const ModelInfo& i) {
     d["n_ff"] = i.n_ff;
     d["n_ff_exp"] = i.n_ff_exp;
     d["n_ff_shexp"] = i.n_ff_shexp;
+    d["n_layer_dense_lead"] = i.n_layer_dense_lead;
     d["n_expert"] = i.n_expert;
     d["n_expert_used"] = i.n_expert_used;
     d["n_ctx_train"] = i.n_ctx_train;

@@ -1,19 +1,43 @@
-// MoE router: softmax over the expert logits of each token, top-k selection, optional
-// renormalisation of the k selected probabilities to sum 1 (Mixtral, Qwen3-MoE) or not
-// (Qwen1.5-MoE, OLMoE).
+// MoE router: gating scores over the expert logits of each token, top-k selection, optional
+// renormalisation of the k selected weights to sum 1 (Mixtral, Qwen3-MoE) or not (Qwen1.5-MoE,
+// OLMoE), and the DeepSeek variants:
+//   - sigmoid scores instead of softmax (DeepSeek-V3, expert_gating_func = 2);
+//   - a per-expert selection bias added to the scores for choosing only (V3 `noaux_tc`,
+//     exp_probs_b); the weights stay the unbiased scores;
+//   - group-limited top-k: experts form n_group equal groups, only the best n_group_used groups
+//     may be chosen. A group's score is its best expert's score for softmax gating (V2
+//     `group_limited_greedy`) and the sum of its two best biased scores for sigmoid (V3);
+//   - the final weights multiplied by weights_scale (routed_scaling_factor).
 //
-// Selection is deterministic: higher probability first; equal probabilities go to the lower expert
-// id. The k slots of a token are in that rank order, and every consumer sums expert outputs in slot
-// order, so a token's result does not depend on which other tokens share its batch.
+// Selection is deterministic: higher selection score first; equal scores go to the lower expert
+// id (groups likewise). The k slots of a token are in that rank order, and every consumer sums
+// expert outputs in slot order, so a token's result does not depend on which other tokens share
+// its batch.
 #pragma once
 
 #include <cstdint>
 
 namespace sharpi::cpu {
 
-// logits: [n_tokens, n_expert]; probs (out, may be nullptr): [n_tokens, n_expert];
-// ids, weights (out): [n_tokens, k].
-void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, bool normalize_topk,
-                float* probs, int32_t* ids, float* weights);
+enum class Gating { softmax, sigmoid };
+
+struct RouterParams {
+    Gating gating = Gating::softmax;
+    bool normalize_topk = false;
+    float weights_scale = 1.0f;
+    int64_t n_group = 1;                    // 1: no group limit
+    int64_t n_group_used = 1;               // groups a token may choose from
+    const float* selection_bias = nullptr;  // [n_expert], nullptr: none
+};
+
+// logits: [n_tokens, n_expert]; probs (out, may be nullptr): [n_tokens, n_expert] gating scores
+// (before bias); ids, weights (out): [n_tokens, k].
+void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
+                const RouterParams& params, float* probs, int32_t* ids, float* weights);
+
+// The weights of already chosen experts ids[0..k) from one token's gating scores, as route_topk
+// computes them (renormalised if asked, then scaled).
+void topk_weights(const float* probs, const int32_t* ids, int64_t k, const RouterParams& params,
+                  float* weights);
 
 }  // namespace sharpi::cpu
