@@ -100,14 +100,17 @@ def cooc_params(rng, m, max_la, n_layer=N_LAYER, E=N_EXPERT):
 
 
 def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT):
-    mix = rng.normal(size=(max_la, n_layer, 2))
-    mix[0, ::3, 0] = 0.0  # the previous token alone (the regression is skipped)
-    mix[0, 1::3, 1] = 0.0  # the regression alone
+    mix = rng.normal(size=(max_la, n_layer, 3))
+    mix[0, ::3, :2] = 0.0  # the previous token alone (regression and counts skipped)
+    mix[0, 1::3, 1:] = 0.0  # the regression alone
     mix[-1, ::4, 0] = 1.0  # unscaled regression
+    mix[-1, 1::4, 0] = 0.0  # counts and previous token
     tensors = {
         "dt.bias": rng.normal(size=(n_layer, E)),
         "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
         "dt.prev": rng.normal(size=(n_layer, 3, E, E)),
+        "dt.count_bias": rng.normal(size=(n_layer, E)),
+        "dt.count": rng.normal(size=(n_layer, max_la, E, E)),
         "dt.mix": mix,
     }
     return {}, tensors
@@ -201,10 +204,13 @@ def depthtime_ref(w, L, d, history, prev):
         if 0 <= t + r < N_LAYER:
             for i in selected(prev[t + r]):
                 reg += w["dt.prev"][t, r + 1, i]
-    w_reg, alpha = w["dt.mix"][d - 1, t]
+    count = w["dt.count_bias"][t].copy()
+    for i in selected(history[L]):
+        count += w["dt.count"][t, d - 1, i]
+    w_reg, w_count, alpha = w["dt.mix"][d - 1, t]
     boost = np.zeros(N_EXPERT)
     boost[selected(prev[t])] = 1.0
-    return w_reg * reg + alpha * boost
+    return w_reg * reg + w_count * count + alpha * boost
 
 
 def learned_ref(w, keys, L, d, hidden):
@@ -375,7 +381,7 @@ def test_depthtime_wrong_shapes(model, tmp_path):
     rng = np.random.default_rng(151)
     keys, tensors = depthtime_params(rng, 2)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)  # mix has 2 rows
-    with pytest.raises(_core.FormatError, match=r"'dt.mix' has shape \[2, 12, 2\], expected \[3, 12, 2\]"):
+    with pytest.raises(_core.FormatError, match=r"'dt.count' has shape \[12, 2, 8, 8\], expected \[12, 3, 8, 8\]"):
         _core.load_predictor("depthtime", path, model, 1)
     short = dict(tensors, **{"dt.prev": rng.normal(size=(N_LAYER, 2, N_EXPERT, N_EXPERT))})
     path = write_sidecar(tmp_path / "p.gguf", "depthtime", keys, short, max_lookahead=2)

@@ -167,7 +167,9 @@ class CoocPredictor(ReferencePredictor):
 class DepthTimePredictor(ReferencePredictor):
     """reg_t = bias[t] + sum_{l=0}^{L} sum_{i in S(l)} layer[t, t-l-1, i]
     + sum_{r=-1..1, 0<=t+r<n_layer} sum_{i in P(t+r)} prev[t, r+1, i];
-    score_{t,d} = mix[d-1, t, 0] * reg_t + mix[d-1, t, 1] * [expert in P(t)]   (L = t - d)"""
+    count_{t,d} = count_bias[t] + sum_{i in S(t-d)} count[t, d-1, i];
+    score_{t,d} = mix[d-1, t, 0] * reg_t + mix[d-1, t, 1] * count_{t,d}
+                + mix[d-1, t, 2] * [expert in P(t)]   (L = t - d)"""
 
     name = "depthtime"
 
@@ -193,8 +195,9 @@ class DepthTimePredictor(ReferencePredictor):
             for r in (-1, 0, 1):
                 if 0 <= t + r < self.n_layer:
                     reg = reg + trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
-            w_reg, alpha = self.t["dt.mix"][d - 1, t]
-            out[d - 1] = w_reg * reg + alpha * trace.multi_hot(prev, t)
+            count = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, d - 1]
+            w_reg, w_count, alpha = self.t["dt.mix"][d - 1, t]
+            out[d - 1] = w_reg * reg + w_count * count + alpha * trace.multi_hot(prev, t)
         return out
 
 

@@ -5,8 +5,9 @@ What it owns: one convex fit, `fit_history_regression`, shared by two users so t
   - the `softmax regression` baseline of `sharpi predictor eval` (previous token at the target layer
     only; written in the `cooc` sidecar format with a history of every earlier layer), and
   - the `depthtime` predictor (previous token at t-1, t, t+1; then a per-(d, t) choice, made on
-    held-out TRAINING sequences, of how much to trust the previous token over the regression, so on
-    every target layer it is at least as good as the better of its two members on those sequences).
+    held-out TRAINING sequences, among the regression, the co-occurrence counts of layer t-d and the
+    previous token, alone or the first two with the previous token boosted, so on every target layer
+    it is at least as good as the best of its three members on those sequences).
 
 The model, for target layer t and distance d (source layer L = t - d):
 
@@ -56,13 +57,15 @@ def _bag(torch, table, ids, weight):
 
 
 def _target_scores(torch, params: dict, feats: tuple, t: int, offsets, max_lookahead: int) -> list:
-    """Scores [N, E] of target layer t for d = 1..min(max_lookahead, t) from feats = _ids(...)."""
+    """Scores [N, E] of target layer t for d = 1..min(max_lookahead, t) from feats = _ids(...).
+    params: per target layer (lists indexed by t, so a batch's gradient touches only its own tables)
+    "bias" [E], "layer" [t, E, E] (row o-1 = offset o = t - l), "prev" [len(offsets), E, E]."""
     cur, cur_w, prv, prv_w = feats
-    n_layer, E = cur.shape[0], params["bias"].shape[1]
+    n_layer, E = cur.shape[0], params["bias"][t].shape[0]
     base = params["bias"][t]
     for r_i, r in enumerate(offsets):
         if 0 <= t + r < n_layer:
-            base = base + _bag(torch, params["prev"][t, r_i], prv[t + r], prv_w[t + r])
+            base = base + _bag(torch, params["prev"][t][r_i], prv[t + r], prv_w[t + r])
     # Per-source-layer contributions C[l] = sum_{i in S(l)} layer[t, t-l-1, i], l = 0..t-1, then the
     # prefix sums: score_{t,d} adds C[0..t-d].
     off = torch.arange(t - 1, -1, -1)[:, None, None] * E  # row block of offset t-l for l = 0..t-1
@@ -100,12 +103,16 @@ def fit_history_regression(
     v = _ids(torch, trace, val_idx)
     v_hot = [trace.multi_hot(val_idx, t) for t in range(n_layer)]
     counts = torch.from_numpy(np.stack([trace.multi_hot(fit_idx, t).sum(axis=0) for t in range(n_layer)]))
+    log_prior = torch.log((counts + 1.0) / (len(fit_idx) + E)).float()
     params = {
-        "bias": torch.log((counts + 1.0) / (len(fit_idx) + E)).float().requires_grad_(),
-        "layer": torch.zeros(n_layer, max(n_layer - 1, 1), E, E, requires_grad=True),
-        "prev": torch.zeros(n_layer, len(prev_offsets), E, E, requires_grad=True),
+        "bias": [log_prior[t].clone().requires_grad_() for t in range(n_layer)],
+        "layer": [torch.zeros(max(t, 1), E, E, requires_grad=True) for t in range(n_layer)],
+        "prev": [torch.zeros(len(prev_offsets), E, E, requires_grad=True) for t in range(n_layer)],
     }
-    opt = torch.optim.Adam(params.values(), lr=lr)
+    opt = torch.optim.Adam([p for group in params.values() for p in group[1:]], lr=lr)
+
+    def snapshot() -> dict:
+        return {n: [p.detach().clone() for p in group] for n, group in params.items()}
 
     def val_recall() -> float:
         with torch.no_grad():
@@ -116,7 +123,8 @@ def fit_history_regression(
             ]
         return float(np.mean(rec))
 
-    best = (val_recall(), {n: p.detach().clone() for n, p in params.items()}, 0)
+    best = (val_recall(), snapshot(), 0)
+    batch = max(32, min(batch, len(fit_idx) // 20))  # at least ~20 steps an epoch on small traces
     for epoch in range(1, epochs + 1):
         order = torch.from_numpy(rng.permutation(len(fit_idx)))
         for b0 in range(0, len(order), batch):
@@ -130,16 +138,32 @@ def fit_history_regression(
                 target = target[ok] / n_sel[ok]
                 for s in _target_scores(torch, params, b, t, prev_offsets, max_lookahead):
                     loss = loss - (target * torch.log_softmax(s[ok], dim=1)).sum(dim=1).mean()
-            loss = loss + l2 * (params["layer"].square().sum() + params["prev"].square().sum())
+            loss = loss + l2 * sum(p.square().sum() for n in ("layer", "prev") for p in params[n][1:])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         r = val_recall()
         _log(f"{name}: epoch {epoch} validation recall@k {r:.4f} ({time.perf_counter() - t0:.0f} s)", quiet)
         if r > best[0]:
-            best = (r, {n: p.detach().clone() for n, p in params.items()}, epoch)
+            best = (r, snapshot(), epoch)
     _log(f"{name}: kept epoch {best[2]} (validation recall@k {best[0]:.4f})", quiet)
-    return {n: p.numpy().astype(np.float64) for n, p in best[1].items()}, best[0]
+    kept = best[1]
+    layer = np.zeros((n_layer, max(n_layer - 1, 1), E, E))
+    for t in range(1, n_layer):
+        layer[t, :t] = kept["layer"][t].numpy()
+    return {
+        "bias": np.stack([b.numpy() for b in kept["bias"]]).astype(np.float64),
+        "layer": layer,
+        "prev": np.stack([p.numpy() for p in kept["prev"]]).astype(np.float64),
+    }, best[0]
+
+
+def _as_params(torch, p: dict) -> dict:
+    """The arrays fit_history_regression returns, in the per-target form _target_scores reads."""
+    return {
+        n: [torch.from_numpy(np.ascontiguousarray(v[t], dtype=np.float32)) for t in range(len(v))]
+        for n, v in p.items()
+    }
 
 
 def _validation(trace: RoutingTrace, train_idx: np.ndarray, val_fraction: float, val_tokens: int, seed: int):
@@ -196,17 +220,20 @@ def train_regression_baseline(
     )
 
 
-def choose_mix(reg_scores, prev_hot: np.ndarray, sel_hot: np.ndarray, k: int) -> tuple[float, float, float]:
-    """The per-(d, t) member choice: (w_reg, alpha) maximising recall@k of w_reg * reg + alpha * [i in
-    P(t)] on validation rows; candidates are the regression alone (1, 0), the previous token alone
-    (0, 1) and the regression with the previous token boosted by each of MIX_ALPHAS. Ties keep the
-    earlier candidate. Returns (w_reg, alpha, recall)."""
-    cands = [(1.0, 0.0), (0.0, 1.0)] + [(1.0, a) for a in MIX_ALPHAS if a > 0]
-    best = (1.0, 0.0, -1.0)
-    for w, a in cands:
-        r = _recall(w * reg_scores + a * prev_hot, sel_hot, k)
-        if r > best[2] + 1e-9:
-            best = (w, a, r)
+def choose_mix(
+    reg_scores: np.ndarray, count_scores: np.ndarray, prev_hot: np.ndarray, sel_hot: np.ndarray, k: int
+) -> tuple[tuple[float, float, float], float]:
+    """The per-(d, t) member choice: weights (w_reg, w_count, alpha) maximising recall@k of
+    w_reg * reg + w_count * count + alpha * [i in P(t)] on validation rows. Candidates: each member
+    alone, and the regression or the counts with the previous token boosted by each of MIX_ALPHAS.
+    Ties keep the earlier candidate. Returns (weights, recall)."""
+    cands = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
+    cands += [(w, 1.0 - w, a) for w in (1.0, 0.0) for a in MIX_ALPHAS if a > 0]
+    best = ((1.0, 0.0, 0.0), -1.0)
+    for w, c, a in cands:
+        r = _recall(w * reg_scores + c * count_scores + a * prev_hot, sel_hot, k)
+        if r > best[1] + 1e-9:
+            best = ((w, c, a), r)
     return best
 
 
@@ -223,8 +250,8 @@ def train_depthtime(
     **fit_kw,
 ) -> Sidecar:
     """The depthtime predictor (docs/predictors.md): the regression with the previous token at t-1,
-    t, t+1, fitted on the train sequences minus the last `val_fraction` of them; those held-out
-    TRAINING sequences then choose, per (d, t), the mix of regression and previous token."""
+    t, t+1 and the co-occurrence counts, fitted on the train sequences minus the last `val_fraction`
+    of them; those held-out TRAINING sequences then choose, per (d, t), the mix (choose_mix)."""
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     torch = _torch(num_threads)
@@ -241,24 +268,29 @@ def train_depthtime(
         name="depthtime",
         **fit_kw,
     )
+    from .train import _cooc_tables
+
     n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
+    count_bias, count, _ = _cooc_tables(trace, fit_idx, max_lookahead, 20.0)
     v = _ids(torch, trace, val_idx)
-    tp = {n: torch.from_numpy(v.astype(np.float32)) for n, v in p.items()}
-    mix = np.zeros((max_lookahead, n_layer, 2))
+    tp = _as_params(torch, p)
+    mix = np.zeros((max_lookahead, n_layer, 3))
     mix[:, :, 0] = 1.0
     chosen = []
     with torch.no_grad():
         for t in range(1, n_layer):
+            prev_hot = trace.multi_hot(trace.prev_index()[val_idx], t)
+            sel_hot = trace.multi_hot(val_idx, t)
             for d, s in enumerate(
                 _target_scores(torch, tp, v, t, DEPTHTIME_PREV_OFFSETS, max_lookahead), start=1
             ):
-                prev_hot = trace.multi_hot(trace.prev_index()[val_idx], t)
-                w, a, _ = choose_mix(s.numpy().astype(np.float64), prev_hot, trace.multi_hot(val_idx, t), k)
-                mix[d - 1, t] = (w, a)
-                chosen.append(a)
+                cnt = count_bias[t] + trace.multi_hot(val_idx, t - d) @ count[t, d - 1]
+                mix[d - 1, t], _ = choose_mix(s.numpy().astype(np.float64), cnt, prev_hot, sel_hot, k)
+                chosen.append(tuple(mix[d - 1, t]))
     _log(
-        f"depthtime: previous-token boost per (d, t): regression alone on {sum(a == 0 for a in chosen)}, "
-        f"boosted on {sum(a > 0 for a in chosen)} of {len(chosen)} targets",
+        f"depthtime: members per (d, t): regression {sum(c[0] > 0 for c in chosen)}, counts "
+        f"{sum(c[1] > 0 for c in chosen)}, previous token boosted {sum(c[2] > 0 for c in chosen)} "
+        f"of {len(chosen)} targets",
         quiet,
     )
     return Sidecar(
@@ -273,6 +305,8 @@ def train_depthtime(
             "dt.bias": p["bias"].astype(np.float32),
             "dt.layer": p["layer"].astype(np.float32),
             "dt.prev": p["prev"].astype(np.float32),
+            "dt.count_bias": count_bias.astype(np.float32),
+            "dt.count": count.astype(np.float32),
             "dt.mix": mix.astype(np.float32),
         },
     )

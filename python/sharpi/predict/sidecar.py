@@ -78,7 +78,9 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
             "dt.bias": (n_layer, E),
             "dt.layer": (n_layer, max(n_layer - 1, 1), E, E),
             "dt.prev": (n_layer, 3, E, E),
-            "dt.mix": (dmax, n_layer, 2),
+            "dt.count_bias": (n_layer, E),
+            "dt.count": (n_layer, dmax, E, E),
+            "dt.mix": (dmax, n_layer, 3),
         }
     if sc.kind == "learned":
         n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]
