@@ -72,7 +72,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences used to train (0.7)")
     tr.add_argument("--lookahead", type=int, choices=(1, 2, 3), default=3, help="largest d predicted (3)")
     tr.add_argument(
-        "--epochs", type=int_at_least("--epochs", 1), default=None, help="training epochs (learned, trajectory)"
+        "--epochs", type=int_at_least("--epochs", 1), default=None, help="training epochs (depthtime, learned, trajectory)"
     )
     tr.add_argument(
         "--window",
@@ -136,8 +136,15 @@ def _train(args, out: TextIO) -> int:
     if args.kind == "depthtime":
         from .regression import train_depthtime
 
+        kw = {} if args.epochs is None else {"epochs": args.epochs}
         sc = train_depthtime(
-            trace, split.train, max_lookahead=args.lookahead, seed=args.seed, num_threads=args.threads, source=source
+            trace,
+            split.train,
+            max_lookahead=args.lookahead,
+            seed=args.seed,
+            num_threads=args.threads,
+            source=source,
+            **kw,
         )
     elif args.kind == "cooc":
         sc = train.train_cooc(trace, split.train, max_lookahead=args.lookahead, seed=args.seed, source=source)
