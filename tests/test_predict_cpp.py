@@ -1,4 +1,4 @@
-"""C++ sidecar predictors (cooc, learned, trajectory) against float64 numpy implementations.
+"""C++ sidecar predictors (cooc, depthtime, learned, trajectory) against float64 numpy implementations.
 
 The sidecar files are written here with gguf.GGUFWriter straight from docs/predictors.md (no other
 sharpi code writes them), with random weights, and the scores of every formula in that spec are
@@ -99,6 +99,23 @@ def cooc_params(rng, m, max_la, n_layer=N_LAYER, E=N_EXPERT):
     return keys, tensors
 
 
+def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT):
+    mix = rng.normal(size=(max_la, n_layer, 3))
+    mix[0, ::3, :2] = 0.0  # the previous token alone (regression and counts skipped)
+    mix[0, 1::3, 1:] = 0.0  # the regression alone
+    mix[-1, ::4, 0] = 1.0  # unscaled regression
+    mix[-1, 1::4, 0] = 0.0  # counts and previous token
+    tensors = {
+        "dt.bias": rng.normal(size=(n_layer, E)),
+        "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
+        "dt.prev": rng.normal(size=(n_layer, 3, E, E)),
+        "dt.count_bias": rng.normal(size=(n_layer, E)),
+        "dt.count": rng.normal(size=(n_layer, max_la, E, E)),
+        "dt.mix": mix,
+    }
+    return {}, tensors
+
+
 def learned_params(rng, hidden, rank, max_la, n_layer=N_LAYER, E=N_EXPERT, n_embd=N_EMBD):
     keys = {"n_embd": n_embd, "learned.hidden": hidden, "learned.rank": rank}
     tensors = {}
@@ -175,6 +192,25 @@ def cooc_ref(w, keys, L, d, history, prev):
     for i in selected(prev[t]):
         s += w["cooc.prev"][t, i]
     return s
+
+
+def depthtime_ref(w, L, d, history, prev):
+    t = L + d
+    reg = w["dt.bias"][t].copy()
+    for layer in range(L + 1):
+        for i in selected(history[layer]):
+            reg += w["dt.layer"][t, t - layer - 1, i]
+    for r in (-1, 0, 1):
+        if 0 <= t + r < N_LAYER:
+            for i in selected(prev[t + r]):
+                reg += w["dt.prev"][t, r + 1, i]
+    count = w["dt.count_bias"][t].copy()
+    for i in selected(history[L]):
+        count += w["dt.count"][t, d - 1, i]
+    w_reg, w_count, alpha = w["dt.mix"][d - 1, t]
+    boost = np.zeros(N_EXPERT)
+    boost[selected(prev[t])] = 1.0
+    return w_reg * reg + w_count * count + alpha * boost
 
 
 def learned_ref(w, keys, L, d, hidden):
@@ -320,6 +356,37 @@ def test_cooc_scores_and_hints(model, tmp_path, m, max_la, lookahead):
 
     check_scores(h, ref, max_la, lookahead, rng, 60)
     check_observe(h, ref, lookahead, rng, 60)
+
+
+# ---- depthtime -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_la,lookahead", [(1, 1), (3, 2), (3, 3)])
+def test_depthtime_scores_and_hints(model, tmp_path, max_la, lookahead):
+    rng = np.random.default_rng(150 + max_la + lookahead)
+    keys, tensors = depthtime_params(rng, max_la)
+    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
+    h = _core.load_predictor("depthtime", path, model, lookahead)
+    assert h.name == "depthtime" and h.lookahead == lookahead
+    w = f64(tensors)
+
+    def ref(L, d, hidden, history, prev):
+        return depthtime_ref(w, L, d, history, prev)
+
+    check_scores(h, ref, max_la, lookahead, rng, 60)
+    check_observe(h, ref, lookahead, rng, 60)
+
+
+def test_depthtime_wrong_shapes(model, tmp_path):
+    rng = np.random.default_rng(151)
+    keys, tensors = depthtime_params(rng, 2)
+    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)  # mix has 2 rows
+    with pytest.raises(_core.FormatError, match=r"'dt.count' has shape \[12, 2, 8, 8\], expected \[12, 3, 8, 8\]"):
+        _core.load_predictor("depthtime", path, model, 1)
+    short = dict(tensors, **{"dt.prev": rng.normal(size=(N_LAYER, 2, N_EXPERT, N_EXPERT))})
+    path = write_sidecar(tmp_path / "p.gguf", "depthtime", keys, short, max_lookahead=2)
+    with pytest.raises(_core.FormatError, match=r"'dt.prev' has shape"):
+        _core.load_predictor("depthtime", path, model, 1)
 
 
 # ---- learned -------------------------------------------------------------------------------------

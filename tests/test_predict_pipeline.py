@@ -285,7 +285,13 @@ def _traj(trace, idx):
     )
 
 
-@pytest.mark.parametrize("trainer", [_cooc, _traj], ids=["cooc", "trajectory"])
+def _depthtime(trace, idx):
+    from sharpi.predict.regression import train_depthtime
+
+    return train_depthtime(trace, idx, val_tokens=300, epochs=20, quiet=True)
+
+
+@pytest.mark.parametrize("trainer", [_cooc, _traj, _depthtime], ids=["cooc", "trajectory", "depthtime"])
 def test_history_predictors_find_planted_structure(planted, trainer):
     # With follow = 0.85 an oracle reaches ~0.85 recall at d=1 and ~0.72 at d=2; chance is k/E = 0.125.
     r1 = recall_at(planted["planted"], trainer, 1)
@@ -577,6 +583,100 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
+
+
+def test_depthtime_reference_matches_a_per_token_loop(planted):
+    """reference.DepthTimePredictor (vectorised) against the spec's formula token by token, on random
+    tables, with first tokens (no previous token) and every member mix."""
+    trace = load_trace(planted["planted"])
+    rng = np.random.default_rng(5)
+    n_layer, E = trace.n_layer, trace.n_expert
+    mix = rng.normal(size=(3, n_layer, 3))
+    mix[0, ::2, 0] = 0.0
+    mix[1, ::2, 1:] = 0.0
+    sc = scm.Sidecar(
+        "depthtime", n_layer, E, trace.top_k, 3, "test",
+        {},
+        {"dt.bias": rng.normal(size=(n_layer, E)), "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
+         "dt.prev": rng.normal(size=(n_layer, 3, E, E)), "dt.count_bias": rng.normal(size=(n_layer, E)),
+         "dt.count": rng.normal(size=(n_layer, 3, E, E)), "dt.mix": mix},
+    )
+    p = ref.DepthTimePredictor(sc)
+    idx = np.arange(35, 45)  # crosses the sequence start at 40
+    prev = trace.prev_index()
+    for L in range(n_layer - 1):
+        got = p.scores_all(trace, idx, L)
+        for d in range(1, 4):
+            t = L + d
+            for row, i in enumerate(idx):
+                if t >= n_layer:
+                    assert np.isneginf(got[d - 1, row]).all()
+                    continue
+                reg = sc.tensors["dt.bias"][t].copy()
+                for layer in range(L + 1):
+                    for e in trace.experts[i, layer]:
+                        reg += sc.tensors["dt.layer"][t, t - layer - 1, e]
+                boost = np.zeros(E)
+                if prev[i] >= 0:
+                    for r in (-1, 0, 1):
+                        if 0 <= t + r < n_layer:
+                            for e in trace.experts[prev[i], t + r]:
+                                reg += sc.tensors["dt.prev"][t, r + 1, e]
+                    boost[trace.experts[prev[i], t]] = 1.0
+                count = sc.tensors["dt.count_bias"][t].copy()
+                for e in trace.experts[i, L]:
+                    count += sc.tensors["dt.count"][t, d - 1, e]
+                want = mix[d - 1, t, 0] * reg + mix[d - 1, t, 1] * count + mix[d - 1, t, 2] * boost
+                np.testing.assert_allclose(got[d - 1, row], want, rtol=1e-12, atol=1e-12)
+
+
+def test_depthtime_member_choice_is_never_worse_on_validation():
+    """choose_mix keeps whichever of the regression, the counts, the previous token, or a boosted mix
+    recalls best on the rows it is given: never below any member there."""
+    from sharpi.predict.regression import choose_mix
+    from sharpi.predict.train import _recall
+
+    rng = np.random.default_rng(11)
+    E, k, N = 16, 2, 400
+    sel = np.zeros((N, E))
+    prev = np.zeros((N, E))
+    for i in range(N):
+        sel[i, rng.choice(E, k, replace=False)] = 1
+        prev[i] = sel[i] if rng.random() < 0.5 else 0  # the previous token is right half the time
+        if prev[i].sum() == 0:
+            prev[i, rng.choice(E, k, replace=False)] = 1
+    reg = sel * rng.uniform(0, 1.2, size=(N, E)) + rng.normal(size=(N, E)) * 0.5
+    count = sel * rng.uniform(0, 1.0, size=(N, E)) + rng.normal(size=(N, E)) * 0.5
+    (w, c, a), r = choose_mix(reg, count, prev, sel, k)
+    assert r >= max(_recall(reg, sel, k), _recall(count, sel, k), _recall(prev, sel, k)) - 1e-12
+    assert r == pytest.approx(_recall(w * reg + c * count + a * prev, sel, k))
+
+
+def test_cli_heldout_prints_every_baseline(planted, tmp_path, capsys):
+    side = tmp_path / "dt.gguf"
+    assert predictor_main(
+        ["predictor", "train", "--kind", "depthtime", "--trace", planted["planted"], "--out", str(side)]
+    ) == 0
+    out_json = tmp_path / "r.json"
+    assert predictor_main(
+        ["predictor", "eval", "--trace", planted["planted"], "--heldout", planted["control"],
+         "--predictor", f"depthtime:{side}", "--json", str(out_json)]
+    ) == 0
+    text = capsys.readouterr().out
+    assert "eval every sequence of" in text and planted["control"] in text
+    for name in ("baseline prev_token", "baseline cooc_counts", "baseline softmax_regression", "margin over"):
+        assert name in text, text
+    res = json.loads(out_json.read_text())
+    n_tokens = load_trace(planted["control"]).n_tokens
+    assert res["n_tokens"] == n_tokens and all(b["n_tokens"] == n_tokens for b in res["baselines"].values())
+    # On the planted trace itself (70/30 split) depthtime finds the structure like the regression does.
+    assert predictor_main(
+        ["predictor", "eval", "--trace", planted["planted"], "--predictor", f"depthtime:{side}",
+         "--json", str(out_json)]
+    ) == 0
+    res = json.loads(out_json.read_text())
+    best = max(b["rows"][0]["recall_at_k"] for b in res["baselines"].values())
+    assert res["rows"][0]["recall_at_k"] > 0.75 and res["rows"][0]["recall_at_k"] > best - 0.03
 
 
 def test_cli_train_and_eval(planted, tmp_path, capsys):

@@ -327,7 +327,9 @@ def sidecars(models, tmp_path_factory):
     kinds = {"cooc": lambda: train.train_cooc(trace, idx, quiet=True)}
     try:
         import torch  # noqa: F401
+        from sharpi.predict.regression import train_depthtime
 
+        kinds["depthtime"] = lambda: train_depthtime(trace, idx, epochs=2, quiet=True)
         kinds["learned"] = lambda: train.train_learned(trace, idx, epochs=3, rank=8, hidden=16, quiet=True)
         kinds["trajectory"] = lambda: train.train_trajectory(trace, idx, epochs=1, d_model=32, d_ff=64, quiet=True)
     except ImportError:
@@ -338,7 +340,7 @@ def sidecars(models, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["cooc", "learned", "trajectory"])
+@pytest.mark.parametrize("kind", ["cooc", "depthtime", "learned", "trajectory"])
 def test_trained_sidecar_predictors_are_lossless(models, sidecars, kind):
     if kind not in sidecars:
         pytest.skip("torch (the optional extra) is not installed: cannot train " + kind)

@@ -55,7 +55,7 @@ class Session:
         becomes expert slots streamed from the file (reader: "auto", "uring" or "pread").
 
         predictor (streaming only, docs/predictors.md): "none", "prev_token", "next_gate", "pregate",
-        "cooc", "learned", "trajectory" (the last three read predictor_file; "cooc:FILE" also works),
+        "cooc", "depthtime", "learned", "trajectory" (these read predictor_file; "cooc:FILE" also works),
         or a sharpi.Predictor instance. lookahead: predict layers L+1..L+lookahead (1..3).
         skip_late_prefetch=False issues predictions even when the measured bandwidth says they
         cannot start before their layer's gate.

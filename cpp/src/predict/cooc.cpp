@@ -52,15 +52,8 @@ class CoocPredictor final : public ScoringPredictor {
     }
 
   private:
-    // out += table[i] for each valid id i of the top_k ids; table is [E, E] row-major.
     void add_rows(const float* table, const int32_t* ids, float* out) const {
-        const int64_t E = n_expert_;
-        for (int64_t j = 0; j < top_k_; ++j) {
-            const int32_t i = ids[j];
-            if (i < 0 || i >= E) continue;
-            const float* row = table + static_cast<int64_t>(i) * E;
-            for (int64_t e = 0; e < E; ++e) out[e] += row[e];
-        }
+        add_table_rows(table, ids, top_k_, n_expert_, out);
     }
 
     int64_t n_layer_;

@@ -28,6 +28,15 @@ void append_topk_hints(const float* scores, int64_t n_expert, int64_t k, int tar
     for (int64_t j = 0; j < k; ++j) hints.push_back(PrefetchHint{target_layer, idx[j], scores[idx[j]]});
 }
 
+void add_table_rows(const float* table, const int32_t* ids, int64_t n_ids, int64_t n_expert, float* out) {
+    for (int64_t j = 0; j < n_ids; ++j) {
+        const int32_t i = ids[j];
+        if (i < 0 || i >= n_expert) continue;
+        const float* row = table + static_cast<int64_t>(i) * n_expert;
+        for (int64_t e = 0; e < n_expert; ++e) out[e] += row[e];
+    }
+}
+
 void ScoringPredictor::observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) {
     for (int d = 1; d <= in.lookahead; ++d) {
         if (in.layer + d >= in.n_layer || !predicts(in, d)) continue;
@@ -128,7 +137,7 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
                                           const Model& model, int lookahead) {
     const HParams& h = model.hp;
     check_lookahead(lookahead);
-    const bool sidecar = name == "cooc" || name == "learned" || name == "trajectory";
+    const bool sidecar = name == "cooc" || name == "depthtime" || name == "learned" || name == "trajectory";
     if (sidecar && file.empty()) {
         throw InvalidArgument("predictor '" + name + "' needs a predictor file (--predictor " + name +
                               ":FILE, trained with `sharpi predictor train --kind " + name + "`)");
@@ -153,10 +162,11 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
         return std::make_unique<RouterPredictor>(model, true);
     }
     if (name == "cooc") return on_moe_layers(load_cooc_predictor(file, model, lookahead), h);
+    if (name == "depthtime") return on_moe_layers(load_depthtime_predictor(file, model, lookahead), h);
     if (name == "learned") return on_moe_layers(load_learned_predictor(file, model, lookahead), h);
     if (name == "trajectory") return on_moe_layers(load_trajectory_predictor(file, model, lookahead), h);
     throw InvalidArgument("unknown predictor '" + name +
-                          "' (none, prev_token, next_gate, pregate, cooc, learned, trajectory)");
+                          "' (none, prev_token, next_gate, pregate, cooc, depthtime, learned, trajectory)");
 }
 
 }  // namespace sharpi

@@ -34,20 +34,27 @@ class ScoringPredictor : public Predictor {
 void append_topk_hints(const float* scores, int64_t n_expert, int64_t k, int target_layer,
                        std::vector<PrefetchHint>& hints);
 
+// out[0..n_expert) += table[i] for each id i of ids[0..n_ids) inside [0, n_expert); table is
+// [n_expert, n_expert] row-major. Ids outside the range (the -1 of "unknown") add nothing. The one
+// inner loop of the table predictors (cooc, depthtime).
+void add_table_rows(const float* table, const int32_t* ids, int64_t n_ids, int64_t n_expert, float* out);
+
 // Throws InvalidArgument unless 1 <= lookahead <= 3 (the distances a prediction may reach).
 void check_lookahead(int lookahead);
 
 // Built-in predictors by name: "prev_token", "next_gate", "pregate" need only the model;
-// "cooc", "learned", "trajectory" need a sidecar file (docs/predictors.md), `file` may be empty
+// "cooc", "depthtime", "learned", "trajectory" need a sidecar file (docs/predictors.md), `file` may be empty
 // otherwise. "none" returns nullptr. Throws InvalidArgument for an unknown name, a missing or
 // mismatched file (naming both shapes), or a model without pregate tensors for "pregate";
 // FormatError for a corrupt sidecar. `max_lookahead` is the session's lookahead.
 std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::string& file,
                                           const Model& model, int lookahead);
 
-// Sidecar-backed predictors (cpp/src/predict/{cooc,learned,trajectory}.cpp). Each validates the
+// Sidecar-backed predictors (cpp/src/predict/{cooc,depthtime,learned,trajectory}.cpp). Each validates the
 // file against the model and the lookahead and throws as make_predictor documents.
 std::unique_ptr<Predictor> load_cooc_predictor(const std::string& file, const Model& model, int lookahead);
+std::unique_ptr<Predictor> load_depthtime_predictor(const std::string& file, const Model& model,
+                                                    int lookahead);
 std::unique_ptr<Predictor> load_learned_predictor(const std::string& file, const Model& model, int lookahead);
 std::unique_ptr<Predictor> load_trajectory_predictor(const std::string& file, const Model& model,
                                                      int lookahead);

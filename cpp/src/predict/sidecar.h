@@ -22,7 +22,7 @@ namespace sharpi {
 
 // The common keys of every sidecar, already checked against the model and the lookahead.
 struct SidecarHeader {
-    std::string kind;  // "cooc" | "learned" | "trajectory"
+    std::string kind;  // "cooc" | "depthtime" | "learned" | "trajectory"
     int64_t n_layer = 0;
     int64_t n_expert = 0;
     int64_t top_k = 0;

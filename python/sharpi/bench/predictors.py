@@ -20,21 +20,24 @@ from .workloads import write_train_trace
 # The predictor axis (--predictors). Sidecar predictors need a trained file (docs/predictors.md);
 # hidden-state predictors read the model's own hidden states, which under trace replay belong to a
 # random-weight model whose router is overridden, so they are skipped on the trace workload.
-PREDICTORS = ("none", "prev_token", "next_gate", "pregate", "cooc", "learned", "trajectory")
-SIDECAR_PREDICTORS = ("cooc", "learned", "trajectory")
+PREDICTORS = ("none", "prev_token", "next_gate", "pregate", "cooc", "depthtime", "learned", "trajectory")
+SIDECAR_PREDICTORS = ("cooc", "depthtime", "learned", "trajectory")
 HIDDEN_STATE_PREDICTORS = ("next_gate", "learned", "pregate")
 HARVEST_SEQ_LEN = 32  # tokens per sequence harvested from the random-weight model
 
 
 def train_predictor_sidecar(kind: str, trace_path: str, out_path: str, lookahead: int, seed: int) -> None:
-    """Trains a `kind` sidecar (cooc, trajectory, learned) on every token of the trace at trace_path
+    """Trains a `kind` sidecar (cooc, depthtime, trajectory, learned) on every token of the trace at trace_path
     (already the training split) with sharpi.predict.train and writes it to out_path."""
     from ..predict import train as predict_train
     from ..predict.sidecar import write_sidecar
     from ..predict.traces import load_trace
 
     trace = load_trace(str(trace_path))
-    fn = getattr(predict_train, f"train_{kind}")
+    if kind == "depthtime":
+        from ..predict.regression import train_depthtime as fn
+    else:
+        fn = getattr(predict_train, f"train_{kind}")
     sidecar = fn(trace, np.arange(trace.n_tokens, dtype=np.int64), max_lookahead=lookahead, seed=seed,
                  source=f"{trace_path} (all tokens)", quiet=True)
     write_sidecar(str(out_path), sidecar)

@@ -43,13 +43,16 @@ class PredictorHandle {
         : model_(load_model(model_path, /*streaming=*/true)), lookahead_(lookahead) {
         if (kind == "cooc") {
             predictor_ = load_cooc_predictor(file, *model_, lookahead);
+        } else if (kind == "depthtime") {
+            predictor_ = load_depthtime_predictor(file, *model_, lookahead);
         } else if (kind == "learned") {
             predictor_ = load_learned_predictor(file, *model_, lookahead);
         } else if (kind == "trajectory") {
             predictor_ = load_trajectory_predictor(file, *model_, lookahead);
         } else {
-            throw InvalidArgument("load_predictor: kind must be 'cooc', 'learned' or 'trajectory', not '" +
-                                  kind + "'");
+            throw InvalidArgument(
+                "load_predictor: kind must be 'cooc', 'depthtime', 'learned' or 'trajectory', not '" + kind +
+                "'");
         }
         scoring_ = dynamic_cast<ScoringPredictor*>(predictor_.get());
         if (!scoring_) throw InvalidArgument("load_predictor: '" + kind + "' is not a scoring predictor");

@@ -6,17 +6,20 @@ returns the exit status. Errors are sharpi._core exceptions (InvalidArgument, Fo
 raised for the caller to print; nothing here catches them. `python -m sharpi.predict.cli ...` runs the
 same commands standalone (printing errors as "sharpi: error: ...").
 
-    sharpi predictor train --kind cooc|learned|trajectory|pregate --trace T.npz --out F
+    sharpi predictor train --kind cooc|depthtime|learned|trajectory|pregate --trace T.npz --out F
                            [--model M.gguf] [--split 0.7] [--lookahead 3] [--epochs N] [--window W]
                            [--seed S] [--threads N] [--time-budget S]
-        cooc / learned / trajectory write a sidecar GGUF to F; pregate writes a copy of --model with
+        cooc / depthtime / learned / trajectory write a sidecar GGUF to F; pregate writes a copy of --model with
         blk.N.ffn_pregate_inp.weight added. Training uses the first --split of the trace's sequences
         only.
     sharpi predictor eval --trace T.npz --predictor NAME[:FILE] [--model M.gguf] [--split 0.7]
+                          [--heldout H.npz] [--no-baselines]
                           [--cache-experts N] [--expert-bytes B] [--json OUT] [--per-layer]
-        NAME: prev_token, cooc, learned, trajectory (FILE = sidecar), next_gate (needs --model),
-        pregate (--model with pre-gate tensors, or pregate:FILE). Scores the last 1 - split of the
-        sequences; prints the split line and a table (rows d = 1..3).
+        NAME: prev_token, cooc, depthtime, learned, trajectory (FILE = sidecar), next_gate (needs
+        --model), pregate (--model with pre-gate tensors, or pregate:FILE). Scores the last 1 - split
+        of the sequences, or with --heldout every sequence of H (T is then all training data); prints
+        the split line and a table (rows d = 1..3), then recall@k of every baseline (regression.
+        BASELINES, trained on the same training side) beside the predictor's.
 
 What it owns: argument parsing and printing; the work is in traces / train / reference / evaluate.
 It writes only the files named by --out and --json.
@@ -29,10 +32,12 @@ import json
 import sys
 from typing import TextIO
 
+import numpy as np
+
 from ..cli_args import int_at_least
 from .reference import PREDICTOR_NAMES
 
-TRAIN_KINDS = ("cooc", "learned", "trajectory", "pregate")
+TRAIN_KINDS = ("cooc", "depthtime", "learned", "trajectory", "pregate")
 
 
 def _fraction(text: str) -> float:
@@ -67,7 +72,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences used to train (0.7)")
     tr.add_argument("--lookahead", type=int, choices=(1, 2, 3), default=3, help="largest d predicted (3)")
     tr.add_argument(
-        "--epochs", type=int_at_least("--epochs", 1), default=None, help="training epochs (learned, trajectory)"
+        "--epochs", type=int_at_least("--epochs", 1), default=None, help="training epochs (depthtime, learned, trajectory)"
     )
     tr.add_argument(
         "--window",
@@ -97,6 +102,12 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     )
     ev.add_argument("--model", help="model GGUF (next_gate, pregate)")
     ev.add_argument(
+        "--heldout", metavar="H.npz", help="score every sequence of this trace; --trace is all training data"
+    )
+    ev.add_argument(
+        "--no-baselines", action="store_true", help="skip training and scoring the baselines (they take minutes)"
+    )
+    ev.add_argument(
         "--split", type=_fraction, default=0.7, help="fraction of sequences held for training (0.7)"
     )
     ev.add_argument(
@@ -122,7 +133,20 @@ def _train(args, out: TextIO) -> int:
     split = split_by_sequences(trace, args.split)
     source = f"{args.trace}: {split.describe()}"
     out.write(f"split: {split.describe()}\n")
-    if args.kind == "cooc":
+    if args.kind == "depthtime":
+        from .regression import train_depthtime
+
+        kw = {} if args.epochs is None else {"epochs": args.epochs}
+        sc = train_depthtime(
+            trace,
+            split.train,
+            max_lookahead=args.lookahead,
+            seed=args.seed,
+            num_threads=args.threads,
+            source=source,
+            **kw,
+        )
+    elif args.kind == "cooc":
         sc = train.train_cooc(trace, split.train, max_lookahead=args.lookahead, seed=args.seed, source=source)
     elif args.kind == "trajectory":
         kw = {} if args.epochs is None else {"epochs": args.epochs}
@@ -161,6 +185,12 @@ def _train(args, out: TextIO) -> int:
     return 0
 
 
+def _recall_row(result: dict) -> str:
+    return " ".join(
+        f"{r['recall_at_k']:8.4f}" if r["recall_at_k"] is not None else f"{'-':>8}" for r in result["rows"]
+    )
+
+
 def _eval(args, out: TextIO) -> int:
     from .evaluate import evaluate, format_table
     from .reference import make_predictor
@@ -168,16 +198,27 @@ def _eval(args, out: TextIO) -> int:
 
     name, _, file = args.predictor.partition(":")
     trace = load_trace(args.trace)
-    split = split_by_sequences(trace, args.split)
-    predictor = make_predictor(name, trace, file or None, args.model)
-    result = evaluate(
-        predictor, trace, split.eval, cache_experts=args.cache_experts, expert_bytes=args.expert_bytes
-    )
-    result["split"] = split.describe()
+    if args.heldout:
+        eval_trace = load_trace(args.heldout)
+        train_idx = np.arange(trace.n_tokens, dtype=np.int64)
+        eval_idx = np.arange(eval_trace.n_tokens, dtype=np.int64)
+        split_text = (
+            f"train every sequence of {args.trace} ({trace.n_seq} seqs, {trace.n_tokens} tokens) / "
+            f"eval every sequence of {args.heldout} ({eval_trace.n_seq} seqs, {eval_trace.n_tokens} tokens)"
+        )
+    else:
+        eval_trace = trace
+        split = split_by_sequences(trace, args.split)
+        train_idx, eval_idx, split_text = split.train, split.eval, split.describe()
+    predictor = make_predictor(name, eval_trace, file or None, args.model)
+    kw = {"cache_experts": args.cache_experts, "expert_bytes": args.expert_bytes}
+    result = evaluate(predictor, eval_trace, eval_idx, **kw)
+    result["split"] = split_text
     result["trace"] = args.trace
+    result["heldout"] = args.heldout
     result["predictor_arg"] = args.predictor
-    out.write(f"predictor {args.predictor} on {args.trace}\n")
-    out.write(f"split: {split.describe()}\n")
+    out.write(f"predictor {args.predictor} on {args.heldout or args.trace}\n")
+    out.write(f"split: {split_text}\n")
     out.write(format_table(result) + "\n")
     if args.per_layer:
         for d, rows in result["per_layer"].items():
@@ -185,6 +226,29 @@ def _eval(args, out: TextIO) -> int:
                 f"{r['layer']}:{r['recall_at_k']:.3f}" for r in rows if r["recall_at_k"] is not None
             )
             out.write(f"d={d} recall@k per target layer: {cells}\n")
+    if not args.no_baselines:
+        from .regression import baseline_predictors
+
+        if trace.n_layer != eval_trace.n_layer or trace.n_expert != eval_trace.n_expert:
+            from sharpi._core import InvalidArgument
+
+            raise InvalidArgument(
+                f"--heldout {args.heldout}: {eval_trace.n_layer} layers x {eval_trace.n_expert} experts, "
+                f"--trace {args.trace} has {trace.n_layer} x {trace.n_expert}"
+            )
+        result["baselines"] = {}
+        out.write(f"recall@k on the same split   {'d=1':>8} {'d=2':>8} {'d=3':>8}\n")
+        out.write(f"{args.predictor:<28} {_recall_row(result)}\n")
+        best = None
+        for b_name, b in baseline_predictors(trace, train_idx):
+            r = evaluate(b, eval_trace, eval_idx, **kw)
+            result["baselines"][b_name] = r
+            out.write(f"{'baseline ' + b_name:<28} {_recall_row(r)}\n")
+            rec = [row["recall_at_k"] or 0.0 for row in r["rows"]]
+            best = rec if best is None else [max(x, y) for x, y in zip(best, rec)]
+        margin = [(row["recall_at_k"] or 0.0) - b for row, b in zip(result["rows"], best)]
+        result["margin_over_best_baseline"] = margin
+        out.write(f"{'margin over best baseline':<28} " + " ".join(f"{m:+8.4f}" for m in margin) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

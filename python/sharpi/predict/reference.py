@@ -164,6 +164,43 @@ class CoocPredictor(ReferencePredictor):
         return out
 
 
+class DepthTimePredictor(ReferencePredictor):
+    """reg_t = bias[t] + sum_{l=0}^{L} sum_{i in S(l)} layer[t, t-l-1, i]
+    + sum_{r=-1..1, 0<=t+r<n_layer} sum_{i in P(t+r)} prev[t, r+1, i];
+    count_{t,d} = count_bias[t] + sum_{i in S(t-d)} count[t, d-1, i];
+    score_{t,d} = mix[d-1, t, 0] * reg_t + mix[d-1, t, 1] * count_{t,d}
+                + mix[d-1, t, 2] * [expert in P(t)]   (L = t - d)"""
+
+    name = "depthtime"
+
+    def __init__(self, sc: Sidecar):
+        self.sc = sc
+        self.n_layer, self.n_expert, self.top_k = sc.n_layer, sc.n_expert, sc.top_k
+        self.max_lookahead = sc.max_lookahead
+        self.t = {k: v.astype(np.float64) for k, v in sc.tensors.items()}
+
+    def check_trace(self, trace):
+        _check_shape(self.name, trace, self.n_layer, self.n_expert, self.top_k)
+
+    def scores_all(self, trace, idx, L):
+        out = self._empty(len(idx))
+        prev = trace.prev_index()[idx]
+        for d in range(1, self.max_lookahead + 1):
+            t = L + d
+            if t >= self.n_layer:
+                continue
+            reg = np.broadcast_to(self.t["dt.bias"][t], (len(idx), self.n_expert)).copy()
+            for layer in range(L + 1):
+                reg = reg + trace.multi_hot(idx, layer) @ self.t["dt.layer"][t, t - layer - 1]
+            for r in (-1, 0, 1):
+                if 0 <= t + r < self.n_layer:
+                    reg = reg + trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
+            count = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, d - 1]
+            w_reg, w_count, alpha = self.t["dt.mix"][d - 1, t]
+            out[d - 1] = w_reg * reg + w_count * count + alpha * trace.multi_hot(prev, t)
+        return out
+
+
 class LearnedPredictor(ReferencePredictor):
     """Per source layer MLP over the RMS-normalised (optionally PCA-compressed) hidden state."""
 
@@ -419,12 +456,12 @@ class PregatePredictor(ReferencePredictor):
 
 
 def sidecar_predictor(sc: Sidecar) -> ReferencePredictor:
-    return {"cooc": CoocPredictor, "learned": LearnedPredictor, "trajectory": TrajectoryPredictor}[sc.kind](
+    return {"cooc": CoocPredictor, "depthtime": DepthTimePredictor, "learned": LearnedPredictor, "trajectory": TrajectoryPredictor}[sc.kind](
         sc
     )
 
 
-PREDICTOR_NAMES = ("prev_token", "cooc", "learned", "trajectory", "next_gate", "pregate")
+PREDICTOR_NAMES = ("prev_token", "cooc", "depthtime", "learned", "trajectory", "next_gate", "pregate")
 
 
 def make_predictor(
@@ -436,7 +473,7 @@ def make_predictor(
         raise _invalid(f"unknown predictor '{name}' (one of {', '.join(PREDICTOR_NAMES)})")
     if name == "prev_token":
         p: ReferencePredictor = PrevTokenPredictor(trace.n_expert)
-    elif name in ("cooc", "learned", "trajectory"):
+    elif name in ("cooc", "depthtime", "learned", "trajectory"):
         if file is None:
             raise _invalid(f"predictor {name} needs a sidecar file: --predictor {name}:FILE")
         p = sidecar_predictor(

@@ -1,6 +1,6 @@
 """Sidecar predictor files: GGUF files that hold a trained predictor (docs/predictors.md).
 
-What it owns: the exact on-disk layout of the `cooc`, `learned` and `trajectory` sidecars — key
+What it owns: the exact on-disk layout of the `cooc`, `depthtime`, `learned` and `trajectory` sidecars — key
 names and types, tensor names and numpy shapes (GGUF stores them reversed; gguf's writer and reader
 do the reversal) — in one place, `expected_tensor_shapes`, used by both the writer and the reader so
 the two cannot drift apart. It writes a file only when asked (`write_sidecar`) and never modifies one.
@@ -20,11 +20,12 @@ import numpy as np
 
 ARCH = "sharpi.predictor"
 PREFIX = "sharpi.predictor."
-KINDS = ("cooc", "learned", "trajectory")
+KINDS = ("cooc", "depthtime", "learned", "trajectory")
 
 # Kind-specific integer keys (under sharpi.predictor.), all written as uint32.
 KIND_KEYS = {
     "cooc": ("cooc.history",),
+    "depthtime": (),
     "learned": ("n_embd", "learned.hidden", "learned.rank"),
     "trajectory": (
         "trajectory.window",
@@ -72,6 +73,15 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
     if sc.kind == "cooc":
         n_off = dmax + p["cooc.history"] - 1
         return {"cooc.bias": (n_layer, E), "cooc.layer": (n_layer, n_off, E, E), "cooc.prev": (n_layer, E, E)}
+    if sc.kind == "depthtime":
+        return {
+            "dt.bias": (n_layer, E),
+            "dt.layer": (n_layer, max(n_layer - 1, 1), E, E),
+            "dt.prev": (n_layer, 3, E, E),
+            "dt.count_bias": (n_layer, E),
+            "dt.count": (n_layer, dmax, E, E),
+            "dt.mix": (dmax, n_layer, 3),
+        }
     if sc.kind == "learned":
         n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]
         shapes: dict[str, tuple[int, ...]] = {}

@@ -1,0 +1,350 @@
+"""Softmax regression over the routing history: depth (the current token's choices at every earlier
+layer) and time (the previous token's choices at the target and nearby layers).
+
+What it owns: one convex fit, `fit_history_regression`, shared by two users so they cannot drift:
+  - the `softmax regression` baseline of `sharpi predictor eval` (previous token at the target layer
+    only; written in the `cooc` sidecar format with a history of every earlier layer), and
+  - the `depthtime` predictor (previous token at t-1, t, t+1; then a per-(d, t) choice, made on
+    held-out TRAINING sequences, among the regression, the co-occurrence counts of layer t-d and the
+    previous token, alone or the first two with the previous token boosted, so on every target layer
+    it is at least as good as the best of its three members on those sequences).
+
+The model, for target layer t and distance d (source layer L = t - d):
+
+    score_{t,d} = bias[t] + sum_{l=0}^{L} sum_{i in S(l)} layer[t, t-l-1, i]
+                          + sum_{r in offsets, 0 <= t+r < n_layer} sum_{i in P(t+r)} prev[t, r, i]
+
+trained by Adam on the softmax cross-entropy against the selected set (each selected expert 1/|S|)
+plus an L2 penalty, summed over d = 1..max_lookahead; the loss is convex in the tables. The tables
+are shared by every d (as in cooc), so one fit serves every lookahead. The epoch with the best
+validation recall@k is kept. torch is imported only here (optional dependency, `sharpi[torch]`);
+the fit runs on the threads it is given (1 by default: the machines are shared).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .sidecar import Sidecar
+from .traces import RoutingTrace
+from .train import _invalid, _log, _recall, _torch, validation_cut
+
+DEPTHTIME_PREV_OFFSETS = (-1, 0, 1)  # previous token's layers t-1, t, t+1 (docs/predictors.md)
+MIX_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)  # previous-token boosts tried per (d, t)
+
+
+def _ids(torch, trace: RoutingTrace, idx: np.ndarray) -> tuple:
+    """The selected ids of the tokens idx and of their previous tokens, as (ids long [n_layer, N, k]
+    clamped to >= 0, weight float32 [n_layer, N, k]: 1 for a known id, 0 for a missing one or for a
+    sequence's first token's previous token)."""
+    prev = trace.prev_index()[idx]
+    out = []
+    for rows in (np.asarray(idx, dtype=np.int64), prev):
+        ids = np.stack([trace.selected(rows, t) for t in range(trace.n_layer)])
+        out += [torch.from_numpy(np.maximum(ids, 0)), torch.from_numpy((ids >= 0).astype(np.float32))]
+    return tuple(out)
+
+
+def _bag(torch, table, ids, weight):
+    """sum_j weight[..., j] * table[ids[..., j]]: table [R, E], ids / weight [..., k] -> [..., E]."""
+    k = ids.shape[-1]
+    out = torch.nn.functional.embedding_bag(
+        ids.reshape(-1, k), table, per_sample_weights=weight.reshape(-1, k), mode="sum"
+    )
+    return out.reshape(*ids.shape[:-1], table.shape[1])
+
+
+def _target_scores(torch, params: dict, feats: tuple, t: int, offsets, max_lookahead: int) -> list:
+    """Scores [N, E] of target layer t for d = 1..min(max_lookahead, t) from feats = _ids(...).
+    params: per target layer (lists indexed by t, so a batch's gradient touches only its own tables)
+    "bias" [E], "layer" [t, E, E] (row o-1 = offset o = t - l), "prev" [len(offsets), E, E]."""
+    cur, cur_w, prv, prv_w = feats
+    n_layer, E = cur.shape[0], params["bias"][t].shape[0]
+    base = params["bias"][t]
+    for r_i, r in enumerate(offsets):
+        if 0 <= t + r < n_layer:
+            base = base + _bag(torch, params["prev"][t][r_i], prv[t + r], prv_w[t + r])
+    # Per-source-layer contributions C[l] = sum_{i in S(l)} layer[t, t-l-1, i], l = 0..t-1, then the
+    # prefix sums: score_{t,d} adds C[0..t-d].
+    off = torch.arange(t - 1, -1, -1)[:, None, None] * E  # row block of offset t-l for l = 0..t-1
+    contrib = _bag(torch, params["layer"][t].reshape(-1, E), cur[:t] + off, cur_w[:t])  # [t, N, E]
+    csum = torch.cumsum(contrib, dim=0)
+    return [base + csum[t - d] for d in range(1, min(max_lookahead, t) + 1)]
+
+
+def fit_history_regression(
+    trace: RoutingTrace,
+    fit_idx: np.ndarray,
+    val_idx: np.ndarray,
+    max_lookahead: int = 3,
+    prev_offsets: tuple[int, ...] = (0,),
+    epochs: int = 6,
+    batch: int = 1024,
+    lr: float = 0.01,
+    l2: float = 1e-6,
+    seed: int = 0,
+    num_threads: int | None = 1,
+    quiet: bool = False,
+    name: str = "regression",
+) -> tuple[dict[str, np.ndarray], float]:
+    """The convex fit above on fit_idx; the epoch with the best mean recall@k (over d and t) on val_idx
+    is kept. Returns ({"bias" [n_layer, E], "layer" [n_layer, n_layer-1, E, E], "prev" [n_layer,
+    len(prev_offsets), E, E]} as float64, that recall)."""
+    torch = _torch(num_threads)
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
+    if n_layer < 2:
+        raise _invalid(f"trace {trace.path}: a history regression needs at least 2 MoE layers")
+    f = _ids(torch, trace, fit_idx)
+    v = _ids(torch, trace, val_idx)
+    v_hot = [trace.multi_hot(val_idx, t) for t in range(n_layer)]
+    counts = torch.from_numpy(np.stack([trace.multi_hot(fit_idx, t).sum(axis=0) for t in range(n_layer)]))
+    log_prior = torch.log((counts + 1.0) / (len(fit_idx) + E)).float()
+    params = {
+        "bias": [log_prior[t].clone().requires_grad_() for t in range(n_layer)],
+        "layer": [torch.zeros(max(t, 1), E, E, requires_grad=True) for t in range(n_layer)],
+        "prev": [torch.zeros(len(prev_offsets), E, E, requires_grad=True) for t in range(n_layer)],
+    }
+    opt = torch.optim.Adam([p for group in params.values() for p in group[1:]], lr=lr)
+
+    def snapshot() -> dict:
+        return {n: [p.detach().clone() for p in group] for n, group in params.items()}
+
+    def val_recall() -> float:
+        with torch.no_grad():
+            rec = [
+                _recall(s.numpy(), v_hot[t], k)
+                for t in range(1, n_layer)
+                for s in _target_scores(torch, params, v, t, prev_offsets, max_lookahead)
+            ]
+        return float(np.mean(rec))
+
+    best = (val_recall(), snapshot(), 0)
+    batch = max(32, min(batch, len(fit_idx) // 20))  # at least ~20 steps an epoch on small traces
+    for epoch in range(1, epochs + 1):
+        order = torch.from_numpy(rng.permutation(len(fit_idx)))
+        for b0 in range(0, len(order), batch):
+            rows = order[b0 : b0 + batch]
+            b = tuple(x[:, rows] for x in f)
+            loss = 0.0
+            for t in range(1, n_layer):
+                target = torch.zeros(len(rows), E).scatter_add_(1, b[0][t], b[1][t])
+                n_sel = target.sum(dim=1, keepdim=True)
+                ok = n_sel[:, 0] > 0
+                target = target[ok] / n_sel[ok]
+                for s in _target_scores(torch, params, b, t, prev_offsets, max_lookahead):
+                    loss = loss - (target * torch.log_softmax(s[ok], dim=1)).sum(dim=1).mean()
+            loss = loss + l2 * sum(p.square().sum() for n in ("layer", "prev") for p in params[n][1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        r = val_recall()
+        _log(f"{name}: epoch {epoch} validation recall@k {r:.4f} ({time.perf_counter() - t0:.0f} s)", quiet)
+        if r > best[0]:
+            best = (r, snapshot(), epoch)
+    _log(f"{name}: kept epoch {best[2]} (validation recall@k {best[0]:.4f})", quiet)
+    kept = best[1]
+    layer = np.zeros((n_layer, max(n_layer - 1, 1), E, E))
+    for t in range(1, n_layer):
+        layer[t, :t] = kept["layer"][t].numpy()
+    return {
+        "bias": np.stack([b.numpy() for b in kept["bias"]]).astype(np.float64),
+        "layer": layer,
+        "prev": np.stack([p.numpy() for p in kept["prev"]]).astype(np.float64),
+    }, best[0]
+
+
+def _as_params(torch, p: dict) -> dict:
+    """The arrays fit_history_regression returns, in the per-target form _target_scores reads."""
+    return {
+        n: [torch.from_numpy(np.ascontiguousarray(v[t], dtype=np.float32)) for t in range(len(v))]
+        for n, v in p.items()
+    }
+
+
+def _validation(trace: RoutingTrace, train_idx: np.ndarray, val_fraction: float, val_tokens: int, seed: int):
+    fit_idx, val_idx = validation_cut(trace, np.asarray(train_idx, dtype=np.int64), val_fraction)
+    if len(val_idx) > val_tokens:
+        val_idx = np.sort(np.random.default_rng(seed).choice(val_idx, size=val_tokens, replace=False))
+    return fit_idx, val_idx
+
+
+def train_regression_baseline(
+    trace: RoutingTrace,
+    train_idx: np.ndarray,
+    max_lookahead: int = 3,
+    val_fraction: float = 0.15,
+    val_tokens: int = 4000,
+    seed: int = 0,
+    num_threads: int | None = 1,
+    source: str = "",
+    quiet: bool = False,
+    **fit_kw,
+) -> Sidecar:
+    """The `softmax regression` baseline: every earlier layer of the current token plus the previous
+    token at the target layer, as a cooc sidecar (history = every earlier layer)."""
+    fit_idx, val_idx = _validation(trace, train_idx, val_fraction, val_tokens, seed)
+    p, _ = fit_history_regression(
+        trace,
+        fit_idx,
+        val_idx,
+        max_lookahead,
+        (0,),
+        seed=seed,
+        num_threads=num_threads,
+        quiet=quiet,
+        name="softmax regression",
+        **fit_kw,
+    )
+    n_layer, E = trace.n_layer, trace.n_expert
+    m = max(n_layer - 1, 1)
+    layer = np.zeros((n_layer, max_lookahead + m - 1, E, E))
+    layer[:, :m] = p["layer"]
+    return Sidecar(
+        "cooc",
+        n_layer,
+        E,
+        trace.top_k,
+        max_lookahead,
+        source or f"{trace.path}: {len(train_idx)} train tokens (softmax regression baseline)",
+        {"cooc.history": m},
+        {
+            "cooc.bias": p["bias"].astype(np.float32),
+            "cooc.layer": layer.astype(np.float32),
+            "cooc.prev": p["prev"][:, 0].astype(np.float32),
+        },
+    )
+
+
+def choose_mix(
+    reg_scores: np.ndarray, count_scores: np.ndarray, prev_hot: np.ndarray, sel_hot: np.ndarray, k: int
+) -> tuple[tuple[float, float, float], float]:
+    """The per-(d, t) member choice: weights (w_reg, w_count, alpha) maximising recall@k of
+    w_reg * reg + w_count * count + alpha * [i in P(t)] on validation rows. Candidates: each member
+    alone, and the regression or the counts with the previous token boosted by each of MIX_ALPHAS.
+    Ties keep the earlier candidate. Returns (weights, recall)."""
+    cands = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
+    cands += [(w, 1.0 - w, a) for w in (1.0, 0.0) for a in MIX_ALPHAS if a > 0]
+    best = ((1.0, 0.0, 0.0), -1.0)
+    for w, c, a in cands:
+        r = _recall(w * reg_scores + c * count_scores + a * prev_hot, sel_hot, k)
+        if r > best[1] + 1e-9:
+            best = ((w, c, a), r)
+    return best
+
+
+def train_depthtime(
+    trace: RoutingTrace,
+    train_idx: np.ndarray,
+    max_lookahead: int = 3,
+    val_fraction: float = 0.15,
+    val_tokens: int = 4000,
+    seed: int = 0,
+    num_threads: int | None = 1,
+    source: str = "",
+    quiet: bool = False,
+    **fit_kw,
+) -> Sidecar:
+    """The depthtime predictor (docs/predictors.md): the regression with the previous token at t-1,
+    t, t+1 and the co-occurrence counts, fitted on the train sequences minus the last `val_fraction`
+    of them; those held-out TRAINING sequences then choose, per (d, t), the mix (choose_mix)."""
+    if not 1 <= max_lookahead <= 3:
+        raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
+    torch = _torch(num_threads)
+    fit_idx, val_idx = _validation(trace, train_idx, val_fraction, val_tokens, seed)
+    p, _ = fit_history_regression(
+        trace,
+        fit_idx,
+        val_idx,
+        max_lookahead,
+        DEPTHTIME_PREV_OFFSETS,
+        seed=seed,
+        num_threads=num_threads,
+        quiet=quiet,
+        name="depthtime",
+        **fit_kw,
+    )
+    from .train import _cooc_tables
+
+    n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
+    count_bias, count, _ = _cooc_tables(trace, fit_idx, max_lookahead, 20.0)
+    v = _ids(torch, trace, val_idx)
+    tp = _as_params(torch, p)
+    mix = np.zeros((max_lookahead, n_layer, 3))
+    mix[:, :, 0] = 1.0
+    chosen = []
+    with torch.no_grad():
+        for t in range(1, n_layer):
+            prev_hot = trace.multi_hot(trace.prev_index()[val_idx], t)
+            sel_hot = trace.multi_hot(val_idx, t)
+            for d, s in enumerate(
+                _target_scores(torch, tp, v, t, DEPTHTIME_PREV_OFFSETS, max_lookahead), start=1
+            ):
+                cnt = count_bias[t] + trace.multi_hot(val_idx, t - d) @ count[t, d - 1]
+                mix[d - 1, t], _ = choose_mix(s.numpy().astype(np.float64), cnt, prev_hot, sel_hot, k)
+                chosen.append(tuple(mix[d - 1, t]))
+    _log(
+        f"depthtime: members per (d, t): regression {sum(c[0] > 0 for c in chosen)}, counts "
+        f"{sum(c[1] > 0 for c in chosen)}, previous token boosted {sum(c[2] > 0 for c in chosen)} "
+        f"of {len(chosen)} targets",
+        quiet,
+    )
+    return Sidecar(
+        "depthtime",
+        n_layer,
+        E,
+        k,
+        max_lookahead,
+        source or f"{trace.path}: {len(train_idx)} train tokens",
+        {},
+        {
+            "dt.bias": p["bias"].astype(np.float32),
+            "dt.layer": p["layer"].astype(np.float32),
+            "dt.prev": p["prev"].astype(np.float32),
+            "dt.count_bias": count_bias.astype(np.float32),
+            "dt.count": count.astype(np.float32),
+            "dt.mix": mix.astype(np.float32),
+        },
+    )
+
+
+def count_cooc_baseline(trace: RoutingTrace, train_idx: np.ndarray, max_lookahead: int = 3) -> Sidecar:
+    """The `cross-layer co-occurrence` baseline: layer t from layer t-d alone, by the count tables of
+    train._cooc_tables (log prior + log conditional ratio), no previous token, nothing tuned."""
+    from .train import _cooc_tables
+
+    bias, layer_tab, _ = _cooc_tables(trace, np.asarray(train_idx, dtype=np.int64), max_lookahead, 20.0)
+    E = trace.n_expert
+    return Sidecar(
+        "cooc",
+        trace.n_layer,
+        E,
+        trace.top_k,
+        max_lookahead,
+        f"{trace.path}: co-occurrence counts baseline",
+        {"cooc.history": 1},
+        {
+            "cooc.bias": bias.astype(np.float32),
+            "cooc.layer": layer_tab.astype(np.float32),
+            "cooc.prev": np.zeros((trace.n_layer, E, E), dtype=np.float32),
+        },
+    )
+
+
+BASELINES = ("prev_token", "cooc_counts", "softmax_regression")
+
+
+def baseline_predictors(trace: RoutingTrace, train_idx: np.ndarray, quiet: bool = True) -> list:
+    """[(name, ReferencePredictor)] for BASELINES, trained on train_idx of `trace` (the softmax
+    regression carves its epoch-choosing validation out of those same sequences)."""
+    from .reference import CoocPredictor, PrevTokenPredictor
+
+    return [
+        ("prev_token", PrevTokenPredictor(trace.n_expert)),
+        ("cooc_counts", CoocPredictor(count_cooc_baseline(trace, train_idx))),
+        ("softmax_regression", CoocPredictor(train_regression_baseline(trace, train_idx, quiet=quiet))),
+    ]
