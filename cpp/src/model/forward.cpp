@@ -65,6 +65,8 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
     const LayerWeights& L = layer(il);
     const int64_t T = cur.n_tokens;
     Act q = linear(cur, L.wq, "Qcur", il);
+    Act gate;
+    if (L.attn_output_gate) q = split_query_gate(q, &gate, il);
     Act k = linear(cur, L.wk, "Kcur", il);
     Act v = linear(cur, L.wv, "Vcur", il);
 
@@ -99,6 +101,7 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
                               1.0f / std::sqrt(static_cast<float>(h.head_dim))};
     cpu::attention(pool_, q.data, q.width, kc, vc, ld_kv, T, pos0_, shape, kqv.data, kqv.width);
     name(kqv, "kqv_out", il);
+    if (L.attn_output_gate) output_gate(kqv, gate, il);
     return linear(kqv, L.wo, "attn_out", il);
 }
 
@@ -150,7 +153,7 @@ Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
     const bool timed = timeline_ && timeline_->enabled();
     const double t0 = timed ? timeline_->now_us() : 0.0;
     Act cur = norm(inp, L.attn_norm, "attn_norm", il);
-    cur = self_attention(cur, il, qk_norm);
+    cur = hp().is_recurrent(il) ? gated_delta_net(cur, il) : self_attention(cur, il, qk_norm);
     if (timed) timeline_->span("compute", "attention " + std::to_string(il), t0, timeline_->now_us());
     Act ffn_inp = add(cur, inp, "ffn_inp", il);
     cur = norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
