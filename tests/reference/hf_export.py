@@ -37,7 +37,8 @@ MOE_MODELS = {
     "olmoe": "olmoe",  # OlmoeForCausalLM
 }
 # Hybrid Gated DeltaNet + gated-attention MoE models. transformers is their only oracle (the numpy
-# reference does not implement the DeltaNet layers), so they are kept apart from MOE_MODELS.
+# reference does not implement the DeltaNet layers), so they are not in HF_ARCHS (the archs the
+# reference implements) but in ALL_MODELS.
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
     "qwen35moe": "qwen35moe",  # Qwen3_5MoeForCausalLM
@@ -48,7 +49,8 @@ DENSE_MODELS = {
     "qwen2": "qwen2",  # Qwen2ForCausalLM
     "qwen3": "qwen3",  # Qwen3ForCausalLM
 }
-HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS, **HYBRID_MODELS}
+HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
+ALL_MODELS = {**HF_ARCHS, **HYBRID_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
 # quantization error, not correctness (on the same file, reference and engine must agree to 1e-4).
@@ -66,7 +68,7 @@ NORM_WEIGHT_SPREAD = 0.1  # norm weights ~ 1 + N(0, 0.1^2)
 
 @dataclass
 class ExportedModel:
-    name: str  # key of HF_ARCHS
+    name: str  # key of ALL_MODELS
     gguf_arch: str
     hf_dir: Path
     vocab_size: int
@@ -225,7 +227,7 @@ def make_config(name: str, vocab_size: int):
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
-    raise ValueError(f"unknown model {name!r}; expected one of {sorted(HF_ARCHS)}")
+    raise ValueError(f"unknown model {name!r}; expected one of {sorted(ALL_MODELS)}")
 
 
 def build_model(name: str, vocab_size: int, seed: int):
@@ -276,7 +278,7 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
     tokenizer.save_pretrained(hf_dir)
-    return ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+    return ExportedModel(name=name, gguf_arch=ALL_MODELS[name], hf_dir=hf_dir, vocab_size=vocab_size)
 
 
 def _add_mtp_layer(hf_dir: Path, seed: int) -> None:
@@ -314,7 +316,7 @@ def prepare(name: str, root: Path, converter: Path, outtypes=("f32",), seed: int
     hf_dir = out_dir / "hf"
     if (hf_dir / "config.json").is_file():
         vocab_size = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-        exported = ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+        exported = ExportedModel(name=name, gguf_arch=ALL_MODELS[name], hf_dir=hf_dir, vocab_size=vocab_size)
     else:
         exported = export(name, out_dir, seed=seed)
     files = {}
