@@ -1,0 +1,83 @@
+"""The hybrid Gated DeltaNet archs (qwen3next, qwen35moe) on files written by llama.cpp's converter
+from tiny random Hugging Face models (tests/reference/hf_export.py), beyond the logits checks of
+test_model_vs_transformers.py: the per-sequence recurrent state (reset() clears it, a decode
+continues it), the nextn (MTP) block the converter writes (loaded, reported by inspect, not run),
+and streaming under a 25% expert budget with every training-free predictor and a Python plug-in,
+bit-identical to resident (the oracle: the resident engine, itself held to transformers).
+
+Skips (never fails) without torch/transformers or when the converter cannot be fetched.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers", minversion="5.0")
+
+import sharpi
+from reference import hf_export
+from reference.engine_checks import greedy_logits
+from sharpi.inspect_model import inspect_summary
+
+NAMES = sorted(hf_export.HYBRID_MODELS)
+PROMPT = hf_export.random_prompt(384, 12, seed=99)
+
+
+@pytest.fixture(scope="module")
+def files(model_dir):
+    try:
+        converter = hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp converter unavailable: {error}")
+    return {name: str(hf_export.prepare(name, model_dir, converter, outtypes=("f32",)).gguf["f32"]) for name in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nextn_block_is_loaded_and_reported(files, name):
+    s = sharpi.Session(files[name], threads=1, n_ctx=64)
+    assert s.info["n_layer"] == 4  # the trunk; block_count is 5 with the MTP block
+    summary = inspect_summary(files[name])
+    assert summary["nextn"]["n_layer"] == 1 and summary["nextn"]["blocks"] == [4]
+    assert summary["nextn"]["tensors"] > 10
+    assert summary["layer_kinds"] == "RARA"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reset_clears_the_recurrent_state(files, name):
+    s = sharpi.Session(files[name], threads=2, n_ctx=64)
+    first = np.asarray(s.decode(PROMPT, True))
+    continued = np.asarray(s.decode(PROMPT[:3]))  # continues the sequence: state and KV carried
+    s.reset()
+    again = np.asarray(s.decode(PROMPT, True))
+    np.testing.assert_array_equal(again, first)
+    # Continuing after PROMPT is not starting over: the state and the KV cache carried over.
+    fresh = np.asarray(sharpi.Session(files[name], threads=2, n_ctx=64).decode(PROMPT[:3]))
+    assert not np.array_equal(continued, fresh)
+
+
+class _Echo(sharpi.Predictor):
+    """Hints the current layer's top experts for the next layer: any hints at all exercise prefetch."""
+
+    def observe(self, layer, hidden, router_logits, history, prev):
+        top = np.argsort(-np.asarray(router_logits))[:2]
+        return [(layer + 1, int(e), 1.0) for e in top] if layer + 1 < 4 else []
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("predictor", ["none", "prev_token", "next_gate", "custom"])
+def test_streamed_at_quarter_budget_is_bit_identical(files, name, predictor):
+    path = files[name]
+    resident = greedy_logits(sharpi.Session(path, threads=2, n_ctx=64), PROMPT, 12)
+    probe = sharpi.Session(path, threads=1, n_ctx=64, ram_budget="4GiB", reader="pread")
+    st, info = probe.expert_stats(), probe.info
+    total = info["n_layer"] * info["n_expert"]
+    k = info["n_expert_used"]
+    n_slots = max(k, total // 4)
+    staging = 0 if predictor == "none" else k  # lookahead 1
+    budget = st["fixed_bytes"] + (n_slots + staging) * st["slot_bytes"]
+    chosen = _Echo() if predictor == "custom" else predictor
+    s = sharpi.Session(path, threads=2, n_ctx=64, ram_budget=budget, reader="pread", predictor=chosen, lookahead=1)
+    assert s.expert_stats()["n_slots"] <= total // 4 + 1
+    np.testing.assert_array_equal(greedy_logits(s, PROMPT, 12), resident)
+    if predictor != "none":
+        assert sum(lay["prefetch_issued"] for lay in s.expert_stats()["layers"]) > 0
