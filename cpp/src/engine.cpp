@@ -100,8 +100,9 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     // KV rows for the attention layers, plus the DeltaNet layers' fixed-size state (hybrid archs).
     int64_t n_attention_layers = 0;
     for (int il = 0; il < h.n_layer; ++il) n_attention_layers += h.is_recurrent(il) ? 0 : 1;
-    const uint64_t kv = 2ull * static_cast<uint64_t>(n_attention_layers * n_ctx * h.n_embd_kv()) * sizeof(float) +
-                        RecurrentState::bytes_for(h);
+    const uint64_t kv =
+        2ull * static_cast<uint64_t>(n_attention_layers * n_ctx * h.n_embd_kv()) * sizeof(float) +
+        RecurrentState::bytes_for(h);
     // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
     // plus the logits of the batch.
     const int64_t T = kMaxBatch, k = h.n_expert_used;
@@ -122,8 +123,9 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const uint64_t minimum = fixed + (static_cast<uint64_t>(k) + n_staging) * slot;
     if (budget < minimum) {
         throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
-                              ": dense weights " + mib(model_->bytes_dense) + " + KV cache / recurrent state " + mib(kv) +
-                              " (n_ctx " + std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " +
+                              ": dense weights " + mib(model_->bytes_dense) +
+                              " + KV cache / recurrent state " + mib(kv) + " (n_ctx " +
+                              std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " +
                               std::to_string(k) + " expert slots (+" + std::to_string(n_staging) +
                               " staging) of " + mib(slot) + " need at least " + mib(minimum));
     }
@@ -243,8 +245,9 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
                                    std::to_string(kv_->n_ctx()) + " tokens (use a larger n_ctx or reset())");
     }
     if (!recurrent_->empty() && recurrent_->n_past != n_past_) {
-        throw InvalidArgument("decode: the recurrent (DeltaNet) state was left mid-update by a failed decode; "
-                              "call reset() to start the sequence again");
+        throw InvalidArgument(
+            "decode: the recurrent (DeltaNet) state was left mid-update by a failed decode; "
+            "call reset() to start the sequence again");
     }
     const auto t_start = std::chrono::steady_clock::now();
     struct AddElapsed {  // decode_ms_ counts failed calls too

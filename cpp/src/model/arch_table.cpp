@@ -13,8 +13,8 @@ extern const ArchSpec kArchQwen3Next;
 extern const ArchSpec kArchQwen35Moe;
 
 static const ArchSpec* const kArchTable[] = {
-    &kArchLlama, &kArchQwen2Moe, &kArchQwen3Moe, &kArchOlmoe, &kArchQwen2, &kArchQwen3,
-    &kArchQwen3Next, &kArchQwen35Moe,
+    &kArchLlama, &kArchQwen2Moe, &kArchQwen3Moe,  &kArchOlmoe,
+    &kArchQwen2, &kArchQwen3,    &kArchQwen3Next, &kArchQwen35Moe,
 };
 
 const ArchSpec* find_arch(const std::string& name) {

@@ -37,7 +37,8 @@ void read_ssm_hparams(const GgufFile& f, const std::string& a, HParams& hp) {
     hp.recurrent_layers.assign(static_cast<size_t>(hp.n_layer), false);
     if (const GgufValue* v = f.find(a + "attention.recurrent_layers")) {
         if (v->type != GgufValueType::ARRAY || v->arr_int.size() != n_all) {
-            throw fail("attention.recurrent_layers must hold one flag per block (" + std::to_string(n_all) + ")");
+            throw fail("attention.recurrent_layers must hold one flag per block (" + std::to_string(n_all) +
+                       ")");
         }
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             hp.recurrent_layers[static_cast<size_t>(il)] = v->arr_int[static_cast<size_t>(il)] != 0;

@@ -34,11 +34,11 @@ struct HParams {
 
     // Hybrid archs (qwen3next, qwen35moe): Gated DeltaNet layers from the ssm.* keys, named as
     // llama.cpp names them. Zero / empty for every other arch.
-    int64_t ssm_d_conv = 0;   // conv1d kernel size
-    int64_t ssm_d_state = 0;  // key head width (head_k_dim)
-    int64_t ssm_n_group = 0;  // key heads
-    int64_t ssm_dt_rank = 0;  // value heads
-    int64_t ssm_d_inner = 0;  // value heads * head_v_dim
+    int64_t ssm_d_conv = 0;              // conv1d kernel size
+    int64_t ssm_d_state = 0;             // key head width (head_k_dim)
+    int64_t ssm_n_group = 0;             // key heads
+    int64_t ssm_dt_rank = 0;             // value heads
+    int64_t ssm_d_inner = 0;             // value heads * head_v_dim
     std::vector<bool> recurrent_layers;  // [n_layer]: true for a DeltaNet layer
     // Multi-token-prediction blocks after the trunk (blk.n_layer ...); loaded as tensors, not run.
     int64_t n_layer_nextn = 0;

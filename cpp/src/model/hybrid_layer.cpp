@@ -90,7 +90,8 @@ float softplus(float x) {
 Act Forward::gated_delta_net(const Act& cur, int il) {
     const HParams& h = hp();
     const LayerWeights& L = layer(il);
-    if (!recurrent_) throw InvalidArgument("[forward] layer " + std::to_string(il) + " needs a recurrent state");
+    if (!recurrent_)
+        throw InvalidArgument("[forward] layer " + std::to_string(il) + " needs a recurrent state");
     const int64_t T = cur.n_tokens;
     const int64_t nk = h.ssm_n_group, nv = h.ssm_dt_rank, dk = h.ssm_d_state, dv = h.ssm_head_v_dim();
     const int64_t key_dim = nk * dk, channels = h.ssm_conv_channels();
@@ -127,8 +128,8 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
     name(g, "gate", il);
 
     Act conv = alloc(T, channels);
-    cpu::conv1d_silu(recurrent_->conv(il), qkv.data, qkv.width, T, channels, h.ssm_d_conv, L.ssm_conv1d.data(),
-                     conv.data, conv.width);
+    cpu::conv1d_silu(recurrent_->conv(il), qkv.data, qkv.width, T, channels, h.ssm_d_conv,
+                     L.ssm_conv1d.data(), conv.data, conv.width);
     name(conv, "conv_output_silu", il);
     // L2-normalise every q and k head (eps as transformers / FLA: x / sqrt(sum x^2 + 1e-6)); q also
     // takes the 1/sqrt(head_k_dim) attention scale.
@@ -146,12 +147,13 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
 
     cpu::GdnShape shape{nk, nv, dk, dv, L.ssm_v_heads_tiled};
     cpu::GdnInputs in{conv.data, channels, conv.data + key_dim, channels, conv.data + 2 * key_dim, channels,
-                      g.data, beta.data};
+                      g.data,    beta.data};
     Act o = alloc(T, nv * dv);
     if (T == 1) {
         cpu::gated_delta_rule_recurrent(pool(), in, T, shape, recurrent_->ssm(il), o.data, o.width);
     } else {
-        cpu::gated_delta_rule_chunked(pool(), in, T, shape, kGdnChunkSize, recurrent_->ssm(il), o.data, o.width);
+        cpu::gated_delta_rule_chunked(pool(), in, T, shape, kGdnChunkSize, recurrent_->ssm(il), o.data,
+                                      o.width);
     }
     name(o, "core_attn_out", il);
     // Gated RMSNorm per value head: rms_norm(o_h) * ssm_norm * silu(z_h).

@@ -67,7 +67,9 @@ void read_dense_tensors(Model& model) {
     const GgufFile& f = *model.file;
     uint64_t total = 0;
     const int64_t n_layer = model.hp.n_layer;
-    auto skip = [&](const GgufTensor& t) { return is_expert_tensor(t.name) || is_nextn_tensor(t.name, n_layer); };
+    auto skip = [&](const GgufTensor& t) {
+        return is_expert_tensor(t.name) || is_nextn_tensor(t.name, n_layer);
+    };
     for (const GgufTensor& t : f.tensors()) {
         if (!skip(t)) total += (t.nbytes + 63) & ~uint64_t{63};
     }

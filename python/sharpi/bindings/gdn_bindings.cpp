@@ -27,9 +27,10 @@ void expect_shape(const FloatArray& a, std::initializer_list<py::ssize_t> shape,
 
 // q, k: [T, n_k, dk] (normalised, q scaled); v: [T, n_v, dv]; g, beta: [T, n_v];
 // state: [n_v, dk, dv] (updated in place). chunk_size 0: recurrent form. Returns out [T, n_v, dv].
-FloatArray gated_delta_rule(const FloatArray& q, const FloatArray& k, const FloatArray& v, const FloatArray& g,
-                            const FloatArray& beta, py::array_t<float, py::array::c_style> state,
-                            int64_t chunk_size, bool v_heads_tiled, int threads) {
+FloatArray gated_delta_rule(const FloatArray& q, const FloatArray& k, const FloatArray& v,
+                            const FloatArray& g, const FloatArray& beta,
+                            py::array_t<float, py::array::c_style> state, int64_t chunk_size,
+                            bool v_heads_tiled, int threads) {
     if (q.ndim() != 3 || v.ndim() != 3) throw InvalidArgument("[gdn] q and v must be 3-D");
     const py::ssize_t T = q.shape(0), nk = q.shape(1), dk = q.shape(2), nv = v.shape(1), dv = v.shape(2);
     expect_shape(k, {T, nk, dk}, "k");
@@ -53,7 +54,8 @@ FloatArray gated_delta_rule(const FloatArray& q, const FloatArray& k, const Floa
 }
 
 // x: [T, C]; kernel: [C, K]; state: [K-1, C] (updated in place). Returns silu(conv) [T, C].
-FloatArray conv1d_silu(const FloatArray& x, const FloatArray& kernel, py::array_t<float, py::array::c_style> state) {
+FloatArray conv1d_silu(const FloatArray& x, const FloatArray& kernel,
+                       py::array_t<float, py::array::c_style> state) {
     if (x.ndim() != 2 || kernel.ndim() != 2) throw InvalidArgument("[gdn] x and kernel must be 2-D");
     const py::ssize_t T = x.shape(0), C = x.shape(1), K = kernel.shape(1);
     expect_shape(kernel, {C, K}, "kernel");

@@ -6,8 +6,8 @@
 
 namespace sharpi::cpu {
 
-void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels, int64_t kernel_size,
-                 const float* kernel, float* y, int64_t ldy) {
+void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
+                 int64_t kernel_size, const float* kernel, float* y, int64_t ldy) {
     const int64_t n_state = kernel_size - 1;
     // Row r of the virtual sequence xs = [state; x].
     auto xs = [&](int64_t r) { return r < n_state ? state + r * channels : x + (r - n_state) * ldx; };
@@ -31,8 +31,8 @@ void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, in
     }
 }
 
-void gated_delta_rule_recurrent(ThreadPool& pool, const GdnInputs& in, int64_t n_tokens, const GdnShape& shape,
-                                float* state, float* out, int64_t ldo) {
+void gated_delta_rule_recurrent(ThreadPool& pool, const GdnInputs& in, int64_t n_tokens,
+                                const GdnShape& shape, float* state, float* out, int64_t ldo) {
     const int64_t dk = shape.head_k_dim, dv = shape.head_v_dim, nv = shape.n_v_heads;
     pool.parallel_for(nv, [&](int64_t h0, int64_t h1, int) {
         std::vector<float> kv_mem(static_cast<size_t>(dv));
@@ -119,7 +119,8 @@ void gated_delta_rule_chunked(ThreadPool& pool, const GdnInputs& in, int64_t n_t
                 for (int64_t i = 0; i < n; ++i) {
                     const double* ki = &K[static_cast<size_t>(i * dk)];
                     for (int64_t j = 0; j < i; ++j) {
-                        const double a = beta[static_cast<size_t>(i)] * dot(ki, &K[static_cast<size_t>(j * dk)], dk) *
+                        const double a = beta[static_cast<size_t>(i)] *
+                                         dot(ki, &K[static_cast<size_t>(j * dk)], dk) *
                                          std::exp(cum[static_cast<size_t>(i)] - cum[static_cast<size_t>(j)]);
                         for (int64_t x = 0; x < dv; ++x)
                             U[static_cast<size_t>(i * dv + x)] -= a * U[static_cast<size_t>(j * dv + x)];
