@@ -145,7 +145,9 @@ def test_reference_on_converter_quantized_files(name, outtype, converter, model_
     for tensor, type_name in types.items():
         if _is_kept_f32(tensor):
             assert type_name == "F32", f"{tensor} is {type_name}; routers, norms and biases stay f32"
-    for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "attn_q", "attn_output"):
+    # Block 0 of the hybrid models is a DeltaNet layer (attn_qkv / ssm_out instead of attn_q / attn_output).
+    mixer = ("attn_qkv", "ssm_out") if name in hf_export.HYBRID_MODELS else ("attn_q", "attn_output")
+    for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", *mixer):
         assert types[f"blk.0.{kind}.weight"] == expected_type, (
             f"blk.0.{kind}.weight is {types[f'blk.0.{kind}.weight']}"
         )

@@ -7,7 +7,8 @@ contain. It owns only the directories it is given; it never imports sharpi, neve
 converter (see convert_driver.py for the one in-memory patch) and never runs the converter's gguf-py
 inside this process.
 
-Every model is 2 layers, hidden size 128, 8 experts (MoE), seeded, with weights drawn at std ~0.08
+Every model is 2 layers (the hybrid ones 4: DeltaNet and gated attention alternating, plus one
+nextn block), hidden size 128, 8 experts (MoE), seeded, with weights drawn at std ~0.08
 and norm weights around 1 so that hidden states and routing are far from degenerate. The models
 also cover the variants the reference must get right: GQA everywhere, linear RoPE scaling
 (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings (qwen3moe, llama,
@@ -36,13 +37,12 @@ MOE_MODELS = {
     "qwen3moe": "qwen3moe",  # Qwen3MoeForCausalLM
     "olmoe": "olmoe",  # OlmoeForCausalLM
 }
-# Hybrid Gated DeltaNet + gated-attention MoE models. transformers is their only oracle (the numpy
-# reference does not implement the DeltaNet layers), so they are not in HF_ARCHS (the archs the
-# reference implements) but in ALL_MODELS.
+# Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
     "qwen35moe": "qwen35moe",  # Qwen3_5MoeForCausalLM
 }
+MOE_MODELS.update(HYBRID_MODELS)
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
     "llama": "llama",  # LlamaForCausalLM
@@ -50,7 +50,6 @@ DENSE_MODELS = {
     "qwen3": "qwen3",  # Qwen3ForCausalLM
 }
 HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
-ALL_MODELS = {**HF_ARCHS, **HYBRID_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
 # quantization error, not correctness (on the same file, reference and engine must agree to 1e-4).
@@ -68,7 +67,7 @@ NORM_WEIGHT_SPREAD = 0.1  # norm weights ~ 1 + N(0, 0.1^2)
 
 @dataclass
 class ExportedModel:
-    name: str  # key of ALL_MODELS
+    name: str  # key of HF_ARCHS
     gguf_arch: str
     hf_dir: Path
     vocab_size: int
@@ -227,7 +226,7 @@ def make_config(name: str, vocab_size: int):
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
-    raise ValueError(f"unknown model {name!r}; expected one of {sorted(ALL_MODELS)}")
+    raise ValueError(f"unknown model {name!r}; expected one of {sorted(HF_ARCHS)}")
 
 
 def build_model(name: str, vocab_size: int, seed: int):
@@ -278,7 +277,7 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
     tokenizer.save_pretrained(hf_dir)
-    return ExportedModel(name=name, gguf_arch=ALL_MODELS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+    return ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
 
 
 def _add_mtp_layer(hf_dir: Path, seed: int) -> None:
@@ -316,7 +315,7 @@ def prepare(name: str, root: Path, converter: Path, outtypes=("f32",), seed: int
     hf_dir = out_dir / "hf"
     if (hf_dir / "config.json").is_file():
         vocab_size = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-        exported = ExportedModel(name=name, gguf_arch=ALL_MODELS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+        exported = ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
     else:
         exported = export(name, out_dir, seed=seed)
     files = {}
