@@ -1,6 +1,6 @@
 """sharpi's C++ engine against the float64 numpy reference, on the tiny synthetic models
-sharpi.make_model writes (llama.cpp tensor names): the four MoE architectures (llama as Mixtral,
-qwen2moe, qwen3moe, olmoe) x f32, f16, q8_0, q4_k, q4_k_m, and the dense llama, qwen2 and qwen3
+sharpi.make_model writes (llama.cpp tensor names): the MoE architectures (llama as Mixtral,
+qwen2moe, qwen3moe, olmoe, and the hybrid DeltaNet qwen3next, qwen35moe) x f32, f16, q8_0, q4_k, q4_k_m, and the dense llama, qwen2 and qwen3
 on f32 and q4_k_m.
 
 Each case checks three paths (tests/reference/engine_checks.py): all-positions prefill, token-by-
@@ -28,7 +28,7 @@ if not hasattr(sharpi, "Session"):
     pytest.skip("this build of sharpi has no Session (engine not merged yet)", allow_module_level=True)
 make_model = pytest.importorskip("sharpi.make_model", reason="sharpi.make_model not available in this build")
 
-MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]  # llama = Mixtral-style MoE
+MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "qwen3next", "qwen35moe"]  # llama = Mixtral-style MoE
 # The dense architectures sharpi also runs (llama with n_expert = 0), on fewer weight types.
 DENSE_CASES = {"llama-dense": ("llama", {"n_expert": 0}), "qwen2": ("qwen2", {}), "qwen3": ("qwen3", {})}
 DENSE_QUANTS = ["f32", "q4_k_m"]
