@@ -154,14 +154,14 @@ class ReferenceModel:
             if flags is None:
                 interval = int(self.metadata.get(f"{arch}.full_attention_interval", 4))
                 flags = [(il + 1) % interval != 0 for il in range(n_layer)]
-            hybrid = dict(
-                recurrent=tuple(bool(x) for x in list(flags)[:n_layer]),
-                ssm_conv=int(self._key(f"{arch}.ssm.conv_kernel")),
-                ssm_k_heads=int(self._key(f"{arch}.ssm.group_count")),
-                ssm_v_heads=int(self._key(f"{arch}.ssm.time_step_rank")),
-                ssm_head_k=int(self._key(f"{arch}.ssm.state_size")),
-                ssm_inner=int(self._key(f"{arch}.ssm.inner_size")),
-            )
+            hybrid = {
+                "recurrent": tuple(bool(x) for x in list(flags)[:n_layer]),
+                "ssm_conv": int(self._key(f"{arch}.ssm.conv_kernel")),
+                "ssm_k_heads": int(self._key(f"{arch}.ssm.group_count")),
+                "ssm_v_heads": int(self._key(f"{arch}.ssm.time_step_rank")),
+                "ssm_head_k": int(self._key(f"{arch}.ssm.state_size")),
+                "ssm_inner": int(self._key(f"{arch}.ssm.inner_size")),
+            }
         return HParams(
             arch=arch,
             n_vocab=token_embd.shape[0],
