@@ -81,3 +81,46 @@ def test_streamed_at_quarter_budget_is_bit_identical(files, name, predictor):
     np.testing.assert_array_equal(greedy_logits(s, PROMPT, 12), resident)
     if predictor != "none":
         assert sum(lay["prefetch_issued"] for lay in s.expert_stats()["layers"]) > 0
+
+
+def _legacy_ssm_in_file(src: str, dst: str) -> None:
+    """The qwen3next file as older converters wrote it: attn_qkv + attn_gate replaced by one ssm_in
+    projection whose rows are, per key head g, [q_g, k_g, v of its value heads, z of them] (HF's
+    in_proj_qkvz order, which llama.cpp still reads)."""
+    from gguf import GGUFReader
+    from model_files import rewrite_gguf
+
+    reader = GGUFReader(src)
+    md = {k: f.contents() for k, f in reader.fields.items() if k.startswith("qwen3next.ssm.")}
+    nk, nv, dk = md["qwen3next.ssm.group_count"], md["qwen3next.ssm.time_step_rank"], md["qwen3next.ssm.state_size"]
+    vg = md["qwen3next.ssm.inner_size"] // nk
+    arrays = {t.name: np.asarray(t.data, dtype=np.float32) for t in reader.tensors}
+    drop, add = [], {}
+    for il in range(4):
+        qkv_name = f"blk.{il}.attn_qkv.weight"
+        if qkv_name not in arrays:
+            continue
+        qkv, z = arrays[qkv_name], arrays[f"blk.{il}.attn_gate.weight"]  # numpy [rows, n_embd]
+        key_dim = nk * dk
+        rows = []
+        for g in range(nk):
+            rows += [qkv[g * dk : (g + 1) * dk], qkv[key_dim + g * dk : key_dim + (g + 1) * dk]]
+            rows += [qkv[2 * key_dim + g * vg : 2 * key_dim + (g + 1) * vg], z[g * vg : (g + 1) * vg]]
+        drop += [qkv_name, f"blk.{il}.attn_gate.weight"]
+        add[f"blk.{il}.ssm_in.weight"] = np.concatenate(rows)
+    rewrite_gguf(src, dst, drop_tensors=tuple(drop), add_tensors=add)
+
+
+def test_older_qwen3next_files_with_ssm_in(files, tmp_path):
+    legacy = str(tmp_path / "qwen3next-ssm_in.gguf")
+    _legacy_ssm_in_file(files["qwen3next"], legacy)
+    want = sharpi.Session(files["qwen3next"], threads=2, n_ctx=64, exact=True).decode(PROMPT, True)
+    got = sharpi.Session(legacy, threads=2, n_ctx=64, exact=True).decode(PROMPT, True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
+    # Neither form present: a typed error naming both.
+    broken = str(tmp_path / "qwen3next-no-qkv.gguf")
+    from model_files import rewrite_gguf
+
+    rewrite_gguf(files["qwen3next"], broken, drop_tensors=("blk.0.attn_qkv.weight",))
+    with pytest.raises(sharpi.MissingTensorError, match="ssm_in"):
+        sharpi.Session(broken, threads=1, n_ctx=64)

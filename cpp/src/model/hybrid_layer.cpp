@@ -1,5 +1,6 @@
 #include "model/hybrid_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/ops/activation.h"
@@ -24,8 +25,17 @@ void load_hybrid_layer(ModelLoader& ld, int il, bool v_heads_tiled) {
                                      " is recurrent but the file has no ssm.* hyper-parameters");
         }
         const int64_t channels = h.ssm_conv_channels(), nv = h.ssm_dt_rank;
-        L.ssm_qkv.w = ld.matrix(blk("attn_qkv.weight"), h.n_embd, channels);
-        L.ssm_gate.w = ld.matrix(blk("attn_gate.weight"), h.n_embd, h.ssm_d_inner);
+        L.ssm_qkv.w = ld.optional_matrix(blk("attn_qkv.weight"), h.n_embd, channels);
+        if (L.ssm_qkv.present()) {
+            L.ssm_gate.w = ld.matrix(blk("attn_gate.weight"), h.n_embd, h.ssm_d_inner);
+        } else {
+            L.ssm_in.w = ld.optional_matrix(blk("ssm_in.weight"), h.n_embd, channels + h.ssm_d_inner);
+            if (!L.ssm_in.present()) {
+                throw MissingTensorError("[model] " + ld.model().file->path() + ": missing tensor " +
+                                         blk("attn_qkv.weight") + " (or the older " + blk("ssm_in.weight") +
+                                         "), required by arch " + h.arch);
+            }
+        }
         L.ssm_ba.w = ld.optional_matrix(blk("ssm_ba.weight"), h.n_embd, 2 * nv);
         if (!L.ssm_ba.present()) {
             L.ssm_beta.w = ld.matrix(blk("ssm_beta.weight"), h.n_embd, nv);
@@ -96,8 +106,27 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
     const int64_t nk = h.ssm_n_group, nv = h.ssm_dt_rank, dk = h.ssm_d_state, dv = h.ssm_head_v_dim();
     const int64_t key_dim = nk * dk, channels = h.ssm_conv_channels();
 
-    Act qkv = linear(cur, L.ssm_qkv, "linear_attn_qkv_mixed", il);
-    Act z = linear(cur, L.ssm_gate, "z", il);
+    Act qkv, z;
+    if (L.ssm_in.present()) {
+        // Older files: one projection holding, per key head g, [q_g, k_g, v of its r value heads,
+        // z of them]; regroup into the conv channels [q | k | v] and z.
+        Act mixed = linear(cur, L.ssm_in, "linear_attn_mixed_qkvz", il);
+        qkv = alloc(T, channels);
+        z = alloc(T, h.ssm_d_inner);
+        const int64_t vg = (nv / nk) * dv, per = 2 * dk + 2 * vg;
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t kg = 0; kg < nk; ++kg) {
+                const float* src = mixed.row(t) + kg * per;
+                std::copy(src, src + dk, qkv.row(t) + kg * dk);
+                std::copy(src + dk, src + 2 * dk, qkv.row(t) + key_dim + kg * dk);
+                std::copy(src + 2 * dk, src + 2 * dk + vg, qkv.row(t) + 2 * key_dim + kg * vg);
+                std::copy(src + 2 * dk + vg, src + per, z.row(t) + kg * vg);
+            }
+        }
+    } else {
+        qkv = linear(cur, L.ssm_qkv, "linear_attn_qkv_mixed", il);
+        z = linear(cur, L.ssm_gate, "z", il);
+    }
     // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), per token and value head.
     Act beta = alloc(T, nv), g = alloc(T, nv);
     Act b, a;

@@ -5,7 +5,8 @@
 // residual structure is the ordinary decoder_layer (model/forward.h); this file holds the tensor
 // loading and the DeltaNet and output-gate builders.
 //
-// Tensors as llama.cpp's converter writes them: attn_qkv ([q | k | v] conv channels), attn_gate (z),
+// Tensors as llama.cpp's converter writes them: attn_qkv ([q | k | v] conv channels), attn_gate (z)
+// (or, in qwen3next files from older converters, ssm_in: per key head [q, k, v x r, z x r]),
 // ssm_ba (qwen3next; per key head [beta x r, alpha x r], r = n_v_heads / n_k_heads) or ssm_beta +
 // ssm_alpha (qwen35moe), ssm_conv1d, ssm_a (= -exp(A_log)), ssm_dt.bias, ssm_norm, ssm_out; the FFN
 // norm is post_attention_norm. The converter tiles qwen35moe's value heads and leaves qwen3next's

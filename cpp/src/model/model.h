@@ -42,7 +42,8 @@ struct LayerWeights {
     bool attn_output_gate = false;
     // Gated DeltaNet token mixer (model/hybrid_layer.h) on recurrent layers; empty elsewhere.
     // Either ssm_ba (qwen3next: per key head [beta x r, alpha x r]) or ssm_beta + ssm_alpha.
-    Linear ssm_qkv, ssm_gate, ssm_ba, ssm_beta, ssm_alpha, ssm_out;
+    // ssm_in: older qwen3next files' single projection, per key head [q, k, v x r, z x r].
+    Linear ssm_qkv, ssm_gate, ssm_in, ssm_ba, ssm_beta, ssm_alpha, ssm_out;
     std::vector<float> ssm_conv1d;                    // [conv_channels, d_conv]
     std::vector<float> ssm_a, ssm_dt_bias, ssm_norm;  // [n_v_heads] (-exp(A_log)), [n_v_heads], [head_v_dim]
     bool ssm_v_heads_tiled = false;                   // cpu::GdnShape::v_heads_tiled
