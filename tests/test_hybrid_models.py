@@ -92,7 +92,7 @@ def _legacy_ssm_in_file(src: str, dst: str) -> None:
 
     reader = GGUFReader(src)
     md = {k: f.contents() for k, f in reader.fields.items() if k.startswith("qwen3next.ssm.")}
-    nk, nv, dk = md["qwen3next.ssm.group_count"], md["qwen3next.ssm.time_step_rank"], md["qwen3next.ssm.state_size"]
+    nk, dk = md["qwen3next.ssm.group_count"], md["qwen3next.ssm.state_size"]
     vg = md["qwen3next.ssm.inner_size"] // nk
     arrays = {t.name: np.asarray(t.data, dtype=np.float32) for t in reader.tensors}
     drop, add = [], {}
