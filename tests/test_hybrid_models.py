@@ -2,7 +2,8 @@
 from tiny random Hugging Face models (tests/reference/hf_export.py), beyond the logits checks of
 test_model_vs_transformers.py: the per-sequence recurrent state (reset() clears it, a decode
 continues it), the nextn (MTP) block the converter writes (loaded, reported by inspect, not run),
-and streaming under a 25% expert budget with every training-free predictor and a Python plug-in,
+and streaming under a 25% expert budget with prev_token, next_gate, cooc and trajectory (random
+sidecars: losslessness must not depend on hint quality) and a Python plug-in,
 bit-identical to resident (the oracle: the resident engine, itself held to transformers).
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched.
@@ -63,10 +64,37 @@ class _Echo(sharpi.Predictor):
         return [(layer + 1, int(e), 1.0) for e in top] if layer + 1 < 4 else []
 
 
+def _sidecar(kind: str, path) -> str:
+    """A predictor sidecar of the tiny hybrids' routing shape (4 layers, 8 experts, top-2) with random
+    weights: losslessness must not depend on how good the hints are."""
+    import torch
+    from sharpi.predict import sidecar as scm
+    from sharpi.predict import train
+
+    if kind == "cooc":
+        rng = np.random.default_rng(0)
+        tensors = {
+            "cooc.bias": rng.standard_normal((4, 8)).astype(np.float32),
+            "cooc.layer": rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
+            "cooc.prev": rng.standard_normal((4, 8, 8)).astype(np.float32),
+        }
+        sc = scm.Sidecar("cooc", 4, 8, 2, 2, "test", {"cooc.history": 2}, tensors)
+    else:
+        torch.manual_seed(0)
+        net = train.make_trajectory_module(torch, 4, 8, d_model=16, n_block=1, n_head=2, d_ff=32,
+                                           max_lookahead=2, window=3)  # fmt: skip
+        sc = scm.Sidecar("trajectory", 4, 8, 2, 2, "test", dict(net.hparams), net.sidecar_tensors())
+    scm.write_sidecar(path, sc)
+    return str(path)
+
+
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("predictor", ["none", "prev_token", "next_gate", "custom"])
-def test_streamed_at_quarter_budget_is_bit_identical(files, name, predictor):
+@pytest.mark.parametrize("predictor", ["none", "prev_token", "next_gate", "cooc", "trajectory", "custom"])
+def test_streamed_at_quarter_budget_is_bit_identical(files, name, predictor, tmp_path):
     path = files[name]
+    extra = {}
+    if predictor in ("cooc", "trajectory"):
+        extra["predictor_file"] = _sidecar(predictor, tmp_path / f"{predictor}.gguf")
     resident = greedy_logits(sharpi.Session(path, threads=2, n_ctx=64), PROMPT, 12)
     probe = sharpi.Session(path, threads=1, n_ctx=64, ram_budget="4GiB", reader="pread")
     st, info = probe.expert_stats(), probe.info
@@ -76,7 +104,9 @@ def test_streamed_at_quarter_budget_is_bit_identical(files, name, predictor):
     staging = 0 if predictor == "none" else k  # lookahead 1
     budget = st["fixed_bytes"] + (n_slots + staging) * st["slot_bytes"]
     chosen = _Echo() if predictor == "custom" else predictor
-    s = sharpi.Session(path, threads=2, n_ctx=64, ram_budget=budget, reader="pread", predictor=chosen, lookahead=1)
+    s = sharpi.Session(
+        path, threads=2, n_ctx=64, ram_budget=budget, reader="pread", predictor=chosen, lookahead=1, **extra
+    )
     assert s.expert_stats()["n_slots"] <= total // 4 + 1
     np.testing.assert_array_equal(greedy_logits(s, PROMPT, 12), resident)
     if predictor != "none":
