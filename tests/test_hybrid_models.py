@@ -154,3 +154,40 @@ def test_older_qwen3next_files_with_ssm_in(files, tmp_path):
     rewrite_gguf(files["qwen3next"], broken, drop_tensors=("blk.0.attn_qkv.weight",))
     with pytest.raises(sharpi.MissingTensorError, match="ssm_in"):
         sharpi.Session(broken, threads=1, n_ctx=64)
+
+
+def test_failed_decode_leaves_a_state_that_must_be_reset(files, monkeypatch):
+    """A decode that fails in layer 2's experts (an injected EIO) has already advanced the DeltaNet
+    state of layers 0 and 2, which, unlike KV rows, cannot be ignored: the next decode is refused
+    with a typed error naming reset(), and after reset() the session equals the resident one."""
+    from sharpi import _core
+
+    path = files["qwen35moe"]
+    probe = sharpi.Session(path, threads=1, n_ctx=64, ram_budget="4GiB", reader="pread")
+    st, info = probe.expert_stats(), probe.info
+    budget = st["fixed_bytes"] + info["n_layer"] * info["n_expert"] * st["slot_bytes"]
+    off, _ = _core.GgufFile(path).expert_range("blk.2.ffn_up_exps.weight", 5)
+    monkeypatch.setenv("SHARPI_FAULT_EIO_AT", str(int(off) + 100))
+    s = sharpi.Session(path, threads=2, n_ctx=64, ram_budget=budget, reader="pread")
+    monkeypatch.delenv("SHARPI_FAULT_EIO_AT")
+    resident = sharpi.Session(path, threads=2, n_ctx=64, dump_activations=True)
+    # A token whose layer-2 routing picks expert 5, and one whose routing avoids it.
+    hits, clean = None, None
+    for t in range(2, 384):
+        resident.reset()
+        resident.decode([t])
+        picked = 5 in resident.dump()["ffn_moe_topk-2"].astype(int).ravel()
+        if picked and hits is None:
+            hits = t
+        if not picked and clean is None:
+            clean = t
+        if hits is not None and clean is not None:
+            break
+    assert hits is not None and clean is not None
+    with pytest.raises(sharpi.IoError):
+        s.decode([hits])
+    with pytest.raises(sharpi.InvalidArgument, match="reset"):
+        s.decode([clean])
+    s.reset()
+    resident.reset()
+    np.testing.assert_array_equal(s.decode([clean]), resident.decode([clean]))
