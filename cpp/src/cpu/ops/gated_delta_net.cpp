@@ -36,34 +36,34 @@ void gated_delta_rule_recurrent(ThreadPool& pool, const GdnInputs& in, int64_t n
     const int64_t dk = shape.head_k_dim, dv = shape.head_v_dim, nv = shape.n_v_heads;
     pool.parallel_for(nv, [&](int64_t h0, int64_t h1, int) {
         std::vector<float> kv_mem(static_cast<size_t>(dv));
+        // The state, kv_mem and the output row never overlap; __restrict lets the j loops vectorise.
+        float* __restrict mem = kv_mem.data();
         for (int64_t h = h0; h < h1; ++h) {
             float* S = state + h * dk * dv;
             const int64_t kh = shape.k_head_of(h);
             for (int64_t t = 0; t < n_tokens; ++t) {
-                const float* q = in.q + t * in.ldq + kh * dk;
-                const float* k = in.k + t * in.ldk + kh * dk;
-                const float* v = in.v + t * in.ldv + h * dv;
+                const float* __restrict q = in.q + t * in.ldq + kh * dk;
+                const float* __restrict k = in.k + t * in.ldk + kh * dk;
+                const float* __restrict v = in.v + t * in.ldv + h * dv;
                 const float decay = std::exp(in.g[t * nv + h]);
                 const float beta = in.beta[t * nv + h];
-                float* o = out + t * ldo + h * dv;
-                // kv_mem = (decay S)^T k
-                for (int64_t j = 0; j < dv; ++j) kv_mem[static_cast<size_t>(j)] = 0.0f;
+                float* __restrict o = out + t * ldo + h * dv;
+                // kv_mem = S^T k (undecayed; the decay is applied below)
+                for (int64_t j = 0; j < dv; ++j) mem[j] = 0.0f;
                 for (int64_t i = 0; i < dk; ++i) {
-                    const float* s = S + i * dv;
+                    const float* __restrict s = S + i * dv;
                     const float ki = k[i];
-                    for (int64_t j = 0; j < dv; ++j) kv_mem[static_cast<size_t>(j)] += s[j] * ki;
+                    for (int64_t j = 0; j < dv; ++j) mem[j] += s[j] * ki;
                 }
-                // delta = beta (v - kv_mem), reusing kv_mem's storage
-                for (int64_t j = 0; j < dv; ++j) {
-                    kv_mem[static_cast<size_t>(j)] = (v[j] - decay * kv_mem[static_cast<size_t>(j)]) * beta;
-                }
+                // delta = beta (v - decay kv_mem), in kv_mem's storage
+                for (int64_t j = 0; j < dv; ++j) mem[j] = (v[j] - decay * mem[j]) * beta;
                 // S = decay S + k delta^T;  o = S^T q
                 for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
                 for (int64_t i = 0; i < dk; ++i) {
-                    float* s = S + i * dv;
+                    float* __restrict s = S + i * dv;
                     const float ki = k[i], qi = q[i];
                     for (int64_t j = 0; j < dv; ++j) {
-                        s[j] = s[j] * decay + ki * kv_mem[static_cast<size_t>(j)];
+                        s[j] = s[j] * decay + ki * mem[j];
                         o[j] += s[j] * qi;
                     }
                 }
