@@ -799,3 +799,46 @@ def test_deepseek_v2_lite_shape_matches_llama_cpp(tmp_path):
     ours = ours.reshape(len(tokens), -1)
     rel = np.abs(ours - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
     assert rel.max() <= 1e-5, rel
+
+
+def test_qwen35_35b_a3b_preset_has_the_real_shapes():
+    """`make-model --arch qwen35moe --preset qwen3.5-35b-a3b` plans the tensors of Qwen3.5-35B-A3B as
+    llama.cpp's qwen35moe loader sizes them (llama-model / models/qwen35moe.cpp), from the published
+    config: hidden 2048, 40 layers (every 4th gated attention), 16 heads of 256 (2 KV heads), DeltaNet
+    with 16 key heads and 32 value heads of 128, conv kernel 4, 256 experts of 512 (top 8) and a 512
+    shared expert, vocabulary 248320. Planned only: the q4_k_m file is ~20 GiB."""
+    from sharpi import presets
+    from sharpi.tensor_plan import plan_tensors
+
+    hp = presets.resolve("qwen35moe", "qwen3.5-35b-a3b")
+    specs = {s.name: s for s in plan_tensors(hp, "q4_k_m")}
+    E, key_dim, value_dim, n_v = 2048, 128 * 16, 128 * 32, 32
+    conv_dim = 2 * key_dim + value_dim
+    want = {
+        "token_embd.weight": (E, 248320),
+        "output.weight": (E, 248320),
+        "blk.0.attn_qkv.weight": (E, conv_dim),
+        "blk.0.attn_gate.weight": (E, value_dim),
+        "blk.0.ssm_conv1d.weight": (4, conv_dim),
+        "blk.0.ssm_beta.weight": (E, n_v),
+        "blk.0.ssm_alpha.weight": (E, n_v),
+        "blk.0.ssm_a": (n_v,),
+        "blk.0.ssm_dt.bias": (n_v,),
+        "blk.0.ssm_norm.weight": (128,),
+        "blk.0.ssm_out.weight": (value_dim, E),
+        "blk.3.attn_q.weight": (E, 16 * 256 * 2),
+        "blk.3.attn_k.weight": (E, 2 * 256),
+        "blk.3.attn_q_norm.weight": (256,),
+        "blk.3.attn_output.weight": (16 * 256, E),
+        "blk.39.ffn_gate_exps.weight": (E, 512, 256),
+        "blk.39.ffn_down_exps.weight": (512, E, 256),
+        "blk.39.ffn_up_shexp.weight": (E, 512),
+        "blk.39.post_attention_norm.weight": (E,),
+    }
+    for name, ne in want.items():
+        assert specs[name].ne == ne, name
+    assert "blk.39.attn_q.weight" in specs and "blk.38.attn_qkv.weight" in specs
+    assert sum(1 for n in specs if n.endswith(".attn_qkv.weight")) == 30
+    n_params = sum(s.n_elements for s in specs.values())
+    assert 34.0e9 < n_params < 35.5e9  # the text model of "35B-A3B"
+    assert specs["blk.0.ssm_conv1d.weight"].type.name == "F32"

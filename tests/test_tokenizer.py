@@ -214,6 +214,11 @@ HF_LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5's tokenizer.json pattern (Qwen/Qwen3.5-35B-A3B), copied from the model, not from sharpi.
+HF_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 HF_QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -236,6 +241,8 @@ def reference_pre_tokenizer(pre: str):
         return split(HF_LLAMA3), False
     if pre == "qwen2":
         return split(HF_QWEN2), False
+    if pre == "qwen35":
+        return split(HF_QWEN35), False
     if pre == "deepseek-llm":
         # No second source for this long table here; this case checks the cascade plumbing.
         from sharpi.tokenizer import _DEEPSEEK_LLM
@@ -297,7 +304,7 @@ def trained_bpe():
 
 
 @pytest.mark.parametrize(
-    "pre", ["gpt-2", "default", "olmo", "llama-bpe", "qwen2", "dbrx", "smaug-bpe", "deepseek-llm"]
+    "pre", ["gpt-2", "default", "olmo", "llama-bpe", "qwen2", "qwen35", "dbrx", "smaug-bpe", "deepseek-llm"]
 )
 def test_gpt2_matches_trained_tokenizers(tmp_path, trained_bpe, pre):
     hf = trained_bpe(pre)
@@ -317,10 +324,15 @@ def test_gpt2_matches_trained_tokenizers(tmp_path, trained_bpe, pre):
         assert tok.decode(want_plain) == text  # byte-level BPE is lossless
 
 
-def test_unknown_pre_warns_and_uses_gpt2(tmp_path, trained_bpe):
+def test_unknown_pre_is_unsupported_unless_opted_in(tmp_path, trained_bpe):
     hf = trained_bpe("gpt-2")
+    md = bpe_gguf_metadata(tmp_path, hf, "no-such-pre")
+    with pytest.raises(UnsupportedError, match="no-such-pre"):
+        Tokenizer.from_metadata(md)
+    with pytest.raises(InvalidArgument, match="pre_fallback"):
+        Tokenizer.from_metadata(md, pre_fallback="llama3")
     with pytest.warns(UserWarning, match="no-such-pre"):
-        tok = Tokenizer.from_metadata(bpe_gguf_metadata(tmp_path, hf, "no-such-pre"))
+        tok = Tokenizer.from_metadata(md, pre_fallback="gpt-2")
     for text in make_texts(seed=5, n=50):
         assert tok.encode(text, add_bos=False) == hf.encode(text, add_special_tokens=False).ids
 

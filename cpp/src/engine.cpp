@@ -69,6 +69,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
                                                                     : cpu::hardware_threads());
     kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv(), /*with_v=*/!h.is_mla());
+    recurrent_ = std::make_unique<RecurrentState>(h);
     if (streaming) {
         plan_expert_cache(n_ctx);
         install_predictor(std::move(predictor));
@@ -110,11 +111,17 @@ std::string mib(uint64_t bytes) {
 
 void Engine::plan_expert_cache(int64_t n_ctx) {
     const HParams& h = model_->hp;
-    const uint64_t kv = static_cast<uint64_t>(h.n_layer * n_ctx * h.kv_floats_per_token()) * sizeof(float);
+    // KV rows for the attention layers, plus the DeltaNet layers' fixed-size state (hybrid archs).
+    int64_t n_attention_layers = 0;
+    for (int il = 0; il < h.n_layer; ++il) n_attention_layers += h.is_recurrent(il) ? 0 : 1;
+    const uint64_t kv =
+        static_cast<uint64_t>(n_attention_layers * n_ctx * h.kv_floats_per_token()) * sizeof(float) +
+        RecurrentState::bytes_for(h);
     // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
     // plus the logits of the batch.
     const int64_t T = kMaxBatch, k = h.n_expert_used;
-    const int64_t floats_per_token = 10 * h.n_embd + 3 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
+    const int64_t floats_per_token = 10 * h.n_embd + 4 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
+                                     3 * h.ssm_conv_channels() + 3 * h.ssm_d_inner + 6 * h.ssm_dt_rank +
                                      k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
     const uint64_t buffers =
         static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
@@ -130,8 +137,9 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const uint64_t minimum = fixed + (static_cast<uint64_t>(k) + n_staging) * slot;
     if (budget < minimum) {
         throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
-                              ": dense weights " + mib(model_->bytes_dense) + " + KV cache " + mib(kv) +
-                              " (n_ctx " + std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " +
+                              ": dense weights " + mib(model_->bytes_dense) +
+                              " + KV cache / recurrent state " + mib(kv) + " (n_ctx " +
+                              std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " +
                               std::to_string(k) + " expert slots (+" + std::to_string(n_staging) +
                               " staging) of " + mib(slot) + " need at least " + mib(minimum));
     }
@@ -204,6 +212,7 @@ void Engine::reset_stats() {
 void Engine::reset() {
     n_past_ = 0;
     clear_cancel();
+    recurrent_->clear();
     // The next token has no previous token (prev-token history starts over).
     for (Routing& r : routing_) {
         r.ids.clear();
@@ -252,6 +261,11 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " +
                                    std::to_string(n_past_) + " exceed the context of " +
                                    std::to_string(kv_->n_ctx()) + " tokens (use a larger n_ctx or reset())");
+    }
+    if (!recurrent_->empty() && recurrent_->n_past != n_past_) {
+        throw InvalidArgument(
+            "decode: the recurrent (DeltaNet) state was left mid-update by a failed decode; "
+            "call reset() to start the sequence again");
     }
     const auto t_start = std::chrono::steady_clock::now();
     struct AddElapsed {  // decode_ms_ counts failed calls too
@@ -315,6 +329,8 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     f.set_timeline(&timeline_);
     f.set_exact(exact_);
     f.set_pos0(n_past_);
+    f.set_recurrent_state(recurrent_.get());
+    recurrent_->n_past = -1;  // mid-update until this chunk completes
 
     residual_.resize(static_cast<size_t>(n * h.n_embd));
     Act x{residual_.data(), n, h.n_embd};
@@ -348,6 +364,7 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
     for (int il = 0; il < h.n_layer; ++il) {
         routing_[static_cast<size_t>(il)] = std::move(moe.routing()[static_cast<size_t>(il)]);
     }
+    recurrent_->n_past = n_past_ + n;
     f.output_head(x, first_logit_row, logits);
 }
 

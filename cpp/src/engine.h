@@ -20,6 +20,7 @@
 #include "cpu/threadpool.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "model/recurrent_state.h"
 #include "moe/expert_cache.h"
 #include "moe/expert_source.h"
 #include "moe/moe_ffn.h"
@@ -88,6 +89,7 @@ class Engine final : private GateObserver {
     ModelInfo info_;
     std::unique_ptr<cpu::ThreadPool> pool_;
     std::unique_ptr<KvCache> kv_;
+    std::unique_ptr<RecurrentState> recurrent_;  // DeltaNet layers' state (hybrid archs)
     std::unique_ptr<ExpertSource> experts_;
     ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
     ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)

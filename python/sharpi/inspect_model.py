@@ -86,6 +86,26 @@ def inspect_summary(path) -> dict:
         routed += t["nbytes"]
     total = sum(t["nbytes"] for t in tensors)
 
+    # Multi-token-prediction blocks (qwen3next, qwen35moe, deepseek): the last nextn_predict_layers of
+    # block_count. sharpi loads the file with them and never runs them.
+    nextn = OrderedDict()
+    n_nextn = int(hparams.get("nextn_predict_layers", 0) or 0)
+    if n_nextn > 0 and "block_count" in hparams:
+        first = int(hparams["block_count"]) - n_nextn
+        mtp = [t for t in tensors if _block_index(t["name"]) is not None and _block_index(t["name"]) >= first]
+        nextn = OrderedDict(
+            n_layer=n_nextn,
+            blocks=list(range(first, first + n_nextn)),
+            tensors=len(mtp),
+            bytes=sum(t["nbytes"] for t in mtp),
+        )
+    # Hybrid archs: which trunk layers are Gated DeltaNet (recurrent) and which attention.
+    recurrent = hparams.get("attention.recurrent_layers")
+    layer_kinds = None
+    if recurrent is not None:
+        flags = list(recurrent.tolist() if hasattr(recurrent, "tolist") else recurrent)[: len(recurrent) - n_nextn]
+        layer_kinds = "".join("R" if x else "A" for x in flags)
+
     tok = OrderedDict()
     if "tokenizer.ggml.model" in md:
         tok["model"] = md["tokenizer.ggml.model"]
@@ -121,6 +141,8 @@ def inspect_summary(path) -> dict:
         routed_expert_bytes=routed,
         dense_bytes=total - routed,
         expert_layers=[layers[k] for k in sorted(layers)],
+        nextn=nextn,
+        layer_kinds=layer_kinds,
         expert_reader=_core.reader_choice(f.path),  # what --reader auto runs on this file, and why
         tensors=[
             OrderedDict(
@@ -162,6 +184,14 @@ def _attention_summary(hparams: dict) -> OrderedDict:
     if "rope.scaling.type" in hparams:
         out["rope_scaling"] = hparams["rope.scaling.type"]
     return out
+
+
+def _block_index(name: str):
+    """N for a blk.N.* tensor, else None."""
+    if not name.startswith("blk."):
+        return None
+    head = name[4:].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def _value_str(v) -> str:
@@ -237,6 +267,14 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         f"routed experts: {_fmt_bytes(s['routed_expert_bytes'])} ({100 * s['routed_expert_bytes'] / total:.1f} %), "
         f"dense (attention, embeddings, norms, routers, shared experts): {_fmt_bytes(s['dense_bytes'])}"
     )
+    if s["layer_kinds"]:
+        w(f"layers (R = Gated DeltaNet, A = gated attention): {s['layer_kinds']}")
+    if s["nextn"]:
+        n = s["nextn"]
+        w(
+            f"nextn (multi-token prediction): {n['n_layer']} block(s) {n['blocks']}, {n['tensors']} tensors, "
+            f"{_fmt_bytes(n['bytes'])}; loaded, not run"
+        )
     w(f"expert reader (--reader auto): {s['expert_reader']['reader']} ({s['expert_reader']['why']})")
     if s["expert_layers"]:
         w("experts per layer (one expert = its gate, up and down slices):")

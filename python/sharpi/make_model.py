@@ -46,7 +46,7 @@ import numpy as np
 
 from . import presets
 from ._core import InvalidArgument
-from .presets import HParams
+from .presets import HYBRID_ARCHES, HParams
 from .synthetic_tokenizer import SPECIAL_TOKENS, tokenizer_metadata
 from .synthetic_weights import tensor_data
 from .tensor_plan import QUANTS, QuantRecipe, plan_tensors, quant_recipe
@@ -56,6 +56,28 @@ QT = gguf.GGMLQuantizationType
 # ==================================================================================================
 # Metadata
 # ==================================================================================================
+
+
+def _write_hybrid_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
+    """The Gated DeltaNet keys of qwen3next / qwen35moe, as the converter writes them."""
+    a = hp.arch
+    for key, value in (
+        ("ssm.conv_kernel", hp.ssm_d_conv),
+        ("ssm.state_size", hp.ssm_d_state),
+        ("ssm.group_count", hp.ssm_n_group),
+        ("ssm.time_step_rank", hp.ssm_dt_rank),
+        ("ssm.inner_size", hp.ssm_d_inner),
+        ("full_attention_interval", hp.full_attention_interval),
+        ("rope.dimension_count", hp.n_rot or hp.head_dim),
+    ):
+        w.add_uint32(f"{a}.{key}", value)
+    recurrent = [(il + 1) % hp.full_attention_interval != 0 for il in range(hp.n_layer)]
+    w.add_array(f"{a}.attention.recurrent_layers", recurrent)
+    if a == "qwen35moe":
+        # Interleaved MRoPE sections (llama.cpp requires the key); for text they act as plain RoPE.
+        half = (hp.n_rot or hp.head_dim) // 2
+        first = (half + 2) // 3
+        w.add_array(f"{a}.rope.dimension_sections", [first, first, half - 2 * first, 0])
 
 
 def _write_metadata(
@@ -81,14 +103,16 @@ def _write_metadata(
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
     # key_length / value_length exist when the HF config has head_dim: Qwen3 always, Llama when set.
-    if hp.arch in ("qwen3", "qwen3moe") or (hp.arch == "llama" and hp.q_width != hp.n_embd):
+    if hp.arch in ("qwen3", "qwen3moe") + HYBRID_ARCHES or (hp.arch == "llama" and hp.q_width != hp.n_embd):
         w.add_key_length(hp.head_dim)
         w.add_value_length(hp.head_dim)
     w.add_file_type(int(recipe.ftype))
-    if hp.arch in ("qwen2moe", "qwen3moe"):
+    if hp.arch in ("qwen2moe", "qwen3moe") + HYBRID_ARCHES:
         w.add_expert_feed_forward_length(hp.n_ff_exp)
-    if hp.arch == "qwen2moe":
+    if hp.arch in ("qwen2moe",) + HYBRID_ARCHES:
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
+    if hp.arch in HYBRID_ARCHES:
+        _write_hybrid_metadata(w, hp)
     if hp.arch == "llama":
         w.add_vocab_size(hp.n_vocab)
         w.add_rope_dimension_count(hp.head_dim)

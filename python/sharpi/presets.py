@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
-MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2")  # always MoE
+MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe")  # always MoE
+# Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
+HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
 ARCHES = ("llama",) + MOE_ARCHES + DENSE_ARCHES  # llama: Mixtral-style MoE when n_expert > 0, else dense
 
@@ -44,13 +46,21 @@ class HParams:
     # n_rot, key_length_mla) and n_head_kv is 1 (the converter writes MLA as MQA over the latent).
     n_lora_q: int = 0  # q LoRA rank; 0: one q projection (DeepSeek-V2-Lite)
     n_lora_kv: int = 0  # compressed KV width (kv_lora_rank)
-    n_rot: int = 0  # qk_rope_head_dim
     head_dim_v: int = 0  # v_head_dim
     n_layer_dense_lead: int = 0  # first_k_dense_replace
     expert_weights_scale: float = 1.0  # routed_scaling_factor
     yarn_factor: float = 0.0  # YaRN rope scaling factor (0: none)
     yarn_n_ctx_orig: int = 0
     yarn_mscale_all_dim: float = 0.0
+    # Hybrid archs only (llama.cpp's ssm.* keys): conv kernel, key head width, key heads, value
+    # heads, value heads * value head width; the layer pattern; RoPE'd dims per head (0: head_dim).
+    ssm_d_conv: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
+    ssm_d_inner: int = 0
+    full_attention_interval: int = 0
+    n_rot: int = 0  # deepseek2: qk_rope_head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -216,6 +226,37 @@ TINY_DEEPSEEK2 = {
     "n_layer_dense_lead": 1,
     "expert_weights_scale": 1.5,
 }
+# Qwen/Qwen3.5-35B-A3B (text model of its config.json): 40 layers, 3 of every 4 Gated DeltaNet.
+PRESETS["qwen3.5-35b-a3b"] = {
+    "arch": "qwen35moe",
+    "n_vocab": 248320,
+    "n_ctx_train": 262144,
+    "n_embd": 2048,
+    "n_layer": 40,
+    "n_head": 16,
+    "n_head_kv": 2,
+    "head_dim": 256,
+    "n_ff": 0,
+    "n_expert": 256,
+    "n_expert_used": 8,
+    "n_ff_exp": 512,
+    "n_ff_shexp": 512,
+    "rope_freq_base": 10000000.0,
+    "rms_eps": 1e-6,
+    "ssm_d_conv": 4,
+    "ssm_d_state": 128,
+    "ssm_n_group": 16,
+    "ssm_dt_rank": 32,
+    "ssm_d_inner": 4096,
+    "full_attention_interval": 4,
+    "n_rot": 64,  # partial_rotary_factor 0.25
+}
+# The tiny preset's DeltaNet shape on a hybrid arch.
+_TINY_HYBRID = {
+    "ssm_d_conv": 4, "ssm_d_state": 64, "ssm_n_group": 2, "ssm_dt_rank": 4, "ssm_d_inner": 256,
+    "full_attention_interval": 2, "n_rot": 16,
+}  # fmt: skip
+
 # ../shared/traces/mixtral_8x7b_small.npz: 32 layers x 8 experts, top-2 = Mixtral 8x7B itself.
 PRESETS["mixtral-trace"] = dict(PRESETS["mixtral-8x7b"])
 
@@ -248,10 +289,12 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
     if preset == "tiny":
         if arch in DENSE_ARCHES:
             p["n_expert"] = p["n_expert_used"] = 0
-        if arch != "qwen2moe":
+        if arch not in ("qwen2moe",) + HYBRID_ARCHES:
             p["n_ff_shexp"] = 0
         if arch == "deepseek2":
             p.update(TINY_DEEPSEEK2)
+        if arch in HYBRID_ARCHES:
+            p.update(_TINY_HYBRID)
         if arch == "olmoe":
             # llama.cpp sizes OLMoE's k_norm as n_embd, i.e. it assumes n_head_kv == n_head.
             p["n_head_kv"] = p["n_head"]
@@ -286,10 +329,11 @@ def validate(hp: HParams) -> None:
         bad("n_ff_exp must be positive in a MoE model")
     if not hp.is_moe and hp.n_ff <= 0:
         bad("n_ff must be positive in a dense model")
-    if hp.arch == "qwen2moe" and hp.n_ff_shexp <= 0:
-        bad("qwen2moe needs a shared expert: n_ff_shexp must be positive")
-    if hp.arch not in ("qwen2moe", "deepseek2") and hp.n_ff_shexp:
-        bad("only qwen2moe and deepseek2 have shared experts; set n_ff_shexp = 0")
+    shexp_required = ("qwen2moe",) + HYBRID_ARCHES
+    if hp.arch in shexp_required and hp.n_ff_shexp <= 0:
+        bad(f"{hp.arch} needs a shared expert: n_ff_shexp must be positive")
+    if hp.arch not in shexp_required + ("deepseek2",) and hp.n_ff_shexp:
+        bad("only qwen2moe, deepseek2, qwen3next and qwen35moe have shared experts; set n_ff_shexp = 0")
     if hp.arch == "deepseek2":
         if hp.n_lora_kv <= 0 or hp.n_rot <= 0 or hp.head_dim_v <= 0 or hp.head_dim <= hp.n_rot:
             bad("MLA needs n_lora_kv, n_rot, head_dim_v > 0 and head_dim (qk_nope + n_rot) > n_rot")
@@ -301,6 +345,14 @@ def validate(hp: HParams) -> None:
             bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
         if hp.n_layer_dense_lead and hp.n_ff <= 0:
             bad("the leading dense layers need n_ff > 0")
+    if hp.arch in HYBRID_ARCHES:
+        for name in ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_inner", "full_attention_interval"):
+            if int(getattr(hp, name)) <= 0:
+                bad(f"{name} = {getattr(hp, name)} must be positive")
+        if hp.ssm_dt_rank % hp.ssm_n_group or hp.ssm_d_inner % hp.ssm_dt_rank:
+            bad("ssm_dt_rank must be a multiple of ssm_n_group and ssm_d_inner of ssm_dt_rank")
+    if hp.n_rot and (hp.n_rot % 2 or hp.n_rot > hp.head_dim):
+        bad(f"n_rot = {hp.n_rot} must be even and <= head_dim = {hp.head_dim}")
     # The converter writes attention.key_length only where the HF config has head_dim (qwen3, qwen3moe,
     # and llama when set); elsewhere readers derive head_dim = n_embd / n_head, so it must be that.
     if hp.arch in ("qwen2moe", "olmoe", "qwen2") and hp.n_head * hp.head_dim != hp.n_embd:

@@ -138,7 +138,8 @@ class Session:
         if self._tokenizer is None:
             from .tokenizer import Tokenizer
 
-            self._tokenizer = Tokenizer.from_metadata(self.metadata)
+            fallback = os.environ.get("SHARPI_PRE_TOKENIZER_FALLBACK") or None
+            self._tokenizer = Tokenizer.from_metadata(self.metadata, pre_fallback=fallback)
         return self._tokenizer
 
     # -- tokens ------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ def _float_weights(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     x = rng.standard_normal(spec.numpy_shape, dtype=np.float32) * np.float32(spec.init_std())
     if spec.role == "norm":
         x += 1.0
+    if spec.role == "ssm_a":
+        x = -np.exp(x)  # DeltaNet's A = -exp(A_log) < 0, so every decay exp(g) lies in (0, 1)
     return x
 
 # Scale fields of each block type: (offset of the f16 super-scale d, [(offset, ratio)] of f16 fields
@@ -127,7 +129,7 @@ def _random_float32(spec: TensorSpec, rng: np.random.Generator, chunk_bytes: int
 
 def tensor_data(spec: TensorSpec, seed: int, weights: str) -> Iterator[np.ndarray]:
     """The tensor's bytes, as one or more arrays in order."""
-    small = spec.role in ("norm", "bias", "router", "shexp_gate")  # tiny, f32: always real draws
+    small = spec.role in ("norm", "bias", "router", "shexp_gate", "ssm_a")  # tiny, f32: always real draws
     if weights == "float" or small:
         x = _float_weights(spec, _tensor_rng(seed, spec.name))
         yield quantize(x, spec.type)

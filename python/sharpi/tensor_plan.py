@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import gguf
 
 from ._core import InvalidArgument
-from .presets import HParams
+from .presets import HYBRID_ARCHES, HParams
 
 QT = gguf.GGMLQuantizationType
 FT = gguf.LlamaFileType
@@ -85,6 +85,7 @@ class TensorSpec:
             "router": 2.0 / math.sqrt(fan_in),  # logits ~N(0, 2): clear top-k margins
             "shexp_gate": 1.0 / math.sqrt(fan_in),
             "lm_head": 2.0 / math.sqrt(fan_in),
+            "ssm_a": 0.5,  # -exp(N(0, 0.5^2)), see _float_weights: decays exp(g) in (0, 1)
             "norm": 0.05,  # around 1.0, see _float_weights
             "bias": 0.05,
         }[self.role]
@@ -107,9 +108,11 @@ def choose_type(spec: TensorSpec, hp: HParams, recipe: QuantRecipe, pure: bool =
     """The ggml type llama.cpp's tools give this tensor (rules of convert_hf_to_gguf.py and
     src/llama-quant.cpp, re-stated; `pure` = llama-quantize --pure: one type for every weight matrix)."""
     name, row = spec.name, spec.ne[0]
-    # Never quantized: 1-D tensors, norms, biases, routers (both converter and quantizer agree).
+    # Never quantized: 1-D tensors, norms, biases, routers, the DeltaNet conv kernel (both converter
+    # and quantizer agree).
     if (
         len(spec.ne) < 2
+        or ".ssm_conv1d." in name
         or name.endswith("_norm.weight")
         or not name.endswith(".weight")
         or ".ffn_gate_inp" in name
@@ -177,6 +180,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
     specs = [TensorSpec("token_embd.weight", (E, V), None, "embed")]
     for il in range(hp.n_layer):
         b = f"blk.{il}."
+        if hp.arch in HYBRID_ARCHES:
+            specs += _hybrid_layer(hp, il, shexp_gate_ne)
+            continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
             TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
@@ -282,6 +288,55 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
         ]
     return t
 
+
+def _hybrid_layer(hp: HParams, il: int, shexp_gate_ne: tuple) -> list[TensorSpec]:
+    """One qwen3next / qwen35moe block as the converter writes it: Gated DeltaNet on layers other
+    than every full_attention_interval-th, gated attention there; routed experts plus the gated
+    shared expert; the FFN norm is post_attention_norm."""
+    E, Q, KV, b = hp.n_embd, hp.q_width, hp.kv_width, f"blk.{il}."
+    t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
+    if (il + 1) % hp.full_attention_interval != 0:
+        C, V, H = 2 * hp.ssm_n_group * hp.ssm_d_state + hp.ssm_d_inner, hp.ssm_d_inner, hp.ssm_dt_rank
+        t += [
+            TensorSpec(b + "attn_qkv.weight", (E, C), il, "linear"),
+            TensorSpec(b + "attn_gate.weight", (E, V), il, "linear"),
+            TensorSpec(b + "ssm_conv1d.weight", (hp.ssm_d_conv, C), il, "linear"),
+            TensorSpec(b + "ssm_dt.bias", (H,), il, "bias"),
+            TensorSpec(b + "ssm_a", (H,), il, "ssm_a"),
+        ]
+        if hp.arch == "qwen3next":
+            t.append(TensorSpec(b + "ssm_ba.weight", (E, 2 * H), il, "linear"))
+        else:
+            t += [
+                TensorSpec(b + "ssm_beta.weight", (E, H), il, "linear"),
+                TensorSpec(b + "ssm_alpha.weight", (E, H), il, "linear"),
+            ]
+        t += [
+            TensorSpec(b + "ssm_norm.weight", (V // H,), il, "norm"),
+            TensorSpec(b + "ssm_out.weight", (V, E), il, "out_linear"),
+        ]
+    else:
+        t += [
+            TensorSpec(b + "attn_q.weight", (E, 2 * Q), il, "linear"),  # [query | gate] per head
+            TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+            TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+            TensorSpec(b + "attn_q_norm.weight", (hp.head_dim,), il, "norm"),
+            TensorSpec(b + "attn_k_norm.weight", (hp.head_dim,), il, "norm"),
+            TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+        ]
+    F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
+    t += [
+        TensorSpec(b + "post_attention_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+        TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+        TensorSpec(b + "ffn_gate_inp_shexp.weight", shexp_gate_ne, il, "shexp_gate"),
+        TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
+        TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
+        TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+    ]
+    return t
 
 def quant_recipe(quant: str) -> QuantRecipe:
     if quant not in QUANTS:

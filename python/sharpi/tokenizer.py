@@ -59,6 +59,12 @@ _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5 / Qwen3.6 (tokenizer.ggml.pre "qwen35"): the pattern of their tokenizer.json. Unlike Qwen2's,
+# letters take their combining marks (\p{M}) along, and a mark never starts a punctuation run.
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Non-ASCII ranges are written as escapes: an editor or a copy that normalises Unicode (NFC turns
 # U+1FD3 into U+0390) would otherwise silently turn a range like U+1FD0-U+1FD3 into an empty one.
 _CJK_HANGUL = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
@@ -117,6 +123,7 @@ for _names, _spec in [
     ),
     (("dbrx", "smaug-bpe", "chatglm-bpe"), ([_LLAMA3], False, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
+    (("qwen35",), ([_QWEN35], False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),
     (
@@ -377,12 +384,17 @@ class Tokenizer:
     # ---------------------------------------------------------------- construction
 
     @classmethod
-    def from_metadata(cls, md: dict) -> Tokenizer:
+    def from_metadata(cls, md: dict, pre_fallback: str | None = None) -> Tokenizer:
         """md: GGUF metadata as a dict of Python values (arrays as lists).
 
         Raises MissingTensorError for absent required keys, FormatError for malformed ones,
-        UnsupportedError for a tokenizer.ggml.model other than "gpt2" and "llama".
+        UnsupportedError for a tokenizer.ggml.model other than "gpt2" and "llama", and for a
+        tokenizer.ggml.pre sharpi does not know (as llama.cpp refuses one): the GPT-2 regex would
+        encode such a model's text wrongly. pre_fallback="gpt-2" opts into that fallback anyway
+        (with a warning); Session reads it from $SHARPI_PRE_TOKENIZER_FALLBACK.
         """
+        if pre_fallback not in (None, "", "gpt-2"):
+            raise InvalidArgument(f"[tokenizer] pre_fallback must be 'gpt-2' or None, not {pre_fallback!r}")
         self = object.__new__(cls)
         key = _Key(md)
         self.model = key.require("tokenizer.ggml.model", str)
@@ -481,8 +493,14 @@ class Tokenizer:
                 )
                 spec = _PRE_TOKENIZERS["gpt-2"]
             elif self.pre not in _PRE_TOKENIZERS:
+                if not pre_fallback:
+                    raise UnsupportedError(
+                        f"[tokenizer] unknown pre-tokenizer {self.pre!r} (tokenizer.ggml.pre); the GPT-2 "
+                        "fallback would split text differently from the model's own tokenizer. Opt in with "
+                        "pre_fallback='gpt-2' (SHARPI_PRE_TOKENIZER_FALLBACK=gpt-2) to use it anyway"
+                    )
                 warnings.warn(
-                    f"[tokenizer] unknown pre-tokenizer {self.pre!r}; using the GPT-2 pre-tokenizer",
+                    f"[tokenizer] unknown pre-tokenizer {self.pre!r}; using the GPT-2 pre-tokenizer (opted in)",
                     stacklevel=2,
                 )
                 spec = _PRE_TOKENIZERS["gpt-2"]

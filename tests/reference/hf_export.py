@@ -7,7 +7,8 @@ contain. It owns only the directories it is given; it never imports sharpi, neve
 converter (see convert_driver.py for the one in-memory patch) and never runs the converter's gguf-py
 inside this process.
 
-Every model is 2 layers, hidden size 128, 8 experts (MoE), seeded, with weights drawn at std ~0.08
+Every model is 2 layers (the hybrid ones 4: DeltaNet and gated attention alternating, plus one
+nextn block), hidden size 128, 8 experts (MoE), seeded, with weights drawn at std ~0.08
 and norm weights around 1 so that hidden states and routing are far from degenerate. The models
 also cover the variants the reference must get right: GQA everywhere, linear RoPE scaling
 (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings (qwen3moe, llama,
@@ -38,6 +39,12 @@ MOE_MODELS = {
     "deepseek_v2": "deepseek2",  # DeepseekV2ForCausalLM
     "deepseek_v3": "deepseek2",  # DeepseekV3ForCausalLM
 }
+# Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
+HYBRID_MODELS = {
+    "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
+    "qwen35moe": "qwen35moe",  # Qwen3_5MoeForCausalLM
+}
+MOE_MODELS.update(HYBRID_MODELS)
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
     "llama": "llama",  # LlamaForCausalLM
@@ -208,6 +215,45 @@ def make_config(name: str, vocab_size: int):
         config.scoring_func = "sigmoid"
         config.topk_method = "noaux_tc"
         return config
+    if name in HYBRID_MODELS:
+        # 4 layers: DeltaNet, gated attention, DeltaNet, gated attention (full_attention_interval 2).
+        # 2 key heads serve 4 value heads (grouped for qwen3next, tiled by the converter for
+        # qwen35moe); partial RoPE on 8 of 32 dims; conv kernel 4.
+        hybrid = {
+            **common,
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "full_attention_interval": 2,
+            "layer_types": ["linear_attention", "full_attention"] * 2,
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 96,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+        }
+        if name == "qwen3next":
+            return transformers.Qwen3NextConfig(
+                **hybrid,
+                intermediate_size=160,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+            )
+        # Text-only MRoPE: every section sees the same position, so it is plain NeoX RoPE.
+        return transformers.Qwen3_5MoeTextConfig(
+            **hybrid,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        )
     if name == "llama":
         return transformers.LlamaConfig(
             **common,
@@ -252,6 +298,8 @@ def build_model(name: str, vocab_size: int, seed: int):
         "qwen3": transformers.Qwen3ForCausalLM,
         "deepseek_v2": transformers.DeepseekV2ForCausalLM,
         "deepseek_v3": transformers.DeepseekV3ForCausalLM,
+        "qwen3next": transformers.Qwen3NextForCausalLM,
+        "qwen35moe": transformers.Qwen3_5MoeForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
@@ -283,8 +331,32 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     hf_dir = Path(out_dir) / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf_dir, safe_serialization=True)
+    if name in HYBRID_MODELS:
+        _add_mtp_layer(hf_dir, seed)
     tokenizer.save_pretrained(hf_dir)
     return ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+
+
+def _add_mtp_layer(hf_dir: Path, seed: int) -> None:
+    """Real Qwen3-Next / Qwen3.5 checkpoints ship one multi-token-prediction block under `mtp.*`
+    (transformers ignores it; llama.cpp's converter writes it as an extra `nextn` layer and refuses
+    a Qwen3-Next checkpoint without one). Add one: a copy of the last decoder layer (a gated-attention
+    MoE layer) plus the MTP projection and norms, seeded."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    config = json.loads((hf_dir / "config.json").read_text())
+    last = f"model.layers.{config['num_hidden_layers'] - 1}."
+    n_embd = config["hidden_size"]
+    generator = torch.Generator().manual_seed(seed + 1)
+    for key in [k for k in tensors if k.startswith(last)]:
+        tensors["mtp.layers.0." + key[len(last) :]] = tensors[key].clone()
+    tensors["mtp.fc.weight"] = WEIGHT_STD * torch.randn((n_embd, 2 * n_embd), generator=generator)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = NORM_WEIGHT_SPREAD * torch.randn((n_embd,), generator=generator)
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 @dataclass

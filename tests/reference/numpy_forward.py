@@ -24,6 +24,13 @@ Architectures (GGUF `general.architecture`):
             attention; the engine uses the absorbed form), q LoRA, YaRN, leading dense layers,
             shared experts, softmax (V2) or sigmoid + selection-bias (V3) group-limited routing,
             top-k weights scaled by expert_weights_scale.
+  qwen3next, qwen35moe
+            hybrid: Gated DeltaNet on the recurrent layers (attention.recurrent_layers), gated
+            attention elsewhere (attn_q yields [query | gate] per head; per-head q/k RMSNorm;
+            partial NeoX RoPE; output * sigmoid(gate)); MoE with top-k renormalised plus the
+            sigmoid-gated shared expert; FFN norm post_attention_norm. The DeltaNet runs in its
+            plain recurrent form (transformers' torch_recurrent_gated_delta_rule), token by token.
+            The nextn (MTP) blocks after the trunk are not run.
 
 Array orientation: every weight is stored the PyTorch way, [out_features, in_features] (numpy shape
 = reversed ggml ne), so a projection is `x @ W.T`; stacked experts are [n_expert, out, in].
@@ -37,14 +44,17 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe")
+HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX rotates (i, i + n_rot/2).
-NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe"})
+NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "qwen3next", "qwen35moe"})
 
 # Whether the selected experts' softmax weights are renormalised to sum to 1 (the `norm_w` argument
 # llama.cpp's graph builders pass to build_moe_ffn for each architecture).
-RENORMALISE_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
+RENORMALISE_TOPK = {
+    "llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "qwen3next": True, "qwen35moe": True,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,13 @@ class HParams:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     kq_scale: float = 0.0  # 0: 1 / sqrt(head_dim_k)
+    # Hybrid archs only: which layers are Gated DeltaNet, and its shape (ssm.* keys).
+    recurrent: tuple = ()
+    ssm_conv: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head_k: int = 0
+    ssm_inner: int = 0
 
 
 class ReferenceModel:
@@ -174,11 +191,27 @@ class ReferenceModel:
             raise ValueError(f"{self.path}: expert_used_count {n_expert_used} > expert_count {n_expert}")
 
         token_embd = self.get("token_embd.weight")
+        # block_count counts the nextn (MTP) blocks too; they follow the trunk and are not run.
+        n_layer = int(self._key(f"{arch}.block_count")) - int(self.metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
+        hybrid = {}
+        if arch in HYBRID_ARCHS:
+            flags = self.metadata.get(f"{arch}.attention.recurrent_layers")
+            if flags is None:
+                interval = int(self.metadata.get(f"{arch}.full_attention_interval", 4))
+                flags = [(il + 1) % interval != 0 for il in range(n_layer)]
+            hybrid = {
+                "recurrent": tuple(bool(x) for x in list(flags)[:n_layer]),
+                "ssm_conv": int(self._key(f"{arch}.ssm.conv_kernel")),
+                "ssm_k_heads": int(self._key(f"{arch}.ssm.group_count")),
+                "ssm_v_heads": int(self._key(f"{arch}.ssm.time_step_rank")),
+                "ssm_head_k": int(self._key(f"{arch}.ssm.state_size")),
+                "ssm_inner": int(self._key(f"{arch}.ssm.inner_size")),
+            }
         return HParams(
             arch=arch,
             n_vocab=token_embd.shape[0],
             n_embd=n_embd,
-            n_layer=int(self._key(f"{arch}.block_count")),
+            n_layer=n_layer,
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim_k=head_dim_k,
@@ -192,6 +225,7 @@ class ReferenceModel:
             n_expert_used=n_expert_used,
             renormalise_topk=bool(self.metadata.get(f"{arch}.expert_weights_norm", RENORMALISE_TOPK.get(arch, False))),
             **mla,
+            **hybrid,
         )
 
 
@@ -327,6 +361,12 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     n_tokens = x.shape[0]
 
     q = linear(x, layer.w("attn_q"), layer.b("attn_q"))
+    gate = None
+    if hp.arch in HYBRID_ARCHS:
+        # Gated attention: each head's attn_q rows are [query (head_dim) | output gate (head_dim)].
+        both = q.reshape(n_tokens, hp.n_head, 2 * hp.head_dim_k)
+        q = both[:, :, : hp.head_dim_k].reshape(n_tokens, -1)
+        gate = both[:, :, hp.head_dim_k :].reshape(n_tokens, -1)
     k = linear(x, layer.w("attn_k"), layer.b("attn_k"))
     v = linear(x, layer.w("attn_v"), layer.b("attn_v"))
     record("Qcur", q)
@@ -342,11 +382,11 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     k = k.reshape(n_tokens, hp.n_head_kv, hp.head_dim_k)
     v = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim_v)
 
-    if hp.arch in ("qwen3", "qwen3moe"):
+    if hp.arch in ("qwen3", "qwen3moe") or hp.arch in HYBRID_ARCHS:
         # Qwen3 normalises each head separately (weights of size head_dim).
         q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
         k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
-    if hp.arch in ("olmoe", "qwen3", "qwen3moe"):
+    if hp.arch in ("olmoe", "qwen3", "qwen3moe") or hp.arch in HYBRID_ARCHS:
         record("Qcur_normed", q.reshape(n_tokens, -1))
         record("Kcur_normed", k.reshape(n_tokens, -1))
 
@@ -359,6 +399,8 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
 
     kqv = causal_attention(q, k, v)
     record("kqv_out", kqv)
+    if gate is not None:
+        kqv = kqv * sigmoid(gate)
     return linear(kqv, layer.w("attn_output"), layer.b("attn_output"))
 
 
@@ -423,6 +465,58 @@ def select_experts(model: ReferenceModel, il: int, router_logits: np.ndarray):
         choice = np.where(allowed, choice, -np.inf)
     selected = np.argsort(-choice, axis=1, kind="stable")[:, :k]
     return probs, selected, np.where(np.isfinite(choice), choice, -1e9)
+
+
+def deltanet_block(model: ReferenceModel, il: int, x: np.ndarray, record) -> np.ndarray:
+    """Gated DeltaNet token mixer of block il on the normed input x [T, n_embd], from position 0
+    (zero conv and recurrent state), in the recurrent form; returns [T, n_embd]."""
+    hp = model.hparams
+    layer = _Layer(model, il)
+    T = x.shape[0]
+    nk, nv, dk = hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_k
+    dv = hp.ssm_inner // nv
+    r = nv // nk
+
+    qkv = linear(x, layer.w("attn_qkv"))  # [T, 2 nk dk + nv dv]: conv channels q | k | v
+    z = linear(x, layer.w("attn_gate")).reshape(T, nv, dv)
+    if layer.has("ssm_ba"):
+        # qwen3next: per key head [beta x r, alpha x r] (value heads grouped by key head).
+        ba = linear(x, layer.w("ssm_ba")).reshape(T, nk, 2 * r)
+        b, a = ba[:, :, :r].reshape(T, nv), ba[:, :, r:].reshape(T, nv)
+    else:
+        b, a = linear(x, layer.w("ssm_beta")), linear(x, layer.w("ssm_alpha"))
+    beta = sigmoid(b)
+    pre = a + model.get(f"blk.{il}.ssm_dt.bias")
+    softplus = np.where(pre > 20.0, pre, np.log1p(np.exp(np.minimum(pre, 20.0))))
+    g = model.get(f"blk.{il}.ssm_a") * softplus  # ssm_a = -exp(A_log): log decays <= 0
+
+    # Causal depthwise conv1d over time (zero history), then SiLU.
+    kernel = model.get(f"blk.{il}.ssm_conv1d.weight")  # [channels, K]
+    K = kernel.shape[1]
+    padded = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
+    conv = np.stack([np.sum(kernel.T * padded[t : t + K], axis=0) for t in range(T)])
+    conv = silu(conv)
+    record("conv_output_silu", conv)
+
+    q = conv[:, : nk * dk].reshape(T, nk, dk)
+    k = conv[:, nk * dk : 2 * nk * dk].reshape(T, nk, dk)
+    v = conv[:, 2 * nk * dk :].reshape(T, nv, dv)
+    q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+    k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + 1e-6)
+
+    out = np.zeros((T, nv, dv))
+    for h in range(nv):
+        # The converter tiles qwen35moe's value heads over key heads; qwen3next keeps them grouped.
+        kh = h % nk if hp.arch == "qwen35moe" else h // r
+        S = np.zeros((dk, dv))
+        for t in range(T):
+            S = S * np.exp(g[t, h])
+            delta = beta[t, h] * (v[t, h] - S.T @ k[t, kh])
+            S = S + np.outer(k[t, kh], delta)
+            out[t, h] = S.T @ q[t, kh]
+    record("core_attn_out", out.reshape(T, -1))
+    normed = rms_norm(out, model.get(f"blk.{il}.ssm_norm.weight"), hp.rms_eps) * silu(z)
+    return linear(normed.reshape(T, -1), layer.w("ssm_out"))
 
 
 def swiglu_ffn(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None):
@@ -509,13 +603,17 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
 
         normed = rms_norm(hidden, layer.w("attn_norm"), hp.rms_eps)
         record("attn_norm", normed)
-        block = mla_attention_block if hp.arch == "deepseek2" else attention_block
-        attn_out = block(model, il, normed, positions, record)
+        if hp.recurrent and hp.recurrent[il]:
+            attn_out = deltanet_block(model, il, normed, record)
+        else:
+            block = mla_attention_block if hp.arch == "deepseek2" else attention_block
+            attn_out = block(model, il, normed, positions, record)
         record("attn_out", attn_out)
         ffn_inp = hidden + attn_out
         record("ffn_inp", ffn_inp)
 
-        normed = rms_norm(ffn_inp, layer.w("ffn_norm"), hp.rms_eps)
+        ffn_norm = "post_attention_norm" if hp.arch in HYBRID_ARCHS else "ffn_norm"
+        normed = rms_norm(ffn_inp, layer.w(ffn_norm), hp.rms_eps)
         record("ffn_norm", normed)
         if layer.has("ffn_gate_inp"):
             ffn_out = moe_block(model, il, normed, result, record)

@@ -10,9 +10,12 @@ extern const ArchSpec kArchOlmoe;
 extern const ArchSpec kArchQwen2;
 extern const ArchSpec kArchQwen3;
 extern const ArchSpec kArchDeepseek2;
+extern const ArchSpec kArchQwen3Next;
+extern const ArchSpec kArchQwen35Moe;
 
 static const ArchSpec* const kArchTable[] = {
-    &kArchLlama, &kArchQwen2Moe, &kArchQwen3Moe, &kArchOlmoe, &kArchQwen2, &kArchQwen3, &kArchDeepseek2,
+    &kArchLlama, &kArchQwen2Moe,  &kArchQwen3Moe,  &kArchOlmoe,     &kArchQwen2,
+    &kArchQwen3, &kArchDeepseek2, &kArchQwen3Next, &kArchQwen35Moe,
 };
 
 const ArchSpec* find_arch(const std::string& name) {

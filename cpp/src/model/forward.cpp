@@ -65,6 +65,8 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
     const LayerWeights& L = layer(il);
     const int64_t T = cur.n_tokens;
     Act q = linear(cur, L.wq, "Qcur", il);
+    Act gate;
+    if (L.attn_output_gate) q = split_query_gate(q, &gate, il);
     Act k = linear(cur, L.wk, "Kcur", il);
     Act v = linear(cur, L.wv, "Vcur", il);
 
@@ -99,6 +101,7 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
                               1.0f / std::sqrt(static_cast<float>(h.head_dim))};
     cpu::attention(pool_, q.data, q.width, kc, vc, ld_kv, T, pos0_, shape, kqv.data, kqv.width);
     name(kqv, "kqv_out", il);
+    if (L.attn_output_gate) output_gate(kqv, gate, il);
     return linear(kqv, L.wo, "attn_out", il);
 }
 
@@ -146,7 +149,10 @@ void Forward::output_head(const Act& x, int64_t first_row, float* logits) {
 // Block
 
 Act Forward::decoder_layer(const Act& inp, int il, QkNorm qk_norm) {
-    return decoder_layer(inp, il, [&](const Act& cur) { return self_attention(cur, il, qk_norm); });
+    // Hybrid archs (qwen3next, qwen35moe): Gated DeltaNet on the recurrent layers.
+    return decoder_layer(inp, il, [&](const Act& cur) {
+        return hp().is_recurrent(il) ? gated_delta_net(cur, il) : self_attention(cur, il, qk_norm);
+    });
 }
 
 Act Forward::decoder_layer(const Act& inp, int il, const std::function<Act(const Act&)>& attention) {

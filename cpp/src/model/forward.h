@@ -30,6 +30,7 @@
 namespace sharpi {
 
 class MoeFfn;
+class RecurrentState;
 
 enum class QkNorm { none, per_head, full };
 
@@ -46,6 +47,8 @@ class Forward {
     int64_t pos0() const { return pos0_; }
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+    // The DeltaNet layers' per-sequence state (hybrid archs only; model/recurrent_state.h).
+    void set_recurrent_state(RecurrentState* state) { recurrent_ = state; }
     bool dumping() const { return dump_ != nullptr; }
     // Exact mode (SessionOptions::exact): every matmul and expert dot in f32 on dequantized
     // weights; otherwise fast mode quantizes activations (cpu/ops/matmul.h).
@@ -71,6 +74,16 @@ class Forward {
     // causal attention, output projection.
     Act self_attention(const Act& cur, int il, QkNorm qk_norm);
 
+    // Gated attention (model/hybrid_layer.cpp): splits attn_q's [query | gate] rows per head into
+    // the query (returned) and *gate; output_gate scales the attention output by sigmoid(gate).
+    Act split_query_gate(const Act& q_full, Act* gate, int il);
+    void output_gate(const Act& kqv, const Act& gate, int il);
+
+    // Gated DeltaNet token mixer from the normalised input (model/hybrid_layer.cpp): qkv and z
+    // projections, beta / decay, causal conv1d (rolling state), L2-normalised q/k, the gated delta
+    // rule (recurrent for one token, chunked for a batch), gated RMSNorm, output projection.
+    Act gated_delta_net(const Act& cur, int il);
+
     // down(silu(gate x) * up x) with dense weights (dense FFN or a shared expert).
     Act ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name,
             int il);
@@ -82,7 +95,8 @@ class Forward {
 
     // The pre-norm residual block every supported architecture uses:
     //   h = x + attn(attn_norm(x));  out = h + ffn(ffn_norm(h))
-    // where ffn is moe_ffn on layers with routed experts and the dense SwiGLU FFN otherwise.
+    // where ffn is moe_ffn on layers with routed experts and the dense SwiGLU FFN otherwise, and
+    // attn is gated_delta_net on a hybrid model's recurrent layers.
     Act decoder_layer(const Act& inp, int il, QkNorm qk_norm);
     // The same block with another attention (deepseek2's MLA): attention(attn_norm(x)) -> [T, n_embd].
     Act decoder_layer(const Act& inp, int il, const std::function<Act(const Act&)>& attention);
@@ -97,6 +111,7 @@ class Forward {
 
     int64_t pos0_ = 0;
     Timeline* timeline_ = nullptr;
+    RecurrentState* recurrent_ = nullptr;
     bool exact_ = false;
 };
 

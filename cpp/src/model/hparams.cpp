@@ -29,6 +29,43 @@ int64_t tensor_dim(const GgufFile& f, const std::string& name, size_t dim) {
     return (t && t->ne.size() > dim) ? t->ne[dim] : 0;
 }
 
+// The Gated DeltaNet keys of a hybrid file (present iff {arch}.ssm.conv_kernel is).
+void read_ssm_hparams(const GgufFile& f, const std::string& a, HParams& hp) {
+    if (!f.has(a + "ssm.conv_kernel")) return;
+    auto fail = [&](const std::string& what) { return FormatError("[model] " + f.path() + ": " + what); };
+    hp.ssm_d_conv = static_cast<int64_t>(f.get_uint(a + "ssm.conv_kernel"));
+    hp.ssm_d_state = static_cast<int64_t>(f.get_uint(a + "ssm.state_size"));
+    hp.ssm_n_group = static_cast<int64_t>(f.get_uint(a + "ssm.group_count"));
+    hp.ssm_dt_rank = static_cast<int64_t>(f.get_uint(a + "ssm.time_step_rank"));
+    hp.ssm_d_inner = static_cast<int64_t>(f.get_uint(a + "ssm.inner_size"));
+    if (hp.ssm_d_conv < 1 || hp.ssm_d_state <= 0 || hp.ssm_n_group <= 0 || hp.ssm_dt_rank <= 0 ||
+        hp.ssm_dt_rank % hp.ssm_n_group != 0 || hp.ssm_d_inner % hp.ssm_dt_rank != 0) {
+        throw fail("inconsistent ssm hyper-parameters: conv_kernel " + std::to_string(hp.ssm_d_conv) +
+                   ", state_size " + std::to_string(hp.ssm_d_state) + ", group_count " +
+                   std::to_string(hp.ssm_n_group) + ", time_step_rank " + std::to_string(hp.ssm_dt_rank) +
+                   ", inner_size " + std::to_string(hp.ssm_d_inner));
+    }
+    // The layer pattern: an explicit per-layer array (trunk and nextn blocks), else every
+    // full_attention_interval-th layer is attention (llama.cpp's rule, default interval 4).
+    const size_t n_all = static_cast<size_t>(hp.n_layer + hp.n_layer_nextn);
+    hp.recurrent_layers.assign(static_cast<size_t>(hp.n_layer), false);
+    if (const GgufValue* v = f.find(a + "attention.recurrent_layers")) {
+        if (v->type != GgufValueType::ARRAY || v->arr_int.size() != n_all) {
+            throw fail("attention.recurrent_layers must hold one flag per block (" + std::to_string(n_all) +
+                       ")");
+        }
+        for (int64_t il = 0; il < hp.n_layer; ++il) {
+            hp.recurrent_layers[static_cast<size_t>(il)] = v->arr_int[static_cast<size_t>(il)] != 0;
+        }
+    } else {
+        const int64_t interval = static_cast<int64_t>(f.get_uint_or(a + "full_attention_interval", 4));
+        if (interval < 1) throw fail("full_attention_interval must be >= 1");
+        for (int64_t il = 0; il < hp.n_layer; ++il) {
+            hp.recurrent_layers[static_cast<size_t>(il)] = (il + 1) % interval != 0;
+        }
+    }
+}
+
 }  // namespace
 
 HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
@@ -59,6 +96,12 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     hp.rms_eps = static_cast<float>(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-6));
     hp.n_expert = get_or("expert_count", 0, kMaxExperts);
     hp.n_expert_used = get_or("expert_used_count", 0, kMaxExperts);
+
+    // block_count includes the nextn (MTP) blocks; the trunk is the rest.
+    hp.n_layer_nextn = static_cast<int64_t>(f.get_uint_or(a + "nextn_predict_layers", 0));
+    if (hp.n_layer_nextn < 0 || hp.n_layer_nextn >= hp.n_layer)
+        throw fail("nextn_predict_layers " + std::to_string(hp.n_layer_nextn) + " leaves no trunk layers");
+    hp.n_layer -= hp.n_layer_nextn;
 
     if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
         hp.n_head % hp.n_head_kv != 0) {
@@ -122,6 +165,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         hp.n_ff_shexp = get_or("expert_shared_feed_forward_length", 0, kMaxFfn);
         if (hp.n_ff_shexp == 0) hp.n_ff_shexp = tensor_dim(f, moe_blk + "ffn_gate_shexp.weight", 1);
     }
+    read_ssm_hparams(f, a, hp);
     hp.expert_weights_norm = f.get_bool_or(a + "expert_weights_norm", spec.expert_weights_norm);
     cpu::RouterParams& r = hp.router;
     r.normalize_topk = hp.expert_weights_norm;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cpu/ops/rope.h"
 #include "cpu/ops/router.h"
@@ -47,6 +48,23 @@ struct HParams {
     // Floats one position takes in one layer's KV cache: the latent (+ RoPE part) for MLA, K and V
     // otherwise.
     int64_t kv_floats_per_token() const { return is_mla() ? n_lora_kv + rope.n_rot : 2 * n_embd_kv(); }
+
+    // Hybrid archs (qwen3next, qwen35moe): Gated DeltaNet layers from the ssm.* keys, named as
+    // llama.cpp names them. Zero / empty for every other arch.
+    int64_t ssm_d_conv = 0;              // conv1d kernel size
+    int64_t ssm_d_state = 0;             // key head width (head_k_dim)
+    int64_t ssm_n_group = 0;             // key heads
+    int64_t ssm_dt_rank = 0;             // value heads
+    int64_t ssm_d_inner = 0;             // value heads * head_v_dim
+    std::vector<bool> recurrent_layers;  // [n_layer]: true for a DeltaNet layer
+    // Multi-token-prediction blocks after the trunk (blk.n_layer ...); loaded as tensors, not run.
+    int64_t n_layer_nextn = 0;
+
+    bool is_recurrent(int il) const {
+        return !recurrent_layers.empty() && recurrent_layers[static_cast<size_t>(il)];
+    }
+    int64_t ssm_head_v_dim() const { return ssm_dt_rank > 0 ? ssm_d_inner / ssm_dt_rank : 0; }
+    int64_t ssm_conv_channels() const { return 2 * ssm_n_group * ssm_d_state + ssm_d_inner; }
 
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }

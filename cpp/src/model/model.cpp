@@ -51,6 +51,14 @@ bool is_expert_tensor(const std::string& name) {
     return name.find("_exps.") != std::string::npos;
 }
 
+bool is_nextn_tensor(const std::string& name, int64_t n_layer) {
+    if (name.compare(0, 4, "blk.") != 0) return false;
+    int64_t il = 0;
+    size_t i = 4;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + (name[i] - '0');
+    return i > 4 && il >= n_layer;
+}
+
 namespace {
 
 // Streaming mode: read every dense tensor into one owned buffer with pread (64-byte aligned each),
@@ -58,15 +66,19 @@ namespace {
 void read_dense_tensors(Model& model) {
     const GgufFile& f = *model.file;
     uint64_t total = 0;
+    const int64_t n_layer = model.hp.n_layer;
+    auto skip = [&](const GgufTensor& t) {
+        return is_expert_tensor(t.name) || is_nextn_tensor(t.name, n_layer);
+    };
     for (const GgufTensor& t : f.tensors()) {
-        if (!is_expert_tensor(t.name)) total += (t.nbytes + 63) & ~uint64_t{63};
+        if (!skip(t)) total += (t.nbytes + 63) & ~uint64_t{63};
     }
     model.dense_storage.reset(new uint8_t[total + 64]);
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(model.dense_storage.get()) + 63) &
                                                ~uintptr_t{63});
     uint64_t at = 0;
     for (const GgufTensor& t : f.tensors()) {
-        if (is_expert_tensor(t.name)) continue;
+        if (skip(t)) continue;
         uint8_t* dst = base + at;
         const GgufFile& shard = f.shard(t.shard);
         uint64_t done = 0;
@@ -180,10 +192,10 @@ void ModelLoader::qk_norm(int il, int64_t q_width, int64_t k_width) {
     L.attn_k_norm = vector(blk(il, "attn_k_norm.weight"), k_width);
 }
 
-void ModelLoader::moe(int il) {
+void ModelLoader::moe(int il, const char* norm) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
-    L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
+    L.ffn_norm = vector(blk(il, norm), h.n_embd);
     L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
     // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
     L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
@@ -263,6 +275,7 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     for (int il = 0; il < h.n_layer; ++il) model->spec->load_layer(loader, il);
 
     for (const GgufTensor& t : f.tensors()) {
+        if (is_nextn_tensor(t.name, h.n_layer)) continue;
         (is_expert_tensor(t.name) ? model->bytes_experts : model->bytes_dense) += t.nbytes;
     }
     f.check_mapping();  // norms and biases were copied out of the mapping above

@@ -44,6 +44,16 @@ struct LayerWeights {
     // routed experts
     cpu::WeightView ffn_gate_inp;     // router [n_expert, n_embd]
     cpu::WeightView ffn_pregate_inp;  // [n_expert, n_embd]: layer il+1's pre-gate; data == nullptr: none
+    // Gated attention (qwen3next, qwen35moe): attn_q yields [query | gate] per head, and the
+    // attention output is scaled by sigmoid(gate) before attn_output.
+    bool attn_output_gate = false;
+    // Gated DeltaNet token mixer (model/hybrid_layer.h) on recurrent layers; empty elsewhere.
+    // Either ssm_ba (qwen3next: per key head [beta x r, alpha x r]) or ssm_beta + ssm_alpha.
+    // ssm_in: older qwen3next files' single projection, per key head [q, k, v x r, z x r].
+    Linear ssm_qkv, ssm_gate, ssm_in, ssm_ba, ssm_beta, ssm_alpha, ssm_out;
+    std::vector<float> ssm_conv1d;                    // [conv_channels, d_conv]
+    std::vector<float> ssm_a, ssm_dt_bias, ssm_norm;  // [n_v_heads] (-exp(A_log)), [n_v_heads], [head_v_dim]
+    bool ssm_v_heads_tiled = false;                   // cpu::GdnShape::v_heads_tiled
     // The routed experts themselves are in Model::experts (an ExpertLayout), not here.
 };
 
@@ -75,6 +85,9 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming = fals
 
 // True for the stacked routed-expert tensors (ffn_{gate,up,down}_exps).
 bool is_expert_tensor(const std::string& name);
+// True for a tensor of block n_layer or later: a nextn (multi-token-prediction) block, which is
+// loaded with the file but never run, read or charged.
+bool is_nextn_tensor(const std::string& name, int64_t n_layer);
 
 // A stacked routed-expert tensor of n_expert experts in file number `file` as an ExpertPart (its
 // view left empty): name, offset of expert 0 and bytes per expert (nbytes / n_expert).
@@ -108,8 +121,8 @@ class ModelLoader {
     void attention(int il);
     // attn_q_norm / attn_k_norm of width `width` (head_dim per head, or the full projection).
     void qk_norm(int il, int64_t q_width, int64_t k_width);
-    // ffn_norm, router ffn_gate_inp and ffn_{gate,up,down}_exps.
-    void moe(int il);
+    // The FFN norm (`norm`, ffn_norm in most archs), router ffn_gate_inp and ffn_{gate,up,down}_exps.
+    void moe(int il, const char* norm = "ffn_norm.weight");
     // ffn_norm and dense ffn_{gate,up,down}.
     void dense_ffn(int il);
     // qwen2moe's shared expert: ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp.

@@ -13,5 +13,6 @@ void bind_sampler(pybind11::module_& m);  // sampler_bindings.cpp
 void bind_io(pybind11::module_& m);       // io_bindings.cpp
 void bind_predict(pybind11::module_& m);  // predict_bindings.cpp
 void bind_cache(pybind11::module_& m);    // cache_bindings.cpp
+void bind_gdn(pybind11::module_& m);      // gdn_bindings.cpp
 
 }  // namespace sharpi::py_bindings
