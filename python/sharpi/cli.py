@@ -23,7 +23,7 @@ import sys
 from typing import TextIO
 
 from . import metrics
-from .cli_args import add_compute_arguments, non_negative_int
+from .cli_args import add_compute_arguments, non_negative_int, session_kv_options
 
 
 def _user_errors() -> tuple:
@@ -283,6 +283,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         predictor=args.predictor,
         lookahead=args.lookahead,
         trace=args.trace,
+        **session_kv_options(args),
     )
     if args.chat:
         tok = session.tokenizer
