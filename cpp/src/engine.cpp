@@ -121,7 +121,7 @@ void Engine::plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v) 
                             : 0;
     const MemoryPlan plan = plan_memory(*model_, request);
     if (budget < plan.minimum_bytes) {
-        throw InvalidArgument("ram_budget " + std::to_string(budget) + " bytes is too small for " +
+        throw InvalidArgument("ram_budget " + std::to_string(budget) + " B is too small for " +
                               model_->file->path() + ": " + plan.describe(n_ctx, type_k, type_v));
     }
     const uint64_t fixed = plan.fixed_bytes, slot = plan.slot_bytes, n_staging = request.n_staging;

@@ -35,6 +35,7 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     p.fixed_bytes = p.dense_bytes + p.kv_bytes + p.buffer_bytes;
     if (h.is_moe()) {
         p.slot_bytes = ExpertCache::slot_bytes(model.experts);
+        p.n_staging = r.n_staging;
         p.n_min_slots = static_cast<uint64_t>(k) + r.n_staging;
     }
     p.minimum_bytes = p.fixed_bytes + p.n_min_slots * p.slot_bytes;

@@ -33,6 +33,7 @@ struct MemoryPlan {
     uint64_t buffer_bytes = 0;
     uint64_t fixed_bytes = 0;  // dense + kv + buffers
     uint64_t slot_bytes = 0;   // one expert slot (0 for a dense model)
+    uint64_t n_staging = 0;    // predictor staging slots
     uint64_t n_min_slots = 0;  // top-k + staging
     uint64_t minimum_bytes = 0;
     // "dense weights X + KV cache Y (n_ctx N, f16/f16) + buffers Z + k expert slots ... = M"

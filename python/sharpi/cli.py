@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ram-budget",
         default=None,
         metavar="SIZE",
-        help="stream experts from the file within this much RAM, e.g. 6GiB (default: all resident)",
+        help="stream experts from the file within this much RAM, e.g. 6GiB, or auto (what the machine or its "
+        "cgroup has available minus max(256 MiB, 10%%)) (default: all resident)",
     )
     run.add_argument(
         "--reader",
@@ -285,6 +286,8 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         trace=args.trace,
         **session_kv_options(args),
     )
+    if session.auto_budget is not None:
+        print(f"sharpi: {session.auto_budget.describe()}", file=err)
     if args.chat:
         tok = session.tokenizer
         text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)

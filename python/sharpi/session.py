@@ -49,7 +49,8 @@ class Session:
         token-by-token decode and between streamed and resident runs.
 
         ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
-        resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
+        resident; "auto": the memory the machine or its cgroup has available minus a margin
+        (sharpi.ram_budget; the choice is in self.auto_budget). With a budget, dense weights, KV cache and buffers are charged first and the rest
         becomes expert slots streamed from the file (reader: "auto", "uring" or "pread").
 
         predictor (streaming only, docs/predictors.md): "none", "prev_token", "next_gate", "pregate",
@@ -91,7 +92,13 @@ class Session:
         if trace:
             timeline = True
         budget = 0
-        if ram_budget:
+        self.auto_budget = None  # ram_budget.AutoBudget when ram_budget="auto"
+        if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto":
+            from .ram_budget import auto_ram_budget
+
+            self.auto_budget = auto_ram_budget()
+            budget = self.auto_budget.budget
+        elif ram_budget:
             budget = ram_budget if isinstance(ram_budget, int) else _core.parse_byte_size(str(ram_budget))
         self._core = _core.Session(
             self.path,
