@@ -21,13 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import sharpi
 from sharpi.make_model import write_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference import hf_export  # noqa: E402
-from reference.engine_checks import greedy_logits  # noqa: E402
+from reference import hf_export
+from reference.engine_checks import greedy_logits
 
 N_PROMPT = 48
 N_GREEDY = 32
@@ -119,3 +118,52 @@ if __name__ == "__main__":  # the measurement KV_BUDGET was taken from
             types = QUANT_TYPES if sharpi.Session(path, n_ctx=64).info["head_dim"] % 32 == 0 else ("f16",)
             for t, (rel, same) in kv_errors(path, arch, types).items():
                 print(f"{kind} {arch} {t}: {rel:.3e} {'same' if same else 'DIFFERENT'} greedy tokens", flush=True)
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0", "q4_0"])
+def test_streamed_equals_resident_for_each_kv_type(kv_type, model_dir):
+    path = model_dir / "kv_stream_q4_k.gguf"
+    if not path.exists():
+        write_model(str(path), preset="tiny", quant="q4_k", seed=5, n_layer=3)
+    path = str(path)
+    prompt = list(range(30, 70))
+    opts = {"threads": 2, "n_ctx": 128, "cache_type_k": kv_type, "cache_type_v": kv_type}
+    resident = greedy_logits(sharpi.Session(path, **opts), prompt, 24)
+    plan = sharpi._core.memory_plan(path, n_ctx=128, cache_type_k=kv_type, cache_type_v=kv_type, threads=2)
+    s = sharpi.Session(path, ram_budget=plan["minimum_bytes"] + plan["slot_bytes"], **opts)
+    st = s.expert_stats()
+    assert st["fixed_bytes"] == plan["fixed_bytes"] and st["n_slots"] == plan["n_min_slots"] + 1
+    np.testing.assert_array_equal(greedy_logits(s, prompt, 24), resident)
+
+
+def test_olmoe_minimum_budget_falls_by_the_kv_bytes_saved(tmp_path):
+    # Full OLMoE-1B-7B shapes (16 layers, 16 KV heads of 128) as a sparse file: no data on disk.
+    path = str(tmp_path / "olmoe.gguf")
+    write_model(path, preset="olmoe-1b-7b", quant="q4_k", weights="sparse")
+    n_layer, n_ctx, width = 16, 4096, 16 * 128
+    row_bytes = {"f32": width * 4, "f16": width * 2, "q8_0": width // 32 * 34, "q4_0": width // 32 * 18}
+    plans = {t: sharpi._core.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t, threads=2)
+             for t in row_bytes}
+    assert plans["f32"]["kv_bytes"] == 1024 * 2**20  # the number
+    for t, rb in row_bytes.items():
+        kv = n_layer * n_ctx * 2 * rb
+        assert plans[t]["kv_bytes"] == kv
+        assert plans["f32"]["minimum_bytes"] - plans[t]["minimum_bytes"] == plans["f32"]["kv_bytes"] - kv
+    # The default (fast mode) is f16, and exact mode keeps f32.
+    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, threads=2)["kv_bytes"] == plans["f16"]["kv_bytes"]
+    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, exact=True, threads=2)["kv_bytes"] == plans["f32"]["kv_bytes"]
+    # End to end: the f16 minimum opens a session that f32 KV would not fit.
+    budget = plans["f16"]["minimum_bytes"]
+    s = sharpi.Session(path, threads=2, n_ctx=n_ctx, ram_budget=budget)
+    assert s.info["cache_type_k"] == "f16" and s.expert_stats()["fixed_bytes"] == plans["f16"]["fixed_bytes"]
+    del s
+    with pytest.raises(sharpi.InvalidArgument, match=r"too small.*K f32, V f32"):
+        sharpi.Session(path, threads=2, n_ctx=n_ctx, ram_budget=budget, cache_type_k="f32", cache_type_v="f32")
+
+
+def test_context_beyond_training_is_refused_unless_allowed(model_dir):
+    path = model_path("mm", "qwen3", model_dir)  # context_length 4096
+    with pytest.raises(sharpi.InvalidArgument, match=r"n_ctx 4097 is beyond the 4096 tokens.*allow_long_context"):
+        sharpi.Session(path, n_ctx=4097)
+    s = sharpi.Session(path, n_ctx=4097, allow_long_context=True)
+    assert s.info["n_ctx"] == 4097
