@@ -286,8 +286,9 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         trace=args.trace,
         **session_kv_options(args),
     )
-    if session.auto_budget is not None:
-        print(f"sharpi: {session.auto_budget.describe()}", file=err)
+    auto_budget = getattr(session, "auto_budget", None)
+    if auto_budget is not None:
+        print(f"sharpi: {auto_budget.describe()}", file=err)
     if args.chat:
         tok = session.tokenizer
         text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
