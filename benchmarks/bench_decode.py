@@ -80,7 +80,8 @@ def run_llama_cpp(path: str, threads: int, n_prompt: int, n_decode: int):
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + n_decode + 8, verbose=False)
+    n_ctx = n_prompt + n_decode + 8  # n_batch = n_ctx: llama-cpp-python keeps n_batch rows of scores
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=n_ctx, verbose=False)
     rng = np.random.default_rng(0)
     prompt = rng.integers(10, llm.n_vocab() - 10, size=n_prompt).tolist()
     t0 = time.perf_counter()

@@ -129,7 +129,7 @@ def test_streamed_equals_resident_for_each_kv_type(kv_type, model_dir):
     prompt = list(range(30, 70))
     opts = {"threads": 2, "n_ctx": 128, "cache_type_k": kv_type, "cache_type_v": kv_type}
     resident = greedy_logits(sharpi.Session(path, **opts), prompt, 24)
-    plan = sharpi._core.memory_plan(path, n_ctx=128, cache_type_k=kv_type, cache_type_v=kv_type, threads=2)
+    plan = sharpi._core.memory_plan(path, n_ctx=128, cache_type_k=kv_type, cache_type_v=kv_type)
     s = sharpi.Session(path, ram_budget=plan["minimum_bytes"] + plan["slot_bytes"], **opts)
     st = s.expert_stats()
     assert st["fixed_bytes"] == plan["fixed_bytes"] and st["n_slots"] == plan["n_min_slots"] + 1
@@ -142,7 +142,7 @@ def test_olmoe_minimum_budget_falls_by_the_kv_bytes_saved(tmp_path):
     write_model(path, preset="olmoe-1b-7b", quant="q4_k", weights="sparse")
     n_layer, n_ctx, width = 16, 4096, 16 * 128
     row_bytes = {"f32": width * 4, "f16": width * 2, "q8_0": width // 32 * 34, "q4_0": width // 32 * 18}
-    plans = {t: sharpi._core.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t, threads=2)
+    plans = {t: sharpi._core.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t)
              for t in row_bytes}
     assert plans["f32"]["kv_bytes"] == 1024 * 2**20  # the number
     for t, rb in row_bytes.items():
@@ -150,8 +150,8 @@ def test_olmoe_minimum_budget_falls_by_the_kv_bytes_saved(tmp_path):
         assert plans[t]["kv_bytes"] == kv
         assert plans["f32"]["minimum_bytes"] - plans[t]["minimum_bytes"] == plans["f32"]["kv_bytes"] - kv
     # The default (fast mode) is f16, and exact mode keeps f32.
-    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, threads=2)["kv_bytes"] == plans["f16"]["kv_bytes"]
-    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, exact=True, threads=2)["kv_bytes"] == plans["f32"]["kv_bytes"]
+    assert sharpi._core.memory_plan(path, n_ctx=n_ctx)["kv_bytes"] == plans["f16"]["kv_bytes"]
+    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, exact=True)["kv_bytes"] == plans["f32"]["kv_bytes"]
     # End to end: the f16 minimum opens a session that f32 KV would not fit.
     budget = plans["f16"]["minimum_bytes"]
     s = sharpi.Session(path, threads=2, n_ctx=n_ctx, ram_budget=budget)

@@ -52,7 +52,7 @@ def streamed_model(tmp_path_factory):
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])
 def test_peak_memory_within_budget(streamed_model, kv):
-    plan = _core.memory_plan(streamed_model, n_ctx=N_CTX, cache_type_k=kv, cache_type_v=kv, threads=2)
+    plan = _core.memory_plan(streamed_model, n_ctx=N_CTX, cache_type_k=kv, cache_type_v=kv)
     total = 4 * 16
     budget = plan["fixed_bytes"] + (total // 4) * plan["slot_bytes"]
     env = child_env()

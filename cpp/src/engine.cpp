@@ -114,7 +114,6 @@ void Engine::plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v) 
     request.n_ctx = n_ctx;
     request.type_k = type_k;
     request.type_v = type_v;
-    request.n_threads = pool_->n_threads();
     request.max_batch = kMaxBatch;
     request.n_staging = options_.predictor != "none"
                             ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead)

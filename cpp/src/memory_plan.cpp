@@ -28,10 +28,8 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     const int64_t T = r.max_batch, k = h.n_expert_used;
     const int64_t floats_per_token = 10 * h.n_embd + 3 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
                                      k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
-    const cpu::AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim, 1.0f};
-    const uint64_t split = cpu::attention_split_floats(shape, r.max_batch, r.n_ctx, r.n_threads);
     p.buffer_bytes = static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) +
-                     split * sizeof(float) + (8u << 20);
+                     cpu::kAttentionSplitMaxFloats * sizeof(float) + (8u << 20);
     p.fixed_bytes = p.dense_bytes + p.kv_bytes + p.buffer_bytes;
     if (h.is_moe()) {
         p.slot_bytes = ExpertCache::slot_bytes(model.experts);
@@ -46,8 +44,8 @@ std::string MemoryPlan::describe(int64_t n_ctx, GgmlType type_k, GgmlType type_v
     return "dense weights " + mib(dense_bytes) + " + KV cache " + mib(kv_bytes) + " (n_ctx " +
            std::to_string(n_ctx) + ", K " + ggml_type_traits(type_k).name + ", V " +
            ggml_type_traits(type_v).name + ") + buffers " + mib(buffer_bytes) + " + " +
-           std::to_string(n_min_slots) + " expert slots of " + mib(slot_bytes) + " need at least " +
-           mib(minimum_bytes);
+           std::to_string(n_min_slots - n_staging) + " expert slots (+" + std::to_string(n_staging) +
+           " staging) of " + mib(slot_bytes) + " need at least " + mib(minimum_bytes);
 }
 
 }  // namespace sharpi

@@ -22,7 +22,6 @@ struct MemoryPlanRequest {
     int64_t n_ctx = 0;
     GgmlType type_k = GgmlType::F32;
     GgmlType type_v = GgmlType::F32;
-    int n_threads = 1;
     int64_t max_batch = 256;
     uint64_t n_staging = 0;  // predictor staging slots (lookahead * top_k), 0 without a predictor
 };

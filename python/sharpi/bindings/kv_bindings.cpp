@@ -75,8 +75,7 @@ FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray
 
 // The plan a streaming Session with these options would make (the file is only mapped).
 py::dict memory_plan_py(const std::string& path, int n_ctx, const std::string& cache_type_k,
-                        const std::string& cache_type_v, bool exact, int threads, int n_staging,
-                        bool allow_long_context) {
+                        const std::string& cache_type_v, bool exact, int n_staging, bool allow_long_context) {
     const std::unique_ptr<Model> model = load_model(path, /*streaming=*/false);
     const HParams& h = model->hp;
     MemoryPlanRequest r;
@@ -84,7 +83,6 @@ py::dict memory_plan_py(const std::string& path, int n_ctx, const std::string& c
     check_context_size(r.n_ctx, h.n_ctx_train, allow_long_context, path);
     r.type_k = kv_type_for(cache_type_k, exact);
     r.type_v = kv_type_for(cache_type_v, exact);
-    r.n_threads = threads > 0 ? threads : cpu::hardware_threads();
     r.n_staging = static_cast<uint64_t>(std::max(0, n_staging));
     const MemoryPlan p = plan_memory(*model, r);
     py::dict d;
@@ -112,8 +110,8 @@ void bind_kv(py::module_& m) {
           py::arg("scale"), py::arg("threads") = 1, py::arg("isa") = "",
           "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h)");
     m.def("memory_plan", &memory_plan_py, py::arg("path"), py::arg("n_ctx") = 0, py::arg("cache_type_k") = "",
-          py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("threads") = 0,
-          py::arg("n_staging") = 0, py::arg("allow_long_context") = false,
+          py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("n_staging") = 0,
+          py::arg("allow_long_context") = false,
           "The RAM budget plan of a streaming session (memory_plan.h): bytes of each part and the minimum");
 }
 

@@ -91,18 +91,12 @@ int64_t n_blocks(int64_t n_kv) {
     return (n_kv + kAttentionBlock - 1) / kAttentionBlock;
 }
 
-bool split_blocks(int64_t n_pairs, int64_t max_blocks, int n_threads) {
-    return max_blocks > 1 && n_pairs < 4 * static_cast<int64_t>(n_threads);
+bool split_blocks(int64_t n_pairs, int64_t max_blocks, int64_t head_dim, int n_threads) {
+    return max_blocks > 1 && n_pairs < 4 * static_cast<int64_t>(n_threads) &&
+           n_pairs * max_blocks * (head_dim + 2) <= kAttentionSplitMaxFloats;
 }
 
 }  // namespace
-
-uint64_t attention_split_floats(const AttentionShape& s, int64_t n_tokens, int64_t n_ctx, int n_threads) {
-    // A batch splits only while it has fewer than 4 (token, head) pairs per thread.
-    const int64_t n_pairs = std::min<int64_t>(n_tokens * s.n_head, 4 * static_cast<int64_t>(n_threads) - 1);
-    if (!split_blocks(n_pairs, n_blocks(n_ctx), n_threads)) return 0;
-    return static_cast<uint64_t>(n_pairs * n_blocks(n_ctx) * (s.head_dim + 2));
-}
 
 void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, const KvRows& v,
                int64_t n_tokens, int64_t pos0, const AttentionShape& s, float* out, int64_t ldo, Isa isa) {
@@ -115,7 +109,7 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
     const int64_t max_blocks = n_blocks(pos0 + n_tokens);
     const int64_t hd = s.head_dim;
 
-    if (!split_blocks(n_pairs, max_blocks, pool.n_threads())) {
+    if (!split_blocks(n_pairs, max_blocks, hd, pool.n_threads())) {
         pool.parallel_for(n_pairs, [&](int64_t begin, int64_t end, int) {
             std::vector<float> buf(static_cast<size_t>(3 * hd));
             for (int64_t item = begin; item < end; ++item) {

@@ -17,7 +17,7 @@
 //
 // Threads: decoding has few (token, head) pairs, so when a batch has fewer than 4 per thread and
 // its context spans several blocks, every (token, head, block) is a work item and the partials
-// are merged afterwards (a buffer of attention_split_floats() floats); otherwise each (token,
+// are merged afterwards (a buffer of at most kAttentionSplitMaxFloats); otherwise each (token,
 // head) is one item that merges its blocks as it goes. Both run the merge above in the same order.
 #pragma once
 
@@ -46,10 +46,10 @@ struct KvRows {
 
 constexpr int64_t kAttentionBlock = 256;  // KV positions per partial softmax
 
-// Floats of the split-mode partials buffer attention() allocates for a batch at most n_tokens
-// long at a context of n_ctx positions (0 when the batch would not split): what the budget planner
-// charges for it.
-uint64_t attention_split_floats(const AttentionShape& shape, int64_t n_tokens, int64_t n_ctx, int n_threads);
+// The split-mode partials buffer attention() allocates holds at most this many floats (a batch
+// whose partials would not fit runs unsplit): a constant, so the budget planner charges the same
+// bytes whatever the thread count.
+constexpr int64_t kAttentionSplitMaxFloats = int64_t{1} << 18;
 
 // q: [n_tokens, n_head * head_dim] (row stride ldq); out: [n_tokens, n_head * head_dim] (row stride
 // ldo). isa: the kernels' ISA (tests pick one; the engine uses active_isa()).
