@@ -105,6 +105,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--cache-types", default="f16", help="KV cache types to compare, e.g. f32,f16,q8_0 (sharpi only)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.model_dir, exist_ok=True)
@@ -122,7 +123,7 @@ def main() -> int:
             limit = bw * 1e9 / bpt
             r = {"preset": preset, "quant": quant, "threads": args.threads, "copy_gbps": bw,
                  "bytes_per_token": bpt, "limit_tok_s": limit}
-            r["llama_cpp"] = run_llama_cpp(path, args.threads, args.prompt, args.decode)
+            r["llama_cpp"] = None if args.no_llama_cpp else run_llama_cpp(path, args.threads, args.prompt, args.decode)
             for cache_type in args.cache_types.split(","):
                 r = dict(r, kv=cache_type)
                 r["sharpi"] = run_sharpi(path, args.threads, args.prompt, args.decode, cache_type)
