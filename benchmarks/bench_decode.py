@@ -59,8 +59,9 @@ def bytes_per_token(path: str) -> float:
     return total
 
 
-def run_sharpi(path: str, threads: int, n_prompt: int, n_decode: int) -> dict:
-    s = sharpi.Session(path, threads=threads, n_ctx=n_prompt + n_decode + 8)
+def run_sharpi(path: str, threads: int, n_prompt: int, n_decode: int, cache_type: str = "f16") -> dict:
+    s = sharpi.Session(path, threads=threads, n_ctx=n_prompt + n_decode + 8, cache_type_k=cache_type,
+                       cache_type_v=cache_type)
     rng = np.random.default_rng(0)
     prompt = rng.integers(10, s.info["n_vocab"] - 10, size=n_prompt).tolist()
     t0 = time.perf_counter()
@@ -79,7 +80,8 @@ def run_llama_cpp(path: str, threads: int, n_prompt: int, n_decode: int):
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + n_decode + 8, verbose=False)
+    n_ctx = n_prompt + n_decode + 8  # n_batch = n_ctx: llama-cpp-python keeps n_batch rows of scores
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=n_ctx, verbose=False)
     rng = np.random.default_rng(0)
     prompt = rng.integers(10, llm.n_vocab() - 10, size=n_prompt).tolist()
     t0 = time.perf_counter()
@@ -102,6 +104,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--cache-types", default="f16", help="KV cache types to compare, e.g. f32,f16,q8_0 (sharpi only)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.model_dir, exist_ok=True)
@@ -119,14 +123,17 @@ def main() -> int:
             limit = bw * 1e9 / bpt
             r = {"preset": preset, "quant": quant, "threads": args.threads, "copy_gbps": bw,
                  "bytes_per_token": bpt, "limit_tok_s": limit}
-            r["sharpi"] = run_sharpi(path, args.threads, args.prompt, args.decode)
-            r["sharpi"]["fraction_of_limit"] = r["sharpi"]["decode_tok_s"] / limit
-            r["llama_cpp"] = run_llama_cpp(path, args.threads, args.prompt, args.decode)
-            rows.append(r)
+            r["llama_cpp"] = None if args.no_llama_cpp else run_llama_cpp(path, args.threads, args.prompt, args.decode)
+            for cache_type in args.cache_types.split(","):
+                r = dict(r, kv=cache_type)
+                r["sharpi"] = run_sharpi(path, args.threads, args.prompt, args.decode, cache_type)
+                r["sharpi"]["fraction_of_limit"] = r["sharpi"]["decode_tok_s"] / limit
+                rows.append(r)
+                r = dict(r, llama_cpp=None)  # llama.cpp once per file, with its default f16 KV
 
     lines = [f"copy bandwidth {bw:.1f} GB/s, {args.threads} threads, prompt {args.prompt}, decode {args.decode}", "",
-             "| model | quant | MB/token | limit tok/s | engine | prefill tok/s | decode tok/s | TPOT ms | of limit |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | quant | MB/token | limit tok/s | engine | KV | prefill tok/s | decode tok/s | TPOT ms | of limit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for engine in ("sharpi", "llama_cpp"):
             m = r[engine]
@@ -134,7 +141,7 @@ def main() -> int:
                 continue
             frac = m["decode_tok_s"] / r["limit_tok_s"]
             lines.append(f"| {r['preset']} | {r['quant']} | {r['bytes_per_token'] / 1e6:.0f} | {r['limit_tok_s']:.1f} | "
-                         f"{engine} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.2f} | {m['tpot_ms']:.1f} | {frac:.2f} |")
+                         f"{engine} | {r['kv'] if engine == 'sharpi' else 'f16'} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.2f} | {m['tpot_ms']:.1f} | {frac:.2f} |")
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.out, "decode.md"), "w") as fh:

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "gguf/cache_prior_file.h"
+#include "memory_plan.h"
 #include "model/forward.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
@@ -66,12 +67,18 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     }
 
     const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
+    check_context_size(n_ctx, h.n_ctx_train, options.allow_long_context, path);
+    const GgmlType type_k = kv_type_for(options.cache_type_k, exact_);
+    const GgmlType type_v = kv_type_for(options.cache_type_v, exact_);
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
                                                                     : cpu::hardware_threads());
-    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, h.n_embd_kv(), /*with_v=*/!h.is_mla());
+    // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
+    if (streaming) plan_expert_cache(n_ctx, type_k, type_v);
+    const KvLayout kv_shape = kv_layout(h, type_k, type_v);
+    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, kv_shape.width, kv_shape.head_dim, kv_shape.type_k,
+                                    kv_shape.type_v, kv_shape.with_v);
     recurrent_ = std::make_unique<RecurrentState>(h);
     if (streaming) {
-        plan_expert_cache(n_ctx);
         install_predictor(std::move(predictor));
     } else {
         experts_ = std::make_unique<ResidentExperts>(model_->experts);
@@ -97,52 +104,43 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     info_.n_ctx = n_ctx;
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
+    info_.cache_type_k = ggml_type_traits(type_k).name;
+    info_.cache_type_v = ggml_type_traits(type_v).name;
+    info_.bytes_kv = KvCache::bytes(kv_layout(h, type_k, type_v), n_ctx);
 }
 
-namespace {
-
-std::string mib(uint64_t bytes) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-    return buf;
+void check_context_size(int64_t n_ctx, int64_t n_ctx_train, bool allow_long_context,
+                        const std::string& path) {
+    if (n_ctx > n_ctx_train && !allow_long_context) {
+        throw InvalidArgument("n_ctx " + std::to_string(n_ctx) + " is beyond the " +
+                              std::to_string(n_ctx_train) + " tokens " + path +
+                              " was trained on (<arch>.context_length); positions past it are "
+                              "untrained and usually give garbage. Allow it with allow_long_context "
+                              "(--allow-long-context) or use a smaller n_ctx");
+    }
 }
 
-}  // namespace
-
-void Engine::plan_expert_cache(int64_t n_ctx) {
+void Engine::plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v) {
     const HParams& h = model_->hp;
-    // KV rows for the attention layers, plus the DeltaNet layers' fixed-size state (hybrid archs).
-    int64_t n_attention_layers = 0;
-    for (int il = 0; il < h.n_layer; ++il) n_attention_layers += h.is_recurrent(il) ? 0 : 1;
-    const uint64_t kv =
-        static_cast<uint64_t>(n_attention_layers * n_ctx * h.kv_floats_per_token()) * sizeof(float) +
-        RecurrentState::bytes_for(h);
-    // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
-    // plus the logits of the batch.
-    const int64_t T = kMaxBatch, k = h.n_expert_used;
-    const int64_t floats_per_token = 10 * h.n_embd + 4 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
-                                     3 * h.ssm_conv_channels() + 3 * h.ssm_d_inner + 6 * h.ssm_dt_rank +
-                                     k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
-    const uint64_t buffers =
-        static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
-    const uint64_t fixed = model_->bytes_dense + kv + buffers;
-    const uint64_t slot = ExpertCache::slot_bytes(model_->experts);
+    const int64_t k = h.n_expert_used;
     const uint64_t total_experts = static_cast<uint64_t>((h.n_layer - h.n_layer_dense_lead) * h.n_expert);
     const uint64_t budget = options_.ram_budget;
     // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots of
     // their own (prefetch never evicts).
-    const uint64_t n_staging = options_.predictor != "none"
-                                   ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead)
-                                   : 0;
-    const uint64_t minimum = fixed + (static_cast<uint64_t>(k) + n_staging) * slot;
-    if (budget < minimum) {
-        throw InvalidArgument("ram_budget " + mib(budget) + " is too small for " + model_->file->path() +
-                              ": dense weights " + mib(model_->bytes_dense) +
-                              " + KV cache / recurrent state " + mib(kv) + " (n_ctx " +
-                              std::to_string(n_ctx) + ") + buffers " + mib(buffers) + " + " +
-                              std::to_string(k) + " expert slots (+" + std::to_string(n_staging) +
-                              " staging) of " + mib(slot) + " need at least " + mib(minimum));
+    MemoryPlanRequest request;
+    request.n_ctx = n_ctx;
+    request.type_k = type_k;
+    request.type_v = type_v;
+    request.max_batch = kMaxBatch;
+    request.n_staging = options_.predictor != "none"
+                            ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead)
+                            : 0;
+    const MemoryPlan plan = plan_memory(*model_, request);
+    if (budget < plan.minimum_bytes) {
+        throw InvalidArgument("ram_budget " + std::to_string(budget) + " B is too small for " +
+                              model_->file->path() + ": " + plan.describe(n_ctx, type_k, type_v));
     }
+    const uint64_t fixed = plan.fixed_bytes, slot = plan.slot_bytes, n_staging = request.n_staging;
     ExpertCacheOptions o;
     o.n_slots = std::min<uint64_t>((budget - fixed) / slot - n_staging, total_experts);
     o.n_staging = n_staging;

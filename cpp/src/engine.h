@@ -32,6 +32,10 @@
 
 namespace sharpi {
 
+// n_ctx beyond the trained context (GGUF <arch>.context_length) is an InvalidArgument unless
+// allow_long_context (llama.cpp only warns; sharpi refuses, since the output is garbage).
+void check_context_size(int64_t n_ctx, int64_t n_ctx_train, bool allow_long_context, const std::string& path);
+
 class Engine final : private GateObserver {
   public:
     Engine(const std::string& path, const SessionOptions& options);
@@ -67,7 +71,7 @@ class Engine final : private GateObserver {
   private:
     // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
     // are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
-    void plan_expert_cache(int64_t n_ctx);
+    void plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v);
     // Replaces the prefetcher (streaming only); nullptr: no prediction.
     void install_predictor(std::shared_ptr<Predictor> predictor);
 

@@ -23,7 +23,7 @@ import sys
 from typing import TextIO
 
 from . import metrics
-from .cli_args import add_compute_arguments, non_negative_int
+from .cli_args import add_compute_arguments, non_negative_int, session_kv_options
 
 
 def _user_errors() -> tuple:
@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ram-budget",
         default=None,
         metavar="SIZE",
-        help="stream experts from the file within this much RAM, e.g. 6GiB (default: all resident)",
+        help="stream experts from the file within this much RAM, e.g. 6GiB, or auto (what the machine or its "
+        "cgroup has available minus max(256 MiB, 10%%)) (default: all resident)",
     )
     run.add_argument(
         "--reader",
@@ -283,7 +284,11 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         predictor=args.predictor,
         lookahead=args.lookahead,
         trace=args.trace,
+        **session_kv_options(args),
     )
+    auto_budget = getattr(session, "auto_budget", None)
+    if auto_budget is not None:
+        print(f"sharpi: {auto_budget.describe()}", file=err)
     if args.chat:
         tok = session.tokenizer
         text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)

@@ -46,8 +46,12 @@ def positive_int(name: str):
     return parse
 
 
+KV_CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0")
+
+
 def add_compute_arguments(p: argparse.ArgumentParser) -> None:
-    """-t/--threads and -c/--ctx-size, shared by the commands that run a Session."""
+    """-t/--threads, -c/--ctx-size, --allow-long-context and --cache-type-k/-v, shared by the commands
+    that run a Session (pass them on with session_kv_options(args))."""
     p.add_argument(
         "-t",
         "--threads",
@@ -64,3 +68,25 @@ def add_compute_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="context size in tokens (default: 0 = the model's, at most 4096)",
     )
+    p.add_argument(
+        "--allow-long-context",
+        action="store_true",
+        help="accept -c beyond the model's trained context (refused otherwise; llama.cpp only warns)",
+    )
+    for which in ("k", "v"):
+        p.add_argument(
+            f"-ct{which}",
+            f"--cache-type-{which}",
+            choices=KV_CACHE_TYPES,
+            default=None,
+            help=f"KV cache type for {which.upper()} (default: f16; f32 in exact mode)",
+        )
+
+
+def session_kv_options(args) -> dict:
+    """The Session keywords of add_compute_arguments' KV and context options."""
+    return {
+        "cache_type_k": getattr(args, "cache_type_k", None),
+        "cache_type_v": getattr(args, "cache_type_v", None),
+        "allow_long_context": getattr(args, "allow_long_context", False),
+    }

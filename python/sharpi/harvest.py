@@ -51,7 +51,7 @@ from typing import Union
 
 import numpy as np
 
-from .cli_args import add_compute_arguments, non_negative_int
+from .cli_args import add_compute_arguments, non_negative_int, session_kv_options
 
 HIDDEN_KIND = "residual stream entering the MoE block: after the layer's attention, before ffn_norm"
 
@@ -213,6 +213,7 @@ def harvest(
     n_ctx: int = 0,
     progress=None,
     exact: bool = False,
+    **session_options,
 ) -> dict:
     """Runs every prompt (text, or a list of token ids) through the model and writes the trace .npz
     to out_path. Returns a summary: {path, sequences, tokens, prompt_tokens, generated_tokens,
@@ -220,6 +221,7 @@ def harvest(
 
     generate: greedy tokens decoded one by one after each prompt. ram_budget: as Session's (None =
     every expert resident; the routing is the same either way). progress: callable(str) or None.
+    session_options: more Session keywords (cache_type_k, cache_type_v, allow_long_context).
     exact: run the session in exact mode (f32 math, as the trace of an independent implementation
     would be computed); the default fast mode records the routing sharpi itself runs by default.
     Raises InvalidArgument for a dense model, an empty prompt list, an empty prompt or a token id
@@ -234,7 +236,13 @@ def harvest(
         raise _core.InvalidArgument("harvest: no prompts given")
     t0 = time.perf_counter()
     session = Session(
-        model_path, threads=threads, n_ctx=n_ctx, exact=exact, dump_activations=True, ram_budget=ram_budget
+        model_path,
+        threads=threads,
+        n_ctx=n_ctx,
+        exact=exact,
+        dump_activations=True,
+        ram_budget=ram_budget,
+        **session_options,
     )
     info = session.info
     if int(info["n_expert"]) == 0 or int(info["n_expert_used"]) == 0:
@@ -419,6 +427,7 @@ def run_trace_command(args: argparse.Namespace) -> int:
         threads=args.threads,
         ram_budget=args.ram_budget,
         n_ctx=getattr(args, "ctx_size", 0) or 0,
+        **session_kv_options(args),
         progress=lambda m: print(f"sharpi trace: {m}", file=sys.stderr, flush=True),
     )
     print(

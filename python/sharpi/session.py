@@ -43,6 +43,9 @@ class Session:
         skip_late_prefetch: bool = True,
         trace: Union[str, os.PathLike, bool, None] = None,
         cache_policy: Optional[str] = None,
+        cache_type_k: Optional[str] = None,
+        cache_type_v: Optional[str] = None,
+        allow_long_context: bool = False,
     ):
         """exact: every matmul in f32 on dequantized weights (DESIGN §8; also env SHARPI_EXACT=1).
         The default fast mode quantizes each activation row once per matmul (q8_K for K-quant
@@ -51,7 +54,8 @@ class Session:
         token-by-token decode and between streamed and resident runs.
 
         ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
-        resident. With a budget, dense weights, KV cache and buffers are charged first and the rest
+        resident; "auto": the memory the machine or its cgroup has available minus a margin
+        (sharpi.ram_budget; the choice is in self.auto_budget). With a budget, dense weights, KV cache and buffers are charged first and the rest
         becomes expert slots streamed from the file (reader: "auto", "uring" or "pread").
 
         predictor (streaming only, docs/predictors.md): "none", "prev_token", "next_gate", "pregate",
@@ -64,6 +68,10 @@ class Session:
         one of sharpi.cache_policies() ("lru", "slru", "lfu", "arc", "s3fifo", "predictive", or
         "prior:FILE" with a prior fitted by `sharpi cache-prior`); None: the default
         (sharpi.default_cache_policy()).
+
+        cache_type_k, cache_type_v: the KV cache's stored types, llama.cpp's names "f32", "f16",
+        "q8_0", "q4_0"; None: f32 in exact mode, f16 otherwise. The budget charges their real size.
+        allow_long_context: accept an n_ctx beyond the model's trained context (refused otherwise).
 
         trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
         to record the MoE tracing report (DESIGN §7): close() prints the table and writes
@@ -89,7 +97,13 @@ class Session:
         if trace:
             timeline = True
         budget = 0
-        if ram_budget:
+        self.auto_budget = None  # ram_budget.AutoBudget when ram_budget="auto"
+        if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto":
+            from .ram_budget import auto_ram_budget
+
+            self.auto_budget = auto_ram_budget()
+            budget = self.auto_budget.budget
+        elif ram_budget:
             budget = ram_budget if isinstance(ram_budget, int) else _core.parse_byte_size(str(ram_budget))
         self._core = _core.Session(
             self.path,
@@ -107,6 +121,9 @@ class Session:
             skip_late_prefetch=skip_late_prefetch,
             cache_policy=policy_name,
             cache_policy_file=policy_file,
+            cache_type_k=cache_type_k or "",
+            cache_type_v=cache_type_v or "",
+            allow_long_context=allow_long_context,
         )
         if plugin is not None:
             self._core.set_predictor(plugin)

@@ -14,6 +14,13 @@ struct SessionOptions {
     // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as
     // llama.cpp does. SHARPI_EXACT=1 in the environment when the session is made also selects exact.
     bool exact = false;
+    // KV cache element types, by llama.cpp's --cache-type-k / --cache-type-v names: "f32", "f16",
+    // "q8_0", "q4_0" (the quantized ones need head_dim % 32 == 0). Empty: f32 in exact mode, f16
+    // in fast mode. The budget charges the bytes the chosen types take.
+    std::string cache_type_k;
+    std::string cache_type_v;
+    // n_ctx beyond the model's trained context (GGUF <arch>.context_length) is refused unless set.
+    bool allow_long_context = false;
     // Record every named intermediate activation of the next decode() (see Session::dump()).
     bool dump_activations = false;
 

@@ -30,6 +30,9 @@ struct ModelInfo {
     int64_t n_ctx = 0;           // the session's context size
     uint64_t bytes_dense = 0;    // tensor bytes outside the routed experts
     uint64_t bytes_experts = 0;  // tensor bytes of ffn_{gate,up,down}_exps
+    std::string cache_type_k;    // the KV cache's stored types ("f32", "f16", "q8_0", "q4_0")
+    std::string cache_type_v;
+    uint64_t bytes_kv = 0;  // the KV cache's allocation at n_ctx
 };
 
 // One named activation captured during decode() when SessionOptions::dump_activations is set.

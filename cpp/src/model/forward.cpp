@@ -89,17 +89,13 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
     name(q, "Qcur_rope", il);
     name(k, "Kcur_rope", il);
 
-    float* kc = kv_.k(il);
-    float* vc = kv_.v(il);
-    const int64_t ld_kv = kv_.row_width();
-    for (int64_t t = 0; t < T; ++t) {
-        std::memcpy(kc + (pos0_ + t) * ld_kv, k.row(t), sizeof(float) * static_cast<size_t>(ld_kv));
-        std::memcpy(vc + (pos0_ + t) * ld_kv, v.row(t), sizeof(float) * static_cast<size_t>(ld_kv));
-    }
+    for (int64_t t = 0; t < T; ++t) kv_.store(il, pos0_ + t, k.row(t), v.row(t));
     Act kqv = alloc(T, h.n_embd_q());
     cpu::AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim,
                               1.0f / std::sqrt(static_cast<float>(h.head_dim))};
-    cpu::attention(pool_, q.data, q.width, kc, vc, ld_kv, T, pos0_, shape, kqv.data, kqv.width);
+    const cpu::KvRows k_rows{kv_.k(il), kv_.row_bytes_k(), kv_.type_k()};
+    const cpu::KvRows v_rows{kv_.v(il), kv_.row_bytes_v(), kv_.type_v()};
+    cpu::attention(pool_, q.data, q.width, k_rows, v_rows, T, pos0_, shape, kqv.data, kqv.width);
     name(kqv, "kqv_out", il);
     if (L.attn_output_gate) output_gate(kqv, gate, il);
     return linear(kqv, L.wo, "attn_out", il);

@@ -3,6 +3,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
+#include "cpu/quant/kernels.h"
+
 namespace sharpi::py_bindings {
 
 void bind_errors(pybind11::module_& m);   // module.cpp
@@ -14,5 +18,9 @@ void bind_io(pybind11::module_& m);       // io_bindings.cpp
 void bind_predict(pybind11::module_& m);  // predict_bindings.cpp
 void bind_cache(pybind11::module_& m);    // cache_bindings.cpp
 void bind_gdn(pybind11::module_& m);      // gdn_bindings.cpp
+void bind_kv(pybind11::module_& m);       // kv_bindings.cpp
+
+// "" -> the active ISA; "scalar" | "avx2" | "avx512" (InvalidArgument when unknown or above the CPU's).
+cpu::Isa isa_arg(const std::string& name);  // quant_bindings.cpp
 
 }  // namespace sharpi::py_bindings

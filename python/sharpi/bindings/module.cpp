@@ -79,6 +79,7 @@ PYBIND11_MODULE(_core, m) {
     sharpi::py_bindings::bind_predict(m);
     sharpi::py_bindings::bind_cache(m);
     sharpi::py_bindings::bind_gdn(m);
+    sharpi::py_bindings::bind_kv(m);
     m.def("cuda_available", &sharpi::cuda::available, "True when built with CUDA and a device is usable");
     m.def("cuda_describe", &sharpi::cuda::describe);
 }

@@ -25,11 +25,6 @@ namespace py = pybind11;
 
 namespace sharpi::py_bindings {
 
-namespace {
-
-using ByteArray = py::array_t<uint8_t, py::array::c_style>;
-using FloatArray = py::array_t<float, py::array::c_style>;
-
 cpu::Isa isa_arg(const std::string& name) {
     if (name.empty()) return cpu::active_isa();
     cpu::Isa isa;
@@ -42,6 +37,11 @@ cpu::Isa isa_arg(const std::string& name) {
     }
     return isa;
 }
+
+namespace {
+
+using ByteArray = py::array_t<uint8_t, py::array::c_style>;
+using FloatArray = py::array_t<float, py::array::c_style>;
 
 GgmlType type_arg(int type) {
     return static_cast<GgmlType>(static_cast<uint32_t>(type));

@@ -138,6 +138,9 @@ py::dict info_dict(const ModelInfo& i) {
     d["n_expert_used"] = i.n_expert_used;
     d["n_ctx_train"] = i.n_ctx_train;
     d["n_ctx"] = i.n_ctx;
+    d["cache_type_k"] = i.cache_type_k;
+    d["cache_type_v"] = i.cache_type_v;
+    d["bytes_kv"] = i.bytes_kv;
     d["bytes_dense"] = i.bytes_dense;
     d["bytes_experts"] = i.bytes_experts;
     return d;
@@ -260,7 +263,8 @@ void bind_session(py::module_& m) {
                          uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
                          const std::string& predictor, const std::string& predictor_file, int lookahead,
                          bool skip_late_prefetch, const std::string& cache_policy,
-                         const std::string& cache_policy_file) {
+                         const std::string& cache_policy_file, const std::string& cache_type_k,
+                         const std::string& cache_type_v, bool allow_long_context) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
@@ -276,6 +280,9 @@ void bind_session(py::module_& m) {
                  o.skip_late_prefetch = skip_late_prefetch;
                  o.cache_policy = cache_policy;
                  o.cache_policy_file = cache_policy_file;
+                 o.cache_type_k = cache_type_k;
+                 o.cache_type_v = cache_type_v;
+                 o.allow_long_context = allow_long_context;
                  auto s = std::make_unique<PySession>();
                  py::gil_scoped_release release;
                  s->session = std::make_unique<Session>(path, o);
@@ -285,7 +292,8 @@ void bind_session(py::module_& m) {
              py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
              py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
              py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
-             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "")
+             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
+             py::arg("cache_type_v") = "", py::arg("allow_long_context") = false)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past",
                                [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })

@@ -1,14 +1,31 @@
-// Causal multi-head attention with grouped KV heads over an f32 KV cache.
+// Causal multi-head attention with grouped KV heads over a KV cache stored as f32, f16, q8_0 or
+// q4_0 rows (model/kv_cache.h).
 //
 // Token t of the batch sits at position pos0 + t and attends to cache positions [0, pos0 + t]
 // (the cache already holds this batch's K and V). Query head h reads KV head h / (n_head / n_head_kv).
-// Work is split over (token, head) pairs with the pool's fixed partition; each pair is computed by
-// one thread start to finish, so results do not depend on the thread count.
+//
+// Arithmetic (flash-decoding; the same for every batch size and thread count, so prefill and
+// token-by-token decoding agree bit for bit): the rows of a (token, head) pair are cut into blocks
+// of kAttentionBlock positions counted from position 0. Each block gives a partial softmax
+//   s_j = dot_row_K(k_j, q) * scale, m = max_j s_j, p_j = exp(s_j - m), l = sum_j p_j (in order),
+//   o = sum_j p_j * v_j (in order; v_j the V row decoded to f32, o[d] += p_j * v_j[d]),
+// and the blocks are merged in position order into a running (M, L, O), starting from (-inf, 0, 0):
+//   M' = max(M, m), a = exp(M - M'), b = exp(m - M'), L = L * a + l * b, O = O * a + o * b
+// (O scaled by a, then b * o added), and the output is O * (1 / L). K rows are dotted with the
+// quant row kernels of the stored type, V rows decoded by them (cpu/quant/kernels.h), all of the
+// same ISA; the vector updates come from attention_kernels.h. Query values stay f32.
+//
+// Threads: decoding has few (token, head) pairs, so when a batch has fewer than 4 per thread and
+// its context spans several blocks, every (token, head, block) is a work item and the partials
+// are merged afterwards (a buffer of at most kAttentionSplitMaxFloats); otherwise each (token,
+// head) is one item that merges its blocks as it goes. Both run the merge above in the same order.
 #pragma once
 
 #include <cstdint>
 
+#include "cpu/quant/kernels.h"
 #include "cpu/threadpool.h"
+#include "quant/ggml_type.h"
 
 namespace sharpi::cpu {
 
@@ -19,10 +36,25 @@ struct AttentionShape {
     float scale = 1.0f;  // usually 1 / sqrt(head_dim)
 };
 
-// q: [n_tokens, n_head * head_dim] (row stride ldq); k_cache, v_cache: [n_ctx, n_head_kv * head_dim]
-// (row stride ld_kv); out: [n_tokens, n_head * head_dim] (row stride ldo).
-void attention(ThreadPool& pool, const float* q, int64_t ldq, const float* k_cache, const float* v_cache,
-               int64_t ld_kv, int64_t n_tokens, int64_t pos0, const AttentionShape& shape, float* out,
-               int64_t ldo);
+// One layer's stored K or V: position j's row (n_head_kv * head_dim elements of `type`) starts at
+// data + j * row_bytes; head g is the bytes of elements [g * head_dim, (g + 1) * head_dim).
+struct KvRows {
+    const uint8_t* data = nullptr;
+    size_t row_bytes = 0;
+    GgmlType type = GgmlType::F32;
+};
+
+constexpr int64_t kAttentionBlock = 256;  // KV positions per partial softmax
+
+// The split-mode partials buffer attention() allocates holds at most this many floats (a batch
+// whose partials would not fit runs unsplit): a constant, so the budget planner charges the same
+// bytes whatever the thread count.
+constexpr int64_t kAttentionSplitMaxFloats = int64_t{1} << 18;
+
+// q: [n_tokens, n_head * head_dim] (row stride ldq); out: [n_tokens, n_head * head_dim] (row stride
+// ldo). isa: the kernels' ISA (tests pick one; the engine uses active_isa()).
+void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, const KvRows& v,
+               int64_t n_tokens, int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo,
+               Isa isa = active_isa());
 
 }  // namespace sharpi::cpu

@@ -99,7 +99,7 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     f.name(kv, "kv_cmpr_pe_rope", il);
 
     KvCache& cache = f.kv();
-    float* latent = cache.k(il);
+    float* latent = cache.k_f32(il);  // MLA rows are f32 (kv_layout)
     const int64_t ld_latent = cache.row_width();
     for (int64_t t = 0; t < T; ++t) {
         std::memcpy(latent + (f.pos0() + t) * ld_latent, kv.row(t),

@@ -1,0 +1,54 @@
+#include "memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cpu/ops/attention.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
+#include "moe/expert_cache.h"
+
+namespace sharpi {
+
+namespace {
+
+std::string mib(uint64_t bytes) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return buf;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
+    const HParams& h = model.hp;
+    MemoryPlan p;
+    p.dense_bytes = model.bytes_dense;
+    // KV rows of the attention layers (MLA: the latent), plus the DeltaNet layers' fixed-size state.
+    p.kv_bytes = KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) + RecurrentState::bytes_for(h);
+    // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.
+    const int64_t T = r.max_batch, k = h.n_expert_used;
+    const int64_t floats_per_token = 10 * h.n_embd + 4 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
+                                     3 * h.ssm_conv_channels() + 3 * h.ssm_d_inner + 6 * h.ssm_dt_rank +
+                                     k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
+    p.buffer_bytes = static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) +
+                     cpu::kAttentionSplitMaxFloats * sizeof(float) + (8u << 20);
+    p.fixed_bytes = p.dense_bytes + p.kv_bytes + p.buffer_bytes;
+    if (h.is_moe()) {
+        p.slot_bytes = ExpertCache::slot_bytes(model.experts);
+        p.n_staging = r.n_staging;
+        p.n_min_slots = static_cast<uint64_t>(k) + r.n_staging;
+    }
+    p.minimum_bytes = p.fixed_bytes + p.n_min_slots * p.slot_bytes;
+    return p;
+}
+
+std::string MemoryPlan::describe(int64_t n_ctx, GgmlType type_k, GgmlType type_v) const {
+    return "dense weights " + mib(dense_bytes) + " + KV cache " + mib(kv_bytes) + " (n_ctx " +
+           std::to_string(n_ctx) + ", K " + ggml_type_traits(type_k).name + ", V " +
+           ggml_type_traits(type_v).name + ") + buffers " + mib(buffer_bytes) + " + " +
+           std::to_string(n_min_slots - n_staging) + " expert slots (+" + std::to_string(n_staging) +
+           " staging) of " + mib(slot_bytes) + " need at least " + mib(minimum_bytes);
+}
+
+}  // namespace sharpi

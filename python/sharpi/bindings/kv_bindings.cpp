@@ -1,0 +1,118 @@
+// KV cache types, the attention op over them, and the RAM budget planner, for tests, `sharpi
+// inspect` and benchmarks. Type conversion and size checks only; the work is in model/kv_cache,
+// cpu/ops/attention and memory_plan.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <string>
+
+#include "bindings.h"
+#include "cpu/ops/attention.h"
+#include "cpu/threadpool.h"
+#include "engine.h"
+#include "memory_plan.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "sharpi/errors.h"
+
+namespace py = pybind11;
+
+namespace sharpi::py_bindings {
+
+namespace {
+
+using ByteArray = py::array_t<uint8_t, py::array::c_style>;
+using FloatArray = py::array_t<float, py::array::c_style>;
+
+ByteArray kv_store_row_py(const std::string& type_name, const FloatArray& x) {
+    const GgmlType type = parse_kv_type(type_name);
+    const int64_t n = x.size();
+    const int64_t block = ggml_type_traits(type).block_size;
+    if (x.ndim() != 1 || n % block != 0) {
+        throw InvalidArgument("[kv] a row of " + type_name +
+                              " needs a 1-D array whose length is a multiple of " + std::to_string(block));
+    }
+    ByteArray out(static_cast<py::ssize_t>(ggml_row_size(type, n)));
+    kv_store_row(type, x.data(), out.mutable_data(), n);
+    return out;
+}
+
+// q: [n_tokens, n_head * head_dim] f32; k, v: [n_kv, row_bytes] uint8 rows as kv_store_row wrote them.
+FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray& v,
+                        const std::string& type_k, const std::string& type_v, int64_t pos0, int64_t n_head,
+                        int64_t n_head_kv, int64_t head_dim, float scale, int threads,
+                        const std::string& isa) {
+    const cpu::AttentionShape shape{n_head, n_head_kv, head_dim, scale};
+    if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv != 0) {
+        throw InvalidArgument("[attention] bad head counts");
+    }
+    if (q.ndim() != 2 || q.shape(1) != n_head * head_dim) {
+        throw InvalidArgument("[attention] q must be [n_tokens, n_head * head_dim]");
+    }
+    const int64_t n_tokens = q.shape(0);
+    const GgmlType tk = parse_kv_type(type_k), tv = parse_kv_type(type_v);
+    const size_t rk = ggml_row_size(tk, n_head_kv * head_dim), rv = ggml_row_size(tv, n_head_kv * head_dim);
+    for (const ByteArray* a : {&k, &v}) {
+        const size_t row = a == &k ? rk : rv;
+        if (a->ndim() != 2 || static_cast<size_t>(a->shape(1)) != row || a->shape(0) < pos0 + n_tokens) {
+            throw InvalidArgument("[attention] k / v must be [>= pos0 + n_tokens, " + std::to_string(row) +
+                                  "] rows of their type");
+        }
+    }
+    const cpu::Isa i = isa_arg(isa);
+    FloatArray out({n_tokens, n_head * head_dim});
+    {
+        py::gil_scoped_release release;
+        cpu::ThreadPool pool(std::max(1, threads));
+        cpu::attention(pool, q.data(), n_head * head_dim, cpu::KvRows{k.data(), rk, tk},
+                       cpu::KvRows{v.data(), rv, tv}, n_tokens, pos0, shape, out.mutable_data(),
+                       n_head * head_dim, i);
+    }
+    return out;
+}
+
+// The plan a streaming Session with these options would make (the file is only mapped).
+py::dict memory_plan_py(const std::string& path, int n_ctx, const std::string& cache_type_k,
+                        const std::string& cache_type_v, bool exact, int n_staging, bool allow_long_context) {
+    const std::unique_ptr<Model> model = load_model(path, /*streaming=*/false);
+    const HParams& h = model->hp;
+    MemoryPlanRequest r;
+    r.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
+    check_context_size(r.n_ctx, h.n_ctx_train, allow_long_context, path);
+    r.type_k = kv_type_for(cache_type_k, exact);
+    r.type_v = kv_type_for(cache_type_v, exact);
+    r.n_staging = static_cast<uint64_t>(std::max(0, n_staging));
+    const MemoryPlan p = plan_memory(*model, r);
+    py::dict d;
+    d["n_ctx"] = r.n_ctx;
+    d["cache_type_k"] = ggml_type_traits(r.type_k).name;
+    d["cache_type_v"] = ggml_type_traits(r.type_v).name;
+    d["dense_bytes"] = p.dense_bytes;
+    d["kv_bytes"] = p.kv_bytes;
+    d["buffer_bytes"] = p.buffer_bytes;
+    d["fixed_bytes"] = p.fixed_bytes;
+    d["slot_bytes"] = p.slot_bytes;
+    d["n_min_slots"] = p.n_min_slots;
+    d["minimum_bytes"] = p.minimum_bytes;
+    d["summary"] = p.describe(r.n_ctx, r.type_k, r.type_v);
+    return d;
+}
+
+}  // namespace
+
+void bind_kv(py::module_& m) {
+    m.def("kv_store_row", &kv_store_row_py, py::arg("type"), py::arg("x"),
+          "One K/V row rounded to a cache type (f32, f16, q8_0, q4_0) exactly as the KV cache stores it");
+    m.def("attention", &attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("type_k"),
+          py::arg("type_v"), py::arg("pos0"), py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"),
+          py::arg("scale"), py::arg("threads") = 1, py::arg("isa") = "",
+          "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h)");
+    m.def("memory_plan", &memory_plan_py, py::arg("path"), py::arg("n_ctx") = 0, py::arg("cache_type_k") = "",
+          py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("n_staging") = 0,
+          py::arg("allow_long_context") = false,
+          "The RAM budget plan of a streaming session (memory_plan.h): bytes of each part and the minimum");
+}
+
+}  // namespace sharpi::py_bindings

@@ -1,0 +1,133 @@
+"""KV cache types (f32, f16, q8_0, q4_0): how a K/V row is rounded when stored, and attention over
+the stored rows, against float64 numpy models of the same rounding (DESIGN §8).
+
+Oracles: f16 rounding is numpy's astype(float16); q4_0 is the gguf package's quantizer (a bit-exact
+port of llama.cpp's reference); q8_0 is modelled here (llama.cpp's SIMD rule: id = 127 / amax, round
+half to even). Stored rows are decoded with the gguf package's dequantize, and attention is then
+computed in float64 numpy from the same query: the engine's f32 arithmetic must land within 1e-5
+relative of it on every ISA, for prefill batches and single-token decoding, with the context split
+into several blocks and with grouped KV heads.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+from sharpi import _core
+
+ISAS = _core.isa_available()
+TYPES = ["f32", "f16", "q8_0", "q4_0"]
+GGML = {
+    "f32": GGMLQuantizationType.F32,
+    "f16": GGMLQuantizationType.F16,
+    "q8_0": GGMLQuantizationType.Q8_0,
+    "q4_0": GGMLQuantizationType.Q4_0,
+}
+
+
+def q8_0_model(x: np.ndarray) -> np.ndarray:
+    """q8_0 blocks as the KV cache stores them: d = f16(amax / 127), qs = rint(x * (127 / amax)), f32 math."""
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+    qs = np.rint(blocks * inv).astype(np.int8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), qs.view(np.uint8)], axis=1).reshape(-1)
+
+
+def expected_row_bytes(kind: str, x: np.ndarray) -> np.ndarray:
+    if kind == "f32":
+        return x.astype(np.float32).view(np.uint8)
+    if kind == "f16":
+        return x.astype(np.float16).view(np.uint8)
+    if kind == "q8_0":
+        return q8_0_model(x)
+    return quants.quantize(x.astype(np.float32).reshape(1, -1), GGMLQuantizationType.Q4_0).reshape(-1)
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_store_row_rounds_like_the_model(kind):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(32 * 24) * rng.choice([1e-3, 1.0, 30.0], size=32 * 24)).astype(np.float32)
+    x[32:64] = 0.0  # an all-zero block (d = 0)
+    x[64] = 70000.0 if kind == "f32" else 3.0  # f16 overflow is not a KV value worth testing
+    got = _core.kv_store_row(kind, x)
+    np.testing.assert_array_equal(got, expected_row_bytes(kind, x))
+
+
+def test_store_row_rejects_bad_input():
+    with pytest.raises(_core.InvalidArgument, match="q5_k"):
+        _core.kv_store_row("q5_k", np.zeros(32, np.float32))
+    with pytest.raises(_core.InvalidArgument, match="multiple of 32"):
+        _core.kv_store_row("q8_0", np.zeros(48, np.float32))
+
+
+def store(kind: str, rows: np.ndarray) -> np.ndarray:
+    return np.stack([_core.kv_store_row(kind, r) for r in rows])
+
+
+def decode_rows(kind: str, stored: np.ndarray, width: int) -> np.ndarray:
+    """Rows as attention must read them, decoded by the gguf package (independent of sharpi)."""
+    return np.stack([quants.dequantize(r, GGML[kind]).reshape(width) for r in stored]).astype(np.float64)
+
+
+def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale):
+    """Causal GQA attention in float64: q [T, n_head * hd], k / v [n_kv, n_head_kv * hd] (decoded)."""
+    T = q.shape[0]
+    out = np.zeros((T, n_head * head_dim))
+    group = n_head // n_head_kv
+    for t in range(T):
+        n_kv = pos0 + t + 1
+        for h in range(n_head):
+            g = h // group
+            qh = q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64)
+            kh = k[:n_kv, g * head_dim : (g + 1) * head_dim]
+            vh = v[:n_kv, g * head_dim : (g + 1) * head_dim]
+            s = kh @ qh * scale
+            p = np.exp(s - s.max())
+            out[t, h * head_dim : (h + 1) * head_dim] = (p / p.sum()) @ vh
+    return out
+
+
+# (n_head, n_head_kv, head_dim, pos0, n_tokens): a prefill batch crossing a 256-row block boundary,
+# single-token decoding deep into the context (several blocks: the split path with 2+ threads).
+SHAPES = [(4, 2, 64, 0, 300), (8, 2, 128, 700, 1), (4, 4, 32, 255, 2)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind_k,kind_v", [("f32", "f32"), ("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"),
+                                           ("q8_0", "f16")])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_attention_matches_float64_model(isa, kind_k, kind_v, shape):
+    n_head, n_head_kv, hd, pos0, T = shape
+    rng = np.random.default_rng(hash((kind_k, kind_v, shape)) % 2**32)
+    n_kv = pos0 + T
+    k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_head_kv * hd)).astype(np.float32)
+    q = rng.standard_normal((T, n_head * hd)).astype(np.float32)
+    scale = 1.0 / np.sqrt(hd)
+    ks, vs = store(kind_k, k), store(kind_v, v)
+    want = attention_model(q, decode_rows(kind_k, ks, n_head_kv * hd), decode_rows(kind_v, vs, n_head_kv * hd),
+                           pos0, n_head, n_head_kv, hd, scale)
+    results = []
+    for threads in (1, 2, 3):
+        got = _core.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=threads, isa=isa)
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert rel < 1e-5, (threads, rel)
+        results.append(got)
+    # The partition into work items (per head, or per head and block of rows) never changes a bit.
+    for got in results[1:]:
+        np.testing.assert_array_equal(got, results[0])
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_attention_prefill_equals_token_by_token(kind):
+    n_head, n_head_kv, hd, n = 4, 2, 64, 520
+    rng = np.random.default_rng(7)
+    ks = store(kind, rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
+    vs = store(kind, rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    batch = _core.attention(q, ks, vs, kind, kind, 0, n_head, n_head_kv, hd, 0.125, threads=2)
+    for t in (0, 255, 256, 519):
+        one = _core.attention(q[t : t + 1], ks, vs, kind, kind, t, n_head, n_head_kv, hd, 0.125, threads=2)
+        np.testing.assert_array_equal(one[0], batch[t])
