@@ -20,6 +20,7 @@ import sharpi
 from reader_policy import URING_REQUIRED, uring_unavailable
 from reference.engine_checks import greedy_logits
 from sharpi import _core
+from sharpi.cache_eval import write_prior
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]
@@ -100,6 +101,46 @@ def test_budget_too_small_names_the_minimum(models):
     assert _core.parse_byte_size("6GiB") == 6 * 2**30
     assert _core.parse_byte_size("1.5GB") == 1_500_000_000
     assert _core.parse_byte_size("512M") == 512 * 2**20
+
+
+LONG_PROMPT = [(7 * i + 3) % 50 + 1 for i in range(300)]  # two chunks of the engine's 256-token batches
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_long_prompt_reads_each_expert_once_per_layer(models, reader, tmp_path):
+    # A prompt longer than one 256-token chunk runs layer-major: every chunk computes layer il before
+    # any computes layer il + 1, so with room for one layer's experts each expert a layer's tokens
+    # select is read once for the whole prompt (chunk-major order read it once per chunk, since the
+    # other layers evicted it in between). Output stays bit-identical to resident for every budget
+    # from the minimum, every policy and with a predictor.
+    path = models["qwen3moe"]
+    if not reader_available(reader, path):
+        pytest.skip(f"{reader} reader unavailable here")
+    n_ctx = 320
+    fixed, slot, total, k = plan(path, n_ctx=n_ctx)
+    info = sharpi.Session(path, threads=1, n_ctx=n_ctx).info
+    n_layer, n_expert = info["n_layer"], info["n_expert"]
+    prior = str(tmp_path / "prior.gguf")
+    write_prior(prior, np.random.default_rng(2).random((n_layer, n_expert)).astype(np.float32), source="test")
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=n_ctx), LONG_PROMPT, 4)
+    for policy in sharpi.cache_policies():
+        for predictor in ("none", "prev_token"):
+            staging = k if predictor != "none" else 0
+            for n_slots in (k, n_expert, total):
+                s = sharpi.Session(path, threads=2, n_ctx=n_ctx, reader=reader, predictor=predictor,
+                                   ram_budget=fixed + (n_slots + staging) * slot,
+                                   cache_policy=f"prior:{prior}" if policy == "prior" else policy)
+                what = f"{policy} {predictor} {n_slots} slots"
+                prefill = s.decode(LONG_PROMPT, all_logits=True)
+                misses = [lay["misses"] for lay in s.expert_stats()["layers"]]
+                selected = [len(np.unique(ids)) for ids in s.last_routing()]
+                if n_slots >= n_expert:
+                    assert misses == selected, what
+                else:
+                    assert all(m >= u for m, u in zip(misses, selected)), what
+                np.testing.assert_array_equal(prefill, resident[: len(LONG_PROMPT)], err_msg=what)
+                s.reset()
+                np.testing.assert_array_equal(run_tokens(s, LONG_PROMPT, 4), resident, err_msg=what)
 
 
 def test_stats_count_bytes_and_experts(models):

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 
 #include "gguf/cache_prior_file.h"
 #include "model/forward.h"
@@ -98,12 +99,14 @@ void Engine::plan_expert_cache(int64_t n_ctx) {
     const HParams& h = model_->hp;
     const uint64_t kv = 2ull * static_cast<uint64_t>(h.n_layer * n_ctx * h.n_embd_kv()) * sizeof(float);
     // Activations of one batch of kMaxBatch tokens (the scratch arena's high-water mark, rounded up)
-    // plus the logits of the batch.
+    // plus the logits of the batch, and the residual rows of a whole context (a prompt runs
+    // layer-major: every chunk's residual is live at once).
     const int64_t T = kMaxBatch, k = h.n_expert_used;
     const int64_t floats_per_token = 10 * h.n_embd + 3 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
                                      k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
     const uint64_t buffers =
-        static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab) * sizeof(float) + (8u << 20);
+        static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab + n_ctx * h.n_embd) * sizeof(float) +
+        (8u << 20);
     const uint64_t fixed = model_->bytes_dense + kv + buffers;
     const uint64_t slot = ExpertCache::slot_bytes(model_->experts);
     const uint64_t total_experts = static_cast<uint64_t>(h.n_layer * h.n_expert);
@@ -247,28 +250,8 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     const int64_t n_logit_rows = all_logits ? n : 1;
     std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
 
-    const int64_t start_pos = n_past_;
-    std::vector<Routing> routing(static_cast<size_t>(h.n_layer));
-    for (int64_t c = 0; c < n; c += kMaxBatch) {
-        const int64_t m = std::min(kMaxBatch, n - c);
-        // Rows of this chunk whose logits are wanted, and where they go in `logits`.
-        const int64_t first = all_logits ? 0 : (c + m == n ? m - 1 : m);
-        float* out = logits.data() + (all_logits ? c * h.n_vocab : 0);
-        n_past_ = start_pos + c;
-        try {
-            forward_chunk(tokens.data() + c, m, first, out);
-        } catch (...) {
-            n_past_ = start_pos;
-            throw;
-        }
-        for (size_t il = 0; il < routing.size(); ++il) {
-            routing[il].ids.insert(routing[il].ids.end(), routing_[il].ids.begin(), routing_[il].ids.end());
-            routing[il].weights.insert(routing[il].weights.end(), routing_[il].weights.begin(),
-                                       routing_[il].weights.end());
-        }
-    }
-    n_past_ = start_pos + n;
-    routing_ = std::move(routing);
+    forward_batch(tokens.data(), n, all_logits, logits.data());
+    n_past_ += n;  // only once the whole batch succeeded
     return logits;
 }
 
@@ -276,19 +259,34 @@ void Engine::on_gate(int il, const float* hidden, const float* router_logits, co
     prefetcher_->on_gate(il, hidden, router_logits, selected);
 }
 
-void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits) {
+// Layer-major over chunks of at most kMaxBatch tokens: every chunk runs layer il before any chunk
+// runs layer il + 1. A chunk's attention at layer il reads the KV rows that the earlier chunks wrote
+// at il, so this order is exact; and a layer's experts are read once for the whole batch whenever
+// the cache holds the layer's experts (chunk c + 1 finds what chunk c read), where chunk-major order
+// re-read every expert once per chunk. Each row is computed by the same code as before, so the
+// output does not depend on the order.
+void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, float* logits) {
     const Model& m = *model_;
     const HParams& h = m.hp;
-    MoeFfn moe(*experts_, h.n_layer);
-    if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
-    Forward f(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
-    f.set_timeline(&timeline_);
-    f.set_exact(exact_);
-    f.set_pos0(n_past_);
-
+    const int64_t start_pos = n_past_, n_chunks = (n + kMaxBatch - 1) / kMaxBatch;
     residual_.resize(static_cast<size_t>(n * h.n_embd));
-    Act x{residual_.data(), n, h.n_embd};
-    f.embed(tokens, x);
+    // One MoE FFN (its routing) and one Forward (its position) per chunk; deques keep addresses.
+    std::deque<MoeFfn> moes;
+    std::deque<Forward> fs;
+    std::vector<Act> xs;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const int64_t c0 = c * kMaxBatch, rows = std::min(kMaxBatch, n - c0);
+        MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
+        if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
+        Forward& f =
+            fs.emplace_back(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
+        f.set_timeline(&timeline_);
+        f.set_exact(exact_);
+        f.set_pos0(start_pos + c0);
+        xs.push_back(Act{residual_.data() + c0 * h.n_embd, rows, h.n_embd});
+        scratch_.reset();
+        f.embed(tokens + c0, xs.back());
+    }
 
     if (prefetcher_ && n == 1) {
         // Single-token decoding: the predictor sees every layer's gate. Its previous-token history
@@ -303,21 +301,39 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
             have_prev = true;
         }
         prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
-        moe.set_gate_observer(this);
+        moes.front().set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {
+        for (int64_t c = 0; c < n_chunks; ++c) {
+            scratch_.reset();
+            const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
+            Act& x = xs[static_cast<size_t>(c)];
+            Act out = m.spec->build_layer(fs[static_cast<size_t>(c)], x, il);
+            if (timeline_.enabled())
+                timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
+            std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(x.n_tokens * h.n_embd));
+        }
+    }
+    for (int il = 0; il < h.n_layer; ++il) {
+        Routing& r = routing_[static_cast<size_t>(il)];
+        r.ids.clear();
+        r.weights.clear();
+        for (MoeFfn& moe : moes) {
+            const Routing& rc = moe.routing()[static_cast<size_t>(il)];
+            r.ids.insert(r.ids.end(), rc.ids.begin(), rc.ids.end());
+            r.weights.insert(r.weights.end(), rc.weights.begin(), rc.weights.end());
+        }
+    }
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        // Rows of this chunk whose logits are wanted, and where they go in `logits`.
+        const Act& x = xs[static_cast<size_t>(c)];
+        const bool last = c + 1 == n_chunks;
+        if (!all_logits && !last) continue;
         scratch_.reset();
-        const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
-        Act out = m.spec->build_layer(f, x, il);
-        if (timeline_.enabled())
-            timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
-        std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(n * h.n_embd));
+        const int64_t first = all_logits ? 0 : x.n_tokens - 1;
+        fs[static_cast<size_t>(c)].output_head(x, first,
+                                               logits + (all_logits ? c * kMaxBatch * h.n_vocab : 0));
     }
-    scratch_.reset();
-    for (int il = 0; il < h.n_layer; ++il) {
-        routing_[static_cast<size_t>(il)] = std::move(moe.routing()[static_cast<size_t>(il)]);
-    }
-    f.output_head(x, first_logit_row, logits);
 }
 
 }  // namespace sharpi
