@@ -180,16 +180,18 @@ void ExpertCache::free_slot(uint32_t s) {
     }
     slot.state = State::free;
     slot.layer = slot.expert = -1;
-    slot.failed = slot.dropped = false;
+    slot.failed = slot.dropped = slot.ahead = false;
     free_.push_back(s);
 }
 
 void ExpertCache::evict(uint32_t s) {
-    ++layer_stats_[static_cast<size_t>(slots_[s].layer)].evictions;
+    LayerExpertStats& ls = layer_stats_[static_cast<size_t>(slots_[s].layer)];
+    ++ls.evictions;
+    if (slots_[s].ahead) ls.prefetch_wasted_bytes += slots_[s].bytes;
     free_slot(s);
 }
 
-uint32_t ExpertCache::take_cache_slot() {
+uint32_t ExpertCache::try_take_cache_slot() {
     if (policy_->size() < n_cache_slots_ && !free_.empty()) {
         const uint32_t s = free_.back();
         free_.pop_back();
@@ -202,8 +204,13 @@ uint32_t ExpertCache::take_cache_slot() {
     if (victim != ReplacementPolicy::kNone) {
         evict(victim);
         free_.pop_back();  // evict() pushed it
-        return victim;
     }
+    return victim;
+}
+
+uint32_t ExpertCache::take_cache_slot() {
+    const uint32_t s = try_take_cache_slot();
+    if (s != ReplacementPolicy::kNone) return s;
     // Only reachable if more experts are held at once than max_acquire() allows, or every unpinned
     // slot is still loading; callers acquire in waves of max_acquire().
     throw Error("[cache] no evictable expert slot: all " + std::to_string(n_cache_slots_) +
@@ -262,6 +269,11 @@ void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* vie
             policy_->insert(static_cast<uint32_t>(s), ExpertKey{il, experts[i]});
         } else {
             policy_->touch(static_cast<uint32_t>(s));
+        }
+        if (slot.ahead) {
+            slot.ahead = false;
+            ++ls.prefetch_used;
+            ++(slot.state == State::ready ? ls.prefetch_timely : ls.prefetch_late);
         }
         if (slot.state == State::loading) {
             for (int part = 0; part < kExpertParts; ++part)
@@ -349,6 +361,23 @@ ExpertCache::PrefetchOutcome ExpertCache::prefetch(int il, int32_t e) {
     ++ls.prefetch_issued;
     ls.bytes_read += slots_[s].bytes;
     return PrefetchOutcome::issued;
+}
+
+void ExpertCache::read_ahead(int il, const int32_t* experts, int n) {
+    poll();
+    LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
+    reader_->plug();
+    for (int i = 0; i < n; ++i) {
+        if (where_[key(il, experts[i])] >= 0) continue;
+        const uint32_t s = try_take_cache_slot();
+        if (s == ReplacementPolicy::kNone) break;
+        issue_reads(s, il, experts[i], ReadPriority::prefetch);
+        policy_->insert(s, ExpertKey{il, experts[i]});
+        slots_[s].ahead = true;
+        ++ls.prefetch_issued;
+        ls.bytes_read += slots_[s].bytes;
+    }
+    reader_->unplug();
 }
 
 void ExpertCache::hint(int il, int32_t e) {

@@ -84,6 +84,13 @@ class ExpertCache final : public ExpertSource {
     // (queued reads cancelled; their bytes counted as wasted).
     void drop_unselected(int il, const int32_t* selected, int n);
     void gate_fired(int il, const int32_t* selected, int n) override { drop_unselected(il, selected, n); }
+    // Prefill read-ahead (ExpertSource::read_ahead): reads the experts of layer il not yet present
+    // into cache slots, at prefetch priority, evicting the policy's victims among unpinned ready
+    // slots only, and stops when there is none (it never waits and never evicts what a layer holds
+    // or what is loading). Unlike prefetch() it does evict: in a prompt, every layer's experts are
+    // needed once and the earlier layers' ones not again until decoding starts. Counted as
+    // prefetch_issued; prefetch_used when acquired, prefetch_wasted_bytes when evicted unused.
+    void read_ahead(int il, const int32_t* experts, int n) override;
     // The predictor expects expert e of layer il to be needed at il's gate (a hint the prefetcher
     // passes on): if it is cached, the policy may protect it until then (ReplacementPolicy::protect).
     void hint(int il, int32_t e);
@@ -105,6 +112,7 @@ class ExpertCache final : public ExpertSource {
         int pending = 0;       // reads not yet completed
         bool failed = false;   // a read failed: the slot is freed once unpinned and idle
         bool dropped = false;  // staged and unselected: freed as soon as its reads finish
+        bool ahead = false;    // read ahead (read_ahead()) and not acquired since
         std::string error;
         uint64_t bytes = 0;    // requested bytes of this expert
         double issued_us = 0;  // timeline: when its reads were submitted
@@ -114,7 +122,8 @@ class ExpertCache final : public ExpertSource {
     uint64_t tag(uint32_t slot, int part) const { return uint64_t{slot} * 4 + static_cast<uint64_t>(part); }
     void issue_reads(uint32_t s, int il, int32_t e, ReadPriority priority);
     void view_of(uint32_t s, ExpertView* view) const;
-    uint32_t take_cache_slot();  // a free slot, evicting the policy's victim if the cache is full
+    uint32_t take_cache_slot();      // a free slot, evicting the policy's victim if the cache is full
+    uint32_t try_take_cache_slot();  // the same, or ReplacementPolicy::kNone when nothing is evictable
     void evict(uint32_t s);
     void free_slot(uint32_t s);
     void unstage(uint32_t s);

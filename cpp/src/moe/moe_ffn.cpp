@@ -126,11 +126,19 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
     cpu::ThreadPool& pool = f.pool();
     std::vector<int64_t> members;
     const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
+    // The next MoE layer's guessed experts, read while this layer computes (only when the whole
+    // layer is one wave: with several, read-ahead would evict what the later waves find cached).
+    std::vector<int32_t> ahead;
+    if (read_ahead_ && unique.size() <= wave && il + 1 < static_cast<int>(routing_.size()) &&
+        f.layer(il + 1).ffn_gate_inp.data != nullptr) {
+        ahead = guess_next_layer(f, cur, il + 1);
+    }
     for (size_t w0 = 0; w0 < unique.size(); w0 += wave) {
         const size_t n_wave = std::min(wave, unique.size() - w0);
         std::vector<ExpertView> views(n_wave);
         experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
         ExpertLease lease{experts_, il};
+        if (!ahead.empty()) experts_.read_ahead(il + 1, ahead.data(), static_cast<int>(ahead.size()));
         for (size_t u = 0; u < n_wave; ++u) {
             members.clear();
             for (int64_t i = 0; i < T * k; ++i) {
@@ -154,6 +162,22 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         for (int64_t j = 0; j < k; ++j) ys[j] = y.row(t * k + j);
         weighted_sum(out.row(t), ys.data(), weights + t * k, k, n_embd);
     }
+}
+
+std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il_next) const {
+    const HParams& h = f.hp();
+    const int64_t T = cur.n_tokens, k = h.n_expert_used;
+    Linear router;
+    router.w = f.layer(il_next).ffn_gate_inp;
+    Act logits = f.linear(cur, router, "ffn_moe_ahead_logits", il_next);
+    Act probs = f.alloc(T, h.n_expert);
+    std::vector<int32_t> ids(static_cast<size_t>(T * k));
+    std::vector<float> weights(static_cast<size_t>(T * k));
+    cpu::route_topk(logits.data, T, h.n_expert, k, h.expert_weights_norm, probs.data, ids.data(),
+                    weights.data());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
 }
 
 // Replaces each token's top-k with the trace's row for its position: the recorded ids as a set
