@@ -7,7 +7,9 @@ its own process from a cold page cache (the whole cache dropped as root, else th
 Budgets are shares of all expert slots (as in `sharpi bench`): RAM budget = fixed bytes + share x
 n_layer x n_expert x slot bytes. The resident run maps every expert (page cache, cold at the start,
 so it reads the file once too). Prints a table and writes prefill.json beside it. A run that fails is
-reported with its error, not dropped.
+reported with its error, not dropped. Columns: misses (demand reads), ahead (experts read ahead for
+the next layer), used (of those, selected), unique (experts the prompt selected, summed over layers:
+reads of used experts = misses + used; each read once when that equals unique).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ if cfg.get("ram_budget"):
     st = s.expert_stats()
     lay = st["layers"]
     out.update(n_slots=st["n_slots"], reader=st["reader"], misses=sum(x["misses"] for x in lay),
+               ahead=sum(x["prefetch_issued"] for x in lay), ahead_used=sum(x["prefetch_used"] for x in lay),
                bytes_read=sum(x["bytes_read"] for x in lay), stall_ms=sum(x["stall_ms"] for x in lay),
                selected=sum(len(np.unique(ids)) for ids in s.last_routing()))
 print(json.dumps(out))
@@ -93,8 +96,8 @@ def main(argv=None) -> int:
     resident = [x["prefill_s"] for x in rows if x["config"] == "resident" and x["ok"]]
     res_best = min(resident) if resident else float("nan")
     lines = [f"prefill of {a.tokens} tokens, {Path(a.model).name}, {a.threads} threads, cache drop: {rows[0]['drop']}",
-             (f"{'config':<14} {'round':>5} {'prefill s':>10} {'÷ resident':>10} {'reads':>6} {'unique':>6} "
-              f"{'GiB read':>8} {'stall s':>8}")]
+             (f"{'config':<14} {'round':>5} {'prefill s':>10} {'÷ resident':>10} {'misses':>6} {'ahead':>6} "
+              f"{'used':>6} {'unique':>6} {'GiB read':>8} {'stall s':>8}")]
     for x in rows:
         if not x["ok"]:
             lines.append(f"{x['config']:<14} {x['round']:>5} FAILED exit {x['exit']}: {x['error']}")
@@ -102,7 +105,8 @@ def main(argv=None) -> int:
         ratio = x["prefill_s"] / res_best
         extra = ""
         if "misses" in x:
-            extra = f" {x['misses']:>6} {x['selected']:>6} {x['bytes_read'] / 2**30:>8.2f} {x['stall_ms'] / 1e3:>8.1f}"
+            extra = (f" {x['misses']:>6} {x.get('ahead', 0):>6} {x.get('ahead_used', 0):>6} {x['selected']:>6} "
+                     f"{x['bytes_read'] / 2**30:>8.2f} {x['stall_ms'] / 1e3:>8.1f}")
         lines.append(f"{x['config']:<14} {x['round']:>5} {x['prefill_s']:>10.2f} {ratio:>10.2f}{extra}")
     text = "\n".join(lines)
     print(text)

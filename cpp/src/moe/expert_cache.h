@@ -8,7 +8,7 @@
 // decode thread (acquire / ready / wait / release by the MoE FFN, prefetch / present by the
 // prefetcher); the reader completes reads asynchronously and the cache learns of them only through
 // reap(), so no locks are needed. It must never block except in wait(), and never evict for a
-// prefetch.
+// prefetch (the one exception is a prompt's read-ahead, read_ahead(): see there why).
 //
 // A slot holds one expert of one layer: its gate, up and down byte ranges, kept quantized exactly
 // as in the file. Slot states: free -> loading -> ready, with a pin count while a layer computes.
@@ -18,10 +18,10 @@
 // - An expert is in at most one slot; a demand for an expert already loading waits on that read
 //   (and raises it to demand priority) and never issues a second one.
 // - Prefetch never evicts: prefetched experts land in a separate staging pool, outside the
-//   replacement policy. When the gate selects a staged expert it is adopted into the policy
-//   (evicting a victim then). A staged expert the gate did not select is dropped: it leaves the
-//   expert map at once (it can never be adopted) and its slot is freed when its reads in flight
-//   finish.
+//   replacement policy. (Prefill read-ahead is not a prefetch: it fills cache slots and may evict
+//   unpinned ready ones, never a pinned or loading slot.) When the gate selects a staged expert it is adopted
+//   into the policy (evicting a victim then). A staged expert the gate did not select is dropped: it leaves
+//   the expert map at once (it can never be adopted) and its slot is freed when its reads in flight finish.
 // - The policy holds exactly the adopted or demand-filled slots (at most n_slots of them).
 // - The policy sees the calls moe/policy_replay.h replays offline, in the same order: gate(il) at
 //   each acquire, touch for hits, victim/remove/insert for misses, protect for the prefetcher's
