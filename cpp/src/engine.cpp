@@ -278,7 +278,7 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
         const int64_t c0 = c * kMaxBatch, rows = std::min(kMaxBatch, n - c0);
         MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
         if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
-        moe.set_read_ahead(c + 1 == n_chunks);
+        moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
         Forward& f =
             fs.emplace_back(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
         f.set_timeline(&timeline_);
