@@ -54,14 +54,17 @@ class CappedSharpiRunner(compare.SharpiRunner):
     label = "sharpi (streamed)"
     worker_script = Path(__file__).resolve()
 
-    def __init__(self, *a, ram_budget: int = 0, reader: str = "auto", **kw):
+    def __init__(self, *a, ram_budget: int = 0, reader: str = "auto", predictor: str = "none", **kw):
         super().__init__(*a, **kw)
         self.key, self.label = CappedSharpiRunner.key, CappedSharpiRunner.label
+        if predictor != "none":
+            self.label += f" + {predictor}"
         self.ram_budget = int(ram_budget)
         self.reader = reader
+        self.predictor = predictor
 
     def options(self) -> dict:
-        return {"ram_budget": self.ram_budget, "reader": self.reader}
+        return {"ram_budget": self.ram_budget, "reader": self.reader, "predictor": self.predictor}
 
     @classmethod
     def worker_main(cls, spec: dict) -> dict:
@@ -70,7 +73,7 @@ class CappedSharpiRunner(compare.SharpiRunner):
         o = spec["options"]
         t0 = time.perf_counter()
         s = sharpi.Session(spec["file"], threads=spec["threads"], n_ctx=spec["n_ctx"], ram_budget=o["ram_budget"],
-                           reader=o["reader"])
+                           reader=o["reader"], predictor=o["predictor"])
         load_s = time.perf_counter() - t0
         r = compare.timed_greedy(lambda ids: s.decode(ids), lambda t: s.decode([t]), s.reset, spec["prompt_ids"],
                                  spec["n_decode"])
@@ -186,7 +189,8 @@ def run(args) -> dict:
         name = name.strip()
         if name == "sharpi":
             runners.append(CappedSharpiRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
-                                              ram_budget=budget, reader=args.reader))
+                                              ram_budget=budget, reader=args.reader,
+                                              predictor=args.sharpi_predictor))
         elif name == "llama.cpp":
             runners.append(CappedLlamaRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout, no_repack=True))
         elif name == "fastllm":
@@ -263,6 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fastllm-cache", default="auto", help="fastllm --moe_cpu_cache (default: auto, see above)")
     ap.add_argument("--engines", default="sharpi,llama.cpp,fastllm")
     ap.add_argument("--reader", default="auto", choices=["auto", "uring", "pread"])
+    ap.add_argument("--sharpi-predictor", default="none",
+                    help="sharpi's predictor (e.g. next_gate; its staging slots come out of the same budget)")
     ap.add_argument("--prompt", type=compare.int_at_least(1), default=32)
     ap.add_argument("--decode", type=compare.int_at_least(1), default=4)
     ap.add_argument("--repeats", type=compare.int_at_least(1), default=2)
