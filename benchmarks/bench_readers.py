@@ -36,6 +36,10 @@ CONFIGS = {
     "pread x4": {"kind": "pread", "pread_threads": 4},
     "io_uring d16": {"kind": "uring", "queue_depth": 16},  # the default io_uring reader (512 KiB chunks)
     "io_uring d8 c2M": {"kind": "uring", "queue_depth": 8, "chunk_bytes": 2 * MiB},
+    "io_uring d32": {"kind": "uring", "queue_depth": 32},
+    "io_uring d16 c1M": {"kind": "uring", "queue_depth": 16, "chunk_bytes": 1 * MiB},
+    "io_uring d32 c1M": {"kind": "uring", "queue_depth": 32, "chunk_bytes": 1 * MiB},
+    "io_uring d64 c1M": {"kind": "uring", "queue_depth": 64, "chunk_bytes": 1 * MiB},
 }
 
 

@@ -83,6 +83,7 @@ class EngineRunner:
     key = "engine"
     label = "engine"
     module = None  # Python module the engine needs; None: always available
+    worker_script = None  # the script whose --worker runs this engine (None: this file)
 
     def __init__(self, threads: int, n_ctx: int, log_dir: Path, timeout_s: float = 3600.0,
                  wrap: list | None = None, before_run=None, env: dict | None = None):
@@ -144,7 +145,8 @@ class EngineRunner:
             spec_path = os.path.join(tmp, "spec.json")
             with open(spec_path, "w") as fh:
                 json.dump(spec, fh)
-            argv = self.wrap + [sys.executable, os.fspath(Path(__file__).resolve()), "--worker", spec_path]
+            script = self.worker_script or Path(__file__).resolve()
+            argv = self.wrap + [sys.executable, os.fspath(script), "--worker", spec_path]
             load_before = os.getloadavg()[0]
             ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()

@@ -20,6 +20,7 @@ import sharpi
 from reader_policy import URING_REQUIRED, uring_unavailable
 from reference.engine_checks import greedy_logits
 from sharpi import _core
+from sharpi.cache_eval import write_prior
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2"]
@@ -103,6 +104,50 @@ def test_budget_too_small_names_the_minimum(models):
     assert _core.parse_byte_size("512M") == 512 * 2**20
 
 
+LONG_PROMPT = [(7 * i + 3) % 50 + 1 for i in range(300)]  # two chunks of the engine's 256-token batches
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_long_prompt_reads_each_expert_once_per_layer(models, reader, tmp_path):
+    # A prompt longer than one 256-token chunk runs layer-major: every chunk computes layer il before
+    # any computes layer il + 1, so with room for one layer's experts each expert a layer's tokens
+    # select is read once for the whole prompt (chunk-major order read it once per chunk, since the
+    # other layers evicted it in between). Output stays bit-identical to resident for every budget
+    # from the minimum, every policy and with a predictor.
+    path = models["qwen3moe"]
+    if not reader_available(reader, path):
+        pytest.skip(f"{reader} reader unavailable here")
+    n_ctx = 320
+    fixed, slot, total, k = plan(path, n_ctx=n_ctx)
+    info = sharpi.Session(path, threads=1, n_ctx=n_ctx).info
+    n_layer, n_expert = info["n_layer"], info["n_expert"]
+    prior = str(tmp_path / "prior.gguf")
+    write_prior(prior, np.random.default_rng(2).random((n_layer, n_expert)).astype(np.float32), source="test")
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=n_ctx), LONG_PROMPT, 4)
+    for policy in sharpi.cache_policies():
+        for predictor in ("none", "prev_token"):
+            staging = k if predictor != "none" else 0
+            for n_slots in (k, n_expert, total):
+                s = sharpi.Session(path, threads=2, n_ctx=n_ctx, reader=reader, predictor=predictor,
+                                   ram_budget=fixed + (n_slots + staging) * slot,
+                                   cache_policy=f"prior:{prior}" if policy == "prior" else policy)
+                what = f"{policy} {predictor} {n_slots} slots"
+                prefill = s.decode(LONG_PROMPT, all_logits=True)
+                layers = s.expert_stats()["layers"]
+                # Reads of experts the layer used: demand misses plus reads ahead it then used.
+                reads = [lay["misses"] + lay["prefetch_used"] for lay in layers]
+                selected = [len(np.unique(ids)) for ids in s.last_routing()]
+                if n_slots >= n_expert:
+                    assert reads == selected, what
+                else:
+                    assert all(r >= u for r, u in zip(reads, selected)), what
+                if n_slots == total:  # room for every layer: the second layer's experts were read ahead
+                    assert layers[0]["prefetch_issued"] == 0 and layers[1]["prefetch_used"] > 0, what
+                np.testing.assert_array_equal(prefill, resident[: len(LONG_PROMPT)], err_msg=what)
+                s.reset()
+                np.testing.assert_array_equal(run_tokens(s, LONG_PROMPT, 4), resident, err_msg=what)
+
+
 def test_stats_count_bytes_and_experts(models):
     path = models["olmoe"]
     fixed, slot, total, _k = plan(path)
@@ -113,11 +158,14 @@ def test_stats_count_bytes_and_experts(models):
     n_expert = s.info["n_expert"]
     for il, lay in enumerate(st["layers"]):
         per_expert = sum(f.tensor(f"blk.{il}.ffn_{p}_exps.weight")["nbytes"] // n_expert for p in ("gate", "up", "down"))
-        assert lay["bytes_read"] == lay["misses"] * per_expert
+        # Demand misses and the prompt's reads ahead (the next layer's guessed experts).
+        assert lay["bytes_read"] == (lay["misses"] + lay["prefetch_issued"]) * per_expert
         acc = st["expert_accesses"].reshape(s.info["n_layer"], n_expert)[il]
         assert acc.sum() == lay["accesses"]
-    # The first prefill reads each distinct expert exactly once.
-    assert sum(lay["misses"] for lay in st["layers"]) == int((st["expert_accesses"] > 0).sum())
+    assert st["layers"][0]["prefetch_issued"] == 0  # nothing runs before layer 0 to read it ahead
+    # The first prefill reads each distinct expert exactly once (on demand or ahead).
+    reads = sum(lay["misses"] + lay["prefetch_used"] for lay in st["layers"])
+    assert reads == int((st["expert_accesses"] > 0).sum())
 
 
 def _expert_offset(path: str, il: int, e: int) -> int:

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 
 #include "gguf/cache_prior_file.h"
 #include "memory_plan.h"
@@ -277,33 +278,14 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     const int64_t n_logit_rows = all_logits ? n : 1;
     std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
 
-    const int64_t start_pos = n_past_;
-    std::vector<Routing> routing(static_cast<size_t>(h.n_layer));
-    for (int64_t c = 0; c < n; c += kMaxBatch) {
-        const int64_t m = std::min(kMaxBatch, n - c);
-        // Rows of this chunk whose logits are wanted, and where they go in `logits`.
-        const int64_t first = all_logits ? 0 : (c + m == n ? m - 1 : m);
-        float* out = logits.data() + (all_logits ? c * h.n_vocab : 0);
-        n_past_ = start_pos + c;
-        try {
-            forward_chunk(tokens.data() + c, m, first, out);
-            model_->file->check_mapping();  // resident: no result computed from a lost page
-        } catch (const CancelledError&) {
-            n_past_ = start_pos;
-            clear_cancel();  // this call consumed the request
-            throw;
-        } catch (...) {
-            n_past_ = start_pos;
-            throw;
-        }
-        for (size_t il = 0; il < routing.size(); ++il) {
-            routing[il].ids.insert(routing[il].ids.end(), routing_[il].ids.begin(), routing_[il].ids.end());
-            routing[il].weights.insert(routing[il].weights.end(), routing_[il].weights.begin(),
-                                       routing_[il].weights.end());
-        }
+    try {
+        forward_batch(tokens.data(), n, all_logits, logits.data());
+        model_->file->check_mapping();  // resident: no result computed from a lost page
+    } catch (const CancelledError&) {
+        clear_cancel();  // this call consumed the request
+        throw;
     }
-    n_past_ = start_pos + n;
-    routing_ = std::move(routing);
+    n_past_ += n;  // only once the whole batch succeeded
     return logits;
 }
 
@@ -317,22 +299,38 @@ void Engine::throw_if_cancelled(int il) const {
                          std::to_string(il) + " (nothing of the call was appended)");
 }
 
-void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits) {
+// Layer-major over chunks of at most kMaxBatch tokens: every chunk runs layer il before any chunk
+// runs layer il + 1. A chunk's attention at layer il reads the KV rows that the earlier chunks wrote
+// at il, so this order is exact; and a layer's experts are read once for the whole batch whenever
+// the cache holds the layer's experts (chunk c + 1 finds what chunk c read), where chunk-major order
+// re-read every expert once per chunk. Each row is computed by the same code as before, so the
+// output does not depend on the order.
+void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, float* logits) {
     const Model& m = *model_;
     const HParams& h = m.hp;
-    MoeFfn moe(*experts_, h.n_layer);
-    moe.set_cancel_flag(&cancel_requested_);
-    if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
-    Forward f(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
-    f.set_timeline(&timeline_);
-    f.set_exact(exact_);
-    f.set_pos0(n_past_);
-    f.set_recurrent_state(recurrent_.get());
-    recurrent_->n_past = -1;  // mid-update until this chunk completes
-
+    const int64_t start_pos = n_past_, n_chunks = (n + kMaxBatch - 1) / kMaxBatch;
+    recurrent_->n_past = -1;  // mid-update until the whole batch completes
     residual_.resize(static_cast<size_t>(n * h.n_embd));
-    Act x{residual_.data(), n, h.n_embd};
-    f.embed(tokens, x);
+    // One MoE FFN (its routing) and one Forward (its position) per chunk; deques keep addresses.
+    std::deque<MoeFfn> moes;
+    std::deque<Forward> fs;
+    std::vector<Act> xs;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const int64_t c0 = c * kMaxBatch, rows = std::min(kMaxBatch, n - c0);
+        MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
+        moe.set_cancel_flag(&cancel_requested_);
+        if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
+        moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
+        Forward& f =
+            fs.emplace_back(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
+        f.set_timeline(&timeline_);
+        f.set_exact(exact_);
+        f.set_pos0(start_pos + c0);
+        f.set_recurrent_state(recurrent_.get());
+        xs.push_back(Act{residual_.data() + c0 * h.n_embd, rows, h.n_embd});
+        scratch_.reset();
+        f.embed(tokens + c0, xs.back());
+    }
 
     if (prefetcher_ && n == 1) {
         // Single-token decoding: the predictor sees every layer's gate. Its previous-token history
@@ -347,23 +345,41 @@ void Engine::forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit
             have_prev = true;
         }
         prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
-        moe.set_gate_observer(this);
+        moes.front().set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {
-        throw_if_cancelled(il);
+        for (int64_t c = 0; c < n_chunks; ++c) {
+            throw_if_cancelled(il);
+            scratch_.reset();
+            const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
+            Act& x = xs[static_cast<size_t>(c)];
+            Act out = m.spec->build_layer(fs[static_cast<size_t>(c)], x, il);
+            if (timeline_.enabled())
+                timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
+            std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(x.n_tokens * h.n_embd));
+        }
+    }
+    for (int il = 0; il < h.n_layer; ++il) {
+        Routing& r = routing_[static_cast<size_t>(il)];
+        r.ids.clear();
+        r.weights.clear();
+        for (MoeFfn& moe : moes) {
+            const Routing& rc = moe.routing()[static_cast<size_t>(il)];
+            r.ids.insert(r.ids.end(), rc.ids.begin(), rc.ids.end());
+            r.weights.insert(r.weights.end(), rc.weights.begin(), rc.weights.end());
+        }
+    }
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        // Rows of this chunk whose logits are wanted, and where they go in `logits`.
+        const Act& x = xs[static_cast<size_t>(c)];
+        const bool last = c + 1 == n_chunks;
+        if (!all_logits && !last) continue;
         scratch_.reset();
-        const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
-        Act out = m.spec->build_layer(f, x, il);
-        if (timeline_.enabled())
-            timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
-        std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(n * h.n_embd));
+        const int64_t first = all_logits ? 0 : x.n_tokens - 1;
+        fs[static_cast<size_t>(c)].output_head(x, first,
+                                               logits + (all_logits ? c * kMaxBatch * h.n_vocab : 0));
     }
-    scratch_.reset();
-    for (int il = 0; il < h.n_layer; ++il) {
-        routing_[static_cast<size_t>(il)] = std::move(moe.routing()[static_cast<size_t>(il)]);
-    }
-    recurrent_->n_past = n_past_ + n;
-    f.output_head(x, first_logit_row, logits);
+    recurrent_->n_past = start_pos + n;
 }
 
 }  // namespace sharpi

@@ -78,8 +78,9 @@ class Engine final : private GateObserver {
     // The MoE FFN's gate event (single-token decoding with a prefetcher): passed to the prefetcher.
     void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) override;
 
-    // One chunk of at most kMaxBatch tokens; writes logits of rows [first_logit_row, n) to `logits`.
-    void forward_chunk(const token_t* tokens, int64_t n, int64_t first_logit_row, float* logits);
+    // The n tokens at positions n_past_.. in chunks of at most kMaxBatch, layer-major; writes the
+    // logits of every row (all_logits) or of the last row to `logits`. Leaves n_past_ alone.
+    void forward_batch(const token_t* tokens, int64_t n, bool all_logits, float* logits);
 
     // CancelledError naming where decode() stopped, when cancel() was called.
     void throw_if_cancelled(int il) const;

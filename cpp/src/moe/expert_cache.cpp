@@ -198,31 +198,38 @@ void ExpertCache::free_slot(uint32_t s) {
     }
     slot.state = State::free;
     slot.layer = slot.expert = -1;
-    slot.failed = slot.dropped = false;
+    slot.failed = slot.dropped = slot.ahead = false;
     free_.push_back(s);
 }
 
 void ExpertCache::evict(uint32_t s) {
-    ++layer_stats_[static_cast<size_t>(slots_[s].layer)].evictions;
+    LayerExpertStats& ls = layer_stats_[static_cast<size_t>(slots_[s].layer)];
+    ++ls.evictions;
+    if (slots_[s].ahead) ls.prefetch_wasted_bytes += slots_[s].bytes;
     free_slot(s);
 }
 
-uint32_t ExpertCache::take_cache_slot() {
+uint32_t ExpertCache::try_take_cache_slot() {
     if (policy_->size() < n_cache_slots_ && !free_.empty()) {
         const uint32_t s = free_.back();
         free_.pop_back();
         return s;
     }
+    const uint32_t victim = policy_->victim([this](uint32_t s) {
+        const Slot& slot = slots_[s];
+        return slot.pins == 0 && slot.state == State::ready;
+    });
+    if (victim != ReplacementPolicy::kNone) {
+        evict(victim);
+        free_.pop_back();  // evict() pushed it
+    }
+    return victim;
+}
+
+uint32_t ExpertCache::take_cache_slot() {
     for (;;) {
-        const uint32_t victim = policy_->victim([this](uint32_t s) {
-            const Slot& slot = slots_[s];
-            return slot.pins == 0 && slot.state == State::ready;
-        });
-        if (victim != ReplacementPolicy::kNone) {
-            evict(victim);
-            free_.pop_back();  // evict() pushed it
-            return victim;
-        }
+        const uint32_t s = try_take_cache_slot();
+        if (s != ReplacementPolicy::kNone) return s;
         // Every unpinned slot is still loading: wait for a read to finish rather than fail. This
         // happens at the minimum budget after a layer ended early (an IoError from wait() leaves
         // the layer's other reads in flight, unpinned).
@@ -230,11 +237,6 @@ uint32_t ExpertCache::take_cache_slot() {
         completions_.clear();
         reader_->reap(completions_, /*wait=*/true);
         process(completions_);
-        if (policy_->size() < n_cache_slots_ && !free_.empty()) {  // a failed read freed its slot
-            const uint32_t s = free_.back();
-            free_.pop_back();
-            return s;
-        }
     }
     // Only reachable if more experts are held at once than max_acquire() allows; callers acquire
     // in waves of max_acquire().
@@ -315,6 +317,11 @@ void ExpertCache::acquire_pinned(int il, const int32_t* experts, int n, bool* pl
             policy_->insert(static_cast<uint32_t>(s), ExpertKey{il, experts[i]});
         } else {
             policy_->touch(static_cast<uint32_t>(s));
+        }
+        if (slot.ahead) {
+            slot.ahead = false;
+            ++ls.prefetch_used;
+            ++(slot.state == State::ready ? ls.prefetch_timely : ls.prefetch_late);
         }
         if (slot.state == State::loading) {
             for (int part = 0; part < kExpertParts; ++part)
@@ -413,6 +420,23 @@ ExpertCache::PrefetchOutcome ExpertCache::prefetch(int il, int32_t e) {
     ++ls.prefetch_issued;
     ls.bytes_read += slots_[s].bytes;
     return PrefetchOutcome::issued;
+}
+
+void ExpertCache::read_ahead(int il, const int32_t* experts, int n) {
+    poll();
+    LayerExpertStats& ls = layer_stats_[static_cast<size_t>(il)];
+    reader_->plug();
+    for (int i = 0; i < n; ++i) {
+        if (where_[key(il, experts[i])] >= 0) continue;
+        const uint32_t s = try_take_cache_slot();
+        if (s == ReplacementPolicy::kNone) break;
+        issue_reads(s, il, experts[i], ReadPriority::prefetch);
+        policy_->insert(s, ExpertKey{il, experts[i]});
+        slots_[s].ahead = true;
+        ++ls.prefetch_issued;
+        ls.bytes_read += slots_[s].bytes;
+    }
+    reader_->unplug();
 }
 
 void ExpertCache::hint(int il, int32_t e) {

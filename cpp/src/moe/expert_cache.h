@@ -8,7 +8,7 @@
 // decode thread (acquire / ready / wait / release by the MoE FFN, prefetch / present by the
 // prefetcher); the reader completes reads asynchronously and the cache learns of them only through
 // reap(), so no locks are needed. It must never block except in wait(), and never evict for a
-// prefetch.
+// prefetch (the one exception is a prompt's read-ahead, read_ahead(): see there why).
 //
 // A slot holds one expert of one layer: its gate, up and down byte ranges, kept quantized exactly
 // as in the file. Slot states: free -> loading -> ready, with a pin count while a layer computes.
@@ -18,10 +18,10 @@
 // - An expert is in at most one slot; a demand for an expert already loading waits on that read
 //   (and raises it to demand priority) and never issues a second one.
 // - Prefetch never evicts: prefetched experts land in a separate staging pool, outside the
-//   replacement policy. When the gate selects a staged expert it is adopted into the policy
-//   (evicting a victim then). A staged expert the gate did not select is dropped: it leaves the
-//   expert map at once (it can never be adopted) and its slot is freed when its reads in flight
-//   finish.
+//   replacement policy. (Prefill read-ahead is not a prefetch: it fills cache slots and may evict
+//   unpinned ready ones, never a pinned or loading slot.) When the gate selects a staged expert it is adopted
+//   into the policy (evicting a victim then). A staged expert the gate did not select is dropped: it leaves
+//   the expert map at once (it can never be adopted) and its slot is freed when its reads in flight finish.
 // - The policy holds exactly the adopted or demand-filled slots (at most n_slots of them).
 // - The policy sees the calls moe/policy_replay.h replays offline, in the same order: gate(il) at
 //   each acquire, touch for hits, victim/remove/insert for misses, protect for the prefetcher's
@@ -86,6 +86,13 @@ class ExpertCache final : public ExpertSource {
     // (queued reads cancelled; their bytes counted as wasted).
     void drop_unselected(int il, const int32_t* selected, int n);
     void gate_fired(int il, const int32_t* selected, int n) override { drop_unselected(il, selected, n); }
+    // Prefill read-ahead (ExpertSource::read_ahead): reads the experts of layer il not yet present
+    // into cache slots, at prefetch priority, evicting the policy's victims among unpinned ready
+    // slots only, and stops when there is none (it never waits and never evicts what a layer holds
+    // or what is loading). Unlike prefetch() it does evict: in a prompt, every layer's experts are
+    // needed once and the earlier layers' ones not again until decoding starts. Counted as
+    // prefetch_issued; prefetch_used when acquired, prefetch_wasted_bytes when evicted unused.
+    void read_ahead(int il, const int32_t* experts, int n) override;
     // The predictor expects expert e of layer il to be needed at il's gate (a hint the prefetcher
     // passes on): if it is cached, the policy may protect it until then (ReplacementPolicy::protect).
     void hint(int il, int32_t e);
@@ -107,6 +114,7 @@ class ExpertCache final : public ExpertSource {
         int pending = 0;       // reads not yet completed
         bool failed = false;   // a read failed: the slot is freed once unpinned and idle
         bool dropped = false;  // staged and unselected: freed as soon as its reads finish
+        bool ahead = false;    // read ahead (read_ahead()) and not acquired since
         std::string error;
         uint64_t bytes = 0;    // requested bytes of this expert
         double issued_us = 0;  // timeline: when its reads were submitted
@@ -118,7 +126,8 @@ class ExpertCache final : public ExpertSource {
     void acquire_pinned(int il, const int32_t* experts, int n, bool* plugged);
     static constexpr uint32_t kNoSlot = ~uint32_t{0};  // current_ entry not pinned (yet)
     void view_of(uint32_t s, ExpertView* view) const;
-    uint32_t take_cache_slot();  // a free slot, evicting the policy's victim if the cache is full
+    uint32_t take_cache_slot();      // a free slot, evicting the policy's victim if the cache is full
+    uint32_t try_take_cache_slot();  // the same, or ReplacementPolicy::kNone when nothing is evictable
     void evict(uint32_t s);
     void free_slot(uint32_t s);
     void unstage(uint32_t s);

@@ -36,6 +36,10 @@ class ExpertSource {
     // Layer il's gate selected `selected` (unique ids), before acquire: lets a cache drop
     // prefetched experts nobody chose.
     virtual void gate_fired(int il, const int32_t* selected, int n) {}
+    // Prefill read-ahead: experts of a later layer il that a batch will probably select, given while
+    // an earlier layer's experts are acquired (pinned), so their reads overlap that layer's compute.
+    // Best effort: a cache may read some, all or none of them.
+    virtual void read_ahead(int il, const int32_t* experts, int n) {}
 };
 
 // Every expert resident in the file mapping: acquire is pointer arithmetic, release is a no-op.

@@ -168,6 +168,13 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
     Act y = f.alloc(n_slots, n_embd);  // y.row(member_of[t * k + j]): output of token t's slot j
     cpu::ThreadPool& pool = f.pool();
     const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
+    // The next MoE layer's guessed experts, read while this layer computes (only when the whole
+    // layer is one wave: with several, read-ahead would evict what the later waves find cached).
+    std::vector<int32_t> ahead;
+    if (read_ahead_ && n_unique <= wave && il + 1 < static_cast<int>(routing_.size()) &&
+        f.layer(il + 1).ffn_gate_inp.data != nullptr) {
+        ahead = guess_next_layer(f, cur, il + 1);
+    }
     for (size_t w0 = 0; w0 < n_unique; w0 += wave) {
         if (w0 > 0 && cancel_ && cancel_->load(std::memory_order_relaxed)) {
             throw CancelledError("decode cancelled in layer " + std::to_string(il) + " after " +
@@ -177,6 +184,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         std::vector<ExpertView> views(n_wave);
         experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
         ExpertLease lease{experts_, il};
+        if (!ahead.empty()) experts_.read_ahead(il + 1, ahead.data(), static_cast<int>(ahead.size()));
         std::vector<cpu::ExpertFfnWeights> w;
         std::vector<int64_t> group_begin, group_end;
         auto run = [&] {
@@ -213,6 +221,24 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         for (int64_t j = 0; j < k; ++j) ys[j] = y.row(member_of[t * k + j]);
         weighted_sum(out.row(t), ys.data(), weights + t * k, k, n_embd);
     }
+}
+
+std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il_next) const {
+    const HParams& h = f.hp();
+    const int64_t T = cur.n_tokens, k = h.n_expert_used;
+    Linear router;
+    router.w = f.layer(il_next).ffn_gate_inp;
+    Act logits = f.linear(cur, router, "ffn_moe_ahead_logits", il_next);
+    Act probs = f.alloc(T, h.n_expert);
+    std::vector<int32_t> ids(static_cast<size_t>(T * k));
+    std::vector<float> weights(static_cast<size_t>(T * k));
+    cpu::RouterParams router_params = h.router;
+    const LayerWeights& next = f.layer(il_next);
+    if (!next.exp_probs_b.empty()) router_params.selection_bias = next.exp_probs_b.data();
+    cpu::route_topk(logits.data, T, h.n_expert, k, router_params, probs.data, ids.data(), weights.data());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
 }
 
 // Replaces each token's top-k with the trace's row for its position: the recorded ids as a set

@@ -58,6 +58,11 @@ class MoeFfn {
     void set_gate_observer(GateObserver* observer) { gate_observer_ = observer; }
     // Session::cancel()'s flag, polled between the expert waves of a batch (CancelledError when set).
     void set_cancel_flag(const std::atomic<bool>* flag) { cancel_ = flag; }
+    // Prefill batches (n_tokens > 1): while a layer's experts compute, read ahead the experts the
+    // next MoE layer's router picks for this batch's hidden state (ExpertSource::read_ahead). The
+    // engine turns it on for the last chunk of a prompt only, so that no chunk's reads evict
+    // experts that a later chunk of the same layer still needs.
+    void set_read_ahead(bool on) { read_ahead_ = on; }
     std::vector<Routing>& routing() { return routing_; }
 
     // The layer's MoE FFN output for `cur` ([n_tokens, n_embd], normalised): routed experts plus
@@ -72,6 +77,9 @@ class MoeFfn {
                            Act& out, int il);
     void experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
                        const std::vector<int32_t>& unique, Act& out, int il);
+    // The unique experts that layer il_next's router picks (top-k per token) for `cur`, the
+    // normalised input of the current layer: its guess of what il_next will select.
+    std::vector<int32_t> guess_next_layer(Forward& f, const Act& cur, int il_next) const;
     void apply_route_trace(const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens, int il,
                            int32_t* ids, float* weights) const;
 
@@ -79,6 +87,7 @@ class MoeFfn {
     const RouteTrace* route_trace_ = nullptr;
     GateObserver* gate_observer_ = nullptr;
     const std::atomic<bool>* cancel_ = nullptr;
+    bool read_ahead_ = false;
     std::vector<Routing> routing_;
 };
 
