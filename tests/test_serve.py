@@ -16,15 +16,12 @@ import sys
 import threading
 import time
 
+import openai  # the test extra installs it and the serve extra: a missing one fails, never skips
 import pytest
 import sharpi
 from sharpi.models import default_model_path
 from sharpi.serve import StopScanner
 from subprocess_env import child_env
-
-openai = pytest.importorskip("openai", reason="the test extra installs openai")
-pytest.importorskip("starlette", reason="the test extra installs the serve extra")
-pytest.importorskip("uvicorn", reason="the test extra installs the serve extra")
 
 N_CTX = 2048
 MODEL_ID = "stdlib-moe-q8_0.gguf"
@@ -36,10 +33,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(*extra: str):
+    """Starts `sharpi serve` on a free port; yields the port once /health answers."""
     port = free_port()
-    cmd = [sys.executable, "-m", "sharpi.cli", "serve", "--port", str(port), "-t", "1", "-c", str(N_CTX)]
+    cmd = [sys.executable, "-m", "sharpi.cli", "serve", "--port", str(port), "-t", "1", "-c", str(N_CTX), *extra]
     child = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while True:
@@ -54,13 +51,20 @@ def server():
             child.kill()
             pytest.fail("sharpi serve did not answer /health within 120 s")
         time.sleep(0.2)
-    yield port
-    child.terminate()
     try:
-        child.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        pytest.fail("sharpi serve did not stop on SIGTERM")
+        yield port
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            pytest.fail("sharpi serve did not stop on SIGTERM")
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from start_server()
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +263,27 @@ def test_stop_scanner_holds_back_partial_matches():
     assert scan.push("xE") == ("x", False)
     assert scan.push("q") == ("Eq", False)
     assert scan.flush() == ""
+
+
+def test_chat_template_file(session, tmp_path):
+    """--chat-template: the server renders messages with that Jinja file (system message, several
+    turns, non-ASCII), written out here by hand as the prompt the model must see."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[ASSISTANT] {% endif %}",
+        encoding="utf-8",
+    )
+    messages = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Größe?"},
+        {"role": "assistant", "content": "def size():"},
+        {"role": "user", "content": "again"},
+    ]
+    text = "[SYSTEM] You write Python.\n[USER] Größe?\n[ASSISTANT] def size():\n[USER] again\n[ASSISTANT] "
+    ids = session.tokenize(text, special=True)
+    want, n_gen = expected(session, ids, max_tokens=12, temperature=0.0)
+    for port in start_server("--chat-template", str(template), "--alias", "coder"):
+        r = client(port).chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == want
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n_gen)

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TextIO
 
 from .cli_args import add_compute_arguments, add_streaming_arguments, positive_int, session_options
+from .synthetic_tokenizer import CHAT_TEMPLATE
 
 _END = object()
 
@@ -46,12 +47,8 @@ class ApiError(Exception):
 
 
 # The template used when the model ships none (the shipped stdlib-moe is a code model): ChatML, as
-# llama.cpp's server falls back to.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-    "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% endif %}"
-)
+# llama.cpp's server falls back to; the synthetic models' template is exactly that.
+CHATML_TEMPLATE = CHAT_TEMPLATE
 
 
 def encode_chat(tok, messages: list, template: str | None = None, **template_kwargs) -> list:
