@@ -270,10 +270,13 @@ def test_chat_template_file(session, tmp_path):
     turns, non-ASCII), written out here by hand as the prompt the model must see."""
     template = tmp_path / "t.jinja"
     template.write_text(
+        "{% if tools is defined %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
         "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}[ASSISTANT] {% endif %}",
+        "{% if add_generation_prompt %}[ASSISTANT] {% if enable_thinking %}<think>{% endif %}{% endif %}",
         encoding="utf-8",
     )
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+             for n in ("lookup", "run_code")]
     messages = [
         {"role": "system", "content": "You write Python."},
         {"role": "user", "content": "Größe?"},
@@ -283,7 +286,17 @@ def test_chat_template_file(session, tmp_path):
     text = "[SYSTEM] You write Python.\n[USER] Größe?\n[ASSISTANT] def size():\n[USER] again\n[ASSISTANT] "
     ids = session.tokenize(text, special=True)
     want, n_gen = expected(session, ids, max_tokens=12, temperature=0.0)
+    tool_ids = session.tokenize("[TOOLS] lookup,run_code\n" + text + "<think>", special=True)
+    want_tools, _ = expected(session, tool_ids, max_tokens=12, temperature=0.0)
     for port in start_server("--chat-template", str(template), "--alias", "coder"):
-        r = client(port).chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0)
+        c = client(port)
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0)
         assert r.choices[0].message.content == want
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n_gen)
+        timings = r.model_extra["timings"]
+        assert timings["prompt_n"] == len(ids) and timings["predicted_n"] == n_gen
+        assert timings["ttft_ms"] > 0 and timings["predicted_per_second"] > 0
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0, tools=tools,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        assert r.usage.prompt_tokens == len(tool_ids)
+        assert r.choices[0].message.content == want_tools

@@ -2,8 +2,9 @@
 `serve` extra).
 
 Endpoints: POST /v1/chat/completions and /v1/completions (server-sent events with "stream": true),
-GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts). Chat messages are rendered with the model's own chat template from the
-GGUF metadata (Tokenizer.apply_chat_template, a Jinja sandbox). Errors are OpenAI's shape,
+GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts). Chat messages are rendered with
+the model's own chat template from the GGUF metadata (Tokenizer.apply_chat_template, a Jinja
+sandbox), with the request's `tools`, `documents` and `chat_template_kwargs`. Errors are OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}, with 400 for a bad request (malformed JSON, bad
 sampling values, a prompt longer than the context), 404 for an unknown model or path.
 
@@ -135,6 +136,20 @@ def _chat_messages(body: dict) -> list:
     return out
 
 
+def _template_kwargs(body: dict) -> dict:
+    """What a chat request hands the template besides messages: `tools` and `documents` when given
+    (templates test `tools is defined`), and `chat_template_kwargs` (enable_thinking, ...)."""
+    extra = body.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict):
+        raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    for name in ("tools", "documents"):
+        if body.get(name) is not None:
+            if not isinstance(body[name], list):
+                raise ApiError(400, f"'{name}' must be a list", param=name)
+            extra = {**extra, name: body[name]}
+    return extra
+
+
 def _completion_prompt(body: dict) -> str:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -186,7 +201,8 @@ class Job:
         self.n_generated = 0
         self.finish_reason = "stop"
         self.error: BaseException | None = None
-        self.stats: dict = {}
+        # Worker-side clock (time.perf_counter): start of the request's turn, first text, end.
+        self.t_start = self.t_first = self.t_end = 0.0
 
     def put(self, item) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -228,22 +244,24 @@ class Engine:
             s.clear_cancel()
         s.last_tokens = []
         try:
+            job.t_start = time.perf_counter()
             s.reset()
             gen = s.generate(job.prompt_ids, **job.options)
             try:
                 for piece in gen:
+                    job.t_first = job.t_first or time.perf_counter()
                     job.put(piece)
                     if job.stopped.is_set():
                         break
             finally:
                 gen.close()
-            job.stats = dict(getattr(s, "last_stats", {}) or {})
         except _core.CancelledError:
             pass  # the client left or a stop string matched: nothing more to say
         except BaseException as e:  # noqa: BLE001 - handed to the request, which answers it
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
+            job.t_end = time.perf_counter()
             with self._state:
                 self._current = None
                 s.clear_cancel()
@@ -325,6 +343,16 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
         return {"prompt_tokens": n_prompt, "completion_tokens": job.n_generated,
                 "total_tokens": n_prompt + job.n_generated}
 
+    def timings(job: Job) -> dict:
+        """Beside `usage`, as llama.cpp's server reports them: time to the first text (prefill and
+        one sample) and the decode rate after it, on the worker's clock."""
+        t_first = job.t_first or job.t_end
+        steps = max(job.n_generated - 1, 0)
+        decode_s = job.t_end - t_first
+        return {"prompt_n": len(job.prompt_ids), "ttft_ms": (t_first - job.t_start) * 1e3,
+                "predicted_n": job.n_generated, "predicted_ms": decode_s * 1e3,
+                "predicted_per_second": steps / decode_s if steps and decode_s > 0 else 0.0}
+
     async def wait_disconnect(request: Request) -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -334,7 +362,8 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             body = await read_body(request)
             tok = engine.session.tokenizer
             if chat:
-                prompt_ids = encode_chat(tok, _chat_messages(body), template=chat_template)
+                prompt_ids = encode_chat(tok, _chat_messages(body), template=chat_template,
+                                         **_template_kwargs(body))
             else:
                 prompt_ids = tok.encode(_completion_prompt(body))
             options = sampling_options(body, len(prompt_ids), engine.n_ctx)
@@ -376,7 +405,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
                     return
                 yield event({**chunk_head, "choices": [choice(None, job.finish_reason)]})
                 if include_usage:
-                    yield event({**chunk_head, "choices": [], "usage": usage(job)})
+                    yield event({**chunk_head, "choices": [], "usage": usage(job), "timings": timings(job)})
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -397,7 +426,8 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             text = gather_task.result()
         except Exception as e:  # noqa: BLE001
             return error_response(ApiError(500, f"generation failed: {e}"))
-        return JSONResponse({**head, "choices": [choice(text, job.finish_reason)], "usage": usage(job)})
+        return JSONResponse({**head, "choices": [choice(text, job.finish_reason)], "usage": usage(job),
+                             "timings": timings(job)})
 
     async def chat_completions(request: Request):
         return await complete(request, chat=True)
