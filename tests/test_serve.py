@@ -242,7 +242,7 @@ def test_client_disconnect_cancels_generation(server, session, stream):
             while b"data: " not in seen:
                 seen += sock.recv(4096)
         else:
-            time.sleep(0.1)
+            time.sleep(0.3)
     deadline = time.monotonic() + 120
     while (after := raw("GET", server, "/v1/sharpi/stats")[1])["requests"] == before["requests"]:
         assert time.monotonic() < deadline, "the dropped request never finished"

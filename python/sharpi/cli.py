@@ -1,5 +1,5 @@
-"""The `sharpi` command: run, inspect and make-model here; bench, trace and predictor registered from
-their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli).
+"""The `sharpi` command: run, inspect and make-model here; bench, trace, predictor and serve registered
+from their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli, sharpi.serve).
 
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
 and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.

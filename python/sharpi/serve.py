@@ -312,7 +312,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     use `chat_template`, else the model's, else ChatML."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
@@ -328,6 +328,8 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     async def read_body(request: Request) -> dict:
         try:
             body = json.loads(await request.body())
+        except ClientDisconnect:
+            raise ApiError(400, "the client went away before sending its request") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
