@@ -254,6 +254,29 @@ def test_client_disconnect_cancels_generation(server, session, stream):
     assert r.choices[0].text == want
 
 
+def test_next_chat_turn_reuses_the_cache(server, session):
+    """The second turn's prompt extends the first turn's prompt and answer: only its new tokens are
+    decoded (the stats count the reused ones) and the answer equals a cold run's."""
+    c = client(server)
+    turn1 = [{"role": "user", "content": "Write a function that reverses a list."}]
+    r1 = c.chat.completions.create(model=MODEL_ID, messages=turn1, max_tokens=20, temperature=0)
+    answer = r1.choices[0].message.content
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "Now sort it."}]
+    ids2 = session.tokenize(
+        f"<|im_start|>user\n{turn1[0]['content']}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n"
+        "<|im_start|>user\nNow sort it.<|im_end|>\n<|im_start|>assistant\n", special=True)
+    want, n_gen = expected(session, ids2, max_tokens=20, temperature=0.0)
+    before = raw("GET", server, "/v1/sharpi/stats")[1]
+    r2 = c.chat.completions.create(model=MODEL_ID, messages=turn2, max_tokens=20, temperature=0)
+    after = raw("GET", server, "/v1/sharpi/stats")[1]
+    assert r2.choices[0].message.content == want
+    assert (r2.usage.prompt_tokens, r2.usage.completion_tokens) == (len(ids2), n_gen)
+    reused = after["prompt_tokens_reused"] - before["prompt_tokens_reused"]
+    # The first turn's prompt and every answer token the cache decoded (the last sampled one is not).
+    assert reused >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
+    assert r2.model_extra["timings"]["cache_n"] == reused
+
+
 def test_stop_scanner_holds_back_partial_matches():
     scan = StopScanner(["END", "xyz"])
     assert scan.push("abc E") == ("abc ", False)

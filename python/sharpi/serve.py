@@ -9,12 +9,14 @@ sandbox), with the request's `tools`, `documents` and `chat_template_kwargs`. Er
 sampling values, a prompt longer than the context), 404 for an unknown model or path.
 
 Who owns what: the Engine owns the Session and one worker thread; every request is a Job queued on
-that thread (the thread pool of one is the request queue), so requests run one after the other on
-a reset KV cache. The event loop never calls the Session except Session.cancel() (lock-free). Text
+that thread (the thread pool of one is the request queue), so requests run one after the other.
+The event loop never calls the Session except Session.cancel() (lock-free). Text
 flows one way: worker thread -> Job.queue (asyncio, via call_soon_threadsafe) -> response. A client
 that goes away, or a stop string that matched, cancels its Job: a queued Job is skipped, a running
 one gets Session.cancel() and stops within one layer. Engine._state guards which Job is running, so
-a cancel never reaches the next request's decode. The engine never learns that a server exists.
+a cancel never reaches the next request's decode. A prompt that extends the ids the cache holds
+decodes only its new tokens (the next turn of a chat); any other prompt starts from reset(). The
+engine never learns that a server exists.
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ class Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.stopped = threading.Event()
         self.n_generated = 0
+        self.n_reused = 0  # prompt tokens the KV cache already held (not decoded again)
         self.finish_reason = "stop"
         self.error: BaseException | None = None
         # Worker-side clock (time.perf_counter): start of the request's turn, first text, end.
@@ -219,7 +222,10 @@ class Engine:
         self._current: Job | None = None
         # Finished requests, those of them stopped early by cancel() (a client that left, a stop
         # string), and their generated tokens: GET /v1/sharpi/stats. Written by the worker under _state.
-        self.counts = {"requests": 0, "cancelled": 0, "completion_tokens": 0}
+        self.counts = {"requests": 0, "cancelled": 0, "completion_tokens": 0, "prompt_tokens_reused": 0}
+        # The ids the KV cache holds, in order (worker thread only); [] after an error, so the
+        # next request starts from reset().
+        self._history: list = []
 
     def submit(self, prompt_ids: list, options: dict) -> Job:
         job = Job(asyncio.get_running_loop(), prompt_ids, options)
@@ -245,8 +251,16 @@ class Engine:
         s.last_tokens = []
         try:
             job.t_start = time.perf_counter()
-            s.reset()
-            gen = s.generate(job.prompt_ids, **job.options)
+            ids, held = job.prompt_ids, self._history
+            # Prefix reuse: a prompt that extends what the cache holds (the next turn of a chat)
+            # decodes only its new tokens; prefill equals token-by-token decoding bit for bit, so
+            # the output is the cold run's. Not with a repetition penalty: generate() would see
+            # only the new tokens as the recent context.
+            extends = len(ids) > len(held) and ids[: len(held)] == held
+            job.n_reused = len(held) if extends and job.options["repeat_penalty"] == 1.0 else 0
+            if not job.n_reused:
+                s.reset()
+            gen = s.generate(ids[job.n_reused :], **job.options)
             try:
                 for piece in gen:
                     job.t_first = job.t_first or time.perf_counter()
@@ -261,6 +275,8 @@ class Engine:
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
+            # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
+            self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
             job.t_end = time.perf_counter()
             with self._state:
                 self._current = None
@@ -268,6 +284,7 @@ class Engine:
                 self.counts["requests"] += 1
                 self.counts["cancelled"] += job.stopped.is_set()
                 self.counts["completion_tokens"] += job.n_generated
+                self.counts["prompt_tokens_reused"] += job.n_reused
             full = job.n_generated >= job.options["max_tokens"] or s.n_past >= self.n_ctx
             job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
             job.put(_END)
@@ -351,7 +368,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
         t_first = job.t_first or job.t_end
         steps = max(job.n_generated - 1, 0)
         decode_s = job.t_end - t_first
-        return {"prompt_n": len(job.prompt_ids), "ttft_ms": (t_first - job.t_start) * 1e3,
+        return {"prompt_n": len(job.prompt_ids), "cache_n": job.n_reused, "ttft_ms": (t_first - job.t_start) * 1e3,
                 "predicted_n": job.n_generated, "predicted_ms": decode_s * 1e3,
                 "predicted_per_second": steps / decode_s if steps and decode_s > 0 else 0.0}
 
