@@ -1,5 +1,6 @@
-"""The `sharpi` command: run, inspect and make-model here; bench, trace, predictor and serve registered
-from their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli, sharpi.serve).
+"""The `sharpi` command: run, inspect and make-model here; bench, trace, predictor, serve and chat
+registered from their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli, sharpi.serve,
+sharpi.chat).
 
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
 and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve import add_serve_parser
 
     add_serve_parser(sub)
+    from .chat import add_chat_parser
+
+    add_chat_parser(sub)
     return parser
 
 
@@ -340,6 +344,12 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     return serve(args, out, err)
 
 
+def cmd_chat(args, out: TextIO, err: TextIO) -> int:
+    from .chat import cmd_chat as chat
+
+    return chat(args, sys.stdin, out)
+
+
 def cmd_cache_prior(args, out: TextIO, err: TextIO) -> int:
     from .cache_eval import cmd_cache_prior
 
@@ -348,7 +358,8 @@ def cmd_cache_prior(args, out: TextIO, err: TextIO) -> int:
 
 _COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench,
              "trace": cmd_trace, "predictor": cmd_predictor, "cache-eval": cmd_cache_eval,
-             "cache-prior": cmd_cache_prior, "serve": cmd_serve}
+             "cache-prior": cmd_cache_prior, "serve": cmd_serve,
+             "chat": cmd_chat}
 
 
 def main(argv: list[str] | None = None) -> int:

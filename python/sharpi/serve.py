@@ -62,6 +62,16 @@ def encode_chat(tok, messages: list, template: str | None = None, **template_kwa
     return tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
 
 
+def reusable_prefix(held: list, ids: list, repeat_penalty: float) -> int:
+    """How many leading ids of a new prompt the KV cache already holds (`held`, in order): all of
+    them when the prompt extends them (the next turn of a chat), else 0 (reset and decode all).
+    Decoding only the rest gives the cold run's output, since prefill equals token-by-token
+    decoding bit for bit. Not with a repetition penalty: generate() would see only the new ids as
+    the recent context."""
+    extends = len(ids) > len(held) and ids[: len(held)] == held
+    return len(held) if extends and repeat_penalty == 1.0 else 0
+
+
 # ------------------------------------------------------------------ request parsing
 
 
@@ -252,12 +262,7 @@ class Engine:
         try:
             job.t_start = time.perf_counter()
             ids, held = job.prompt_ids, self._history
-            # Prefix reuse: a prompt that extends what the cache holds (the next turn of a chat)
-            # decodes only its new tokens; prefill equals token-by-token decoding bit for bit, so
-            # the output is the cold run's. Not with a repetition penalty: generate() would see
-            # only the new tokens as the recent context.
-            extends = len(ids) > len(held) and ids[: len(held)] == held
-            job.n_reused = len(held) if extends and job.options["repeat_penalty"] == 1.0 else 0
+            job.n_reused = reusable_prefix(held, ids, job.options["repeat_penalty"])
             if not job.n_reused:
                 s.reset()
             gen = s.generate(ids[job.n_reused :], **job.options)
@@ -326,7 +331,7 @@ async def _pieces(engine: Engine, job: Job, stops: list):
 
 def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     """The Starlette application serving `engine` under the model name `model_id`; chat requests
-    use `chat_template`, else the model's, else ChatML."""
+    use `chat_template`, None for the model's own."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
@@ -336,8 +341,6 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     from . import _core
 
     created = int(time.time())
-    if chat_template is None and not engine.session.tokenizer.chat_template:
-        chat_template = CHATML_TEMPLATE
 
     def error_response(e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -483,32 +486,21 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
 # ------------------------------------------------------------------ command
 
 
-def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API",
-        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, /health.",
-    )
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """-m and --chat-template, then the compute and streaming options (`serve` and `chat`)."""
     p.add_argument("-m", "--model", default=None, metavar="FILE",
                    help="GGUF model file (default: the shipped stdlib-moe model)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=positive_int("--port"), default=8080, help="port (default: 8080)")
-    p.add_argument("--alias", default=None, metavar="NAME",
-                   help="model name the API reports and accepts (default: the file name)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
     add_compute_arguments(p)
     add_streaming_arguments(p)
-    return p
 
 
-def cmd_serve(args, out: TextIO, err: TextIO) -> int:
+def load_model(args):
+    """(Session, chat template) from add_model_arguments' options: the template is the file's
+    text, None for the model's own, or ChatML when the model has none."""
     import sharpi
 
-    try:
-        import uvicorn
-    except ImportError as e:
-        raise ImportError(f"{e}; install the serve extra: pip install 'sharpi[serve]'") from None
     if args.model is None:
         from .models import default_model_path
 
@@ -516,11 +508,34 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     if not os.path.isfile(args.model):
         raise FileNotFoundError(f"{args.model}: no such file")
     session = sharpi.Session(args.model, **session_options(args))
-    model_id = args.alias or os.path.basename(args.model)
-    template = None
+    template = None if session.tokenizer.chat_template else CHATML_TEMPLATE
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:
             template = f.read()
+    return session, template
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, /health.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=positive_int("--port"), default=8080, help="port (default: 8080)")
+    p.add_argument("--alias", default=None, metavar="NAME",
+                   help="model name the API reports and accepts (default: the file name)")
+    add_model_arguments(p)
+    return p
+
+
+def cmd_serve(args, out: TextIO, err: TextIO) -> int:
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise ImportError(f"{e}; install the serve extra: pip install 'sharpi[serve]'") from None
+    session, template = load_model(args)
+    model_id = args.alias or os.path.basename(args.model)
     app = create_app(Engine(session), model_id, template)
     err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
     err.flush()
