@@ -109,8 +109,8 @@ def sampling_options(body: dict, n_prompt: int, n_ctx: int) -> dict:
             param="messages" if "messages" in body else "prompt",
             code="context_length_exceeded",
         )
-    n = _number(body, "n", 1, 1, 1, integer=True)
-    del n  # only one choice per request
+    if body.get("n") not in (None, 1):
+        raise ApiError(400, f"only one choice per request is supported ('n': 1), got {body['n']!r}", param="n")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, name, None, 1, 2**31 - 1, integer=True)
     if max_tokens is not None and n_prompt + max_tokens > n_ctx:
