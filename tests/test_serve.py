@@ -187,6 +187,8 @@ def test_stop_string_cuts_the_text(server, session):
         (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400, "stop"),
         (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n"),
         (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
+        (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "stream"),
+        (json.dumps({"prompt": "x", "stream": True, "stream_options": "all"}).encode(), 400, "stream_options"),
     ],
 )
 def test_bad_requests_get_openai_errors(server, session, body, status, param):
@@ -204,6 +206,9 @@ def test_bad_requests_get_openai_errors(server, session, body, status, param):
 def test_bad_chat_messages_and_unknown_path(server):
     status, got = raw("POST", server, "/v1/chat/completions", json.dumps({"messages": "hi"}).encode())
     assert (status, got["error"]["param"]) == (400, "messages")
+    body = json.dumps({"messages": [{"role": "user", "content": 7}]}).encode()
+    status, got = raw("POST", server, "/v1/chat/completions", body)
+    assert (status, got["error"]["param"]) == (400, "messages[0].content")
     status, got = raw("GET", server, "/v1/nothing")
     assert status == 404 and "error" in got
     with pytest.raises(openai.NotFoundError):

@@ -144,6 +144,9 @@ def _chat_messages(body: dict) -> list:
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is understood
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if content is not None and not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                           param=f"messages[{i}].content")
         out.append({**m, "content": "" if content is None else content})
     return out
 
@@ -390,6 +393,10 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
                 prompt_ids = tok.encode(_completion_prompt(body))
             options = sampling_options(body, len(prompt_ids), engine.n_ctx)
             stops = _stop_strings(body)
+            if not isinstance(body.get("stream", False), bool):
+                raise ApiError(400, "'stream' must be true or false", param="stream")
+            if not isinstance(body.get("stream_options") or {}, dict):
+                raise ApiError(400, "'stream_options' must be an object", param="stream_options")
         except ApiError as e:
             return error_response(e)
         except _core.SharpiError as e:  # a template that refuses these messages, a bad token
