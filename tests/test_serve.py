@@ -328,3 +328,17 @@ def test_chat_template_file(session, tmp_path):
                                       extra_body={"chat_template_kwargs": {"enable_thinking": True}})
         assert r.usage.prompt_tokens == len(tool_ids)
         assert r.choices[0].message.content == want_tools
+
+
+def test_streamed_experts_answer_as_resident(session):
+    """`serve --ram-budget`: experts streamed from the file through a cache of a few slots; the
+    greedy answer is the all-resident Session's, bit for bit."""
+    probe = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX, ram_budget="8GiB", reader="pread")
+    st, k = probe.expert_stats(), probe.info["n_expert_used"]
+    probe.close()
+    budget = st["fixed_bytes"] + 3 * k * st["slot_bytes"]
+    prompt = "def parse_args(argv):"
+    want, n_gen = expected(session, session.tokenize(prompt), max_tokens=24, temperature=0.0)
+    for port in start_server("--ram-budget", str(budget), "--reader", "pread"):
+        r = client(port).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0)
+        assert (r.choices[0].text, r.usage.completion_tokens) == (want, n_gen)
