@@ -478,6 +478,10 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     async def http_error(request: Request, exc: HTTPException):
         return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
+    async def server_error(request: Request, exc: Exception):
+        # A bug, not a bad request: still OpenAI's shape, so clients show the message.
+        return error_response(ApiError(500, f"{type(exc).__name__}: {exc}"))
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -486,7 +490,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             Route("/health", health, methods=["GET"]),
             Route("/v1/sharpi/stats", stats, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: http_error},
+        exception_handlers={HTTPException: http_error, Exception: server_error},
     )
 
 
