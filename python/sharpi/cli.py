@@ -1,5 +1,6 @@
-"""The `sharpi` command: run, inspect and make-model here; bench, trace and predictor registered from
-their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli).
+"""The `sharpi` command: run, inspect and make-model here; bench, trace, predictor, serve and chat
+registered from their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli, sharpi.serve,
+sharpi.chat).
 
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
 and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.
@@ -23,7 +24,7 @@ import sys
 from typing import TextIO
 
 from . import metrics
-from .cli_args import add_compute_arguments, non_negative_int, session_kv_options
+from .cli_args import add_compute_arguments, add_streaming_arguments, non_negative_int, session_options
 
 
 def _user_errors() -> tuple:
@@ -103,61 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wrap the prompt as one user message in the model's chat template",
     )
-    run.add_argument(
-        "--ram-budget",
-        default=None,
-        metavar="SIZE",
-        help="stream experts from the file within this much RAM, e.g. 6GiB, or auto (what the machine or its "
-        "cgroup has available minus max(256 MiB, 10%%)) (default: all resident)",
-    )
-    run.add_argument(
-        "--reader",
-        choices=["auto", "uring", "pread"],
-        default="auto",
-        help="expert reader when streaming (default: auto = io_uring where it works)",
-    )
-    run.add_argument(
-        "--slru-probation",
-        type=float,
-        default=0.25,
-        metavar="F",
-        help="share of expert slots in the SLRU probation segment (default: 0.25)",
-    )
-    run.add_argument(
-        "--cache-policy",
-        default=None,
-        metavar="NAME[:FILE]",
-        help="expert-cache replacement policy when streaming: lru, slru, lfu, arc, s3fifo, predictive, or "
-        "prior:FILE (fitted by `sharpi cache-prior`) (default: the best on real routing, "
-        "docs/cache_policies.md)",
-    )
-    run.add_argument(
-        "--predictor",
-        default="none",
-        metavar="NAME[:FILE]",
-        help="predictive expert prefetch while streaming: none (reactive, default), prev_token, next_gate, "
-        "pregate, or cooc/learned/trajectory with a predictor file (NAME:FILE; docs/predictors.md)",
-    )
-    run.add_argument(
-        "--lookahead",
-        type=int,
-        choices=[1, 2, 3],
-        default=1,
-        help="layers ahead the predictor prefetches for (default: 1)",
-    )
-    run.add_argument(
-        "--trace",
-        default=None,
-        metavar="DIR",
-        help="MoE tracing (also SHARPI_TRACE_MOE=1): print per-layer hit/recall/prefetch/stall table, "
-        "write DIR/moe_trace.json and a Perfetto timeline",
-    )
-    run.add_argument(
-        "--route-trace",
-        default=None,
-        metavar="NPZ",
-        help="make the router follow a recorded routing trace (shared/traces format; benchmarks)",
-    )
+    add_streaming_arguments(run)
     run.add_argument(
         "--expert-stats", default=None, metavar="FILE", help="write per-layer/per-expert cache stats as JSON"
     )
@@ -200,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cache_eval
 
     cache_eval.add_parsers(sub)
+    from .serve import add_serve_parser
+
+    add_serve_parser(sub)
+    from .chat import add_chat_parser
+
+    add_chat_parser(sub)
     return parser
 
 
@@ -272,29 +225,14 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         args.model = default_model_path()
     _require_file(args.model)
     prompt = _read_prompt(args)
-    session = sharpi.Session(
-        args.model,
-        threads=args.threads,
-        n_ctx=args.ctx_size,
-        ram_budget=args.ram_budget,
-        slru_probation=args.slru_probation,
-        cache_policy=args.cache_policy,
-        reader=args.reader,
-        route_trace=args.route_trace,
-        predictor=args.predictor,
-        lookahead=args.lookahead,
-        trace=args.trace,
-        **session_kv_options(args),
-    )
+    session = sharpi.Session(args.model, **session_options(args))
     auto_budget = getattr(session, "auto_budget", None)
     if auto_budget is not None:
         print(f"sharpi: {auto_budget.describe()}", file=err)
     if args.chat:
-        tok = session.tokenizer
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        # Templates usually write the BOS text themselves; do not add a second one.
-        starts_with_bos = tok.bos_id is not None and text.startswith(tok.id_to_token(tok.bos_id))
-        prompt_input = tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
+        from .serve import encode_chat
+
+        prompt_input = encode_chat(session.tokenizer, [{"role": "user", "content": prompt}])
     else:
         prompt_input = prompt
     options = {
@@ -403,6 +341,18 @@ def cmd_cache_eval(args, out: TextIO, err: TextIO) -> int:
     return cmd_cache_eval(args, out)
 
 
+def cmd_serve(args, out: TextIO, err: TextIO) -> int:
+    from .serve import cmd_serve as serve
+
+    return serve(args, out, err)
+
+
+def cmd_chat(args, out: TextIO, err: TextIO) -> int:
+    from .chat import cmd_chat as chat
+
+    return chat(args, sys.stdin, out)
+
+
 def cmd_cache_prior(args, out: TextIO, err: TextIO) -> int:
     from .cache_eval import cmd_cache_prior
 
@@ -411,7 +361,8 @@ def cmd_cache_prior(args, out: TextIO, err: TextIO) -> int:
 
 _COMMANDS = {"run": cmd_run, "inspect": cmd_inspect, "make-model": cmd_make_model, "bench": cmd_bench,
              "trace": cmd_trace, "predictor": cmd_predictor, "cache-eval": cmd_cache_eval,
-             "cache-prior": cmd_cache_prior}
+             "cache-prior": cmd_cache_prior, "serve": cmd_serve,
+             "chat": cmd_chat}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,3 +90,79 @@ def session_kv_options(args) -> dict:
         "cache_type_v": getattr(args, "cache_type_v", None),
         "allow_long_context": getattr(args, "allow_long_context", False),
     }
+
+
+def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
+    """The expert streaming, cache, predictor and tracing options of `run` and `serve`."""
+    p.add_argument(
+        "--ram-budget",
+        default=None,
+        metavar="SIZE",
+        help="stream experts from the file within this much RAM, e.g. 6GiB, or auto (what the machine or its "
+        "cgroup has available minus max(256 MiB, 10%%)) (default: all resident)",
+    )
+    p.add_argument(
+        "--reader",
+        choices=["auto", "uring", "pread"],
+        default="auto",
+        help="expert reader when streaming (default: auto = io_uring where it works)",
+    )
+    p.add_argument(
+        "--slru-probation",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="share of expert slots in the SLRU probation segment (default: 0.25)",
+    )
+    p.add_argument(
+        "--cache-policy",
+        default=None,
+        metavar="NAME[:FILE]",
+        help="expert-cache replacement policy when streaming: lru, slru, lfu, arc, s3fifo, predictive, or "
+        "prior:FILE (fitted by `sharpi cache-prior`) (default: the best on real routing, "
+        "docs/cache_policies.md)",
+    )
+    p.add_argument(
+        "--predictor",
+        default="none",
+        metavar="NAME[:FILE]",
+        help="predictive expert prefetch while streaming: none (reactive, default), prev_token, next_gate, "
+        "pregate, or cooc/learned/trajectory with a predictor file (NAME:FILE; docs/predictors.md)",
+    )
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        choices=[1, 2, 3],
+        default=1,
+        help="layers ahead the predictor prefetches for (default: 1)",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="MoE tracing (also SHARPI_TRACE_MOE=1): print per-layer hit/recall/prefetch/stall table, "
+        "write DIR/moe_trace.json and a Perfetto timeline",
+    )
+    p.add_argument(
+        "--route-trace",
+        default=None,
+        metavar="NPZ",
+        help="make the router follow a recorded routing trace (shared/traces format; benchmarks)",
+    )
+
+
+def session_options(args: argparse.Namespace) -> dict:
+    """sharpi.Session keyword arguments from add_compute_arguments' and add_streaming_arguments' options."""
+    return {
+        "threads": args.threads,
+        "n_ctx": args.ctx_size,
+        "ram_budget": args.ram_budget,
+        "slru_probation": args.slru_probation,
+        "cache_policy": args.cache_policy,
+        "reader": args.reader,
+        "route_trace": args.route_trace,
+        "predictor": args.predictor,
+        "lookahead": args.lookahead,
+        "trace": args.trace,
+        **session_kv_options(args),
+    }

@@ -287,6 +287,9 @@ class Session:
         t_prefill = time.perf_counter() - t0
         recent = list(prompt_ids)
         generated: list = []
+        # The ids sampled so far, live while the iterator runs: a caller that closes it early (a
+        # server's stop string, a cancel()) still knows how many tokens it produced.
+        self.last_tokens = generated
         # The stream decoder emits text only once it is complete UTF-8 (a byte-level token can end
         # inside a character) and keeps SentencePiece's leading space of the first piece.
         stream = tok.stream()

@@ -1,0 +1,344 @@
+"""`sharpi serve` (issue 20): the OpenAI-compatible server, run as a subprocess on 127.0.0.1 with the
+shipped model and driven by the official `openai` client and by raw HTTP.
+
+Oracle: the same Session API in this process. A greedy (or seeded) request must give exactly the
+text and token counts that Session.generate gives for the same prompt ids and sampling values, and
+the chat prompt is the ChatML text written out here by hand (the shipped model has no template).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import openai  # the test extra installs it and the serve extra: a missing one fails, never skips
+import pytest
+import sharpi
+from sharpi.models import default_model_path
+from sharpi.serve import StopScanner
+from subprocess_env import child_env
+
+N_CTX = 2048
+MODEL_ID = "stdlib-moe-q8_0.gguf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*extra: str):
+    """Starts `sharpi serve` on a free port; yields the port once /health answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "sharpi.cli", "serve", "--port", str(port), "-t", "1", "-c", str(N_CTX), *extra]
+    child = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        if child.poll() is not None:
+            pytest.fail(f"sharpi serve exited with {child.returncode}: {child.stderr.read()}")
+        try:
+            if raw("GET", port, "/health")[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            child.kill()
+            pytest.fail("sharpi serve did not answer /health within 120 s")
+        time.sleep(0.2)
+    try:
+        yield port
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            pytest.fail("sharpi serve did not stop on SIGTERM")
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from start_server()
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX)
+    yield s
+    s.close()
+
+
+def raw(method: str, port: int, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def client(port: int):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def expected(session, ids: list, **options) -> tuple[str, int]:
+    """(text, completion tokens) from Session.generate on a fresh cache, OpenAI's sampling defaults."""
+    session.reset()
+    opts = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, **options}
+    text = "".join(session.generate(ids, **opts))
+    return text, len(session.last_tokens)
+
+
+def chatml_ids(session, user: str) -> list:
+    text = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    return session.tokenize(text, special=True)
+
+
+def test_models_and_health(server):
+    assert raw("GET", server, "/health") == (200, {"status": "ok"})
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [MODEL_ID]
+
+
+def test_completion_greedy_matches_session(server, session):
+    prompt = "def fibonacci(n):"
+    want, n_gen = expected(session, session.tokenize(prompt), max_tokens=24, temperature=0.0)
+    r = client(server).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0)
+    assert r.choices[0].text == want
+    assert r.choices[0].finish_reason == ("length" if n_gen == 24 else "stop")
+    assert r.usage.prompt_tokens == len(session.tokenize(prompt))
+    assert r.usage.completion_tokens == n_gen
+    assert r.usage.total_tokens == r.usage.prompt_tokens + n_gen
+
+
+def test_completion_streamed_equals_whole(server, session):
+    prompt = "import os\n"
+    want, n_gen = expected(session, session.tokenize(prompt), max_tokens=20, temperature=0.0)
+    chunks = list(client(server).completions.create(
+        model=MODEL_ID, prompt=prompt, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == want
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1, "the text came in one piece"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+    assert chunks[-1].usage.completion_tokens == n_gen
+
+
+def test_chat_uses_template_and_streams(server, session):
+    messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    ids = chatml_ids(session, messages[0]["content"])
+    want, n_gen = expected(session, ids, max_tokens=16, temperature=0.0)
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=16, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n_gen)
+    stream = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=16, temperature=0,
+                                       stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+
+
+def test_seeded_sampling_matches_session(server, session):
+    prompt = "class "
+    opts = {"max_tokens": 20, "temperature": 0.9, "top_p": 0.9, "top_k": 20, "seed": 1234}
+    want, _ = expected(session, session.tokenize(prompt), **opts)
+    c = client(server)
+    extra = {"top_k": opts["top_k"]}
+    got = [c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=20, temperature=0.9, top_p=0.9,
+                                seed=1234, extra_body=extra).choices[0].text for _ in range(2)]
+    assert got == [want, want]
+
+
+def test_stop_string_cuts_the_text(server, session):
+    prompt = "def fibonacci(n):"
+    full, _ = expected(session, session.tokenize(prompt), max_tokens=24, temperature=0.0)
+    stop = full.strip().split()[1]  # a word from inside the greedy answer
+    want = full[: full.index(stop)]
+    c = client(server)
+    r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    streamed = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0, stop=stop,
+                                    stream=True)
+    assert "".join(ch.choices[0].text for ch in streamed) == want
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (json.dumps({"model": "gpt-4o", "prompt": "x"}).encode(), 404, "model"),
+        (json.dumps({"prompt": "x " * (N_CTX + 10)}).encode(), 400, "prompt"),
+        (json.dumps({"prompt": "x", "max_tokens": N_CTX}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+        (json.dumps({"prompt": "x", "top_p": 1.5}).encode(), 400, "top_p"),
+        (json.dumps({"prompt": "x", "top_k": "many"}).encode(), 400, "top_k"),
+        (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "x", "seed": 1.5}).encode(), 400, "seed"),
+        (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400, "stop"),
+        (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n"),
+        (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
+        (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "stream"),
+        (json.dumps({"prompt": "x", "stream": True, "stream_options": "all"}).encode(), 400, "stream_options"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, session, body, status, param):
+    got_status, got = raw("POST", server, "/v1/completions", body)
+    assert got_status == status
+    assert set(got) == {"error"} and set(got["error"]) == {"message", "type", "param", "code"}
+    assert got["error"]["type"] == "invalid_request_error" and got["error"]["message"]
+    assert got["error"]["param"] == param
+    # Still healthy and still right.
+    assert raw("GET", server, "/health")[0] == 200
+    r = client(server).completions.create(model=MODEL_ID, prompt="def ", max_tokens=4, temperature=0)
+    assert r.choices[0].text == expected(session, session.tokenize("def "), max_tokens=4, temperature=0.0)[0]
+
+
+def test_bad_chat_messages_and_unknown_path(server):
+    status, got = raw("POST", server, "/v1/chat/completions", json.dumps({"messages": "hi"}).encode())
+    assert (status, got["error"]["param"]) == (400, "messages")
+    body = json.dumps({"messages": [{"role": "user", "content": 7}]}).encode()
+    status, got = raw("POST", server, "/v1/chat/completions", body)
+    assert (status, got["error"]["param"]) == (400, "messages[0].content")
+    status, got = raw("GET", server, "/v1/nothing")
+    assert status == 404 and "error" in got
+    with pytest.raises(openai.NotFoundError):
+        client(server).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_two_concurrent_clients_equal_sequential(server, session):
+    prompts = ["def merge_sort(items):", "class Stack:"]
+    want = [expected(session, session.tokenize(p), max_tokens=32, temperature=0.0)[0] for p in prompts]
+    got = [None, None]
+
+    def ask(i):
+        r = client(server).completions.create(model=MODEL_ID, prompt=prompts[i], max_tokens=32, temperature=0)
+        got[i] = r.choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == want
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_cancels_generation(server, session, stream):
+    """A request dropped mid-generation is cancelled (it ends with far fewer tokens than asked
+    for and counts as cancelled), and the next request gets the right answer."""
+    max_tokens = N_CTX - 8
+    before = raw("GET", server, "/v1/sharpi/stats")[1]
+    body = json.dumps({"prompt": "def ", "max_tokens": max_tokens, "temperature": 0, "stream": stream})
+    with socket.create_connection(("127.0.0.1", server), timeout=60) as sock:
+        sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        if stream:
+            seen = b""
+            while b"data: " not in seen:
+                seen += sock.recv(4096)
+        else:
+            time.sleep(0.3)
+    deadline = time.monotonic() + 120
+    while (after := raw("GET", server, "/v1/sharpi/stats")[1])["requests"] == before["requests"]:
+        assert time.monotonic() < deadline, "the dropped request never finished"
+        time.sleep(0.05)
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["completion_tokens"] - before["completion_tokens"] < max_tokens
+    want = expected(session, session.tokenize("import "), max_tokens=8, temperature=0.0)[0]
+    r = client(server).completions.create(model=MODEL_ID, prompt="import ", max_tokens=8, temperature=0)
+    assert r.choices[0].text == want
+
+
+def test_next_chat_turn_reuses_the_cache(server, session):
+    """The second turn's prompt extends the first turn's prompt and answer: only its new tokens are
+    decoded (the stats count the reused ones) and the answer equals a cold run's."""
+    c = client(server)
+    turn1 = [{"role": "user", "content": "Write a function that reverses a list."}]
+    r1 = c.chat.completions.create(model=MODEL_ID, messages=turn1, max_tokens=20, temperature=0)
+    answer = r1.choices[0].message.content
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "Now sort it."}]
+    ids2 = session.tokenize(
+        f"<|im_start|>user\n{turn1[0]['content']}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n"
+        "<|im_start|>user\nNow sort it.<|im_end|>\n<|im_start|>assistant\n", special=True)
+    want, n_gen = expected(session, ids2, max_tokens=20, temperature=0.0)
+    before = raw("GET", server, "/v1/sharpi/stats")[1]
+    r2 = c.chat.completions.create(model=MODEL_ID, messages=turn2, max_tokens=20, temperature=0)
+    after = raw("GET", server, "/v1/sharpi/stats")[1]
+    assert r2.choices[0].message.content == want
+    assert (r2.usage.prompt_tokens, r2.usage.completion_tokens) == (len(ids2), n_gen)
+    reused = after["prompt_tokens_reused"] - before["prompt_tokens_reused"]
+    # The first turn's prompt and every answer token the cache decoded (the last sampled one is not).
+    assert reused >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
+    assert r2.model_extra["timings"]["cache_n"] == reused
+
+
+def test_stop_scanner_holds_back_partial_matches():
+    scan = StopScanner(["END", "xyz"])
+    assert scan.push("abc E") == ("abc ", False)
+    assert scan.push("N") == ("", False)
+    assert scan.push("Dmore") == ("", True)
+    scan = StopScanner(["END"])
+    assert scan.push("xE") == ("x", False)
+    assert scan.push("q") == ("Eq", False)
+    assert scan.flush() == ""
+
+
+def test_chat_template_file(session, tmp_path):
+    """--chat-template: the server renders messages with that Jinja file (system message, several
+    turns, non-ASCII), written out here by hand as the prompt the model must see."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% if tools is defined %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
+        "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[ASSISTANT] {% if enable_thinking %}<think>{% endif %}{% endif %}",
+        encoding="utf-8",
+    )
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+             for n in ("lookup", "run_code")]
+    messages = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Größe?"},
+        {"role": "assistant", "content": "def size():"},
+        {"role": "user", "content": "again"},
+    ]
+    text = "[SYSTEM] You write Python.\n[USER] Größe?\n[ASSISTANT] def size():\n[USER] again\n[ASSISTANT] "
+    ids = session.tokenize(text, special=True)
+    want, n_gen = expected(session, ids, max_tokens=12, temperature=0.0)
+    tool_ids = session.tokenize("[TOOLS] lookup,run_code\n" + text + "<think>", special=True)
+    want_tools, _ = expected(session, tool_ids, max_tokens=12, temperature=0.0)
+    for port in start_server("--chat-template", str(template), "--alias", "coder"):
+        c = client(port)
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == want
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n_gen)
+        timings = r.model_extra["timings"]
+        assert timings["prompt_n"] == len(ids) and timings["predicted_n"] == n_gen
+        assert timings["ttft_ms"] > 0 and timings["predicted_per_second"] > 0
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0, tools=tools,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        assert r.usage.prompt_tokens == len(tool_ids)
+        assert r.choices[0].message.content == want_tools
+
+
+def test_streamed_experts_answer_as_resident(session):
+    """`serve --ram-budget`: experts streamed from the file through a cache of a few slots; the
+    greedy answer is the all-resident Session's, bit for bit."""
+    probe = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX, ram_budget="8GiB", reader="pread")
+    st, k = probe.expert_stats(), probe.info["n_expert_used"]
+    probe.close()
+    budget = st["fixed_bytes"] + 3 * k * st["slot_bytes"]
+    prompt = "def parse_args(argv):"
+    want, n_gen = expected(session, session.tokenize(prompt), max_tokens=24, temperature=0.0)
+    for port in start_server("--ram-budget", str(budget), "--reader", "pread"):
+        r = client(port).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0)
+        assert (r.choices[0].text, r.usage.completion_tokens) == (want, n_gen)
