@@ -55,6 +55,10 @@ PLAIN_TYPES = ["f32", "f16", "bf16"]
 MEDIAN_BUDGET = 3e-2  # measured <= 2.0e-2
 WORST_BUDGET = 0.6  # measured <= 0.47 (router flips)
 AGREEMENT_MIN = 0.85  # measured >= 0.896
+# deepseek2's tiny model routes group-limited (top groups first, then top-k inside them), which adds
+# near-ties that a quantized activation flips: measured over 25 random prompts each of q2_k, q3_k and
+# q4_k, agreement min 0.833, 10th percentile 0.883, median 0.9375 (qwen3moe: min 0.896, olmoe 0.9375).
+AGREEMENT_MIN_BY_ARCH = {"deepseek2": 0.75}
 DENSE_WORST_BUDGET = 5e-2  # measured <= 1.7e-2
 
 N_TOKENS = 48
@@ -106,7 +110,7 @@ def test_fast_mode_within_budget_of_exact(arch, quant, model, rng):
     what = f"{arch}/{quant}: median {np.median(per_position):.2e}, worst {per_position.max():.2e}, agreement {agreement:.3f}"
     assert np.median(per_position) <= MEDIAN_BUDGET, what
     assert per_position.max() <= WORST_BUDGET, what
-    assert agreement >= AGREEMENT_MIN, what
+    assert agreement >= AGREEMENT_MIN_BY_ARCH.get(arch, AGREEMENT_MIN), what
 
 
 @pytest.mark.parametrize("arch, overrides", [("llama", {"n_expert": 0}), ("qwen2", {}), ("qwen3", {})])
