@@ -183,15 +183,15 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch in HYBRID_ARCHES:
             specs += _hybrid_layer(hp, il, shexp_gate_ne)
             continue
+        if hp.arch == "deepseek2":
+            specs += _deepseek2_layer(hp, il)
+            continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
             TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
             TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
             TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
         ]
-        if hp.arch == "deepseek2":
-            specs += _deepseek2_layer(hp, il)
-            continue
         if hp.arch in ("qwen2", "qwen2moe"):
             t += [
                 TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
