@@ -269,6 +269,7 @@ class LlamaCppRunner(EngineRunner):
     label = "llama.cpp"
     module = "llama_cpp"
     lowlevel = "llama_cpp"  # the module with llama.h's functions and structs
+    n_gpu_layers = 0  # CPU only (bench_cuda.py's runner offloads every layer)
 
     def __init__(self, *a, no_repack: bool = False, **kw):
         super().__init__(*a, **kw)
@@ -296,7 +297,7 @@ class LlamaCppRunner(EngineRunner):
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.use_mmap = True
-        mp.n_gpu_layers = 0
+        mp.n_gpu_layers = cls.n_gpu_layers
         settings = {"threads": threads, "n_ctx": spec["n_ctx"], "n_batch": n_max, "n_ubatch": n_max,
                     "use_mmap": True}
         # Weight repacking: llama.cpp's "extra buffer types" (use_extra_bufts), ik_llama.cpp's

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 
+#include "cuda_backend.h"
 #include "gguf/cache_prior_file.h"
 #include "memory_plan.h"
 #include "model/forward.h"
@@ -52,6 +53,12 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     const HParams& h = model_->hp;
     if (streaming && !h.is_moe()) {
         throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
+    }
+    // The device is the CUDA backend's decision (cuda_backend.h); a CPU-only build's stub refuses.
+    if (options.device == "cuda") {
+        cuda::require_device_forward(h.arch);
+    } else if (options.device != "cpu") {
+        throw InvalidArgument("device must be \"cpu\" or \"cuda\", got \"" + options.device + "\"");
     }
     if (options.predictor != "none" && !streaming) {
         throw InvalidArgument("predictor '" + options.predictor +

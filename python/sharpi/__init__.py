@@ -8,6 +8,7 @@ import os as _os
 from ._core import (  # noqa: F401
     CancelledError,
     ContextOverflowError,
+    DeviceError,
     FormatError,
     InvalidArgument,
     IoError,

@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_src = inspect.add_mutually_exclusive_group(required=True)
     inspect_src.add_argument("model", metavar="FILE", nargs="?", help="GGUF model file, or any shard of a split one")
     _add_hf_argument(inspect_src)
+    inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                         help="cuda: also report the CUDA device and its VRAM (total, used, free)")
 
     make = sub.add_parser(
         "make-model",
@@ -301,6 +303,10 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
 
     report = inspect_report(args.model)
     out.write(report if report.endswith("\n") else report + "\n")
+    if args.device == "cuda":
+        import sharpi
+
+        out.write(f"device: {sharpi.cuda_describe()}\n")
     return 0
 
 

@@ -50,7 +50,7 @@ KV_CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 
 def add_compute_arguments(p: argparse.ArgumentParser) -> None:
-    """-t/--threads, -c/--ctx-size, --allow-long-context and --cache-type-k/-v, shared by the commands
+    """-t/--threads, -c/--ctx-size, --allow-long-context, --device and --cache-type-k/-v, shared by the commands
     that run a Session (pass them on with session_kv_options(args))."""
     p.add_argument(
         "-t",
@@ -73,6 +73,12 @@ def add_compute_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept -c beyond the model's trained context (refused otherwise; llama.cpp only warns)",
     )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the forward pass runs (cuda: the CUDA backend; a typed error when it cannot)",
+    )
     for which in ("k", "v"):
         p.add_argument(
             f"-ct{which}",
@@ -89,6 +95,7 @@ def session_kv_options(args) -> dict:
         "cache_type_k": getattr(args, "cache_type_k", None),
         "cache_type_v": getattr(args, "cache_type_v", None),
         "allow_long_context": getattr(args, "allow_long_context", False),
+        "device": getattr(args, "device", "cpu"),
     }
 
 

@@ -46,6 +46,7 @@ class Session:
         cache_type_k: Optional[str] = None,
         cache_type_v: Optional[str] = None,
         allow_long_context: bool = False,
+        device: str = "cpu",
     ):
         """exact: every matmul in f32 on dequantized weights (DESIGN §8; also env SHARPI_EXACT=1).
         The default fast mode quantizes each activation row once per matmul (q8_K for K-quant
@@ -72,6 +73,8 @@ class Session:
         cache_type_k, cache_type_v: the KV cache's stored types, llama.cpp's names "f32", "f16",
         "q8_0", "q4_0"; None: f32 in exact mode, f16 otherwise. The budget charges their real size.
         allow_long_context: accept an n_ctx beyond the model's trained context (refused otherwise).
+        device: "cpu", or "cuda" for the CUDA backend (a typed error names why it cannot run: a
+        build without CUDA, no device, or a part of the device path not written yet).
 
         trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
         to record the MoE tracing report (DESIGN §7): close() prints the table and writes
@@ -124,6 +127,7 @@ class Session:
             cache_type_k=cache_type_k or "",
             cache_type_v=cache_type_v or "",
             allow_long_context=allow_long_context,
+            device=device,
         )
         if plugin is not None:
             self._core.set_predictor(plugin)

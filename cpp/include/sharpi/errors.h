@@ -49,4 +49,10 @@ class CancelledError : public Error {
     using Error::Error;
 };
 
+// The GPU failed or is absent where one was asked for: no CUDA device, device memory exhausted,
+// a kernel launch or copy that returned an error. The message carries the CUDA error string.
+class DeviceError : public Error {
+    using Error::Error;
+};
+
 }  // namespace sharpi

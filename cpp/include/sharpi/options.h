@@ -23,6 +23,8 @@ struct SessionOptions {
     bool allow_long_context = false;
     // Record every named intermediate activation of the next decode() (see Session::dump()).
     bool dump_activations = false;
+    // "cpu" or "cuda" (the CUDA backend: needs a CUDA build and a device; a typed error otherwise).
+    std::string device = "cpu";
 
     // Expert streaming (DESIGN §2-5). 0: every expert resident (the file is memory-mapped).
     // Otherwise the bytes this session may hold: dense weights, KV cache and buffers are charged

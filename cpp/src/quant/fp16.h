@@ -1,25 +1,28 @@
-// Scalar IEEE half <-> float and bfloat16 -> float conversions (exact, portable, usable on any CPU).
+// Scalar IEEE half <-> float and bfloat16 -> float conversions (exact, portable, usable on any CPU
+// and, through SHARPI_HD, in CUDA device code: memcpy is a device function there too).
 #pragma once
 
 #include <stdint.h>
 #include <string.h>
 
+#include "quant/host_device.h"
+
 namespace sharpi {
 
-inline float fp32_from_bits(uint32_t w) {
+SHARPI_HD inline float fp32_from_bits(uint32_t w) {
     float f;
     memcpy(&f, &w, 4);
     return f;
 }
 
-inline uint32_t fp32_to_bits(float f) {
+SHARPI_HD inline uint32_t fp32_to_bits(float f) {
     uint32_t w;
     memcpy(&w, &f, 4);
     return w;
 }
 
 // Exact for every half value including subnormals, inf and NaN.
-inline float fp16_to_fp32(uint16_t h) {
+SHARPI_HD inline float fp16_to_fp32(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1Fu;
     const uint32_t mant = h & 0x3FFu;
@@ -34,7 +37,7 @@ inline float fp16_to_fp32(uint16_t h) {
 }
 
 // Round to nearest even.
-inline uint16_t fp32_to_fp16(float f) {
+SHARPI_HD inline uint16_t fp32_to_fp16(float f) {
     uint32_t x = fp32_to_bits(f);
     const uint32_t sign = (x >> 16) & 0x8000u;
     x &= 0x7FFFFFFFu;
@@ -55,7 +58,7 @@ inline uint16_t fp32_to_fp16(float f) {
     return static_cast<uint16_t>(sign | h);
 }
 
-inline float bf16_to_fp32(uint16_t h) {
+SHARPI_HD inline float bf16_to_fp32(uint16_t h) {
     return fp32_from_bits(static_cast<uint32_t>(h) << 16);
 }
 

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "bindings.h"
-#include "cuda_backend.h"
 #include "sharpi/errors.h"
 
 namespace py = pybind11;
@@ -23,16 +22,17 @@ void bind_errors(py::module_& m) {
     auto invalid = py::register_exception<InvalidArgument>(m, "InvalidArgument", base.ptr());
     auto overflow = py::register_exception<ContextOverflowError>(m, "ContextOverflowError", base.ptr());
     auto cancelled = py::register_exception<CancelledError>(m, "CancelledError", base.ptr());
+    auto device = py::register_exception<DeviceError>(m, "DeviceError", base.ptr());
     // Tried before the translators above (registered later). Messages quote names and values from
     // files, which need not be UTF-8 (a fuzzer found an architecture name with a stray byte):
     // pybind11's default PyErr_SetString would decode strictly and raise UnicodeDecodeError instead
     // of the typed error. Invalid bytes become \xNN.
     // Raw pointers (translators are plain functions): the module owns the types for the life of
     // the process.
-    static PyObject* types[8];
-    PyObject* const all[8] = {base.ptr(), format.ptr(),  unsupported.ptr(), missing.ptr(),
-                              io.ptr(),   invalid.ptr(), overflow.ptr(),    cancelled.ptr()};
-    std::copy(all, all + 8, types);
+    static PyObject* types[9];
+    PyObject* const all[9] = {base.ptr(),    format.ptr(),   unsupported.ptr(), missing.ptr(), io.ptr(),
+                              invalid.ptr(), overflow.ptr(), cancelled.ptr(),   device.ptr()};
+    std::copy(all, all + 9, types);
     py::register_exception_translator([](std::exception_ptr p) {
         auto raise = [](PyObject* type, const char* what) {
             PyObject* msg =
@@ -43,7 +43,7 @@ void bind_errors(py::module_& m) {
         };
         PyObject *const base = types[0], *const format = types[1], *const unsupported = types[2],
                         *const missing = types[3], *const io = types[4], *const invalid = types[5],
-                        *const overflow = types[6], *const cancelled = types[7];
+                        *const overflow = types[6], *const cancelled = types[7], *const device = types[8];
         try {
             if (p) std::rethrow_exception(p);
         } catch (const MissingTensorError& e) {
@@ -60,6 +60,8 @@ void bind_errors(py::module_& m) {
             raise(overflow, e.what());
         } catch (const CancelledError& e) {
             raise(cancelled, e.what());
+        } catch (const DeviceError& e) {
+            raise(device, e.what());
         } catch (const Error& e) {
             raise(base, e.what());
         }
@@ -80,6 +82,5 @@ PYBIND11_MODULE(_core, m) {
     sharpi::py_bindings::bind_cache(m);
     sharpi::py_bindings::bind_gdn(m);
     sharpi::py_bindings::bind_kv(m);
-    m.def("cuda_available", &sharpi::cuda::available, "True when built with CUDA and a device is usable");
-    m.def("cuda_describe", &sharpi::cuda::describe);
+    sharpi::py_bindings::bind_cuda(m);
 }

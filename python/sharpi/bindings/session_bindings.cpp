@@ -259,41 +259,43 @@ void bind_session(py::module_& m) {
     m.def("parse_byte_size", &parse_byte_size, py::arg("text"),
           "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
     py::class_<PySession>(m, "Session")
-        .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
-                         uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
-                         const std::string& predictor, const std::string& predictor_file, int lookahead,
-                         bool skip_late_prefetch, const std::string& cache_policy,
-                         const std::string& cache_policy_file, const std::string& cache_type_k,
-                         const std::string& cache_type_v, bool allow_long_context) {
-                 SessionOptions o;
-                 o.n_threads = threads;
-                 o.n_ctx = n_ctx;
-                 o.exact = exact;
-                 o.dump_activations = dump_activations;
-                 o.ram_budget = ram_budget;
-                 o.slru_probation = slru_probation;
-                 o.reader = reader;
-                 o.timeline = timeline;
-                 o.predictor = predictor;
-                 o.predictor_file = predictor_file;
-                 o.lookahead = lookahead;
-                 o.skip_late_prefetch = skip_late_prefetch;
-                 o.cache_policy = cache_policy;
-                 o.cache_policy_file = cache_policy_file;
-                 o.cache_type_k = cache_type_k;
-                 o.cache_type_v = cache_type_v;
-                 o.allow_long_context = allow_long_context;
-                 auto s = std::make_unique<PySession>();
-                 py::gil_scoped_release release;
-                 s->session = std::make_unique<Session>(path, o);
-                 return s;
-             }),
-             py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
-             py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
-             py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
-             py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
-             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
-             py::arg("cache_type_v") = "", py::arg("allow_long_context") = false)
+        .def(
+            py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
+                        uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
+                        const std::string& predictor, const std::string& predictor_file, int lookahead,
+                        bool skip_late_prefetch, const std::string& cache_policy,
+                        const std::string& cache_policy_file, const std::string& cache_type_k,
+                        const std::string& cache_type_v, bool allow_long_context, const std::string& device) {
+                SessionOptions o;
+                o.n_threads = threads;
+                o.n_ctx = n_ctx;
+                o.exact = exact;
+                o.dump_activations = dump_activations;
+                o.ram_budget = ram_budget;
+                o.slru_probation = slru_probation;
+                o.reader = reader;
+                o.timeline = timeline;
+                o.predictor = predictor;
+                o.predictor_file = predictor_file;
+                o.lookahead = lookahead;
+                o.skip_late_prefetch = skip_late_prefetch;
+                o.cache_policy = cache_policy;
+                o.cache_policy_file = cache_policy_file;
+                o.cache_type_k = cache_type_k;
+                o.cache_type_v = cache_type_v;
+                o.allow_long_context = allow_long_context;
+                o.device = device;
+                auto s = std::make_unique<PySession>();
+                py::gil_scoped_release release;
+                s->session = std::make_unique<Session>(path, o);
+                return s;
+            }),
+            py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
+            py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
+            py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
+            py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
+            py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
+            py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past",
                                [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })

@@ -1,0 +1,192 @@
+// The CUDA backend's host-testable parts: device info and the shared block math
+// (cuda/block_math.cuh through cuda/block_math_host.h). Present in every build, CUDA or not.
+// Type conversion only.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "block_math_host.h"
+#include "cuda_backend.h"
+#include "sharpi/errors.h"
+
+namespace py = pybind11;
+
+namespace sharpi::py_bindings {
+namespace {
+
+using ByteArray = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+GgmlType type_arg(int type) {
+    return static_cast<GgmlType>(static_cast<uint32_t>(type));
+}
+
+template <typename Array>
+void check_size(const Array& a, int64_t expected, const char* what) {
+    if (static_cast<int64_t>(a.size()) != expected || expected < 0) {
+        throw InvalidArgument(std::string("[cuda] ") + what + " has " + std::to_string(a.size()) +
+                              " elements, expected " + std::to_string(expected));
+    }
+}
+
+template <typename T>
+py::array_t<T> to_array(const std::vector<T>& v) {
+    py::array_t<T> out(static_cast<py::ssize_t>(v.size()));
+    if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(T));
+    return out;
+}
+
+py::array_t<float> dequantize(int type, const ByteArray& data) {
+    std::vector<float> out;
+    {
+        py::gil_scoped_release release;
+        out = cuda::host_dequantize(type_arg(type), data.data(), static_cast<size_t>(data.size()));
+    }
+    return to_array(out);
+}
+
+py::array_t<uint8_t> quantize_act(int weight_type, const FloatArray& x) {
+    return to_array(cuda::host_quantize_act(type_arg(weight_type), x.data(), static_cast<int64_t>(x.size())));
+}
+
+py::array_t<float> dot_q8_blocks(int weight_type, const ByteArray& w, const ByteArray& xq) {
+    return to_array(cuda::host_dot_q8_blocks(type_arg(weight_type), w.data(), static_cast<size_t>(w.size()),
+                                             xq.data(), static_cast<size_t>(xq.size())));
+}
+
+py::dict device_info() {
+    const cuda::DeviceInfo info = cuda::device_info();
+    py::dict d;
+    d["present"] = info.present;
+    d["name"] = info.name;
+    d["compute_capability"] = py::make_tuple(info.cc_major, info.cc_minor);
+    d["vram_total"] = info.vram_total;
+    d["vram_free"] = info.vram_free;
+    d["vram_used"] = info.vram_total - info.vram_free;
+    return d;
+}
+
+using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+py::array_t<float> op_matmul(int type, const ByteArray& w, int64_t n_rows, int64_t n_cols,
+                             const FloatArray& x, int64_t n_tokens, bool int8, bool tiled) {
+    check_size(x, n_cols * n_tokens, "x");
+    return to_array(cuda::op_matmul(type_arg(type), w.data(), static_cast<size_t>(w.size()), n_rows, n_cols,
+                                    x.data(), n_tokens, int8, tiled));
+}
+
+py::array_t<float> op_expert_ffn(int gate_type, const ByteArray& gate, int up_type, const ByteArray& up,
+                                 int down_type, const ByteArray& down, int64_t n_embd, int64_t n_ff,
+                                 int64_t n_expert, const FloatArray& x, const IntArray& ids,
+                                 const FloatArray& weights, bool int8, bool grouped) {
+    const int64_t n_tokens = n_embd > 0 ? static_cast<int64_t>(x.size()) / n_embd : 0;
+    check_size(x, n_tokens * n_embd, "x");
+    const int64_t k = n_tokens > 0 ? static_cast<int64_t>(ids.size()) / n_tokens : 0;
+    check_size(ids, n_tokens * k, "ids");
+    check_size(weights, n_tokens * k, "weights");
+    const cuda::OpExperts e{gate.data(),
+                            static_cast<size_t>(gate.size()),
+                            up.data(),
+                            static_cast<size_t>(up.size()),
+                            down.data(),
+                            static_cast<size_t>(down.size()),
+                            type_arg(gate_type),
+                            type_arg(up_type),
+                            type_arg(down_type),
+                            n_embd,
+                            n_ff,
+                            n_expert};
+    return to_array(cuda::op_expert_ffn(e, x.data(), n_tokens, ids.data(), weights.data(), k, int8, grouped));
+}
+
+}  // namespace
+
+void bind_cuda(py::module_& m) {
+    m.def("cuda_available", &cuda::available, "True when built with CUDA and a device is usable");
+    m.def("cuda_describe", &cuda::describe,
+          "One line: the CUDA device, VRAM total / used / free, or why none");
+    m.def("cuda_device_info", &device_info,
+          "dict(present, name, compute_capability, vram_total, vram_used, vram_free) of device 0");
+    m.def("cuda_block_math_dequantize", &dequantize, py::arg("type"), py::arg("data"),
+          "Whole blocks of `type` -> f32 through cuda/block_math.cuh's bm_dequant, compiled for the host");
+    m.def("cuda_block_math_quantize_act", &quantize_act, py::arg("weight_type"), py::arg("x"),
+          "x quantized to the q8 activation blocks the device's int8 path pairs with weight_type");
+    m.def("cuda_block_math_dot_q8", &dot_q8_blocks, py::arg("weight_type"), py::arg("w"), py::arg("xq"),
+          "One f32 partial per block: bm_dot_q8(weight block, activation block)");
+
+    // Device ops (cuda_backend.h op entries): a typed error without CUDA or a device.
+    m.def(
+        "cuda_op_dequantize",
+        [](int type, const ByteArray& data) {
+            return to_array(
+                cuda::op_dequantize(type_arg(type), data.data(), static_cast<size_t>(data.size())));
+        },
+        py::arg("type"), py::arg("data"));
+    m.def(
+        "cuda_op_quantize_act",
+        [](int type, const FloatArray& x, int64_t n_tokens) {
+            const int64_t n_cols = n_tokens > 0 ? static_cast<int64_t>(x.size()) / n_tokens : 0;
+            check_size(x, n_cols * n_tokens, "x");
+            return to_array(cuda::op_quantize_act(type_arg(type), x.data(), n_cols, n_tokens));
+        },
+        py::arg("weight_type"), py::arg("x"), py::arg("n_tokens") = 1);
+    m.def("cuda_op_matmul", &op_matmul, py::arg("type"), py::arg("w"), py::arg("n_rows"), py::arg("n_cols"),
+          py::arg("x"), py::arg("n_tokens") = 1, py::arg("int8") = false, py::arg("tiled") = false);
+    m.def(
+        "cuda_op_rms_norm",
+        [](const FloatArray& x, const FloatArray& w, float eps) {
+            const int64_t n = static_cast<int64_t>(w.size());
+            const int64_t n_tokens = n > 0 ? static_cast<int64_t>(x.size()) / n : 0;
+            check_size(x, n * n_tokens, "x");
+            return to_array(cuda::op_rms_norm(x.data(), w.data(), n_tokens, n, eps));
+        },
+        py::arg("x"), py::arg("weight"), py::arg("eps"));
+    m.def(
+        "cuda_op_rope",
+        [](const FloatArray& x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
+           int64_t n_rot, bool neox, float freq_base, float freq_scale) {
+            check_size(x, n_tokens * n_heads * head_dim, "x");
+            return to_array(cuda::op_rope(x.data(), n_tokens, n_heads, head_dim, pos0, n_rot, neox, freq_base,
+                                          freq_scale));
+        },
+        py::arg("x"), py::arg("n_tokens"), py::arg("n_heads"), py::arg("head_dim"), py::arg("pos0"),
+        py::arg("n_rot"), py::arg("neox"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f);
+    m.def(
+        "cuda_op_silu_mul",
+        [](const FloatArray& gate, const FloatArray& up) {
+            check_size(up, static_cast<int64_t>(gate.size()), "up");
+            return to_array(cuda::op_silu_mul(gate.data(), up.data(), static_cast<int64_t>(gate.size())));
+        },
+        py::arg("gate"), py::arg("up"));
+    m.def(
+        "cuda_op_router",
+        [](const FloatArray& logits, int64_t n_expert, int64_t k, bool normalize) {
+            const int64_t n_tokens = n_expert > 0 ? static_cast<int64_t>(logits.size()) / n_expert : 0;
+            check_size(logits, n_tokens * n_expert, "logits");
+            return to_array(cuda::op_router(logits.data(), n_tokens, n_expert, k, normalize));
+        },
+        py::arg("logits"), py::arg("n_expert"), py::arg("k"), py::arg("normalize"));
+    m.def(
+        "cuda_op_attention",
+        [](const FloatArray& q, const FloatArray& k_cache, const FloatArray& v_cache, int64_t n_tokens,
+           int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale) {
+            check_size(q, n_tokens * n_head * head_dim, "q");
+            check_size(k_cache, (pos0 + n_tokens) * n_head_kv * head_dim, "k_cache");
+            check_size(v_cache, (pos0 + n_tokens) * n_head_kv * head_dim, "v_cache");
+            return to_array(cuda::op_attention(q.data(), k_cache.data(), v_cache.data(), n_tokens, pos0,
+                                               n_head, n_head_kv, head_dim, scale));
+        },
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("n_tokens"), py::arg("pos0"),
+        py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"), py::arg("scale"));
+    m.def("cuda_op_expert_ffn", &op_expert_ffn, py::arg("gate_type"), py::arg("gate"), py::arg("up_type"),
+          py::arg("up"), py::arg("down_type"), py::arg("down"), py::arg("n_embd"), py::arg("n_ff"),
+          py::arg("n_expert"), py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("int8") = false,
+          py::arg("grouped") = false);
+}
+
+}  // namespace sharpi::py_bindings

@@ -1,0 +1,257 @@
+"""The CUDA kernels on a device, against independent oracles (marker `gpu`; skipped without a device).
+
+- dequantize: the gguf package's numpy dequantize, bit for bit;
+- q8 activation quantization: test_qdot's numpy model, bit for bit (the device builds the same
+  bytes as the CPU);
+- int8 matvec: a numpy float32 replay of the kernel's arithmetic (block partials as block_math.cuh
+  states, lane l summing blocks l, l + 32, ..., then the warp's xor-butterfly), bit for bit; the
+  tiled prefill matmul equals the matvec bit for bit;
+- exact matvec, RMSNorm, RoPE, SiLU·mul, attention, router, the fused expert FFN: float64 numpy
+  within stated f32 budgets; the grouped (prefill) expert FFN equals the per-token (decode) one bit
+  for bit.
+Fresh random inputs each run (the seed is printed on failure).
+"""
+
+import os
+
+import numpy as np
+import pytest
+import sharpi
+from gguf import GGMLQuantizationType as Q
+from sharpi import _core
+from test_cuda_host import model_block_partials
+from test_qdot import FAST_TYPES, FORMAT, K_TYPES, np_quantize, random_activations
+from test_quant import ALL_TYPES, bits, oracle_dequantize, random_rows
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not sharpi.cuda_available(), reason="no CUDA device"),
+]
+
+F32 = np.float32
+U = 2.0**-24
+
+
+@pytest.fixture
+def rng(request):
+    seed = int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def block_elems(qtype):
+    return 256 if qtype in K_TYPES else 32
+
+
+def warp_tree(lanes):
+    """The value lane 0 holds after warp_sum's xor butterfly (offsets 16, 8, 4, 2, 1), in f32."""
+    v = np.asarray(lanes, F32).copy()
+    for offset in (16, 8, 4, 2, 1):
+        v = (v + v[np.arange(32) ^ offset]).astype(F32)
+    return v[0]
+
+
+def model_row_q8(qtype, row_bytes, xq):
+    """The int8 matvec of one row, replayed: per-lane sequential f32 sums of the block partials."""
+    partials, _ = model_block_partials(qtype, row_bytes, xq)
+    lanes = np.zeros(32, F32)
+    for ib, p in enumerate(partials):
+        lanes[ib % 32] = F32(lanes[ib % 32] + p)
+    return warp_tree(lanes)
+
+
+# ---- dequantize / quantize ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_gpu_dequantize_bitwise_equals_gguf(qtype, rng):
+    n = 40 * (256 if qtype in K_TYPES else 32)
+    data = random_rows(qtype, 1, n, rng)
+    got = _core.cuda_op_dequantize(int(qtype), data)
+    want = oracle_dequantize(qtype, data, 1, n)[0]
+    assert np.array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+def test_gpu_quantize_act_bitwise_equals_numpy(qtype, rng):
+    n_tokens, n = 3, 1024
+    x = np.concatenate([random_activations(rng, n) for _ in range(n_tokens)])
+    got = _core.cuda_op_quantize_act(int(qtype), x, n_tokens)
+    want = np_quantize(FORMAT[qtype], x)
+    assert np.array_equal(got, want)
+
+
+# ---- matrix products ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_gpu_exact_matvec_within_f32_budget_of_float64(qtype, rng):
+    n_rows, n_cols, n_tokens = 37, 8 * 256, 3
+    w = random_rows(qtype, n_rows, n_cols, rng)
+    x = rng.standard_normal(n_tokens * n_cols).astype(F32)
+    got = _core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, n_tokens).reshape(n_tokens, n_rows)
+    wd = oracle_dequantize(qtype, w, n_rows, n_cols).astype(np.float64)
+    xd = x.reshape(n_tokens, n_cols).astype(np.float64)
+    want = xd @ wd.T
+    # Per lane n_cols / 32 products and sums, then 5 tree levels: gamma(n_cols / 32 + 6) of sum|w x|.
+    m = n_cols // 32 + 6
+    bound = m * U / (1 - m * U) * (np.abs(xd) @ np.abs(wd).T)
+    assert np.all(np.abs(got - want) <= bound)
+
+
+@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+def test_gpu_int8_matvec_bitwise_equals_numpy_model(qtype, rng):
+    n_rows, n_cols = 9, 40 * 256  # 40 K-blocks / 320 small blocks per row: lanes wrap around
+    w = random_rows(qtype, n_rows, n_cols, rng)
+    x = random_activations(rng, n_cols)
+    got = _core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, 1, int8=True)
+    xq = np_quantize(FORMAT[qtype], x)
+    rows = w.reshape(n_rows, -1)
+    want = np.array([model_row_q8(qtype, rows[r], xq) for r in range(n_rows)], F32)
+    bad = np.flatnonzero(bits(got) != bits(want))
+    assert bad.size == 0, f"{qtype.name}: rows {bad}: {got[bad]} vs {want[bad]}"
+
+
+@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+def test_gpu_tiled_prefill_matmul_equals_decode_matvec(qtype, rng):
+    n_rows, n_cols, n_tokens = 13, 36 * 256, 19  # tokens not a multiple of the 8-token tile
+    w = random_rows(qtype, n_rows, n_cols, rng)
+    x = np.concatenate([random_activations(rng, n_cols) for _ in range(n_tokens)])
+    tiled = _core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, n_tokens, int8=True, tiled=True)
+    per_token = np.concatenate(
+        [_core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x[t * n_cols : (t + 1) * n_cols], 1, int8=True)
+         for t in range(n_tokens)]
+    )
+    assert np.array_equal(bits(tiled), bits(per_token))
+
+
+# ---- elementwise, norm, rope, router, attention ------------------------------------------------------
+
+
+def test_gpu_rms_norm_silu_mul(rng):
+    n_tokens, n = 5, 3000
+    x = rng.standard_normal(n_tokens * n).astype(F32)
+    w = rng.standard_normal(n).astype(F32)
+    got = _core.cuda_op_rms_norm(x, w, 1e-6).reshape(n_tokens, n)
+    xd = x.reshape(n_tokens, n).astype(np.float64)
+    want = xd / np.sqrt((xd**2).mean(axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    g, u = rng.standard_normal(4096).astype(F32) * 4, rng.standard_normal(4096).astype(F32)
+    gd = g.astype(np.float64)
+    np.testing.assert_allclose(_core.cuda_op_silu_mul(g, u), gd / (1 + np.exp(-gd)) * u, rtol=1e-5, atol=1e-6)
+
+
+def np_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, base):
+    out = x.reshape(n_tokens, n_heads, head_dim).astype(np.float64).copy()
+    half = n_rot // 2
+    for t in range(n_tokens):
+        theta = (pos0 + t) * base ** (-2.0 * np.arange(half) / n_rot)
+        c, s = np.cos(theta), np.sin(theta)
+        a = np.arange(half) if neox else 2 * np.arange(half)
+        b = a + half if neox else a + 1
+        x0, x1 = out[t][:, a].copy(), out[t][:, b].copy()
+        out[t][:, a] = x0 * c - x1 * s
+        out[t][:, b] = x0 * s + x1 * c
+    return out.reshape(-1)
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_gpu_rope(neox, rng):
+    n_tokens, n_heads, head_dim, n_rot, pos0 = 4, 3, 128, 64, 1000
+    x = rng.standard_normal(n_tokens * n_heads * head_dim).astype(F32)
+    got = _core.cuda_op_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, 1e6)
+    np.testing.assert_allclose(got, np_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, 1e6), atol=2e-6 * 8)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gpu_router_softmax_topk(normalize, rng):
+    n_tokens, n_expert, k = 7, 128, 8
+    logits = rng.standard_normal(n_tokens * n_expert).astype(F32)
+    logits[:n_expert][[3, 9]] = 5.0  # an exact tie: the lower id goes first
+    out = _core.cuda_op_router(logits, n_expert, k, normalize)
+    ids = out[: n_tokens * k].reshape(n_tokens, k).astype(np.int64)
+    weights = out[n_tokens * k :].reshape(n_tokens, k)
+    ld = logits.reshape(n_tokens, n_expert).astype(np.float64)
+    probs = np.exp(ld - ld.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    want_ids = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    assert np.array_equal(ids, want_ids)
+    want_w = np.take_along_axis(probs, want_ids, axis=1)
+    if normalize:
+        want_w /= want_w.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(weights, want_w, rtol=1e-5)
+
+
+def np_attention(q, k_cache, v_cache, n_tokens, pos0, n_head, n_head_kv, head_dim, scale):
+    q = q.reshape(n_tokens, n_head, head_dim).astype(np.float64)
+    kc = k_cache.reshape(-1, n_head_kv, head_dim).astype(np.float64)
+    vc = v_cache.reshape(-1, n_head_kv, head_dim).astype(np.float64)
+    out = np.zeros_like(q)
+    for t in range(n_tokens):
+        for h in range(n_head):
+            kvh = h // (n_head // n_head_kv)
+            s = kc[: pos0 + t + 1, kvh] @ q[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = p @ vc[: pos0 + t + 1, kvh] / p.sum()
+    return out.reshape(-1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+def test_gpu_attention_decode_and_prefill(head_dim, rng):
+    n_head, n_head_kv, pos0, n_tokens = 8, 2, 37, 6
+    n_kv = pos0 + n_tokens
+    q = rng.standard_normal(n_tokens * n_head * head_dim).astype(F32)
+    kc = rng.standard_normal(n_kv * n_head_kv * head_dim).astype(F32)
+    vc = rng.standard_normal(n_kv * n_head_kv * head_dim).astype(F32)
+    scale = 1.0 / np.sqrt(head_dim)
+    prefill = _core.cuda_op_attention(q, kc, vc, n_tokens, pos0, n_head, n_head_kv, head_dim, scale)
+    want = np_attention(q, kc, vc, n_tokens, pos0, n_head, n_head_kv, head_dim, scale)
+    np.testing.assert_allclose(prefill, want, rtol=1e-4, atol=1e-5)
+    # Token by token (each token sees only the cache up to itself) gives the same bits.
+    width, kv_width = n_head * head_dim, n_head_kv * head_dim
+    decode = np.concatenate(
+        [
+            _core.cuda_op_attention(
+                q[t * width : (t + 1) * width], kc[: (pos0 + t + 1) * kv_width], vc[: (pos0 + t + 1) * kv_width],
+                1, pos0 + t, n_head, n_head_kv, head_dim, scale,
+            )
+            for t in range(n_tokens)
+        ]
+    )
+    assert np.array_equal(bits(decode), bits(prefill))
+
+
+# ---- fused expert FFN ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_gpu_expert_ffn_grouped_equals_decode_and_float64(qtype, int8, rng):
+    if int8 and qtype == Q.F32:
+        pytest.skip("f32 weights have no int8 path (they take the exact one in both modes)")
+    n_embd, n_ff, n_expert, k, n_tokens = 512, 256, 8, 2, 11
+    gate = random_rows(qtype, n_expert * n_ff, n_embd, rng)
+    up = random_rows(qtype, n_expert * n_ff, n_embd, rng)
+    down = random_rows(qtype, n_expert * n_embd, n_ff, rng)
+    x = (rng.standard_normal(n_tokens * n_embd) * 0.5).astype(F32)
+    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
+    weights = rng.uniform(0.1, 1.0, size=(n_tokens, k)).astype(F32)
+    args = (int(qtype), gate, int(qtype), up, int(qtype), down, n_embd, n_ff, n_expert, x, ids.reshape(-1),
+            weights.reshape(-1))
+    decode = _core.cuda_op_expert_ffn(*args, int8=int8, grouped=False)
+    grouped = _core.cuda_op_expert_ffn(*args, int8=int8, grouped=True)
+    assert np.array_equal(bits(decode), bits(grouped))
+    g = oracle_dequantize(qtype, gate, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
+    u = oracle_dequantize(qtype, up, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
+    d = oracle_dequantize(qtype, down, n_expert * n_embd, n_ff).reshape(n_expert, n_embd, n_ff).astype(np.float64)
+    xd = x.reshape(n_tokens, n_embd).astype(np.float64)
+    want = np.zeros((n_tokens, n_embd))
+    for t in range(n_tokens):
+        for s in range(k):
+            e = ids[t, s]
+            a, b = g[e] @ xd[t], u[e] @ xd[t]
+            want[t] += weights[t, s] * (d[e] @ (a / (1 + np.exp(-a)) * b))
+    err = np.abs(decode.reshape(n_tokens, n_embd) - want).max() / np.abs(want).max()
+    # Exact: f32 sums only (1e-5). int8: activation quantization, ~1e-2 as llama.cpp's q8 path.
+    assert err <= (3e-2 if int8 else 1e-5), f"relative error {err:.2e}"

@@ -1,0 +1,208 @@
+"""The CUDA backend's arithmetic, checked on the host in every build (GPU or not).
+
+cuda/block_math.cuh holds the per-block math of every quant type once, as __host__ __device__
+functions; the host compiler builds the same header into _core (cuda_block_math_*). Here it is
+checked against independent oracles:
+- dequantize: the gguf package's numpy `dequantize`, bit for bit, on fresh random blocks, and every
+  f16 / bf16 bit pattern against numpy's own widening;
+- q8 activation quantization: test_qdot's numpy model (amax / 127, round half to even), bit for bit;
+- the int8 block dot: a numpy float32 replay of the per-block arithmetic the header states, on the
+  integer unpacking test_qdot checks against gguf, bit for bit; and its float64 value within the
+  f32 rounding bound of the float64 dot of the gguf-dequantized weights with the q8 activations.
+Plus the device entry points' behaviour without a device: typed errors, never a crash.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import sharpi
+from gguf import GGMLQuantizationType as Q
+from sharpi import DeviceError, InvalidArgument, UnsupportedError, _core
+from test_qdot import (
+    FAST_TYPES,
+    FORMAT,
+    K_TYPES,
+    np_act_blocks,
+    np_quantize,
+    random_activations,
+    unpack_b32,
+    unpack_k,
+)
+from test_quant import ALL_TYPES, bits, oracle_dequantize, random_rows
+
+F32 = np.float32
+
+
+@pytest.fixture
+def rng(request):
+    seed = int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed {seed}")
+    return np.random.default_rng(seed)
+
+
+# ---- dequantize ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_block_math_dequantize_bitwise_equals_gguf(qtype, rng):
+    for n_blocks in (1, 5, 64):
+        n = n_blocks * (256 if qtype in K_TYPES else 32)
+        data = random_rows(qtype, 1, n, rng)
+        got = _core.cuda_block_math_dequantize(int(qtype), data)
+        want = oracle_dequantize(qtype, data, 1, n)[0]
+        assert got.shape == (n,) and got.dtype == np.float32
+        bad = np.flatnonzero(bits(got) != bits(want))
+        assert bad.size == 0, f"{qtype.name} n={n}: first differing elements {bad[:8]}"
+
+
+def test_block_math_half_and_bfloat16_every_bit_pattern():
+    every = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)
+    got = _core.cuda_block_math_dequantize(int(Q.F16), every.view(np.uint8))
+    np.testing.assert_array_equal(bits(got), bits(every.view(np.float16).astype(np.float32)))
+    got = _core.cuda_block_math_dequantize(int(Q.BF16), every.view(np.uint8))
+    np.testing.assert_array_equal(bits(got), every.astype(np.uint32) << 16)
+
+
+# ---- int8 path: activation quantization ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+def test_block_math_quantize_act_bitwise_equals_numpy(qtype, rng):
+    fmt = FORMAT[qtype]
+    for n in (256, 1024):
+        x = random_activations(rng, n)
+        got = _core.cuda_block_math_quantize_act(int(qtype), x)
+        want = np_quantize(fmt, x)
+        assert got.dtype == np.uint8 and got.shape == want.shape
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, f"{qtype.name} ({fmt}) n={n}: first differing bytes {bad[:8]}"
+    # Ties round to even (random_activations puts x * id on .5 in elements 64..71).
+    qs = np_act_blocks(fmt, _core.cuda_block_math_quantize_act(int(qtype), random_activations(rng, 256)))["qs"]
+    assert list(qs.reshape(-1)[64:72]) == [127, 0, 2, 2, 0, -2, -2, 4]
+
+
+# ---- int8 path: one weight block . one activation block ------------------------------------------
+
+
+def model_block_partials(qtype, data, xq_raw):
+    """(f32 partial per block replayed op by op as block_math.cuh states, float64 value of each)."""
+    xb = np_act_blocks(FORMAT[qtype], xq_raw)
+    q = xb["qs"].astype(np.int64)
+    dx = xb["d"].astype(F32)
+    if qtype in K_TYPES:
+        k = unpack_k(qtype, data)
+        bsums = xb["bsums"].astype(np.int64)
+        dots = (k["u"] * q).reshape(len(q), 16, 16).sum(axis=2)
+        isum = (k["sc"] * dots).sum(axis=1) - k["offset"] * (k["sc"] * bsums).sum(axis=1)
+        imin = (k["mn"] * bsums).sum(axis=1)
+        scaled = (dx * k["d"]).astype(F32) * isum.astype(F32)
+        mins = (dx * k["dmin"]).astype(F32) * imin.astype(F32)
+        f32 = (scaled.astype(F32) - mins.astype(F32)).astype(F32)
+        f64 = dx.astype(np.float64) * k["d"] * isum - dx.astype(np.float64) * k["dmin"] * imin
+        return f32, f64
+    b = unpack_b32(qtype, data)
+    isum = (b["q"] * q).sum(axis=1)
+    f32 = ((b["d"] * dx).astype(F32) * isum.astype(F32)).astype(F32)
+    f64 = b["d"].astype(np.float64) * dx * isum
+    if qtype in (Q.Q4_1, Q.Q5_1):
+        s = xb["s"].astype(F32)
+        f32 = (f32 + (b["m"] * s).astype(F32)).astype(F32)
+        f64 = f64 + b["m"].astype(np.float64) * s
+    return f32, f64
+
+
+@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+def test_block_math_dot_q8_bitwise_equals_numpy_model(qtype, rng):
+    n = 16 * 256
+    data = random_rows(qtype, 1, n, rng)
+    x = random_activations(rng, n)
+    xq = _core.cuda_block_math_quantize_act(int(qtype), x)
+    got = _core.cuda_block_math_dot_q8(int(qtype), data, xq)
+    want, want64 = model_block_partials(qtype, data, xq)
+    assert got.shape == want.shape and got.dtype == np.float32
+    bad = np.flatnonzero(bits(got) != bits(want))
+    assert bad.size == 0, f"{qtype.name}: first differing blocks {bad[:8]}: {got[bad[:4]]} vs {want[bad[:4]]}"
+    # The partials are the dot of the real weights with the q8 activations: against the gguf
+    # package's weights in float64, each block within a few f32 roundings of its terms. Q4_1 / Q5_1
+    # take their min term through q8_1's s = f16(sum(qs) * d) with d before its own f16 rounding (as
+    # llama.cpp): the min term may differ from m * sum(qs) * f16(d) by |m| times the two f16
+    # roundings, of d (times |sum|) and of s (half an ulp each; subnormal halves have 2^-25).
+    xb = np_act_blocks(FORMAT[qtype], xq)
+    xd = np.repeat(xb["d"].astype(np.float64), xb["qs"].shape[1]) * xb["qs"].reshape(-1)
+    w = oracle_dequantize(qtype, data, 1, n)[0].astype(np.float64)
+    per_block = (w * xd).reshape(len(got), -1)
+    scale = np.abs(per_block).sum(axis=1) + np.abs(want64)
+    slack = np.zeros(len(got))
+    if qtype in (Q.Q4_1, Q.Q5_1):
+        def half_ulp(v):
+            return np.maximum(np.abs(v) * 2.0**-11, 2.0**-25)
+
+        d, s = xb["d"].astype(np.float64), xb["s"].astype(np.float64)
+        total = np.abs(xb["qs"].astype(np.int64).sum(axis=1))
+        slack = np.abs(unpack_b32(qtype, data)["m"].astype(np.float64)) * (total * half_ulp(d) + half_ulp(s))
+    assert np.all(np.abs(got - per_block.sum(axis=1)) <= 1e-5 * scale + slack + 1e-30)
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+
+def test_block_math_bad_input_is_a_typed_error():
+    with pytest.raises(InvalidArgument, match="q4_K"):
+        _core.cuda_block_math_dequantize(int(Q.Q4_K), np.zeros(143, np.uint8))
+    with pytest.raises(UnsupportedError, match="iq2_xxs|id 16"):
+        _core.cuda_block_math_dequantize(int(Q.IQ2_XXS), np.zeros(66, np.uint8))
+    with pytest.raises(UnsupportedError, match="f32"):
+        _core.cuda_block_math_quantize_act(int(Q.F32), np.zeros(32, np.float32))
+    with pytest.raises(InvalidArgument, match="multiple"):
+        _core.cuda_block_math_quantize_act(int(Q.Q4_K), np.zeros(100, np.float32))
+    with pytest.raises(InvalidArgument, match="activation blocks"):
+        _core.cuda_block_math_dot_q8(int(Q.Q8_0), np.zeros(34, np.uint8), np.zeros(35, np.uint8))
+
+
+# ---- the device entry without a device -------------------------------------------------------------
+
+
+def test_device_info_is_consistent_with_describe():
+    info = _core.cuda_device_info()
+    text = sharpi.cuda_describe()
+    assert info["present"] == sharpi.cuda_available()
+    if info["present"]:
+        assert info["name"] in text and "MiB free" in text and "MiB used" in text
+        assert info["vram_used"] + info["vram_free"] == info["vram_total"] > 0
+    else:
+        assert text.startswith("CUDA unavailable")
+        assert info["vram_total"] == info["vram_free"] == 0
+
+
+SHIPPED = os.path.join(os.path.dirname(sharpi.__file__), "models", "stdlib-moe-q8_0.gguf")
+
+
+@pytest.mark.skipif(sharpi.cuda_available(), reason="a CUDA device is present: the gpu tests cover device='cuda'")
+def test_session_device_cuda_without_a_device_is_a_typed_error():
+    # A CPU-only build (stub) says it was built without CUDA; a CUDA build on a machine without a
+    # device says there is no device, with the CUDA runtime's error.
+    with pytest.raises((UnsupportedError, DeviceError)) as excinfo:
+        sharpi.Session(SHIPPED, device="cuda")
+    message = str(excinfo.value)
+    assert "[cuda]" in message and "device=\"cuda\"" in message
+    if isinstance(excinfo.value, UnsupportedError):
+        assert "built without the CUDA backend" in message
+    else:
+        assert "no" in message and "CUDA device" in message
+
+
+def test_session_device_name_is_checked():
+    with pytest.raises(InvalidArgument, match="device must be"):
+        sharpi.Session(SHIPPED, device="tpu")
+    sharpi.Session(SHIPPED, device="cpu")  # the default, spelled out
+
+
+def test_device_ops_without_a_device_are_typed_errors():
+    if sharpi.cuda_available():
+        pytest.skip("a CUDA device is present: tests/test_cuda_gpu.py runs the ops")
+    with pytest.raises((UnsupportedError, DeviceError), match=r"\[cuda\] dequantize"):
+        _core.cuda_op_dequantize(int(Q.Q8_0), np.zeros(34, np.uint8))
+    with pytest.raises((UnsupportedError, DeviceError), match=r"\[cuda\] rms_norm"):
+        _core.cuda_op_rms_norm(np.ones(8, np.float32), np.ones(8, np.float32), 1e-6)
