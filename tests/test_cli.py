@@ -97,7 +97,8 @@ def test_run_streams_text_and_prints_timing(fake_session, capsys):
     assert (s.path, s.threads, s.n_ctx) == (fake_session, 0, 0)
     assert s.streaming == {"ram_budget": None, "slru_probation": 0.25, "reader": "auto", "route_trace": None,
                            "predictor": "none", "lookahead": 1, "trace": None, "cache_policy": None,
-                           "cache_type_k": None, "cache_type_v": None, "allow_long_context": False}
+                           "cache_type_k": None, "cache_type_v": None, "allow_long_context": False,
+                           "device": "cpu"}
     ((prompt, kwargs),) = s.generate_calls
     assert prompt == "Hi there"
     assert kwargs == {
@@ -415,7 +416,7 @@ def test_run_passes_streaming_options(fake_session, capsys):
         ["run", "-m", fake_session, "-p", "x", "--ram-budget", "6GiB", "--reader", "pread",
          "--slru-probation", "0.4", "--route-trace", "t.npz", "--predictor", "cooc:p.gguf", "--lookahead", "3",
          "--trace", "out", "--cache-policy", "prior:prior.gguf", "-ctk", "q8_0", "--cache-type-v", "f16",
-         "--allow-long-context"],
+         "--allow-long-context", "--device", "cuda"],
         capsys,
     )
     assert code == 0
@@ -423,7 +424,7 @@ def test_run_passes_streaming_options(fake_session, capsys):
     assert s.streaming == {"ram_budget": "6GiB", "slru_probation": 0.4, "reader": "pread", "route_trace": "t.npz",
                            "predictor": "cooc:p.gguf", "lookahead": 3, "trace": "out",
                            "cache_policy": "prior:prior.gguf", "cache_type_k": "q8_0", "cache_type_v": "f16",
-                           "allow_long_context": True}
+                           "allow_long_context": True, "device": "cuda"}
 
 
 def test_run_without_model_uses_the_shipped_model():
