@@ -27,10 +27,22 @@ DeviceInfo device_info();
 // used and free, or why CUDA is unavailable.
 std::string describe();
 
-// device="cuda" for a model of architecture `arch`: returns when the device forward pass can run
-// it, else throws a typed error naming the reason: UnsupportedError (built without CUDA, or an
-// arch the device path does not compute), DeviceError (no usable device, with the CUDA error).
-void require_device_forward(const std::string& arch);
+// What device="cuda" would place in VRAM for one session (everything resident: part 1).
+struct DeviceRequest {
+    std::string arch;
+    bool moe = false;  // the model has routed experts
+    uint64_t dense_bytes = 0;
+    uint64_t expert_bytes = 0;
+    uint64_t kv_bytes = 0;
+};
+
+// device="cuda": returns when the device forward pass can run the model, else throws a typed
+// error naming the reason, checked in this order: DeviceError (no usable device, with the CUDA
+// error); UnsupportedError naming the arch (the device path computes the plain MoE archs
+// qwen3moe, olmoe and mixtral only); InvalidArgument naming the sizes when dense weights, experts
+// and KV cache do not fit the device's free VRAM; UnsupportedError while the device layer loop is
+// unwritten. The stub: UnsupportedError (built without CUDA).
+void require_device_forward(const DeviceRequest& request);
 
 // ---- op entries for the tests and benchmarks ------------------------------------------------------
 // Each uploads its host inputs, runs one op's launch sequence on a fresh stream, waits, and returns

@@ -28,8 +28,8 @@ std::string describe() {
     return "CUDA unavailable: sharpi was built without the CUDA backend";
 }
 
-void require_device_forward(const std::string& arch) {
-    no_cuda("device=\"cuda\" for " + arch);
+void require_device_forward(const DeviceRequest& request) {
+    no_cuda("device=\"cuda\" for " + request.arch);
 }
 
 std::vector<float> op_dequantize(GgmlType, const void*, size_t) {

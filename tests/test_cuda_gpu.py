@@ -255,3 +255,15 @@ def test_gpu_expert_ffn_grouped_equals_decode_and_float64(qtype, int8, rng):
     err = np.abs(decode.reshape(n_tokens, n_embd) - want).max() / np.abs(want).max()
     # Exact: f32 sums only (1e-5). int8: activation quantization, ~1e-2 as llama.cpp's q8 path.
     assert err <= (3e-2 if int8 else 1e-5), f"relative error {err:.2e}"
+
+
+# ---- the session entry ----------------------------------------------------------------------------------
+
+
+def test_gpu_session_refuses_an_arch_the_device_path_does_not_compute(tmp_path):
+    from sharpi.make_model import write_model
+
+    path = str(tmp_path / "dense-qwen3.gguf")
+    write_model(path, arch="qwen3", preset="tiny", seed=1)
+    with pytest.raises(sharpi.UnsupportedError, match=r"device=\"cuda\" for qwen3: .*not qwen3 without experts"):
+        sharpi.Session(path, device="cuda")

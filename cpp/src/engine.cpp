@@ -54,10 +54,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     if (streaming && !h.is_moe()) {
         throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
     }
-    // The device is the CUDA backend's decision (cuda_backend.h); a CPU-only build's stub refuses.
-    if (options.device == "cuda") {
-        cuda::require_device_forward(h.arch);
-    } else if (options.device != "cpu") {
+    if (options.device != "cpu" && options.device != "cuda") {
         throw InvalidArgument("device must be \"cpu\" or \"cuda\", got \"" + options.device + "\"");
     }
     if (options.predictor != "none" && !streaming) {
@@ -78,6 +75,12 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     check_context_size(n_ctx, h.n_ctx_train, options.allow_long_context, path);
     const GgmlType type_k = kv_type_for(options.cache_type_k, exact_);
     const GgmlType type_v = kv_type_for(options.cache_type_v, exact_);
+    // The device is the CUDA backend's decision (cuda_backend.h); a CPU-only build's stub refuses.
+    if (options.device == "cuda") {
+        const MemoryPlan plan = plan_memory(*model_, MemoryPlanRequest{n_ctx, type_k, type_v});
+        cuda::require_device_forward(cuda::DeviceRequest{h.arch, h.is_moe(), model_->bytes_dense,
+                                                         model_->bytes_experts, plan.kv_bytes});
+    }
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
                                                                     : cpu::hardware_threads());
     // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
