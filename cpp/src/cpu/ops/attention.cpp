@@ -100,20 +100,20 @@ BlockRows load_block(const HeadKernels& kern, const KvRows& k, const KvRows& v, 
     return b;
 }
 
-// Partial softmax of one query row over the block's first n rows (n <= kAttentionBlock) into part
-// (o: head_dim floats, overwritten).
-void attend_rows(const HeadKernels& kern, const float* qh, const BlockRows& b, int64_t n,
+// Partial softmax of one query row over the block's rows [lo, hi) (relative to the block's first,
+// hi <= kAttentionBlock) into part (o: head_dim floats, overwritten).
+void attend_rows(const HeadKernels& kern, const float* qh, const BlockRows& b, int64_t lo, int64_t hi,
                  const AttentionShape& s, Partial& part) {
     float scores[kAttentionBlock];
     float m = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = lo; j < hi; ++j) {
         const float sc = kern.dot_f32(b.k + j * b.k_stride, qh, s.head_dim) * s.scale;
         scores[j] = sc;
         m = std::max(m, sc);
     }
     std::fill(part.o, part.o + s.head_dim, 0.0f);
     float l = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = lo; j < hi; ++j) {
         const float p = std::exp(scores[j] - m);
         l += p;
         kern.vec->axpy(p, b.v + j * b.v_stride, part.o, s.head_dim);
@@ -138,6 +138,24 @@ void finish(const HeadKernels& kern, const Partial& acc, float* out, int64_t hea
 
 int64_t n_blocks(int64_t n_kv) {
     return (n_kv + kAttentionBlock - 1) / kAttentionBlock;
+}
+
+// The first cache position token t (at position pos0 + t) attends to.
+int64_t first_kv(const AttentionShape& s, int64_t pos0, int64_t t) {
+    return s.window > 0 ? std::max<int64_t>(0, pos0 + t + 1 - s.window) : 0;
+}
+
+// The running state before any block: a sink's logit counts once in L (exp(sink - M) at M = sink).
+Partial initial_state(const AttentionShape& s, int64_t h, float* o) {
+    std::fill(o, o + s.head_dim, 0.0f);
+    return s.sinks ? Partial{s.sinks[h], 1.0f, o} : Partial{-INFINITY, 0.0f, o};
+}
+
+// The rows [lo, hi) of block [j0, j1) token t reads, relative to j0 (lo >= hi: none).
+void block_range(const AttentionShape& s, int64_t pos0, int64_t t, int64_t j0, int64_t j1, int64_t* lo,
+                 int64_t* hi) {
+    *lo = std::max(j0, first_kv(s, pos0, t)) - j0;
+    *hi = std::min(j1, pos0 + t + 1) - j0;
 }
 
 // Decoding (a few tokens) over more than one block: every block is a work item over all heads
@@ -172,7 +190,11 @@ void attend_block_all_heads(const HeadKernels& kern, const float* q, int64_t ldq
     thread_local PositionScratch w;
     const int64_t hd = s.head_dim, group = s.n_head / s.n_head_kv, n_pairs = n_tokens * s.n_head;
     w.reserve(std::max(width_k, width_v), n_pairs);
-    auto rows_of = [&](int64_t t) { return std::min(j1, pos0 + t + 1) - j0; };  // <= 0: not read
+    auto reads = [&](int64_t t, int64_t jr) {  // whether token t reads block row jr (relative to j0)
+        int64_t lo, hi;
+        block_range(s, pos0, t, j0, j1, &lo, &hi);
+        return jr >= lo && jr < hi;
+    };
     for (int64_t j = j0; j < j1; ++j) {
         const uint8_t* krow = k.data + static_cast<size_t>(j) * k.row_bytes;
         if (j + kPrefetchRows < j1) prefetch_head_row(krow + kPrefetchRows * k.row_bytes, k.row_bytes);
@@ -182,7 +204,7 @@ void attend_block_all_heads(const HeadKernels& kern, const float* q, int64_t ldq
             kf = w.kf.data();
         }
         for (int64_t t = 0; t < n_tokens; ++t) {
-            if (j - j0 >= rows_of(t)) continue;
+            if (!reads(t, j - j0)) continue;
             for (int64_t h = 0; h < s.n_head; ++h) {
                 w.scores[static_cast<size_t>((t * s.n_head + h) * kAttentionBlock + (j - j0))] =
                     kern.dot_f32(kf + (h / group) * hd, q + t * ldq + h * hd, hd) * s.scale;
@@ -194,11 +216,11 @@ void attend_block_all_heads(const HeadKernels& kern, const float* q, int64_t ldq
     std::fill(m, m + n_pairs, -INFINITY);
     std::fill(l, l + n_pairs, 0.0f);
     for (int64_t pair = 0; pair < n_pairs; ++pair) {
-        const int64_t n = rows_of(pair / s.n_head);
-        float* sc = w.scores.data() + pair * kAttentionBlock;
-        for (int64_t j = 0; j < n; ++j) m[pair] = std::max(m[pair], sc[j]);
-        float* o = slot(pair);
-        if (n > 0) std::fill(o + 2, o + 2 + hd, 0.0f);
+        int64_t lo, hi;
+        block_range(s, pos0, pair / s.n_head, j0, j1, &lo, &hi);
+        const float* sc = w.scores.data() + pair * kAttentionBlock;
+        for (int64_t j = lo; j < hi; ++j) m[pair] = std::max(m[pair], sc[j]);
+        if (lo < hi) std::fill(slot(pair) + 2, slot(pair) + 2 + hd, 0.0f);
     }
     for (int64_t j = j0; j < j1; ++j) {
         const uint8_t* vrow = v.data + static_cast<size_t>(j) * v.row_bytes;
@@ -209,7 +231,7 @@ void attend_block_all_heads(const HeadKernels& kern, const float* q, int64_t ldq
             vf = w.vf.data();
         }
         for (int64_t pair = 0; pair < n_pairs; ++pair) {
-            if (j - j0 >= rows_of(pair / s.n_head)) continue;
+            if (!reads(pair / s.n_head, j - j0)) continue;
             const float p =
                 std::exp(w.scores[static_cast<size_t>(pair * kAttentionBlock + (j - j0))] - m[pair]);
             l[pair] += p;
@@ -217,7 +239,9 @@ void attend_block_all_heads(const HeadKernels& kern, const float* q, int64_t ldq
         }
     }
     for (int64_t pair = 0; pair < n_pairs; ++pair) {
-        if (rows_of(pair / s.n_head) <= 0) continue;
+        int64_t lo, hi;
+        block_range(s, pos0, pair / s.n_head, j0, j1, &lo, &hi);
+        if (lo >= hi) continue;
         float* o = slot(pair);
         o[0] = m[pair];
         o[1] = l[pair];
@@ -289,11 +313,13 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
                     tile_of(item, &t0, &t1, &kvh);
                     const int64_t n_rows = (t1 - t0) * group;
                     for (int64_t r = 0; r < n_rows; ++r) {
-                        w.acc[static_cast<size_t>(r)] = Partial{-INFINITY, 0.0f, w.acc_o.data() + r * hd};
-                        std::fill(w.acc_o.data() + r * hd, w.acc_o.data() + (r + 1) * hd, 0.0f);
+                        w.acc[static_cast<size_t>(r)] =
+                            initial_state(s, kvh * group + r % group, w.acc_o.data() + r * hd);
                     }
                     const int64_t n_kv_last = pos0 + t1;  // the tile's last token reads the most rows
-                    for (int64_t j0 = 0; j0 < n_kv_last; j0 += kAttentionBlock) {
+                    // The tile's first token starts the earliest (a sliding window only moves forward).
+                    for (int64_t j0 = first_kv(s, pos0, t0) / kAttentionBlock * kAttentionBlock;
+                         j0 < n_kv_last; j0 += kAttentionBlock) {
                         const int64_t j1 = std::min(j0 + kAttentionBlock, n_kv_last);
                         const BlockRows b =
                             load_block(kern, k, v, static_cast<size_t>(kvh) * k_head_bytes,
@@ -301,10 +327,11 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
                                        j0, j1, hd, w.k_buf.data(), w.v_buf.data());
                         for (int64_t r = 0; r < n_rows; ++r) {
                             const int64_t t = t0 + r / group, h = kvh * group + r % group;
-                            const int64_t n_kv = pos0 + t + 1;
-                            if (j0 >= n_kv) continue;
+                            int64_t lo, hi;
+                            block_range(s, pos0, t, j0, j1, &lo, &hi);
+                            if (lo >= hi) continue;
                             Partial part{-INFINITY, 0.0f, w.part_o.data()};
-                            attend_rows(kern, q + t * ldq + h * hd, b, std::min(j1, n_kv) - j0, s, part);
+                            attend_rows(kern, q + t * ldq + h * hd, b, lo, hi, s, part);
                             merge(kern, w.acc[static_cast<size_t>(r)], part, hd);
                         }
                     }
@@ -339,9 +366,8 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
         for (int64_t pair = begin; pair < end; ++pair) {
             const int64_t t = pair / s.n_head, h = pair % s.n_head;
             const int64_t n_kv = pos0 + t + 1;
-            Partial acc{-INFINITY, 0.0f, o.data()};
-            std::fill(o.begin(), o.end(), 0.0f);
-            for (int64_t blk = 0; blk < n_blocks(n_kv); ++blk) {
+            Partial acc = initial_state(s, h, o.data());
+            for (int64_t blk = first_kv(s, pos0, t) / kAttentionBlock; blk < n_blocks(n_kv); ++blk) {
                 float* slot = partials.data() + (pair * max_blocks + blk) * stride;
                 merge(kern, acc, Partial{slot[0], slot[1], slot + 2}, hd);
             }
