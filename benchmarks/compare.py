@@ -86,8 +86,9 @@ class EngineRunner:
     worker_script = None  # the script whose --worker runs this engine (None: this file)
 
     def __init__(self, threads: int, n_ctx: int, log_dir: Path, timeout_s: float = 3600.0,
-                 wrap: list | None = None, before_run=None, env: dict | None = None):
+                 wrap: list | None = None, before_run=None, env: dict | None = None, kv_type: str = "f16"):
         self.threads = threads
+        self.kv_type = kv_type  # the KV cache's stored type for K and V, llama.cpp's names
         self.n_ctx = n_ctx
         self.log_dir = Path(log_dir)
         self.timeout_s = timeout_s
@@ -139,7 +140,7 @@ class EngineRunner:
             spec = {
                 "engine": self.key, "file": os.fspath(file), "prompt_ids": [int(t) for t in prompt_ids],
                 "n_decode": int(n_decode), "threads": self.threads, "n_ctx": self.n_ctx,
-                "options": self.options(), "result": os.path.join(tmp, "result.json"),
+                "kv_type": self.kv_type, "options": self.options(), "result": os.path.join(tmp, "result.json"),
                 "logits": os.fspath(save_logits) if save_logits else None,
             }
             spec_path = os.path.join(tmp, "spec.json")
@@ -251,13 +252,15 @@ class SharpiRunner(EngineRunner):
         import sharpi
 
         t0 = time.perf_counter()
+        kv = spec.get("kv_type", "f16")
         s = sharpi.Session(spec["file"], threads=spec["threads"], n_ctx=spec["n_ctx"],
-                           exact=spec["options"]["exact"])
+                           exact=spec["options"]["exact"], cache_type_k=kv, cache_type_v=kv,
+                           allow_long_context=True)  # as llama.cpp, which only warns past the trained context
         load_s = time.perf_counter() - t0
         r = timed_greedy(lambda ids: s.decode(ids), lambda t: s.decode([t]), s.reset,
                          spec["prompt_ids"], spec["n_decode"])
         r.update(load_s=load_s, version=sharpi.__version__ if hasattr(sharpi, "__version__") else None,
-                 settings={"threads": spec["threads"], "n_ctx": spec["n_ctx"], **spec["options"]})
+                 settings={"threads": spec["threads"], "n_ctx": spec["n_ctx"], "kv_type": kv, **spec["options"]})
         return r
 
 
@@ -320,6 +323,9 @@ class LlamaCppRunner(EngineRunner):
         cp.n_ubatch = n_max
         cp.n_threads = threads
         cp.n_threads_batch = threads
+        kv = spec.get("kv_type", "f16")
+        cp.type_k = cp.type_v = GGML_KV_TYPES[kv]
+        settings["kv_type"] = kv
         for field in ("flash_attn_type", "flash_attn", "type_k", "type_v"):  # recorded as llama.cpp chose
             if hasattr(cp, field):
                 settings[field] = int(getattr(cp, field))
@@ -374,6 +380,26 @@ class IkLlamaRunner(LlamaCppRunner):
     lowlevel = "ik_llama_cpp._ctypes_api"
 
 
+# ggml_type values of the KV cache types both engines accept (ggml.h).
+GGML_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+
+
+def process_memory() -> dict:
+    """This process's memory from /proc/self/status, in bytes: peak resident set (VmHWM), and the
+    resident anonymous and file-backed parts now (RssAnon is what the engine allocated; RssFile is
+    mapped file pages, which the page cache can drop)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in ("VmHWM", "RssAnon", "RssFile"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 WORKERS = {"sharpi": SharpiRunner, "sharpi_exact": SharpiRunner, "llama_cpp": LlamaCppRunner,
            "ik_llama_cpp": IkLlamaRunner}
 
@@ -382,6 +408,7 @@ def worker(spec_path: str) -> int:
     with open(spec_path) as fh:
         spec = json.load(fh)
     r = WORKERS[spec["engine"]].worker_main(spec)
+    r["memory"] = process_memory()
     first = r.pop("_first_logits")
     if spec.get("logits"):
         np.save(spec["logits"], first)
@@ -555,7 +582,9 @@ def run_file(path: Path, runners: list, lengths: list, n_decode: int, repeats: i
                 if res["status"] == STATUS_NOT_INSTALLED:
                     continue
                 if res["status"] == STATUS_OK:
-                    msg = f"prefill {res['prefill_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.2f} tok/s"
+                    mem = res.get("memory", {})
+                    msg = (f"prefill {res['prefill_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.2f} tok/s, "
+                           f"peak RSS {mem.get('VmHWM', 0) / 2**30:.2f} GiB (anon {mem.get('RssAnon', 0) / 2**30:.2f})")
                 else:
                     msg = f"{res['status']} {res.get('reason', '')}"
                 print(f"compare: {path.name} repeat {rep + 1}/{repeats} prompt {n} {r.label}: {msg}",
@@ -697,6 +726,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engines", default="sharpi,llama.cpp,ik_llama.cpp",
                     help="engines (sharpi, sharpi-exact, llama.cpp, ik_llama.cpp); the first is the numerator of "
                          "every ratio (default: sharpi,llama.cpp,ik_llama.cpp)")
+    ap.add_argument("--kv-type", choices=sorted(GGML_KV_TYPES), default="f16",
+                    help="KV cache type of K and V for every engine (default f16, both engines' default)")
+    ap.add_argument("--rewarm", action="store_true",
+                    help="read the file into the page cache again before every run (for files near RAM size)")
     ap.add_argument("--sharpi-exact", action="store_true", help="sharpi in exact mode (Session(exact=True))")
     ap.add_argument("--llama-no-repack", action="store_true",
                     help="llama.cpp (and ik_llama.cpp) with weight repacking off (use_extra_bufts=False)")
@@ -719,14 +752,19 @@ def make_runners(args, n_ctx: int, log_dir: Path) -> list:
         if not sep or not key:
             raise SystemExit(f"compare: --llama-env wants KEY=VALUE, got {item!r}")
         llama_env[key] = value
+    common = {"timeout_s": args.timeout, "kv_type": args.kv_type}
+    if args.rewarm:
+        # A peer that copies the weights into its own memory (llama.cpp's repacking) pushes the file
+        # out of the page cache when it and the file do not both fit; re-reading before every run
+        # gives each engine the same warm start.
+        common["before_run"] = lambda runner, file: warm_page_cache(file)
     engines = {
-        "sharpi": lambda: SharpiRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
-                                       exact=args.sharpi_exact),
-        "sharpi-exact": lambda: SharpiRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout, exact=True),
-        "llama.cpp": lambda: LlamaCppRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
-                                            no_repack=args.llama_no_repack, env=llama_env),
-        "ik_llama.cpp": lambda: IkLlamaRunner(args.threads, n_ctx, log_dir, timeout_s=args.timeout,
-                                              no_repack=args.llama_no_repack, env=llama_env),
+        "sharpi": lambda: SharpiRunner(args.threads, n_ctx, log_dir, exact=args.sharpi_exact, **common),
+        "sharpi-exact": lambda: SharpiRunner(args.threads, n_ctx, log_dir, exact=True, **common),
+        "llama.cpp": lambda: LlamaCppRunner(args.threads, n_ctx, log_dir, no_repack=args.llama_no_repack,
+                                            env=llama_env, **common),
+        "ik_llama.cpp": lambda: IkLlamaRunner(args.threads, n_ctx, log_dir, no_repack=args.llama_no_repack,
+                                              env=llama_env, **common),
     }
     runners = []
     for name in [e.strip() for e in args.engines.split(",") if e.strip()]:
@@ -778,7 +816,7 @@ def main(argv=None) -> int:
     report = {
         "config": {"threads": args.threads, "prompts": lengths, "n_decode": args.decode, "n_ctx": n_ctx,
                    "repeats": args.repeats, "sharpi_exact": args.sharpi_exact,
-                   "llama_no_repack": args.llama_no_repack, "llama_env": args.llama_env, "argv": sys.argv[1:] if argv is None else list(argv)},
+                   "llama_no_repack": args.llama_no_repack, "kv_type": args.kv_type, "rewarm": args.rewarm, "llama_env": args.llama_env, "argv": sys.argv[1:] if argv is None else list(argv)},
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}",
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": list(os.getloadavg()),

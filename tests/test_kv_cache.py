@@ -90,8 +90,11 @@ def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale):
 
 
 # (n_head, n_head_kv, head_dim, pos0, n_tokens): a prefill batch crossing a 256-row block boundary,
-# single-token decoding deep into the context (several blocks: the split path with 2+ threads).
-SHAPES = [(4, 2, 64, 0, 300), (8, 2, 128, 700, 1), (4, 4, 32, 255, 2)]
+# single-token decoding deep into the context (several blocks: the split path with 2+ threads), a
+# few-token batch on the split path, tiles of several tokens x one KV head with a partial last tile
+# (group 8: 4 tokens per tile), and a batch just past the split path's token limit.
+SHAPES = [(4, 2, 64, 0, 300), (8, 2, 128, 700, 1), (4, 4, 32, 255, 2), (16, 16, 64, 520, 3), (32, 4, 32, 300, 42),
+          (6, 2, 64, 513, 9)]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -131,3 +134,7 @@ def test_attention_prefill_equals_token_by_token(kind):
     for t in (0, 255, 256, 519):
         one = _core.attention(q[t : t + 1], ks, vs, kind, kind, t, n_head, n_head_kv, hd, 0.125, threads=2)
         np.testing.assert_array_equal(one[0], batch[t])
+    # A few tokens at once (the split path, whole K/V rows per position) and a batch past its limit.
+    for t0, m in ((300, 3), (250, 8), (262, 11)):
+        few = _core.attention(q[t0 : t0 + m], ks, vs, kind, kind, t0, n_head, n_head_kv, hd, 0.125, threads=2)
+        np.testing.assert_array_equal(few, batch[t0 : t0 + m])

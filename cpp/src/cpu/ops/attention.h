@@ -13,12 +13,18 @@
 //   M' = max(M, m), a = exp(M - M'), b = exp(m - M'), L = L * a + l * b, O = O * a + o * b
 // (O scaled by a, then b * o added), and the output is O * (1 / L). K rows are dotted with the
 // quant row kernels of the stored type, V rows decoded by them (cpu/quant/kernels.h), all of the
-// same ISA; the vector updates come from attention_kernels.h. Query values stay f32.
+// same ISA; the vector updates come from attention_kernels.h. Query values stay f32. A block of
+// K/V rows is decoded to f32 once and read by every query row of a tile (the query heads of one KV
+// head, for up to 32 rows of tokens x heads): dot_row(w, x) == dot_f32(dequant_row(w), x) bit for
+// bit, so the tiling changes no result.
 //
-// Threads: decoding has few (token, head) pairs, so when a batch has fewer than 4 per thread and
-// its context spans several blocks, every (token, head, block) is a work item and the partials
-// are merged afterwards (a buffer of at most kAttentionSplitMaxFloats); otherwise each (token,
-// head) is one item that merges its blocks as it goes. Both run the merge above in the same order.
+// Threads: decoding has few (token, head) pairs, so when a batch has at most
+// kAttentionSplitMaxTokens tokens and its context spans several blocks, every block is a work item
+// over all heads, reading whole K then V rows in position order (a head's slice of consecutive
+// positions is a cache row apart, which memory latency, not bandwidth, would bound), and the
+// partials are merged afterwards (a buffer of at most kAttentionSplitMaxFloats); otherwise each
+// tile is one item that merges its blocks as it goes, the tiles of the last tokens (the most
+// blocks) first. Both run the merge above in the same order.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +40,13 @@ struct AttentionShape {
     int64_t n_head_kv = 0;
     int64_t head_dim = 0;
     float scale = 1.0f;  // usually 1 / sqrt(head_dim)
+    // Sliding window (gpt-oss's even layers): > 0 limits position p to cache positions
+    // (p - window, p]; 0 attends to all of [0, p]. Blocks stay counted from position 0 (clipped at the
+    // window's start), so the arithmetic of a token is still independent of its batch.
+    int64_t window = 0;
+    // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax denominator
+    // only: the running state starts at (M, L, O) = (sink_h, 1, 0) instead of (-inf, 0, 0).
+    const float* sinks = nullptr;  // [n_head]; nullptr: none
 };
 
 // One layer's stored K or V: position j's row (n_head_kv * head_dim elements of `type`) starts at
@@ -48,8 +61,10 @@ constexpr int64_t kAttentionBlock = 256;  // KV positions per partial softmax
 
 // The split-mode partials buffer attention() allocates holds at most this many floats (a batch
 // whose partials would not fit runs unsplit): a constant, so the budget planner charges the same
-// bytes whatever the thread count.
-constexpr int64_t kAttentionSplitMaxFloats = int64_t{1} << 18;
+// bytes whatever the thread count. 4 MiB: 16 heads of 128 over 64K positions, 32 over 32K.
+constexpr int64_t kAttentionSplitMaxFloats = int64_t{1} << 20;
+// Batches of at most this many tokens (decoding) run split, when they span several blocks.
+constexpr int64_t kAttentionSplitMaxTokens = 8;
 
 // q: [n_tokens, n_head * head_dim] (row stride ldq); out: [n_tokens, n_head * head_dim] (row stride
 // ldo). isa: the kernels' ISA (tests pick one; the engine uses active_isa()).
