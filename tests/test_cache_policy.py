@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import sharpi
 from sharpi import _core
-from sharpi.belady import belady, lru, slru
+from sharpi.belady import belady, belady_horizon, lru, slru
 from sharpi.make_model import write_model
 
 
@@ -99,6 +99,30 @@ def test_offline_replays_bound_optimum():
         assert opt <= lru(steps, capacity).misses
         assert opt <= slru(steps, capacity).misses
         assert slru(steps, capacity).accesses == sum(len(s) for s in steps)
+
+
+def test_belady_horizon_spans_lru_to_belady():
+    """Knowing no future is exactly LRU; knowing all of it is exactly Belady (both independent
+    implementations); any horizon in between never beats Belady (it is a demand policy)."""
+    rng = random.Random(5)
+    for _ in range(30):
+        n_expert, n_layer, k = rng.randint(3, 10), rng.randint(1, 3), rng.randint(1, 3)
+        k = min(k, n_expert)
+        steps = [
+            {il * n_expert + e for e in rng.sample(range(n_expert), k)}
+            for _ in range(rng.randint(5, 60))
+            for il in range(n_layer)
+        ]
+        capacity = rng.randint(k, n_layer * n_expert)
+        opt = belady(steps, capacity).misses
+        assert belady_horizon(steps, capacity, 0).misses == lru(steps, capacity).misses
+        assert belady_horizon(steps, capacity, math.inf).misses == opt
+        assert belady_horizon(steps, capacity, len(steps)).misses == opt
+        for h in (1, 2, n_layer, 3 * n_layer):
+            r = belady_horizon(steps, capacity, h)
+            assert r.misses >= opt and r.accesses == sum(len(s) for s in steps)
+    with pytest.raises(ValueError, match="horizon"):
+        belady_horizon([{1}], 1, -1)
 
 
 @pytest.fixture(scope="module")

@@ -134,6 +134,59 @@ def belady(steps: Iterable[Iterable[Hashable]], capacity: int, warm: Iterable[Ha
     return PolicyResult(total, accesses, misses_per_step)
 
 
+def belady_horizon(steps: Iterable[Iterable[Hashable]], capacity: int, horizon: float) -> PolicyResult:
+    """Misses of Belady's rule when only the next `horizon` steps of the future are known (cold start).
+
+    On a miss with the cache full it evicts, among resident experts the current step does not need,
+    first those with no use within the next `horizon` steps, least recently used first (ties: the
+    smaller key, touched earlier within its step, as `lru` orders them); then those with a known use,
+    farthest first. horizon = 0 knows nothing and is exactly `lru`; a horizon beyond the sequence
+    knows everything and has `belady`'s misses. In between it measures how much of Belady's advantage
+    comes from knowing the routing `horizon` steps ahead, which is what a perfect predictor with that
+    lookahead would tell an online cache. Keys must be sortable (as `lru` orders them).
+    """
+    import numpy as np
+
+    if horizon < 0:
+        raise ValueError(f"horizon must be >= 0, got {horizon}")
+    seq = _as_steps(steps, capacity)
+    nxt = _next_use_table(seq)
+    keys = sorted(set().union(*seq)) if seq else []
+    index = {key: j for j, key in enumerate(keys)}
+    n = len(keys)
+    resident = np.zeros(n, dtype=bool)
+    next_use = np.full(n, _NEVER)
+    # Recency rank: later steps rank higher; within a step, the larger key was touched later.
+    last_rank = np.full(n, -1.0)
+    order = np.arange(n, dtype=np.float64)
+    beyond_base = 4.0 * (len(seq) + 1) * (n + 1)  # above every within-horizon score (step indices)
+    n_resident = 0
+    misses_per_step = []
+    total = accesses = 0
+    for i, need in enumerate(seq):
+        idx = [index[key] for key in need]
+        missing = [j for j in idx if not resident[j]]
+        n_evict = n_resident + len(missing) - capacity
+        if n_evict > 0:
+            within = next_use - i <= horizon
+            score = np.where(within, next_use, beyond_base - last_rank)
+            score[~resident] = -np.inf
+            score[idx] = -np.inf  # the step's own experts are pinned
+            victims = np.argpartition(-score, n_evict - 1)[:n_evict]
+            resident[victims] = False
+            n_resident -= n_evict
+        resident[missing] = True
+        n_resident += len(missing)
+        for key in need:
+            j = index[key]
+            next_use[j] = nxt[i][key]
+            last_rank[j] = i * (n + 1) + order[j]
+        misses_per_step.append(len(missing))
+        total += len(missing)
+        accesses += len(need)
+    return PolicyResult(total, accesses, misses_per_step)
+
+
 def lru(steps: Iterable[Iterable[Hashable]], capacity: int, count_from: int = 0) -> PolicyResult:
     """Misses of least-recently-used replacement (cold start), counting steps[count_from:] only.
 

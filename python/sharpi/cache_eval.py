@@ -138,10 +138,13 @@ def evaluate(
     train_fraction: float = TRAIN_FRACTION,
     max_eval_tokens: int | None = None,
     quiet: bool = True,
+    horizons: list | None = None,
 ) -> dict:
-    """Every policy's misses and misses / Belady's at each budget, on the held-out sequences."""
+    """Every policy's misses and misses / Belady's at each budget, on the held-out sequences.
+    horizons: token counts h; for each, Belady's rule knowing only the next h tokens' routing
+    (h x n_layer steps; sharpi.belady.belady_horizon) is scored too, as row "belady@h"."""
     from . import _core
-    from .belady import belady
+    from .belady import belady, belady_horizon
     from .predict.traces import load_trace, split_by_sequences
 
     trace = load_trace(trace_path)
@@ -178,6 +181,9 @@ def evaluate(
                 ).sum()
             )
             row["policies"][name] = {"misses": misses, "ratio": misses / opt if opt else None}
+        for h in horizons or []:
+            misses = belady_horizon(sets, cap, h * trace.n_layer).misses
+            row["policies"][f"belady@{h:g}"] = {"misses": misses, "ratio": misses / opt if opt else None}
         row["seconds"] = time.perf_counter() - t0
         out["budgets"].append(row)
     return out
@@ -213,6 +219,16 @@ def _shares(text: str) -> list:
     return vals
 
 
+def _horizons(text: str) -> list:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"horizons must be token counts like 0.5,1,10, got {text!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"horizons must be token counts >= 0, got {text!r}")
+    return vals
+
+
 def add_parsers(sub) -> None:
     ev = sub.add_parser(
         "cache-eval",
@@ -240,6 +256,13 @@ def add_parsers(sub) -> None:
     ev.add_argument(
         "--max-eval-tokens", type=int, default=None, help="score only the first N held-out tokens"
     )
+    ev.add_argument(
+        "--horizons",
+        type=_horizons,
+        default=None,
+        metavar="TOKENS,...",
+        help="also score Belady's rule knowing only the next N tokens' routing (rows belady@N)",
+    )
     ev.add_argument("--json", default=None, metavar="FILE", help="write every number as JSON")
 
     pr = sub.add_parser(
@@ -260,9 +283,12 @@ def add_parsers(sub) -> None:
 
 def cmd_cache_eval(args, out: TextIO) -> int:
     names = [x.strip() for x in args.policies.split(",")] if args.policies else None
+    horizons = args.horizons
     results = []
     for path in args.trace:
-        res = evaluate(path, args.budgets, names, args.train_fraction, args.max_eval_tokens)
+        res = evaluate(
+            path, args.budgets, names, args.train_fraction, args.max_eval_tokens, horizons=horizons
+        )
         out.write(f"{res['trace']}: {res['split']}, {res['accesses']} expert accesses\n")
         results.append(res)
     out.write("misses / Belady misses (capacity in slots)\n")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "cpu/ops/activation.h"
@@ -40,14 +41,16 @@ struct ExpertLease {
 // Every row is one RowDot whatever the grouping, so the result is bit-identical to the all-resident run.
 void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
                                const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
-                               Act& out, int il) {
+                               Act& out, int il, const std::function<void()>& overlap) {
     const HParams& h = f.hp();
     const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
     std::vector<ExpertView> views(unique.size());
     experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
     ExpertLease lease{experts_, il};
-    // The layer's demand reads are out: the observer's prefetches queue behind them.
+    // The layer's demand reads are out: the observer's prefetches queue behind them, and the
+    // overlapped work (the shared expert) computes while they are read.
     if (gate_observer_ && hidden) gate_observer_->on_gate(il, hidden, router_logits, ids);
+    overlap();
 
     std::vector<int> slot_unique(static_cast<size_t>(k));
     bool all_ready = true;
@@ -143,7 +146,8 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
 // than a small cache holds); within a wave the ready experts run together, then each one still
 // being read as soon as it arrives (the op gives every row the same bits whatever the grouping).
 void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
-                           const std::vector<int32_t>& unique, Act& out, int il) {
+                           const std::vector<int32_t>& unique, Act& out, int il,
+                           const std::function<void()>& overlap) {
     const HParams& h = f.hp();
     const int64_t T = cur.n_tokens, k = h.n_expert_used, n_embd = h.n_embd;
     const int64_t n_slots = T * k;
@@ -185,6 +189,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
         ExpertLease lease{experts_, il};
         if (!ahead.empty()) experts_.read_ahead(il + 1, ahead.data(), static_cast<int>(ahead.size()));
+        if (w0 == 0) overlap();  // the first wave's reads (and the read-ahead) are out
         std::vector<cpu::ExpertFfnWeights> w;
         std::vector<int64_t> group_begin, group_end;
         auto run = [&] {
@@ -299,29 +304,42 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     std::sort(unique.begin(), unique.end());
     unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
     experts_.gate_fired(il, unique.data(), static_cast<int>(unique.size()));
+    // The shared expert needs no streamed bytes: the expert paths run it once the routed experts'
+    // reads are out and before they wait for any, so it computes while those reads are in flight.
+    // It is computed from `cur` alone and added last, so the bits do not depend on when it runs.
+    Act shared;
+    const auto shared_expert = [&] {
+        if (L.ffn_gate.present()) shared = shared_ffn(f, cur, il);
+    };
     Act out = f.alloc(T, h.n_embd);
     if (T == 1) {
-        experts_one_token(f, cur, hidden, logits.data, r.ids.data(), r.weights.data(), unique, out, il);
+        experts_one_token(f, cur, hidden, logits.data, r.ids.data(), r.weights.data(), unique, out, il,
+                          shared_expert);
     } else {
-        experts_batch(f, cur, r.ids.data(), r.weights.data(), unique, out, il);
+        experts_batch(f, cur, r.ids.data(), r.weights.data(), unique, out, il, shared_expert);
     }
     f.name(out, "ffn_moe_out", il);
-
     if (!L.ffn_gate.present()) return out;
-    // Shared expert: always on; scaled by sigmoid(ffn_gate_inp_shexp . x) where the layer has that
-    // gate (qwen2moe), added as it is otherwise (deepseek2).
+    if (!shared.data) shared_expert();  // no expert was acquired (cannot happen with n_tokens > 0)
+    return f.add(out, shared, "ffn_out", il);
+}
+
+// Shared expert: always on; scaled by sigmoid(ffn_gate_inp_shexp . x) where the layer has that gate
+// (qwen2moe), added as it is otherwise (deepseek2).
+Act MoeFfn::shared_ffn(Forward& f, const Act& cur, int il) {
+    const LayerWeights& L = f.layer(il);
     Act shared = f.ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_shexp", il);
     if (L.ffn_gate_inp_shexp.data) {
         Linear gate;
         gate.w = L.ffn_gate_inp_shexp;
         Act s = f.linear(cur, gate, "ffn_shexp_gate", il);
-        for (int64_t t = 0; t < T; ++t) {
+        for (int64_t t = 0; t < cur.n_tokens; ++t) {
             const float w = cpu::sigmoid(s.row(t)[0]);
             float* row = shared.row(t);
-            for (int64_t i = 0; i < h.n_embd; ++i) row[i] *= w;
+            for (int64_t i = 0; i < f.hp().n_embd; ++i) row[i] *= w;
         }
     }
-    return f.add(out, shared, "ffn_out", il);
+    return shared;
 }
 
 }  // namespace sharpi

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/forward.h"
@@ -72,11 +73,15 @@ class MoeFfn {
 
   private:
     // Decode (one token) and prefill (a batch) paths over the selected experts.
+    // `overlap` is called once, after the first acquire (its reads are out) and before any wait.
     void experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
                            const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
-                           Act& out, int il);
+                           Act& out, int il, const std::function<void()>& overlap);
     void experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
-                       const std::vector<int32_t>& unique, Act& out, int il);
+                       const std::vector<int32_t>& unique, Act& out, int il,
+                       const std::function<void()>& overlap);
+    // The shared expert's output for `cur` (the layer must have one).
+    static Act shared_ffn(Forward& f, const Act& cur, int il);
     // The unique experts that layer il_next's router picks (top-k per token) for `cur`, the
     // normalised input of the current layer: its guess of what il_next will select.
     std::vector<int32_t> guess_next_layer(Forward& f, const Act& cur, int il_next) const;
