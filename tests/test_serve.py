@@ -282,6 +282,28 @@ def test_next_chat_turn_reuses_the_cache(server, session):
     assert r2.model_extra["timings"]["cache_n"] == reused
 
 
+def test_divergent_prompt_reuses_the_shared_prefix(server, session):
+    """A prompt that shares only a prefix with the previous one (an edited question, another
+    ending): the cache is cut back to the shared prefix and only the rest is prefilled; usage and
+    the stats report both counts, and the answer equals a cold run's."""
+    head = "import json\n\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n\n"
+    first, second = head + "def save_config(path, config):", head + "class ConfigError(Exception):"
+    ids1, ids2 = session.tokenize(first), session.tokenize(second)
+    shared = next(i for i, (a, b) in enumerate(zip(ids1, ids2)) if a != b)
+    assert shared > 20
+    want, n_gen = expected(session, ids2, max_tokens=12, temperature=0.0)
+    c = client(server)
+    c.completions.create(model=MODEL_ID, prompt=first, max_tokens=12, temperature=0)
+    before = raw("GET", server, "/v1/sharpi/stats")[1]
+    r = c.completions.create(model=MODEL_ID, prompt=second, max_tokens=12, temperature=0)
+    after = raw("GET", server, "/v1/sharpi/stats")[1]
+    assert (r.choices[0].text, r.usage.completion_tokens) == (want, n_gen)
+    assert r.usage.prompt_tokens_details.cached_tokens == shared
+    assert r.model_extra["timings"]["cache_n"] == shared
+    assert after["prompt_tokens_reused"] - before["prompt_tokens_reused"] == shared
+    assert after["prompt_tokens_prefilled"] - before["prompt_tokens_prefilled"] == len(ids2) - shared
+
+
 def test_stop_scanner_holds_back_partial_matches():
     scan = StopScanner(["END", "xyz"])
     assert scan.push("abc E") == ("abc ", False)
