@@ -2,9 +2,10 @@
 `serve` extra).
 
 Endpoints: POST /v1/chat/completions and /v1/completions (server-sent events with "stream": true),
-GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts). Chat messages are rendered with
-the model's own chat template from the GGUF metadata (Tokenizer.apply_chat_template, a Jinja
-sandbox), with the request's `tools`, `documents` and `chat_template_kwargs`. Errors are OpenAI's shape,
+GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts and the live expert-cache view,
+sharpi.serve_live), GET / (web/index.html: a chat box beside small plots of that view). Chat
+messages are rendered with the model's own chat template from the GGUF metadata
+(Tokenizer.apply_chat_template, a Jinja sandbox), with the request's `tools`, `documents` and `chat_template_kwargs`. Errors are OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}, with 400 for a bad request (malformed JSON, bad
 sampling values, a prompt longer than the context), 404 for an unknown model or path.
 
@@ -34,6 +35,7 @@ from typing import TextIO
 import numpy as np
 
 from .cli_args import add_compute_arguments, add_streaming_arguments, positive_int, session_options
+from .serve_live import LiveStats
 from .synthetic_tokenizer import CHAT_TEMPLATE
 
 _END = object()
@@ -313,6 +315,18 @@ class Engine:
         # The ids the KV cache holds, in order (worker thread only); [] after an error, so the
         # next request starts from reset().
         self._history: list = []
+        # The expert-cache view the page at / plots: sampled by the worker between tokens.
+        self.live = LiveStats(session.info["n_expert_used"])
+        self._counted = 0  # session.n_past when positions were last counted into `live`
+
+    def _sample(self, force: bool = False) -> None:
+        """Counts the positions decoded since the last call into the live view and samples the
+        expert cache when due (worker thread, between decodes)."""
+        n_past = self.session.n_past
+        self.live.add_tokens(n_past - self._counted)
+        self._counted = n_past
+        if force or self.live.due():
+            self.live.observe(self.session.expert_stats())
 
     def submit(self, prompt_ids: list, options: dict, n_top: int | None = None) -> Job:
         job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top)
@@ -340,6 +354,8 @@ class Engine:
             job.t_start = time.perf_counter()
             ids = job.prompt_ids
             job.n_reused = reuse_prefix(s, self._history, ids)
+            self._counted = job.n_reused
+            self.live.begin_request(s.expert_stats())
             pending: list = []  # logprob entries of tokens whose text has not been put yet
             produced = 0  # characters put so far: the next piece's offset
 
@@ -354,6 +370,7 @@ class Engine:
                     job.put((piece, [(produced, e) for e in pending]))
                     pending.clear()
                     produced += len(piece)
+                    self._sample()
                     if job.stopped.is_set():
                         break
             finally:
@@ -366,6 +383,8 @@ class Engine:
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
+            if not job.error:
+                self._sample(force=True)
             # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
             self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
             job.t_end = time.perf_counter()
@@ -438,12 +457,14 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     from . import _core
 
     created = int(time.time())
+    with open(os.path.join(os.path.dirname(__file__), "web", "index.html"), encoding="utf-8") as f:
+        page_html = f.read()
 
     def error_response(e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -577,7 +598,11 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
 
     async def stats(request: Request):
         with engine._state:
-            return JSONResponse(dict(engine.counts))
+            counts, busy = dict(engine.counts), engine._current is not None
+        return JSONResponse({**counts, "busy": busy, "live": engine.live.view()})
+
+    async def page(request: Request):
+        return HTMLResponse(page_html)
 
     async def health(request: Request):
         return JSONResponse({"status": "ok"})
@@ -596,6 +621,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/v1/sharpi/stats", stats, methods=["GET"]),
+            Route("/", page, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
