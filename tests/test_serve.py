@@ -432,7 +432,7 @@ def test_chat_template_file(session, tmp_path):
     turns, non-ASCII), written out here by hand as the prompt the model must see."""
     template = tmp_path / "t.jinja"
     template.write_text(
-        "{% if tools is defined %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
+        "{% if tools %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
         "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}[ASSISTANT] {% if enable_thinking %}<think>{% endif %}{% endif %}",
         encoding="utf-8",
