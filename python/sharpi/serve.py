@@ -5,9 +5,10 @@ Endpoints: POST /v1/chat/completions and /v1/completions (server-sent events wit
 GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts and the live expert-cache view,
 sharpi.serve_live), GET / (web/index.html: a chat box beside small plots of that view). Chat
 messages are rendered with the model's own chat template from the GGUF metadata
-(Tokenizer.apply_chat_template, a Jinja sandbox), with the request's `tools`, `documents` and `chat_template_kwargs`. Errors are OpenAI's shape,
-{"error": {"message", "type", "param", "code"}}, with 400 for a bad request (malformed JSON, bad
-sampling values, a prompt longer than the context), 404 for an unknown model or path.
+(Tokenizer.apply_chat_template, a Jinja sandbox), with the request's `tools`, `documents` and
+`chat_template_kwargs`. Errors are OpenAI's shape, {"error": {"message", "type", "param",
+"code"}}, with 400 for a bad request (malformed JSON, bad sampling values, a prompt longer than the
+context), 404 for an unknown model or path.
 
 Who owns what: the Engine owns the Session and one worker thread; every request is a Job queued on
 that thread (the thread pool of one is the request queue), so requests run one after the other.
@@ -377,14 +378,15 @@ class Engine:
                 gen.close()
             if pending:  # tokens that wrote no text (a control token before the end)
                 job.put(("", [(produced, e) for e in pending]))
+            self._sample(force=True)
         except _core.CancelledError:
-            pass  # the client left or a stop string matched: nothing more to say
+            # The client left or a stop string matched: nothing more to say. (A failure here
+            # leaves through the finally below, which still ends the request.)
+            self._sample(force=True)
         except BaseException as e:  # noqa: BLE001 - handed to the request, which answers it
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
-            if not job.error:
-                self._sample(force=True)
             # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
             self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
             job.t_end = time.perf_counter()
