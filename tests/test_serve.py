@@ -429,7 +429,8 @@ def test_stop_scanner_holds_back_partial_matches():
 
 def test_chat_template_file(session, tmp_path):
     """--chat-template: the server renders messages with that Jinja file (system message, several
-    turns, non-ASCII), written out here by hand as the prompt the model must see."""
+    turns, non-ASCII, tools, template keyword arguments from --chat-template-kwargs and from the
+    request), written out here by hand as the prompt the model must see."""
     template = tmp_path / "t.jinja"
     template.write_text(
         "{% if tools %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
@@ -450,18 +451,31 @@ def test_chat_template_file(session, tmp_path):
     want, n_gen = expected(session, ids, max_tokens=12, temperature=0.0)
     tool_ids = session.tokenize("[TOOLS] lookup,run_code\n" + text + "<think>", special=True)
     want_tools, _ = expected(session, tool_ids, max_tokens=12, temperature=0.0)
-    for port in start_server("--chat-template", str(template), "--alias", "coder"):
+    # --chat-template-kwargs: the server's defaults, under each request's chat_template_kwargs.
+    for port in start_server("--chat-template", str(template), "--alias", "coder",
+                             "--chat-template-kwargs", '{"enable_thinking": true}'):
         c = client(port)
-        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0)
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert r.choices[0].message.content == want
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n_gen)
         timings = r.model_extra["timings"]
         assert timings["prompt_n"] == len(ids) and timings["predicted_n"] == n_gen
         assert timings["ttft_ms"] > 0 and timings["predicted_per_second"] > 0
-        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0, tools=tools,
-                                      extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0, tools=tools)
         assert r.usage.prompt_tokens == len(tool_ids)
         assert r.choices[0].message.content == want_tools
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_bad_template_kwargs_are_refused(command, capsys):
+    from sharpi.cli import main
+
+    for bad in ("[1]", "{not json"):
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--chat-template-kwargs", bad])
+        assert stop.value.code == 2
+        assert "--chat-template-kwargs" in capsys.readouterr().err
 
 
 def test_streamed_experts_answer_as_resident(session):

@@ -65,7 +65,7 @@ def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
         if not text.strip():
             continue
         messages.append({"role": "user", "content": text})
-        ids = encode_chat(tok, messages, template=template)
+        ids = encode_chat(tok, messages, template=template, **args.chat_template_kwargs)
         n_reused = reuse_prefix(session, held, ids)
         session.last_tokens = []
         pieces: list = []

@@ -453,9 +453,12 @@ async def _pieces(engine: Engine, job: Job, stops: list):
 # ------------------------------------------------------------------ app
 
 
-def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
+def create_app(engine: Engine, model_id: str, chat_template: str | None = None,
+               template_kwargs: dict | None = None):
     """The Starlette application serving `engine` under the model name `model_id`; chat requests
-    use `chat_template`, None for the model's own."""
+    use `chat_template`, None for the model's own, with `template_kwargs` (--chat-template-kwargs)
+    under a request's own chat_template_kwargs."""
+    template_kwargs = template_kwargs or {}
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
@@ -512,7 +515,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             tok = engine.session.tokenizer
             if chat:
                 prompt_ids = encode_chat(tok, _chat_messages(body), template=chat_template,
-                                         **_template_kwargs(body))
+                                         **{**template_kwargs, **_template_kwargs(body)})
             else:
                 prompt_ids = tok.encode(_completion_prompt(body))
             options = sampling_options(body, len(prompt_ids), engine.n_ctx)
@@ -632,12 +635,25 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
 # ------------------------------------------------------------------ command
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """-m and --chat-template, then the compute and streaming options (`serve` and `chat`)."""
     p.add_argument("-m", "--model", default=None, metavar="FILE",
                    help="GGUF model file (default: the shipped stdlib-moe model)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
+    p.add_argument("--chat-template-kwargs", type=_json_object, default={}, metavar="JSON",
+                   help="keyword arguments for the template, e.g. '{\"enable_thinking\": false}' "
+                        "(serve: a request's chat_template_kwargs go on top)")
     add_compute_arguments(p)
     add_streaming_arguments(p)
 
@@ -682,7 +698,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         raise ImportError(f"{e}; install the serve extra: pip install 'sharpi[serve]'") from None
     session, template = load_model(args)
     model_id = args.alias or os.path.basename(args.model)
-    app = create_app(Engine(session), model_id, template)
+    app = create_app(Engine(session), model_id, template, args.chat_template_kwargs)
     err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
     err.flush()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
