@@ -16,6 +16,7 @@ serve_load.json into --out, exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -50,6 +51,35 @@ def percentile(values: list, q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else 0.0
 
 
+@contextlib.contextmanager
+def serve(model: str | None, ram_budget: str | None, threads: int, extra: tuple = ()):
+    """Runs `sharpi serve` on a free port of 127.0.0.1; yields (port, server Popen) once /health
+    answers, stops it afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "sharpi.cli", "serve", "--port", str(port), "-t", str(threads), *extra]
+    if model:
+        cmd += ["-m", model]
+    if ram_budget:
+        cmd += ["--ram-budget", ram_budget]
+    server = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("sharpi serve did not come up") from None
+                time.sleep(0.5)
+        yield port, server
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="GGUF file (default: the shipped model)")
@@ -65,26 +95,7 @@ def main(argv: list | None = None) -> int:
 
     import openai
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "sharpi.cli", "serve", "--port", str(port), "-t", str(args.threads)]
-    if args.model:
-        cmd += ["-m", args.model]
-    if args.ram_budget:
-        cmd += ["--ram-budget", args.ram_budget]
-    server = subprocess.Popen(cmd)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    print("sharpi serve did not come up", file=sys.stderr)
-                    return 1
-                time.sleep(0.5)
+    with serve(args.model, args.ram_budget, args.threads) as (port, server):
         model_id = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x").models.list().data[0].id
 
         lock = threading.Lock()
@@ -119,9 +130,6 @@ def main(argv: list | None = None) -> int:
             t.join()
         wall = time.perf_counter() - t0
         mem = proc_status(server.pid)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
     result = {
         "clients": args.clients, "completed": len(latencies), "errors": errors, "wall_s": wall,

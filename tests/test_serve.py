@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import openai  # the test extra installs it and the serve extra: a missing one fails, never skips
 import pytest
 import sharpi
@@ -282,6 +283,139 @@ def test_next_chat_turn_reuses_the_cache(server, session):
     assert r2.model_extra["timings"]["cache_n"] == reused
 
 
+def test_divergent_prompt_reuses_the_shared_prefix(server, session):
+    """A prompt that shares only a prefix with the previous one (an edited question, another
+    ending): the cache is cut back to the shared prefix and only the rest is prefilled; usage and
+    the stats report both counts, and the answer equals a cold run's."""
+    head = "import json\n\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n\n"
+    first, second = head + "def save_config(path, config):", head + "class ConfigError(Exception):"
+    ids1, ids2 = session.tokenize(first), session.tokenize(second)
+    shared = next(i for i, (a, b) in enumerate(zip(ids1, ids2)) if a != b)
+    assert shared > 20
+    want, n_gen = expected(session, ids2, max_tokens=12, temperature=0.0)
+    c = client(server)
+    c.completions.create(model=MODEL_ID, prompt=first, max_tokens=12, temperature=0)
+    before = raw("GET", server, "/v1/sharpi/stats")[1]
+    r = c.completions.create(model=MODEL_ID, prompt=second, max_tokens=12, temperature=0)
+    after = raw("GET", server, "/v1/sharpi/stats")[1]
+    assert (r.choices[0].text, r.usage.completion_tokens) == (want, n_gen)
+    assert r.usage.prompt_tokens_details.cached_tokens == shared
+    assert r.model_extra["timings"]["cache_n"] == shared
+    assert after["prompt_tokens_reused"] - before["prompt_tokens_reused"] == shared
+    assert after["prompt_tokens_prefilled"] - before["prompt_tokens_prefilled"] == len(ids2) - shared
+
+
+def log_softmax(logits) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    return x - np.logaddexp.reduce(x)
+
+
+def oracle_logprobs(session, ids: list, tokens: list | None = None, max_tokens: int = 0) -> list:
+    """[(token, float64 log-softmax of the logits it was sampled from)] for each generated token,
+    from Session.decode step by step: greedy (argmax) up to max_tokens, or replaying `tokens`."""
+    session.reset()
+    eog = set(session.tokenizer.eog_ids)
+    logits, steps = session.decode(ids), []
+    for i in range(len(tokens) if tokens is not None else max_tokens):
+        t = tokens[i] if tokens is not None else int(np.argmax(logits))
+        if t in eog:
+            break
+        steps.append((t, log_softmax(logits)))
+        logits = session.decode([t])
+    return steps
+
+
+def check_entry(tok, entry, token: int, lp: np.ndarray, n_top: int) -> None:
+    """One chat-shaped logprob entry against the oracle's token and log-probabilities."""
+    assert bytes(entry.bytes) == tok.token_to_bytes(token)
+    assert entry.logprob == pytest.approx(lp[token], abs=1e-9)
+    top = np.argsort(-lp, kind="stable")[:n_top]
+    assert [bytes(t.bytes) for t in entry.top_logprobs] == [tok.token_to_bytes(int(i)) for i in top]
+    np.testing.assert_allclose([t.logprob for t in entry.top_logprobs], lp[top], rtol=0, atol=1e-9)
+
+
+def test_chat_logprobs_are_log_softmax_of_the_logits(server, session):
+    messages = [{"role": "user", "content": "Write a function that checks for primes."}]
+    steps = oracle_logprobs(session, chatml_ids(session, messages[0]["content"]), max_tokens=12)
+    tok = session.tokenizer
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0, logprobs=True,
+                                  top_logprobs=5)
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(steps) == r.usage.completion_tokens
+    for entry, (t, lp) in zip(content, steps):
+        check_entry(tok, entry, t, lp, 5)
+    assert b"".join(bytes(e.bytes) for e in content).decode() == r.choices[0].message.content
+    # Streamed: the same entries, spread over the chunks that carry their text.
+    chunks = list(c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0,
+                                            logprobs=True, top_logprobs=5, stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    # logprobs without top_logprobs: no alternatives; without logprobs: none at all.
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=4, temperature=0, logprobs=True)
+    assert [e.top_logprobs for e in r.choices[0].logprobs.content] == [[]] * len(r.choices[0].logprobs.content)
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=4, temperature=0)
+    assert r.choices[0].logprobs is None
+
+
+def test_sampled_tokens_logprobs_ignore_temperature(server, session):
+    """Log-probabilities are the model's raw distribution, whatever temperature and top-k sampled."""
+    prompt = "def quicksort(items):"
+    ids = session.tokenize(prompt)
+    opts = {"max_tokens": 16, "temperature": 1.3, "top_p": 1.0, "top_k": 50, "seed": 77}
+    want, _ = expected(session, ids, **opts)
+    steps = oracle_logprobs(session, ids, tokens=list(session.last_tokens))
+    r = client(server).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=1.3, seed=77,
+                                          logprobs=2, extra_body={"top_k": 50})
+    assert r.choices[0].text == want
+    lp = r.choices[0].logprobs
+    tok = session.tokenizer
+    assert len(lp.tokens) == len(steps)
+    for i, (t, oracle) in enumerate(zip([t for t, _ in steps], [o for _, o in steps])):
+        assert lp.tokens[i] == tok.token_to_piece(t)
+        assert lp.token_logprobs[i] == pytest.approx(oracle[t], abs=1e-9)
+        top = np.argsort(-oracle, kind="stable")[:2]
+        want_top = {tok.token_to_piece(int(j)): oracle[j] for j in top}
+        assert lp.top_logprobs[i].keys() == want_top.keys()
+        assert all(lp.top_logprobs[i][k] == pytest.approx(v, abs=1e-9) for k, v in want_top.items())
+    # text_offset: where each token's text starts in the answer (ASCII here, one byte per char).
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+
+
+def test_logprobs_stop_at_a_stop_string(server, session):
+    """Entries of tokens whose text begins at or after the stop string are dropped with it."""
+    prompt = "def fibonacci(n):"
+    full, _ = expected(session, session.tokenize(prompt), max_tokens=24, temperature=0.0)
+    stop = full.strip().split()[1]
+    r = client(server).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+                                          logprobs=0)
+    text, lp = r.choices[0].text, r.choices[0].logprobs
+    assert lp.tokens and all(off < len(text) for off in lp.text_offset)
+    joined = "".join(lp.tokens)
+    assert joined.startswith(text) and stop not in joined[: len(text)]
+    assert len(joined) - len(text) < len(stop) + max(len(t) for t in lp.tokens)
+    assert lp.top_logprobs == [{}] * len(lp.tokens)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
+        ("/v1/completions", {"logprobs": 6}, "logprobs"),
+        ("/v1/completions", {"logprobs": True}, "logprobs"),
+        ("/v1/completions", {"echo": True}, "echo"),
+    ],
+)
+def test_bad_logprob_requests(server, path, body, param):
+    base = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}
+    status, got = raw("POST", server, path, json.dumps({**base, **body}).encode())
+    assert (status, got["error"]["param"], got["error"]["type"]) == (400, param, "invalid_request_error")
+    assert raw("GET", server, "/health")[0] == 200
+
+
 def test_stop_scanner_holds_back_partial_matches():
     scan = StopScanner(["END", "xyz"])
     assert scan.push("abc E") == ("abc ", False)
@@ -295,10 +429,11 @@ def test_stop_scanner_holds_back_partial_matches():
 
 def test_chat_template_file(session, tmp_path):
     """--chat-template: the server renders messages with that Jinja file (system message, several
-    turns, non-ASCII), written out here by hand as the prompt the model must see."""
+    turns, non-ASCII, tools, template keyword arguments from --chat-template-kwargs and from the
+    request), written out here by hand as the prompt the model must see."""
     template = tmp_path / "t.jinja"
     template.write_text(
-        "{% if tools is defined %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
+        "{% if tools %}[TOOLS] {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
         "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}[ASSISTANT] {% if enable_thinking %}<think>{% endif %}{% endif %}",
         encoding="utf-8",
@@ -316,18 +451,31 @@ def test_chat_template_file(session, tmp_path):
     want, n_gen = expected(session, ids, max_tokens=12, temperature=0.0)
     tool_ids = session.tokenize("[TOOLS] lookup,run_code\n" + text + "<think>", special=True)
     want_tools, _ = expected(session, tool_ids, max_tokens=12, temperature=0.0)
-    for port in start_server("--chat-template", str(template), "--alias", "coder"):
+    # --chat-template-kwargs: the server's defaults, under each request's chat_template_kwargs.
+    for port in start_server("--chat-template", str(template), "--alias", "coder",
+                             "--chat-template-kwargs", '{"enable_thinking": true}'):
         c = client(port)
-        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0)
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert r.choices[0].message.content == want
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n_gen)
         timings = r.model_extra["timings"]
         assert timings["prompt_n"] == len(ids) and timings["predicted_n"] == n_gen
         assert timings["ttft_ms"] > 0 and timings["predicted_per_second"] > 0
-        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0, tools=tools,
-                                      extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        r = c.chat.completions.create(model="coder", messages=messages, max_tokens=12, temperature=0, tools=tools)
         assert r.usage.prompt_tokens == len(tool_ids)
         assert r.choices[0].message.content == want_tools
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_bad_template_kwargs_are_refused(command, capsys):
+    from sharpi.cli import main
+
+    for bad in ("[1]", "{not json"):
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--chat-template-kwargs", bad])
+        assert stop.value.code == 2
+        assert "--chat-template-kwargs" in capsys.readouterr().err
 
 
 def test_streamed_experts_answer_as_resident(session):

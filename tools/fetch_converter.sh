@@ -4,7 +4,7 @@
 # Owns one cache directory (default ~/.cache/sharpi/converter, or $SHARPI_CONVERTER_DIR). It downloads
 # the llama-cpp-python source distribution (which vendors llama.cpp) with pip, unpacks only what the
 # converter needs (convert_hf_to_gguf.py, conversion/, gguf-py/) plus llama.cpp's tokenizer fixtures
-# (models/ggml-vocab-*.gguf with their .inp/.out cases) and prints the directory that holds
+# (models/ggml-vocab-*.gguf with their .inp/.out cases) and chat templates (models/templates/*.jinja) and prints the directory that holds
 # convert_hf_to_gguf.py. It never installs anything into the Python environment: the downloaded
 # gguf-py is used through PYTHONPATH by whoever runs the converter, so the installed gguf package
 # (which sharpi's tests use as an oracle) stays untouched.
@@ -18,7 +18,7 @@ cache_dir="${SHARPI_CONVERTER_DIR:-$HOME/.cache/sharpi/converter}"
 converter_dir="$cache_dir/llama.cpp"
 stamp="$converter_dir/.sharpi-llama-cpp-python-$version"
 
-if [[ -f "$stamp" && -f "$converter_dir/convert_hf_to_gguf.py" && -d "$converter_dir/models" ]]; then
+if [[ -f "$stamp" && -f "$converter_dir/convert_hf_to_gguf.py" && -d "$converter_dir/models/templates" ]]; then
     echo "$converter_dir"
     exit 0
 fi
@@ -43,9 +43,11 @@ fi
 scratch="$(mktemp -d "$cache_dir/unpack.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
 prefix="llama_cpp_python-$version/vendor/llama.cpp"
-# models/ggml-vocab-*: llama.cpp's tokenizer fixtures (vocab-only GGUFs with .inp/.out test cases).
+# models/ggml-vocab-*: llama.cpp's tokenizer fixtures (vocab-only GGUFs with .inp/.out test cases);
+# models/templates/*.jinja: the real chat templates llama.cpp tests (tests/test_chat_templates.py).
 tar -xzf "$sdist" -C "$scratch" --wildcards \
     "$prefix/models/ggml-vocab-*" \
+    "$prefix/models/templates/*.jinja" \
     "$prefix/convert_hf_to_gguf.py" \
     "$prefix/conversion" \
     "$prefix/gguf-py" \

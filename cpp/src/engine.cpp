@@ -229,6 +229,20 @@ void Engine::reset() {
     }
 }
 
+void Engine::truncate(int64_t n_keep) {
+    if (n_keep < 0 || n_keep > n_past_) {
+        throw InvalidArgument("truncate: " + std::to_string(n_keep) +
+                              " positions to keep, the session holds " + std::to_string(n_past_));
+    }
+    if (n_keep == n_past_) return;
+    if (!recurrent_->empty()) {
+        throw UnsupportedError("truncate: " + info_.arch +
+                               " keeps a recurrent (DeltaNet) state that cannot be rewound to position " +
+                               std::to_string(n_keep) + "; reset() and decode the prefix again");
+    }
+    n_past_ = n_keep;
+}
+
 void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
     if (options_.predictor != "custom") {
         throw InvalidArgument("set_predictor: the session was made with predictor '" + options_.predictor +

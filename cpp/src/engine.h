@@ -46,6 +46,11 @@ class Engine final : private GateObserver {
     // Exact mode (SessionOptions::exact or SHARPI_EXACT=1): f32 activations in every matmul.
     bool exact() const { return exact_; }
     void reset();
+    // Keeps the first n_keep positions and forgets the rest (prompt-prefix reuse). Attention rows
+    // beyond n_past are never read, so this only moves n_past. Throws InvalidArgument unless
+    // 0 <= n_keep <= n_past, UnsupportedError when the model keeps recurrent (DeltaNet) state and
+    // n_keep < n_past: that state has absorbed every position and cannot be rewound.
+    void truncate(int64_t n_keep);
 
     std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
     // Asks the running decode(), or the next one, to stop: it throws CancelledError at its next

@@ -35,6 +35,10 @@ void Session::reset() {
     engine_->reset();
 }
 
+void Session::truncate(int64_t n_keep) {
+    engine_->truncate(n_keep);
+}
+
 const std::map<std::string, Activation>& Session::dump() const {
     return engine_->dump();
 }

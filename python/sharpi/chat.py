@@ -2,7 +2,7 @@
 
 What it owns: the conversation (a list of messages) and the loop that reads a line, renders the
 whole conversation with the template (sharpi.serve.encode_chat), decodes only what the KV cache
-does not hold yet (sharpi.serve.reusable_prefix) and streams the answer. `/reset` forgets the
+does not hold yet (sharpi.serve.reuse_prefix) and streams the answer. `/reset` forgets the
 conversation; Ctrl-C during an answer stops it (Session turns Ctrl-C into a cancel within one
 layer, nothing of that decode appended) and the conversation goes on with the partial answer;
 Ctrl-C or Ctrl-D at the prompt quits. It runs on the main thread only.
@@ -36,7 +36,7 @@ def add_chat_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
-    from .serve import encode_chat, load_model, reusable_prefix
+    from .serve import encode_chat, load_model, reuse_prefix
 
     session, template = load_model(args)
     tok = session.tokenizer
@@ -65,10 +65,8 @@ def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
         if not text.strip():
             continue
         messages.append({"role": "user", "content": text})
-        ids = encode_chat(tok, messages, template=template)
-        n_reused = reusable_prefix(held, ids, 1.0)
-        if not n_reused:
-            session.reset()
+        ids = encode_chat(tok, messages, template=template, **args.chat_template_kwargs)
+        n_reused = reuse_prefix(session, held, ids)
         session.last_tokens = []
         pieces: list = []
         try:

@@ -2,11 +2,13 @@
 `serve` extra).
 
 Endpoints: POST /v1/chat/completions and /v1/completions (server-sent events with "stream": true),
-GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts). Chat messages are rendered with
-the model's own chat template from the GGUF metadata (Tokenizer.apply_chat_template, a Jinja
-sandbox), with the request's `tools`, `documents` and `chat_template_kwargs`. Errors are OpenAI's shape,
-{"error": {"message", "type", "param", "code"}}, with 400 for a bad request (malformed JSON, bad
-sampling values, a prompt longer than the context), 404 for an unknown model or path.
+GET /v1/models, GET /health, GET /v1/sharpi/stats (request counts and the live expert-cache view,
+sharpi.serve_live), GET / (web/index.html: a chat box beside small plots of that view). Chat
+messages are rendered with the model's own chat template from the GGUF metadata
+(Tokenizer.apply_chat_template, a Jinja sandbox), with the request's `tools`, `documents` and
+`chat_template_kwargs`. Errors are OpenAI's shape, {"error": {"message", "type", "param",
+"code"}}, with 400 for a bad request (malformed JSON, bad sampling values, a prompt longer than the
+context), 404 for an unknown model or path.
 
 Who owns what: the Engine owns the Session and one worker thread; every request is a Job queued on
 that thread (the thread pool of one is the request queue), so requests run one after the other.
@@ -15,8 +17,8 @@ flows one way: worker thread -> Job.queue (asyncio, via call_soon_threadsafe) ->
 that goes away, or a stop string that matched, cancels its Job: a queued Job is skipped, a running
 one gets Session.cancel() and stops within one layer. Engine._state guards which Job is running, so
 a cancel never reaches the next request's decode. A prompt that extends the ids the cache holds
-decodes only its new tokens (the next turn of a chat); any other prompt starts from reset(). The
-engine never learns that a server exists.
+decodes only its new tokens (the next turn of a chat), one that shares a prefix with them cuts the
+cache back to that prefix first (reuse_prefix). The engine never learns that a server exists.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import TextIO
 
+import numpy as np
+
 from .cli_args import add_compute_arguments, add_streaming_arguments, positive_int, session_options
+from .serve_live import LiveStats
 from .synthetic_tokenizer import CHAT_TEMPLATE
 
 _END = object()
@@ -62,14 +67,34 @@ def encode_chat(tok, messages: list, template: str | None = None, **template_kwa
     return tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
 
 
-def reusable_prefix(held: list, ids: list, repeat_penalty: float) -> int:
-    """How many leading ids of a new prompt the KV cache already holds (`held`, in order): all of
-    them when the prompt extends them (the next turn of a chat), else 0 (reset and decode all).
-    Decoding only the rest gives the cold run's output, since prefill equals token-by-token
-    decoding bit for bit. Not with a repetition penalty: generate() would see only the new ids as
-    the recent context."""
-    extends = len(ids) > len(held) and ids[: len(held)] == held
-    return len(held) if extends and repeat_penalty == 1.0 else 0
+def reuse_prefix(session, held: list, ids: list) -> int:
+    """Readies `session`, whose KV cache holds `held` (ids in order), to decode the prompt `ids`,
+    and returns how many leading ids it kept: the common prefix of both (the next turn of a chat
+    extends `held`; an edited or regenerated one diverges from it), less the prompt's last id,
+    which is decoded again for the logits that pick the first answer token. The cache is cut back
+    to that prefix (Session.truncate), or cleared when nothing is shared. Decoding only the rest
+    gives a cold run's logits bit for bit, since a prefill computes each position from the cached
+    rows exactly as token-by-token decoding does.
+
+    Hybrid archs (qwen3next, qwen35moe) keep a recurrent DeltaNet state that has absorbed every
+    held position and cannot be rewound: there only a prompt that extends `held` keeps it, and
+    any other starts over (truncate raises UnsupportedError, caught here)."""
+    from . import _core
+
+    n = 0
+    for a, b in zip(held, ids[:-1]):
+        if a != b:
+            break
+        n += 1
+    if n == 0:
+        session.reset()
+        return 0
+    try:
+        session.truncate(n)
+    except _core.UnsupportedError:
+        session.reset()
+        return 0
+    return n
 
 
 # ------------------------------------------------------------------ request parsing
@@ -174,6 +199,54 @@ def _completion_prompt(body: dict) -> str:
     return prompt
 
 
+def _logprob_request(body: dict, chat: bool) -> int | None:
+    """How many alternatives each generated token's log-probability entry lists, None for no
+    entries. Chat: `logprobs` true/false and `top_logprobs` 0..20; completions: `logprobs` 0..5
+    (OpenAI's limits). `echo` (the prompt's own log-probabilities) is not supported."""
+    if chat:
+        want = body.get("logprobs")
+        if want not in (None, True, False):
+            raise ApiError(400, f"'logprobs' must be true or false, got {want!r}", param="logprobs")
+        n_top = _number(body, "top_logprobs", None, 0, 20, integer=True)
+        if n_top is not None and not want:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return (n_top or 0) if want else None
+    if body.get("echo") not in (None, False):
+        raise ApiError(400, "'echo' is not supported", param="echo")
+    return _number(body, "logprobs", None, 0, 5, integer=True)
+
+
+def token_logprobs(tok, token: int, logits, n_top: int) -> dict:
+    """One generated token's entry in OpenAI's chat shape, {"token", "logprob", "bytes",
+    "top_logprobs": [{"token", "logprob", "bytes"}]}: log-probabilities under the model's own
+    distribution, the float64 log-softmax of the raw logits before temperature or any sampling
+    filter (as OpenAI's API and llama.cpp's server report them), floored at -9999 as OpenAI does
+    so JSON never sees -inf. The n_top most likely tokens come most likely first, ties by lower id.
+    A token's text is its bytes as UTF-8 (U+FFFD for part of a character; `bytes` is exact)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    lp = x - (m + np.log(np.exp(x - m).sum()))
+
+    def entry(i: int) -> dict:
+        b = tok.token_to_bytes(i)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": max(float(lp[i]), -9999.0),
+                "bytes": list(b)}
+
+    top: list = []
+    if n_top:
+        kth = np.partition(lp, len(lp) - n_top)[len(lp) - n_top]
+        cand = np.flatnonzero(lp >= kth)
+        top = [int(i) for i in cand[np.lexsort((cand, -lp[cand]))][:n_top]]
+    return {**entry(int(token)), "top_logprobs": [entry(i) for i in top]}
+
+
+def completion_logprobs(entries: list) -> dict:
+    """The legacy completions shape of (text offset, chat-shaped entry) pairs."""
+    return {"tokens": [e["token"] for _, e in entries], "token_logprobs": [e["logprob"] for _, e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for _, e in entries],
+            "text_offset": [off for off, _ in entries]}
+
+
 class StopScanner:
     """Finds the first stop string in streamed text; holds back a tail that may begin one."""
 
@@ -206,11 +279,14 @@ class StopScanner:
 
 
 class Job:
-    """One request's generation: its pieces arrive on `queue` (the event loop's side), its counts
-    are written by the worker before _END is queued."""
+    """One request's generation: its pieces arrive on `queue` (the event loop's side) as (text,
+    [(text offset, logprob entry)]) pairs, the entries of the tokens whose text begins the piece
+    (none unless n_top is set); its counts are written by the worker before _END is queued."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, prompt_ids: list, options: dict):
+    def __init__(self, loop: asyncio.AbstractEventLoop, prompt_ids: list, options: dict,
+                 n_top: int | None = None):
         self.loop, self.prompt_ids, self.options = loop, prompt_ids, options
+        self.n_top = n_top  # alternatives per logprob entry; None: no entries
         self.queue: asyncio.Queue = asyncio.Queue()
         self.stopped = threading.Event()
         self.n_generated = 0
@@ -235,13 +311,26 @@ class Engine:
         self._current: Job | None = None
         # Finished requests, those of them stopped early by cancel() (a client that left, a stop
         # string), and their generated tokens: GET /v1/sharpi/stats. Written by the worker under _state.
-        self.counts = {"requests": 0, "cancelled": 0, "completion_tokens": 0, "prompt_tokens_reused": 0}
+        self.counts = {"requests": 0, "cancelled": 0, "completion_tokens": 0, "prompt_tokens_reused": 0,
+                       "prompt_tokens_prefilled": 0}
         # The ids the KV cache holds, in order (worker thread only); [] after an error, so the
         # next request starts from reset().
         self._history: list = []
+        # The expert-cache view the page at / plots: sampled by the worker between tokens.
+        self.live = LiveStats(session.info["n_expert_used"])
+        self._counted = 0  # session.n_past when positions were last counted into `live`
 
-    def submit(self, prompt_ids: list, options: dict) -> Job:
-        job = Job(asyncio.get_running_loop(), prompt_ids, options)
+    def _sample(self, force: bool = False) -> None:
+        """Counts the positions decoded since the last call into the live view and samples the
+        expert cache when due (worker thread, between decodes)."""
+        n_past = self.session.n_past
+        self.live.add_tokens(n_past - self._counted)
+        self._counted = n_past
+        if force or self.live.due():
+            self.live.observe(self.session.expert_stats())
+
+    def submit(self, prompt_ids: list, options: dict, n_top: int | None = None) -> Job:
+        job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top)
         self._pool.submit(self._run, job)
         return job
 
@@ -264,21 +353,36 @@ class Engine:
         s.last_tokens = []
         try:
             job.t_start = time.perf_counter()
-            ids, held = job.prompt_ids, self._history
-            job.n_reused = reusable_prefix(held, ids, job.options["repeat_penalty"])
-            if not job.n_reused:
-                s.reset()
-            gen = s.generate(ids[job.n_reused :], **job.options)
+            ids = job.prompt_ids
+            job.n_reused = reuse_prefix(s, self._history, ids)
+            self._counted = job.n_reused
+            self.live.begin_request(s.expert_stats())
+            pending: list = []  # logprob entries of tokens whose text has not been put yet
+            produced = 0  # characters put so far: the next piece's offset
+
+            def on_token(token, logits):
+                pending.append(token_logprobs(s.tokenizer, token, logits, job.n_top))
+
+            gen = s.generate(ids[job.n_reused :], history=ids[: job.n_reused],
+                             on_token=None if job.n_top is None else on_token, **job.options)
             try:
                 for piece in gen:
                     job.t_first = job.t_first or time.perf_counter()
-                    job.put(piece)
+                    job.put((piece, [(produced, e) for e in pending]))
+                    pending.clear()
+                    produced += len(piece)
+                    self._sample()
                     if job.stopped.is_set():
                         break
             finally:
                 gen.close()
+            if pending:  # tokens that wrote no text (a control token before the end)
+                job.put(("", [(produced, e) for e in pending]))
+            self._sample(force=True)
         except _core.CancelledError:
-            pass  # the client left or a stop string matched: nothing more to say
+            # The client left or a stop string matched: nothing more to say. (A failure here
+            # leaves through the finally below, which still ends the request.)
+            self._sample(force=True)
         except BaseException as e:  # noqa: BLE001 - handed to the request, which answers it
             job.error = e
         finally:
@@ -293,15 +397,27 @@ class Engine:
                 self.counts["cancelled"] += job.stopped.is_set()
                 self.counts["completion_tokens"] += job.n_generated
                 self.counts["prompt_tokens_reused"] += job.n_reused
+                self.counts["prompt_tokens_prefilled"] += len(job.prompt_ids) - job.n_reused
             full = job.n_generated >= job.options["max_tokens"] or s.n_past >= self.n_ctx
             job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
             job.put(_END)
 
 
 async def _pieces(engine: Engine, job: Job, stops: list):
-    """Text of a Job as it streams, cut at the first stop string; cancels the Job when the caller
-    stops early (a stop string, a disconnect: asyncio cancels us at an await)."""
+    """(text, logprob entries) of a Job as it streams, cut at the first stop string; cancels the
+    Job when the caller stops early (a stop string, a disconnect: asyncio cancels us at an await).
+    An entry goes out with the text its token's text begins in; entries of tokens that begin at or
+    after a stop string are dropped with their text."""
     scan = StopScanner(stops)
+    waiting: list = []  # (offset, entry) whose text the scanner has not let out yet
+    emitted = 0  # characters let out
+
+    def release(everything: bool = False) -> list:
+        nonlocal waiting
+        out = [w for w in waiting if everything or w[0] < emitted]
+        waiting = waiting[len(out) :]
+        return out
+
     finished = False
     try:
         while True:
@@ -309,9 +425,13 @@ async def _pieces(engine: Engine, job: Job, stops: list):
             if item is _END:
                 finished = True
                 break
-            text, hit = scan.push(item)
-            if text:
-                yield text
+            text, entries = item
+            waiting += entries
+            text, hit = scan.push(text)
+            emitted += len(text)
+            out = release()
+            if text or out:
+                yield text, out
             if hit:
                 engine.cancel(job)
                 job.finish_reason = "stop"
@@ -320,8 +440,9 @@ async def _pieces(engine: Engine, job: Job, stops: list):
                 finished = True
                 return
         tail = scan.flush()
-        if tail:
-            yield tail
+        out = release(everything=True)
+        if tail or out:
+            yield tail, out
     finally:
         if not finished:
             engine.cancel(job)
@@ -332,18 +453,23 @@ async def _pieces(engine: Engine, job: Job, stops: list):
 # ------------------------------------------------------------------ app
 
 
-def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
+def create_app(engine: Engine, model_id: str, chat_template: str | None = None,
+               template_kwargs: dict | None = None):
     """The Starlette application serving `engine` under the model name `model_id`; chat requests
-    use `chat_template`, None for the model's own."""
+    use `chat_template`, None for the model's own, with `template_kwargs` (--chat-template-kwargs)
+    under a request's own chat_template_kwargs."""
+    template_kwargs = template_kwargs or {}
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     from . import _core
 
     created = int(time.time())
+    with open(os.path.join(os.path.dirname(__file__), "web", "index.html"), encoding="utf-8") as f:
+        page_html = f.read()
 
     def error_response(e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -366,7 +492,8 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
     def usage(job: Job) -> dict:
         n_prompt = len(job.prompt_ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": job.n_generated,
-                "total_tokens": n_prompt + job.n_generated}
+                "total_tokens": n_prompt + job.n_generated,
+                "prompt_tokens_details": {"cached_tokens": job.n_reused}}
 
     def timings(job: Job) -> dict:
         """Beside `usage`, as llama.cpp's server reports them: time to the first text (prefill and
@@ -388,11 +515,12 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             tok = engine.session.tokenizer
             if chat:
                 prompt_ids = encode_chat(tok, _chat_messages(body), template=chat_template,
-                                         **_template_kwargs(body))
+                                         **{**template_kwargs, **_template_kwargs(body)})
             else:
                 prompt_ids = tok.encode(_completion_prompt(body))
             options = sampling_options(body, len(prompt_ids), engine.n_ctx)
             stops = _stop_strings(body)
+            n_top = _logprob_request(body, chat)
             if not isinstance(body.get("stream", False), bool):
                 raise ApiError(400, "'stream' must be true or false", param="stream")
             if not isinstance(body.get("stream_options") or {}, dict):
@@ -402,19 +530,23 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
         except _core.SharpiError as e:  # a template that refuses these messages, a bad token
             return error_response(ApiError(400, str(e)))
 
-        job = engine.submit(prompt_ids, options)
+        job = engine.submit(prompt_ids, options, n_top)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model_id}
 
-        def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
+        def choice(text: str | None, finish: str | None, entries: list, first: bool = False) -> dict:
+            """One choice (a whole answer or a streamed chunk of it) with the logprob entries of
+            its tokens, when they were asked for."""
             if not chat:
-                return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                lp = None if n_top is None else completion_logprobs(entries)
+                return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
             key = "delta" if body.get("stream") else "message"
             msg = {} if text is None else {"content": text}
             if first or key == "message":
                 msg = {"role": "assistant", **msg}
-            return {"index": 0, key: msg, "logprobs": None, "finish_reason": finish}
+            lp = None if n_top is None or first else {"content": [e for _, e in entries], "refusal": None}
+            return {"index": 0, key: msg, "logprobs": lp, "finish_reason": finish}
 
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -425,14 +557,14 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
 
             async def events():
                 if chat:
-                    yield event({**chunk_head, "choices": [choice("", None, first=True)]})
+                    yield event({**chunk_head, "choices": [choice("", None, [], first=True)]})
                 try:
-                    async for text in _pieces(engine, job, stops):
-                        yield event({**chunk_head, "choices": [choice(text, None)]})
+                    async for text, entries in _pieces(engine, job, stops):
+                        yield event({**chunk_head, "choices": [choice(text, None, entries)]})
                 except Exception as e:  # noqa: BLE001 - the status line is sent: report in-stream
                     yield event(ApiError(500, f"generation failed: {e}").body())
                     return
-                yield event({**chunk_head, "choices": [choice(None, job.finish_reason)]})
+                yield event({**chunk_head, "choices": [choice(None, job.finish_reason, [])]})
                 if include_usage:
                     yield event({**chunk_head, "choices": [], "usage": usage(job), "timings": timings(job)})
                 yield "data: [DONE]\n\n"
@@ -440,8 +572,9 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             return StreamingResponse(events(), media_type="text/event-stream")
 
         # Not streamed: gather the text, cancelling the job if the client goes away meanwhile.
-        async def gather() -> str:
-            return "".join([t async for t in _pieces(engine, job, stops)])
+        async def gather() -> tuple[str, list]:
+            parts = [p async for p in _pieces(engine, job, stops)]
+            return "".join(t for t, _ in parts), [e for _, entries in parts for e in entries]
 
         gather_task = asyncio.ensure_future(gather())
         gone = asyncio.ensure_future(wait_disconnect(request))
@@ -452,10 +585,10 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             return JSONResponse({}, status_code=499)
         gone.cancel()
         try:
-            text = gather_task.result()
+            text, entries = gather_task.result()
         except Exception as e:  # noqa: BLE001
             return error_response(ApiError(500, f"generation failed: {e}"))
-        return JSONResponse({**head, "choices": [choice(text, job.finish_reason)], "usage": usage(job),
+        return JSONResponse({**head, "choices": [choice(text, job.finish_reason, entries)], "usage": usage(job),
                              "timings": timings(job)})
 
     async def chat_completions(request: Request):
@@ -470,7 +603,11 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
 
     async def stats(request: Request):
         with engine._state:
-            return JSONResponse(dict(engine.counts))
+            counts, busy = dict(engine.counts), engine._current is not None
+        return JSONResponse({**counts, "busy": busy, "live": engine.live.view()})
+
+    async def page(request: Request):
+        return HTMLResponse(page_html)
 
     async def health(request: Request):
         return JSONResponse({"status": "ok"})
@@ -489,6 +626,7 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/v1/sharpi/stats", stats, methods=["GET"]),
+            Route("/", page, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
@@ -497,12 +635,25 @@ def create_app(engine: Engine, model_id: str, chat_template: str | None = None):
 # ------------------------------------------------------------------ command
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """-m and --chat-template, then the compute and streaming options (`serve` and `chat`)."""
     p.add_argument("-m", "--model", default=None, metavar="FILE",
                    help="GGUF model file (default: the shipped stdlib-moe model)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
+    p.add_argument("--chat-template-kwargs", type=_json_object, default={}, metavar="JSON",
+                   help="keyword arguments for the template, e.g. '{\"enable_thinking\": false}' "
+                        "(serve: a request's chat_template_kwargs go on top)")
     add_compute_arguments(p)
     add_streaming_arguments(p)
 
@@ -547,7 +698,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         raise ImportError(f"{e}; install the serve extra: pip install 'sharpi[serve]'") from None
     session, template = load_model(args)
     model_id = args.alias or os.path.basename(args.model)
-    app = create_app(Engine(session), model_id, template)
+    app = create_app(Engine(session), model_id, template, args.chat_template_kwargs)
     err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
     err.flush()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

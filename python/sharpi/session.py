@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -183,6 +183,13 @@ class Session:
         """Forget the KV cache (n_past = 0) and any cancel() no decode has seen yet."""
         self._core.reset()
 
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first n_keep positions and forget the rest, so a prompt that shares them
+        decodes only what follows (sharpi.serve.reuse_prefix). InvalidArgument unless
+        0 <= n_keep <= n_past; UnsupportedError for a hybrid arch (qwen3next, qwen35moe) when
+        n_keep < n_past: its recurrent state cannot be rewound (reset() and decode again)."""
+        self._core.truncate(int(n_keep))
+
     def cancel(self) -> None:
         """Stop the running decode(), or the next one if none runs, within one layer: it raises
         CancelledError and appends nothing (n_past and the KV cache stay as before that call).
@@ -262,11 +269,17 @@ class Session:
         repeat_last_n: int = 64,
         seed: Optional[int] = None,
         stop_at_eos: bool = True,
+        history: Sequence[int] = (),
+        on_token: Optional[Callable[[int, np.ndarray], None]] = None,
     ) -> Iterator[str]:
         """Decode `prompt` after what the session already holds and stream sampled text.
 
         Stops after max_tokens, at an end-of-generation token (unless stop_at_eos is False), or
         when the context is full. Timing lands in self.last_stats when the iterator is exhausted.
+        history: the ids the session already holds before `prompt` (a reused prompt prefix), so
+        the repetition penalty looks back into them as it would had the whole prompt been decoded.
+        on_token(token, logits): called with each generated token and the logits it was sampled
+        from (before its text is yielded), e.g. for log-probabilities.
         """
         if max_tokens < 0:
             raise _core.InvalidArgument(f"max_tokens must be >= 0, got {max_tokens}")
@@ -289,7 +302,7 @@ class Session:
         t0 = time.perf_counter()
         logits = self.decode(prompt_ids)
         t_prefill = time.perf_counter() - t0
-        recent = list(prompt_ids)
+        recent = [*history, *prompt_ids]
         generated: list = []
         # The ids sampled so far, live while the iterator runs: a caller that closes it early (a
         # server's stop string, a cancel()) still knows how many tokens it produced.
@@ -307,6 +320,8 @@ class Session:
                 break
             generated.append(token)
             recent.append(token)
+            if on_token is not None:
+                on_token(token, logits)
             piece = stream.push(token)
             if piece:
                 yield piece

@@ -375,6 +375,69 @@ class StreamDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+# Names a message's reasoning goes by; templates read the first (gpt-oss's read "thinking").
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _alias_reasoning_fields(messages: Sequence[dict]) -> list:
+    """Messages whose reasoning, under any of _REASONING_FIELDS, is also under `thinking` and
+    `reasoning_content` (transformers does the same before rendering)."""
+    out = []
+    for m in messages:
+        reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
+        out.append(m if reasoning is None else {"thinking": reasoning, **m, "reasoning_content": reasoning})
+    return out
+
+
+_CHAT_ENV = None
+
+
+def _chat_environment():
+    """The Jinja environment chat templates render in: a sandbox set up as transformers'
+    render_jinja_template sets up its own (trim_blocks, lstrip_blocks, loop controls, a `tojson`
+    that leaves non-ASCII and HTML characters alone, raise_exception, strftime_now), so every
+    template renders to the same text. `{% generation %}...{% endgeneration %}` (which marks the
+    assistant's tokens for training masks) renders its body."""
+    global _CHAT_ENV
+    if _CHAT_ENV is not None:
+        return _CHAT_ENV
+    import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise InvalidArgument(f"[tokenizer] chat template: {message}")
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    _CHAT_ENV = env
+    return env
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF model. Build with Tokenizer.from_metadata(metadata)."""
 
@@ -793,43 +856,28 @@ class Tokenizer:
             raise UnsupportedError("[tokenizer] the model has no chat template (tokenizer.chat_template)")
         try:
             import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:
             raise UnsupportedError("[tokenizer] chat templates need jinja2 (pip install jinja2)") from None
-
-        def raise_exception(message):
-            raise InvalidArgument(f"[tokenizer] chat template: {message}")
-
-        def tojson(value, indent=None, ensure_ascii=False, **_):
-            return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
-
-        def strftime_now(fmt):
-            import datetime
-
-            return datetime.datetime.now().strftime(fmt)
-
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = strftime_now
         try:
-            compiled = env.from_string(source)
+            compiled = _chat_environment().from_string(source)
         except jinja2.TemplateError as e:
             raise FormatError(f"[tokenizer] chat template does not parse: {e}") from None
         bos = self._pieces[self.bos_id] if self.bos_id is not None else ""
         eos = self._pieces[self.eos_id] if self.eos_id is not None else ""
+        # As transformers' render_jinja_template: `tools` and `documents` are always defined (None
+        # when not given), and a message's reasoning is visible under each name templates read.
+        extra = {"tools": None, "documents": None, "bos_token": bos, "eos_token": eos, **extra}
         try:
             return compiled.render(
-                messages=list(messages),
+                messages=_alias_reasoning_fields(messages),
                 add_generation_prompt=add_generation_prompt,
-                bos_token=bos,
-                eos_token=eos,
                 **extra,
             )
-        except jinja2.TemplateError as e:
-            raise InvalidArgument(f"[tokenizer] chat template failed to render: {e}") from None
+        except InvalidArgument:
+            raise  # the template's own raise_exception()
+        except Exception as e:  # noqa: BLE001 - a template's TypeError on these messages is a bad request too
+            what = str(e) if isinstance(e, jinja2.TemplateError) else f"{type(e).__name__}: {e}"
+            raise InvalidArgument(f"[tokenizer] chat template failed to render: {what}") from None
 
     def __repr__(self) -> str:
         pre = f", pre={self.pre!r}" if self.pre else ""

@@ -46,6 +46,10 @@ class Session {
 
     int64_t n_past() const;
     void reset();  // forget the KV cache (and a pending cancel())
+    // Keeps the first n_keep positions of the sequence and forgets the rest, so a prompt sharing a
+    // prefix with them decodes only the rest. Throws InvalidArgument unless 0 <= n_keep <= n_past(),
+    // UnsupportedError for a model with recurrent state (qwen3next, qwen35moe) when n_keep < n_past().
+    void truncate(int64_t n_keep);
 
     // Activations recorded by the last decode() (empty unless dump_activations).
     const std::map<std::string, Activation>& dump() const;

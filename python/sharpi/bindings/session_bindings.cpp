@@ -335,6 +335,11 @@ void bind_session(py::module_& m) {
             "clear_cancel", [](PySession& s) { s.session->clear_cancel(); },
             "Drop a cancel() that no decode has seen yet.")
         .def("reset", [](PySession& s) { locked(s, [](Session& x) { x.reset(); }); })
+        .def(
+            "truncate",
+            [](PySession& s, int64_t n_keep) { locked(s, [&](Session& x) { x.truncate(n_keep); }); },
+            py::arg("n_keep"),
+            "Keep the first n_keep positions; UnsupportedError where recurrent state cannot rewind.")
         .def("dump",
              [](PySession& s) {
                  std::map<std::string, Activation> acts = locked(s, [](Session& x) { return x.dump(); });
