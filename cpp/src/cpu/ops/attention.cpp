@@ -87,6 +87,17 @@ void finish(const HeadKernels& kern, const Partial& acc, float* out, int64_t hea
     kern.vec->scale(1.0f / acc.l, out, head_dim);
 }
 
+// The first cache position token t (at position pos0 + t) attends to.
+int64_t first_kv(const AttentionShape& s, int64_t pos0, int64_t t) {
+    return s.window > 0 ? std::max<int64_t>(0, pos0 + t + 1 - s.window) : 0;
+}
+
+// The running state before any block: the sink's logit counts once in L (exp(sink - M) at M = sink).
+Partial initial_state(const AttentionShape& s, int64_t h, float* o, int64_t head_dim) {
+    std::fill(o, o + head_dim, 0.0f);
+    return s.sinks ? Partial{s.sinks[h], 1.0f, o} : Partial{-INFINITY, 0.0f, o};
+}
+
 int64_t n_blocks(int64_t n_kv) {
     return (n_kv + kAttentionBlock - 1) / kAttentionBlock;
 }
@@ -114,14 +125,14 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
             std::vector<float> buf(static_cast<size_t>(3 * hd));
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t t = item / s.n_head, h = item % s.n_head, kvh = h / group;
-                const int64_t n_kv = pos0 + t + 1;
+                const int64_t n_kv = pos0 + t + 1, j_first = first_kv(s, pos0, t);
                 const float* qh = q + t * ldq + h * hd;
-                Partial acc{-INFINITY, 0.0f, buf.data()};
+                Partial acc = initial_state(s, h, buf.data(), hd);
                 Partial part{-INFINITY, 0.0f, buf.data() + hd};
-                std::fill(acc.o, acc.o + hd, 0.0f);
-                for (int64_t j0 = 0; j0 < n_kv; j0 += kAttentionBlock) {
+                for (int64_t j0 = j_first / kAttentionBlock * kAttentionBlock; j0 < n_kv;
+                     j0 += kAttentionBlock) {
                     attend_block(kern, qh, k, v, static_cast<size_t>(kvh) * k_head_bytes,
-                                 static_cast<size_t>(kvh) * v_head_bytes, j0,
+                                 static_cast<size_t>(kvh) * v_head_bytes, std::max(j0, j_first),
                                  std::min(j0 + kAttentionBlock, n_kv), s, buf.data() + 2 * hd, part);
                     merge(kern, acc, part, hd);
                 }
@@ -139,13 +150,13 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
         for (int64_t item = begin; item < end; ++item) {
             const int64_t pair = item / max_blocks, blk = item % max_blocks;
             const int64_t t = pair / s.n_head, h = pair % s.n_head, kvh = h / group;
-            const int64_t n_kv = pos0 + t + 1, j0 = blk * kAttentionBlock;
-            if (j0 >= n_kv) continue;
+            const int64_t n_kv = pos0 + t + 1, j0 = blk * kAttentionBlock, j_first = first_kv(s, pos0, t);
+            if (j0 >= n_kv || j0 + kAttentionBlock <= j_first) continue;
             float* slot = partials.data() + item * stride;
             Partial part{-INFINITY, 0.0f, slot + 2};
             attend_block(kern, q + t * ldq + h * hd, k, v, static_cast<size_t>(kvh) * k_head_bytes,
-                         static_cast<size_t>(kvh) * v_head_bytes, j0, std::min(j0 + kAttentionBlock, n_kv), s,
-                         v_tmp.data(), part);
+                         static_cast<size_t>(kvh) * v_head_bytes, std::max(j0, j_first),
+                         std::min(j0 + kAttentionBlock, n_kv), s, v_tmp.data(), part);
             slot[0] = part.m;
             slot[1] = part.l;
         }
@@ -155,9 +166,8 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
         for (int64_t pair = begin; pair < end; ++pair) {
             const int64_t t = pair / s.n_head, h = pair % s.n_head;
             const int64_t n_kv = pos0 + t + 1;
-            Partial acc{-INFINITY, 0.0f, o.data()};
-            std::fill(o.begin(), o.end(), 0.0f);
-            for (int64_t blk = 0; blk < n_blocks(n_kv); ++blk) {
+            Partial acc = initial_state(s, h, o.data(), hd);
+            for (int64_t blk = first_kv(s, pos0, t) / kAttentionBlock; blk < n_blocks(n_kv); ++blk) {
                 float* slot = partials.data() + (pair * max_blocks + blk) * stride;
                 merge(kern, acc, Partial{slot[0], slot[1], slot + 2}, hd);
             }

@@ -34,6 +34,13 @@ struct AttentionShape {
     int64_t n_head_kv = 0;
     int64_t head_dim = 0;
     float scale = 1.0f;  // usually 1 / sqrt(head_dim)
+    // Sliding window (gpt-oss's even layers): > 0 limits position p to cache positions
+    // (p - window, p]; 0 attends to all of [0, p]. Blocks stay counted from position 0 (clipped at the
+    // window's start), so the arithmetic of a token is still independent of its batch.
+    int64_t window = 0;
+    // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax denominator
+    // only: the running state starts at (M, L, O) = (sink_h, 1, 0) instead of (-inf, 0, 0).
+    const float* sinks = nullptr;  // [n_head]; nullptr: none
 };
 
 // One layer's stored K or V: position j's row (n_head_kv * head_dim elements of `type`) starts at
