@@ -71,8 +71,9 @@ def decode_rows(kind: str, stored: np.ndarray, width: int) -> np.ndarray:
     return np.stack([quants.dequantize(r, GGML[kind]).reshape(width) for r in stored]).astype(np.float64)
 
 
-def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale):
-    """Causal GQA attention in float64: q [T, n_head * hd], k / v [n_kv, n_head_kv * hd] (decoded)."""
+def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale, window=0, sinks=None):
+    """Causal GQA attention in float64: q [T, n_head * hd], k / v [n_kv, n_head_kv * hd] (decoded);
+    window > 0: position p sees (p - window, p]; sinks [n_head]: a logit in each denominator only."""
     T = q.shape[0]
     out = np.zeros((T, n_head * head_dim))
     group = n_head // n_head_kv
@@ -81,11 +82,14 @@ def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale):
         for h in range(n_head):
             g = h // group
             qh = q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64)
-            kh = k[:n_kv, g * head_dim : (g + 1) * head_dim]
-            vh = v[:n_kv, g * head_dim : (g + 1) * head_dim]
+            j0 = max(0, n_kv - window) if window > 0 else 0
+            kh = k[j0:n_kv, g * head_dim : (g + 1) * head_dim]
+            vh = v[j0:n_kv, g * head_dim : (g + 1) * head_dim]
             s = kh @ qh * scale
-            p = np.exp(s - s.max())
-            out[t, h * head_dim : (h + 1) * head_dim] = (p / p.sum()) @ vh
+            m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - m)
+            denominator = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+            out[t, h * head_dim : (h + 1) * head_dim] = (p / denominator) @ vh
     return out
 
 
@@ -138,3 +142,33 @@ def test_attention_prefill_equals_token_by_token(kind):
     for t0, m in ((300, 3), (250, 8), (262, 11)):
         few = _core.attention(q[t0 : t0 + m], ks, vs, kind, kind, t0, n_head, n_head_kv, hd, 0.125, threads=2)
         np.testing.assert_array_equal(few, batch[t0 : t0 + m])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("window", [1, 100, 256, 300])
+def test_sliding_window_and_sinks_match_float64_model(isa, window):
+    # gpt-oss: windows shorter than, equal to and longer than a 256-row block, from a prefill and a
+    # deep single-token decode (split path); every thread count gives the same bits, and the batch
+    # gives each token its token-by-token row.
+    n_head, n_head_kv, hd = 4, 2, 32
+    rng = np.random.default_rng(window)
+    sinks = (rng.standard_normal(n_head) * 2).astype(np.float32)
+    for pos0, T in ((0, 300), (700, 1)):
+        n_kv = pos0 + T
+        k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 2).astype(np.float32)
+        v = rng.standard_normal((n_kv, n_head_kv * hd)).astype(np.float32)
+        q = rng.standard_normal((T, n_head * hd)).astype(np.float32)
+        ks, vs = store("f32", k), store("f32", v)
+        want = attention_model(q, k.astype(np.float64), v.astype(np.float64), pos0, n_head, n_head_kv, hd, 0.2,
+                               window, sinks)
+        results = [_core.attention(q, ks, vs, "f32", "f32", pos0, n_head, n_head_kv, hd, 0.2, threads=th, isa=isa,
+                                   window=window, sinks=sinks) for th in (1, 2, 3)]
+        assert np.abs(results[0] - want).max() / np.abs(want).max() < 1e-5
+        for got in results[1:]:
+            np.testing.assert_array_equal(got, results[0])
+        if T > 1:
+            for t in (0, window - 1, T - 1):
+                t = min(t, T - 1)
+                one = _core.attention(q[t : t + 1], ks, vs, "f32", "f32", t, n_head, n_head_kv, hd, 0.2, threads=2,
+                                      isa=isa, window=window, sinks=sinks)
+                np.testing.assert_array_equal(one[0], results[1][t])

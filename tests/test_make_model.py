@@ -842,3 +842,67 @@ def test_qwen35_35b_a3b_preset_has_the_real_shapes():
     n_params = sum(s.n_elements for s in specs.values())
     assert 34.0e9 < n_params < 35.5e9  # the text model of "35B-A3B"
     assert specs["blk.0.ssm_conv1d.weight"].type.name == "F32"
+
+
+def test_gpt_oss_20b_preset_is_the_real_architecture():
+    """openai/gpt-oss-20b's config.json as GptOssModel writes it, with llama-quantize's MXFP4_MOE
+    types: stacked experts MXFP4, every other matrix Q8_0, norms / biases / sinks / routers f32.
+    Planned, not written (the file is ~13 GB)."""
+    from sharpi.presets import resolve
+    from sharpi.tensor_plan import plan_tensors
+
+    hp = resolve(preset="gpt-oss-20b")
+    specs = {s.name: s for s in plan_tensors(hp, "mxfp4")}
+    Q = gguf.GGMLQuantizationType
+    assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim) == ("gpt-oss", 24, 2880, 64, 8, 64)
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_swa) == (32, 4, 2880, 128)
+    assert specs["blk.23.ffn_down_exps.weight"].ne == (2880, 2880, 32)
+    assert specs["blk.0.attn_q.weight"].ne == (2880, 4096) and specs["blk.0.attn_k.weight"].ne == (2880, 512)
+    assert specs["blk.0.attn_sinks.weight"].ne == (64,) and specs["blk.0.ffn_gate_exps.bias"].ne == (2880, 32)
+    for name, spec in specs.items():
+        if name.endswith("_exps.weight"):
+            assert spec.type == Q.MXFP4, name
+        elif len(spec.ne) >= 2 and name.endswith(".weight") and ".ffn_gate_inp" not in name:
+            assert spec.type == Q.Q8_0, name
+        else:
+            assert spec.type == Q.F32, name
+    expert_bytes = sum(s.nbytes for n, s in specs.items() if n.endswith("_exps.weight"))
+    assert expert_bytes == 24 * 3 * 32 * 2880 * 2880 // 32 * 17  # 11.4 GiB of MXFP4 experts
+
+
+def test_gpt_oss_file_inspects_and_runs(tmp_path):
+    path = tmp_path / "gpt-oss-tiny.gguf"
+    mm.write_model(path, arch="gpt-oss", preset="tiny", quant="mxfp4", seed=3)
+    r = gguf.GGUFReader(str(path))
+    md = _md(r)
+    assert md["gpt-oss.attention.sliding_window"] == 16 and md["gpt-oss.rope.scaling.type"] == "yarn"
+    types = {t.name: t.tensor_type for t in r.tensors}
+    assert types["blk.1.ffn_up_exps.weight"] == gguf.GGMLQuantizationType.MXFP4
+    s = inspect_summary(path)
+    assert s["attention"]["sliding_window"] == 16 and s["attention"]["sinks"] is True
+    assert "sliding window 16 on layers even" in inspect_report(path)
+    session = sharpi.Session(str(path), threads=2, n_ctx=64, exact=True)
+    assert session.info["arch"] == "gpt-oss"
+    logits = np.asarray(session.decode(list(range(5, 30)), True))
+    assert np.all(np.isfinite(logits))
+
+
+def test_gpt_oss_matches_llama_cpp(tmp_path):
+    """A third, independent implementation: llama.cpp's own gpt-oss graph (llama-cpp-python) on a
+    gpt-oss-20b file at small widths with a sliding window of 8 over 24 tokens (sinks, YaRN x32 over
+    64 positions, biases, clamped SwiGLU); f32 weights and KV cache, so only rounding differs
+    (measured <= 9.1e-7)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    small = {"n_vocab": 512, "n_embd": 128, "n_head": 4, "n_head_kv": 2, "head_dim": 32, "n_ff": 128,
+             "n_ff_exp": 64, "n_expert": 8, "n_expert_used": 2, "n_layer": 3, "n_swa": 8,
+             "yarn_n_ctx_orig": 64}  # fmt: skip
+    path = str(tmp_path / "gpt-oss-small.gguf")
+    mm.write_model(path, preset="gpt-oss-20b", quant="f32", seed=5, **small)
+    tokens = [int(t) for t in np.random.default_rng(0).integers(5, 500, 24)]
+    llm = llama_cpp.Llama(path, n_ctx=64, n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0)
+    llm.eval(tokens)
+    theirs = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    ours = np.asarray(sharpi.Session(path, threads=2, exact=True).decode(tokens, True), dtype=np.float64)
+    ours = ours.reshape(len(tokens), -1)
+    rel = np.abs(ours - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
+    assert rel.max() < 1e-5, rel

@@ -22,13 +22,14 @@ from test_quant import oracle_dequantize, random_rows
 
 ISAS = _core.isa_available()
 K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-B32_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+B32_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4]
 FAST_TYPES = K_TYPES + B32_TYPES
 FORMAT = {
     **{t: "q8_K" for t in K_TYPES},
     Q.Q4_0: "q8_0",
     Q.Q5_0: "q8_0",
     Q.Q8_0: "q8_0",
+    Q.MXFP4: "q8_0",
     Q.Q4_1: "q8_1",
     Q.Q5_1: "q8_1",
 }
@@ -164,9 +165,17 @@ def unpack_k(qtype, data):
 
 def unpack_b32(qtype, data):
     """32-element row -> dict(q [nb, 32] ints, d, m) with w = d * q + m (m = 0 for the signed types)."""
-    ts = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34}[qtype]
+    ts = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.MXFP4: 17}[qtype]
     raw = data.reshape(-1, ts)
     nb = len(raw)
+    if qtype == Q.MXFP4:
+        # OCP MX: d = 2^(e - 127) and the e2m1 values {0, .5, 1, 1.5, 2, 3, 4, 6}; as integers, the
+        # doubled values times d / 2.
+        e2m1_doubled = np.array([0, 1, 2, 3, 4, 6, 8, 12], np.int64)
+        nib = np.concatenate([raw[:, 1:17] & 0xF, raw[:, 1:17] >> 4], axis=1).astype(np.int64)
+        q = np.where(nib & 8, -1, 1) * e2m1_doubled[nib & 7]
+        d = np.ldexp(np.float32(1), raw[:, 0].astype(np.int32) - 128).astype(F32)
+        return {"q": q, "d": d, "m": np.zeros(nb, F32)}
     if qtype == Q.Q8_0:
         return {"q": raw[:, 2:34].view(np.int8).astype(np.int64), "d": f16(raw, 0), "m": np.zeros(nb, F32)}
     has_m = qtype in (Q.Q4_1, Q.Q5_1)

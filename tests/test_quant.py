@@ -36,6 +36,7 @@ F16_FIELDS = {
     Q.Q4_K: [0, 2],  # d, dmin
     Q.Q5_K: [0, 2],
     Q.Q6_K: [208],  # after ql[128], qh[64], scales[16]: d
+    Q.MXFP4: [],  # no f16 field: one E8M0 exponent byte at 0, kept sane in random_rows
 }
 QUANT_TYPES = list(F16_FIELDS)
 PLAIN_TYPES = [Q.F32, Q.F16, Q.BF16]
@@ -78,6 +79,8 @@ def random_rows(qtype, n_rows, n, rng):
     raw = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
     for off in F16_FIELDS[qtype]:
         raw[:, off : off + 2] = random_scales(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
+    if qtype == Q.MXFP4:
+        raw[:, 0] = rng.integers(112, 132, size=n_blocks)  # 2^(e - 128): 2^-16 .. 2^3
     return raw.reshape(-1)
 
 
@@ -141,6 +144,21 @@ def test_dequantize_half_special_values(isa):
 
 
 # ---- (b) dot vs float64, SIMD vs scalar ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_dequantize_mxfp4_every_exponent(isa):
+    # Every E8M0 byte, the f32-subnormal scales (e < 2) and the overflow to inf (e = 255) included,
+    # with every nibble value: bit-identical to the gguf package.
+    rng = np.random.default_rng(17)
+    raw = rng.integers(0, 256, size=(256, 17), dtype=np.uint8)
+    raw[:, 0] = np.arange(256)
+    raw[:16, 1:] = (np.arange(16, dtype=np.uint8) * 0x11)[:, None]
+    data = raw.reshape(-1)
+    with np.errstate(over="ignore"):  # e = 255 times 12 overflows to inf, in numpy as in ggml
+        want = oracle_dequantize(Q.MXFP4, data, 1, 256 * 32)[0]
+    got = _core.dequantize(int(Q.MXFP4), data, 256 * 32, isa)
+    np.testing.assert_array_equal(bits(got), bits(want))
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)

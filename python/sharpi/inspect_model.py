@@ -60,7 +60,7 @@ def inspect_summary(path) -> dict:
     if "vocab_size" not in hparams and "token_embd.weight" in by_name:
         derived["vocab_size"] = by_name["token_embd.weight"]["shape"][1]
 
-    attention = _attention_summary(hparams)
+    attention = _attention_summary(hparams, any(name.endswith(".attn_sinks.weight") for name in by_name))
 
     by_type: dict[str, dict] = {}
     for t in tensors:
@@ -158,10 +158,10 @@ def inspect_summary(path) -> dict:
     )
 
 
-def _attention_summary(hparams: dict) -> OrderedDict:
+def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
     """How the file's attention works, in words sharpi's engine uses: "mla" (multi-head latent
     attention, deepseek2: the KV cache holds one latent per position) or "mha" (GQA/MHA), with the
-    per-position KV cache floats per layer."""
+    per-position KV cache floats per layer; gpt-oss's sliding window (even layers) and sinks."""
     n_head = hparams.get("attention.head_count")
     out = OrderedDict()
     if "attention.kv_lora_rank" in hparams:
@@ -183,6 +183,10 @@ def _attention_summary(hparams: dict) -> OrderedDict:
         out["kv_cache_floats_per_token_layer"] = 2 * n_head_kv * head_dim
     if "rope.scaling.type" in hparams:
         out["rope_scaling"] = hparams["rope.scaling.type"]
+    if hparams.get("attention.sliding_window"):
+        out["sliding_window"] = hparams["attention.sliding_window"]
+        out["sliding_layers"] = "even (0, 2, ...); odd layers full"
+    out["sinks"] = has_sinks
     return out
 
 
@@ -241,6 +245,10 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         )
     elif a:
         w(f"attention: {a['kind'].upper()}, KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer")
+    if a.get("sliding_window"):
+        w(f"  sliding window {a['sliding_window']} on layers {a['sliding_layers']}")
+    if a.get("sinks"):
+        w("  attention sinks: one learned logit per head (attn_sinks)")
     if s["tokenizer"]:
         t = s["tokenizer"]
         w("")

@@ -97,6 +97,15 @@ def _write_metadata(
     w.add_head_count_kv(hp.n_head_kv)
     if hp.arch == "deepseek2":
         _write_deepseek2_metadata(w, hp)
+    if hp.arch == "gpt-oss":
+        # GptOssModel.set_gguf_parameters: head_dim explicit, the window, the expert width, YaRN.
+        w.add_key_length(hp.head_dim)
+        w.add_value_length(hp.head_dim)
+        w.add_sliding_window(hp.n_swa)
+        w.add_expert_feed_forward_length(hp.n_ff_exp)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(hp.yarn_factor)
+        w.add_rope_scaling_orig_ctx_len(hp.yarn_n_ctx_orig)
     w.add_rope_freq_base(hp.rope_freq_base)
     w.add_layer_norm_rms_eps(hp.rms_eps)
     if hp.is_moe:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
-MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe")  # always MoE
+MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss")  # always MoE
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -61,6 +61,7 @@ class HParams:
     ssm_d_inner: int = 0
     full_attention_interval: int = 0
     n_rot: int = 0  # deepseek2: qk_rope_head_dim
+    n_swa: int = 0  # gpt-oss: attention.sliding_window (even layers slide, odd ones attend to all)
 
     @property
     def is_moe(self) -> bool:
@@ -214,6 +215,31 @@ PRESETS["deepseek-v2-lite"] = {
     "yarn_n_ctx_orig": 4096,
     "yarn_mscale_all_dim": 0.707,
 }
+# openai/gpt-oss-20b: 24 layers of 32 experts (top-4), n_embd 2880, 64 query heads of 64 over 8 KV
+# heads, sliding window 128 on every other layer, YaRN x32 over 4096 positions; make-model's mxfp4
+# quant writes its experts as MXFP4 like the released checkpoint.
+PRESETS["gpt-oss-20b"] = {
+    "arch": "gpt-oss",
+    "n_vocab": 201088,
+    "n_ctx_train": 131072,
+    "n_embd": 2880,
+    "n_layer": 24,
+    "n_head": 64,
+    "n_head_kv": 8,
+    "head_dim": 64,
+    "n_ff": 2880,
+    "n_expert": 32,
+    "n_expert_used": 4,
+    "n_ff_exp": 2880,
+    "n_ff_shexp": 0,
+    "rope_freq_base": 150000.0,
+    "rms_eps": 1e-5,
+    "yarn_factor": 32.0,
+    "yarn_n_ctx_orig": 4096,
+    "n_swa": 128,
+}
+# "tiny" as gpt-oss: 3 layers (sliding, full, sliding) with a window shorter than a typical test run.
+TINY_GPT_OSS = {"n_layer": 3, "n_swa": 16, "yarn_factor": 32.0, "yarn_n_ctx_orig": 256}
 # "tiny" as deepseek2: the same widths, one leading dense layer + 2 MoE layers, 2 shared experts.
 TINY_DEEPSEEK2 = {
     "n_layer": 3,
@@ -293,6 +319,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p["n_ff_shexp"] = 0
         if arch == "deepseek2":
             p.update(TINY_DEEPSEEK2)
+        if arch == "gpt-oss":
+            p.update(TINY_GPT_OSS)
         if arch in HYBRID_ARCHES:
             p.update(_TINY_HYBRID)
         if arch == "olmoe":
@@ -345,6 +373,8 @@ def validate(hp: HParams) -> None:
             bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
         if hp.n_layer_dense_lead and hp.n_ff <= 0:
             bad("the leading dense layers need n_ff > 0")
+    if hp.arch == "gpt-oss" and hp.n_swa <= 0:
+        bad("gpt-oss alternates sliding-window and full attention: n_swa must be positive")
     if hp.arch in HYBRID_ARCHES:
         for name in ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_inner", "full_attention_interval"):
             if int(getattr(hp, name)) <= 0:

@@ -62,6 +62,12 @@ _UNIT_STD: dict[QT, float] = {}
 def _fix_scales(blocks: np.ndarray, qtype: QT, d0: float) -> None:
     """Overwrites the scale fields of random blocks (uint8, (nb, type_size)) in place: d = d0 * jitter,
     jitter drawn from the random low byte already in the d field."""
+    if qtype == QT.MXFP4:
+        # One E8M0 exponent byte: scale 2^(e - 128) (ggml's halved form), a power of two near d0,
+        # jittered by one octave from the random low bit.
+        e0 = 128 + round(math.log2(d0))
+        blocks[:, 0] = np.clip(e0 + (blocks[:, 0] & 1).astype(np.int64), 1, 254).astype(np.uint8)
+        return
     d_off, extra = _SCALE_FIELDS[qtype]
     jitter_idx = blocks[:, d_off]
     d_table = (np.float32(d0) * _JITTER).astype(np.float16).view(np.uint16)
@@ -97,7 +103,7 @@ def _random_chunks(spec: TensorSpec, rng: np.random.Generator, chunk_bytes: int)
         n = min(step, total - done)
         words = rng.integers(0, np.iinfo(np.uint64).max, size=(n + 7) // 8, dtype=np.uint64, endpoint=True)
         raw = words.view(np.uint8)[:n]
-        if qtype in _SCALE_FIELDS:
+        if qtype in _SCALE_FIELDS or qtype == QT.MXFP4:
             _fix_scales(raw.reshape(-1, size), qtype, std / _unit_std(qtype))
             yield raw
         else:  # F16 / BF16: uniform values with the right std, from the random bits (cheap)

@@ -48,6 +48,8 @@ QUANTS: dict[str, QuantRecipe] = {
         QuantRecipe("q6_k", FT.MOSTLY_Q6_K, QT.Q6_K, True),
         QuantRecipe("q4_k_m", FT.MOSTLY_Q4_K_M, QT.Q4_K, True),
         QuantRecipe("q5_k_m", FT.MOSTLY_Q5_K_M, QT.Q5_K, True),
+        # llama-quantize's MXFP4_MOE: stacked expert tensors MXFP4, every other matrix Q8_0.
+        QuantRecipe("mxfp4", FT.MOSTLY_MXFP4_MOE, QT.Q8_0, True),
     ]
 }
 
@@ -127,6 +129,8 @@ def choose_type(spec: TensorSpec, hp: HParams, recipe: QuantRecipe, pure: bool =
 
     ft, new = recipe.ftype, recipe.default
     n_layer, il = hp.n_layer, spec.layer
+    if ft == FT.MOSTLY_MXFP4_MOE:
+        return QT.MXFP4 if len(spec.ne) == 3 and _fits(QT.MXFP4, row) else new if _fits(new, row) else QT.F16
     tied_embd = hp.tie_embeddings and name == "token_embd.weight"
     if not pure:
         if name == "output.weight" or tied_embd:
@@ -185,6 +189,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
             continue
         if hp.arch == "deepseek2":
             specs += _deepseek2_layer(hp, il)
+            continue
+        if hp.arch == "gpt-oss":
+            specs += _gpt_oss_layer(hp, il)
             continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
@@ -287,6 +294,33 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
             TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
         ]
     return t
+
+
+def _gpt_oss_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One gpt-oss block as the converter writes it: q/k/v/o with biases, one sink logit per head,
+    post_attention_norm as the FFN norm, a router with a bias, experts with gate/up/down biases."""
+    E, Q, KV, F, X, b = hp.n_embd, hp.q_width, hp.kv_width, hp.n_ff_exp, hp.n_expert, f"blk.{il}."
+    return [
+        TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
+        TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
+        TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+        TensorSpec(b + "attn_k.bias", (KV,), il, "bias"),
+        TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+        TensorSpec(b + "attn_v.bias", (KV,), il, "bias"),
+        TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+        TensorSpec(b + "attn_output.bias", (E,), il, "bias"),
+        TensorSpec(b + "attn_sinks.weight", (hp.n_head,), il, "bias"),
+        TensorSpec(b + "post_attention_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+        TensorSpec(b + "ffn_gate_inp.bias", (X,), il, "bias"),
+        TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_gate_exps.bias", (F, X), il, "bias"),
+        TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_up_exps.bias", (F, X), il, "bias"),
+        TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+        TensorSpec(b + "ffn_down_exps.bias", (E, X), il, "bias"),
+    ]
 
 
 def _hybrid_layer(hp: HParams, il: int, shexp_gate_ne: tuple) -> list[TensorSpec]:

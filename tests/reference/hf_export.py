@@ -52,6 +52,10 @@ DENSE_MODELS = {
     "qwen3": "qwen3",  # Qwen3ForCausalLM
 }
 HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
+# Models checked against transformers by their own test file only (the numpy reference does not
+# implement them, so they stay out of the parametrized families above).
+ENGINE_ONLY_MODELS = {"gpt_oss": "gpt-oss"}  # GptOssForCausalLM: tests/test_gpt_oss.py
+ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
 # quantization error, not correctness (on the same file, reference and engine must agree to 1e-4).
@@ -276,7 +280,28 @@ def make_config(name: str, vocab_size: int):
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
-    raise ValueError(f"unknown model {name!r}; expected one of {sorted(HF_ARCHS)}")
+    if name == "gpt_oss":
+        # head_dim != hidden / heads, a sliding window shorter than prompt + greedy tokens (layers
+        # 0 and 2 slide, 1 is full), and YaRN with a small original context so that the ramp
+        # between interpolated and extrapolated dimensions is inside the rotated range.
+        return transformers.GptOssConfig(
+            **{**common, "num_hidden_layers": 3, "max_position_embeddings": 2048},
+            head_dim=48,
+            intermediate_size=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 150000.0,
+            },
+        )
+    raise ValueError(f"unknown model {name!r}; expected one of {sorted(ALL_ARCHS)}")
 
 
 def build_model(name: str, vocab_size: int, seed: int):
@@ -300,6 +325,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "deepseek_v3": transformers.DeepseekV3ForCausalLM,
         "qwen3next": transformers.Qwen3NextForCausalLM,
         "qwen35moe": transformers.Qwen3_5MoeForCausalLM,
+        "gpt_oss": transformers.GptOssForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
@@ -318,6 +344,12 @@ def build_model(name: str, vocab_size: int, seed: int):
             # changes which experts win.
             if buffer_name.endswith("e_score_correction_bias"):
                 buffer.copy_(0.05 * torch.randn(buffer.shape, generator=generator, dtype=torch.float32))
+        if name == "gpt_oss":
+            # Expert gate/up outputs near gpt-oss's clamp (limit 7), so that the clamped SwiGLU's
+            # min / clamp branches are taken; sinks spread as logits.
+            for layer in model.model.layers:
+                layer.mlp.experts.gate_up_proj.mul_(10.0)
+                layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=generator))
     if config.tie_word_embeddings:
         model.tie_weights()
     return model
@@ -334,7 +366,7 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
     tokenizer.save_pretrained(hf_dir)
-    return ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+    return ExportedModel(name=name, gguf_arch=ALL_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
 
 
 def _add_mtp_layer(hf_dir: Path, seed: int) -> None:
@@ -372,7 +404,7 @@ def prepare(name: str, root: Path, converter: Path, outtypes=("f32",), seed: int
     hf_dir = out_dir / "hf"
     if (hf_dir / "config.json").is_file():
         vocab_size = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-        exported = ExportedModel(name=name, gguf_arch=HF_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
+        exported = ExportedModel(name=name, gguf_arch=ALL_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
     else:
         exported = export(name, out_dir, seed=seed)
     files = {}

@@ -137,6 +137,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         throw UnsupportedError("[model] " + f.path() + ": value_length != key_length");
     }
     hp.n_layer_dense_lead = get_or("leading_dense_block_count", 0, kMaxLayers);
+    hp.n_swa = get_or("attention.sliding_window", 0, kMaxCtxTrain);
     if (hp.n_layer_dense_lead > hp.n_layer)
         throw fail("leading_dense_block_count " + std::to_string(hp.n_layer_dense_lead) + " > block_count");
     // The widths the engine sizes buffers with; the caps make overflow impossible, this proves it.
@@ -203,7 +204,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.is_mla() ? hp.n_embd_head_k_mla : hp.head_dim));
     if (scaling == "linear" && factor > 0.0) {
         hp.rope.freq_scale = static_cast<float>(1.0 / factor);
-    } else if (scaling == "yarn" && factor > 1.0 && hp.is_mla()) {
+    } else if (scaling == "yarn" && factor > 1.0) {
         // YaRN as llama.cpp runs deepseek2: the RoPE angles interpolate outside the correction
         // range; cos/sin keep magnitude attn_factor (1 unless the file says otherwise), and the
         // softmax scale grows by mscale^2, mscale = attn_factor * (1 + 0.1 * mscale_all_dim *
@@ -219,12 +220,18 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
                                  static_cast<float>(f.get_float_or(a + "rope.scaling.yarn_beta_fast", 32.0)),
                                  static_cast<float>(f.get_float_or(a + "rope.scaling.yarn_beta_slow", 1.0)),
                                  &hp.rope.corr_low, &hp.rope.corr_high);
-        const double mscale = attn_factor * (1.0 + log_mul * std::log(factor));
-        hp.attn_scale =
-            static_cast<float>(mscale * mscale / std::sqrt(static_cast<double>(hp.n_embd_head_k_mla)));
+        if (hp.is_mla()) {
+            const double mscale = attn_factor * (1.0 + log_mul * std::log(factor));
+            hp.attn_scale =
+                static_cast<float>(mscale * mscale / std::sqrt(static_cast<double>(hp.n_embd_head_k_mla)));
+        } else {
+            // Other archs (gpt-oss): ggml scales cos/sin by attn_factor * (1 + 0.1 ln(factor)), as
+            // transformers' YaRN attention_factor does; the softmax scale stays 1/sqrt(head_dim).
+            hp.rope.mscale = static_cast<float>(attn_factor * (1.0 + 0.1 * std::log(factor)));
+        }
     } else if (scaling != "none" && !(scaling == "linear" && factor == 0.0)) {
         throw UnsupportedError("[model] " + f.path() + ": rope scaling type '" + scaling +
-                               "' is not supported (supported: none, linear; yarn for deepseek2)");
+                               "' is not supported (supported: none, linear, yarn)");
     }
     return hp;
 }

@@ -36,6 +36,7 @@ struct HParams {
     int64_t n_layer_dense_lead = 0;  // leading_dense_block_count: first layers with a dense FFN
     cpu::RopeParams rope;
     float attn_scale = 1.0f;  // softmax scale of q.k (1/sqrt(head width), YaRN-adjusted for MLA)
+    int64_t n_swa = 0;        // attention.sliding_window (gpt-oss); which layers use it is the arch's
 
     // Multi-head latent attention (deepseek2; all 0 elsewhere). The converter writes MLA as MQA over
     // the latent: head_count_kv 1, key_length = kv_lora_rank + n_rot, value_length = kv_lora_rank;

@@ -48,7 +48,11 @@ FileRange expert_range(const GgufTensor& t, int64_t expert) {
 }
 
 bool is_expert_tensor(const std::string& name) {
-    return name.find("_exps.") != std::string::npos;
+    // gpt-oss's ffn_*_exps.bias are small and stay resident with the dense weights (moe_ffn.cpp).
+    const std::string bias = ".bias";
+    const bool is_bias =
+        name.size() >= bias.size() && name.compare(name.size() - bias.size(), bias.size(), bias) == 0;
+    return name.find("_exps.") != std::string::npos && !is_bias;
 }
 
 bool is_nextn_tensor(const std::string& name, int64_t n_layer) {
@@ -161,15 +165,27 @@ cpu::WeightView ModelLoader::stacked_matrix(const std::string& name, int64_t n_c
     return view(require(name), n_cols, n_rows, n_stack);
 }
 
-std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
-    cpu::WeightView w = view(require(name), n, 1);
+namespace {
+
+// The n elements of a (small, contiguous) view as f32.
+std::vector<float> vector_of(const cpu::WeightView& w, int64_t n) {
     std::vector<float> out(static_cast<size_t>(n));
     cpu::row_kernels(w.type, cpu::Isa::scalar).dequant_row(w.data, out.data(), n);
     return out;
 }
 
+}  // namespace
+
+std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
+    return vector_of(view(require(name), n, 1), n);
+}
+
 std::vector<float> ModelLoader::optional_vector(const std::string& name, int64_t n) {
     return model_.file->find_tensor(name) ? vector(name, n) : std::vector<float>{};
+}
+
+std::vector<float> ModelLoader::stacked_vector(const std::string& name, int64_t n, int64_t n_stack) {
+    return vector_of(view(require(name), n, n_stack), n * n_stack);
 }
 
 void ModelLoader::attention(int il) {

@@ -54,6 +54,14 @@ struct LayerWeights {
     std::vector<float> ssm_conv1d;                    // [conv_channels, d_conv]
     std::vector<float> ssm_a, ssm_dt_bias, ssm_norm;  // [n_v_heads] (-exp(A_log)), [n_v_heads], [head_v_dim]
     bool ssm_v_heads_tiled = false;                   // cpu::GdnShape::v_heads_tiled
+    // gpt-oss: attention sinks [n_head] (cpu::AttentionShape::sinks; empty: none), this layer's
+    // sliding window (0: full attention), the router's bias [n_expert], the routed experts' biases
+    // (gate / up [n_expert * n_ff_exp], down [n_expert * n_embd], expert-major; resident, see
+    // MoeFfn's expert_weights) and the clamped SwiGLU's limit (0: plain SwiGLU).
+    std::vector<float> attn_sinks;
+    int64_t attn_window = 0;
+    std::vector<float> ffn_gate_inp_b, ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
+    float expert_swiglu_limit = 0.0f;
     // The routed experts themselves are in Model::experts (an ExpertLayout), not here.
 };
 
@@ -112,6 +120,8 @@ class ModelLoader {
     // A 1-D tensor of n elements ([n] or [n, 1]) as f32. Throws when absent.
     std::vector<float> vector(const std::string& name, int64_t n);
     std::vector<float> optional_vector(const std::string& name, int64_t n);
+    // n_stack vectors of n elements in one tensor of ggml shape [n, n_stack], as f32 (stack-major).
+    std::vector<float> stacked_vector(const std::string& name, int64_t n, int64_t n_stack);
     // n_stack matrices of [n_rows, n_cols] in one tensor of ggml shape [n_cols, n_rows, n_stack],
     // viewed as one [n_stack * n_rows, n_cols] matrix.
     cpu::WeightView stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_stack);

@@ -25,6 +25,20 @@ void weighted_sum(float* out, const float* const* ys, const float* weights, int6
     }
 }
 
+// Expert `e` of layer L as the compute ops take it: its leased bytes, and (gpt-oss) its slices of
+// the layer's resident biases and the clamped SwiGLU. Invariant: the biases never travel with the
+// expert's bytes; they are dense, resident f32 (LayerWeights), so every ExpertSource, budget and
+// predictor serves the same expert bytes as before and streamed == resident holds unchanged.
+cpu::ExpertFfnWeights expert_weights(const ExpertView& v, const LayerWeights& L, int64_t e, int64_t n_ff,
+                                     int64_t n_embd) {
+    cpu::ExpertFfnWeights w{v.gate, v.up, v.down};
+    if (!L.ffn_gate_exps_b.empty()) w.gate_b = L.ffn_gate_exps_b.data() + e * n_ff;
+    if (!L.ffn_up_exps_b.empty()) w.up_b = L.ffn_up_exps_b.data() + e * n_ff;
+    if (!L.ffn_down_exps_b.empty()) w.down_b = L.ffn_down_exps_b.data() + e * n_embd;
+    w.swiglu_limit = L.expert_swiglu_limit;
+    return w;
+}
+
 // Releases an ExpertSource layer on every exit path, exceptions included.
 struct ExpertLease {
     ExpertSource& source;
@@ -43,6 +57,7 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
                                const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
                                Act& out, int il, const std::function<void()>& overlap) {
     const HParams& h = f.hp();
+    const LayerWeights& L = f.layer(il);
     const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
     std::vector<ExpertView> views(unique.size());
     experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
@@ -62,10 +77,7 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
     if (all_ready) {
         // Nothing to overlap: the fused op (same bits as the grouped passes below).
         std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
-        for (int64_t j = 0; j < k; ++j) {
-            const ExpertView& v = views[slot_unique[j]];
-            w[j] = {v.gate, v.up, v.down};
-        }
+        for (int64_t j = 0; j < k; ++j) w[j] = expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd);
         cpu::expert_ffn_one_token(f.pool(), w.data(), weights, static_cast<int>(k), cur.row(0), out.row(0),
                                   f.exact());
         return;
@@ -105,7 +117,8 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
             }
         });
         for (int64_t j : slots) {
-            cpu::swiglu(g.row(j), up.row(j), act.row(j), n_ff);
+            cpu::expert_glu(expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd), 0, g.row(j),
+                            up.row(j), act.row(j), n_ff);
             down_in[j].reset(act.row(j), n_ff, exact);
             down_dot[j] = down_in[j].bind(views[slot_unique[j]].down.type);
         }
@@ -117,6 +130,10 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
                 y.row(j)[r] = down_dot[j](v.down.data + r * v.down.row_bytes);
             }
         });
+        for (int64_t j : slots) {
+            cpu::expert_down_bias(expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd), 1, 0,
+                                  n_embd, y.row(j), n_embd);
+        }
     };
     std::vector<int64_t> ready_slots;
     for (int64_t j = 0; j < k; ++j) {
@@ -202,7 +219,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
             group_end.clear();
         };
         auto add = [&](size_t u) {
-            w.push_back({views[u].gate, views[u].up, views[u].down});
+            w.push_back(expert_weights(views[u], f.layer(il), unique[w0 + u], h.n_ff_exp, n_embd));
             group_begin.push_back(begin[w0 + u]);
             group_end.push_back(end[w0 + u]);
         };
@@ -233,6 +250,7 @@ std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il
     const int64_t T = cur.n_tokens, k = h.n_expert_used;
     Linear router;
     router.w = f.layer(il_next).ffn_gate_inp;
+    router.bias = f.layer(il_next).ffn_gate_inp_b;
     Act logits = f.linear(cur, router, "ffn_moe_ahead_logits", il_next);
     Act probs = f.alloc(T, h.n_expert);
     std::vector<int32_t> ids(static_cast<size_t>(T * k));
@@ -284,6 +302,7 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
 
     Linear router;
     router.w = L.ffn_gate_inp;
+    router.bias = L.ffn_gate_inp_b;  // gpt-oss; empty elsewhere
     Act logits = f.linear(cur, router, "ffn_moe_logits", il);
     Act probs = f.alloc(T, h.n_expert);
     Routing& r = routing_[static_cast<size_t>(il)];

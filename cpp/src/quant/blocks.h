@@ -107,6 +107,18 @@ struct block_q6_K {
 };
 static_assert(sizeof(block_q6_K) == QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, "wrong q6_K block size");
 
+// MXFP4 (OCP microscaling, gpt-oss experts): 32 e2m1 values sharing one E8M0 exponent byte.
+// x = 2^(e - 128) * kMxfp4Values[nibble]: the table holds the e2m1 values doubled (so they are
+// integers) and the scale is halved to match, as ggml's GGML_E8M0_TO_FP32_HALF. Element j is the
+// low nibble of qs[j] (j < 16) or the high nibble of qs[j - 16], as Q4_0. Fast mode pairs it with
+// q8_0 activations (the nibble values are small signed integers, like Q4_0's).
+#define QK_MXFP4 32
+struct block_mxfp4 {
+    uint8_t e;
+    uint8_t qs[QK_MXFP4 / 2];
+};
+static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "wrong mxfp4 block size");
+
 // ---- activation blocks (fast mode: a row of activations quantized once per matmul) ---------------
 //
 // Weights of Q4_0 / Q5_0 / Q8_0 are dotted with activations in block_q8_0 (above; f16 scale, as

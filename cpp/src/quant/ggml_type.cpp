@@ -19,6 +19,7 @@ const GgmlTypeTraits& ggml_type_traits(GgmlType type) {
     static const GgmlTypeTraits kQ4_K{"q4_K", QK_K, sizeof(block_q4_K), true};
     static const GgmlTypeTraits kQ5_K{"q5_K", QK_K, sizeof(block_q5_K), true};
     static const GgmlTypeTraits kQ6_K{"q6_K", QK_K, sizeof(block_q6_K), true};
+    static const GgmlTypeTraits kMXFP4{"mxfp4", QK_MXFP4, sizeof(block_mxfp4), true};
     // Known to the format, not computed by sharpi (yet): sizes let `sharpi inspect` report them.
     static const GgmlTypeTraits kQ8_1{"q8_1", 32, 36, false};
     static const GgmlTypeTraits kQ8_K{"q8_K", QK_K, 292, false};
@@ -38,7 +39,6 @@ const GgmlTypeTraits& ggml_type_traits(GgmlType type) {
     static const GgmlTypeTraits kIQ1_M{"iq1_m", QK_K, 56, false};
     static const GgmlTypeTraits kTQ1_0{"tq1_0", QK_K, 54, false};
     static const GgmlTypeTraits kTQ2_0{"tq2_0", QK_K, 66, false};
-    static const GgmlTypeTraits kMXFP4{"mxfp4", 32, 17, false};
     switch (type) {
         case GgmlType::F32:
             return kF32;

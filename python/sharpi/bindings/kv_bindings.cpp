@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "bindings.h"
@@ -42,9 +43,15 @@ ByteArray kv_store_row_py(const std::string& type_name, const FloatArray& x) {
 // q: [n_tokens, n_head * head_dim] f32; k, v: [n_kv, row_bytes] uint8 rows as kv_store_row wrote them.
 FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray& v,
                         const std::string& type_k, const std::string& type_v, int64_t pos0, int64_t n_head,
-                        int64_t n_head_kv, int64_t head_dim, float scale, int threads,
-                        const std::string& isa) {
-    const cpu::AttentionShape shape{n_head, n_head_kv, head_dim, scale};
+                        int64_t n_head_kv, int64_t head_dim, float scale, int threads, const std::string& isa,
+                        int64_t window, std::optional<FloatArray> sinks) {
+    cpu::AttentionShape shape{n_head, n_head_kv, head_dim, scale};
+    shape.window = std::max<int64_t>(0, window);
+    if (sinks) {
+        if (sinks->ndim() != 1 || sinks->shape(0) != n_head)
+            throw InvalidArgument("[attention] sinks must be [n_head]");
+        shape.sinks = sinks->data();
+    }
     if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv != 0) {
         throw InvalidArgument("[attention] bad head counts");
     }
@@ -107,8 +114,10 @@ void bind_kv(py::module_& m) {
           "One K/V row rounded to a cache type (f32, f16, q8_0, q4_0) exactly as the KV cache stores it");
     m.def("attention", &attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("type_k"),
           py::arg("type_v"), py::arg("pos0"), py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"),
-          py::arg("scale"), py::arg("threads") = 1, py::arg("isa") = "",
-          "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h)");
+          py::arg("scale"), py::arg("threads") = 1, py::arg("isa") = "", py::arg("window") = 0,
+          py::arg("sinks") = py::none(),
+          "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h); "
+          "window > 0: sliding window; sinks: [n_head] sink logits");
     m.def("memory_plan", &memory_plan_py, py::arg("path"), py::arg("n_ctx") = 0, py::arg("cache_type_k") = "",
           py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("n_staging") = 0,
           py::arg("allow_long_context") = false,

@@ -7,6 +7,11 @@ namespace sharpi::cpu {
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
+// gpt-oss's clamped SwiGLU (transformers' GptOssExperts, ggml's swiglu_oai), in ggml's order:
+//   g = min(gate, limit), u = clamp(up, -limit, limit), out = g / (1 + exp(-alpha g)) * (u + 1).
+constexpr float kSwigluOaiAlpha = 1.702f;
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+
 inline float sigmoid(float x) {
     return 1.0f / (1.0f + __builtin_expf(-x));
 }

@@ -1,8 +1,9 @@
 // Causal multi-head attention with grouped KV heads over a KV cache stored as f32, f16, q8_0 or
 // q4_0 rows (model/kv_cache.h).
 //
-// Token t of the batch sits at position pos0 + t and attends to cache positions [0, pos0 + t]
-// (the cache already holds this batch's K and V). Query head h reads KV head h / (n_head / n_head_kv).
+// Token t of the batch sits at position pos0 + t and attends to cache positions [0, pos0 + t] (the
+// last `window` of them in a sliding-window layer; the cache already holds this batch's K and V).
+// Query head h reads KV head h / (n_head / n_head_kv).
 //
 // Arithmetic (flash-decoding; the same for every batch size and thread count, so prefill and
 // token-by-token decoding agree bit for bit): the rows of a (token, head) pair are cut into blocks

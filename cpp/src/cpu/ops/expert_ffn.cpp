@@ -37,6 +37,28 @@ int64_t matrix_bytes(const WeightView& w) {
 
 }  // namespace
 
+void expert_glu(const ExpertFfnWeights& e, int64_t r0, float* gate, float* up, float* act, int64_t n) {
+    if (e.gate_b) {
+        for (int64_t i = 0; i < n; ++i) gate[i] += e.gate_b[r0 + i];
+    }
+    if (e.up_b) {
+        for (int64_t i = 0; i < n; ++i) up[i] += e.up_b[r0 + i];
+    }
+    if (e.swiglu_limit > 0.0f) {
+        swiglu_oai(gate, up, act, n, kSwigluOaiAlpha, e.swiglu_limit);
+    } else {
+        swiglu(gate, up, act, n);
+    }
+}
+
+void expert_down_bias(const ExpertFfnWeights& e, int64_t n_members, int64_t r0, int64_t r1, float* y,
+                      int64_t ldy) {
+    if (!e.down_b) return;
+    for (int64_t m = 0; m < n_members; ++m) {
+        for (int64_t i = r0; i < r1; ++i) y[m * ldy + i] += e.down_b[i];
+    }
+}
+
 void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, const float* weights, int k,
                           const float* x, float* out, bool exact) {
     int64_t n_ff = 0, n_embd = 0;
@@ -59,9 +81,9 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
         for (int64_t item = begin; item < end; ++item) {
             const int64_t j = item / n_ff, r = item % n_ff;
             const ExpertFfnWeights& e = experts[j];
-            const float g = gate_dot[j](e.gate.data + r * e.gate.row_bytes);
-            const float u = up_dot[j](e.up.data + r * e.up.row_bytes);
-            swiglu(&g, &u, &act[static_cast<size_t>(item)], 1);
+            float g = gate_dot[j](e.gate.data + r * e.gate.row_bytes);
+            float u = up_dot[j](e.up.data + r * e.up.row_bytes);
+            expert_glu(e, r, &g, &u, &act[static_cast<size_t>(item)], 1);
         }
     });
 
@@ -73,10 +95,15 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
         down_dot[j] = act_in[j].bind(experts[j].down.type);
     }
     pool.parallel_for_bytes(n_embd, down_bytes, [&](int64_t begin, int64_t end, int) {
+        // Expert j's output row i, its down bias added (as expert_down_bias does).
+        auto y = [&](int j, int64_t i) {
+            float v = down_dot[j](experts[j].down.data + i * experts[j].down.row_bytes);
+            if (experts[j].down_b) v += experts[j].down_b[i];
+            return v;
+        };
         for (int64_t i = begin; i < end; ++i) {
-            float sum = weights[0] * down_dot[0](experts[0].down.data + i * experts[0].down.row_bytes);
-            for (int j = 1; j < k; ++j)
-                sum += weights[j] * down_dot[j](experts[j].down.data + i * experts[j].down.row_bytes);
+            float sum = weights[0] * y(0, i);
+            for (int j = 1; j < k; ++j) sum += weights[j] * y(j, i);
             out[i] = sum;
         }
     });
@@ -132,8 +159,11 @@ void expert_ffn_batch_matmul(ThreadPool& pool, const ExpertFfnWeights* experts, 
         }
         cpu::matmul(pool, experts[e].gate, xe.data(), n_embd, n, g.data(), n_ff, exact);
         cpu::matmul(pool, experts[e].up, xe.data(), n_embd, n, u.data(), n_ff, exact);
-        swiglu(g.data(), u.data(), g.data(), n * n_ff);
+        for (int64_t m = 0; m < n; ++m) {
+            expert_glu(experts[e], 0, g.data() + m * n_ff, u.data() + m * n_ff, g.data() + m * n_ff, n_ff);
+        }
         cpu::matmul(pool, experts[e].down, g.data(), n_ff, n, y + m0 * ldy, ldy, exact);
+        expert_down_bias(experts[e], n, 0, n_embd, y + m0 * ldy, ldy);
     }
 }
 
@@ -221,7 +251,7 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
                                rows, up.data(), rows);
                 for (int64_t m = 0; m < n; ++m) {
                     float* row = g + m * n_ff + item.r0;
-                    swiglu(row, up.data() + m * rows, row, rows);
+                    expert_glu(experts[item.e], item.r0, row, up.data() + m * rows, row, rows);
                 }
             }
         },
@@ -241,6 +271,7 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
                 quantized_rows(experts[item.e].down, *kd,
                                act_q_data + static_cast<size_t>(m0 - m_lo) * d_bytes, d_bytes, n, item.r0,
                                item.r1, y + m0 * ldy, ldy);
+                expert_down_bias(experts[item.e], n, item.r0, item.r1, y + m0 * ldy, ldy);
             }
         },
         static_cast<int64_t>(items.size()));

@@ -41,9 +41,24 @@
 namespace sharpi::cpu {
 
 // One routed expert: gate and up [n_ff, n_embd], down [n_embd, n_ff], any supported types.
+// gpt-oss adds per-expert biases (f32, gate_b / up_b [n_ff], down_b [n_embd]; nullptr: none; they
+// are resident, never part of the expert's streamed bytes) and its clamped SwiGLU (swiglu_limit > 0):
+//   y = down (glu(gate x + gate_b, up x + up_b)) + down_b
+// Every path (fused, batched, MoeFfn's unfused one) applies them through expert_glu / expert_down_bias.
 struct ExpertFfnWeights {
     WeightView gate, up, down;
+    const float* gate_b = nullptr;
+    const float* up_b = nullptr;
+    const float* down_b = nullptr;
+    float swiglu_limit = 0.0f;
 };
+
+// act[i] = glu of rows r0 + i (i < n) from the raw gate / up dots: the biases added in place, then
+// SwiGLU or the clamped form. act may alias gate.
+void expert_glu(const ExpertFfnWeights& e, int64_t r0, float* gate, float* up, float* act, int64_t n);
+// y[m * ldy + i] += down_b[i] for n_members rows and i in [r0, r1) (nothing without a down bias).
+void expert_down_bias(const ExpertFfnWeights& e, int64_t n_members, int64_t r0, int64_t r1, float* y,
+                      int64_t ldy);
 
 // experts[k], weights[k]; x[n_embd] -> out[n_embd]. Throws InvalidArgument on inconsistent shapes,
 // UnsupportedError for a type without kernels.

@@ -257,6 +257,25 @@ struct DecodeQ4_1 {  // d * q + m
     }
 };
 
+// MXFP4: the nibbles index kMxfp4Values with vpshufb (int8 values), widened, times the scale.
+struct DecodeMX4 {
+    using Block = block_mxfp4;
+    static constexpr int kBlockSize = QK_MXFP4;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const __m256 d = _mm256_set1_ps(mxfp4_scale(b->e));
+        const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Values));
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+        const __m128i low4 = _mm_set1_epi8(0x0F);
+        const __m128i v[2] = {_mm_shuffle_epi8(table, _mm_and_si128(q, low4)),
+                              _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), low4))};
+        for (int h = 0; h < 2; ++h) {
+            sink.put(2 * h, _mm256_mul_ps(d, to_float(_mm256_cvtepi8_epi32(v[h]))));
+            sink.put(2 * h + 1, _mm256_mul_ps(d, to_float(_mm256_cvtepi8_epi32(_mm_srli_si128(v[h], 8)))));
+        }
+    }
+};
+
 // Q5_0 / Q5_1: the fifth bit of element e is bit e of qh. Each half (16 elements) is broadcast
 // pre-shifted left by 4, so a per-lane right shift by the element's offset lands its bit on bit 4.
 // Calls value(q) on the 5-bit q of each chunk.

@@ -301,6 +301,21 @@ struct DecodeQ4_1 {
 
 // Q5_0 / Q5_1: 32-entry tables (low: q < 16, high: q >= 16); the fifth bit of element j is bit j
 // of qh, used directly as a lane mask that sets index bit 4.
+// MXFP4: T[q] = scale * kMxfp4Values[q] (exact products), indexed like Q4_0.
+struct DecodeMX4 {
+    using Block = block_mxfp4;
+    static constexpr int kBlockSize = QK_MXFP4;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink, int c0) {
+        const __m512 values = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Values))));
+        const __m512 table = _mm512_mul_ps(_mm512_set1_ps(mxfp4_scale(b->e)), values);
+        const __m512i q = bytes_to_lanes(b->qs);
+        sink.put(c0, _mm512_permutexvar_ps(q, table));
+        sink.put(c0 + 1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
+    }
+};
+
 inline uint32_t load_u32(const uint8_t* p) {
     uint32_t v;
     memcpy(&v, p, 4);

@@ -79,6 +79,18 @@ static inline void unpack_q3_K_scales(const uint8_t* s, uint32_t out[4]) {
     out[3] = ((w1 >> 4) & 0x0F0F0F0Fu) | (((w2 >> 6) & 0x03030303u) << 4);
 }
 
+// MXFP4 (blocks.h): the doubled e2m1 values, and the halved E8M0 scale 2^(e - 128) built from its
+// bits as ggml's GGML_E8M0_TO_FP32_HALF (e < 2 is an f32 subnormal). scale * value is exact in f32
+// (a power of two times an integer <= 12, never below the subnormal step), so every ISA and numpy
+// agree bit for bit. The SIMD decoders are DecodeMX4 (row kernels) and B32MX4 (fast mode).
+alignas(16) static const int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static inline float mxfp4_scale(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 // Decode reads each weight byte once, and a dot_row spends enough instructions per byte that the
 // hardware prefetcher alone leaves the core waiting on DRAM. The SIMD dot_rows therefore prefetch
 // the cache lines kPrefetchDistance bytes past the bytes they are about to decode; past the end
@@ -133,6 +145,7 @@ static inline void keep_in_memory(float (&values)[16]) {
         t.by_type[static_cast<int>(GgmlType::Q4_K)] = block_entry<DecodeQ4_K>(); \
         t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>(); \
         t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>(); \
+        t.by_type[static_cast<int>(GgmlType::MXFP4)] = block_entry<DecodeMX4>(); \
         t.dot_f32 = &dot_f32_fn;                                                 \
         t.dot_f32_tile = &dot_f32_tile_fn;                                       \
         return t;                                                                \

@@ -72,6 +72,14 @@ void dequant_block_q4_0(const block_q4_0* b, float* y) {
     }
 }
 
+void dequant_block_mxfp4(const block_mxfp4* b, float* y) {
+    const float d = mxfp4_scale(b->e);
+    for (int j = 0; j < QK_MXFP4 / 2; ++j) {
+        y[j] = d * static_cast<float>(kMxfp4Values[b->qs[j] & 0x0F]);
+        y[j + QK_MXFP4 / 2] = d * static_cast<float>(kMxfp4Values[b->qs[j] >> 4]);
+    }
+}
+
 void dequant_block_q4_1(const block_q4_1* b, float* y) {
     const float d = fp16_to_fp32(b->d);
     const float m = fp16_to_fp32(b->m);
@@ -317,6 +325,8 @@ constexpr IsaKernels make_scalar_table() {
     t.by_type[static_cast<int>(GgmlType::Q4_K)] = row_entry<BlockRow<block_q4_K, QK_K, dequant_block_q4_K>>();
     t.by_type[static_cast<int>(GgmlType::Q5_K)] = row_entry<BlockRow<block_q5_K, QK_K, dequant_block_q5_K>>();
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = row_entry<BlockRow<block_q6_K, QK_K, dequant_block_q6_K>>();
+    t.by_type[static_cast<int>(GgmlType::MXFP4)] =
+        row_entry<BlockRow<block_mxfp4, QK_MXFP4, dequant_block_mxfp4>>();
     t.dot_f32 = &dot_f32_scalar;
     t.dot_f32_tile = &dot_f32_tile_scalar;
     return t;

@@ -30,6 +30,7 @@ ActFormat act_format(GgmlType weight) {
         case GgmlType::Q4_0:
         case GgmlType::Q5_0:
         case GgmlType::Q8_0:
+        case GgmlType::MXFP4:
             return ActFormat::q8_0;
         case GgmlType::Q4_1:
         case GgmlType::Q5_1:

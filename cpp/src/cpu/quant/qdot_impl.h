@@ -44,6 +44,7 @@ const QuantIsaKernels& avx512vnni_quant_kernels();  // call only when the CPU ha
         t.by_type[static_cast<int>(GgmlType::Q4_K)] = k_entry<KQ4_K>();     \
         t.by_type[static_cast<int>(GgmlType::Q5_K)] = k_entry<KQ5_K>();     \
         t.by_type[static_cast<int>(GgmlType::Q6_K)] = k_entry<KQ6_K>();     \
+        t.by_type[static_cast<int>(GgmlType::MXFP4)] = b32_entry<B32MX4>(); \
         t.quantize[static_cast<int>(ActFormat::q8_0)] = &quantize_q8_0;     \
         t.quantize[static_cast<int>(ActFormat::q8_1)] = &quantize_q8_1;     \
         t.quantize[static_cast<int>(ActFormat::q8_K)] = &quantize_q8_K;     \

@@ -307,6 +307,19 @@ struct B32Q8_0 {
     }
 };
 
+struct B32MX4 {
+    using Block = block_mxfp4;
+    using Act = block_q8_0;
+    static constexpr bool kHasMin = false;
+    static void decode(const Block* b, B32Block& o) {
+        o.d = mxfp4_scale(b->e);
+        for (int j = 0; j < 16; ++j) {
+            o.q[j] = kMxfp4Values[b->qs[j] & 0x0F];
+            o.q[j + 16] = kMxfp4Values[b->qs[j] >> 4];
+        }
+    }
+};
+
 inline float act_s(const block_q8_0&) {
     return 0.0f;
 }

@@ -523,6 +523,18 @@ struct B32Q8_0 {
     }
 };
 
+struct B32MX4 {
+    using Block = block_mxfp4;
+    using Act = block_q8_0;
+    static constexpr bool kSigned = true, kHasMin = false;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_set_ss(mxfp4_scale(b->e));
+        const __m256i table =
+            _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)));
+        o.q = _mm256_shuffle_epi8(table, nibbles32(b->qs));
+    }
+};
+
 // One block into acc (this block's parity) and, for the min types, msum's lane 1 (qdot.h).
 template <typename D, int NT>
 inline void b32_step(const B32Unpacked& o, const typename D::Act* const* x, int64_t ib, __m256* acc,
