@@ -40,6 +40,8 @@ def main():
         cls.init_grid()
         grid = np.asarray(cls.grid).reshape(cls.grid_shape)
         assert np.all(grid == np.rint(grid)) and grid.min() >= -128 and grid.max() <= 127
+        # iq_unpack.h negates the IQ2 / IQ3 magnitudes bytewise in a 64-bit word: needs no zero.
+        assert name == "kIq1sGrid" or grid.min() > 0, name
         n, width = cls.grid_shape
         out.append(f"const int8_t {name}[{n}][{width}] = {{")
         out.append(rows(grid.reshape(-1), 16))
