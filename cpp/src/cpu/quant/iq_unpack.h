@@ -34,12 +34,30 @@ struct IqUnpacked {
     float d;
 };
 
-// Element j of an 8-wide grid entry, negated where bit j of `signs` is set.
+// 0x01 in byte j of the result where bit j of `signs` is set (j < 8), else 0x00: each byte of the
+// spread holds one power of two or zero, and adding 0x7F sets bit 7 exactly when it is nonzero
+// (no carry leaves the byte: at most 0x80 + 0x7F).
+static inline uint64_t iq_sign_ones(uint8_t signs) {
+    const uint64_t spread = (signs * 0x0101010101010101ull) & 0x8040201008040201ull;
+    return (((spread + 0x7F7F7F7F7F7F7F7Full) | spread) >> 7) & 0x0101010101010101ull;
+}
+
+// Grid bytes g (all > 0: the IQ2 / IQ3 grids have no zero) negated where the sign bit is set, 8 (or
+// 4) at a time within a 64-bit word: -g = (g ^ 0xFF) + 1 per byte, and since g > 0 that byte sum
+// is at most 0xF8 + 1, so no carry crosses into the next byte.
 static inline void iq_put8(int8_t* q, const int8_t* grid, uint8_t signs) {
-    for (int j = 0; j < 8; ++j) q[j] = static_cast<int8_t>((signs >> j) & 1 ? -grid[j] : grid[j]);
+    uint64_t g;
+    memcpy(&g, grid, 8);
+    const uint64_t ones = iq_sign_ones(signs);
+    const uint64_t v = (g ^ (ones * 0xFF)) + ones;
+    memcpy(q, &v, 8);
 }
 static inline void iq_put4(int8_t* q, const int8_t* grid, uint8_t signs) {
-    for (int j = 0; j < 4; ++j) q[j] = static_cast<int8_t>((signs >> j) & 1 ? -grid[j] : grid[j]);
+    uint32_t g;
+    memcpy(&g, grid, 4);
+    const uint32_t ones = static_cast<uint32_t>(iq_sign_ones(static_cast<uint8_t>(signs & 0x0F)));
+    const uint32_t v = (g ^ (ones * 0xFF)) + ones;
+    memcpy(q, &v, 4);
 }
 
 // 32 elements from 16 bytes: element j < 16 the low nibble of qs[j], 16 + j the high nibble.
