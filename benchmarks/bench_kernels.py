@@ -28,6 +28,8 @@ import numpy as np
 TYPE_IDS = {
     "f32": 0, "f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
     "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13, "q6_K": 14,
+    "iq4_nl": 20, "iq4_xs": 23, "iq3_s": 21, "iq3_xxs": 18, "iq2_s": 22, "iq2_xs": 17, "iq2_xxs": 16,
+    "iq1_s": 19, "iq1_m": 29,
 }  # fmt: skip
 # (elements per block, bytes per block, byte offsets of f16 scale fields)
 LAYOUT = {
@@ -35,6 +37,9 @@ LAYOUT = {
     "q4_0": (32, 18, [0]), "q4_1": (32, 20, [0, 2]), "q5_0": (32, 22, [0]), "q5_1": (32, 24, [0, 2]),
     "q8_0": (32, 34, [0]), "q2_K": (256, 84, [80, 82]), "q3_K": (256, 110, [108]),
     "q4_K": (256, 144, [0, 2]), "q5_K": (256, 176, [0, 2]), "q6_K": (256, 210, [208]),
+    "iq4_nl": (32, 18, [0]), "iq4_xs": (256, 136, [0]), "iq3_s": (256, 110, [0]), "iq3_xxs": (256, 98, [0]),
+    "iq2_s": (256, 82, [0]), "iq2_xs": (256, 74, [0]), "iq2_xxs": (256, 66, [0]), "iq1_s": (256, 50, [0]),
+    "iq1_m": (256, 56, []),  # d in the top nibbles of the scale words: set in random_matrix
 }  # fmt: skip
 N_COLS = 4096  # a typical hidden size; a multiple of every block size
 
@@ -57,6 +62,10 @@ def random_matrix(name, n_rows, rng):
     for off in f16_fields:
         d = rng.uniform(1e-3, 1e-1, size=n_blocks).astype(np.float16)
         raw[:, off : off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    if name == "iq1_m":  # d = 0x2400 (2^-6), one nibble per uint16 scale word, low nibble first
+        words = raw[:, 48:56].view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((0x2400 >> (4 * i)) & 0xF) << 12)
     return raw.reshape(-1)
 
 

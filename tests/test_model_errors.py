@@ -63,17 +63,17 @@ def test_wrong_tensor_shape(tiny, tmp_path):
 
 
 def test_unsupported_quant_type(tiny, tmp_path):
-    bad = str(tmp_path / "iq2.gguf")
+    bad = str(tmp_path / "tq2.gguf")
 
     def edit(name, raw, ttype, shape):
-        if name == "blk.0.attn_q.weight":  # same element count, stored as IQ2_XXS (no sharpi kernel)
-            block, size = GGML_QUANT_SIZES[GGMLQuantizationType.IQ2_XXS]
+        if name == "blk.0.attn_q.weight":  # same element count, stored as TQ2_0 (no sharpi kernel)
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType.TQ2_0]
             n_blocks = int(np.prod(shape)) // block
-            return np.zeros(n_blocks * size, dtype=np.uint8), GGMLQuantizationType.IQ2_XXS, shape
+            return np.zeros(n_blocks * size, dtype=np.uint8), GGMLQuantizationType.TQ2_0, shape
         return None
 
     rewrite_gguf(tiny, bad, tensor_edit=edit)
-    with pytest.raises(sharpi.UnsupportedError, match=r"blk\.0\.attn_q\.weight has type iq2_xxs"):
+    with pytest.raises(sharpi.UnsupportedError, match=r"blk\.0\.attn_q\.weight has type tq2_0"):
         sharpi.Session(bad)
 
 

@@ -16,13 +16,16 @@ import textwrap
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 from sharpi import InvalidArgument, _core
 from test_quant import oracle_dequantize, random_rows
 
 ISAS = _core.isa_available()
-K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-B32_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4]
+# The 256-element IQ types run the K-quant arithmetic with signed quants (qdot.h).
+IQ_K_TYPES = [Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_S, Q.IQ2_XS, Q.IQ2_XXS, Q.IQ1_S, Q.IQ1_M]
+K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K] + IQ_K_TYPES
+B32_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4]
 FAST_TYPES = K_TYPES + B32_TYPES
 FORMAT = {
     **{t: "q8_K" for t in K_TYPES},
@@ -30,6 +33,7 @@ FORMAT = {
     Q.Q5_0: "q8_0",
     Q.Q8_0: "q8_0",
     Q.MXFP4: "q8_0",
+    Q.IQ4_NL: "q8_0",
     Q.Q4_1: "q8_1",
     Q.Q5_1: "q8_1",
 }
@@ -101,9 +105,103 @@ def q4_k_scales(s):
     return sc, m
 
 
+IQ4_VALUES = np.array(quants.IQ4_NL.kvalues, np.int64)
+
+
+def iq_grid(cls):
+    """The gguf package's grid of an IQ type as integers [entries, width]."""
+    cls.init_grid()
+    return np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int64)
+
+
+def sign_bits(byte):
+    """+1 / -1 for bits 0..7 of each byte: [...] -> [..., 8]."""
+    return 1 - 2 * ((np.asarray(byte, np.int64)[..., None] >> np.arange(8)) & 1)
+
+
+def ksign_bits(index7):
+    return sign_bits(np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).astype(np.int64)[index7])
+
+
+def nibbles32(qs):
+    """[..., 16] bytes -> [..., 32]: the low nibbles, then the high ones."""
+    qs = qs.astype(np.int64)
+    return np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+
+
+def unpack_iq(qtype, data):
+    """256-element IQ row -> unpack_k's dict with signed u: w = d * sc * u (d f32, exact)."""
+    raw = data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    nb = len(raw)
+    u32 = lambda a: a.copy().view("<u4").astype(np.int64)
+    u16 = lambda a: a.copy().view("<u2").astype(np.int64)
+    if qtype == Q.IQ4_XS:
+        sh, sl = u16(raw[:, 2:4])[:, 0], raw[:, 4:8].astype(np.int64)
+        ls = np.stack(
+            [((sl[:, i // 2] >> (4 * (i % 2))) & 15) | (((sh >> (2 * i)) & 3) << 4) for i in range(8)], 1
+        )
+        u = IQ4_VALUES[nibbles32(raw[:, 8:136].reshape(nb, 8, 16))].reshape(nb, 256)
+        d, sc = f16(raw, 0), np.repeat(ls - 32, 2, axis=1)
+    elif qtype == Q.IQ2_XXS:
+        w = u32(raw[:, 2:66]).reshape(nb, 8, 2)
+        index = (w[:, :, 0:1] >> (8 * np.arange(4))) & 255
+        signs = ksign_bits((w[:, :, 1:2] >> (7 * np.arange(4))) & 127)
+        u = (iq_grid(quants.IQ2_XXS)[index] * signs).reshape(nb, 256)
+        d, sc = f16(raw, 0) * F32(0.125), np.repeat(2 * (w[:, :, 1] >> 28) + 1, 2, axis=1)
+    elif qtype in (Q.IQ2_XS, Q.IQ2_S):
+        if qtype == Q.IQ2_XS:
+            qs = u16(raw[:, 2:66])
+            index, signs, s = qs & 511, ksign_bits(qs >> 9), raw[:, 66:74]
+            grid = iq_grid(quants.IQ2_XS)
+        else:
+            qh = raw[:, 66:74].astype(np.int64)
+            k = np.arange(32)
+            index = raw[:, 2:34].astype(np.int64) | (((qh[:, k // 4] >> (2 * (k % 4))) & 3) << 8)
+            signs, s = sign_bits(raw[:, 34:66]), raw[:, 74:82]
+            grid = iq_grid(quants.IQ2_S)
+        u = (grid[index] * signs).reshape(nb, 256)
+        s = s.astype(np.int64)
+        d, sc = f16(raw, 0) * F32(0.125), 2 * np.stack([s & 15, s >> 4], axis=2).reshape(nb, 16) + 1
+    elif qtype == Q.IQ3_XXS:
+        ss = u32(raw[:, 66:98])
+        grid = iq_grid(quants.IQ3_XXS)[raw[:, 2:66].astype(np.int64)].reshape(nb, 8, 32)
+        signs = ksign_bits((ss[:, :, None] >> (7 * np.arange(4))) & 127).reshape(nb, 8, 32)
+        u = (grid * signs).reshape(nb, 256)
+        d, sc = f16(raw, 0) * F32(0.25), np.repeat(2 * (ss >> 28) + 1, 2, axis=1)
+    elif qtype == Q.IQ3_S:
+        qh, s = raw[:, 66:74].astype(np.int64), raw[:, 106:110].astype(np.int64)
+        k = np.arange(64)
+        index = raw[:, 2:66].astype(np.int64) | (((qh[:, k // 8] >> (k % 8)) & 1) << 8)
+        u = iq_grid(quants.IQ3_S)[index].reshape(nb, 256) * sign_bits(raw[:, 74:106]).reshape(nb, 256)
+        ls = np.stack([s & 15, s >> 4], axis=2).reshape(nb, 8)
+        d, sc = f16(raw, 0), np.repeat(2 * ls + 1, 2, axis=1)
+    elif qtype == Q.IQ1_S:
+        qh = u16(raw[:, 34:50])
+        index = raw[:, 2:34].astype(np.int64).reshape(nb, 8, 4) | (
+            ((qh[:, :, None] >> (3 * np.arange(4))) & 7) << 8
+        )
+        delta = np.where(qh & 0x8000, -1, 1)[:, :, None, None]
+        u = (8 * iq_grid(quants.IQ1_S)[index] + delta).reshape(nb, 256)
+        d, sc = f16(raw, 0) * F32(0.125), np.repeat(2 * ((qh >> 12) & 7) + 1, 2, axis=1)
+    else:  # IQ1_M
+        w = u16(raw[:, 48:56])
+        d16 = (w[:, 0] >> 12) | ((w[:, 1] >> 8) & 0xF0) | ((w[:, 2] >> 4) & 0xF00) | (w[:, 3] & 0xF000)
+        i = np.arange(16)
+        sc = 2 * ((w[:, i // 4] >> (3 * (i % 4))) & 7) + 1
+        k = np.arange(32)
+        nib = (raw[:, 32:48].astype(np.int64)[:, k // 2] >> (4 * (k % 2))) & 15
+        index = raw[:, 0:32].astype(np.int64) | ((nib & 7) << 8)
+        u = (8 * iq_grid(quants.IQ1_S)[index] + np.where(nib & 8, -1, 1)[:, :, None]).reshape(nb, 256)
+        d = d16.astype(np.uint16).view(np.float16).astype(F32) * F32(0.125)
+    zeros = np.zeros((nb, 16), np.int64)
+    return {"u": u, "sc": sc, "mn": zeros, "d": d, "dmin": np.zeros(nb, F32), "offset": 0}
+
+
 def unpack_k(qtype, data):
     """K-quant row -> dict(u [nb, 256], sc [nb, 16], mn [nb, 16], d, dmin, offset) with
     w = d * sc * (u - offset) - dmin * mn per 16-element sub-block."""
+    if qtype in IQ_K_TYPES:
+        return unpack_iq(qtype, data)
     bs, ts = 256, {Q.Q2_K: 84, Q.Q3_K: 110, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}[qtype]
     raw = data.reshape(-1, ts)
     nb = len(raw)
@@ -165,7 +263,7 @@ def unpack_k(qtype, data):
 
 def unpack_b32(qtype, data):
     """32-element row -> dict(q [nb, 32] ints, d, m) with w = d * q + m (m = 0 for the signed types)."""
-    ts = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.MXFP4: 17}[qtype]
+    ts = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.MXFP4: 17, Q.IQ4_NL: 18}[qtype]
     raw = data.reshape(-1, ts)
     nb = len(raw)
     if qtype == Q.MXFP4:
@@ -176,6 +274,8 @@ def unpack_b32(qtype, data):
         q = np.where(nib & 8, -1, 1) * e2m1_doubled[nib & 7]
         d = np.ldexp(np.float32(1), raw[:, 0].astype(np.int32) - 128).astype(F32)
         return {"q": q, "d": d, "m": np.zeros(nb, F32)}
+    if qtype == Q.IQ4_NL:
+        return {"q": IQ4_VALUES[nibbles32(raw[:, 2:18])], "d": f16(raw, 0), "m": np.zeros(nb, F32)}
     if qtype == Q.Q8_0:
         return {"q": raw[:, 2:34].view(np.int8).astype(np.int64), "d": f16(raw, 0), "m": np.zeros(nb, F32)}
     has_m = qtype in (Q.Q4_1, Q.Q5_1)

@@ -37,6 +37,16 @@ F16_FIELDS = {
     Q.Q5_K: [0, 2],
     Q.Q6_K: [208],  # after ql[128], qh[64], scales[16]: d
     Q.MXFP4: [],  # no f16 field: one E8M0 exponent byte at 0, kept sane in random_rows
+    # The IQ types: d first, except IQ1_M, whose d is spread over four nibbles (random_rows).
+    Q.IQ4_NL: [0],
+    Q.IQ4_XS: [0],
+    Q.IQ3_S: [0],
+    Q.IQ3_XXS: [0],
+    Q.IQ2_S: [0],
+    Q.IQ2_XS: [0],
+    Q.IQ2_XXS: [0],
+    Q.IQ1_S: [0],
+    Q.IQ1_M: [],
 }
 QUANT_TYPES = list(F16_FIELDS)
 PLAIN_TYPES = [Q.F32, Q.F16, Q.BF16]
@@ -81,6 +91,13 @@ def random_rows(qtype, n_rows, n, rng):
         raw[:, off : off + 2] = random_scales(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
     if qtype == Q.MXFP4:
         raw[:, 0] = rng.integers(112, 132, size=n_blocks)  # 2^(e - 128): 2^-16 .. 2^3
+    if qtype == Q.IQ1_M:
+        # d's 16 bits are the top nibbles of the four uint16 scale words (bytes 48..55), low bits first.
+        d = random_scales(rng, n_blocks).view(np.uint16)
+        words = raw[:, 48:56].copy().view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
+        raw[:, 48:56] = words.view(np.uint8)
     return raw.reshape(-1)
 
 
@@ -323,7 +340,7 @@ def test_sharpi_isa_override():
 
 
 @pytest.mark.parametrize(
-    "type_id, name", [(int(Q.IQ2_XXS), "iq2_xxs"), (int(Q.Q8_K), "q8_K"), (99, "unknown (id 99)")]
+    "type_id, name", [(int(Q.TQ2_0), "tq2_0"), (int(Q.Q8_K), "q8_K"), (99, "unknown (id 99)")]
 )
 def test_unsupported_type_raises(type_id, name):
     data = np.zeros(66, np.uint8)

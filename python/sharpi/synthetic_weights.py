@@ -52,7 +52,20 @@ _SCALE_FIELDS: dict[QT, tuple[int, list[tuple[int, float]]]] = {
     QT.Q4_K: (0, [(2, 7.5)]),
     QT.Q5_K: (0, [(2, 15.5)]),
     QT.Q6_K: (208, []),
+    # The IQ types: d first (IQ1_M's is spread over nibbles, see _fix_scales), symmetric values.
+    QT.IQ4_NL: (0, []),
+    QT.IQ4_XS: (0, []),
+    QT.IQ3_S: (0, []),
+    QT.IQ3_XXS: (0, []),
+    QT.IQ2_S: (0, []),
+    QT.IQ2_XS: (0, []),
+    QT.IQ2_XXS: (0, []),
+    QT.IQ1_S: (0, []),
+    QT.IQ1_M: (48, []),
 }
+# No numpy quantizer (gguf quantizes none of them): tensors of these types are random blocks even
+# with weights="float".
+RANDOM_ONLY = frozenset(t for t in _SCALE_FIELDS if t.name.startswith("IQ"))
 
 _JITTER = (0.75 + np.arange(256) / 512.0).astype(np.float32)  # per-block scale spread, mean ~1
 
@@ -76,6 +89,12 @@ def _fix_scales(blocks: np.ndarray, qtype: QT, d0: float) -> None:
         # Symmetric codes are not quite centred (q4_0: q - 8 on -8..7); a random sign on d (the f16
         # sign bit, from the random high byte) makes the distribution symmetric.
         d_bits |= (blocks[:, d_off + 1] & 0x80).astype(np.uint16) << 8
+    if qtype == QT.IQ1_M:
+        # d's 16 bits are the top nibbles of the four uint16 scale words (bytes 48..55), low first.
+        words = blocks[:, 48:56].view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((d_bits >> (4 * i)) & 0xF) << 12)
+        return
     blocks[:, d_off : d_off + 2].view(np.uint16)[:, 0] = d_bits
     for off, ratio in extra:
         table = (np.float32(d0 * ratio) * _JITTER).astype(np.float16).view(np.uint16)
@@ -136,7 +155,7 @@ def _random_float32(spec: TensorSpec, rng: np.random.Generator, chunk_bytes: int
 def tensor_data(spec: TensorSpec, seed: int, weights: str) -> Iterator[np.ndarray]:
     """The tensor's bytes, as one or more arrays in order."""
     small = spec.role in ("norm", "bias", "router", "shexp_gate", "ssm_a")  # tiny, f32: always real draws
-    if weights == "float" or small:
+    if (weights == "float" and spec.type not in RANDOM_ONLY) or small:
         x = _float_weights(spec, _tensor_rng(seed, spec.name))
         yield quantize(x, spec.type)
     elif spec.type == QT.F32:

@@ -27,6 +27,9 @@ class QuantRecipe:
     ftype: FT  # general.file_type
     default: QT  # type of an ordinary weight matrix
     via_quantizer: bool  # True: llama-quantize's per-tensor rules; False: convert_hf_to_gguf --outtype
+    # Dynamic mixes (the "UD-Q2_K_XL" kind): routed experts' gate/up and down types; everything
+    # else follows `default` and the rules of choose_type.
+    experts: tuple[QT, QT] | None = None
 
 
 QUANTS: dict[str, QuantRecipe] = {
@@ -50,6 +53,19 @@ QUANTS: dict[str, QuantRecipe] = {
         QuantRecipe("q5_k_m", FT.MOSTLY_Q5_K_M, QT.Q5_K, True),
         # llama-quantize's MXFP4_MOE: stacked expert tensors MXFP4, every other matrix Q8_0.
         QuantRecipe("mxfp4", FT.MOSTLY_MXFP4_MOE, QT.Q8_0, True),
+        # The importance-matrix types, every weight matrix in that type (output.weight Q6_K).
+        QuantRecipe("iq4_nl", FT.MOSTLY_IQ4_NL, QT.IQ4_NL, True),
+        QuantRecipe("iq4_xs", FT.MOSTLY_IQ4_XS, QT.IQ4_XS, True),
+        QuantRecipe("iq3_s", FT.MOSTLY_IQ3_S, QT.IQ3_S, True),
+        QuantRecipe("iq3_xxs", FT.MOSTLY_IQ3_XXS, QT.IQ3_XXS, True),
+        QuantRecipe("iq2_s", FT.MOSTLY_IQ2_S, QT.IQ2_S, True),
+        QuantRecipe("iq2_xs", FT.MOSTLY_IQ2_XS, QT.IQ2_XS, True),
+        QuantRecipe("iq2_xxs", FT.MOSTLY_IQ2_XXS, QT.IQ2_XXS, True),
+        QuantRecipe("iq1_s", FT.MOSTLY_IQ1_S, QT.IQ1_S, True),
+        QuantRecipe("iq1_m", FT.MOSTLY_IQ1_M, QT.IQ1_M, True),
+        # A dynamic mix as big MoE files ship: IQ2_XXS expert gate/up, IQ3_S expert down, Q4_K dense
+        # weights with Q6_K attn_v / output (unsloth's UD-IQ2_XXS layout, simplified).
+        QuantRecipe("iq2_xxs_mix", FT.MOSTLY_IQ2_XXS, QT.Q4_K, True, experts=(QT.IQ2_XXS, QT.IQ3_S)),
     ]
 }
 
@@ -100,6 +116,11 @@ def _more_bits(i_layer: int, n_layer: int) -> bool:
 
 
 _FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
+# llama-quantize: the 256-element IQ types fall back to IQ4_NL (32-element blocks).
+_FALLBACK.update(
+    {t: QT.IQ4_NL for t in (QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS, QT.IQ2_S, QT.IQ2_XS, QT.IQ2_XXS, QT.IQ1_S, QT.IQ1_M)}
+)
+_FALLBACK[QT.IQ4_NL] = QT.Q8_0
 
 
 def _fits(qt: QT, row: int) -> bool:
@@ -132,7 +153,12 @@ def choose_type(spec: TensorSpec, hp: HParams, recipe: QuantRecipe, pure: bool =
     if ft == FT.MOSTLY_MXFP4_MOE:
         return QT.MXFP4 if len(spec.ne) == 3 and _fits(QT.MXFP4, row) else new if _fits(new, row) else QT.F16
     tied_embd = hp.tie_embeddings and name == "token_embd.weight"
-    if not pure:
+    if recipe.experts is not None and not pure:
+        if "_exps." in name:
+            new = recipe.experts[1] if ".ffn_down_exps." in name else recipe.experts[0]
+        elif ".attn_v." in name or name == "output.weight" or tied_embd:
+            new = QT.Q6_K
+    elif not pure:
         if name == "output.weight" or tied_embd:
             if not _fits(new, row):
                 new = QT.Q8_0

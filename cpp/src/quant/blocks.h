@@ -118,6 +118,93 @@ struct block_mxfp4 {
     uint8_t qs[QK_MXFP4 / 2];
 };
 static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "wrong mxfp4 block size");
+// ---- IQ types (importance-matrix quants) -------------------------------------------------------
+//
+// Each value is (f16 d) * (small integer scale) * (a table value, quant/iq_tables.h) * (sign), every
+// product exact in f32. Element e of a 256-block lies in sub-block e / 32; "entry" k of a grid type
+// covers elements [8k, 8k + 8) (IQ3: [4k, 4k + 4)). The decoders are in cpu/quant/iq_unpack.h.
+
+#define QK4_NL 32
+
+// x = d * kIq4nlValues[q]; element j < 16 is the low nibble of qs[j], 16 + j the high nibble.
+struct block_iq4_nl {
+    ggml_half d;
+    uint8_t qs[QK4_NL / 2];
+};
+static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "wrong iq4_nl block size");
+
+// 8 sub-blocks of 32 as IQ4_NL blocks, with 6-bit scales ls (low 4 bits in scales_l nibbles, high 2
+// in scales_h): x = d * (ls - 32) * kIq4nlValues[q].
+struct block_iq4_xs {
+    ggml_half d;
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_iq4_xs) == 4 + QK_K / 64 + QK_K / 2, "wrong iq4_xs block size");
+
+// Per sub-block two uint32: 4 grid indices (bytes), then 4 x 7 sign bits and a 4-bit scale ls:
+// x = d * (ls + 1/2) / 4 * kIq2xxsGrid * sign.
+struct block_iq2_xxs {
+    ggml_half d;
+    uint16_t qs[QK_K / 8];
+};
+static_assert(sizeof(block_iq2_xxs) == 2 + QK_K / 4, "wrong iq2_xxs block size");
+
+// qs[k]: 9-bit grid index and 7 sign bits; one 4-bit scale per 16 elements.
+struct block_iq2_xs {
+    ggml_half d;
+    uint16_t qs[QK_K / 8];
+    uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq2_xs) == 2 + QK_K / 4 + QK_K / 32, "wrong iq2_xs block size");
+
+// qs[0..32): low 8 bits of the 10-bit grid indices, qs[32..64): 8 explicit sign bits per entry,
+// qh: the indices' top 2 bits; one 4-bit scale per 16 elements.
+struct block_iq2_s {
+    ggml_half d;
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq2_s) == 2 + QK_K / 4 + QK_K / 16, "wrong iq2_s block size");
+
+// qs[0..64): grid indices (4 values each); qs[64..96): per sub-block a uint32 of 4 x 7 sign bits
+// and a 4-bit scale ls: x = d * (ls + 1/2) / 2 * kIq3xxsGrid * sign.
+struct block_iq3_xxs {
+    ggml_half d;
+    uint8_t qs[3 * QK_K / 8];
+};
+static_assert(sizeof(block_iq3_xxs) == 2 + 3 * QK_K / 8, "wrong iq3_xxs block size");
+
+// 9-bit grid indices (qs low 8, qh bit 8), explicit sign bits, one 4-bit scale per sub-block:
+// x = d * (1 + 2 ls) * kIq3sGrid * sign.
+struct block_iq3_s {
+    ggml_half d;
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t signs[QK_K / 8];
+    uint8_t scales[QK_K / 64];
+};
+static_assert(sizeof(block_iq3_s) == 2 + 13 * (QK_K / 32) + QK_K / 64, "wrong iq3_s block size");
+
+// 11-bit indices into kIq1sGrid (qs low 8, qh 3 bits per entry); qh[sub-block] also holds a 3-bit
+// scale (bits 12-14) and the sign of a +-1/8 shift (bit 15): x = d * (2 ls + 1) * (grid + delta).
+struct block_iq1_s {
+    ggml_half d;
+    uint8_t qs[QK_K / 8];
+    uint16_t qh[QK_K / 32];
+};
+static_assert(sizeof(block_iq1_s) == 2 + QK_K / 8 + QK_K / 16, "wrong iq1_s block size");
+
+// As IQ1_S with a 3-bit scale per 16 elements and the delta sign per entry (qh nibble bit 3); the
+// f16 d is spread over the top nibbles of the four uint16 scale words.
+struct block_iq1_m {
+    uint8_t qs[QK_K / 8];
+    uint8_t qh[QK_K / 16];
+    uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq1_m) == QK_K / 8 + QK_K / 16 + QK_K / 32, "wrong iq1_m block size");
 
 // ---- activation blocks (fast mode: a row of activations quantized once per matmul) ---------------
 //

@@ -23,20 +23,20 @@ const GgmlTypeTraits& ggml_type_traits(GgmlType type) {
     // Known to the format, not computed by sharpi (yet): sizes let `sharpi inspect` report them.
     static const GgmlTypeTraits kQ8_1{"q8_1", 32, 36, false};
     static const GgmlTypeTraits kQ8_K{"q8_K", QK_K, 292, false};
-    static const GgmlTypeTraits kIQ2_XXS{"iq2_xxs", QK_K, 66, false};
-    static const GgmlTypeTraits kIQ2_XS{"iq2_xs", QK_K, 74, false};
-    static const GgmlTypeTraits kIQ3_XXS{"iq3_xxs", QK_K, 98, false};
-    static const GgmlTypeTraits kIQ1_S{"iq1_s", QK_K, 50, false};
-    static const GgmlTypeTraits kIQ4_NL{"iq4_nl", 32, 18, false};
-    static const GgmlTypeTraits kIQ3_S{"iq3_s", QK_K, 110, false};
-    static const GgmlTypeTraits kIQ2_S{"iq2_s", QK_K, 82, false};
-    static const GgmlTypeTraits kIQ4_XS{"iq4_xs", QK_K, 136, false};
+    static const GgmlTypeTraits kIQ2_XXS{"iq2_xxs", QK_K, sizeof(block_iq2_xxs), true};
+    static const GgmlTypeTraits kIQ2_XS{"iq2_xs", QK_K, sizeof(block_iq2_xs), true};
+    static const GgmlTypeTraits kIQ3_XXS{"iq3_xxs", QK_K, sizeof(block_iq3_xxs), true};
+    static const GgmlTypeTraits kIQ1_S{"iq1_s", QK_K, sizeof(block_iq1_s), true};
+    static const GgmlTypeTraits kIQ4_NL{"iq4_nl", QK4_NL, sizeof(block_iq4_nl), true};
+    static const GgmlTypeTraits kIQ3_S{"iq3_s", QK_K, sizeof(block_iq3_s), true};
+    static const GgmlTypeTraits kIQ2_S{"iq2_s", QK_K, sizeof(block_iq2_s), true};
+    static const GgmlTypeTraits kIQ4_XS{"iq4_xs", QK_K, sizeof(block_iq4_xs), true};
     static const GgmlTypeTraits kI8{"i8", 1, 1, false};
     static const GgmlTypeTraits kI16{"i16", 1, 2, false};
     static const GgmlTypeTraits kI32{"i32", 1, 4, false};
     static const GgmlTypeTraits kI64{"i64", 1, 8, false};
     static const GgmlTypeTraits kF64{"f64", 1, 8, false};
-    static const GgmlTypeTraits kIQ1_M{"iq1_m", QK_K, 56, false};
+    static const GgmlTypeTraits kIQ1_M{"iq1_m", QK_K, sizeof(block_iq1_m), true};
     static const GgmlTypeTraits kTQ1_0{"tq1_0", QK_K, 54, false};
     static const GgmlTypeTraits kTQ2_0{"tq2_0", QK_K, 66, false};
     switch (type) {

@@ -14,6 +14,7 @@
 // Q2_K and Q3_K have at most 8 values per sub-block and use an 8-entry vpermps table instead.
 #include <immintrin.h>
 
+#include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/kernels_impl.h"
 
 namespace sharpi::cpu::detail {
@@ -519,6 +520,57 @@ struct DecodeQ6_K {
                 sink.put(chunk,
                          _mm256_mul_ps(_mm256_set1_ps(dsc[chunk / 2]), to_float(sbytes_to_lanes(q + 8 * c))));
             }
+        }
+    }
+};
+
+// ---- IQ types (iq_unpack.h): values (d * sc) * q, every product exact --------------------------
+
+// 32 int8 values -> chunks c0 .. c0 + 3 scaled by `scale`.
+template <typename Sink>
+inline void put_scaled32(__m256i q, float scale, int c0, Sink& sink) {
+    const __m256 s = _mm256_set1_ps(scale);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    sink.put(c0, _mm256_mul_ps(s, to_float(_mm256_cvtepi8_epi32(lo))));
+    sink.put(c0 + 1, _mm256_mul_ps(s, to_float(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+    sink.put(c0 + 2, _mm256_mul_ps(s, to_float(_mm256_cvtepi8_epi32(hi))));
+    sink.put(c0 + 3, _mm256_mul_ps(s, to_float(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+
+struct DecodeIQ4_NL {  // d * kIq4nlValues[q], the values by pshufb
+    using Block = block_iq4_nl;
+    static constexpr int kBlockSize = QK4_NL;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        put_scaled32(iq4_values32_avx2(b->qs), half_to_float(b->d), 0, sink);
+    }
+};
+
+struct DecodeIQ4_XS {  // (d * (ls - 32)) * kIq4nlValues[q]
+    using Block = block_iq4_xs;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        const float d = half_to_float(b->d);
+        for (int ib = 0; ib < QK_K / 32; ++ib) {
+            put_scaled32(iq4_values32_avx2(b->qs + 16 * ib), d * static_cast<float>(iq4_xs_scale(b, ib)),
+                         4 * ib, sink);
+        }
+    }
+};
+
+// The lattice types: grid lookups into an IqUnpacked, then 8 floats per chunk.
+template <typename B, void (*Unpack)(const B*, IqUnpacked&)>
+struct DecodeIqGrid {
+    using Block = B;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink) {
+        alignas(32) IqUnpacked u;
+        Unpack(b, u);
+        for (int c = 0; c < QK_K / 8; ++c) {
+            const __m256 scale = _mm256_set1_ps(u.d * static_cast<float>(u.sc[c / 2]));
+            sink.put(c, _mm256_mul_ps(scale, to_float(sbytes_to_lanes(u.q + 8 * c))));
         }
     }
 };

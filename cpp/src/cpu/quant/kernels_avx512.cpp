@@ -13,6 +13,7 @@
 // same roundings as the gguf package) and looks each element up with one vpermps/vpermi2ps on its
 // quant bits. That replaces convert + multiply + add per element by one shuffle, and gives values
 // identical to the scalar reference. Q8_0 and Q6_K (256 and 64 values) convert and scale instead.
+#include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/kernels_impl.h"
 
 // GCC 12 reports the deliberately undefined vectors inside its own AVX-512 intrinsics
@@ -537,6 +538,59 @@ struct DecodeQ6_K {
                     _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * c)));
                 sink.put(8 * h + c, _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), _mm512_cvtepi32_ps(qi)));
             }
+        }
+    }
+};
+
+// ---- IQ types (iq_unpack.h): values (d * sc) * q, every product exact --------------------------
+
+// IQ4_NL / IQ4_XS: T[q] = scale * kIq4nlValues[q], looked up as in Q4_0.
+inline __m512 iq4_table(float scale) {
+    const __m128i kv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+    return _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(kv)));
+}
+
+struct DecodeIQ4_NL {
+    using Block = block_iq4_nl;
+    static constexpr int kBlockSize = QK4_NL;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink, int c0) {
+        const __m512 table = iq4_table(half_to_float(b->d));
+        const __m512i q = bytes_to_lanes(b->qs);
+        sink.put(c0, _mm512_permutexvar_ps(q, table));
+        sink.put(c0 + 1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
+    }
+};
+
+struct DecodeIQ4_XS {
+    using Block = block_iq4_xs;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink, int) {
+        const float d = half_to_float(b->d);
+        for (int ib = 0; ib < QK_K / 32; ++ib) {
+            const __m512 table = iq4_table(d * static_cast<float>(iq4_xs_scale(b, ib)));
+            const __m512i q = bytes_to_lanes(b->qs + 16 * ib);
+            sink.put(2 * ib, _mm512_permutexvar_ps(q, table));
+            sink.put(2 * ib + 1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
+        }
+    }
+};
+
+// The lattice types: grid lookups into an IqUnpacked, then 16 floats per chunk (one scale each).
+template <typename B, void (*Unpack)(const B*, IqUnpacked&)>
+struct DecodeIqGrid {
+    using Block = B;
+    static constexpr int kBlockSize = QK_K;
+    template <typename Sink>
+    static void decode(const Block* b, Sink& sink, int) {
+        alignas(64) IqUnpacked u;
+        Unpack(b, u);
+        for (int c = 0; c < QK_K / 16; ++c) {
+            const __m512 scale = _mm512_set1_ps(u.d * static_cast<float>(u.sc[c]));
+            const __m512i q =
+                _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u.q + 16 * c)));
+            sink.put(c, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(q)));
         }
     }
 };

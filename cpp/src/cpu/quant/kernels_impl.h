@@ -119,35 +119,52 @@ static inline void keep_in_memory(float (&values)[16]) {
 // The kernel table of a SIMD file (kernels_avx2.cpp, kernels_avx512.cpp), written once. Each SIMD
 // file defines, in its anonymous namespace, the same names: the row loops dequant_plain<Load> /
 // dot_plain<Load> and dequant_row_blocks<Decode> / dot_row_blocks<Decode>, the loaders LoadF32,
-// LoadF16, LoadBF16 and the block decoders DecodeQ4_0 .. DecodeQ6_K. A macro rather than a template
+// LoadF16, LoadBF16 and the block decoders DecodeQ4_0 .. DecodeQ6_K, DecodeIQ4_NL, DecodeIQ4_XS and
+// DecodeIqGrid<Block, unpack> (iq_unpack.h). A macro rather than a template
 // in this header because of the ODR rule above: it expands to file-local code in each SIMD file.
-#define SHARPI_SIMD_KERNEL_TABLE(table_name, dot_f32_fn, dot_f32_tile_fn)        \
-    template <typename D>                                                        \
-    constexpr RowKernels block_entry() {                                         \
-        return RowKernels{&dequant_row_blocks<D>, &dot_row_blocks<D>};           \
-    }                                                                            \
-    template <typename Load>                                                     \
-    constexpr RowKernels plain_entry() {                                         \
-        return RowKernels{&dequant_plain<Load>, &dot_plain<Load>};               \
-    }                                                                            \
-    constexpr IsaKernels make_##table_name() {                                   \
-        IsaKernels t{};                                                          \
-        t.by_type[static_cast<int>(GgmlType::F32)] = plain_entry<LoadF32>();     \
-        t.by_type[static_cast<int>(GgmlType::F16)] = plain_entry<LoadF16>();     \
-        t.by_type[static_cast<int>(GgmlType::BF16)] = plain_entry<LoadBF16>();   \
-        t.by_type[static_cast<int>(GgmlType::Q4_0)] = block_entry<DecodeQ4_0>(); \
-        t.by_type[static_cast<int>(GgmlType::Q4_1)] = block_entry<DecodeQ4_1>(); \
-        t.by_type[static_cast<int>(GgmlType::Q5_0)] = block_entry<DecodeQ5_0>(); \
-        t.by_type[static_cast<int>(GgmlType::Q5_1)] = block_entry<DecodeQ5_1>(); \
-        t.by_type[static_cast<int>(GgmlType::Q8_0)] = block_entry<DecodeQ8_0>(); \
-        t.by_type[static_cast<int>(GgmlType::Q2_K)] = block_entry<DecodeQ2_K>(); \
-        t.by_type[static_cast<int>(GgmlType::Q3_K)] = block_entry<DecodeQ3_K>(); \
-        t.by_type[static_cast<int>(GgmlType::Q4_K)] = block_entry<DecodeQ4_K>(); \
-        t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>(); \
-        t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>(); \
-        t.by_type[static_cast<int>(GgmlType::MXFP4)] = block_entry<DecodeMX4>(); \
-        t.dot_f32 = &dot_f32_fn;                                                 \
-        t.dot_f32_tile = &dot_f32_tile_fn;                                       \
-        return t;                                                                \
-    }                                                                            \
+#define SHARPI_SIMD_KERNEL_TABLE(table_name, dot_f32_fn, dot_f32_tile_fn)            \
+    template <typename D>                                                            \
+    constexpr RowKernels block_entry() {                                             \
+        return RowKernels{&dequant_row_blocks<D>, &dot_row_blocks<D>};               \
+    }                                                                                \
+    template <typename Load>                                                         \
+    constexpr RowKernels plain_entry() {                                             \
+        return RowKernels{&dequant_plain<Load>, &dot_plain<Load>};                   \
+    }                                                                                \
+    constexpr IsaKernels make_##table_name() {                                       \
+        IsaKernels t{};                                                              \
+        t.by_type[static_cast<int>(GgmlType::F32)] = plain_entry<LoadF32>();         \
+        t.by_type[static_cast<int>(GgmlType::F16)] = plain_entry<LoadF16>();         \
+        t.by_type[static_cast<int>(GgmlType::BF16)] = plain_entry<LoadBF16>();       \
+        t.by_type[static_cast<int>(GgmlType::Q4_0)] = block_entry<DecodeQ4_0>();     \
+        t.by_type[static_cast<int>(GgmlType::Q4_1)] = block_entry<DecodeQ4_1>();     \
+        t.by_type[static_cast<int>(GgmlType::Q5_0)] = block_entry<DecodeQ5_0>();     \
+        t.by_type[static_cast<int>(GgmlType::Q5_1)] = block_entry<DecodeQ5_1>();     \
+        t.by_type[static_cast<int>(GgmlType::Q8_0)] = block_entry<DecodeQ8_0>();     \
+        t.by_type[static_cast<int>(GgmlType::Q2_K)] = block_entry<DecodeQ2_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q3_K)] = block_entry<DecodeQ3_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q4_K)] = block_entry<DecodeQ4_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q5_K)] = block_entry<DecodeQ5_K>();     \
+        t.by_type[static_cast<int>(GgmlType::Q6_K)] = block_entry<DecodeQ6_K>();     \
+        t.by_type[static_cast<int>(GgmlType::MXFP4)] = block_entry<DecodeMX4>();     \
+        t.by_type[static_cast<int>(GgmlType::IQ4_NL)] = block_entry<DecodeIQ4_NL>(); \
+        t.by_type[static_cast<int>(GgmlType::IQ4_XS)] = block_entry<DecodeIQ4_XS>(); \
+        t.by_type[static_cast<int>(GgmlType::IQ3_S)] =                               \
+            block_entry<DecodeIqGrid<block_iq3_s, unpack_iq3_s>>();                  \
+        t.by_type[static_cast<int>(GgmlType::IQ3_XXS)] =                             \
+            block_entry<DecodeIqGrid<block_iq3_xxs, unpack_iq3_xxs>>();              \
+        t.by_type[static_cast<int>(GgmlType::IQ2_S)] =                               \
+            block_entry<DecodeIqGrid<block_iq2_s, unpack_iq2_s>>();                  \
+        t.by_type[static_cast<int>(GgmlType::IQ2_XS)] =                              \
+            block_entry<DecodeIqGrid<block_iq2_xs, unpack_iq2_xs>>();                \
+        t.by_type[static_cast<int>(GgmlType::IQ2_XXS)] =                             \
+            block_entry<DecodeIqGrid<block_iq2_xxs, unpack_iq2_xxs>>();              \
+        t.by_type[static_cast<int>(GgmlType::IQ1_S)] =                               \
+            block_entry<DecodeIqGrid<block_iq1_s, unpack_iq1_s>>();                  \
+        t.by_type[static_cast<int>(GgmlType::IQ1_M)] =                               \
+            block_entry<DecodeIqGrid<block_iq1_m, unpack_iq1_m>>();                  \
+        t.dot_f32 = &dot_f32_fn;                                                     \
+        t.dot_f32_tile = &dot_f32_tile_fn;                                           \
+        return t;                                                                    \
+    }                                                                                \
     constexpr IsaKernels table_name = make_##table_name();

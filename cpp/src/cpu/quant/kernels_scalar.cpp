@@ -13,6 +13,7 @@
 // dot_row(w, x) == dot_f32(dequant_row(w), x) bit for bit by construction.
 #include <string.h>
 
+#include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/kernels_impl.h"
 #include "quant/fp16.h"
 
@@ -235,6 +236,22 @@ void dequant_block_q6_K(const block_q6_K* b, float* y) {
     }
 }
 
+// IQ types: unpacked to integers (iq_unpack.h), then (d * sc) * q, every product exact.
+void dequant_block_iq4_nl(const block_iq4_nl* b, float* y) {
+    const float d = fp16_to_fp32(b->d);
+    int8_t q[QK4_NL];
+    unpack_iq4_nl(b, q);
+    for (int j = 0; j < QK4_NL; ++j) y[j] = d * static_cast<float>(q[j]);
+}
+
+template <typename Block, void (*Unpack)(const Block*, IqUnpacked&)>
+void dequant_block_iq(const Block* b, float* y) {
+    IqUnpacked u;
+    Unpack(b, u);
+    for (int e = 0; e < QK_K; ++e)
+        y[e] = (u.d * static_cast<float>(u.sc[e / 16])) * static_cast<float>(u.q[e]);
+}
+
 // ---- rows -----------------------------------------------------------------------------------------
 
 // Row kernels for a block type: dequant_row runs the block dequantizer over the row; dot_row
@@ -305,6 +322,11 @@ constexpr RowKernels row_entry() {
     return RowKernels{&Row::dequant_row, &Row::dot_row};
 }
 
+template <typename Block, void (*Unpack)(const Block*, IqUnpacked&)>
+constexpr RowKernels iq_entry() {
+    return row_entry<BlockRow<Block, QK_K, dequant_block_iq<Block, Unpack>>>();
+}
+
 constexpr IsaKernels make_scalar_table() {
     IsaKernels t{};
     t.by_type[static_cast<int>(GgmlType::F32)] = RowKernels{&dequant_row_f32, &dot_row_f32};
@@ -327,6 +349,16 @@ constexpr IsaKernels make_scalar_table() {
     t.by_type[static_cast<int>(GgmlType::Q6_K)] = row_entry<BlockRow<block_q6_K, QK_K, dequant_block_q6_K>>();
     t.by_type[static_cast<int>(GgmlType::MXFP4)] =
         row_entry<BlockRow<block_mxfp4, QK_MXFP4, dequant_block_mxfp4>>();
+    t.by_type[static_cast<int>(GgmlType::IQ4_NL)] =
+        row_entry<BlockRow<block_iq4_nl, QK4_NL, dequant_block_iq4_nl>>();
+    t.by_type[static_cast<int>(GgmlType::IQ4_XS)] = iq_entry<block_iq4_xs, unpack_iq4_xs>();
+    t.by_type[static_cast<int>(GgmlType::IQ3_S)] = iq_entry<block_iq3_s, unpack_iq3_s>();
+    t.by_type[static_cast<int>(GgmlType::IQ3_XXS)] = iq_entry<block_iq3_xxs, unpack_iq3_xxs>();
+    t.by_type[static_cast<int>(GgmlType::IQ2_S)] = iq_entry<block_iq2_s, unpack_iq2_s>();
+    t.by_type[static_cast<int>(GgmlType::IQ2_XS)] = iq_entry<block_iq2_xs, unpack_iq2_xs>();
+    t.by_type[static_cast<int>(GgmlType::IQ2_XXS)] = iq_entry<block_iq2_xxs, unpack_iq2_xxs>();
+    t.by_type[static_cast<int>(GgmlType::IQ1_S)] = iq_entry<block_iq1_s, unpack_iq1_s>();
+    t.by_type[static_cast<int>(GgmlType::IQ1_M)] = iq_entry<block_iq1_m, unpack_iq1_m>();
     t.dot_f32 = &dot_f32_scalar;
     t.dot_f32_tile = &dot_f32_tile_scalar;
     return t;

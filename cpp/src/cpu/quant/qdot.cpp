@@ -31,6 +31,7 @@ ActFormat act_format(GgmlType weight) {
         case GgmlType::Q5_0:
         case GgmlType::Q8_0:
         case GgmlType::MXFP4:
+        case GgmlType::IQ4_NL:
             return ActFormat::q8_0;
         case GgmlType::Q4_1:
         case GgmlType::Q5_1:
@@ -40,6 +41,14 @@ ActFormat act_format(GgmlType weight) {
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
+        case GgmlType::IQ4_XS:
+        case GgmlType::IQ3_S:
+        case GgmlType::IQ3_XXS:
+        case GgmlType::IQ2_S:
+        case GgmlType::IQ2_XS:
+        case GgmlType::IQ2_XXS:
+        case GgmlType::IQ1_S:
+        case GgmlType::IQ1_M:
             return ActFormat::q8_K;
         default:
             return ActFormat::f32;

@@ -2,9 +2,10 @@
 // and every weight row is dotted with it in integers, as llama.cpp does. Exact mode never calls
 // these (kernels.h: f32 activations, dequantized weights).
 //
-// Formats (quant/blocks.h): K-quant weights (Q2_K..Q6_K) take q8_K activations, Q4_0 / Q5_0 / Q8_0 / MXFP4
-// take q8_0, Q4_1 / Q5_1 take q8_1. F32 / F16 / BF16 weights have no integer kernel: they keep f32
-// activations in both modes (their dot_row already widens with F16C / shifts).
+// Formats (quant/blocks.h): K-quant weights (Q2_K..Q6_K) and the 256-element IQ types take q8_K
+// activations, Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4 take q8_0, Q4_1 / Q5_1 take q8_1. F32 / F16 / BF16
+// weights have no integer kernel: they keep f32 activations in both modes (their dot_row already widens
+// with F16C / shifts).
 //
 // The arithmetic, identical on every ISA (the tests model it in numpy, bit for bit):
 //   quantize a block of activations: amax = max |x|, d = amax / 127, id = 127 / amax (0 when
@@ -17,7 +18,10 @@
 //       imin = sum_s mn[s] * bsums[s]                                                (exact int32)
 //       acc = acc + (dx * d) * float(isum);  acc = acc - (dx * dmin) * float(imin)  (if mins)
 //     with one f32 rounding per operation, blocks in order, acc starting at 0.
-//   32-element blocks: weight quants w (signed: Q4_0 u - 8, Q5_0 u - 16, Q8_0, MXFP4 table; unsigned: Q4_1,
+//   256-element IQ types: the same with u = the signed integers q of cpu/quant/iq_unpack.h
+//     (|q| <= 127), sc its 16 scales, d its f32 d (f16 d times a power of two), no offset, no min.
+//   32-element blocks: weight quants w (signed: Q4_0 u - 8, Q5_0 u - 16, Q8_0, IQ4_NL's table
+//     values, MXFP4's table values; unsigned: Q4_1,
 //     Q5_1), per block eight exact int32 lane sums L[l] = sum_{i = 4l..4l+3} w_i * q_i, and
 //       acc[b % 2][l] = acc[b % 2][l] + (dw * dx) * float(L[l])     (8 lanes, two accumulators)
 //       msum[b % 2] = msum[b % 2] + mw * s                           (Q4_1 / Q5_1 only)

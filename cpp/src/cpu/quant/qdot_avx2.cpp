@@ -3,6 +3,7 @@
 // qdot_simd.h; this file supplies its two integer primitives.
 #include <immintrin.h>
 
+#include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/qdot_impl.h"
 
 namespace sharpi::cpu::detail {

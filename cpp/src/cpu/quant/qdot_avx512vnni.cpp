@@ -4,6 +4,7 @@
 // qdot_simd.h; this file supplies its two integer primitives. Same bits as the AVX2 file.
 #include <immintrin.h>
 
+#include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/qdot_impl.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13

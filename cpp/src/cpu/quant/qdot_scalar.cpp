@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/qdot_impl.h"
 #include "quant/fp16.h"
 
@@ -55,9 +56,10 @@ void quantize_q8_K(const float* x, void* dst, int64_t n) {
 
 // ---- K-quants ------------------------------------------------------------------------------------
 
-// A K-quant block as w[e] = d * sc[e / 16] * (u[e] - kOffset) - dmin * mn[e / 16].
+// A K-quant block as w[e] = d * sc[e / 16] * (u[e] - kOffset) - dmin * mn[e / 16]; u is signed
+// for the IQ types (KIq), unsigned for the K-quants.
 struct KBlock {
-    uint8_t u[QK_K];
+    int16_t u[QK_K];
     int8_t sc[16];
     uint8_t mn[16];
     float d, dmin;
@@ -183,6 +185,27 @@ struct KQ2_K {
         }
     }
 };
+
+// The 256-element IQ types (iq_unpack.h) as K-blocks: w = d * sc * q, no offset, no min.
+template <typename B, void (*Unpack)(const B*, IqUnpacked&)>
+struct KIq {
+    using Block = B;
+    static constexpr int kOffset = 0;
+    static constexpr bool kHasMin = false;
+    static void decode(const Block* b, KBlock& k) {
+        IqUnpacked iq;
+        Unpack(b, iq);
+        k.d = iq.d;
+        k.dmin = 0.0f;
+        for (int s = 0; s < 16; ++s) {
+            k.sc[s] = iq.sc[s];
+            k.mn[s] = 0;
+        }
+        for (int e = 0; e < QK_K; ++e) k.u[e] = iq.q[e];
+    }
+};
+
+using KIQ4_XS = KIq<block_iq4_xs, unpack_iq4_xs>;
 
 // acc after one more block (qdot.h).
 float k_block_step(float acc, const KBlock& k, const block_q8_K& x, int offset, bool has_min) {
@@ -317,6 +340,18 @@ struct B32MX4 {
             o.q[j] = kMxfp4Values[b->qs[j] & 0x0F];
             o.q[j + 16] = kMxfp4Values[b->qs[j] >> 4];
         }
+    }
+};
+
+struct B32IQ4_NL {
+    using Block = block_iq4_nl;
+    using Act = block_q8_0;
+    static constexpr bool kHasMin = false;
+    static void decode(const Block* b, B32Block& o) {
+        o.d = fp16_to_fp32(b->d);
+        int8_t q[QK4_NL];
+        unpack_iq4_nl(b, q);
+        for (int j = 0; j < QK4_NL; ++j) o.q[j] = q[j];
     }
 };
 

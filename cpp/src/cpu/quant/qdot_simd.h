@@ -4,7 +4,8 @@
 //   acc_scaled_pairs(acc, u, x, s16): acc + sum over pairs (u[2i] x[2i] + u[2i+1] x[2i+1]) * s16[i],
 //     u unsigned bytes, x signed bytes, s16 int16 (AVX2: maddubs + madd + add; VNNI: maddubs + dpwssd)
 //   dot_quads(u, x): int32 lanes l = sum_{i=4l..4l+3} u[i] x[i] (AVX2: maddubs + madd; VNNI: dpbusd)
-// Every product sum fits its lanes (|u| <= 63 or 128, |x| <= 127: no saturation), so the integer
+// Every product sum fits its lanes (|u| <= 63 or 128, |x| <= 127: no saturation; signed IQ quants
+// enter as |q| <= 127, so a maddubs pair is at most 2 * 127 * 127 < 2^15), so the integer
 // results are exact, and the float operations follow qdot.h one rounding at a time (separate
 // multiply and add intrinsics, and -ffp-contract=off for the plain float expressions: no FMA), so
 // this code gives the scalar reference's bits. Weight blocks are unpacked once per tile of tokens,
@@ -172,6 +173,7 @@ struct KQ4_K {
     using Block = block_q4_K;
     static constexpr int kOffsetShift = -1;  // no offset
     static constexpr bool kHasMin = true;
+    static constexpr bool kSigned = false;  // u unsigned
     static void decode(const Block* b, KUnpacked& k) {
         k.d_dmin = load_d_dmin(&b->d, true);
         q4_K_scales16(b->scales, k.sc, k.mn);
@@ -188,6 +190,7 @@ struct KQ5_K {
     using Block = block_q5_K;
     static constexpr int kOffsetShift = -1;
     static constexpr bool kHasMin = true;
+    static constexpr bool kSigned = false;  // u unsigned
     static void decode(const Block* b, KUnpacked& k) {
         k.d_dmin = load_d_dmin(&b->d, true);
         q4_K_scales16(b->scales, k.sc, k.mn);
@@ -212,6 +215,7 @@ struct KQ6_K {
     using Block = block_q6_K;
     static constexpr int kOffsetShift = 5;  // offset 32
     static constexpr bool kHasMin = false;
+    static constexpr bool kSigned = false;  // u unsigned
     static void decode(const Block* b, KUnpacked& k) {
         k.d_dmin = load_d_dmin(&b->d, false);
         k.sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
@@ -236,6 +240,7 @@ struct KQ3_K {
     using Block = block_q3_K;
     static constexpr int kOffsetShift = 2;  // offset 4
     static constexpr bool kHasMin = false;
+    static constexpr bool kSigned = false;  // u unsigned
     static void decode(const Block* b, KUnpacked& k) {
         k.d_dmin = load_d_dmin(&b->d, false);
         uint32_t biased[4];
@@ -262,6 +267,7 @@ struct KQ2_K {
     using Block = block_q2_K;
     static constexpr int kOffsetShift = -1;
     static constexpr bool kHasMin = true;
+    static constexpr bool kSigned = false;  // u unsigned
     static void decode(const Block* b, KUnpacked& k) {
         k.d_dmin = load_d_dmin(&b->d, true);
         const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
@@ -274,6 +280,50 @@ struct KQ2_K {
         }
     }
 };
+
+// The 256-element IQ types: signed quants q (iq_unpack.h; kSigned: the row loops take |q| as the
+// unsigned operand and move q's sign onto the activations), no offset, no min. IQ4_XS decodes its
+// values by pshufb; the lattice types look their grids up into an IqUnpacked.
+struct KIQ4_XS {
+    using Block = block_iq4_xs;
+    static constexpr int kOffsetShift = -1;
+    static constexpr bool kHasMin = false;
+    static constexpr bool kSigned = true;
+    static void decode(const Block* b, KUnpacked& k) {
+        k.d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
+        alignas(16) int8_t sc[16];
+        for (int ib = 0; ib < QK_K / 32; ++ib) {
+            sc[2 * ib] = sc[2 * ib + 1] = static_cast<int8_t>(iq4_xs_scale(b, ib));
+            k.u[ib] = iq4_values32_avx2(b->qs + 16 * ib);
+        }
+        k.sc = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+        k.mn = _mm_setzero_si128();
+    }
+};
+
+template <typename B, void (*Unpack)(const B*, IqUnpacked&)>
+struct KIq {
+    using Block = B;
+    static constexpr int kOffsetShift = -1;
+    static constexpr bool kHasMin = false;
+    static constexpr bool kSigned = true;
+    static void decode(const Block* b, KUnpacked& k) {
+        alignas(32) IqUnpacked iq;
+        Unpack(b, iq);
+        k.d_dmin = _mm_set_ss(iq.d);
+        for (int c = 0; c < 8; ++c) k.u[c] = load256(iq.q + 32 * c);
+        k.sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(iq.sc));
+        k.mn = _mm_setzero_si128();
+    }
+};
+
+// acc_scaled_pairs for decoder D's quants: signed ones as |q| times the activations signed by q.
+template <typename D>
+inline __m256i k_scaled_pairs(__m256i acc, __m256i u, __m256i x, __m256i s16) {
+    if constexpr (D::kSigned)
+        return acc_scaled_pairs(acc, _mm256_sign_epi8(u, u), _mm256_sign_epi8(x, u), s16);
+    return acc_scaled_pairs(acc, u, x, s16);
+}
 
 // The 16 sub-block scales as int16, even ones in the low 128-bit half, odd ones in the high half,
 // so that one in-lane shuffle per chunk (chunk_scales) picks both of a chunk's scales.
@@ -338,7 +388,7 @@ inline void k_dot_tokens_256(const void* w, const void* xq, size_t xq_stride, in
         for (int t = 0; t < NT; ++t) {
             const block_q8_K& xb = x[t][ib];
             __m256i v = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c) v = acc_scaled_pairs(v, k.u[c], load256(xb.qs + 32 * c), s[c]);
+            for (int c = 0; c < 8; ++c) v = k_scaled_pairs<D>(v, k.u[c], load256(xb.qs + 32 * c), s[c]);
             acc[t] = k_block_update<D>(acc[t], v, sc16, mn16, xb, k.d_dmin);
         }
     }
@@ -387,7 +437,7 @@ inline void k_dot_tokens_256_wide(const void* w, const void* xq, size_t xq_strid
             const block_q8_K& xb = x[t][ib];
             __m256i lanes = _mm256_setzero_si256();
             for (int c = 0; c < 8; ++c)
-                lanes = acc_scaled_pairs(lanes, k.u[c], load256(xb.qs + 32 * c), s[c]);
+                lanes = k_scaled_pairs<D>(lanes, k.u[c], load256(xb.qs + 32 * c), s[c]);
             const __m256i bsums = load256(xb.bsums);
             if constexpr (D::kOffsetShift >= 0) {
                 lanes = _mm256_sub_epi32(lanes,
@@ -532,6 +582,16 @@ struct B32MX4 {
         const __m256i table =
             _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)));
         o.q = _mm256_shuffle_epi8(table, nibbles32(b->qs));
+    }
+};
+
+struct B32IQ4_NL {
+    using Block = block_iq4_nl;
+    using Act = block_q8_0;
+    static constexpr bool kSigned = true, kHasMin = false;
+    static void decode(const Block* b, B32Unpacked& o) {
+        o.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
+        o.q = iq4_values32_avx2(b->qs);
     }
 };
 
