@@ -29,6 +29,12 @@ pytestmark = [
 ]
 
 F32 = np.float32
+
+# The types the device block math implements (issue 21's list). MXFP4 and the IQ types came to the
+# CPU later and are not on the device yet: the block math refuses them (test_cuda_host checks that).
+NOT_ON_DEVICE = {Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_S, Q.IQ2_XS, Q.IQ2_XXS, Q.IQ1_S, Q.IQ1_M}
+DEVICE_TYPES = [t for t in ALL_TYPES if t not in NOT_ON_DEVICE]
+DEVICE_FAST_TYPES = [t for t in FAST_TYPES if t not in NOT_ON_DEVICE]
 U = 2.0**-24
 
 
@@ -64,7 +70,7 @@ def model_row_q8(qtype, row_bytes, xq):
 # ---- dequantize / quantize ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_TYPES, ids=lambda t: t.name)
 def test_gpu_dequantize_bitwise_equals_gguf(qtype, rng):
     n = 40 * (256 if qtype in K_TYPES else 32)
     data = random_rows(qtype, 1, n, rng)
@@ -73,7 +79,7 @@ def test_gpu_dequantize_bitwise_equals_gguf(qtype, rng):
     assert np.array_equal(bits(got), bits(want))
 
 
-@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_FAST_TYPES, ids=lambda t: t.name)
 def test_gpu_quantize_act_bitwise_equals_numpy(qtype, rng):
     n_tokens, n = 3, 1024
     x = np.concatenate([random_activations(rng, n) for _ in range(n_tokens)])
@@ -85,7 +91,7 @@ def test_gpu_quantize_act_bitwise_equals_numpy(qtype, rng):
 # ---- matrix products ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_TYPES, ids=lambda t: t.name)
 def test_gpu_exact_matvec_within_f32_budget_of_float64(qtype, rng):
     n_rows, n_cols, n_tokens = 37, 8 * 256, 3
     w = random_rows(qtype, n_rows, n_cols, rng)
@@ -100,7 +106,7 @@ def test_gpu_exact_matvec_within_f32_budget_of_float64(qtype, rng):
     assert np.all(np.abs(got - want) <= bound)
 
 
-@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_FAST_TYPES, ids=lambda t: t.name)
 def test_gpu_int8_matvec_bitwise_equals_numpy_model(qtype, rng):
     n_rows, n_cols = 9, 40 * 256  # 40 K-blocks / 320 small blocks per row: lanes wrap around
     w = random_rows(qtype, n_rows, n_cols, rng)
@@ -113,7 +119,7 @@ def test_gpu_int8_matvec_bitwise_equals_numpy_model(qtype, rng):
     assert bad.size == 0, f"{qtype.name}: rows {bad}: {got[bad]} vs {want[bad]}"
 
 
-@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_FAST_TYPES, ids=lambda t: t.name)
 def test_gpu_tiled_prefill_matmul_equals_decode_matvec(qtype, rng):
     n_rows, n_cols, n_tokens = 13, 36 * 256, 19  # tokens not a multiple of the 8-token tile
     w = random_rows(qtype, n_rows, n_cols, rng)

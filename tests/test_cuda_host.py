@@ -33,6 +33,12 @@ from test_quant import ALL_TYPES, bits, oracle_dequantize, random_rows
 
 F32 = np.float32
 
+# The types the device block math implements (issue 21's list). MXFP4 and the IQ types came to the
+# CPU later and are not on the device yet: the block math refuses them (test_cuda_host checks that).
+NOT_ON_DEVICE = {Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_S, Q.IQ2_XS, Q.IQ2_XXS, Q.IQ1_S, Q.IQ1_M}
+DEVICE_TYPES = [t for t in ALL_TYPES if t not in NOT_ON_DEVICE]
+DEVICE_FAST_TYPES = [t for t in FAST_TYPES if t not in NOT_ON_DEVICE]
+
 
 @pytest.fixture
 def rng(request):
@@ -45,7 +51,7 @@ def rng(request):
 # ---- dequantize ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_TYPES, ids=lambda t: t.name)
 def test_block_math_dequantize_bitwise_equals_gguf(qtype, rng):
     for n_blocks in (1, 5, 64):
         n = n_blocks * (256 if qtype in K_TYPES else 32)
@@ -68,7 +74,7 @@ def test_block_math_half_and_bfloat16_every_bit_pattern():
 # ---- int8 path: activation quantization ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_FAST_TYPES, ids=lambda t: t.name)
 def test_block_math_quantize_act_bitwise_equals_numpy(qtype, rng):
     fmt = FORMAT[qtype]
     for n in (256, 1024):
@@ -113,7 +119,7 @@ def model_block_partials(qtype, data, xq_raw):
     return f32, f64
 
 
-@pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", DEVICE_FAST_TYPES, ids=lambda t: t.name)
 def test_block_math_dot_q8_bitwise_equals_numpy_model(qtype, rng):
     n = 16 * 256
     data = random_rows(qtype, 1, n, rng)
@@ -146,6 +152,13 @@ def test_block_math_dot_q8_bitwise_equals_numpy_model(qtype, rng):
 
 
 # ---- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", sorted(NOT_ON_DEVICE), ids=lambda t: t.name)
+def test_block_math_refuses_types_not_on_the_device(qtype, rng):
+    data = random_rows(qtype, 1, 256, rng)
+    with pytest.raises(UnsupportedError):
+        _core.cuda_block_math_dequantize(int(qtype), data)
 
 
 def test_block_math_bad_input_is_a_typed_error():
