@@ -28,9 +28,11 @@ download_dir="$cache_dir/sdist"
 mkdir -p "$download_dir"
 sdist="$download_dir/llama_cpp_python-$version.tar.gz"
 if [[ ! -f "$sdist" ]]; then
-    # --no-binary :all: forces the source distribution (the wheels do not ship the converter);
-    # --no-deps keeps pip from resolving or fetching anything else.
-    python -m pip download --quiet --no-binary :all: --no-deps --dest "$download_dir" \
+    # --no-binary llama-cpp-python forces its source distribution (the wheels do not ship the
+    # converter) while the build tools pip needs to read its metadata still come as wheels (with
+    # :all: pip compiles cmake from source first: many minutes on a fresh machine); --no-deps keeps
+    # pip from resolving or fetching anything else.
+    python -m pip download --quiet --no-binary llama-cpp-python --no-deps --dest "$download_dir" \
         "llama-cpp-python==$version" >&2
 fi
 if [[ ! -f "$sdist" ]]; then

@@ -40,8 +40,9 @@ def fetch_converter(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     sdist = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
     if not sdist.exists():
-        # --no-binary :all: gives the source distribution (wheels do not carry the converter);
-        # --no-deps keeps pip from resolving anything else.
+        # --no-binary llama-cpp-python gives its source distribution (wheels do not carry the
+        # converter) while pip's build tools stay wheels; --no-deps keeps pip from resolving
+        # anything else.
         subprocess.run(
             [
                 sys.executable,
@@ -50,7 +51,7 @@ def fetch_converter(cache: Path) -> Path:
                 "download",
                 "--quiet",
                 "--no-binary",
-                ":all:",
+                "llama-cpp-python",
                 "--no-deps",
                 "--dest",
                 str(cache),
