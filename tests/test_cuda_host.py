@@ -30,6 +30,7 @@ from test_qdot import (
     unpack_k,
 )
 from test_quant import ALL_TYPES, bits, oracle_dequantize, random_rows
+from test_session import models  # noqa: F401  (fixture: tiny files of every plain MoE arch)
 
 F32 = np.float32
 
@@ -232,17 +233,10 @@ PLAIN_MOE_ARCHES = ("qwen3moe", "qwen2moe", "olmoe", "llama")  # llama with expe
 
 
 @pytest.fixture(scope="module")
-def plan_files(tmp_path_factory):
-    from sharpi.make_model import write_model
-
-    root = tmp_path_factory.mktemp("device_plan")
-    files = {}
-    for arch in PLAIN_MOE_ARCHES:
-        for quant in ("f32", "q4_k_m"):
-            path = str(root / f"{arch}-{quant}.gguf")
-            write_model(path, arch=arch, preset="tiny", quant=quant, seed=3)
-            files[arch, quant] = path
-    return files
+def plan_files(models):  # noqa: F811  (the imported fixture)
+    """test_session's tiny files: {(arch, quant): path} for the plain MoE archs, f32 and q4_k_m."""
+    assert set(PLAIN_MOE_ARCHES) <= {arch for arch, _ in models}
+    return models
 
 
 def gguf_expected_uploads(path):
