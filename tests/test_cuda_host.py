@@ -363,3 +363,24 @@ def test_session_device_cuda_refuses_host_only_options_before_the_device(plan_fi
         sharpi.Session(path, device="cuda", ram_budget="64MiB")
     with pytest.raises(UnsupportedError, match=r"dump_activations is not on the device path"):
         sharpi.Session(path, device="cuda", dump_activations=True)
+
+
+def test_inspect_device_cuda_reports_the_plan_or_the_refusal(plan_files, tmp_path, capsys):
+    from sharpi import cli
+    from sharpi.make_model import write_model
+
+    path = plan_files["qwen2moe", "q4_k_m"]
+    assert cli.main(["inspect", path, "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("device plan: "))
+    plan = _core.cuda_device_plan(path)  # n_ctx 0: the session default, min(trained context, 4096)
+    assert plan["n_ctx"] == 4096
+    mib = 1 << 20
+    for key in ("dense_bytes", "expert_bytes", "kv_bytes", "buffer_bytes", "total_bytes"):
+        assert f"{plan[key] / mib:.1f} MiB" in line
+    assert "(n_ctx 4096, f32)" in line
+    dense = str(tmp_path / "qwen3.gguf")
+    write_model(dense, arch="qwen3", preset="tiny", seed=1)
+    assert cli.main(["inspect", dense, "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "device plan: refused: [cuda] device=\"cuda\" for qwen3: " in out
