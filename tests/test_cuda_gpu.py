@@ -442,3 +442,16 @@ def test_gpu_session_too_big_for_vram_is_an_invalid_argument_naming_the_sizes(e2
     assert n_ctx > n_ctx_train
     with pytest.raises(sharpi.InvalidArgument, match=r"MiB do not fit the \d+ MiB free on"):
         sharpi.Session(path, device="cuda", n_ctx=n_ctx, allow_long_context=True)
+
+
+def test_gpu_cancel_appends_nothing_and_the_session_goes_on(e2e_files):
+    path = e2e_files("qwen2moe", "q8_0")
+    prompt = prompt_tokens(20, seed=21)
+    gpu = sharpi.Session(path, exact=True, device="cuda")
+    want = np.asarray(gpu.decode(prompt))
+    gpu.reset()
+    gpu.cancel()  # seen by the next decode at its first layer
+    with pytest.raises(sharpi.CancelledError):
+        gpu.decode(prompt)
+    assert gpu.n_past == 0
+    np.testing.assert_array_equal(bits(np.asarray(gpu.decode(prompt)).astype(F32)), bits(want.astype(F32)))
