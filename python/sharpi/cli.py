@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_src.add_argument("model", metavar="FILE", nargs="?", help="GGUF model file, or any shard of a split one")
     _add_hf_argument(inspect_src)
     inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                         help="cuda: also report the CUDA device and its VRAM (total, used, free)")
+                         help="cuda: also report the CUDA device, its VRAM (total, used, free) and what the "
+                              "device forward pass would place there")
 
     make = sub.add_parser(
         "make-model",
@@ -307,7 +308,23 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
         import sharpi
 
         out.write(f"device: {sharpi.cuda_describe()}\n")
+        out.write(f"device plan: {_device_plan_line(args.model)}\n")
     return 0
+
+
+def _device_plan_line(path: str) -> str:
+    """What Session(path, device="cuda") would put in VRAM at the default n_ctx, or why it refuses
+    (the planner runs on the host: no device needed)."""
+    from ._core import UnsupportedError, cuda_device_plan
+
+    try:
+        p = cuda_device_plan(path)
+    except UnsupportedError as e:
+        return f"refused: {e}"
+    mib = 1 << 20
+    return (f"dense weights {p['dense_bytes'] / mib:.1f} MiB + experts {p['expert_bytes'] / mib:.1f} MiB"
+            f" + KV cache {p['kv_bytes'] / mib:.1f} MiB (n_ctx {p['n_ctx']}, f32)"
+            f" + buffers {p['buffer_bytes'] / mib:.1f} MiB = {p['total_bytes'] / mib:.1f} MiB")
 
 
 def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
