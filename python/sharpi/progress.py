@@ -44,8 +44,14 @@ def bar(iterable=None, *, desc: str, total: float | None = None, unit: str = "it
 
 
 def write(message: str) -> None:
-    """One line on stderr that does not tear a bar being drawn (tqdm.write moves it below)."""
-    tqdm.write(message, file=sys.stderr)
+    """One line on stderr that does not tear a bar being drawn (tqdm.write moves it below). While
+    every bar is still inside its delay the line is printed plainly: tqdm.write would redraw those
+    bars early, with a count that tqdm has not brought up to date yet."""
+    drawn = [b for b in list(getattr(tqdm, "_instances", ())) if not b.disable and b._time() - b.start_t >= b.delay]
+    if drawn:
+        tqdm.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _bytes_read_by_this_process() -> int | None:
@@ -62,12 +68,13 @@ def _bytes_read_by_this_process() -> int | None:
 
 
 @contextmanager
-def loading(path: str, poll_s: float = 0.2, disable: bool = False):
+def loading(path: str, total: int | None = None, poll_s: float = 0.2, disable: bool = False):
     """While the block runs (a Session being built, which releases the GIL), a bar on stderr with the
-    elapsed time and the bytes read since it started: a streamed session reads its dense weights
-    with pread (DESIGN §3), so the count is the load's progress; a resident one maps the file and
-    is done before the bar would show. The bar is erased when the block ends."""
-    shown = bar(desc=f"loading {os.path.basename(path)}", unit="B", leave=False, disable=disable)
+    elapsed time and the bytes read since it started, out of `total` when given: a streamed session
+    reads its dense weights with pread (sharpi/cpp/src/model/model.cpp), so the count is the load's
+    progress; a resident one maps the file and is done before the bar would show. The bar is erased
+    when the block ends."""
+    shown = bar(desc=f"loading {os.path.basename(path)}", total=total, unit="B", leave=False, disable=disable)
     if shown.disable:
         yield
         return
@@ -78,9 +85,11 @@ def loading(path: str, poll_s: float = 0.2, disable: bool = False):
         counted = 0
         while not done.wait(poll_s):
             now = _bytes_read_by_this_process()
-            if start is not None and now is not None and now - start > counted:
-                shown.update(now - start - counted)
-                counted = now - start
+            # The header and metadata are read too: never count past the total (tqdm would drop it).
+            read = None if start is None or now is None else min(now - start, total or now - start)
+            if read is not None and read > counted:
+                shown.update(read - counted)
+                counted = read
             else:
                 shown.refresh()
 
@@ -95,9 +104,16 @@ def loading(path: str, poll_s: float = 0.2, disable: bool = False):
 
 
 def open_session(path: str, **options):
-    """sharpi.Session(path, **options) with loading()'s bar while it is built."""
+    """sharpi.Session(path, **options) with loading()'s bar while it is built. A streamed session
+    (a RAM budget) reads the dense weights, whose size the memory plan gives: the bar's total."""
     import sharpi
 
-    with loading(path):
+    total = None
+    if options.get("ram_budget") and enabled():
+        try:  # the file is only mapped; a file the plan refuses gets the Session's own error below
+            total = sharpi._core.memory_plan(path, allow_long_context=True)["dense_bytes"]
+        except sharpi._core.SharpiError:
+            pass
+    with loading(path, total=total):
         return sharpi.Session(path, **options)
 
