@@ -219,7 +219,7 @@ def format_timing(stats: dict) -> str:
 
 
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
-    import sharpi
+    from .progress import open_session
 
     _model_from_hub(args, err)
     if args.model is None:
@@ -228,7 +228,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         args.model = default_model_path()
     _require_file(args.model)
     prompt = _read_prompt(args)
-    session = sharpi.Session(args.model, **session_options(args))
+    session = open_session(args.model, **session_options(args))
     auto_budget = getattr(session, "auto_budget", None)
     if auto_budget is not None:
         print(f"sharpi: {auto_budget.describe()}", file=err)
@@ -334,7 +334,7 @@ def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
     options = {
         k: getattr(args, k) for k in ("arch", "preset", "quant", "seed") if getattr(args, k) is not None
     }
-    write_model(args.out, **options)
+    write_model(args.out, progress_bar=True, **options)
     size = os.path.getsize(args.out)
     out.write(f"sharpi: wrote {args.out} ({size / 2**20:.1f} MiB)\n")
     return 0
