@@ -433,18 +433,22 @@ inline void k_dot_tokens_256_wide(const void* w, const void* xq, size_t xq_strid
             mv[t] = _mm256_setzero_si256();
             dx[t] = 0.0f;
         }
+        // Chunks outer, tokens inner: a chunk's quants and scales stay in two registers while the
+        // NT accumulators take its products, so the loop loads only activations. (Tokens outer
+        // kept all 8 chunks' quants and scales live and spilled them: two extra loads per
+        // product on AVX2's 16 registers.) The lanes are exact int32 sums, so the order is free.
+        for (int c = 0; c < 8; ++c) {
+            for (int t = 0; t < NT; ++t)
+                v[t] = k_scaled_pairs<D>(v[t], k.u[c], load256(x[t][ib].qs + 32 * c), s[c]);
+        }
         for (int t = 0; t < NT; ++t) {
             const block_q8_K& xb = x[t][ib];
-            __m256i lanes = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c)
-                lanes = k_scaled_pairs<D>(lanes, k.u[c], load256(xb.qs + 32 * c), s[c]);
             const __m256i bsums = load256(xb.bsums);
             if constexpr (D::kOffsetShift >= 0) {
-                lanes = _mm256_sub_epi32(lanes,
-                                         _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
+                v[t] = _mm256_sub_epi32(v[t],
+                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
             }
             if constexpr (D::kHasMin) mv[t] = _mm256_madd_epi16(mn16, bsums);
-            v[t] = lanes;
             dx[t] = xb.d;
         }
         const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
