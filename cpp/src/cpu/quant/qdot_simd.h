@@ -33,6 +33,16 @@ inline float mul_f(float a, float b) {
     return _mm_cvtss_f32(_mm_mul_ss(_mm_set_ss(a), _mm_set_ss(b)));
 }
 
+// f(std::integral_constant<int, n>()) for a run-time tile size n in [1, N] (n < 1 takes 1, n > N
+// takes N): one template instance per size, chosen once per call.
+template <int N, typename F>
+inline void with_tile_size(int n, F&& f) {
+    if constexpr (N > 1) {
+        if (n < N) return with_tile_size<N - 1>(n, f);
+    }
+    f(std::integral_constant<int, N>());
+}
+
 inline uint32_t load_u32_any(const void* p) {
     uint32_t v;
     memcpy(&v, p, 4);
@@ -476,32 +486,8 @@ template <typename D>
 void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
                     int64_t ldy) {
     float acc[kMaxTileTokens];
-    switch (n_tokens) {
-        case 1:
-            k_dot_tokens<D, 1>(w, xq, xq_stride, n, acc);
-            break;
-        case 2:
-            k_dot_tokens<D, 2>(w, xq, xq_stride, n, acc);
-            break;
-        case 3:
-            k_dot_tokens<D, 3>(w, xq, xq_stride, n, acc);
-            break;
-        case 4:
-            k_dot_tokens<D, 4>(w, xq, xq_stride, n, acc);
-            break;
-        case 5:
-            k_dot_tokens<D, 5>(w, xq, xq_stride, n, acc);
-            break;
-        case 6:
-            k_dot_tokens<D, 6>(w, xq, xq_stride, n, acc);
-            break;
-        case 7:
-            k_dot_tokens<D, 7>(w, xq, xq_stride, n, acc);
-            break;
-        default:
-            k_dot_tokens<D, 8>(w, xq, xq_stride, n, acc);
-            break;
-    }
+    with_tile_size<kMaxTileTokens>(
+        n_tokens, [&](auto nt) { k_dot_tokens<D, decltype(nt)::value>(w, xq, xq_stride, n, acc); });
     for (int t = 0; t < n_tokens; ++t) y[t * ldy] = acc[t];
 }
 
@@ -673,20 +659,8 @@ void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tok
         const void* xt = static_cast<const uint8_t*>(xq) + static_cast<size_t>(t0) * xq_stride;
         float out[4];
         const int nt = n_tokens - t0 < 4 ? n_tokens - t0 : 4;
-        switch (nt) {
-            case 1:
-                b32_dot_tokens<D, 1>(w, xt, xq_stride, n, out);
-                break;
-            case 2:
-                b32_dot_tokens<D, 2>(w, xt, xq_stride, n, out);
-                break;
-            case 3:
-                b32_dot_tokens<D, 3>(w, xt, xq_stride, n, out);
-                break;
-            default:
-                b32_dot_tokens<D, 4>(w, xt, xq_stride, n, out);
-                break;
-        }
+        with_tile_size<4>(
+            nt, [&](auto tile) { b32_dot_tokens<D, decltype(tile)::value>(w, xt, xq_stride, n, out); });
         for (int t = 0; t < nt; ++t) y[(t0 + t) * ldy] = out[t];
     }
 }
