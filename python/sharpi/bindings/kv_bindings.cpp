@@ -1,4 +1,4 @@
-// KV cache types, the attention op over them, and the RAM budget planner, for tests, `sharpi
+// KV cache types, the attention ops over them (GQA and MLA), and the RAM budget planner, for tests, `sharpi
 // inspect` and benchmarks. Type conversion and size checks only; the work is in model/kv_cache,
 // cpu/ops/attention and memory_plan.
 #include <pybind11/numpy.h>
@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "cpu/ops/attention.h"
+#include "cpu/ops/mla_attention.h"
 #include "cpu/threadpool.h"
 #include "engine.h"
 #include "memory_plan.h"
@@ -80,6 +81,36 @@ FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray
     return out;
 }
 
+// q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] f32; latent: [n_kv, row_bytes] uint8 rows as
+// kv_store_row wrote them.
+FloatArray mla_attention_py(const FloatArray& q_abs, const ByteArray& latent, const std::string& type,
+                            int64_t pos0, int64_t n_head, int64_t n_lora_kv, int64_t n_rot, float scale,
+                            int threads, const std::string& isa) {
+    if (n_head <= 0 || n_lora_kv <= 0 || n_rot < 0) throw InvalidArgument("[mla_attention] bad shape");
+    const int64_t key_width = n_lora_kv + n_rot;
+    if (q_abs.ndim() != 2 || q_abs.shape(1) != n_head * key_width) {
+        throw InvalidArgument("[mla_attention] q_abs must be [n_tokens, n_head * (n_lora_kv + n_rot)]");
+    }
+    const int64_t n_tokens = q_abs.shape(0);
+    const GgmlType t = parse_kv_type(type);
+    const size_t row = ggml_row_size(t, key_width);
+    if (latent.ndim() != 2 || static_cast<size_t>(latent.shape(1)) != row ||
+        latent.shape(0) < pos0 + n_tokens) {
+        throw InvalidArgument("[mla_attention] latent must be [>= pos0 + n_tokens, " + std::to_string(row) +
+                              "] rows of its type");
+    }
+    const cpu::Isa i = isa_arg(isa);
+    FloatArray out({n_tokens, n_head * n_lora_kv});
+    {
+        py::gil_scoped_release release;
+        cpu::ThreadPool pool(std::max(1, threads));
+        cpu::mla_attention(pool, q_abs.data(), n_head * key_width, cpu::KvRows{latent.data(), row, t},
+                           n_tokens, pos0, cpu::MlaShape{n_head, n_lora_kv, n_rot, scale}, out.mutable_data(),
+                           n_head * n_lora_kv, i);
+    }
+    return out;
+}
+
 // The plan a streaming Session with these options would make (the file is only mapped).
 py::dict memory_plan_py(const std::string& path, int n_ctx, const std::string& cache_type_k,
                         const std::string& cache_type_v, bool exact, int n_staging, bool allow_long_context) {
@@ -96,6 +127,7 @@ py::dict memory_plan_py(const std::string& path, int n_ctx, const std::string& c
     d["n_ctx"] = r.n_ctx;
     d["cache_type_k"] = ggml_type_traits(r.type_k).name;
     d["cache_type_v"] = ggml_type_traits(r.type_v).name;
+    d["latent_kv"] = p.latent_kv;
     d["dense_bytes"] = p.dense_bytes;
     d["kv_bytes"] = p.kv_bytes;
     d["buffer_bytes"] = p.buffer_bytes;
@@ -118,6 +150,11 @@ void bind_kv(py::module_& m) {
           py::arg("sinks") = py::none(),
           "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h); "
           "window > 0: sliding window; sinks: [n_head] sink logits");
+    m.def("mla_attention", &mla_attention_py, py::arg("q_abs"), py::arg("latent"), py::arg("type"),
+          py::arg("pos0"), py::arg("n_head"), py::arg("n_lora_kv"), py::arg("n_rot"), py::arg("scale"),
+          py::arg("threads") = 1, py::arg("isa") = "",
+          "deepseek2's absorbed-form latent attention of q_abs's rows (positions pos0..) over stored latent "
+          "rows (cpu/ops/mla_attention.h)");
     m.def("memory_plan", &memory_plan_py, py::arg("path"), py::arg("n_ctx") = 0, py::arg("cache_type_k") = "",
           py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("n_staging") = 0,
           py::arg("allow_long_context") = false,
