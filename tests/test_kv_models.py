@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sharpi
+from sharpi.inspect_model import inspect_report
 from sharpi.make_model import write_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -214,6 +215,10 @@ def test_deepseek2_latent_type_rules(model_dir):
         sharpi.Session(path, n_ctx=64, cache_type_k="q8_0")
     with pytest.raises(sharpi.InvalidArgument, match=r"got K f32, V q4_0"):
         sharpi._core.memory_plan(path, n_ctx=64, cache_type_v="q4_0", exact=True)
+    # `sharpi inspect` names the rule and the latent row's bytes in each type (288 elements).
+    report = inspect_report(path)
+    assert "latent cache type: cache_type_k (f16; exact mode f32); cache_type_v must match" in report
+    assert "bytes/token/layer f32 1152, f16 576, q8_0 306, q4_0 162" in report
     # Defaults: f16 in fast mode, f32 in exact mode.
     assert sharpi.Session(path, n_ctx=64).info["cache_type_k"] == "f16"
     assert sharpi.Session(path, n_ctx=64, exact=True).info["cache_type_k"] == "f32"
@@ -223,6 +228,7 @@ def test_deepseek2_block_types_need_latent_width_multiple_of_32(model_dir):
     path = model_path("hf", "deepseek_v2", model_dir)  # latent 64 + 16 = 80
     with pytest.raises(sharpi.UnsupportedError, match=r"multiple of 32.*80 \(the MLA latent row"):
         sharpi.Session(path, n_ctx=64, cache_type_k="q8_0", cache_type_v="q8_0")
+    assert "bytes/token/layer f32 320, f16 160, q8_0 n/a, q4_0 n/a" in inspect_report(path)
 
 
 def test_deepseek_v2_lite_kv_bytes_fall_by_the_latent_bytes_saved(tmp_path):
