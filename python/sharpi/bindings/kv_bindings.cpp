@@ -41,6 +41,22 @@ ByteArray kv_store_row_py(const std::string& type_name, const FloatArray& x) {
     return out;
 }
 
+// Runs fn(pool) on a pool of `threads` threads (at least one) with the GIL released.
+template <class Fn>
+void run_on_pool(int threads, Fn&& fn) {
+    py::gil_scoped_release release;
+    cpu::ThreadPool pool(std::max(1, threads));
+    fn(pool);
+}
+
+// Stored rows a kernel reads: a 2-D uint8 array of at least n_rows rows of row_bytes each.
+void check_stored_rows(const ByteArray& a, size_t row_bytes, int64_t n_rows, const std::string& what) {
+    if (a.ndim() != 2 || static_cast<size_t>(a.shape(1)) != row_bytes || a.shape(0) < n_rows) {
+        throw InvalidArgument(what + " must be [>= pos0 + n_tokens, " + std::to_string(row_bytes) +
+                              "] rows of their type");
+    }
+}
+
 // q: [n_tokens, n_head * head_dim] f32; k, v: [n_kv, row_bytes] uint8 rows as kv_store_row wrote them.
 FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray& v,
                         const std::string& type_k, const std::string& type_v, int64_t pos0, int64_t n_head,
@@ -62,22 +78,15 @@ FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray
     const int64_t n_tokens = q.shape(0);
     const GgmlType tk = parse_kv_type(type_k), tv = parse_kv_type(type_v);
     const size_t rk = ggml_row_size(tk, n_head_kv * head_dim), rv = ggml_row_size(tv, n_head_kv * head_dim);
-    for (const ByteArray* a : {&k, &v}) {
-        const size_t row = a == &k ? rk : rv;
-        if (a->ndim() != 2 || static_cast<size_t>(a->shape(1)) != row || a->shape(0) < pos0 + n_tokens) {
-            throw InvalidArgument("[attention] k / v must be [>= pos0 + n_tokens, " + std::to_string(row) +
-                                  "] rows of their type");
-        }
-    }
+    check_stored_rows(k, rk, pos0 + n_tokens, "[attention] k / v");
+    check_stored_rows(v, rv, pos0 + n_tokens, "[attention] k / v");
     const cpu::Isa i = isa_arg(isa);
     FloatArray out({n_tokens, n_head * head_dim});
-    {
-        py::gil_scoped_release release;
-        cpu::ThreadPool pool(std::max(1, threads));
+    float* dst = out.mutable_data();
+    run_on_pool(threads, [&](cpu::ThreadPool& pool) {
         cpu::attention(pool, q.data(), n_head * head_dim, cpu::KvRows{k.data(), rk, tk},
-                       cpu::KvRows{v.data(), rv, tv}, n_tokens, pos0, shape, out.mutable_data(),
-                       n_head * head_dim, i);
-    }
+                       cpu::KvRows{v.data(), rv, tv}, n_tokens, pos0, shape, dst, n_head * head_dim, i);
+    });
     return out;
 }
 
@@ -94,20 +103,15 @@ FloatArray mla_attention_py(const FloatArray& q_abs, const ByteArray& latent, co
     const int64_t n_tokens = q_abs.shape(0);
     const GgmlType t = parse_kv_type(type);
     const size_t row = ggml_row_size(t, key_width);
-    if (latent.ndim() != 2 || static_cast<size_t>(latent.shape(1)) != row ||
-        latent.shape(0) < pos0 + n_tokens) {
-        throw InvalidArgument("[mla_attention] latent must be [>= pos0 + n_tokens, " + std::to_string(row) +
-                              "] rows of its type");
-    }
+    check_stored_rows(latent, row, pos0 + n_tokens, "[mla_attention] latent");
     const cpu::Isa i = isa_arg(isa);
     FloatArray out({n_tokens, n_head * n_lora_kv});
-    {
-        py::gil_scoped_release release;
-        cpu::ThreadPool pool(std::max(1, threads));
+    float* dst = out.mutable_data();
+    const cpu::MlaShape shape{n_head, n_lora_kv, n_rot, scale};
+    run_on_pool(threads, [&](cpu::ThreadPool& pool) {
         cpu::mla_attention(pool, q_abs.data(), n_head * key_width, cpu::KvRows{latent.data(), row, t},
-                           n_tokens, pos0, cpu::MlaShape{n_head, n_lora_kv, n_rot, scale}, out.mutable_data(),
-                           n_head * n_lora_kv, i);
-    }
+                           n_tokens, pos0, shape, dst, n_head * n_lora_kv, i);
+    });
     return out;
 }
 
