@@ -172,3 +172,65 @@ def test_sliding_window_and_sinks_match_float64_model(isa, window):
                 one = _core.attention(q[t : t + 1], ks, vs, "f32", "f32", t, n_head, n_head_kv, hd, 0.2, threads=2,
                                       isa=isa, window=window, sinks=sinks)
                 np.testing.assert_array_equal(one[0], results[1][t])
+
+
+def mla_attention_model(q_abs, latent, pos0, n_head, n_lora_kv, n_rot, scale):
+    """deepseek2's absorbed-form latent attention in float64: q_abs [T, n_head * (n_lora_kv + n_rot)],
+    latent [n_kv, n_lora_kv + n_rot] (decoded rows: c then k_pe). Every head scores q_abs_h . row_j
+    and returns the softmax-weighted sum of the rows' first n_lora_kv values (c_j)."""
+    T, width = q_abs.shape[0], n_lora_kv + n_rot
+    out = np.zeros((T, n_head * n_lora_kv))
+    for t in range(T):
+        rows = latent[: pos0 + t + 1]
+        s = q_abs[t].astype(np.float64).reshape(n_head, width) @ rows.T * scale
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out[t] = (p @ rows[:, :n_lora_kv]).reshape(-1)
+    return out
+
+
+# (n_head, n_lora_kv, n_rot, pos0, n_tokens): DeepSeek-V2-Lite's latent (512 + 64) decoding one token
+# deep into the context; a prefill batch of 5 heads (a partial last group of heads) over more than
+# one 64-row decode block; a few tokens of the converter test models' narrow latent widened to 32s.
+MLA_SHAPES = [(16, 512, 64, 150, 1), (5, 256, 32, 0, 70), (3, 64, 32, 130, 3)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("shape", MLA_SHAPES)
+def test_mla_attention_over_stored_latent_matches_float64_model(isa, kind, shape):
+    n_head, n_lora_kv, n_rot, pos0, T = shape
+    width = n_lora_kv + n_rot
+    rng = np.random.default_rng(hash((kind, shape)) % 2**32)
+    latent = rng.standard_normal((pos0 + T, width)).astype(np.float32)
+    latent[:, n_lora_kv:] *= 3.0  # the RoPE part has its own scale
+    q_abs = (rng.standard_normal((T, n_head * width)) * 0.3).astype(np.float32)
+    scale = 1.0 / np.sqrt(192)
+    stored = store(kind, latent)
+    want = mla_attention_model(q_abs, decode_rows(kind, stored, width), pos0, n_head, n_lora_kv, n_rot, scale)
+    results = []
+    for threads in (1, 2, 3):
+        got = _core.mla_attention(q_abs, stored, kind, pos0, n_head, n_lora_kv, n_rot, scale, threads=threads,
+                                  isa=isa)
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert rel < 1e-5, (threads, rel)
+        results.append(got)
+    for got in results[1:]:
+        np.testing.assert_array_equal(got, results[0])
+    if kind != "f32":  # the rounding is really there: the f32 latent's answer is measurably different
+        exact = mla_attention_model(q_abs, latent.astype(np.float64), pos0, n_head, n_lora_kv, n_rot, scale)
+        assert np.abs(got - exact).max() / np.abs(exact).max() > 1e-5
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_mla_attention_prefill_equals_token_by_token(kind):
+    n_head, n_lora_kv, n_rot, n = 4, 128, 32, 140
+    rng = np.random.default_rng(11)
+    stored = store(kind, rng.standard_normal((n, n_lora_kv + n_rot)).astype(np.float32))
+    q_abs = rng.standard_normal((n, n_head * (n_lora_kv + n_rot))).astype(np.float32)
+    batch = _core.mla_attention(q_abs, stored, kind, 0, n_head, n_lora_kv, n_rot, 0.1, threads=2)
+    for t in (0, 63, 64, 139):
+        one = _core.mla_attention(q_abs[t : t + 1], stored, kind, t, n_head, n_lora_kv, n_rot, 0.1, threads=2)
+        np.testing.assert_array_equal(one[0], batch[t])
+    few = _core.mla_attention(q_abs[60:70], stored, kind, 60, n_head, n_lora_kv, n_rot, 0.1, threads=2)
+    np.testing.assert_array_equal(few, batch[60:70])

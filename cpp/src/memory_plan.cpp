@@ -26,6 +26,7 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     p.dense_bytes = model.bytes_dense;
     // KV rows of the attention layers (MLA: the latent), plus the DeltaNet layers' fixed-size state.
     p.kv_bytes = KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) + RecurrentState::bytes_for(h);
+    p.latent_kv = h.is_mla();
     // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.
     const int64_t T = r.max_batch, k = h.n_expert_used;
     const int64_t floats_per_token = 10 * h.n_embd + 4 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
@@ -47,10 +48,13 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
 
 std::string MemoryPlan::describe(int64_t n_ctx, GgmlType type_k, GgmlType type_v) const {
     return "dense weights " + mib(dense_bytes) + " + KV cache " + mib(kv_bytes) + " (n_ctx " +
-           std::to_string(n_ctx) + ", K " + ggml_type_traits(type_k).name + ", V " +
-           ggml_type_traits(type_v).name + ") + buffers " + mib(buffer_bytes) + " + " +
-           std::to_string(n_min_slots - n_staging) + " expert slots (+" + std::to_string(n_staging) +
-           " staging) of " + mib(slot_bytes) + " need at least " + mib(minimum_bytes);
+           std::to_string(n_ctx) + ", " +
+           (latent_kv ? std::string("MLA latent ") + ggml_type_traits(type_k).name
+                      : std::string("K ") + ggml_type_traits(type_k).name + ", V " +
+                            ggml_type_traits(type_v).name) +
+           ") + buffers " + mib(buffer_bytes) + " + " + std::to_string(n_min_slots - n_staging) +
+           " expert slots (+" + std::to_string(n_staging) + " staging) of " + mib(slot_bytes) +
+           " need at least " + mib(minimum_bytes);
 }
 
 }  // namespace sharpi

@@ -35,7 +35,9 @@ struct MemoryPlan {
     uint64_t n_staging = 0;    // predictor staging slots
     uint64_t n_min_slots = 0;  // top-k + staging
     uint64_t minimum_bytes = 0;
-    // "dense weights X + KV cache Y (n_ctx N, f16/f16) + buffers Z + k expert slots ... = M"
+    bool latent_kv = false;  // MLA (deepseek2): one latent row per position in type_k, no separate V
+    // "dense weights X + KV cache Y (n_ctx N, K f16, V f16 | MLA latent f16) + buffers Z + k expert slots ...
+    // = M"
     std::string describe(int64_t n_ctx, GgmlType type_k, GgmlType type_v) const;
 };
 

@@ -174,6 +174,10 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
         out["head_dim_qk"] = k_mla
         out["head_dim_v"] = v_mla
         out["kv_cache_floats_per_token_layer"] = kv_lora + n_rot
+        # The latent row is stored in --cache-type-k's type (f16 by default, f32 in exact mode) and
+        # is also the values (V is a view of it, as in llama.cpp): --cache-type-v must name the same.
+        out["latent_cache_type"] = "cache_type_k (f16; exact mode f32); cache_type_v must match"
+        out["latent_bytes_per_token_layer"] = _latent_row_bytes(kv_lora + n_rot)
         if n_head and k_mla and v_mla:
             out["expanded_kv_floats_per_token_layer"] = n_head * (k_mla + v_mla)
     elif n_head:
@@ -188,6 +192,19 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
         out["sliding_layers"] = "even (0, 2, ...); odd layers full"
     out["sinks"] = has_sinks
     return out
+
+
+def _latent_row_bytes(width: int) -> OrderedDict:
+    """Bytes of one MLA latent row of `width` elements in each KV cache type (the block types need
+    width % 32 == 0; None where they cannot tile it)."""
+    return OrderedDict(
+        [
+            ("f32", 4 * width),
+            ("f16", 2 * width),
+            ("q8_0", width // 32 * 34 if width % 32 == 0 else None),
+            ("q4_0", width // 32 * 18 if width % 32 == 0 else None),
+        ]
+    )
 
 
 def _block_index(name: str):
@@ -243,6 +260,9 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             f"{a['head_dim_v']}; KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer "
             f"(expanded heads would take {a.get('expanded_kv_floats_per_token_layer', '?')})"
         )
+        row_bytes = a["latent_bytes_per_token_layer"]
+        sizes = ", ".join(f"{t} {'n/a' if b is None else b}" for t, b in row_bytes.items())
+        w(f"  latent cache type: {a['latent_cache_type']}; bytes/token/layer {sizes}")
     elif a:
         w(f"attention: {a['kind'].upper()}, KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer")
     if a.get("sliding_window"):

@@ -72,6 +72,8 @@ class Session:
 
         cache_type_k, cache_type_v: the KV cache's stored types, llama.cpp's names "f32", "f16",
         "q8_0", "q4_0"; None: f32 in exact mode, f16 otherwise. The budget charges their real size.
+        deepseek2 (MLA) caches one latent row per position in cache_type_k that also serves as V
+        (as in llama.cpp), so cache_type_v must resolve to the same type (InvalidArgument otherwise).
         allow_long_context: accept an n_ctx beyond the model's trained context (refused otherwise).
         device: "cpu", or "cuda": the whole forward pass on CUDA device 0 (qwen3moe, qwen2moe,
         olmoe, Mixtral; every weight resident in VRAM, an f32 KV cache). A typed error names why it

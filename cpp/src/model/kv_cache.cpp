@@ -109,6 +109,7 @@ KvCache::KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv, int64_t head
             throw UnsupportedError(std::string("[kv] cache type ") + ggml_type_traits(t).name +
                                    " needs head_dim to be a multiple of " + std::to_string(block) +
                                    "; this model's head_dim is " + std::to_string(head_dim) +
+                                   (with_v ? "" : " (the MLA latent row, kv_lora_rank + n_rot)") +
                                    " (use f16 or f32)");
         }
     }
@@ -131,7 +132,15 @@ KvLayout kv_layout(const HParams& h, GgmlType type_k, GgmlType type_v) {
     if (h.is_mla()) {
         l.width = h.kv_floats_per_token();
         l.head_dim = l.width;
-        l.with_v = false;  // types stay f32: the absorbed-form attention reads the latent as floats
+        if (type_k != type_v) {
+            throw InvalidArgument(
+                std::string("[kv] deepseek2 caches one latent row per position that is both K and V "
+                            "(multi-head latent attention; llama.cpp's V is a view of its K cache), "
+                            "so cache_type_k and cache_type_v must be the same type: got K ") +
+                ggml_type_traits(type_k).name + ", V " + ggml_type_traits(type_v).name);
+        }
+        l.type_k = l.type_v = type_k;
+        l.with_v = false;
         return l;
     }
     l.width = h.n_embd_kv();
@@ -141,9 +150,13 @@ KvLayout kv_layout(const HParams& h, GgmlType type_k, GgmlType type_v) {
     return l;
 }
 
-void KvCache::store(int il, int64_t pos, const float* k_row, const float* v_row) {
+void KvCache::store_k(int il, int64_t pos, const float* k_row) {
     kv_store_row(type_k_, k_row, k_[static_cast<size_t>(il)].get() + static_cast<size_t>(pos) * row_bytes_k_,
                  n_embd_kv_);
+}
+
+void KvCache::store(int il, int64_t pos, const float* k_row, const float* v_row) {
+    store_k(il, pos, k_row);
     kv_store_row(type_v_, v_row, v_[static_cast<size_t>(il)].get() + static_cast<size_t>(pos) * row_bytes_v_,
                  n_embd_kv_);
 }

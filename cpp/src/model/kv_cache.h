@@ -52,8 +52,10 @@ GgmlType kv_type_for(const std::string& requested, bool exact);
 void kv_store_row(GgmlType type, const float* x, void* dst, int64_t n);
 
 // The KV cache a model needs. MLA (deepseek2) keeps one row per position holding the latent and the
-// RoPE key (kv_lora_rank + n_rot floats), always f32, and no V. Hybrid archs (qwen3next, qwen35moe)
-// write only their attention layers: the recurrent layers' rows are allocated untouched (no pages)
+// RoPE key (kv_lora_rank + n_rot elements) in type_k, and no V: as in llama.cpp, whose V for MLA is a
+// view of the K cache, the latent is both, so a type_v different from type_k is refused
+// (InvalidArgument; llama.cpp refuses it too) rather than silently ignored. Hybrid archs (qwen3next,
+// qwen35moe) write only their attention layers: the recurrent layers' rows are allocated untouched (no pages)
 // and not charged.
 struct KvLayout {
     int64_t n_layer_written = 0;  // layers that store rows (what the budget charges)
@@ -81,14 +83,10 @@ class KvCache {
         return bytes(layout.n_layer_written, n_ctx, layout.width, layout.type_k, layout.type_v,
                      layout.with_v);
     }
-    // MLA's latent rows (f32, written by the deepseek2 attention directly).
-    float* k_f32(int il) {
-        return type_k_ == GgmlType::F32 ? reinterpret_cast<float*>(k_[static_cast<size_t>(il)].get())
-                                        : nullptr;
-    }
-
     // Rounds and stores the K and V rows of position pos of layer il.
     void store(int il, int64_t pos, const float* k_row, const float* v_row);
+    // Rounds and stores the K row only (MLA's latent row; with_v = false).
+    void store_k(int il, int64_t pos, const float* k_row);
     const uint8_t* k(int il) const { return k_[static_cast<size_t>(il)].get(); }
     const uint8_t* v(int il) const { return v_[static_cast<size_t>(il)].get(); }
     GgmlType type_k() const { return type_k_; }

@@ -1,4 +1,4 @@
-// KV cache types, the attention op over them, and the RAM budget planner, for tests, `sharpi
+// KV cache types, the attention ops over them (GQA and MLA), and the RAM budget planner, for tests, `sharpi
 // inspect` and benchmarks. Type conversion and size checks only; the work is in model/kv_cache,
 // cpu/ops/attention and memory_plan.
 #include <pybind11/numpy.h>
@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "cpu/ops/attention.h"
+#include "cpu/ops/mla_attention.h"
 #include "cpu/threadpool.h"
 #include "engine.h"
 #include "memory_plan.h"
@@ -40,6 +41,22 @@ ByteArray kv_store_row_py(const std::string& type_name, const FloatArray& x) {
     return out;
 }
 
+// Runs fn(pool) on a pool of `threads` threads (at least one) with the GIL released.
+template <class Fn>
+void run_on_pool(int threads, Fn&& fn) {
+    py::gil_scoped_release release;
+    cpu::ThreadPool pool(std::max(1, threads));
+    fn(pool);
+}
+
+// Stored rows a kernel reads: a 2-D uint8 array of at least n_rows rows of row_bytes each.
+void check_stored_rows(const ByteArray& a, size_t row_bytes, int64_t n_rows, const std::string& what) {
+    if (a.ndim() != 2 || static_cast<size_t>(a.shape(1)) != row_bytes || a.shape(0) < n_rows) {
+        throw InvalidArgument(what + " must be [>= pos0 + n_tokens, " + std::to_string(row_bytes) +
+                              "] rows of their type");
+    }
+}
+
 // q: [n_tokens, n_head * head_dim] f32; k, v: [n_kv, row_bytes] uint8 rows as kv_store_row wrote them.
 FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray& v,
                         const std::string& type_k, const std::string& type_v, int64_t pos0, int64_t n_head,
@@ -61,22 +78,40 @@ FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray
     const int64_t n_tokens = q.shape(0);
     const GgmlType tk = parse_kv_type(type_k), tv = parse_kv_type(type_v);
     const size_t rk = ggml_row_size(tk, n_head_kv * head_dim), rv = ggml_row_size(tv, n_head_kv * head_dim);
-    for (const ByteArray* a : {&k, &v}) {
-        const size_t row = a == &k ? rk : rv;
-        if (a->ndim() != 2 || static_cast<size_t>(a->shape(1)) != row || a->shape(0) < pos0 + n_tokens) {
-            throw InvalidArgument("[attention] k / v must be [>= pos0 + n_tokens, " + std::to_string(row) +
-                                  "] rows of their type");
-        }
-    }
+    check_stored_rows(k, rk, pos0 + n_tokens, "[attention] k / v");
+    check_stored_rows(v, rv, pos0 + n_tokens, "[attention] k / v");
     const cpu::Isa i = isa_arg(isa);
     FloatArray out({n_tokens, n_head * head_dim});
-    {
-        py::gil_scoped_release release;
-        cpu::ThreadPool pool(std::max(1, threads));
+    float* dst = out.mutable_data();
+    run_on_pool(threads, [&](cpu::ThreadPool& pool) {
         cpu::attention(pool, q.data(), n_head * head_dim, cpu::KvRows{k.data(), rk, tk},
-                       cpu::KvRows{v.data(), rv, tv}, n_tokens, pos0, shape, out.mutable_data(),
-                       n_head * head_dim, i);
+                       cpu::KvRows{v.data(), rv, tv}, n_tokens, pos0, shape, dst, n_head * head_dim, i);
+    });
+    return out;
+}
+
+// q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] f32; latent: [n_kv, row_bytes] uint8 rows as
+// kv_store_row wrote them.
+FloatArray mla_attention_py(const FloatArray& q_abs, const ByteArray& latent, const std::string& type,
+                            int64_t pos0, int64_t n_head, int64_t n_lora_kv, int64_t n_rot, float scale,
+                            int threads, const std::string& isa) {
+    if (n_head <= 0 || n_lora_kv <= 0 || n_rot < 0) throw InvalidArgument("[mla_attention] bad shape");
+    const int64_t key_width = n_lora_kv + n_rot;
+    if (q_abs.ndim() != 2 || q_abs.shape(1) != n_head * key_width) {
+        throw InvalidArgument("[mla_attention] q_abs must be [n_tokens, n_head * (n_lora_kv + n_rot)]");
     }
+    const int64_t n_tokens = q_abs.shape(0);
+    const GgmlType t = parse_kv_type(type);
+    const size_t row = ggml_row_size(t, key_width);
+    check_stored_rows(latent, row, pos0 + n_tokens, "[mla_attention] latent");
+    const cpu::Isa i = isa_arg(isa);
+    FloatArray out({n_tokens, n_head * n_lora_kv});
+    float* dst = out.mutable_data();
+    const cpu::MlaShape shape{n_head, n_lora_kv, n_rot, scale};
+    run_on_pool(threads, [&](cpu::ThreadPool& pool) {
+        cpu::mla_attention(pool, q_abs.data(), n_head * key_width, cpu::KvRows{latent.data(), row, t},
+                           n_tokens, pos0, shape, dst, n_head * n_lora_kv, i);
+    });
     return out;
 }
 
@@ -96,6 +131,7 @@ py::dict memory_plan_py(const std::string& path, int n_ctx, const std::string& c
     d["n_ctx"] = r.n_ctx;
     d["cache_type_k"] = ggml_type_traits(r.type_k).name;
     d["cache_type_v"] = ggml_type_traits(r.type_v).name;
+    d["latent_kv"] = p.latent_kv;
     d["dense_bytes"] = p.dense_bytes;
     d["kv_bytes"] = p.kv_bytes;
     d["buffer_bytes"] = p.buffer_bytes;
@@ -118,6 +154,11 @@ void bind_kv(py::module_& m) {
           py::arg("sinks") = py::none(),
           "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h); "
           "window > 0: sliding window; sinks: [n_head] sink logits");
+    m.def("mla_attention", &mla_attention_py, py::arg("q_abs"), py::arg("latent"), py::arg("type"),
+          py::arg("pos0"), py::arg("n_head"), py::arg("n_lora_kv"), py::arg("n_rot"), py::arg("scale"),
+          py::arg("threads") = 1, py::arg("isa") = "",
+          "deepseek2's absorbed-form latent attention of q_abs's rows (positions pos0..) over stored latent "
+          "rows (cpu/ops/mla_attention.h)");
     m.def("memory_plan", &memory_plan_py, py::arg("path"), py::arg("n_ctx") = 0, py::arg("cache_type_k") = "",
           py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("n_staging") = 0,
           py::arg("allow_long_context") = false,

@@ -9,14 +9,22 @@
 // reads the same single latent "KV head": the cache holds kv_lora_rank + n_rot floats per position,
 // not n_head expanded keys and values.
 //
+// The cache rows are stored as f32, f16, q8_0 or q4_0 (model/kv_cache.h; one type for the whole
+// row, which is why a block type needs kv_lora_rank + n_rot to be a multiple of 32). Arithmetic per
+// (token, head), the same for every stored type: each row is decoded to f32 by its type's row
+// kernel (cpu/quant/kernels.h; an f32 row is read in place), score_j = dot_f32(q_abs_h, row_j) *
+// scale, p_j = exp(score_j - max), total = sum p_j in double, out_h[d] = sum_j (p_j * (1 / total)) *
+// c_j[d] accumulated in position order. Rows are decoded in blocks shared by a few heads of a token.
+//
 // Token t of the batch sits at position pos0 + t and attends to cache positions [0, pos0 + t] (the
-// cache already holds this batch's rows). Work is split over (token, head) pairs with the pool's
-// fixed partition, one thread per pair start to finish, so results do not depend on the thread
-// count or on the batch size (prefill == token-by-token decode, bit for bit).
+// cache already holds this batch's rows). Work is split over (token, group of heads) items with the
+// pool's fixed partition, one thread per item start to finish; a head's arithmetic does not depend
+// on its group, the thread count or the batch size (prefill == token-by-token decode, bit for bit).
 #pragma once
 
 #include <cstdint>
 
+#include "cpu/ops/attention.h"
 #include "cpu/threadpool.h"
 
 namespace sharpi::cpu {
@@ -28,9 +36,10 @@ struct MlaShape {
     float scale = 1.0f;     // 1 / sqrt(qk_nope + qk_rope), times the YaRN mscale^2 where used
 };
 
-// q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] (row stride ldq); latent: [n_ctx, n_lora_kv + n_rot]
-// (row stride ld_latent); out: [n_tokens, n_head * n_lora_kv] (row stride ldo).
-void mla_attention(ThreadPool& pool, const float* q_abs, int64_t ldq, const float* latent, int64_t ld_latent,
-                   int64_t n_tokens, int64_t pos0, const MlaShape& shape, float* out, int64_t ldo);
+// q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] (row stride ldq); latent: [>= pos0 + n_tokens]
+// rows of n_lora_kv + n_rot elements of latent.type; out: [n_tokens, n_head * n_lora_kv] (row
+// stride ldo). isa: the kernels' ISA (tests pick one; the engine uses active_isa()).
+void mla_attention(ThreadPool& pool, const float* q_abs, int64_t ldq, const KvRows& latent, int64_t n_tokens,
+                   int64_t pos0, const MlaShape& shape, float* out, int64_t ldo, Isa isa = active_isa());
 
 }  // namespace sharpi::cpu

@@ -2,11 +2,12 @@
 //
 // Attention is multi-head latent attention (MLA). Each token's KV is compressed to one latent
 // c = RMSNorm(W_kv_a x)[:kv_lora_rank] plus one RoPE key k_pe shared by all heads; the cache holds
-// only [c, k_pe] per position (kv_lora_rank + n_rot floats instead of 2 * n_head * head_dim). The
-// converter stores the up-projection kv_b split per head into W_kb (absorbed into the query:
-// q_abs_h = [W_kb_h^T q_nope_h, q_pe_h]) and W_vb (applied to the attention-weighted latent), which is
-// the absorbed form llama.cpp runs; sharpi uses it for prefill and decode alike, so both take the
-// same arithmetic per token. q comes from one projection, or through a LoRA (W_q_a, RMSNorm, W_q_b)
+// only [c, k_pe] per position (kv_lora_rank + n_rot elements of cache_type_k instead of
+// 2 * n_head * head_dim; V is the same row, as in llama.cpp). The converter stores the
+// up-projection kv_b split per head into W_kb (absorbed into the query: q_abs_h = [W_kb_h^T
+// q_nope_h, q_pe_h]) and W_vb (applied to the attention-weighted latent), which is the absorbed form
+// llama.cpp runs; sharpi uses it for prefill and decode alike, so both take the same arithmetic per
+// token. q comes from one projection, or through a LoRA (W_q_a, RMSNorm, W_q_b)
 // when attention.q_lora_rank is set. RoPE pairs adjacent dimensions ("normal"), as DeepSeek's
 // interleaved rotary layout does.
 //
@@ -98,13 +99,10 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     f.name(q, "Qcur_rope", il);
     f.name(kv, "kv_cmpr_pe_rope", il);
 
+    // The latent rows, rounded to the cache's type (kv_layout: cache_type_k; f32 is a plain copy).
     KvCache& cache = f.kv();
-    float* latent = cache.k_f32(il);  // MLA rows are f32 (kv_layout)
-    const int64_t ld_latent = cache.row_width();
-    for (int64_t t = 0; t < T; ++t) {
-        std::memcpy(latent + (f.pos0() + t) * ld_latent, kv.row(t),
-                    sizeof(float) * static_cast<size_t>(key_width));
-    }
+    for (int64_t t = 0; t < T; ++t) cache.store_k(il, f.pos0() + t, kv.row(t));
+    const cpu::KvRows latent{cache.k(il), cache.row_bytes_k(), cache.type_k()};
 
     // Absorb each head's key up-projection into its query; the RoPE part is copied beside it.
     Act q_abs = f.alloc(T, n_head * key_width);
@@ -118,8 +116,7 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     }
     Act lat = f.alloc(T, n_head * n_lora_kv);
     cpu::MlaShape shape{n_head, n_lora_kv, n_rot, h.attn_scale};
-    cpu::mla_attention(f.pool(), q_abs.data, q_abs.width, latent, ld_latent, T, f.pos0(), shape, lat.data,
-                       lat.width);
+    cpu::mla_attention(f.pool(), q_abs.data, q_abs.width, latent, T, f.pos0(), shape, lat.data, lat.width);
     f.name(lat, "kqv_latent", il);
 
     Act v = f.alloc(T, n_head * head_v);
