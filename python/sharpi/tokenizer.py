@@ -91,18 +91,21 @@ _DEEPSEEK_LLM = [
 ]
 _DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}"]
 _STARCODER = [r"\p{N}", _GPT2]
+# llama.cpp's "default" (also what it uses when tokenizer.ggml.pre is missing, as in GGUF files from
+# converters older than the pre-tokenizer key): punctuation runs first, then GPT-2's pattern, then
+# digit runs cut into groups of three from the left. No model's tokenizer.json has this cascade; it
+# is here so that such files tokenize as llama.cpp, which they were written for, tokenizes them.
+_LLAMA_CPP_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
 
 # tokenizer.ggml.pre -> (patterns, ignore_merges, add_bos default). The names and groups are
-# llama.cpp's (llama-vocab.cpp); "ignore_merges" means a pre-token that is itself in the
-# vocabulary is emitted whole (Llama 3's tokenizer.json sets it). "default" is taken as GPT-2
-# (llama.cpp's own "default" is a legacy cascade no current converter writes).
+# llama.cpp's (llama-vocab.cpp): a name llama.cpp does not know is refused, a name it knows maps to
+# the same patterns. "ignore_merges" means a pre-token that is itself in the vocabulary is emitted
+# whole (Llama 3's tokenizer.json sets it).
 _PRE_TOKENIZERS: dict[str, tuple[list[str], bool, bool]] = {}
 for _names, _spec in [
     (
         (
-            "default",
             "gpt-2",
-            "gpt2",
             "phi-2",
             "mpt",
             "olmo",
@@ -124,10 +127,11 @@ for _names, _spec in [
     (("dbrx", "smaug-bpe", "chatglm-bpe"), ([_LLAMA3], False, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
     (("qwen35",), ([_QWEN35], False, False)),
+    (("default",), (_LLAMA_CPP_DEFAULT, False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),
     (
-        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva"),
+        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
         (_STARCODER, False, False),
     ),
 ]:
@@ -552,9 +556,10 @@ class Tokenizer:
             self.pre = key.get("tokenizer.ggml.pre", str)
             if not self.pre:
                 warnings.warn(
-                    "[tokenizer] tokenizer.ggml.pre is missing; using the GPT-2 pre-tokenizer", stacklevel=2
+                    "[tokenizer] tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer",
+                    stacklevel=2,
                 )
-                spec = _PRE_TOKENIZERS["gpt-2"]
+                spec = _PRE_TOKENIZERS["default"]
             elif self.pre not in _PRE_TOKENIZERS:
                 if not pre_fallback:
                     raise UnsupportedError(
