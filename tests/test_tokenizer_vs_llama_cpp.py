@@ -23,7 +23,6 @@ import random
 from pathlib import Path
 
 import pytest
-from reference import hf_export
 from reference.random_text import random_texts
 from sharpi import _core
 from sharpi.tokenizer import _PRE_TOKENIZERS, Tokenizer
@@ -62,17 +61,6 @@ def _seed() -> int:
 
 
 SEED = _seed()
-
-
-@pytest.fixture(scope="module")
-def models_dir() -> Path:
-    try:
-        d = hf_export.converter_dir() / "models"
-    except hf_export.ConverterUnavailable as error:
-        pytest.skip(f"llama.cpp source package unavailable: {error}")
-    if not d.is_dir():
-        pytest.fail(f"{d} is missing: tools/fetch_converter.sh should have unpacked the fixtures")
-    return d
 
 
 class LlamaCppVocab:
@@ -127,8 +115,8 @@ def _report(what: str, bad: list, total: int) -> str:
 
 
 @pytest.mark.parametrize("name", VOCABS)
-def test_generated_text_matches_llama_cpp(models_dir, name):
-    path = models_dir / f"ggml-vocab-{name}.gguf"
+def test_generated_text_matches_llama_cpp(vocab_fixtures_dir, name):
+    path = vocab_fixtures_dir / f"ggml-vocab-{name}.gguf"
     print(f"seed {SEED}")  # shown with -s, and in every failure message
     texts = random_texts(SEED, N_STRINGS)
     tok = Tokenizer.from_metadata(_core.GgufFile(str(path)).metadata())
@@ -166,10 +154,10 @@ def _copy_with_pre(reader, dst: Path, pre: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gpt2_reader(models_dir):
+def gpt2_reader(vocab_fixtures_dir):
     import gguf
 
-    return gguf.GGUFReader(models_dir / "ggml-vocab-gpt-2.gguf")
+    return gguf.GGUFReader(vocab_fixtures_dir / "ggml-vocab-gpt-2.gguf")
 
 
 @pytest.mark.parametrize("pre", sorted(_PRE_TOKENIZERS))
