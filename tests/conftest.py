@@ -48,3 +48,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("io_uring tests were skipped: the suite fails (see tests/reader_policy.py)")
         for line in _uring_skips:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def vocab_fixtures_dir() -> Path:
+    """llama.cpp's tokenizer fixtures (models/ggml-vocab-*.gguf with .inp/.out cases), unpacked by
+    tools/fetch_converter.sh; skips when the llama-cpp-python source package cannot be fetched."""
+    from reference import hf_export
+
+    try:
+        d = hf_export.converter_dir() / "models"
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp source package unavailable: {error}")
+    if not d.is_dir():
+        pytest.fail(f"{d} is missing: tools/fetch_converter.sh should have unpacked the fixtures")
+    return d

@@ -233,8 +233,12 @@ def reference_pre_tokenizer(pre: str):
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         return pre_tokenizers.Sequence(steps)
 
-    if pre in ("gpt-2", "olmo", "default", "no-such-pre"):
+    if pre in ("gpt-2", "olmo", "no-such-pre"):
         return pre_tokenizers.ByteLevel(add_prefix_space=False), False
+    if pre == "default":
+        # llama.cpp's own cascade for "default" (llama-vocab.cpp), written out here independently.
+        gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+        return split(r"[\p{P}\$\+<=>\^~\|]+", gpt2, r"\p{N}+", r"[0-9]{3}"), False
     if pre == "llama-bpe":
         return split(HF_LLAMA3), True
     if pre in ("dbrx", "smaug-bpe"):

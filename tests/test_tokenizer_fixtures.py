@@ -10,7 +10,6 @@ Skips (never fails) when the source package cannot be fetched.
 from pathlib import Path
 
 import pytest
-from reference import hf_export
 from sharpi import UnsupportedError, _core
 from sharpi.tokenizer import Tokenizer
 
@@ -25,17 +24,6 @@ MUST_SUPPORT = {"deepseek-coder", "deepseek-llm", "gpt-2", "llama-bpe", "llama-s
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
-@pytest.fixture(scope="module")
-def models_dir() -> Path:
-    try:
-        d = hf_export.converter_dir() / "models"
-    except hf_export.ConverterUnavailable as error:
-        pytest.skip(f"llama.cpp source package unavailable: {error}")
-    if not d.is_dir():
-        pytest.fail(f"{d} is missing: tools/fetch_converter.sh should have unpacked the fixtures")
-    return d
-
-
 def _cases(models: Path, name: str):
     base = models / f"ggml-vocab-{name}.gguf"
     texts = base.with_name(base.name + ".inp").read_text(encoding="utf-8").split(SEPARATOR)
@@ -46,8 +34,8 @@ def _cases(models: Path, name: str):
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_fixture_matches_llama_cpp(models_dir, name):
-    base, cases = _cases(models_dir, name)
+def test_fixture_matches_llama_cpp(vocab_fixtures_dir, name):
+    base, cases = _cases(vocab_fixtures_dir, name)
     assert len(cases) > 10
     md = _core.GgufFile(str(base)).metadata()
     try:

@@ -91,18 +91,21 @@ _DEEPSEEK_LLM = [
 ]
 _DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}"]
 _STARCODER = [r"\p{N}", _GPT2]
+# llama.cpp's "default" (also what it uses when tokenizer.ggml.pre is missing, as in GGUF files from
+# converters older than the pre-tokenizer key): punctuation runs first, then GPT-2's pattern, then
+# digit runs cut into groups of three from the left. No model's tokenizer.json has this cascade; it
+# is here so that such files tokenize as llama.cpp, which they were written for, tokenizes them.
+_LLAMA_CPP_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
 
 # tokenizer.ggml.pre -> (patterns, ignore_merges, add_bos default). The names and groups are
-# llama.cpp's (llama-vocab.cpp); "ignore_merges" means a pre-token that is itself in the
-# vocabulary is emitted whole (Llama 3's tokenizer.json sets it). "default" is taken as GPT-2
-# (llama.cpp's own "default" is a legacy cascade no current converter writes).
+# llama.cpp's (llama-vocab.cpp): a name llama.cpp does not know is refused, a name it knows maps to
+# the same patterns. "ignore_merges" means a pre-token that is itself in the vocabulary is emitted
+# whole (Llama 3's tokenizer.json sets it).
 _PRE_TOKENIZERS: dict[str, tuple[list[str], bool, bool]] = {}
 for _names, _spec in [
     (
         (
-            "default",
             "gpt-2",
-            "gpt2",
             "phi-2",
             "mpt",
             "olmo",
@@ -124,10 +127,11 @@ for _names, _spec in [
     (("dbrx", "smaug-bpe", "chatglm-bpe"), ([_LLAMA3], False, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
     (("qwen35",), ([_QWEN35], False, False)),
+    (("default",), (_LLAMA_CPP_DEFAULT, False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),
     (
-        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva"),
+        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
         (_STARCODER, False, False),
     ),
 ]:
@@ -135,12 +139,17 @@ for _names, _spec in [
         _PRE_TOKENIZERS[_name] = _spec
 
 # Token texts llama.cpp treats as end of generation whatever their id (llama-vocab.cpp keeps the
-# same list; the converters do not always write eot/eom ids).
+# same list; the converters do not always write eot/eom ids). llama.cpp also makes each of them a
+# control token when the file types it otherwise (Phi-3 types "</s>" user-defined), so that text
+# encoded without special=True never turns into an end-of-generation token.
 _EOG_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
-    "<|return|>", "<|call|>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
 )  # fmt: skip
+# gpt-oss's message markers, which llama.cpp always parses and renders (user-defined), whatever their type.
+_ALWAYS_USER_DEFINED_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 # Candidates for the single "end of turn" id when tokenizer.ggml.eot_token_id is absent, in order.
 _EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
@@ -537,6 +546,9 @@ class Tokenizer:
             tid = self._lookup_text(text)
             if tid is not None:
                 eog.add(tid)
+                if self._types[tid] != TOKEN_CONTROL:
+                    self._types[tid] = TOKEN_CONTROL
+        self._apply_llama_cpp_exceptions(eog)
         self.eog_ids = frozenset(eog)
 
         self.pre = None
@@ -552,9 +564,10 @@ class Tokenizer:
             self.pre = key.get("tokenizer.ggml.pre", str)
             if not self.pre:
                 warnings.warn(
-                    "[tokenizer] tokenizer.ggml.pre is missing; using the GPT-2 pre-tokenizer", stacklevel=2
+                    "[tokenizer] tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer",
+                    stacklevel=2,
                 )
-                spec = _PRE_TOKENIZERS["gpt-2"]
+                spec = _PRE_TOKENIZERS["default"]
             elif self.pre not in _PRE_TOKENIZERS:
                 if not pre_fallback:
                     raise UnsupportedError(
@@ -602,6 +615,25 @@ class Tokenizer:
 
     def _lookup_text(self, text: str) -> int | None:
         return self._text_to_id.get(text)
+
+    def _apply_llama_cpp_exceptions(self, eog: set) -> None:
+        """The token-type fixes llama.cpp applies after its end-of-generation list (llama-vocab.cpp),
+        so that every vocabulary splits and renders text as llama.cpp does. Mutates eog and _types."""
+        for text in _ALWAYS_USER_DEFINED_TEXTS:
+            tid = self._lookup_text(text)
+            if tid is not None:
+                self._types[tid] = TOKEN_USER_DEFINED
+        texts = {self._pieces[t]: t for t in eog}
+        # gpt-oss (o200k_harmony) and Solar Open: "<|end|>" ends a message, not the generation.
+        if "<|end|>" in texts and (
+            {"<|return|>", "<|call|>"} <= texts.keys() or {"<|calls|>", "<|flush|>"} <= texts.keys()
+        ):
+            eog.discard(texts["<|end|>"])
+            self._types[texts["<|end|>"]] = TOKEN_USER_DEFINED
+        # Gemma 4 and PLaMo 2: "</s>" is ordinary text.
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            eog.discard(texts["</s>"])
+            self._types[texts["</s>"]] = TOKEN_NORMAL
 
     @staticmethod
     def _parse_merges(merges: list) -> list[tuple[str, str]]:
