@@ -8,7 +8,8 @@
 A thin front of benchmarks/compare.py (same method: fresh worker per measurement, warm pass,
 alternating engines, medians; prefill tok/s and decode tok/s per prompt length), with two engines
 that put everything on device 0:
-  sharpi-cuda     Session(device="cuda") (dense weights, KV cache and experts in VRAM);
+  sharpi-cuda     Session(device="cuda") (dense weights, KV cache and experts in VRAM; its KV
+                  cache is f32, llama.cpp's default f16: at long prompts sharpi reads twice the KV bytes);
   llama.cpp-cuda  llama-cpp-python built with CUDA (GGML_CUDA=on), n_gpu_layers = all.
 A GPU is required (a lent machine has no registry: carry the llama-cpp-python source package there
 and build it with CMAKE_ARGS="-DGGML_CUDA=on"). Without one the script exits saying so; an engine

@@ -31,6 +31,10 @@ void check_whole_blocks(GgmlType type, size_t n_bytes, size_t block_bytes, const
 
 }  // namespace
 
+bool host_has_block_math(GgmlType type) {
+    return bm_dispatch(type, [](auto) {});
+}
+
 std::vector<float> host_dequantize(GgmlType type, const void* data, size_t n_bytes) {
     std::vector<float> out;
     const bool known = bm_dispatch(type, [&](auto tag) {

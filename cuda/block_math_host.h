@@ -12,6 +12,9 @@
 
 namespace sharpi::cuda {
 
+// True when block_math.cuh implements `type` (the device kernels take it).
+bool host_has_block_math(GgmlType type);
+
 // data: n_bytes of `type` blocks -> every element as f32 (bm_dequant, element by element).
 std::vector<float> host_dequantize(GgmlType type, const void* data, size_t n_bytes);
 

@@ -3,10 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "quant/ggml_type.h"
+
+namespace sharpi {
+struct Model;
+}  // namespace sharpi
 
 namespace sharpi::cuda {
 
@@ -27,27 +33,75 @@ DeviceInfo device_info();
 // used and free, or why CUDA is unavailable.
 std::string describe();
 
-// What device="cuda" would place in VRAM for one session (everything resident: part 1).
-struct DeviceRequest {
-    std::string arch;
-    bool moe = false;  // the model has routed experts
-    uint64_t dense_bytes = 0;
-    uint64_t expert_bytes = 0;
-    uint64_t kv_bytes = 0;
+// ---- the device forward pass (device="cuda") -------------------------------------------------------
+//
+// What device="cuda" places in VRAM for one session (part 1: everything resident): every weight
+// tensor the layer loop reads, uploaded once at load in its file type (quantized as in the file,
+// dense and stacked experts alike; norms and biases as the f32 the loader made of them), the f32
+// KV cache of n_ctx positions, and the activation buffers of one batch of max_batch tokens.
+struct DeviceUpload {
+    std::string name;  // tensor name as in the file ("blk.3.ffn_up_exps.weight")
+    GgmlType type = GgmlType::F32;
+    uint64_t bytes = 0;
+    bool expert = false;  // a stacked routed-expert tensor
 };
 
-// device="cuda": returns when the device forward pass can run the model, else throws a typed
-// error naming the reason, checked in this order: DeviceError (no usable device, with the CUDA
-// error); UnsupportedError naming the arch (the device path computes the plain MoE archs
-// qwen3moe, olmoe and mixtral only); InvalidArgument naming the sizes when dense weights, experts
-// and KV cache do not fit the device's free VRAM; UnsupportedError while the device layer loop is
-// unwritten. The stub: UnsupportedError (built without CUDA).
-void require_device_forward(const DeviceRequest& request);
+struct DevicePlan {
+    std::string arch;
+    std::vector<DeviceUpload> uploads;  // in upload order; a tied output head is uploaded once
+    uint64_t dense_bytes = 0;           // sum of the uploads that are not experts
+    uint64_t expert_bytes = 0;          // sum of the expert uploads
+    uint64_t kv_bytes = 0;              // 2 * n_layer * n_ctx * n_embd_kv f32
+    uint64_t buffer_bytes = 0;          // activations, routing, scratch, logits of one batch + alignment
+    int64_t n_ctx = 0;
+    int64_t max_batch = 0;
+    int64_t n_ff_dense = 0;  // widest dense FFN (qwen2moe's shared expert), 0 without one
+    uint64_t total_bytes() const { return dense_bytes + expert_bytes + kv_bytes + buffer_bytes; }
+};
+
+// The device path's own limits, checked by plan_device_model (host arithmetic only, no device
+// touched, so the host tests run it in every build) BEFORE anything is allocated. UnsupportedError
+// naming what: an arch other than the plain MoE ones (qwen3moe, qwen2moe, olmoe, llama with experts,
+// i.e. Mixtral); a router other than softmax top-k (sigmoid gating, expert groups, selection bias,
+// a weight scale, router or expert biases); YaRN RoPE; gated / sliding-window / sink attention,
+// recurrent layers or MLA; head_dim above the attention kernel's 256; more than 512 experts; a
+// tensor type without device block math (MXFP4, the IQ types); a KV cache type other than f32.
+// type_k / type_v: the types the session asked for (F32 when the user named none).
+DevicePlan plan_device_model(const Model& model, int64_t n_ctx, int64_t max_batch, GgmlType type_k,
+                             GgmlType type_v);
+
+// The forward pass of one session on the device. Owns the device copy of the weights, the KV cache,
+// the activation buffers and one compute stream; every op of a batch is queued on that stream and
+// the host waits once per batch (on the logits copy; a prefill batch also once per MoE layer, to
+// group its tokens by expert on the host). Single-threaded like Engine.
+class DeviceForward {
+  public:
+    virtual ~DeviceForward() = default;
+    // Tokens at positions pos0 .. pos0 + n_tokens - 1 (the caller checked ids and context); writes
+    // the logits of every token (all_logits) or of the last one ([n_vocab] floats each) and each
+    // MoE layer's expert ids [n_tokens * k] in rank order to routing[il] (empty for a dense layer).
+    // Positions at or past pos0 in the KV cache are overwritten; positions before it are read, never
+    // written. check_cancel(il) runs before each layer is queued and may throw (the work already
+    // queued completes; nothing is read back).
+    virtual void forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits,
+                         float* logits, std::vector<std::vector<int32_t>>& routing,
+                         const std::function<void(int)>& check_cancel) = 0;
+    virtual const DevicePlan& plan() const = 0;
+};
+
+// device="cuda": checks, in this order, and throws before allocating anything: DeviceError (no
+// usable device, with the CUDA error string); plan_device_model's UnsupportedError; InvalidArgument
+// naming the sizes when the plan does not fit the device's free VRAM. Then uploads the weights
+// (one compute stream, waited on before returning) and returns the ready forward pass. exact: f32
+// activations on dequantized weights in every product; otherwise the int8 paths on q8-quantized
+// activations for every quantized weight (as the CPU's fast mode). The stub: UnsupportedError.
+std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t n_ctx, int64_t max_batch,
+                                                   GgmlType type_k, GgmlType type_v, bool exact);
 
 // ---- op entries for the tests and benchmarks ------------------------------------------------------
 // Each uploads its host inputs, runs one op's launch sequence on a fresh stream, waits, and returns
 // the result on the host. Shapes as in the op headers under cuda/ops/. Without CUDA or a device
-// they throw the typed error require_device_forward would (the stub: UnsupportedError).
+// they throw the typed error open_device_forward would (the stub: UnsupportedError).
 
 std::vector<float> op_dequantize(GgmlType type, const void* data, size_t n_bytes);
 std::vector<uint8_t> op_quantize_act(GgmlType weight, const float* x, int64_t n_cols, int64_t n_tokens);

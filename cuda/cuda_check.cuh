@@ -29,6 +29,17 @@ inline void cuda_check(cudaError_t err, const std::string& what) {
     throw DeviceError(cuda_error_message(err, what));
 }
 
+// Throws DeviceError (with the CUDA error string) unless a CUDA device is usable.
+inline void require_device(const std::string& what) {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        throw DeviceError(cuda_error_message(err, what + ": no usable CUDA device"));
+    }
+    if (n == 0) throw DeviceError("[cuda] " + what + ": no CUDA device");
+}
+
 // After a <<<...>>> launch: launch-configuration errors are reported by cudaGetLastError.
 #define SHARPI_CUDA_CHECK_LAUNCH(what) ::sharpi::cuda::cuda_check(cudaGetLastError(), (what))
 

@@ -19,16 +19,6 @@
 namespace sharpi::cuda {
 namespace {
 
-void require_device(const std::string& what) {
-    int n = 0;
-    const cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        throw DeviceError(cuda_error_message(err, what + ": no usable CUDA device"));
-    }
-    if (n == 0) throw DeviceError("[cuda] " + what + ": no CUDA device");
-}
-
 // A device copy of n_bytes host bytes.
 DeviceBuffer upload(const void* src, size_t n_bytes, const Stream& stream, const std::string& what) {
     DeviceBuffer buf(n_bytes, what);

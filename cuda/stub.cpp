@@ -2,6 +2,7 @@
 #include <string>
 
 #include "cuda_backend.h"
+#include "model/model.h"
 #include "sharpi/errors.h"
 
 namespace sharpi::cuda {
@@ -28,8 +29,9 @@ std::string describe() {
     return "CUDA unavailable: sharpi was built without the CUDA backend";
 }
 
-void require_device_forward(const DeviceRequest& request) {
-    no_cuda("device=\"cuda\" for " + request.arch);
+std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t, int64_t, GgmlType, GgmlType,
+                                                   bool) {
+    no_cuda("device=\"cuda\" for " + model.hp.arch);
 }
 
 std::vector<float> op_dequantize(GgmlType, const void*, size_t) {

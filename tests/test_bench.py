@@ -400,6 +400,10 @@ def test_bench_quick_smoke(tmp_path):
         assert "compute" in names.values() and "reader" in names.values()
     else:
         assert tl["note"], "without a timeline the report says why"
+    # matplotlib comes with the test extra: one PNG per workload that ran (tests/test_bench_plots.py
+    # checks what they draw).
+    assert doc["plots"] == [str(out / f"bench-{w['name']}.png") for w in ran]
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in doc["plots"])
 
 
 # ------------------------------------------------------------------------------------------ predictor axis

@@ -274,11 +274,13 @@ def test_inspect_and_make_model_call_their_modules(monkeypatch, capsys, tmp_path
 
     out_path = str(tmp_path / "out.gguf")
     code, out, _ = run_main(["make-model", "--preset", "tiny", out_path], capsys)
-    assert code == 0 and calls["make"] == (out_path, {"preset": "tiny"})
+    # Only what the user gave, and the bar of the bytes written (drawn on a terminal only).
+    assert code == 0 and calls["make"] == (out_path, {"preset": "tiny", "progress_bar": True})
     assert out == f"sharpi: wrote {out_path} (3.0 MiB)\n"
     argv = ["make-model", "--arch", "olmoe", "--preset", "tiny", "--quant", "q4_0", "--seed", "3", out_path]
     run_main(argv, capsys)
-    assert calls["make"] == (out_path, {"arch": "olmoe", "preset": "tiny", "quant": "q4_0", "seed": 3})
+    assert calls["make"] == (out_path, {"arch": "olmoe", "preset": "tiny", "quant": "q4_0", "seed": 3,
+                                        "progress_bar": True})
 
 
 def test_missing_optional_module_is_a_clean_error(monkeypatch, capsys, tmp_path):

@@ -273,3 +273,189 @@ def test_gpu_session_refuses_an_arch_the_device_path_does_not_compute(tmp_path):
     write_model(path, arch="qwen3", preset="tiny", seed=1)
     with pytest.raises(sharpi.UnsupportedError, match=r"device=\"cuda\" for qwen3: .*not qwen3 without experts"):
         sharpi.Session(path, device="cuda")
+
+
+# ---- the device forward pass end to end: Session(device="cuda") against Session(device="cpu") --------
+#
+# Files: make-model's tiny preset on every plain-MoE arch the device path computes, in the issue's
+# quant types (f32 and f16 weights, the 32-element types, K-quant mixes). The CPU engine is the
+# oracle here; it is itself checked against float64 numpy and transformers by the CPU suites.
+#
+# BUDGETS ARE PROVISIONAL: no session that wrote these tests was lent a GPU, so none of the numbers
+# below was measured. Reasoning behind them:
+# - exact mode: both engines dequantize the same weights to the same f32 (block_math.cuh is checked
+#   bit for bit against the gguf package) and differ only in f32 summation order (warp trees vs the
+#   CPU's SIMD lanes) and expf: 1e-4 relative on the logits (issue 21 asks <= 1e-4 for f32 weights;
+#   the other types share the same arithmetic after dequantization, so the same budget).
+# - fast mode: the same q8 activation bytes whenever the f32 inputs agree, but an input that differs
+#   in its last bit can round to another q8 code and flip a router near-tie, and the CPU's fast KV
+#   cache defaults to f16 (the CPU session here is given f32 KV to compare like with like); checked
+#   per metric as test_fast_mode.py checks fast against exact (FAST_* below).
+# - prefill vs token-by-token on the device: the kernels are written to give the same bits (the
+#   tiled matmul sums as the matvec, the grouped expert FFN as the decode one, attention per token
+#   over its own prefix), so equality is asserted bit for bit, as on the CPU.
+
+E2E_ARCHES = ("qwen3moe", "qwen2moe", "olmoe", "llama")  # llama with experts: Mixtral's layout
+E2E_QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_k_m", "q6_k")
+EXACT_BUDGET = {q: 1e-4 for q in E2E_QUANTS}  # provisional, not measured (see above)
+# Fast mode, provisional and not measured: test_fast_mode.py's measured CPU fast-vs-exact budgets
+# (median 2e-2, worst 0.47, agreement 0.896), since GPU fast vs CPU fast should sit no further apart.
+FAST_MEDIAN_BUDGET, FAST_WORST_BUDGET, FAST_AGREEMENT_MIN = 2e-2, 0.5, 0.85
+N_GREEDY = 32
+
+
+@pytest.fixture(scope="module")
+def e2e_files(tmp_path_factory):
+    from sharpi.make_model import write_model
+
+    root = tmp_path_factory.mktemp("cuda_e2e")
+    cache = {}
+
+    def get(arch, quant):
+        if (arch, quant) not in cache:
+            path = str(root / f"{arch}-{quant}.gguf")
+            write_model(path, arch=arch, preset="tiny", quant=quant, seed=11)
+            cache[arch, quant] = path
+        return cache[arch, quant]
+
+    return get
+
+
+def prompt_tokens(n, seed=5, n_vocab=1024):
+    return [int(t) for t in np.random.default_rng(seed).integers(1, n_vocab, size=n)]
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def greedy(session, prompt, n):
+    """Prompt, then n greedy tokens: (tokens, [logits of each step])."""
+    session.reset()
+    logits = np.asarray(session.decode(prompt))
+    tokens, steps = [], [logits]
+    for _ in range(n):
+        tokens.append(int(np.argmax(logits)))
+        logits = np.asarray(session.decode([tokens[-1]]))
+        steps.append(logits)
+    return tokens, steps
+
+
+@pytest.mark.parametrize("quant", E2E_QUANTS)
+@pytest.mark.parametrize("arch", E2E_ARCHES)
+def test_gpu_exact_matches_cpu_exact_and_the_same_greedy_tokens(e2e_files, arch, quant):
+    path = e2e_files(arch, quant)
+    prompt = prompt_tokens(12)
+    cpu = sharpi.Session(path, exact=True)
+    gpu = sharpi.Session(path, exact=True, device="cuda")
+    # Every prompt row (the batched path) within the budget.
+    want = np.asarray(cpu.decode(prompt, all_logits=True))
+    got = np.asarray(gpu.decode(prompt, all_logits=True))
+    assert got.shape == want.shape
+    err = rel_err(got, want)
+    assert err <= EXACT_BUDGET[quant], f"{arch} {quant}: prompt logits relative error {err:.2e}"
+    for il, (g, c) in enumerate(zip(gpu.last_routing(), cpu.last_routing(), strict=True)):
+        np.testing.assert_array_equal(g, c, err_msg=f"layer {il}: the device router chose other experts")
+    # 32 greedy tokens (the one-token path): the same tokens, every step's logits within the budget.
+    cpu_tokens, cpu_steps = greedy(cpu, prompt, N_GREEDY)
+    gpu_tokens, gpu_steps = greedy(gpu, prompt, N_GREEDY)
+    assert gpu_tokens == cpu_tokens
+    worst = max(rel_err(g, c) for g, c in zip(gpu_steps, cpu_steps))
+    assert worst <= EXACT_BUDGET[quant], f"{arch} {quant}: decode logits relative error {worst:.2e}"
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+@pytest.mark.parametrize("quant", ["f32", "q8_0", "q4_k_m"])
+@pytest.mark.parametrize("arch", E2E_ARCHES)
+def test_gpu_prefill_equals_token_by_token(e2e_files, arch, quant, exact):
+    path = e2e_files(arch, quant)
+    # 300 tokens: two chunks of the device's 256-token batches.
+    prompt = prompt_tokens(300, seed=7)
+    gpu = sharpi.Session(path, exact=exact, device="cuda", n_ctx=512)
+    batched = np.asarray(gpu.decode(prompt, all_logits=True)).reshape(len(prompt), -1)
+    gpu.reset()
+    one_by_one = np.stack([np.asarray(gpu.decode([t])) for t in prompt])
+    bad = np.flatnonzero(bits(batched.astype(F32)) != bits(one_by_one.astype(F32)))
+    assert bad.size == 0, f"{bad.size} logits differ, first at rows {np.unique(bad // batched.shape[1])[:8]}"
+    # Without all_logits only the last chunk's last row goes through the output head: the same bits.
+    gpu.reset()
+    last = np.asarray(gpu.decode(prompt))
+    np.testing.assert_array_equal(bits(last.astype(F32)), bits(batched[-1].astype(F32)))
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m", "q6_k"])
+@pytest.mark.parametrize("arch", E2E_ARCHES)
+def test_gpu_fast_mode_matches_cpu_fast_mode(e2e_files, arch, quant):
+    # Held like test_fast_mode.py holds fast against exact on the CPU, per metric: a router near-tie
+    # that one engine's rounding flips changes that position's expert set (tenths of the logit
+    # scale), so the median position carries the rounding budget and the worst one a flip budget.
+    path = e2e_files(arch, quant)
+    tokens = prompt_tokens(48, seed=13)
+    cpu = sharpi.Session(path, cache_type_k="f32", cache_type_v="f32")  # the device's KV type
+    gpu = sharpi.Session(path, device="cuda")
+    want = np.asarray(cpu.decode(tokens, all_logits=True), np.float64).reshape(len(tokens), -1)
+    got = np.asarray(gpu.decode(tokens, all_logits=True), np.float64).reshape(len(tokens), -1)
+    per_position = np.abs(got - want).max(axis=1) / np.abs(want).max()
+    agreement = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
+    what = f"{arch}/{quant}: median {np.median(per_position):.2e}, worst {per_position.max():.2e}, agreement {agreement:.3f}"
+    assert np.median(per_position) <= FAST_MEDIAN_BUDGET, what
+    assert per_position.max() <= FAST_WORST_BUDGET, what
+    assert agreement >= FAST_AGREEMENT_MIN, what
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+def test_gpu_reset_and_truncate_behave_as_on_the_cpu(e2e_files, exact):
+    path = e2e_files("qwen3moe", "q4_k_m")
+    a, b = prompt_tokens(10, seed=1), prompt_tokens(6, seed=2)
+    gpu = sharpi.Session(path, exact=exact, device="cuda")
+    first = np.asarray(gpu.decode(a + b, all_logits=True))
+    assert gpu.n_past == len(a) + len(b)
+    gpu.decode(prompt_tokens(5, seed=3))  # more positions, overwritten below
+    gpu.reset()
+    assert gpu.n_past == 0
+    again = np.asarray(gpu.decode(a + b, all_logits=True))
+    np.testing.assert_array_equal(bits(again.astype(F32)), bits(first.astype(F32)))
+    # truncate: keep a, decode b again -> b's rows as before (positions past n_past are rewritten).
+    gpu.decode(prompt_tokens(4, seed=4))
+    gpu.truncate(len(a))
+    rows_b = np.asarray(gpu.decode(b, all_logits=True)).reshape(len(b), -1)
+    np.testing.assert_array_equal(bits(rows_b.astype(F32)), bits(first.reshape(len(a) + len(b), -1)[len(a):].astype(F32)))
+    with pytest.raises(sharpi.ContextOverflowError):
+        gpu.decode([1] * (gpu.info["n_ctx"] + 1))
+    assert gpu.n_past == len(a) + len(b)  # a failed decode appends nothing
+
+
+def test_gpu_session_refuses_a_quantized_kv_cache_before_allocating(e2e_files):
+    path = e2e_files("olmoe", "f32")
+    free_before = _core.cuda_device_info()["vram_free"]
+    with pytest.raises(sharpi.UnsupportedError, match="device KV cache is f32"):
+        sharpi.Session(path, device="cuda", cache_type_k="q8_0")
+    # Nothing of the refused session stays on the device (allow another process's small drift).
+    assert _core.cuda_device_info()["vram_free"] >= free_before - (16 << 20)
+
+
+def test_gpu_session_too_big_for_vram_is_an_invalid_argument_naming_the_sizes(e2e_files):
+    path = e2e_files("qwen3moe", "f32")
+    n_ctx_train = 4096  # the tiny preset's
+    # A KV cache larger than the device: n_ctx far beyond the trained context (allowed explicitly).
+    free = _core.cuda_device_info()["vram_free"]
+    plan = _core.cuda_device_plan(path, 1024)
+    per_pos = plan["kv_bytes"] // 1024
+    n_ctx = int(free // per_pos) + 1024
+    assert n_ctx > n_ctx_train
+    with pytest.raises(sharpi.InvalidArgument, match=r"MiB do not fit the \d+ MiB free on"):
+        sharpi.Session(path, device="cuda", n_ctx=n_ctx, allow_long_context=True)
+
+
+def test_gpu_cancel_appends_nothing_and_the_session_goes_on(e2e_files):
+    path = e2e_files("qwen2moe", "q8_0")
+    prompt = prompt_tokens(20, seed=21)
+    gpu = sharpi.Session(path, exact=True, device="cuda")
+    want = np.asarray(gpu.decode(prompt))
+    gpu.reset()
+    gpu.cancel()  # seen by the next decode at its first layer
+    with pytest.raises(sharpi.CancelledError):
+        gpu.decode(prompt)
+    assert gpu.n_past == 0
+    np.testing.assert_array_equal(bits(np.asarray(gpu.decode(prompt)).astype(F32)), bits(want.astype(F32)))

@@ -30,6 +30,7 @@ from test_qdot import (
     unpack_k,
 )
 from test_quant import ALL_TYPES, bits, oracle_dequantize, random_rows
+from test_session import models  # noqa: F401  (fixture: tiny files of every plain MoE arch)
 
 F32 = np.float32
 
@@ -219,3 +220,167 @@ def test_device_ops_without_a_device_are_typed_errors():
         _core.cuda_op_dequantize(int(Q.Q8_0), np.zeros(34, np.uint8))
     with pytest.raises((UnsupportedError, DeviceError), match=r"\[cuda\] rms_norm"):
         _core.cuda_op_rms_norm(np.ones(8, np.float32), np.ones(8, np.float32), 1e-6)
+
+
+# ---- the device forward pass's plan (no device needed) ------------------------------------------------
+#
+# _core.cuda_device_plan runs the planner that Session(device="cuda") runs before it allocates: what
+# goes to VRAM and what the device path refuses. Checked against the gguf package's reading of the
+# same file (an independent reader): every tensor the layer loop reads is uploaded once, in its file
+# type and size (1-D tensors as the f32 the loader makes of them), experts apart from dense weights.
+
+PLAIN_MOE_ARCHES = ("qwen3moe", "qwen2moe", "olmoe", "llama")  # llama with experts: Mixtral
+
+
+@pytest.fixture(scope="module")
+def plan_files(models):  # noqa: F811  (the imported fixture)
+    """test_session's tiny files: {(arch, quant): path} for the plain MoE archs, f32 and q4_k_m."""
+    assert set(PLAIN_MOE_ARCHES) <= {arch for arch, _ in models}
+    return models
+
+
+def gguf_expected_uploads(path):
+    """{name: (ggml type, bytes)} of every tensor in the file, as the device plan should upload it."""
+    from gguf import GGUFReader
+
+    out = {}
+    for t in GGUFReader(path).tensors:
+        dims = [int(d) for d in t.shape if int(d) > 1]
+        if len(dims) <= 1 and "gate_inp_shexp" not in t.name:
+            out[t.name] = (int(Q.F32), 4 * int(t.n_elements))  # norms, biases: f32 on the host and device
+        else:
+            out[t.name] = (int(t.tensor_type), int(t.n_bytes))
+    return out
+
+
+@pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
+@pytest.mark.parametrize("arch", PLAIN_MOE_ARCHES)
+def test_device_plan_uploads_every_tensor_once_in_its_file_type(plan_files, arch, quant):
+    from gguf import GGUFReader
+
+    path = plan_files[arch, quant]
+    n_ctx, max_batch = 512, 64
+    plan = _core.cuda_device_plan(path, n_ctx, max_batch)
+    names = [u[0] for u in plan["uploads"]]
+    assert len(names) == len(set(names)), "a tensor is uploaded twice"
+    got = {name: (ttype, nbytes) for name, ttype, nbytes, _ in plan["uploads"]}
+    want = gguf_expected_uploads(path)
+    assert got == want
+    experts = {name for name, _, _, expert in plan["uploads"] if expert}
+    assert experts == {n for n in want if "_exps." in n}
+    assert plan["expert_bytes"] == sum(want[n][1] for n in experts)
+    assert plan["dense_bytes"] == sum(b for n, (_, b) in want.items() if n not in experts)
+    if quant == "q4_k_m":  # the mix keeps its per-tensor types (Q6_K output, f32 router)
+        assert len({t for t, _ in got.values()}) >= 3
+    # KV cache: K and V rows of n_head_kv * head_dim f32 per position and layer.
+    fields = GGUFReader(path).fields
+    key = f"{arch}.attention."
+
+    def field(name):
+        return int(fields[name].contents())
+
+    n_layer, n_head, n_embd = field(f"{arch}.block_count"), field(key + "head_count"), field(f"{arch}.embedding_length")
+    head_dim = field(key + "key_length") if key + "key_length" in fields else n_embd // n_head
+    assert plan["kv_bytes"] == 2 * 4 * n_layer * n_ctx * field(key + "head_count_kv") * head_dim
+    # Buffers: at least the batch's logits and six residual-width activations.
+    n_vocab = len(fields["tokenizer.ggml.tokens"].contents())
+    assert plan["buffer_bytes"] >= 4 * max_batch * (n_vocab + 6 * n_embd)
+    assert plan["total_bytes"] == plan["dense_bytes"] + plan["expert_bytes"] + plan["kv_bytes"] + plan["buffer_bytes"]
+    if arch == "qwen2moe":
+        assert plan["n_ff_dense"] > 0  # the shared expert runs as a dense FFN
+    # The KV cache grows with n_ctx, the weights do not.
+    bigger = _core.cuda_device_plan(path, 2 * n_ctx, max_batch)
+    assert bigger["kv_bytes"] == 2 * plan["kv_bytes"]
+    assert bigger["dense_bytes"] == plan["dense_bytes"] and bigger["expert_bytes"] == plan["expert_bytes"]
+
+
+def test_device_plan_tied_output_head_is_uploaded_once(plan_files, tmp_path):
+    from model_files import rewrite_gguf
+
+    path = str(tmp_path / "tied.gguf")
+    rewrite_gguf(plan_files["qwen3moe", "f32"], path, drop_tensors=("output.weight",))
+    names = [u[0] for u in _core.cuda_device_plan(path, 256)["uploads"]]
+    assert "output.weight" not in names and names.count("token_embd.weight") == 1
+
+
+@pytest.mark.parametrize(
+    "arch, needle",
+    [
+        ("qwen3", r"plain MoE architectures only .*not qwen3 without experts"),
+        ("deepseek2", r"plain MoE architectures only .*not deepseek2"),
+        ("gpt-oss", r"plain MoE architectures only .*not gpt-oss"),
+        ("qwen3next", r"plain MoE architectures only .*not qwen3next"),
+    ],
+)
+def test_device_plan_refuses_archs_the_device_path_does_not_compute(arch, needle, tmp_path):
+    from sharpi.make_model import write_model
+
+    path = str(tmp_path / f"{arch}.gguf")
+    write_model(path, arch=arch, preset="tiny", seed=1)
+    with pytest.raises(UnsupportedError, match=r"\[cuda\] device=\"cuda\" for " + arch + ": .*" + needle):
+        _core.cuda_device_plan(path, 256)
+
+
+def test_device_plan_refuses_types_without_device_kernels_and_quantized_kv(plan_files, tmp_path):
+    from sharpi.make_model import write_model
+
+    path = str(tmp_path / "iq4_xs.gguf")
+    write_model(path, arch="qwen3moe", preset="tiny", quant="iq4_xs", seed=1)
+    with pytest.raises(UnsupportedError, match=r"tensor token_embd\.weight is iq4_xs, a type without device kernels"):
+        _core.cuda_device_plan(path, 256)
+    # A mix whose dense weights the device takes (Q4_K / Q6_K) and whose experts it does not.
+    path = str(tmp_path / "iq2_xxs_mix.gguf")
+    write_model(path, arch="qwen3moe", preset="tiny", quant="iq2_xxs_mix", seed=1)
+    with pytest.raises(UnsupportedError, match=r"tensor blk\.0\.ffn_gate_exps\.weight is iq2_xxs, a type without"):
+        _core.cuda_device_plan(path, 256)
+    f32 = plan_files["olmoe", "f32"]
+    for k, v in (("q8_0", ""), ("", "f16"), ("q4_0", "q4_0")):
+        with pytest.raises(UnsupportedError, match="device KV cache is f32"):
+            _core.cuda_device_plan(f32, 256, cache_type_k=k, cache_type_v=v)
+    _core.cuda_device_plan(f32, 256, cache_type_k="f32", cache_type_v="f32")  # f32 named explicitly
+
+
+def test_device_plan_refuses_yarn(plan_files, tmp_path):
+    from model_files import rewrite_gguf
+
+    path = str(tmp_path / "yarn.gguf")
+    rewrite_gguf(
+        plan_files["qwen3moe", "f32"],
+        path,
+        set_kv={"qwen3moe.rope.scaling.type": "yarn", "qwen3moe.rope.scaling.factor": 4.0,
+                "qwen3moe.rope.scaling.original_context_length": 1024},
+    )
+    sharpi.Session(path).close()  # the CPU runs it
+    with pytest.raises(UnsupportedError, match="YaRN"):
+        _core.cuda_device_plan(path, 256)
+
+
+def test_session_device_cuda_refuses_host_only_options_before_the_device(plan_files):
+    # Streaming experts and activation dumps are not on the device path: refused (UnsupportedError)
+    # before the device is even looked for, in every build.
+    path = plan_files["qwen3moe", "f32"]
+    with pytest.raises(UnsupportedError, match=r"ram_budget .*not on the device path"):
+        sharpi.Session(path, device="cuda", ram_budget="64MiB")
+    with pytest.raises(UnsupportedError, match=r"dump_activations is not on the device path"):
+        sharpi.Session(path, device="cuda", dump_activations=True)
+
+
+def test_inspect_device_cuda_reports_the_plan_or_the_refusal(plan_files, tmp_path, capsys):
+    from sharpi import cli
+    from sharpi.make_model import write_model
+
+    path = plan_files["qwen2moe", "q4_k_m"]
+    assert cli.main(["inspect", path, "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("device plan: "))
+    plan = _core.cuda_device_plan(path)  # n_ctx 0: the session default, min(trained context, 4096)
+    assert plan["n_ctx"] == 4096
+    mib = 1 << 20
+    for key in ("dense_bytes", "expert_bytes", "kv_bytes", "buffer_bytes", "total_bytes"):
+        assert f"{plan[key] / mib:.1f} MiB" in line
+    assert "(n_ctx 4096, f32)" in line
+    dense = str(tmp_path / "qwen3.gguf")
+    write_model(dense, arch="qwen3", preset="tiny", seed=1)
+    assert cli.main(["inspect", dense, "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "device plan: refused: [cuda] device=\"cuda\" for qwen3: " in out

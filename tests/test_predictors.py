@@ -431,3 +431,87 @@ def test_moe_tracing_end_to_end(models, tmp_path, monkeypatch, capsys):
     s2.decode([3])
     s2.close()
     assert (env_dir / "moe_trace.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def routing_rule_models(tmp_path_factory):
+    """Two routers that do not rank experts by their plain logits: gpt-oss (a router bias) and
+    deepseek2 rewritten to DeepSeek-V3's rule (sigmoid scores plus a per-expert selection bias,
+    8 experts in 4 groups of which the 2 best may be chosen), each with 5 layers."""
+    d = tmp_path_factory.mktemp("routing_rule_models")
+    rng = np.random.default_rng(1)
+    small_bias = str(d / "gpt-oss-small-bias.gguf")
+    write_model(small_bias, arch="gpt-oss", preset="tiny", quant="q8_0", seed=9, n_layer=N_LAYER)
+
+    def larger_router_bias(name, raw, ttype, shape):
+        # make-model's router biases barely move the choice; a trained router's do.
+        if not name.endswith("ffn_gate_inp.bias"):
+            return None
+        return rng.normal(0.0, 1.0, shape[0]).astype(np.float32).view(np.uint8), ttype, shape
+
+    gpt_oss = str(d / "gpt-oss.gguf")
+    rewrite_gguf(small_bias, gpt_oss, tensor_edit=larger_router_bias)
+    v2 = str(d / "deepseek2-v2.gguf")
+    write_model(v2, arch="deepseek2", preset="tiny", quant="q8_0", seed=9, n_layer=N_LAYER)
+    # Selection biases as large as the sigmoid scores' spread, so the biased choice differs from
+    # the unbiased one on most tokens (checked below).
+    biases = {f"blk.{il}.exp_probs_b.bias": rng.uniform(-0.3, 0.3, 8).astype(np.float32) for il in range(1, N_LAYER)}
+    v3 = str(d / "deepseek2-v3.gguf")
+    rewrite_gguf(v2, v3, set_kv={"deepseek2.expert_gating_func": 2, "deepseek2.expert_group_count": 4,
+                                 "deepseek2.expert_group_used_count": 2}, add_tensors=biases)
+    return {"gpt-oss": gpt_oss, "deepseek-v3": v3}
+
+
+@pytest.mark.parametrize("label", ["gpt-oss", "deepseek-v3"])
+def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models, label):
+    # next_gate's scores for layer t must rank experts as layer t's own routing rule does: the
+    # router bias (gpt-oss: softmax top-k of logits + bias, so the biased logits themselves), and
+    # sigmoid + selection bias with the group limit (V3: the float64 numpy reference's
+    # select_experts, experts of groups it cannot choose at -inf). Router and norm weights are
+    # dequantized by the gguf package; hidden states are fresh random vectors each run.
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from reference.numpy_forward import ReferenceModel, select_experts
+    from sharpi import _core
+
+    path = routing_rule_models[label]
+    reader = GGUFReader(path)
+    arch = str(reader.fields["general.architecture"].contents())
+    eps = float(reader.fields[f"{arch}.attention.layer_norm_rms_epsilon"].contents())
+    w = {t.name: dequantize(t.data, t.tensor_type).reshape(t.shape[::-1].tolist()).astype(np.float64)
+         for t in reader.tensors if "ffn_gate_inp" in t.name or "norm" in t.name}
+    moe_layers = [il for il in range(N_LAYER) if f"blk.{il}.ffn_gate_inp.weight" in w]
+    norm_name = "post_attention_norm" if arch == "gpt-oss" else "ffn_norm"
+    ref = ReferenceModel(path) if arch == "deepseek2" else None
+    info = sharpi.Session(path, threads=1, n_ctx=16).info
+    n_embd, n_expert, k = info["n_embd"], info["n_expert"], info["n_expert_used"]
+    handle = _core.load_predictor("next_gate", "", path, 1)
+    history = np.full((N_LAYER, k), -1, np.int32)
+    rng = np.random.default_rng()
+    n_checked = n_differs_from_logits = 0
+    for _ in range(40):
+        hidden = rng.standard_normal(n_embd).astype(np.float32)
+        for t in (il for il in moe_layers if il - 1 in moe_layers):  # gate events come from MoE layers only
+            got = handle.scores(t - 1, 1, hidden, np.zeros(n_expert, np.float32), history, history)
+            h = hidden.astype(np.float64)
+            x = h / np.sqrt(np.mean(h * h) + eps) * w[f"blk.{t}.{norm_name}.weight"]
+            plain = w[f"blk.{t}.ffn_gate_inp.weight"] @ x
+            router = plain + w.get(f"blk.{t}.ffn_gate_inp.bias", 0.0)
+            if ref is None:
+                want = router
+            else:
+                _, _, choice = select_experts(ref, t, router[None, :])
+                want = np.where(choice[0] == -1e9, -np.inf, choice[0])  # select_experts writes -1e9 for -inf
+            np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5 * np.abs(want[finite]).max())
+            ranked = np.sort(want[finite])[::-1]
+            if ranked[k - 1] - ranked[k] < 1e-4:
+                continue  # near-tie: the f32 ranking may differ
+            top = set(np.argsort(-got, kind="stable")[:k].tolist())
+            assert top == set(np.argsort(-want, kind="stable")[:k].tolist())
+            n_differs_from_logits += top != set(np.argsort(-plain, kind="stable")[:k].tolist())
+            n_checked += 1
+    assert n_checked >= 40
+    # The models are built so that the rule matters: ranking by the plain router logits would miss.
+    assert n_differs_from_logits > n_checked // 4, (n_differs_from_logits, n_checked)

@@ -6,8 +6,10 @@ served request, an in-process Session with the same RAM budget and reader decodi
 (its expert_stats() divided here: the demand path without a predictor is deterministic, so the
 per-layer counts must agree exactly); for the page, its own script run under node (a small DOM
 stand-in, tests/web_page_harness.js) against the live server, whose answer must be the Session's
-greedy text. A real headless browser is not used: the project installs nothing beyond PyPI, and no
-PyPI package ships a browser binary (Playwright and Selenium drive one installed separately).
+greedy text; and the page in a real headless Chromium (Debian's chromium and chromium-driver, which
+.ci/run installs, driven by Selenium from the test extra; Selenium Manager is never asked to fetch
+a browser or driver), typed into like a person would, whose answer must be the same greedy text and
+whose plots must hold drawn data afterwards, read back from the canvases' pixels.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import sharpi
+from browser_policy import CHROMEDRIVER, CHROMIUM, chromium_or_skip
 from sharpi.models import default_model_path
 from sharpi.serve_live import LiveStats
 from subprocess_env import child_env
@@ -116,6 +119,102 @@ def test_page_chats_and_plots(budget):
     assert "slots of" in shown["cache"] and "1 requests" in shown["cache"]
     assert 0 < shown["hit_bars"] <= oracle.info["n_layer"] and shown["recall_bars"] == 0
     assert min(shown["stall_lines"], shown["bytes_lines"], shown["tps_lines"]) >= 1
+
+
+# Every canvas's pixels in series colours (not white, not the grey of the "max ..." / "no data" label):
+# what the plots drew from data. Returned per canvas id.
+COLOURED_PIXELS_JS = """
+const out = {};
+for (const c of document.querySelectorAll("canvas")) {
+  const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    const [r, g, b, a] = [d[i], d[i + 1], d[i + 2], d[i + 3]];
+    if (a > 0 && Math.max(r, g, b) - Math.min(r, g, b) > 40) n++;
+  }
+  out[c.id] = n;
+}
+return out;
+"""
+
+# Records the length of the answer's text each time the page rewrites it (the page replaces the
+# assistant message's text node once per streamed piece).
+WATCH_ANSWER_JS = """
+window.answerLengths = [];
+new MutationObserver(() => {
+  const answers = document.querySelectorAll("#log .assistant");
+  if (answers.length) window.answerLengths.push(answers[answers.length - 1].textContent.length);
+}).observe(document.getElementById("log"), { childList: true, subtree: true, characterData: true });
+"""
+
+
+def test_page_in_headless_chromium(budget, tmp_path, monkeypatch):
+    chromium_or_skip()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # The driver is given by path, so Selenium Manager is skipped; offline in case it ever runs.
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    message = "Write a function that checks for primes."
+    oracle = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX)
+    want, n_gen = expected(oracle, chatml_ids(oracle, message), max_tokens=24, temperature=0.0)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,800", f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    for port in start_server("--ram-budget", str(budget), "--reader", "pread"):
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            driver.set_script_timeout(60)
+            driver.get(f"http://127.0.0.1:{port}/")
+            wait = WebDriverWait(driver, 240)
+            wait.until(lambda d: d.find_element(By.ID, "model").text == MODEL_ID)
+            # The first poll of the stats has drawn the empty plots.
+            wait.until(lambda d: d.execute_script("return document.body.dataset.samples") == "0")
+            before = driver.execute_script(COLOURED_PIXELS_JS)
+            driver.execute_script(WATCH_ANSWER_JS)
+            for field, value in (("temperature", "0"), ("max-tokens", "24")):
+                box = driver.find_element(By.ID, field)
+                box.clear()
+                box.send_keys(value)
+            driver.find_element(By.ID, "input").send_keys(message, Keys.ENTER)
+            wait.until(lambda d: "generated" in d.find_element(By.ID, "status").text)
+            final = raw("GET", port, "/v1/sharpi/stats")[1]["live"]
+            # The page polls every second when idle: wait for the poll that drew the final numbers.
+            drawn = str(final["samples"])
+            wait.until(lambda d, drawn=drawn: d.execute_script("return document.body.dataset.samples") == drawn)
+            after = driver.execute_script(COLOURED_PIXELS_JS)
+            answers, user = driver.execute_script(
+                'const text = (q) => [...document.querySelectorAll(q)].map((e) => e.textContent);'
+                'return [text("#log .assistant"), text("#log .user")];')
+            status = driver.find_element(By.ID, "status").text
+            cache = driver.find_element(By.ID, "cache").text
+            lengths = driver.execute_script("return window.answerLengths")
+            screenshot = tmp_path / "sharpi-serve-page.png"
+            assert driver.save_screenshot(str(screenshot))
+            print(f"screenshot: {screenshot}")
+        finally:
+            driver.quit()
+    assert user == [message]
+    assert answers == [want]
+    # Lengths in the page's own units (UTF-16), growing piece by piece up to the whole answer.
+    assert len(set(lengths)) > 2 and lengths == sorted(lengths), f"the answer did not stream: {lengths}"
+    assert lengths[-1] == len(want.encode("utf-16-le")) // 2
+    assert f"{n_gen} generated" in status and "tokens/s" in status
+    assert "slots of" in cache and "1 requests" in cache
+    assert final["samples"] >= 2 and final["tokens"] > 0
+    # Before the request every plot was empty; after it the hit-rate bars, MiB read and tokens/s
+    # lines hold data (no predictor: recall stays empty; stall may be all zero, a line on the axis).
+    assert all(n == 0 for n in before.values()), before
+    assert min(after["plot-hit"], after["plot-bytes"], after["plot-tps"]) > 0, after
+    assert after["plot-recall"] == 0, after
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def raw_text(port: int, path: str) -> tuple[int, str]:

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <deque>
 
-#include "cuda_backend.h"
 #include "gguf/cache_prior_file.h"
 #include "memory_plan.h"
 #include "model/forward.h"
@@ -75,19 +74,24 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     check_context_size(n_ctx, h.n_ctx_train, options.allow_long_context, path);
     const GgmlType type_k = kv_type_for(options.cache_type_k, exact_);
     const GgmlType type_v = kv_type_for(options.cache_type_v, exact_);
-    // The device is the CUDA backend's decision (cuda_backend.h); a CPU-only build's stub refuses.
+    // The device is the CUDA backend's decision (cuda_backend.h): it checks the device, the model
+    // and the VRAM before it allocates, then uploads; a CPU-only build's stub refuses. The device
+    // KV cache is f32 in both modes (a type named by the user is checked by the plan).
     if (options.device == "cuda") {
-        const MemoryPlan plan = plan_memory(*model_, MemoryPlanRequest{n_ctx, type_k, type_v});
-        cuda::require_device_forward(cuda::DeviceRequest{h.arch, h.is_moe(), model_->bytes_dense,
-                                                         model_->bytes_experts, plan.kv_bytes});
+        check_device_options(path);
+        const GgmlType dev_k = options.cache_type_k.empty() ? GgmlType::F32 : type_k;
+        const GgmlType dev_v = options.cache_type_v.empty() ? GgmlType::F32 : type_v;
+        device_ = cuda::open_device_forward(*model_, n_ctx, kMaxBatch, dev_k, dev_v, exact_);
     }
     pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
                                                                     : cpu::hardware_threads());
     // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
     if (streaming) plan_expert_cache(n_ctx, type_k, type_v);
     const KvLayout kv_shape = kv_layout(h, type_k, type_v);
-    kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, kv_shape.width, kv_shape.head_dim, kv_shape.type_k,
-                                    kv_shape.type_v, kv_shape.with_v);
+    if (!device_) {
+        kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, kv_shape.width, kv_shape.head_dim, kv_shape.type_k,
+                                        kv_shape.type_v, kv_shape.with_v);
+    }
     recurrent_ = std::make_unique<RecurrentState>(h);
     if (streaming) {
         install_predictor(std::move(predictor));
@@ -117,7 +121,17 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     info_.bytes_experts = model_->bytes_experts;
     info_.cache_type_k = ggml_type_traits(type_k).name;
     info_.cache_type_v = ggml_type_traits(type_v).name;
-    info_.bytes_kv = KvCache::bytes(kv_layout(h, type_k, type_v), n_ctx);
+    info_.bytes_kv = device_ ? device_->plan().kv_bytes : KvCache::bytes(kv_layout(h, type_k, type_v), n_ctx);
+    if (device_) info_.cache_type_k = info_.cache_type_v = "f32";
+}
+
+void Engine::check_device_options(const std::string& path) const {
+    const auto refuse = [&](const std::string& what) {
+        throw UnsupportedError("[cuda] device=\"cuda\" for " + path + ": " + what +
+                               " is not on the device path yet (use device=\"cpu\")");
+    };
+    if (options_.ram_budget > 0) refuse("ram_budget (streaming experts to the device is part 2)");
+    if (options_.dump_activations) refuse("dump_activations");
 }
 
 void check_context_size(int64_t n_ctx, int64_t n_ctx_train, bool allow_long_context,
@@ -178,6 +192,7 @@ void Engine::set_route_trace(RouteTrace trace) {
         route_trace_ = RouteTrace{};
         return;
     }
+    if (device_) throw UnsupportedError("route trace: not on the device path yet (device=\"cuda\")");
     if (!h.is_moe()) throw InvalidArgument("route trace: " + model_->file->path() + " has no routed experts");
     const int64_t n_moe_layer = h.n_layer - h.n_layer_dense_lead;
     trace.first_layer = h.n_layer_dense_lead;
@@ -280,10 +295,10 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
                                   std::to_string(h.n_vocab) + ")");
         }
     }
-    if (n_past_ + n > kv_->n_ctx()) {
+    if (n_past_ + n > info_.n_ctx) {
         throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " +
                                    std::to_string(n_past_) + " exceed the context of " +
-                                   std::to_string(kv_->n_ctx()) + " tokens (use a larger n_ctx or reset())");
+                                   std::to_string(info_.n_ctx) + " tokens (use a larger n_ctx or reset())");
     }
     if (!recurrent_->empty() && recurrent_->n_past != n_past_) {
         throw InvalidArgument(
@@ -303,7 +318,17 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
 
     try {
-        forward_batch(tokens.data(), n, all_logits, logits.data());
+        if (device_) {
+            std::vector<std::vector<int32_t>> ids;
+            device_->forward(tokens.data(), n, n_past_, all_logits, logits.data(), ids,
+                             [this](int il) { throw_if_cancelled(il); });
+            for (size_t il = 0; il < routing_.size(); ++il) {
+                routing_[il].ids = std::move(ids[il]);
+                routing_[il].weights.clear();
+            }
+        } else {
+            forward_batch(tokens.data(), n, all_logits, logits.data());
+        }
         model_->file->check_mapping();  // resident: no result computed from a lost page
     } catch (const CancelledError&) {
         clear_cancel();  // this call consumed the request

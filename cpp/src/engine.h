@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu/threadpool.h"
+#include "cuda_backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/recurrent_state.h"
@@ -90,6 +91,9 @@ class Engine final : private GateObserver {
     // CancelledError naming where decode() stopped, when cancel() was called.
     void throw_if_cancelled(int il) const;
 
+    // device="cuda": options the device path does not take, refused before anything is allocated.
+    void check_device_options(const std::string& path) const;
+
     static constexpr int64_t kMaxBatch = 256;
     static_assert(std::atomic<bool>::is_always_lock_free, "cancel() must be async-signal-safe");
 
@@ -98,7 +102,10 @@ class Engine final : private GateObserver {
     std::unique_ptr<Model> model_;
     ModelInfo info_;
     std::unique_ptr<cpu::ThreadPool> pool_;
-    std::unique_ptr<KvCache> kv_;
+    std::unique_ptr<KvCache> kv_;  // device="cpu" only
+    // device="cuda": the forward pass on the device (weights, KV cache and activations in VRAM);
+    // decode() hands it the tokens instead of running forward_batch.
+    std::unique_ptr<cuda::DeviceForward> device_;
     std::unique_ptr<RecurrentState> recurrent_;  // DeltaNet layers' state (hybrid archs)
     std::unique_ptr<ExpertSource> experts_;
     ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr

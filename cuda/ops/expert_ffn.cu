@@ -10,7 +10,6 @@
 #include "ops/activation.cuh"
 #include "ops/common.cuh"
 #include "ops/expert_ffn.cuh"
-#include "ops/matmul_q8.cuh"
 #include "ops/matvec.cuh"
 #include "ops/row_dot.cuh"
 
@@ -127,22 +126,6 @@ bool uses_int8(GgmlType type, bool int8) {
     return int8 && q8_act_row_bytes(type, 256) > 0;
 }
 
-// rows_in (n_rows rows, f32) . W (n_out x n_in of `type`) -> y [n_rows, n_out]: the matvec /
-// matmul launches, int8 when asked and the type has it.
-void project(GgmlType type, const void* weights, int64_t n_out, int64_t n_in, const float* rows_in,
-             int64_t n_rows, bool int8, void* xq, float* y, cudaStream_t stream) {
-    if (uses_int8(type, int8)) {
-        launch_quantize_act(type, rows_in, n_in, n_rows, xq, stream);
-        if (n_rows == 1) {
-            launch_matvec_q8(type, weights, n_out, n_in, xq, 1, y, stream);
-        } else {
-            launch_matmul_q8(type, weights, n_out, n_in, xq, n_rows, y, stream);
-        }
-    } else {
-        launch_matvec_f32(type, weights, n_out, n_in, rows_in, n_rows, y, stream);
-    }
-}
-
 }  // namespace
 
 size_t expert_ffn_scratch_bytes(const ExpertWeights& w, int64_t n_tokens, int64_t k, bool int8) {
@@ -255,13 +238,13 @@ void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n
         const int64_t o = start[e], c = start[e + 1] - start[e];
         if (c == 0) continue;
         const float* xe = p.xg + o * w.n_embd;
-        project(w.gate_type, static_cast<const unsigned char*>(w.gate) + e * gate_bytes, w.n_ff, w.n_embd, xe,
-                c, int8, p.xq, p.g + o * w.n_ff, stream);
-        project(w.up_type, static_cast<const unsigned char*>(w.up) + e * up_bytes, w.n_ff, w.n_embd, xe, c,
-                int8, p.xq, p.u + o * w.n_ff, stream);
+        launch_linear(w.gate_type, static_cast<const unsigned char*>(w.gate) + e * gate_bytes, w.n_ff,
+                      w.n_embd, xe, c, int8, p.xq, p.g + o * w.n_ff, stream);
+        launch_linear(w.up_type, static_cast<const unsigned char*>(w.up) + e * up_bytes, w.n_ff, w.n_embd, xe,
+                      c, int8, p.xq, p.u + o * w.n_ff, stream);
         launch_silu_mul(p.g + o * w.n_ff, p.u + o * w.n_ff, c * w.n_ff, p.h + o * w.n_ff, stream);
-        project(w.down_type, static_cast<const unsigned char*>(w.down) + e * down_bytes, w.n_embd, w.n_ff,
-                p.h + o * w.n_ff, c, int8, p.hq, p.partial + o * w.n_embd, stream);
+        launch_linear(w.down_type, static_cast<const unsigned char*>(w.down) + e * down_bytes, w.n_embd,
+                      w.n_ff, p.h + o * w.n_ff, c, int8, p.hq, p.partial + o * w.n_embd, stream);
     }
     combine_kernel<<<dim3(div_up(w.n_embd, 256), static_cast<unsigned int>(n_tokens)), 256, 0, stream>>>(
         p.partial, weights_dev, p.order, k, w.n_embd, out);

@@ -1,6 +1,7 @@
 // One warp per (weight row, token); four warps per thread block; the warp's dot is warp_row_dot
 // (row_dot.cuh). Rows of a thread block share the token, so x stays in L1/L2.
 #include "ops/common.cuh"
+#include "ops/matmul_q8.cuh"
 #include "ops/matvec.cuh"
 #include "ops/row_dot.cuh"
 
@@ -92,6 +93,20 @@ void launch_matvec_q8(GgmlType type, const void* w, int64_t n_rows, int64_t n_co
         }
     });
     SHARPI_CUDA_CHECK_LAUNCH("matvec int8");
+}
+
+void launch_linear(GgmlType type, const void* w, int64_t n_rows, int64_t n_cols, const float* x,
+                   int64_t n_tokens, bool int8, void* xq, float* y, cudaStream_t stream) {
+    if (int8 && q8_act_row_bytes(type, n_cols) > 0) {
+        launch_quantize_act(type, x, n_cols, n_tokens, xq, stream);
+        if (n_tokens == 1) {
+            launch_matvec_q8(type, w, n_rows, n_cols, xq, 1, y, stream);
+        } else {
+            launch_matmul_q8(type, w, n_rows, n_cols, xq, n_tokens, y, stream);
+        }
+    } else {
+        launch_matvec_f32(type, w, n_rows, n_cols, x, n_tokens, y, stream);
+    }
 }
 
 }  // namespace sharpi::cuda

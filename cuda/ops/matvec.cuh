@@ -32,4 +32,10 @@ void launch_quantize_act(GgmlType type, const float* x, int64_t n_cols, int64_t 
 void launch_matvec_q8(GgmlType type, const void* w, int64_t n_rows, int64_t n_cols, const void* xq,
                       int64_t n_tokens, float* y, cudaStream_t stream);
 
+// A linear layer's product for n_tokens rows of x: int8 = true and a type with an int8 path
+// quantizes x into xq (n_tokens rows of q8_act_row_bytes(type, n_cols)) and runs the matvec (one
+// token) or the tiled matmul (several: the same bits per row); otherwise the exact f32 matvec.
+void launch_linear(GgmlType type, const void* w, int64_t n_rows, int64_t n_cols, const float* x,
+                   int64_t n_tokens, bool int8, void* xq, float* y, cudaStream_t stream);
+
 }  // namespace sharpi::cuda

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_src.add_argument("model", metavar="FILE", nargs="?", help="GGUF model file, or any shard of a split one")
     _add_hf_argument(inspect_src)
     inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                         help="cuda: also report the CUDA device and its VRAM (total, used, free)")
+                         help="cuda: also report the CUDA device, its VRAM (total, used, free) and what the "
+                              "device forward pass would place there")
 
     make = sub.add_parser(
         "make-model",
@@ -218,7 +219,7 @@ def format_timing(stats: dict) -> str:
 
 
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
-    import sharpi
+    from .progress import open_session
 
     _model_from_hub(args, err)
     if args.model is None:
@@ -227,7 +228,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         args.model = default_model_path()
     _require_file(args.model)
     prompt = _read_prompt(args)
-    session = sharpi.Session(args.model, **session_options(args))
+    session = open_session(args.model, **session_options(args))
     auto_budget = getattr(session, "auto_budget", None)
     if auto_budget is not None:
         print(f"sharpi: {auto_budget.describe()}", file=err)
@@ -307,7 +308,23 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
         import sharpi
 
         out.write(f"device: {sharpi.cuda_describe()}\n")
+        out.write(f"device plan: {_device_plan_line(args.model)}\n")
     return 0
+
+
+def _device_plan_line(path: str) -> str:
+    """What Session(path, device="cuda") would put in VRAM at the default n_ctx, or why it refuses
+    (the planner runs on the host: no device needed)."""
+    from ._core import UnsupportedError, cuda_device_plan
+
+    try:
+        p = cuda_device_plan(path)
+    except UnsupportedError as e:
+        return f"refused: {e}"
+    mib = 1 << 20
+    return (f"dense weights {p['dense_bytes'] / mib:.1f} MiB + experts {p['expert_bytes'] / mib:.1f} MiB"
+            f" + KV cache {p['kv_bytes'] / mib:.1f} MiB (n_ctx {p['n_ctx']}, f32)"
+            f" + buffers {p['buffer_bytes'] / mib:.1f} MiB = {p['total_bytes'] / mib:.1f} MiB")
 
 
 def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
@@ -317,7 +334,7 @@ def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
     options = {
         k: getattr(args, k) for k in ("arch", "preset", "quant", "seed") if getattr(args, k) is not None
     }
-    write_model(args.out, **options)
+    write_model(args.out, progress_bar=True, **options)
     size = os.path.getsize(args.out)
     out.write(f"sharpi: wrote {args.out} ({size / 2**20:.1f} MiB)\n")
     return 0

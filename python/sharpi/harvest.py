@@ -213,6 +213,7 @@ def harvest(
     n_ctx: int = 0,
     progress=None,
     exact: bool = False,
+    progress_bar: bool = False,
     **session_options,
 ) -> dict:
     """Runs every prompt (text, or a list of token ids) through the model and writes the trace .npz
@@ -220,13 +221,16 @@ def harvest(
     moe_layers, num_experts, top_k, hidden, seconds}.
 
     generate: greedy tokens decoded one by one after each prompt. ram_budget: as Session's (None =
-    every expert resident; the routing is the same either way). progress: callable(str) or None.
+    every expert resident; the routing is the same either way). progress: callable(str) or None;
+    progress_bar: bars on stderr for the model's loading and the prompts (sharpi.progress: shown on
+    a terminal only).
     session_options: more Session keywords (cache_type_k, cache_type_v, allow_long_context).
     exact: run the session in exact mode (f32 math, as the trace of an independent implementation
     would be computed); the default fast mode records the routing sharpi itself runs by default.
     Raises InvalidArgument for a dense model, an empty prompt list, an empty prompt or a token id
     outside the vocabulary; ContextOverflowError when a prompt does not fit the context."""
     from . import _core
+    from .progress import bar, loading
     from .session import Session
 
     if generate < 0:
@@ -235,15 +239,16 @@ def harvest(
     if not prompts:
         raise _core.InvalidArgument("harvest: no prompts given")
     t0 = time.perf_counter()
-    session = Session(
-        model_path,
-        threads=threads,
-        n_ctx=n_ctx,
-        exact=exact,
-        dump_activations=True,
-        ram_budget=ram_budget,
-        **session_options,
-    )
+    with loading(os.fspath(model_path), disable=not progress_bar):
+        session = Session(
+            model_path,
+            threads=threads,
+            n_ctx=n_ctx,
+            exact=exact,
+            dump_activations=True,
+            ram_budget=ram_budget,
+            **session_options,
+        )
     info = session.info
     if int(info["n_expert"]) == 0 or int(info["n_expert_used"]) == 0:
         raise _core.InvalidArgument(
@@ -263,7 +268,7 @@ def harvest(
     seq_start: list = []
     prompt_id: list = []
     n_prompt_tokens = n_generated = 0
-    for index, prompt in enumerate(prompts):
+    for index, prompt in enumerate(bar(prompts, desc="prompts", unit="prompt", disable=not progress_bar)):
         where = f"prompt {index}"
         if isinstance(prompt, str):
             ids = session.tokenize(prompt)
@@ -417,6 +422,8 @@ def run_trace_command(args: argparse.Namespace) -> int:
     for path, what in ((model, "model"), (args.prompts, "prompts file")):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such {what}")
+    from .progress import write as progress_write
+
     prompts = read_prompts(args.prompts)
     summary = harvest(
         model,
@@ -428,7 +435,8 @@ def run_trace_command(args: argparse.Namespace) -> int:
         ram_budget=args.ram_budget,
         n_ctx=getattr(args, "ctx_size", 0) or 0,
         **session_kv_options(args),
-        progress=lambda m: print(f"sharpi trace: {m}", file=sys.stderr, flush=True),
+        progress=lambda m: progress_write(f"sharpi trace: {m}"),
+        progress_bar=True,
     )
     print(
         f"sharpi trace: wrote {summary['path']}: {summary['sequences']} sequences, {summary['tokens']} tokens "

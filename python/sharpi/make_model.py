@@ -47,6 +47,8 @@ import numpy as np
 from . import presets
 from ._core import InvalidArgument
 from .presets import HYBRID_ARCHES, HParams
+from .progress import bar
+from .progress import write as progress_write
 from .synthetic_tokenizer import SPECIAL_TOKENS, tokenizer_metadata
 from .synthetic_weights import tensor_data
 from .tensor_plan import QUANTS, QuantRecipe, plan_tensors, quant_recipe
@@ -269,6 +271,7 @@ def write_model(
     weights: str = "auto",
     pure: bool = False,
     progress: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
     **overrides,
 ) -> dict:
     """Writes a synthetic model and returns a summary dict.
@@ -279,7 +282,9 @@ def write_model(
     "random" (random blocks with calibrated scales, streamed), "auto" (float below 64 MiB, else random)
     or "sparse" (no data written: the file is extended with a hole, every weight reads as zero; full
     size shapes in no time and no disk, for tests of readers, planners and inspect).
-    pure: every weight matrix in the quant's base type (llama-quantize --pure). overrides: any
+    pure: every weight matrix in the quant's base type (llama-quantize --pure). progress: called
+    with a line after each large tensor; progress_bar: a bar of the bytes written on stderr
+    (sharpi.progress: shown on a terminal only). overrides: any
     presets.HParams field (n_layer=4, n_expert=16, ...). Raises InvalidArgument on bad arguments.
     """
     t0 = time.perf_counter()
@@ -323,13 +328,16 @@ def write_model(
             os.truncate(tmp, end)
         else:
             sink = _DirectSink(tmp)
+            written = bar(desc=f"writing {path.name}", total=total, unit="B", disable=not progress_bar)
             try:
                 sink.write(header)
                 sink.write(bytes(data_start - len(header)))
                 for i, s in enumerate(specs):
                     start = sink.tell()
                     for chunk in tensor_data(s, seed, weights):
-                        sink.write(np.ascontiguousarray(chunk))
+                        chunk = np.ascontiguousarray(chunk)
+                        sink.write(chunk)
+                        written.update(chunk.nbytes)
                     if sink.tell() - start != s.nbytes:
                         raise AssertionError(
                             f"{s.name}: wrote {sink.tell() - start} bytes, expected {s.nbytes}"
@@ -341,6 +349,7 @@ def write_model(
                             f"({sink.tell() / 2**30:.2f} GiB written)"
                         )
             finally:
+                written.close()
                 sink.close()
         os.replace(tmp, path)
     except BaseException:
@@ -438,7 +447,8 @@ def run(args: argparse.Namespace) -> dict:
         vocab_size=args.vocab_size,
         weights=args.weights,
         pure=args.pure,
-        progress=None if args.json else lambda msg: print("  " + msg, file=sys.stderr),
+        progress=None if args.json else lambda msg: progress_write("  " + msg),
+        progress_bar=True,
         **_parse_overrides(args.set),
     )
     if args.json:

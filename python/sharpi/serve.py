@@ -661,7 +661,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 def load_model(args):
     """(Session, chat template) from add_model_arguments' options: the template is the file's
     text, None for the model's own, or ChatML when the model has none."""
-    import sharpi
+    from .progress import open_session
 
     if args.model is None:
         from .models import default_model_path
@@ -669,7 +669,7 @@ def load_model(args):
         args.model = default_model_path()
     if not os.path.isfile(args.model):
         raise FileNotFoundError(f"{args.model}: no such file")
-    session = sharpi.Session(args.model, **session_options(args))
+    session = open_session(args.model, **session_options(args))
     template = None if session.tokenizer.chat_template else CHATML_TEMPLATE
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:

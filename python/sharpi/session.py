@@ -73,8 +73,11 @@ class Session:
         cache_type_k, cache_type_v: the KV cache's stored types, llama.cpp's names "f32", "f16",
         "q8_0", "q4_0"; None: f32 in exact mode, f16 otherwise. The budget charges their real size.
         allow_long_context: accept an n_ctx beyond the model's trained context (refused otherwise).
-        device: "cpu", or "cuda" for the CUDA backend (a typed error names why it cannot run: a
-        build without CUDA, no device, or a part of the device path not written yet).
+        device: "cpu", or "cuda": the whole forward pass on CUDA device 0 (qwen3moe, qwen2moe,
+        olmoe, Mixtral; every weight resident in VRAM, an f32 KV cache). A typed error names why it
+        cannot run, before anything is allocated: a build without CUDA, another arch or a type
+        without device kernels, a quantized KV cache or ram_budget (UnsupportedError), no device
+        (DeviceError), not enough free VRAM (InvalidArgument, with the sizes).
 
         trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
         to record the MoE tracing report (DESIGN §7): close() prints the table and writes

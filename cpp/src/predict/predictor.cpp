@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "cpu/ops/norm.h"
+#include "cpu/ops/router.h"
 #include "cpu/quant/kernels.h"
 #include "sharpi/errors.h"
 
@@ -63,17 +64,27 @@ class PrevTokenPredictor final : public Predictor {
     }
 };
 
-// scores = router · rms_norm(hidden, norm): a router applied to this layer's residual, normalised
-// with the norm weights that router is trained behind. next_gate uses layer t's own router and
-// ffn_norm (FATE / PreScope style); pregate uses the model's pre-gate of layer L behind layer L's
-// ffn_norm (Pre-gated MoE).
+// scores = router · rms_norm(hidden, norm) (+ the router's bias, gpt-oss): a router applied to this
+// layer's residual, normalised with the norm weights that router is trained behind. next_gate uses
+// layer t's own router and ffn_norm (FATE / PreScope style); pregate uses the model's pre-gate of
+// layer L behind layer L's ffn_norm (Pre-gated MoE). Where the router does not rank experts by
+// its logits (sigmoid gating with DeepSeek-V3's selection bias, group-limited top-k), the scores
+// are the ones the router ranks by (cpu::selection_scores: experts of groups it cannot choose at
+// -inf), so the predicted set is the set the target layer's own routing rule would pick.
 class RouterPredictor final : public ScoringPredictor {
   public:
     RouterPredictor(const Model& model, bool pregate)
         : ScoringPredictor(model.hp.n_expert, model.hp.n_expert_used),
           model_(model),
           pregate_(pregate),
-          normed_(static_cast<size_t>(model.hp.n_embd)) {}
+          normed_(static_cast<size_t>(model.hp.n_embd)),
+          logits_(static_cast<size_t>(model.hp.n_expert)),
+          probs_(static_cast<size_t>(model.hp.n_expert)) {
+        const cpu::RouterParams& r = model.hp.router;
+        ranks_by_selection_ =
+            r.gating == cpu::Gating::sigmoid || (r.n_group > 1 && r.n_group_used < r.n_group);
+        for (const LayerWeights& layer : model.layers) ranks_by_selection_ |= !layer.exp_probs_b.empty();
+    }
     const char* name() const override { return pregate_ ? "pregate" : "next_gate"; }
     bool predicts(const PredictorInput& in, int d) const override {
         return pregate_
@@ -87,14 +98,25 @@ class RouterPredictor final : public ScoringPredictor {
         cpu::rms_norm(in.hidden, n_embd, normed_.data(), n_embd, 1, n_embd, src.ffn_norm.data(),
                       model_.hp.rms_eps);
         const cpu::DotRowFn dot = cpu::row_kernels(w.type).dot_row;
-        for (int64_t e = 0; e < n_expert_; ++e)
-            out[e] = dot(w.data + e * w.row_bytes, normed_.data(), n_embd);
+        // The router's bias (gpt-oss) belongs to the router, not to a pre-gate.
+        const float* bias = !pregate_ && !src.ffn_gate_inp_b.empty() ? src.ffn_gate_inp_b.data() : nullptr;
+        float* logits = ranks_by_selection_ ? logits_.data() : out;
+        for (int64_t e = 0; e < n_expert_; ++e) {
+            logits[e] = dot(w.data + e * w.row_bytes, normed_.data(), n_embd);
+            if (bias) logits[e] += bias[e];
+        }
+        if (!ranks_by_selection_) return;
+        cpu::RouterParams params = model_.hp.router;
+        const LayerWeights& target = model_.layers[static_cast<size_t>(in.layer + d)];
+        params.selection_bias = target.exp_probs_b.empty() ? nullptr : target.exp_probs_b.data();
+        cpu::selection_scores(logits, n_expert_, params, probs_.data(), out);
     }
 
   private:
     const Model& model_;
     bool pregate_;
-    std::vector<float> normed_;
+    bool ranks_by_selection_ = false;  // softmax without selection bias or groups ranks by the logits
+    std::vector<float> normed_, logits_, probs_;
 };
 
 // Sidecar predictors are trained on routing traces, which record the MoE layers only; on a model
@@ -138,6 +160,11 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
     const HParams& h = model.hp;
     check_lookahead(lookahead);
     const bool sidecar = name == "cooc" || name == "depthtime" || name == "learned" || name == "trajectory";
+    if (!sidecar && name != "none" && name != "prev_token" && name != "next_gate" && name != "pregate") {
+        throw InvalidArgument(
+            "unknown predictor '" + name +
+            "' (none, prev_token, next_gate, pregate, cooc, depthtime, learned, trajectory)");
+    }
     if (sidecar && file.empty()) {
         throw InvalidArgument("predictor '" + name + "' needs a predictor file (--predictor " + name +
                               ":FILE, trained with `sharpi predictor train --kind " + name + "`)");
@@ -164,9 +191,7 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
     if (name == "cooc") return on_moe_layers(load_cooc_predictor(file, model, lookahead), h);
     if (name == "depthtime") return on_moe_layers(load_depthtime_predictor(file, model, lookahead), h);
     if (name == "learned") return on_moe_layers(load_learned_predictor(file, model, lookahead), h);
-    if (name == "trajectory") return on_moe_layers(load_trajectory_predictor(file, model, lookahead), h);
-    throw InvalidArgument("unknown predictor '" + name +
-                          "' (none, prev_token, next_gate, pregate, cooc, depthtime, learned, trajectory)");
+    return on_moe_layers(load_trajectory_predictor(file, model, lookahead), h);  // name == "trajectory"
 }
 
 }  // namespace sharpi

@@ -42,7 +42,8 @@ Process layout: this process only plans, launches and summarises; each configura
 child (`python -m sharpi.bench --worker CONFIG RESULT`), so one run's memory, page cache and cache
 state never leak into the next. The children write JSON; the parent computes policies and ratios.
 Output: a table on stdout (also saved as bench.txt) and every raw number in bench.json under --out,
-plus a Chrome/Perfetto trace of a few tokens of the smallest-budget run (timeline.json).
+plus a Chrome/Perfetto trace of a few tokens of the smallest-budget run (timeline.json) and, with
+matplotlib installed (the plots extra), one PNG of plots per workload (bench-WORKLOAD.png).
 
 Modules (data flows down the list; each imports only those above it):
   isolation.py   subprocess workers, the cgroup-v1 memory cap, page-cache dropping
@@ -50,6 +51,7 @@ Modules (data flows down the list; each imports only those above it):
   predictors.py  the predictor axis: which predictors run, sidecars trained for the bench
   worker.py      the child process: one configuration decoded, raw numbers written as JSON
   report.py      metrics, bounds and verdicts of each run; the table and bench.json
+  plots.py       the PNG plots of a finished report (optional matplotlib)
   arguments.py   the command line and the options it resolves to
   runner.py      the parent: plans, launches and summarises every run; writes the outputs
 """

@@ -2,7 +2,8 @@
 
 What it owns: the order of the runs (probe, sequential bandwidth, resident, then one streamed run per
 budget share and predictor), the budget of each (fixed bytes + n_slots x slot), the memory cap and
-cache drop around each, and the output files under --out (bench.txt, bench.json, timeline.json).
+cache drop around each, and the output files under --out (bench.txt, bench.json, timeline.json,
+bench-WORKLOAD.png).
 It only plans, launches and summarises: runs happen in workers (bench.isolation, bench.worker), the
 numbers come from bench.report.
 """
@@ -20,8 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..progress import bar
+from ..progress import write as progress_write
 from .arguments import DESCRIPTION, add_arguments, resolve_options
 from .isolation import GiB, MemoryCap, drop_page_cache, launch
+from .plots import write_plots
 from .predictors import prepare_predictors
 from .report import (
     GOAL_RATIO,
@@ -129,40 +133,40 @@ def run_workload(
 
     total = n_layer * n_expert
     runs = []
-    for share in opts["budgets"]:
-        for pred, sidecar in plan["runs"]:
-            n_slots = min(total, max(k, round(share * total)))
-            budget = probe["fixed_bytes"] + n_slots * probe["slot_bytes"]
-            cfg = {**base, "mode": "stream", "budget_bytes": budget, "n_slots": n_slots, "predictor": pred}
-            if pred != "none":
-                cfg.update({"lookahead": opts["lookahead"], "predictor_file": sidecar})
-            if timeline_path is not None and share == opts["budgets"][0] and pred == "none":
-                cfg["timeline_path"] = str(timeline_path)
-                cfg["timeline_tokens"] = opts["timeline_tokens"]
-            label = f"{name}-{share:g}" if pred == "none" else f"{name}-{share:g}-{pred}"
-            load_before = os.getloadavg()[0]
-            with MemoryCap(budget + opts["cap_overhead"], enabled=opts["cap"]) as cap:
-                cache_drop = drop_page_cache([path], opts["drop_cache"])
-                res = launch(cfg, work, label, cap)
-            head = {"share": share, "predictor": pred, "n_slots": n_slots, "budget_bytes": budget}
-            if not res["ok"]:
-                log(f"{label}: FAILED: {res['error']}")
-                runs.append({**head, "cap": cap.report(), "error": res["error"]})
-                continue
-            res.update({"predictor": pred, "lookahead": cfg.get("lookahead"), "predictor_file": sidecar})
-            r = summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
-            r["share"] = share
-            r["loadavg_1min"] = load_before
-            r["cap"] = cap.report()
-            r["cache_drop"] = cache_drop
-            if "timeline" in res:
-                w["timeline"] = res["timeline"]
-            runs.append(r)
-            log(
-                f"{label}: TPOT {r['tpot_ms']:.1f} ms, hit {r['hit_rate']:.3f}, stall {r['stall_fraction']:.2f}, "
-                f"recall@k {fmt(r['recall_at_k'], '.3f')}, LB {fmt(r['lower_bound_ms_per_token'], '.1f')} ms, "
-                f"cap {'on' if r['cap']['applied'] else 'off'}"
-            )
+    configs = [(share, pred, sidecar) for share in opts["budgets"] for pred, sidecar in plan["runs"]]
+    for share, pred, sidecar in bar(configs, desc=f"{name}: streamed runs", unit="run"):
+        n_slots = min(total, max(k, round(share * total)))
+        budget = probe["fixed_bytes"] + n_slots * probe["slot_bytes"]
+        cfg = {**base, "mode": "stream", "budget_bytes": budget, "n_slots": n_slots, "predictor": pred}
+        if pred != "none":
+            cfg.update({"lookahead": opts["lookahead"], "predictor_file": sidecar})
+        if timeline_path is not None and share == opts["budgets"][0] and pred == "none":
+            cfg["timeline_path"] = str(timeline_path)
+            cfg["timeline_tokens"] = opts["timeline_tokens"]
+        label = f"{name}-{share:g}" if pred == "none" else f"{name}-{share:g}-{pred}"
+        load_before = os.getloadavg()[0]
+        with MemoryCap(budget + opts["cap_overhead"], enabled=opts["cap"]) as cap:
+            cache_drop = drop_page_cache([path], opts["drop_cache"])
+            res = launch(cfg, work, label, cap)
+        head = {"share": share, "predictor": pred, "n_slots": n_slots, "budget_bytes": budget}
+        if not res["ok"]:
+            log(f"{label}: FAILED: {res['error']}")
+            runs.append({**head, "cap": cap.report(), "error": res["error"]})
+            continue
+        res.update({"predictor": pred, "lookahead": cfg.get("lookahead"), "predictor_file": sidecar})
+        r = summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
+        r["share"] = share
+        r["loadavg_1min"] = load_before
+        r["cap"] = cap.report()
+        r["cache_drop"] = cache_drop
+        if "timeline" in res:
+            w["timeline"] = res["timeline"]
+        runs.append(r)
+        log(
+            f"{label}: TPOT {r['tpot_ms']:.1f} ms, hit {r['hit_rate']:.3f}, stall {r['stall_fraction']:.2f}, "
+            f"recall@k {fmt(r['recall_at_k'], '.3f')}, LB {fmt(r['lower_bound_ms_per_token'], '.1f')} ms, "
+            f"cap {'on' if r['cap']['applied'] else 'off'}"
+        )
     w["runs"] = runs
     w["predictor_comparison"] = compare_predictors(runs) if len(plan["runs"]) > 1 else []
     return w
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+        progress_write(f"[bench] {msg}")  # above the runs' bar (sharpi.progress)
 
     doc: dict = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
@@ -232,9 +236,12 @@ def run(args: argparse.Namespace) -> int:
     text = format_report(doc)
     sys.stdout.write(text)
     (out / "bench.txt").write_text(text)
+    plots, no_plots = write_plots(doc, out)
+    doc["plots"] = [str(p) for p in plots] if plots else {"note": no_plots}
     with open(out / "bench.json", "w") as f:
         json.dump(doc, f, indent=1, default=json_default)
     log(f"wrote {out / 'bench.json'} and {out / 'bench.txt'}")
+    log(f"plots: {', '.join(str(p) for p in plots)}" if plots else f"plots not written: {no_plots}")
     failed = any("error" in r for w in doc["workloads"] for r in w.get("runs", []))
     return 1 if failed else 0
 

@@ -54,7 +54,8 @@ def ensure_model(model_dir: Path, preset: str, quant: str, seed: int, overrides:
     os.makedirs(model_dir, exist_ok=True)
     log(f"writing {path} ({preset} {quant}) ...")
     t0 = time.perf_counter()
-    write_model(path, preset=preset, quant=quant, seed=seed, progress=lambda m: log("  " + m), **overrides)
+    write_model(path, preset=preset, quant=quant, seed=seed, progress=lambda m: log("  " + m), progress_bar=True,
+                **overrides)
     return {"path": str(path), "reused": False, "seconds": time.perf_counter() - t0}
 
 

@@ -1,9 +1,10 @@
-// The CUDA backend's host-testable parts: device info and the shared block math
-// (cuda/block_math.cuh through cuda/block_math_host.h). Present in every build, CUDA or not.
-// Type conversion only.
+// The CUDA backend's host-testable parts: device info, the shared block math
+// (cuda/block_math.cuh through cuda/block_math_host.h) and the device forward pass's plan. Present in every
+// build, CUDA or not. Type conversion only.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -12,6 +13,8 @@
 #include "bindings.h"
 #include "block_math_host.h"
 #include "cuda_backend.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 #include "sharpi/errors.h"
 
 namespace py = pybind11;
@@ -106,7 +109,40 @@ py::array_t<float> op_expert_ffn(int gate_type, const ByteArray& gate, int up_ty
 
 }  // namespace
 
+// plan_device_model on a freshly loaded (mapped) model, as a dict; cache types by their llama.cpp
+// names ("" = f32, the device's own).
+py::dict device_plan(const std::string& path, int64_t n_ctx, int64_t max_batch,
+                     const std::string& cache_type_k, const std::string& cache_type_v) {
+    const std::unique_ptr<Model> model = load_model(path, /*streaming=*/false);
+    if (n_ctx < 0)
+        throw InvalidArgument("cuda_device_plan: n_ctx must be >= 0, got " + std::to_string(n_ctx));
+    if (n_ctx == 0) n_ctx = std::min<int64_t>(model->hp.n_ctx_train, 4096);  // a Session's default
+    const GgmlType type_k = cache_type_k.empty() ? GgmlType::F32 : parse_kv_type(cache_type_k);
+    const GgmlType type_v = cache_type_v.empty() ? GgmlType::F32 : parse_kv_type(cache_type_v);
+    const cuda::DevicePlan plan = cuda::plan_device_model(*model, n_ctx, max_batch, type_k, type_v);
+    py::list uploads;
+    for (const cuda::DeviceUpload& u : plan.uploads) {
+        uploads.append(py::make_tuple(u.name, static_cast<int>(u.type), u.bytes, u.expert));
+    }
+    py::dict d;
+    d["arch"] = plan.arch;
+    d["uploads"] = uploads;
+    d["dense_bytes"] = plan.dense_bytes;
+    d["expert_bytes"] = plan.expert_bytes;
+    d["kv_bytes"] = plan.kv_bytes;
+    d["buffer_bytes"] = plan.buffer_bytes;
+    d["total_bytes"] = plan.total_bytes();
+    d["n_ff_dense"] = plan.n_ff_dense;
+    d["n_ctx"] = plan.n_ctx;
+    return d;
+}
+
 void bind_cuda(py::module_& m) {
+    m.def("cuda_device_plan", &device_plan, py::arg("path"), py::arg("n_ctx") = 0, py::arg("max_batch") = 256,
+          py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
+          "What device=\"cuda\" would upload and allocate for the model (no device touched; n_ctx 0: a "
+          "Session's default); "
+          "UnsupportedError for what the device path does not compute");
     m.def("cuda_available", &cuda::available, "True when built with CUDA and a device is usable");
     m.def("cuda_describe", &cuda::describe,
           "One line: the CUDA device, VRAM total / used / free, or why none");

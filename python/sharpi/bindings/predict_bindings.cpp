@@ -49,10 +49,13 @@ class PredictorHandle {
             predictor_ = load_learned_predictor(file, *model_, lookahead);
         } else if (kind == "trajectory") {
             predictor_ = load_trajectory_predictor(file, *model_, lookahead);
+        } else if (kind == "next_gate" || kind == "pregate") {
+            predictor_ = make_predictor(kind, file, *model_, lookahead);  // the model's routers: no file
         } else {
             throw InvalidArgument(
-                "load_predictor: kind must be 'cooc', 'depthtime', 'learned' or 'trajectory', not '" + kind +
-                "'");
+                "load_predictor: kind must be 'cooc', 'depthtime', 'learned', 'trajectory', "
+                "'next_gate' or 'pregate', not '" +
+                kind + "'");
         }
         scoring_ = dynamic_cast<ScoringPredictor*>(predictor_.get());
         if (!scoring_) throw InvalidArgument("load_predictor: '" + kind + "' is not a scoring predictor");
@@ -180,7 +183,8 @@ class PredictorHandle {
 
 void bind_predict(py::module_& m) {
     py::class_<PredictorHandle>(m, "PredictorHandle",
-                                "A sidecar predictor (cooc / learned / trajectory) checked against a model")
+                                "A scoring predictor (cooc / depthtime / learned / trajectory from a "
+                                "sidecar; next_gate / pregate) checked against a model")
         .def_property_readonly("name", &PredictorHandle::name)
         .def_property_readonly("lookahead", &PredictorHandle::lookahead)
         .def("scores", &PredictorHandle::scores, py::arg("layer"), py::arg("d"), py::arg("hidden"),
@@ -199,7 +203,8 @@ void bind_predict(py::module_& m) {
             return std::make_unique<PredictorHandle>(kind, file, model_path, lookahead);
         },
         py::arg("kind"), py::arg("file"), py::arg("model_path"), py::arg("lookahead"),
-        "Loads sidecar predictor `file` of `kind` and validates it against the model at model_path");
+        "Loads predictor `kind` (sidecar `file` for the trained kinds, empty for next_gate / pregate) and "
+        "validates it against the model at model_path");
 }
 
 }  // namespace sharpi::py_bindings

@@ -29,7 +29,7 @@ import numpy as np
 
 from .sidecar import Sidecar
 from .traces import RoutingTrace
-from .train import _invalid, _log, _recall, _torch, validation_cut
+from .train import _epochs, _invalid, _log, _recall, _torch, validation_cut
 
 DEPTHTIME_PREV_OFFSETS = (-1, 0, 1)  # previous token's layers t-1, t, t+1 (docs/predictors.md)
 MIX_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)  # previous-token boosts tried per (d, t)
@@ -125,7 +125,7 @@ def fit_history_regression(
 
     best = (val_recall(), snapshot(), 0)
     batch = max(32, min(batch, len(fit_idx) // 20))  # at least ~20 steps an epoch on small traces
-    for epoch in range(1, epochs + 1):
+    for epoch in _epochs(range(1, epochs + 1), name, quiet):
         order = torch.from_numpy(rng.permutation(len(fit_idx)))
         for b0 in range(0, len(order), batch):
             rows = order[b0 : b0 + batch]

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 
 import numpy as np
 
+from ..progress import bar
+from ..progress import write as progress_write
 from .sidecar import Sidecar
 from .traces import RoutingTrace
 
@@ -40,7 +41,12 @@ def _invalid(message: str) -> Exception:
 
 def _log(message: str, quiet: bool) -> None:
     if not quiet:
-        print(message, file=sys.stderr, flush=True)
+        progress_write(message)  # above an epoch bar being drawn
+
+
+def _epochs(epochs, what: str, quiet: bool):
+    """The epochs (a range) under a bar on stderr (sharpi.progress: a terminal only, never when quiet)."""
+    return bar(epochs, desc=what, unit="epoch", disable=quiet)
 
 
 def validation_cut(
@@ -283,7 +289,7 @@ def _refine_cooc(
 
     best = (val_recall(), {name: v.copy() for name, v in params.items()})
     step = 0
-    for epoch in range(epochs):
+    for epoch in _epochs(range(epochs), "cooc refine", quiet):
         order = rng.permutation(len(fit_idx))
         for b0 in range(0, len(order), batch):
             rows = order[b0 : b0 + batch]
@@ -536,7 +542,7 @@ def train_trajectory(
     step = 0
     best = (-1.0, None, 0)
     out_of_time = False
-    for epoch in range(1, epochs + 1):
+    for epoch in _epochs(range(1, epochs + 1), "trajectory", quiet):
         t_epoch, total, n_batch = time.perf_counter(), 0.0, 0
         for L, tok in _epoch_batches(rng, fit_idx, n_layer - 1, batch):
             ti = torch.from_numpy(tok)
@@ -630,7 +636,7 @@ def train_learned(
     n_layer, E, k, n_embd = trace.n_layer, trace.n_expert, trace.top_k, trace.n_embd
     rank = max(0, min(rank, n_embd, len(idx)))
     tensors: dict[str, np.ndarray] = {}
-    for L in range(n_layer - 1):
+    for L in bar(range(n_layer - 1), desc=f"learned: {epochs} epochs per layer", unit="layer", disable=quiet):
         x = rms_norm(trace.hidden_rows(idx, L), LEARNED_RMS_EPS)
         if rank > 0:
             mean = x.mean(axis=0)

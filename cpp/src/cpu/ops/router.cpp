@@ -37,56 +37,74 @@ void topk_weights(const float* probs, const int32_t* ids, int64_t k, const Route
     }
 }
 
+namespace {
+
+// Group-limited selection needs a score and a rank per group; the scratch lives with the caller so
+// that a batch of tokens allocates once.
+struct GroupScratch {
+    std::vector<float> score;
+    std::vector<int32_t> order;
+};
+
+void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* p, float* sel,
+                      GroupScratch& groups) {
+    gate_scores(logits, n_expert, params.gating, p);
+    for (int64_t e = 0; e < n_expert; ++e)
+        sel[e] = params.selection_bias ? p[e] + params.selection_bias[e] : p[e];
+    const int64_t n_group = std::max<int64_t>(params.n_group, 1);
+    if (n_group <= 1 || params.n_group_used >= n_group) return;
+    const int64_t group_size = n_expert / n_group;
+    groups.score.resize(static_cast<size_t>(n_group));
+    groups.order.resize(static_cast<size_t>(n_group));
+    for (int64_t g = 0; g < n_group; ++g) {
+        const float* s = sel + g * group_size;
+        float best = s[0], second = -INFINITY;
+        for (int64_t i = 1; i < group_size; ++i) {
+            if (s[i] > best) {
+                second = best;
+                best = s[i];
+            } else if (s[i] > second) {
+                second = s[i];
+            }
+        }
+        groups.score[g] = params.gating == Gating::sigmoid && group_size > 1 ? best + second : best;
+        groups.order[g] = static_cast<int32_t>(g);
+    }
+    const std::vector<float>& gs = groups.score;
+    std::partial_sort(groups.order.begin(), groups.order.begin() + params.n_group_used, groups.order.end(),
+                      [&gs](int32_t a, int32_t b) { return gs[a] > gs[b] || (gs[a] == gs[b] && a < b); });
+    // Experts of the groups not chosen (order[n_group_used..]) can never be selected: rank them
+    // below every finite score.
+    for (int64_t j = params.n_group_used; j < n_group; ++j) {
+        const int64_t g = groups.order[j];
+        std::fill(sel + g * group_size, sel + (g + 1) * group_size, -INFINITY);
+    }
+}
+
+}  // namespace
+
+void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
+                      float* sel) {
+    GroupScratch groups;
+    selection_scores(logits, n_expert, params, probs, sel, groups);
+}
+
 void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
                 const RouterParams& params, float* probs, int32_t* ids, float* weights) {
     std::vector<float> p(static_cast<size_t>(n_expert)), sel(static_cast<size_t>(n_expert));
     std::vector<int32_t> order(static_cast<size_t>(n_expert));
-    const int64_t n_group = std::max<int64_t>(params.n_group, 1);
-    const bool grouped = n_group > 1 && params.n_group_used < n_group;
-    const int64_t group_size = n_expert / n_group;
-    std::vector<float> group_score(static_cast<size_t>(n_group));
-    std::vector<int32_t> group_order(static_cast<size_t>(n_group));
-    std::vector<char> allowed(static_cast<size_t>(n_expert), 1);
-    auto by_score = [](const std::vector<float>& s) {
-        return [&s](int32_t a, int32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+    GroupScratch groups;
+    // The comparator ranks -INFINITY (experts of groups not chosen) last; k never exceeds the
+    // experts of the chosen groups (hparams checks n_group_used * group size >= k), so none of them
+    // is ever picked, and the choice is the one made among the chosen groups' experts alone.
+    auto by_selection = [&sel](int32_t a, int32_t b) {
+        return sel[a] > sel[b] || (sel[a] == sel[b] && a < b);
     };
     for (int64_t t = 0; t < n_tokens; ++t) {
-        gate_scores(logits + t * n_expert, n_expert, params.gating, p.data());
+        selection_scores(logits + t * n_expert, n_expert, params, p.data(), sel.data(), groups);
         if (probs) std::copy(p.begin(), p.end(), probs + t * n_expert);
-        for (int64_t e = 0; e < n_expert; ++e) {
-            sel[e] = params.selection_bias ? p[e] + params.selection_bias[e] : p[e];
-        }
-
-        int64_t n_candidates = n_expert;
         for (int64_t e = 0; e < n_expert; ++e) order[e] = static_cast<int32_t>(e);
-        if (grouped) {
-            for (int64_t g = 0; g < n_group; ++g) {
-                const float* s = sel.data() + g * group_size;
-                float best = s[0], second = -INFINITY;
-                for (int64_t i = 1; i < group_size; ++i) {
-                    if (s[i] > best) {
-                        second = best;
-                        best = s[i];
-                    } else if (s[i] > second) {
-                        second = s[i];
-                    }
-                }
-                group_score[g] = params.gating == Gating::sigmoid && group_size > 1 ? best + second : best;
-                group_order[g] = static_cast<int32_t>(g);
-            }
-            std::partial_sort(group_order.begin(), group_order.begin() + params.n_group_used,
-                              group_order.end(), by_score(group_score));
-            std::fill(allowed.begin(), allowed.end(), 0);
-            for (int64_t j = 0; j < params.n_group_used; ++j) {
-                std::fill(allowed.begin() + group_order[j] * group_size,
-                          allowed.begin() + (group_order[j] + 1) * group_size, 1);
-            }
-            n_candidates = 0;
-            for (int64_t e = 0; e < n_expert; ++e) {
-                if (allowed[e]) order[n_candidates++] = static_cast<int32_t>(e);
-            }
-        }
-        std::partial_sort(order.begin(), order.begin() + k, order.begin() + n_candidates, by_score(sel));
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), by_selection);
         std::copy(order.begin(), order.begin() + k, ids + t * k);
         topk_weights(p.data(), ids + t * k, k, params, weights + t * k);
     }

@@ -35,6 +35,13 @@ struct RouterParams {
 void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
                 const RouterParams& params, float* probs, int32_t* ids, float* weights);
 
+// The scores route_topk ranks one token's experts by, from its logits: sel[e] = gating score +
+// selection bias, and -INFINITY for every expert outside the n_group_used best groups; probs: the
+// gating scores. route_topk picks the k best of sel (ties: lower id). Used alone by the next_gate
+// predictor, which must rank a layer's experts exactly as that layer's router will.
+void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
+                      float* sel);
+
 // The weights of already chosen experts ids[0..k) from one token's gating scores, as route_topk
 // computes them (renormalised if asked, then scaled).
 void topk_weights(const float* probs, const int32_t* ids, int64_t k, const RouterParams& params,

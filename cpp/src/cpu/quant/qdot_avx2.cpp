@@ -3,6 +3,8 @@
 // qdot_simd.h; this file supplies its two integer primitives.
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/qdot_impl.h"
 

@@ -4,6 +4,8 @@
 // qdot_simd.h; this file supplies its two integer primitives. Same bits as the AVX2 file.
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/qdot_impl.h"
 

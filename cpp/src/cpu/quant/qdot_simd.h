@@ -33,6 +33,16 @@ inline float mul_f(float a, float b) {
     return _mm_cvtss_f32(_mm_mul_ss(_mm_set_ss(a), _mm_set_ss(b)));
 }
 
+// f(std::integral_constant<int, n>()) for a run-time tile size n in [1, N] (n < 1 takes 1, n > N
+// takes N): one template instance per size, chosen once per call.
+template <int N, typename F>
+inline void with_tile_size(int n, F&& f) {
+    if constexpr (N > 1) {
+        if (n < N) return with_tile_size<N - 1>(n, f);
+    }
+    f(std::integral_constant<int, N>());
+}
+
 inline uint32_t load_u32_any(const void* p) {
     uint32_t v;
     memcpy(&v, p, 4);
@@ -516,18 +526,22 @@ inline void k_dot_tokens_256_wide(const void* w, const void* xq, size_t xq_strid
             mv[t] = _mm256_setzero_si256();
             dx[t] = 0.0f;
         }
+        // Chunks outer, tokens inner: a chunk's quants and scales stay in two registers while the
+        // NT accumulators take its products, so the loop loads only activations. (Tokens outer
+        // kept all 8 chunks' quants and scales live and spilled them: two extra loads per
+        // product on AVX2's 16 registers.) The lanes are exact int32 sums, so the order is free.
+        for (int c = 0; c < 8; ++c) {
+            for (int t = 0; t < NT; ++t)
+                v[t] = k_scaled_pairs<D>(v[t], k.u[c], load256(x[t][ib].qs + 32 * c), s[c]);
+        }
         for (int t = 0; t < NT; ++t) {
             const block_q8_K& xb = x[t][ib];
-            __m256i lanes = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c)
-                lanes = k_scaled_pairs<D>(lanes, k.u[c], load256(xb.qs + 32 * c), s[c]);
             const __m256i bsums = load256(xb.bsums);
             if constexpr (D::kOffsetShift >= 0) {
-                lanes = _mm256_sub_epi32(lanes,
-                                         _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
+                v[t] = _mm256_sub_epi32(v[t],
+                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
             }
             if constexpr (D::kHasMin) mv[t] = _mm256_madd_epi16(mn16, bsums);
-            v[t] = lanes;
             dx[t] = xb.d;
         }
         const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
@@ -555,32 +569,8 @@ template <typename D>
 void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tokens, int64_t n, float* y,
                     int64_t ldy) {
     float acc[kMaxTileTokens];
-    switch (n_tokens) {
-        case 1:
-            k_dot_tokens<D, 1>(w, xq, xq_stride, n, acc);
-            break;
-        case 2:
-            k_dot_tokens<D, 2>(w, xq, xq_stride, n, acc);
-            break;
-        case 3:
-            k_dot_tokens<D, 3>(w, xq, xq_stride, n, acc);
-            break;
-        case 4:
-            k_dot_tokens<D, 4>(w, xq, xq_stride, n, acc);
-            break;
-        case 5:
-            k_dot_tokens<D, 5>(w, xq, xq_stride, n, acc);
-            break;
-        case 6:
-            k_dot_tokens<D, 6>(w, xq, xq_stride, n, acc);
-            break;
-        case 7:
-            k_dot_tokens<D, 7>(w, xq, xq_stride, n, acc);
-            break;
-        default:
-            k_dot_tokens<D, 8>(w, xq, xq_stride, n, acc);
-            break;
-    }
+    with_tile_size<kMaxTileTokens>(
+        n_tokens, [&](auto nt) { k_dot_tokens<D, decltype(nt)::value>(w, xq, xq_stride, n, acc); });
     for (int t = 0; t < n_tokens; ++t) y[t * ldy] = acc[t];
 }
 
@@ -752,20 +742,8 @@ void b32_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_tok
         const void* xt = static_cast<const uint8_t*>(xq) + static_cast<size_t>(t0) * xq_stride;
         float out[4];
         const int nt = n_tokens - t0 < 4 ? n_tokens - t0 : 4;
-        switch (nt) {
-            case 1:
-                b32_dot_tokens<D, 1>(w, xt, xq_stride, n, out);
-                break;
-            case 2:
-                b32_dot_tokens<D, 2>(w, xt, xq_stride, n, out);
-                break;
-            case 3:
-                b32_dot_tokens<D, 3>(w, xt, xq_stride, n, out);
-                break;
-            default:
-                b32_dot_tokens<D, 4>(w, xt, xq_stride, n, out);
-                break;
-        }
+        with_tile_size<4>(
+            nt, [&](auto tile) { b32_dot_tokens<D, decltype(tile)::value>(w, xt, xq_stride, n, out); });
         for (int t = 0; t < nt; ++t) y[(t0 + t) * ldy] = out[t];
     }
 }

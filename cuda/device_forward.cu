@@ -1,0 +1,377 @@
+// The device forward pass (cuda_backend.h DeviceForward) for the plain MoE archs: the CPU engine's
+// decoder_layer (model/forward.cpp, moe/moe_ffn.cpp) op for op, on the device.
+//
+// Owns: a device copy of every tensor of device_weights() (one allocation, uploaded once at open,
+// in the file's types), the f32 KV cache ([n_layer][K | V][n_ctx, n_embd_kv]), the activation arena
+// of device_plan.h, one compute stream and two pinned host buffers (a prefill layer's expert ids,
+// the logits). Everything of a batch is queued on the one stream; the host waits on it for the
+// logits at the end of each chunk of max_batch tokens and, in a prefill chunk, once per MoE layer to
+// read the expert ids back (the grouped expert FFN plans its groups on the host). Decoding one token
+// never waits mid-pass: the routing goes to the device, is read by the fused expert kernel there,
+// and comes back with the logits.
+//
+// Per layer, with T tokens at positions pos .. pos + T - 1 (x: the residual stream):
+//   cur = rms_norm(x) · attn_norm;  q = Wq cur (+b);  K rows pos.. = Wk cur (+b);  V rows = Wv cur (+b)
+//   q/k norm (per head or full width; qwen3moe, olmoe), RoPE on q and the new K rows in place,
+//   attention over the cache rows 0 .. pos + t, tmp = Wo attn;  ffn_inp = tmp + x
+//   cur = rms_norm(ffn_inp) · ffn_norm;  router logits, softmax top-k (renormalised per the arch)
+//   tmp = fused expert FFN (decode: one token; prefill: grouped by expert)
+//   (+ sigmoid(w_gate · cur) · shared expert FFN (qwen2moe));  x = tmp + ffn_inp
+// Exact mode: every product on dequantized weights with f32 activations. Fast mode: every product
+// with a quantized weight type on q8 activations (the int8 matvec / tiled matmul), as the CPU.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "device_memory.cuh"
+#include "device_plan.h"
+#include "model/model.h"
+#include "ops/activation.cuh"
+#include "ops/attention.cuh"
+#include "ops/dequantize.cuh"
+#include "ops/elementwise.cuh"
+#include "ops/expert_ffn.cuh"
+#include "ops/matvec.cuh"
+#include "ops/rms_norm.cuh"
+#include "ops/rope.cuh"
+#include "ops/router.cuh"
+
+namespace sharpi::cuda {
+namespace {
+
+// y = W x (+ bias) with W on the device: [n_out rows, n_in cols] of `type`.
+struct DeviceLinear {
+    const void* w = nullptr;
+    GgmlType type = GgmlType::F32;
+    int64_t n_out = 0, n_in = 0;
+    const float* bias = nullptr;
+    bool present() const { return w != nullptr; }
+};
+
+enum class QkNormKind { none, per_head, full };
+
+struct DeviceLayer {
+    const float* attn_norm = nullptr;
+    DeviceLinear wq, wk, wv, wo;
+    QkNormKind qk_norm = QkNormKind::none;
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    bool moe = false;
+    DeviceLinear router;
+    ExpertWeights experts{};
+    DeviceLinear ffn_gate, ffn_up, ffn_down;  // dense FFN, or the shared expert of a MoE layer
+    DeviceLinear shexp_gate;                  // [1, n_embd]; absent: the shared expert is not gated
+};
+
+class CudaForward final : public DeviceForward {
+  public:
+    CudaForward(const Model& model, DevicePlan plan, bool exact);
+    void forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits, float* logits,
+                 std::vector<std::vector<int32_t>>& routing,
+                 const std::function<void(int)>& check_cancel) override;
+    const DevicePlan& plan() const override { return plan_; }
+
+  private:
+    template <typename T = float>
+    T* arena(size_t offset) const {
+        return reinterpret_cast<T*>(arena_.as<unsigned char>() + offset);
+    }
+    float* k_cache(int il) const { return kv_.as<float>() + 2 * static_cast<int64_t>(il) * kv_layer_floats_; }
+    float* v_cache(int il) const { return k_cache(il) + kv_layer_floats_; }
+    // The device copy of a host tensor of device_weights() (nullptr for nullptr / an empty vector).
+    const void* device_of(const void* host) const;
+    DeviceLinear linear_of(const cpu::WeightView& w, const std::vector<float>* bias = nullptr) const;
+
+    void linear(const DeviceLinear& l, const float* x, int64_t n_tokens, float* y) const;
+    void dense_ffn(const DeviceLayer& L, const float* x, int64_t n_tokens, float* y) const;
+    // One chunk of at most max_batch tokens through every layer; routing ids at arena routing.
+    void layer(int il, int64_t n_tokens, int64_t pos);
+    void chunk(const int32_t* tokens, int64_t n_tokens, int64_t pos, int64_t first_logit_row, float* logits,
+               std::vector<std::vector<int32_t>>& routing, const std::function<void(int)>& check_cancel);
+
+    const Model& model_;
+    const HParams& h_;
+    DevicePlan plan_;
+    bool int8_;
+    DeviceArena layout_;
+    int64_t kv_layer_floats_ = 0;  // n_ctx * n_embd_kv
+    Stream stream_;
+    DeviceBuffer weights_;  // every upload, 256-byte aligned
+    std::unordered_map<const void*, const void*> device_of_;
+    DeviceBuffer kv_;
+    DeviceBuffer arena_;
+    PinnedBuffer ids_host_;     // [max_batch, k] int32
+    PinnedBuffer logits_host_;  // [max_batch, n_vocab] f32
+    std::vector<DeviceLayer> layers_;
+    const void* token_embd_ = nullptr;
+    const float* output_norm_ = nullptr;
+    DeviceLinear output_;
+};
+
+CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact)
+    : model_(model), h_(model.hp), plan_(std::move(plan)), int8_(!exact) {
+    const HParams& h = h_;
+    layout_ = device_arena(h, plan_.max_batch, plan_.n_ff_dense);
+    kv_layer_floats_ = plan_.n_ctx * h.n_embd_kv();
+
+    // Weights: one allocation, each tensor at a 256-byte aligned offset, copied from the mapping.
+    const std::vector<HostWeight> host = device_weights(model);
+    size_t total = 0;
+    std::vector<size_t> offsets;
+    for (const HostWeight& w : host) {
+        offsets.push_back(total);
+        total += (w.bytes + 255) / 256 * 256;
+    }
+    weights_ = DeviceBuffer(total, "weights of " + h.arch);
+    for (size_t i = 0; i < host.size(); ++i) {
+        void* dst = weights_.as<unsigned char>() + offsets[i];
+        copy_to_device(dst, host[i].data, host[i].bytes, stream_, host[i].name);
+        device_of_[host[i].data] = dst;
+    }
+    kv_ = DeviceBuffer(plan_.kv_bytes, "KV cache");
+    arena_ = DeviceBuffer(layout_.total, "activations");
+    ids_host_ = PinnedBuffer(sizeof(int32_t) * plan_.max_batch * h.n_expert_used, "expert ids");
+    logits_host_ = PinnedBuffer(sizeof(float) * plan_.max_batch * h.n_vocab, "logits");
+
+    token_embd_ = device_of(model.token_embd.data);
+    output_norm_ = static_cast<const float*>(device_of(model.output_norm.data()));
+    output_ = linear_of(model.output);
+    for (int il = 0; il < h.n_layer; ++il) {
+        const LayerWeights& L = model.layers[static_cast<size_t>(il)];
+        DeviceLayer d;
+        d.attn_norm = static_cast<const float*>(device_of(L.attn_norm.data()));
+        d.wq = linear_of(L.wq.w, &L.wq.bias);
+        d.wk = linear_of(L.wk.w, &L.wk.bias);
+        d.wv = linear_of(L.wv.w, &L.wv.bias);
+        d.wo = linear_of(L.wo.w, &L.wo.bias);
+        if (!L.attn_q_norm.empty()) {
+            // qwen3moe: weights of head_dim, one norm per head; olmoe: over the whole projection.
+            const bool per_head = static_cast<int64_t>(L.attn_q_norm.size()) == h.head_dim;
+            d.qk_norm = per_head ? QkNormKind::per_head : QkNormKind::full;
+            d.q_norm = static_cast<const float*>(device_of(L.attn_q_norm.data()));
+            d.k_norm = static_cast<const float*>(device_of(L.attn_k_norm.data()));
+        }
+        d.ffn_norm = static_cast<const float*>(device_of(L.ffn_norm.data()));
+        const ExpertLayerLayout& e = model.experts.layers[static_cast<size_t>(il)];
+        d.moe = e.present();
+        if (d.moe) {
+            d.router = linear_of(L.ffn_gate_inp);
+            const ExpertPart& g = e.parts[kExpertGate];
+            const ExpertPart& u = e.parts[kExpertUp];
+            const ExpertPart& dn = e.parts[kExpertDown];
+            d.experts = ExpertWeights{device_of(g.view.data),
+                                      device_of(u.view.data),
+                                      device_of(dn.view.data),
+                                      g.view.type,
+                                      u.view.type,
+                                      dn.view.type,
+                                      h.n_embd,
+                                      h.n_ff_exp};
+            // The planner's bound holds the real scratch of the fused FFN (expert_ffn.cu's carve).
+            if (expert_ffn_scratch_bytes(d.experts, plan_.max_batch, h.n_expert_used, int8_) >
+                layout_.expert_scratch_bytes) {
+                throw DeviceError(
+                    "[cuda] device plan: the expert scratch bound is below the fused FFN's need");
+            }
+        }
+        d.ffn_gate = linear_of(L.ffn_gate.w, &L.ffn_gate.bias);
+        d.ffn_up = linear_of(L.ffn_up.w, &L.ffn_up.bias);
+        d.ffn_down = linear_of(L.ffn_down.w, &L.ffn_down.bias);
+        d.shexp_gate = linear_of(L.ffn_gate_inp_shexp);
+        layers_.push_back(d);
+    }
+    stream_.synchronize("upload of " + h.arch + " to the device");
+}
+
+const void* CudaForward::device_of(const void* host) const {
+    if (host == nullptr) return nullptr;
+    const auto it = device_of_.find(host);
+    if (it == device_of_.end()) throw DeviceError("[cuda] a tensor the layer loop reads was not uploaded");
+    return it->second;
+}
+
+DeviceLinear CudaForward::linear_of(const cpu::WeightView& w, const std::vector<float>* bias) const {
+    DeviceLinear l;
+    if (w.data == nullptr) return l;
+    l.w = device_of(w.data);
+    l.type = w.type;
+    l.n_out = w.n_rows;
+    l.n_in = w.n_cols;
+    if (bias != nullptr && !bias->empty()) l.bias = static_cast<const float*>(device_of(bias->data()));
+    return l;
+}
+
+void CudaForward::linear(const DeviceLinear& l, const float* x, int64_t n_tokens, float* y) const {
+    launch_linear(l.type, l.w, l.n_out, l.n_in, x, n_tokens, int8_, arena(layout_.xq), y, stream_.get());
+    if (l.bias != nullptr) launch_add_bias(y, l.bias, n_tokens, l.n_out, stream_.get());
+}
+
+// down(silu(gate x) * up x), as Forward::ffn.
+void CudaForward::dense_ffn(const DeviceLayer& L, const float* x, int64_t n_tokens, float* y) const {
+    float* g = arena(layout_.ffn_g);
+    float* u = arena(layout_.ffn_u);
+    linear(L.ffn_gate, x, n_tokens, g);
+    linear(L.ffn_up, x, n_tokens, u);
+    launch_silu_mul(g, u, n_tokens * L.ffn_gate.n_out, u, stream_.get());
+    linear(L.ffn_down, u, n_tokens, y);
+}
+
+void CudaForward::layer(int il, int64_t T, int64_t pos) {
+    const HParams& h = h_;
+    const DeviceLayer& L = layers_[static_cast<size_t>(il)];
+    const cudaStream_t s = stream_.get();
+    const int64_t E = h.n_embd, n_q = h.n_embd_q(), n_kv = h.n_embd_kv(), hd = h.head_dim;
+    const int64_t k = h.n_expert_used;
+    float* x = arena(layout_.x);
+    float* cur = arena(layout_.cur);
+    float* q = arena(layout_.q);
+    float* attn = arena(layout_.attn);
+    float* tmp = arena(layout_.tmp);
+    float* ffn_inp = arena(layout_.ffn_inp);
+
+    // Attention. K and V are projected straight into their cache rows; q/k norm and RoPE run there.
+    launch_rms_norm(x, L.attn_norm, T, E, h.rms_eps, cur, s);
+    float* k_new = k_cache(il) + pos * n_kv;
+    float* v_new = v_cache(il) + pos * n_kv;
+    linear(L.wq, cur, T, q);
+    linear(L.wk, cur, T, k_new);
+    linear(L.wv, cur, T, v_new);
+    if (L.qk_norm == QkNormKind::per_head) {
+        launch_rms_norm(q, L.q_norm, T * h.n_head, hd, h.rms_eps, q, s);
+        launch_rms_norm(k_new, L.k_norm, T * h.n_head_kv, hd, h.rms_eps, k_new, s);
+    } else if (L.qk_norm == QkNormKind::full) {
+        launch_rms_norm(q, L.q_norm, T, n_q, h.rms_eps, q, s);
+        launch_rms_norm(k_new, L.k_norm, T, n_kv, h.rms_eps, k_new, s);
+    }
+    const bool neox = h.rope.type == cpu::RopeType::neox;
+    launch_rope(q, n_q, T, h.n_head, hd, pos, h.rope.n_rot, neox, h.rope.freq_base, h.rope.freq_scale, s);
+    launch_rope(k_new, n_kv, T, h.n_head_kv, hd, pos, h.rope.n_rot, neox, h.rope.freq_base, h.rope.freq_scale,
+                s);
+    launch_attention(q, k_cache(il), v_cache(il), T, pos, h.n_head, h.n_head_kv, hd,
+                     1.0f / std::sqrt(static_cast<float>(hd)), attn, s);
+    linear(L.wo, attn, T, tmp);
+    launch_add(tmp, x, T * E, ffn_inp, s);
+
+    // FFN: routed experts (+ the shared expert), or the dense FFN.
+    launch_rms_norm(ffn_inp, L.ffn_norm, T, E, h.rms_eps, cur, s);
+    if (L.moe) {
+        float* logits = arena(layout_.router);
+        int32_t* ids = arena<int32_t>(layout_.routing) + static_cast<int64_t>(il) * plan_.max_batch * k;
+        float* weights = arena(layout_.weights);
+        linear(L.router, cur, T, logits);
+        launch_router_softmax_topk(logits, T, h.n_expert, k, h.router.normalize_topk, ids, weights, s);
+        void* scratch = arena<void>(layout_.experts);
+        if (T == 1) {
+            launch_expert_ffn_decode(L.experts, cur, ids, weights, k, int8_, scratch, tmp, s);
+        } else {
+            int32_t* ids_host = ids_host_.as<int32_t>();
+            copy_to_host(ids_host, ids, sizeof(int32_t) * T * k, stream_, "expert ids");
+            stream_.synchronize("expert ids of layer " + std::to_string(il));
+            launch_expert_ffn_grouped(L.experts, cur, T, ids_host, weights, k, int8_, scratch, tmp, s);
+        }
+        if (L.ffn_gate.present()) {
+            float* shared = arena(layout_.ffn_out);
+            dense_ffn(L, cur, T, shared);
+            if (L.shexp_gate.present()) {
+                float* gate = arena(layout_.shexp_gate);
+                linear(L.shexp_gate, cur, T, gate);
+                launch_sigmoid_scale(shared, gate, T, E, s);
+            }
+            launch_add(tmp, shared, T * E, tmp, s);
+        }
+    } else {
+        dense_ffn(L, cur, T, tmp);
+    }
+    launch_add(tmp, ffn_inp, T * E, x, s);
+}
+
+void CudaForward::chunk(const int32_t* tokens, int64_t T, int64_t pos, int64_t first_logit_row, float* logits,
+                        std::vector<std::vector<int32_t>>& routing,
+                        const std::function<void(int)>& check_cancel) {
+    const HParams& h = h_;
+    const cudaStream_t s = stream_.get();
+    const int64_t E = h.n_embd, k = h.n_expert_used;
+    float* x = arena(layout_.x);
+    const size_t embd_row = model_.token_embd.row_bytes;
+    for (int64_t t = 0; t < T; ++t) {
+        const void* row =
+            static_cast<const unsigned char*>(token_embd_) + static_cast<size_t>(tokens[t]) * embd_row;
+        launch_dequantize(model_.token_embd.type, row, x + t * E, E, s);
+    }
+    for (int il = 0; il < h.n_layer; ++il) {
+        if (check_cancel) check_cancel(il);
+        layer(il, T, pos);
+    }
+    const int64_t n_out = T - first_logit_row;
+    if (n_out > 0) {
+        float* cur = arena(layout_.cur);
+        float* out = arena(layout_.logits);
+        launch_rms_norm(x + first_logit_row * E, output_norm_, n_out, E, h.rms_eps, cur, s);
+        linear(output_, cur, n_out, out);
+        copy_to_host(logits_host_.data(), out, sizeof(float) * n_out * h.n_vocab, stream_, "logits");
+    }
+    // Every layer's ids, one strided copy: [n_layer, max_batch * k] on the device -> [n_layer, T * k].
+    // Queued after the logits (a pageable destination makes the call wait for the stream).
+    std::vector<int32_t> ids(static_cast<size_t>(h.n_layer * T * k));
+    cuda_check(cudaMemcpy2DAsync(ids.data(), sizeof(int32_t) * T * k, arena<int32_t>(layout_.routing),
+                                 sizeof(int32_t) * plan_.max_batch * k, sizeof(int32_t) * T * k,
+                                 static_cast<size_t>(h.n_layer), cudaMemcpyDeviceToHost, s),
+               "copy to host: routing");
+    stream_.synchronize("forward pass of " + std::to_string(T) + " tokens at position " +
+                        std::to_string(pos));
+    if (n_out > 0) {
+        const float* src = logits_host_.as<float>();
+        std::copy(src, src + n_out * h.n_vocab, logits);
+    }
+    for (int il = 0; il < h.n_layer; ++il) {
+        if (!layers_[static_cast<size_t>(il)].moe) continue;  // no router: nothing was written
+        const int32_t* row = ids.data() + static_cast<int64_t>(il) * T * k;
+        std::vector<int32_t>& r = routing[static_cast<size_t>(il)];
+        r.insert(r.end(), row, row + T * k);
+    }
+}
+
+void CudaForward::forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits,
+                          float* logits, std::vector<std::vector<int32_t>>& routing,
+                          const std::function<void(int)>& check_cancel) {
+    const int64_t B = plan_.max_batch;
+    routing.assign(static_cast<size_t>(h_.n_layer), {});
+    for (int64_t c0 = 0; c0 < n_tokens; c0 += B) {
+        const int64_t T = std::min(B, n_tokens - c0);
+        const bool last = c0 + T == n_tokens;
+        // Rows of this chunk whose logits are wanted (all, or the last of the last chunk; none else).
+        const int64_t first = all_logits ? 0 : (last ? T - 1 : T);
+        float* dst = all_logits ? logits + c0 * h_.n_vocab : logits;
+        chunk(tokens + c0, T, pos0 + c0, first, dst, routing, check_cancel);
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t n_ctx, int64_t max_batch,
+                                                   GgmlType type_k, GgmlType type_v, bool exact) {
+    const HParams& h = model.hp;
+    const std::string what = "device=\"cuda\" for " + h.arch;
+    require_device(what);
+    DevicePlan plan = plan_device_model(model, n_ctx, max_batch, type_k, type_v);
+    const DeviceInfo info = device_info();
+    const uint64_t need = plan.total_bytes(), mib = 1ull << 20;
+    if (!info.present || need > info.vram_free) {
+        throw InvalidArgument(
+            "[cuda] " + what + ": dense weights " + std::to_string(plan.dense_bytes / mib) +
+            " MiB + experts " + std::to_string(plan.expert_bytes / mib) + " MiB + KV cache " +
+            std::to_string(plan.kv_bytes / mib) + " MiB (n_ctx " + std::to_string(n_ctx) + ") + buffers " +
+            std::to_string(plan.buffer_bytes / mib) + " MiB = " + std::to_string(need / mib) +
+            " MiB do not fit the " + std::to_string(info.vram_free / mib) + " MiB free on " + info.name +
+            " (a smaller n_ctx shrinks the KV cache; use device=\"cpu\")");
+    }
+    return std::make_unique<CudaForward>(model, std::move(plan), exact);
+}
+
+}  // namespace sharpi::cuda
