@@ -152,3 +152,22 @@ def check_greedy(
     n_comparable = n_new if flip is None else max(0, flip.position - (len(prompt) - 1))
     assert_greedy_match(tokens[:n_comparable], expected.logits, len(prompt), f"{what} greedy tokens")
     return tokens
+
+
+def check_streams_like_resident(open_session, prompt, n_decode: int, what: str):
+    """The lossless invariant at a quarter budget: with RAM for a quarter of all experts (at least
+    top-k), the streamed engine's logits (greedy_logits) are bit-identical to the resident engine's,
+    and the budget really forced expert reads. open_session(ram_budget) opens the engine, resident
+    when ram_budget is None; it must have expert_stats() (fixed_bytes, slot_bytes, n_slots, per-layer
+    misses) and info (n_layer, n_expert, n_expert_used) as sharpi.Session has."""
+    probe = open_session("4GiB")
+    stats, info = probe.expert_stats(), probe.info
+    total = info["n_layer"] * info["n_expert"]
+    n_slots = max(info["n_expert_used"], total // 4)
+    resident = greedy_logits(open_session(None), prompt, n_decode)
+    streamed_session = open_session(stats["fixed_bytes"] + n_slots * stats["slot_bytes"])
+    assert streamed_session.expert_stats()["n_slots"] == n_slots, what
+    streamed = greedy_logits(streamed_session, prompt, n_decode)
+    np.testing.assert_array_equal(streamed, resident, err_msg=f"{what}: streamed vs resident")
+    misses = sum(layer["misses"] for layer in streamed_session.expert_stats()["layers"])
+    assert misses > total // 4, f"{what}: a quarter budget must force reads ({misses} misses)"

@@ -8,11 +8,11 @@ converter (see convert_driver.py for the one in-memory patch) and never runs the
 inside this process.
 
 Every model is 2 layers (the hybrid ones 4: DeltaNet and gated attention alternating, plus one
-nextn block), hidden size 128, 8 experts (MoE), seeded, with weights drawn at std ~0.08
-and norm weights around 1 so that hidden states and routing are far from degenerate. The models
-also cover the variants the reference must get right: GQA everywhere, linear RoPE scaling
-(qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings (qwen3moe, llama,
-qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe, qwen2).
+nextn block), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
+weights drawn at std ~0.08 and norm weights around 1 so that hidden states and routing are far from
+degenerate. The models also cover the variants the reference must get right: GQA everywhere,
+linear RoPE scaling (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings
+(qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe, qwen2).
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 # Models checked against transformers by their own test file only (the numpy reference does not
 # implement them, so they stay out of the parametrized families above).
 ENGINE_ONLY_MODELS = {"gpt_oss": "gpt-oss"}  # GptOssForCausalLM: tests/test_gpt_oss.py
-ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS}
+# Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
+# every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
+QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe"}  # Qwen3MoeForCausalLM
+ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
 # quantization error, not correctness (on the same file, reference and engine must agree to 1e-4).
@@ -159,6 +162,14 @@ def make_config(name: str, vocab_size: int):
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
         config.head_dim = 48  # != hidden/heads = 32: exercises {arch}.attention.key_length
+        return config
+    if name == "qwen3moe_256":
+        # qwen3moe 256 wide everywhere a row is (n_embd, n_head * head_dim, expert and dense FFN
+        # widths), with an untied output as the real Qwen3 MoE checkpoints ship.
+        config = make_config("qwen3moe", vocab_size)
+        config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+        config.head_dim = 64
+        config.tie_word_embeddings = False
         return config
     if name == "olmoe":
         # OLMoE ships with n_head_kv == n_head, and llama.cpp sizes attn_k_norm as n_embd (it
@@ -317,6 +328,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "mixtral": transformers.MixtralForCausalLM,
         "qwen2moe": transformers.Qwen2MoeForCausalLM,
         "qwen3moe": transformers.Qwen3MoeForCausalLM,
+        "qwen3moe_256": transformers.Qwen3MoeForCausalLM,
         "olmoe": transformers.OlmoeForCausalLM,
         "llama": transformers.LlamaForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,

@@ -205,7 +205,10 @@ struct KIq {
     }
 };
 
+// The names the SIMD files give their own decoders of these types (the table is shared).
 using KIQ4_XS = KIq<block_iq4_xs, unpack_iq4_xs>;
+using KIQ3_XXS = KIq<block_iq3_xxs, unpack_iq3_xxs>;
+using KIQ2_XXS = KIq<block_iq2_xxs, unpack_iq2_xxs>;
 
 // acc after one more block (qdot.h).
 float k_block_step(float acc, const KBlock& k, const block_q8_K& x, int offset, bool has_min) {
