@@ -46,11 +46,14 @@ struct GroupScratch {
     std::vector<int32_t> order;
 };
 
-void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* p, float* sel,
-                      GroupScratch& groups) {
-    gate_scores(logits, n_expert, params.gating, p);
+void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
+                      float* sel, GroupScratch& groups) {
+    // Without probs the gating scores are computed in sel and biased in place: the same float
+    // operations on the same values, so the ranking does not depend on whether probs is asked for.
+    float* gate = probs ? probs : sel;
+    gate_scores(logits, n_expert, params.gating, gate);
     for (int64_t e = 0; e < n_expert; ++e)
-        sel[e] = params.selection_bias ? p[e] + params.selection_bias[e] : p[e];
+        sel[e] = params.selection_bias ? gate[e] + params.selection_bias[e] : gate[e];
     const int64_t n_group = std::max<int64_t>(params.n_group, 1);
     if (n_group <= 1 || params.n_group_used >= n_group) return;
     const int64_t group_size = n_expert / n_group;

@@ -36,9 +36,10 @@ void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t
                 const RouterParams& params, float* probs, int32_t* ids, float* weights);
 
 // The scores route_topk ranks one token's experts by, from its logits: sel[e] = gating score +
-// selection bias, and -INFINITY for every expert outside the n_group_used best groups; probs: the
-// gating scores. route_topk picks the k best of sel (ties: lower id). Used alone by the next_gate
-// predictor, which must rank a layer's experts exactly as that layer's router will.
+// selection bias, and -INFINITY for every expert outside the n_group_used best groups; probs (out,
+// may be nullptr): the gating scores. route_topk picks the k best of sel (ties: lower id). Used
+// alone by the next_gate predictor, which must rank a layer's experts exactly as that layer's
+// router will, and needs no probs.
 void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
                       float* sel);
 
