@@ -108,7 +108,7 @@ class RouterPredictor final : public ScoringPredictor {
         cpu::RouterParams params = model_.hp.router;
         const LayerWeights& target = model_.layers[static_cast<size_t>(in.layer + d)];
         params.selection_bias = target.exp_probs_b.empty() ? nullptr : target.exp_probs_b.data();
-        cpu::selection_scores(logits, n_expert_, params, nullptr, out);
+        cpu::selection_scores(logits, n_expert_, params, nullptr, out, groups_);
     }
 
   private:
@@ -116,6 +116,7 @@ class RouterPredictor final : public ScoringPredictor {
     bool pregate_;
     bool ranks_by_selection_ = false;  // softmax without selection bias or groups ranks by the logits
     std::vector<float> normed_, logits_;
+    cpu::GroupScratch groups_;  // reused by every call: the per-token path allocates nothing
 };
 
 // Sidecar predictors are trained on routing traces, which record the MoE layers only; on a model

@@ -37,15 +37,6 @@ void topk_weights(const float* probs, const int32_t* ids, int64_t k, const Route
     }
 }
 
-namespace {
-
-// Group-limited selection needs a score and a rank per group; the scratch lives with the caller so
-// that a batch of tokens allocates once.
-struct GroupScratch {
-    std::vector<float> score;
-    std::vector<int32_t> order;
-};
-
 void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
                       float* sel, GroupScratch& groups) {
     // Without probs the gating scores are computed in sel and biased in place: the same float
@@ -82,14 +73,6 @@ void selection_scores(const float* logits, int64_t n_expert, const RouterParams&
         const int64_t g = groups.order[j];
         std::fill(sel + g * group_size, sel + (g + 1) * group_size, -INFINITY);
     }
-}
-
-}  // namespace
-
-void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
-                      float* sel) {
-    GroupScratch groups;
-    selection_scores(logits, n_expert, params, probs, sel, groups);
 }
 
 void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
