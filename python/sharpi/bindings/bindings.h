@@ -20,6 +20,7 @@ void bind_cache(pybind11::module_& m);    // cache_bindings.cpp
 void bind_gdn(pybind11::module_& m);      // gdn_bindings.cpp
 void bind_kv(pybind11::module_& m);       // kv_bindings.cpp
 void bind_cuda(pybind11::module_& m);     // cuda_bindings.cpp
+void bind_tiers(pybind11::module_& m);    // tier_bindings.cpp
 
 // "" -> the active ISA; "scalar" | "avx2" | "avx512" (InvalidArgument when unknown or above the CPU's).
 cpu::Isa isa_arg(const std::string& name);  // quant_bindings.cpp
