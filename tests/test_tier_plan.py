@@ -26,6 +26,7 @@ def synthetic(n_layer=4, n_expert=8, k=2, expert_mib=(1, 1, 1, 1), dense=100, kv
         "n_expert_used": k,
         "expert_bytes": expert_bytes,
         "host_slot_bytes": max(expert_bytes) + 3 * 8192,
+        "vram_slot_bytes": max(expert_bytes),  # the arithmetic below in whole MiB
         "device_dense_bytes": dense * MIB,
         "device_kv_bytes": kv * MIB,
         "device_buffer_bytes": buf * MIB,
@@ -169,7 +170,8 @@ def test_file_plan_uses_the_device_and_ram_planners_sizes(models, arch):  # noqa
     device = _core.cuda_device_plan(path, n_ctx=512)
     host = _core.memory_plan(path, n_ctx=512, cache_type_k="f32", cache_type_v="f32")
     per_layer = gguf_expert_bytes(path)
-    slot = max(per_layer.values())
+    slot = host["slot_bytes"]  # the VRAM tier is the same cache: the same slot layout
+    assert slot >= max(per_layer.values())
     fixed_vram = device["dense_bytes"] + device["kv_bytes"] + device["buffer_bytes"]
     budget = fixed_vram + 5 * slot
     p = _core.tier_plan_file(path, budget, n_ctx=512, lookahead=1)
@@ -177,7 +179,7 @@ def test_file_plan_uses_the_device_and_ram_planners_sizes(models, arch):  # noqa
     assert sz["expert_bytes"] == [per_layer.get(il, 0) for il in range(sz["n_layer"])]
     assert (sz["device_dense_bytes"], sz["device_kv_bytes"]) == (device["dense_bytes"], device["kv_bytes"])
     assert sz["device_buffer_bytes"] == device["buffer_bytes"]
-    assert sz["host_slot_bytes"] == host["slot_bytes"] and sz["host_fixed_bytes"] == host["buffer_bytes"]
+    assert sz["host_slot_bytes"] == sz["vram_slot_bytes"] == host["slot_bytes"] and sz["host_fixed_bytes"] == host["buffer_bytes"]
     k = sz["n_expert_used"]
     assert p["n_vram_staging"] == k and p["n_vram_slots"] == 5 - k
     everything = fixed_vram + sum(per_layer.values()) * sz["n_expert"]

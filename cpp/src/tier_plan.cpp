@@ -43,16 +43,13 @@ std::vector<ExpertKey> hottest(const TierSizes& s, const std::vector<float>& pri
 
 }  // namespace
 
-uint64_t TierSizes::vram_slot_bytes() const {
-    return expert_bytes.empty() ? 0 : *std::max_element(expert_bytes.begin(), expert_bytes.end());
-}
-
 uint64_t TierSizes::expert_total_bytes() const {
     return std::accumulate(expert_bytes.begin(), expert_bytes.end(), uint64_t{0}) *
            static_cast<uint64_t>(n_expert);
 }
 
 TierPlan plan_tiers(const TierSizes& s, const TierRequest& r) {
+    if (s.vram_slot_bytes == 0 || s.host_slot_bytes == 0) throw InvalidArgument("[plan] slot sizes must be > 0");
     if (static_cast<int64_t>(s.expert_bytes.size()) != s.n_layer)
         throw InvalidArgument("[plan] expert_bytes has " + std::to_string(s.expert_bytes.size()) +
                               " layers, expected " + std::to_string(s.n_layer));
@@ -69,7 +66,7 @@ TierPlan plan_tiers(const TierSizes& s, const TierRequest& r) {
     p.device_dense_bytes = s.device_dense_bytes;
     p.device_kv_bytes = s.device_kv_bytes;
     p.device_buffer_bytes = s.device_buffer_bytes;
-    p.vram_slot_bytes = s.vram_slot_bytes();
+    p.vram_slot_bytes = s.vram_slot_bytes;
     p.host_slot_bytes = s.host_slot_bytes;
     p.host_fixed_bytes = s.host_fixed_bytes;
     p.n_experts_total = static_cast<uint64_t>(s.n_moe_layer * s.n_expert);
@@ -184,6 +181,7 @@ TierSizes tier_sizes(const Model& model, int64_t n_ctx, int64_t max_batch, GgmlT
         s.n_moe_layer += moe ? 1 : 0;
     }
     s.host_slot_bytes = host.slot_bytes;
+    s.vram_slot_bytes = host.slot_bytes;
     s.device_dense_bytes = device.dense_bytes;
     s.device_kv_bytes = device.kv_bytes;
     s.device_buffer_bytes = device.buffer_bytes;

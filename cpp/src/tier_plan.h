@@ -33,16 +33,18 @@ struct TierSizes {
     int64_t n_expert = 0;       // experts per MoE layer
     int64_t n_expert_used = 0;  // top-k
     // Bytes of each MoE layer's one expert (gate + up + down as in the file), [n_layer], 0 for a dense
-    // layer; a VRAM slot holds the largest.
+    // layer.
     std::vector<uint64_t> expert_bytes;
-    uint64_t host_slot_bytes = 0;  // one RAM slot (ExpertCache::slot_bytes: 4 KiB-aligned supersets)
+    // One slot of each tier: ExpertCache::slot_bytes, the largest expert with each part's 4 KiB-aligned
+    // superset (the VRAM tier is the same cache, so its slots have the same layout).
+    uint64_t host_slot_bytes = 0;
+    uint64_t vram_slot_bytes = 0;
     // What VRAM always holds (cuda::plan_device_model's charges).
     uint64_t device_dense_bytes = 0, device_kv_bytes = 0, device_buffer_bytes = 0;
     // What RAM always holds when a GPU computes: the activation buffers of the CPU path (CPU compute of
     // misses). Dense weights are not charged: they are uploaded from the mapping and not touched again.
     uint64_t host_fixed_bytes = 0;
 
-    uint64_t vram_slot_bytes() const;     // the largest expert
     uint64_t expert_total_bytes() const;  // every routed expert of every layer
 };
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "io/cufile_probe.h"
 #include "io/expert_reader.h"
 #include "io/reader_common.h"
 #include "sharpi/errors.h"
@@ -313,10 +314,16 @@ py::dict reader_choice(const std::string& path) {
         py::gil_scoped_release release;
         works = io::open_uring_reader({path}, nullptr, 0, ReaderOptions{}, &why) != nullptr;
     }
+    const CufileProbe cufile = probe_cufile();
+    const std::string cufile_why = cufile.usable
+                                       ? "cuFile (" + cufile.library + ") fills VRAM slots, not RAM ones"
+                                       : "cuFile unavailable: " + cufile.why;
     py::dict d;
     d["reader"] = works ? "io_uring" : "pread";
-    d["why"] = works ? "io_uring_setup and O_DIRECT reads through the ring work on this file"
-                     : "io_uring unavailable: " + why;
+    d["why"] = (works ? "io_uring_setup and O_DIRECT reads through the ring work on this file"
+                      : "io_uring unavailable: " + why) +
+               "; " + cufile_why;
+    d["cufile"] = cufile_why;
     return d;
 }
 

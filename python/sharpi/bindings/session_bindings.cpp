@@ -148,6 +148,7 @@ py::dict info_dict(const ModelInfo& i) {
 
 py::dict stats_dict(const ExpertCacheStats& st) {
     py::dict d;
+    d["tier"] = st.tier;
     d["reader"] = st.reader;
     d["reader_detail"] = st.reader_detail;
     d["n_slots"] = st.n_slots;

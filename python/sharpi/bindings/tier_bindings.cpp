@@ -32,6 +32,7 @@ py::dict sizes_dict(const TierSizes& s) {
     d["n_expert_used"] = s.n_expert_used;
     d["expert_bytes"] = s.expert_bytes;
     d["host_slot_bytes"] = s.host_slot_bytes;
+    d["vram_slot_bytes"] = s.vram_slot_bytes;
     d["device_dense_bytes"] = s.device_dense_bytes;
     d["device_kv_bytes"] = s.device_kv_bytes;
     d["device_buffer_bytes"] = s.device_buffer_bytes;
@@ -47,6 +48,7 @@ TierSizes sizes_from(const py::dict& d) {
     s.n_expert_used = d["n_expert_used"].cast<int64_t>();
     s.expert_bytes = d["expert_bytes"].cast<std::vector<uint64_t>>();
     s.host_slot_bytes = d["host_slot_bytes"].cast<uint64_t>();
+    s.vram_slot_bytes = d["vram_slot_bytes"].cast<uint64_t>();
     s.device_dense_bytes = d["device_dense_bytes"].cast<uint64_t>();
     s.device_kv_bytes = d["device_kv_bytes"].cast<uint64_t>();
     s.device_buffer_bytes = d["device_buffer_bytes"].cast<uint64_t>();
