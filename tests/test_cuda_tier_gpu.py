@@ -48,8 +48,9 @@ def test_gpu_vram_tier_bytes_and_counters_equal_the_host_tiers(models, arch, pol
             unused = next(e for e in range(n_expert) if e not in chosen)
             prefetch[i] = [(il, chosen[0]), (il, unused)]
     for n_slots in range(k, len(layers) * n_expert + 1, 3):  # every budget from the minimum up
-        got, layer_stats, tier, reader = vram_run(path, steps, n_slots, policy, prefetch, n_staging)
-        assert (tier, reader) == ("vram", "cuda copy")
+        got, stats = vram_run(path, steps, n_slots, policy, prefetch, n_staging)
+        assert (stats["tier"], stats["reader"]) == ("vram", "cuda copy")
+        layer_stats = stats["layers"]
         for (il, experts), blobs in zip(steps, got):
             for e, blob in zip(experts, blobs):
                 assert blob == expert_bytes(data, parts, il, e), f"slots {n_slots}: layer {il} expert {e}"

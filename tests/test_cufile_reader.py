@@ -35,21 +35,20 @@ def stand_in_library(monkeypatch, tmp_path):
     return str(lib)
 
 
-def test_reader_choice_reports_why_cufile_is_not_used(models, no_library):  # noqa: F811
-    choice = _core.reader_choice(models["qwen3moe", "f32"])
-    assert choice["reader"] in ("io_uring", "pread")
-    assert choice["cufile"].startswith("cuFile unavailable: ")
-    assert f"libcufile not found ({no_library}" in choice["cufile"]
+def test_probe_says_what_is_missing(no_library):
+    probe = _core.cufile_probe()
+    assert not probe["usable"] and probe["library"] == ""
+    assert f"libcufile not found ({no_library}" in probe["why"]
     if not sharpi.cuda_available():
-        assert "no CUDA device (CUDA unavailable" in choice["cufile"]
-    assert choice["cufile"] in choice["why"]
+        assert probe["why"].startswith("no CUDA device (CUDA unavailable")
 
 
-def test_stand_in_library_is_found_and_only_the_device_is_missing(models, stand_in_library):  # noqa: F811
-    choice = _core.reader_choice(models["qwen3moe", "f32"])
-    assert "libcufile not found" not in choice["cufile"]
+def test_stand_in_library_is_found_and_only_the_device_is_missing(stand_in_library):
+    probe = _core.cufile_probe()
+    assert probe["library"] == stand_in_library
+    assert "libcufile not found" not in probe["why"]
     if not sharpi.cuda_available():
-        assert choice["cufile"].startswith("cuFile unavailable: no CUDA device")
+        assert not probe["usable"] and probe["why"].startswith("no CUDA device")
 
 
 def test_reader_cufile_is_a_typed_error_saying_why(models, no_library):  # noqa: F811
@@ -64,14 +63,13 @@ def test_reader_auto_falls_back_and_the_stats_say_why(models, no_library):  # no
     s.generate([1, 2, 3], max_tokens=2)
     st = s.expert_stats()
     assert st["reader"] in ("io_uring", "pread")
-    assert "cuFile unavailable: " in st["reader_detail"] and "libcufile not found" in st["reader_detail"]
+    assert st["reader_note"].startswith("cuFile unavailable: ") and "libcufile not found" in st["reader_note"]
 
 
 def test_inspect_names_the_reader_and_why(models, no_library, capsys):  # noqa: F811
     from sharpi import cli
 
     assert cli.main(["inspect", models["qwen3moe", "f32"]]) == 0
-    line = next(
-        ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expert reader (--reader auto)")
-    )
-    assert "cuFile unavailable: " in line
+    out = capsys.readouterr().out.splitlines()
+    line = next(ln for ln in out if ln.startswith("cuFile reader (--reader cufile)"))
+    assert "unavailable: " in line and "libcufile not found" in line

@@ -476,7 +476,8 @@ ExpertCacheStats ExpertCache::stats() const {
     ExpertCacheStats st;
     st.tier = tier_name_;
     st.reader = reader_->name();
-    st.reader_detail = reader_->describe() + (reader_note_.empty() ? "" : "; " + reader_note_);
+    st.reader_detail = reader_->describe();
+    st.reader_note = reader_note_;
     st.n_slots = n_cache_slots_;
     st.n_staging = n_staging_;
     st.slot_bytes = slot_bytes_;

@@ -39,8 +39,7 @@ class SlotMemory {
 
 struct ExpertTier {
     std::string name;  // "ram", "vram" or "copy": ExpertCacheStats::tier
-    // Appended to the filler's describe() in ExpertCacheStats::reader_detail: the readers `auto` passed
-    // over and why (the RAM tier: cuFile's probe).
+    // ExpertCacheStats::reader_note: the readers `auto` passed over and why (the RAM tier: cuFile's probe).
     std::string reader_note;
     std::function<std::unique_ptr<SlotMemory>(uint64_t bytes)> allocate;
     std::function<std::unique_ptr<ExpertReader>(uint8_t* arena, uint64_t arena_bytes)> open_filler;

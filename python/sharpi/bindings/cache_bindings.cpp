@@ -88,29 +88,7 @@ class TierCacheTest {
         return "";
     }
     void drain() { cache_->drain(); }
-    py::dict stats() const {
-        const ExpertCacheStats st = cache_->stats();
-        py::dict d;
-        d["tier"] = st.tier;
-        d["reader"] = st.reader;
-        py::list layers;
-        for (const LayerExpertStats& l : st.layers) {
-            py::dict x;
-            x["accesses"] = l.accesses;
-            x["hits"] = l.hits;
-            x["misses"] = l.misses;
-            x["evictions"] = l.evictions;
-            x["bytes_read"] = l.bytes_read;
-            x["prefetch_issued"] = l.prefetch_issued;
-            x["prefetch_used"] = l.prefetch_used;
-            x["prefetch_timely"] = l.prefetch_timely;
-            x["prefetch_late"] = l.prefetch_late;
-            x["prefetch_wasted_bytes"] = l.prefetch_wasted_bytes;
-            layers.append(x);
-        }
-        d["layers"] = layers;
-        return d;
-    }
+    py::dict stats() const { return stats_dict(cache_->stats()); }
 
   private:
     std::unique_ptr<Model> model_;

@@ -138,8 +138,8 @@ py::dict device_plan(const std::string& path, int64_t n_ctx, int64_t max_batch,
     return d;
 }
 
-// op_vram_tier_run on a freshly mapped model: steps as [(layer, [experts], [(layer, expert) prefetched
-// after])]; returns ([[bytes per expert] per step], {counter: total}, tier, reader).
+// op_vram_tier_run on a freshly mapped model: returns ([[bytes per expert] per step], the cache's stats
+// as Session.expert_stats() gives them).
 py::tuple vram_tier_run(const std::string& path, uint64_t n_slots, uint64_t n_staging,
                         const std::string& policy, const std::vector<cuda::TierStep>& steps) {
     const std::unique_ptr<Model> model = load_model(path, /*streaming=*/false);
@@ -154,22 +154,7 @@ py::tuple vram_tier_run(const std::string& path, uint64_t n_slots, uint64_t n_st
         for (const std::string& b : step) per.append(py::bytes(b));
         bytes.append(per);
     }
-    py::list layers;
-    for (const LayerExpertStats& l : run.stats.layers) {
-        py::dict x;
-        x["accesses"] = l.accesses;
-        x["hits"] = l.hits;
-        x["misses"] = l.misses;
-        x["evictions"] = l.evictions;
-        x["bytes_read"] = l.bytes_read;
-        x["prefetch_issued"] = l.prefetch_issued;
-        x["prefetch_used"] = l.prefetch_used;
-        x["prefetch_timely"] = l.prefetch_timely;
-        x["prefetch_late"] = l.prefetch_late;
-        x["prefetch_wasted_bytes"] = l.prefetch_wasted_bytes;
-        layers.append(x);
-    }
-    return py::make_tuple(bytes, layers, run.stats.tier, run.stats.reader);
+    return py::make_tuple(bytes, stats_dict(run.stats));
 }
 
 void bind_cuda(py::module_& m) {
@@ -183,7 +168,7 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_vram_tier_run", &vram_tier_run, py::arg("path"), py::arg("n_slots"), py::arg("n_staging") = 0,
           py::arg("policy") = "slru", py::arg("steps") = std::vector<cuda::TierStep>{},
           "The VRAM tier of the expert cache driven over `steps` (CudaTierStep list): (bytes read back from "
-          "each acquired slot per step, per-layer counters, tier, filler); a typed error without a device");
+          "each acquired slot per step, expert_stats dict); a typed error without a device");
     m.def("cuda_device_plan", &device_plan, py::arg("path"), py::arg("n_ctx") = 0, py::arg("max_batch") = 256,
           py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
           "What device=\"cuda\" would upload and allocate for the model (no device touched; n_ctx 0: a "

@@ -314,16 +314,10 @@ py::dict reader_choice(const std::string& path) {
         py::gil_scoped_release release;
         works = io::open_uring_reader({path}, nullptr, 0, ReaderOptions{}, &why) != nullptr;
     }
-    const CufileProbe cufile = probe_cufile();
-    const std::string cufile_why = cufile.usable
-                                       ? "cuFile (" + cufile.library + ") fills VRAM slots, not RAM ones"
-                                       : "cuFile unavailable: " + cufile.why;
     py::dict d;
     d["reader"] = works ? "io_uring" : "pread";
-    d["why"] = (works ? "io_uring_setup and O_DIRECT reads through the ring work on this file"
-                      : "io_uring unavailable: " + why) +
-               "; " + cufile_why;
-    d["cufile"] = cufile_why;
+    d["why"] = works ? "io_uring_setup and O_DIRECT reads through the ring work on this file"
+                     : "io_uring unavailable: " + why;
     return d;
 }
 
@@ -332,6 +326,18 @@ py::dict reader_choice(const std::string& path) {
 void bind_io(py::module_& m) {
     m.def("uring_compiled", &uring_compiled,
           "True when this build has the io_uring reader (every Linux build: raw io_uring system calls)");
+    m.def(
+        "cufile_probe",
+        []() {
+            const CufileProbe p = probe_cufile();
+            py::dict d;
+            d["usable"] = p.usable;
+            d["library"] = p.library;
+            d["why"] = p.why;
+            return d;
+        },
+        "{'usable', 'library', 'why'}: whether the cuFile reader could run here (a device and libcufile) and "
+        "what is missing (io/cufile_probe.h)");
     m.def("reader_choice", &reader_choice, py::arg("path"),
           "{'reader': 'io_uring'|'pread', 'why': ...}: the reader --reader auto runs on this file, and why");
 
