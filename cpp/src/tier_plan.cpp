@@ -49,7 +49,8 @@ uint64_t TierSizes::expert_total_bytes() const {
 }
 
 TierPlan plan_tiers(const TierSizes& s, const TierRequest& r) {
-    if (s.vram_slot_bytes == 0 || s.host_slot_bytes == 0) throw InvalidArgument("[plan] slot sizes must be > 0");
+    if (s.vram_slot_bytes == 0 || s.host_slot_bytes == 0)
+        throw InvalidArgument("[plan] slot sizes must be > 0");
     if (static_cast<int64_t>(s.expert_bytes.size()) != s.n_layer)
         throw InvalidArgument("[plan] expert_bytes has " + std::to_string(s.expert_bytes.size()) +
                               " layers, expected " + std::to_string(s.n_layer));
