@@ -6,9 +6,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quant/ggml_type.h"
+#include "sharpi/types.h"
 
 namespace sharpi {
 struct Model;
@@ -135,5 +137,29 @@ struct OpExperts {
 std::vector<float> op_expert_ffn(const OpExperts& experts, const float* x, int64_t n_tokens,
                                  const int32_t* ids, const float* weights, int64_t k, bool int8,
                                  bool grouped);
+
+// ---- the VRAM tier of the expert cache (device_tier.cu) -----------------------------------------
+// ExpertCache in the "vram" tier (moe/expert_tier.h): slots in device memory, filled from the model's
+// mapped (and pinned) file on a copy stream, one event per copy; compute waits on a slot's events.
+// op_vram_tier_run drives it as the MoE layer loop does, step by step (gate, acquire, the compute
+// stream waits on exactly the acquired slots' copies and reads every slot back to the host, release),
+// prefetching after each step what the step names, then settling the fills (drain) so the counters
+// compare with the other tiers'. DeviceError without a device; the stub: UnsupportedError.
+struct TierStep {
+    int32_t layer = 0;
+    std::vector<int32_t> experts;                             // unique ids the gate selected
+    std::vector<std::pair<int32_t, int32_t>> prefetch_after;  // (layer, expert) prefetched after the step
+};
+struct VramTierOptions {
+    uint64_t n_slots = 0;
+    uint64_t n_staging = 0;
+    std::string policy = "slru";
+};
+struct VramTierRun {
+    std::vector<std::vector<std::string>> bytes;  // [step][expert]: gate | up | down read back from VRAM
+    ExpertCacheStats stats;
+};
+VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& options,
+                             const std::vector<TierStep>& steps);
 
 }  // namespace sharpi::cuda

@@ -65,4 +65,8 @@ std::vector<float> op_expert_ffn(const OpExperts&, const float*, int64_t, const 
     no_cuda("expert_ffn");
 }
 
+VramTierRun op_vram_tier_run(const Model&, const VramTierOptions&, const std::vector<TierStep>&) {
+    no_cuda("VRAM expert tier");
+}
+
 }  // namespace sharpi::cuda

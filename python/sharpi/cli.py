@@ -120,6 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                          help="cuda: also report the CUDA device, its VRAM (total, used, free) and what the "
                               "device forward pass would place there")
+    inspect.add_argument("--plan", action="store_true",
+                         help="print the tier plan of a GPU session: what VRAM pins and slots, what RAM holds, "
+                              "what stays on disk (needs --vram-budget, or a device for its default auto)")
+    inspect.add_argument("--vram-budget", default=None, metavar="SIZE",
+                         help="with --plan: VRAM for the session, e.g. 12GiB, or auto (free VRAM minus a margin; "
+                              "the default)")
+    inspect.add_argument("--ram-budget", default=None, metavar="SIZE",
+                         help="with --plan: RAM for experts VRAM does not hold, e.g. 24GiB or auto (default: all)")
+    inspect.add_argument("-c", "--ctx-size", type=non_negative_int("-c"), default=0, metavar="N",
+                         help="with --plan: context length (default: the model's, at most 4096)")
+    inspect.add_argument("--lookahead", type=int, choices=[0, 1, 2, 3], default=0,
+                         help="with --plan: predictor lookahead; lookahead x top-k VRAM staging slots (default 0)")
+    inspect.add_argument("--cache-prior", default=None, metavar="FILE",
+                         help="with --plan: a cache prior (`sharpi cache-prior`); its hottest experts are pinned")
 
     make = sub.add_parser(
         "make-model",
@@ -309,6 +323,11 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
 
         out.write(f"device: {sharpi.cuda_describe()}\n")
         out.write(f"device plan: {_device_plan_line(args.model)}\n")
+    if args.plan:
+        from .tier_plan import plan, plan_report
+
+        out.write(plan_report(plan(args.model, args.vram_budget or "auto", args.ram_budget, n_ctx=args.ctx_size,
+                                   lookahead=args.lookahead, cache_prior=args.cache_prior)))
     return 0
 
 

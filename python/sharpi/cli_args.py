@@ -111,9 +111,10 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--reader",
-        choices=["auto", "uring", "pread"],
+        choices=["auto", "cufile", "io_uring", "uring", "pread"],
         default="auto",
-        help="expert reader when streaming (default: auto = io_uring where it works)",
+        help="expert reader when streaming (default: auto = io_uring where it works, else pread; cufile: "
+        "GPUDirect Storage into VRAM slots, an error saying why where it cannot run)",
     )
     p.add_argument(
         "--slru-probation",

@@ -144,6 +144,7 @@ def inspect_summary(path) -> dict:
         nextn=nextn,
         layer_kinds=layer_kinds,
         expert_reader=_core.reader_choice(f.path),  # what --reader auto runs on this file, and why
+        cufile_reader=_core.cufile_probe(),  # whether --reader cufile could run here, and what is missing
         tensors=[
             OrderedDict(
                 name=t["name"],
@@ -304,6 +305,9 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             f"{_fmt_bytes(n['bytes'])}; loaded, not run"
         )
     w(f"expert reader (--reader auto): {s['expert_reader']['reader']} ({s['expert_reader']['why']})")
+    cufile = s["cufile_reader"]
+    usable = f"{cufile['library']} loads and a device is present"
+    w(f"cuFile reader (--reader cufile): {usable if cufile['usable'] else 'unavailable: ' + cufile['why']}")
     if s["expert_layers"]:
         w("experts per layer (one expert = its gate, up and down slices):")
         w(

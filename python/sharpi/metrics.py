@@ -30,8 +30,18 @@ from collections.abc import Iterable, Mapping
 
 # ---- raw counters: the keys of Session.expert_stats() ---------------------------------------------
 
-# The cache's plan and reader (top level).
-CACHE_PLAN = ("reader", "reader_detail", "n_slots", "n_staging", "slot_bytes", "budget_bytes", "fixed_bytes")
+# The cache's tier ("ram"; "vram" for the device tier's counters, same names), plan and reader (top level).
+CACHE_PLAN = (
+    "tier",
+    "reader",
+    "reader_detail",
+    "reader_note",
+    "n_slots",
+    "n_staging",
+    "slot_bytes",
+    "budget_bytes",
+    "fixed_bytes",
+)
 # Per MoE layer, expert_stats()["layers"][il]: demand traffic of the expert cache ...
 CACHE_COUNTERS = ("accesses", "hits", "misses", "evictions", "bytes_read", "stall_ms")
 # ... the prefetcher's reads and the hints it could not act on ...

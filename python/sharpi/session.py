@@ -57,7 +57,8 @@ class Session:
         ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
         resident; "auto": the memory the machine or its cgroup has available minus a margin
         (sharpi.ram_budget; the choice is in self.auto_budget). With a budget, dense weights, KV cache and buffers are charged first and the rest
-        becomes expert slots streamed from the file (reader: "auto", "uring" or "pread").
+        becomes expert slots streamed from the file (reader: "auto", "io_uring" (or "uring"), "pread", or "cufile",
+        an UnsupportedError saying why where it cannot run).
 
         predictor (streaming only, docs/predictors.md): "none", "prev_token", "next_gate", "pregate",
         "cooc", "depthtime", "learned", "trajectory" (these read predictor_file; "cooc:FILE" also works),

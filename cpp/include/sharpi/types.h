@@ -77,8 +77,10 @@ struct LayerExpertStats {
 // Counters since the session was created (or reset_stats()). Empty `layers` when every expert is
 // resident (no cache).
 struct ExpertCacheStats {
-    std::string reader;         // "io_uring" or "pread"
+    std::string tier = "ram";  // the cache's tier (moe/expert_tier.h): "ram", "vram", or "copy" in host tests
+    std::string reader;        // "io_uring" or "pread" (ram); the tier's filler otherwise
     std::string reader_detail;  // the reader's describe(): its setup, and why "auto" fell back to pread
+    std::string reader_note;    // readers "auto" passed over before these, and why (cuFile's probe)
     uint64_t n_slots = 0;       // cache slots (SLRU)
     uint64_t n_staging = 0;     // prefetch staging slots
     uint64_t slot_bytes = 0;

@@ -1,6 +1,9 @@
 // make_expert_reader: picks the reader for a file. "auto" tries io_uring + O_DIRECT first and falls
 // back to pread when either is unavailable here (the pread reader's describe() then says why);
-// "uring" turns that unavailability into UnsupportedError; "pread" never tries io_uring.
+// "uring" (or "io_uring") turns that unavailability into UnsupportedError; "pread" never tries
+// io_uring. "cufile" is an UnsupportedError saying why: the probe's reason (io/cufile_probe.h) without a
+// device or libcufile, otherwise that cuFile fills VRAM slots and these are host-memory ones.
+#include "io/cufile_probe.h"
 #include "io/expert_reader.h"
 #include "io/reader_common.h"
 #include "sharpi/errors.h"
@@ -12,14 +15,24 @@ std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind,
                                                  uint64_t arena_bytes, const ReaderOptions& options) {
     if (paths.empty()) throw InvalidArgument("[io] a reader needs at least one file");
     if (kind == "pread") return io::open_pread_reader(paths, options, "");
-    if (kind != "auto" && kind != "uring") {
+    if (kind == "cufile") {
+        // cuFile reads into device memory; this factory serves the RAM tier, whose slots are host memory.
+        const CufileProbe probe = probe_cufile();
+        if (!probe.usable)
+            throw UnsupportedError("[io] " + paths[0] + ": cuFile reader unavailable: " + probe.why);
+        throw UnsupportedError(
+            "[io] " + paths[0] + ": cuFile (" + probe.library +
+            ") reads into VRAM slots; the reader of host-memory expert slots is io_uring or "
+            "pread (--reader auto)");
+    }
+    if (kind != "auto" && kind != "uring" && kind != "io_uring") {
         throw InvalidArgument("[io] unknown reader kind '" + kind +
-                              "' (expected 'auto', 'uring' or 'pread')");
+                              "' (expected 'auto', 'cufile', 'io_uring' (or 'uring') or 'pread')");
     }
     std::string why;
     std::unique_ptr<ExpertReader> reader = io::open_uring_reader(paths, arena, arena_bytes, options, &why);
     if (reader) return reader;
-    if (kind == "uring") throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
+    if (kind != "auto") throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
     return io::open_pread_reader(paths, options, "io_uring unavailable: " + why);
 }
 

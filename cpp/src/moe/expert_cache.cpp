@@ -1,7 +1,5 @@
 #include "moe/expert_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -38,7 +36,11 @@ uint64_t ExpertCache::slot_bytes(const ExpertLayout& layout) {
 }
 
 ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options)
-    : layout_(layout), n_expert_(layout.n_expert) {
+    : ExpertCache(layout, options, ram_tier(layout.files, options.reader)) {}
+
+ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options,
+                         const ExpertTier& tier)
+    : layout_(layout), n_expert_(layout.n_expert), tier_name_(tier.name), reader_note_(tier.reader_note) {
     const int64_t k = layout.n_expert_used;
     if (options.n_slots < static_cast<uint64_t>(k)) {
         throw InvalidArgument("[cache] " + std::to_string(options.n_slots) +
@@ -68,24 +70,12 @@ ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& o
     slot_bytes_ = base[kExpertParts];
 
     const uint64_t n_total = n_cache_slots_ + n_staging_;
-    arena_bytes_ = n_total * slot_bytes_;
-    void* p = ::mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-        throw IoError("[cache] cannot reserve " + std::to_string(arena_bytes_) + " bytes for " +
-                      std::to_string(n_total) + " expert slots");
-    }
-    arena_ = static_cast<uint8_t*>(p);
-    try {
-        reader_ = make_expert_reader(options.reader, layout.files, arena_, arena_bytes_, ReaderOptions{});
-    } catch (...) {
-        ::munmap(arena_, arena_bytes_);
-        throw;
-    }
+    memory_ = tier.allocate(n_total * slot_bytes_);
+    reader_ = tier.open_filler(memory_->data(), memory_->bytes());
 
     slots_.resize(n_total);
     for (uint64_t s = 0; s < n_total; ++s) {
-        slots_[s].mem = arena_ + s * slot_bytes_;
+        slots_[s].mem = memory_->data() + s * slot_bytes_;
         free_.push_back(static_cast<uint32_t>(n_total - 1 - s));  // pop_back hands out slot 0 first
     }
     where_.assign(static_cast<size_t>(layout.n_layer() * n_expert_), -1);
@@ -96,7 +86,6 @@ ExpertCache::ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& o
 
 ExpertCache::~ExpertCache() {
     reader_.reset();  // waits for or cancels in-flight reads before the arena goes away
-    if (arena_) ::munmap(arena_, arena_bytes_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,6 +153,14 @@ void ExpertCache::process(const std::vector<ReadCompletion>& done) {
         } else {
             slot.state = State::ready;
         }
+    }
+}
+
+void ExpertCache::drain() {
+    while (reader_->outstanding() > 0) {
+        completions_.clear();
+        reader_->reap(completions_, /*wait=*/true);
+        process(completions_);
     }
 }
 
@@ -477,8 +474,10 @@ void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
 
 ExpertCacheStats ExpertCache::stats() const {
     ExpertCacheStats st;
+    st.tier = tier_name_;
     st.reader = reader_->name();
     st.reader_detail = reader_->describe();
+    st.reader_note = reader_note_;
     st.n_slots = n_cache_slots_;
     st.n_staging = n_staging_;
     st.slot_bytes = slot_bytes_;

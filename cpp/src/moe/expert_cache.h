@@ -36,6 +36,7 @@
 #include "io/expert_reader.h"
 #include "moe/expert_layout.h"
 #include "moe/expert_source.h"
+#include "moe/expert_tier.h"
 #include "moe/replacement_policy.h"
 #include "sharpi/types.h"
 #include "trace/timeline.h"
@@ -59,6 +60,9 @@ class ExpertCache final : public ExpertSource {
     // split model) and reads each expert from the file its part names. Throws InvalidArgument (too
     // few slots, bad policy option), IoError (the reader cannot open a file).
     ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options);
+    // The same cache in another tier (moe/expert_tier.h): its arena from tier.allocate, its slots
+    // filled by tier.open_filler's reader. options.reader is ignored (the tier names its filler).
+    ExpertCache(const ExpertLayout& layout, const ExpertCacheOptions& options, const ExpertTier& tier);
     ~ExpertCache() override;
 
     // Bytes of one slot for this model: the largest expert's three ranges, each padded so that its
@@ -97,9 +101,18 @@ class ExpertCache final : public ExpertSource {
     // passes on): if it is cached, the policy may protect it until then (ReplacementPolicy::protect).
     void hint(int il, int32_t e);
 
+    // Waits until every fill in flight has completed and been processed (tests compare tiers after it;
+    // never called on the decode path).
+    void drain();
+
     ExpertCacheStats stats() const;
     void reset_stats();
     const char* reader_name() const { return reader_->name(); }
+    const std::string& tier_name() const { return tier_name_; }
+    // Slot memory of index i of the last acquire (valid until release) and the filler's tag of its
+    // part (gate, up, down): how a device tier finds the copy events compute must wait on.
+    const uint8_t* slot_memory(int i) const { return slots_[current_[static_cast<size_t>(i)]].mem; }
+    uint64_t fill_tag(int i, int part) const { return tag(current_[static_cast<size_t>(i)], part); }
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
   private:
@@ -144,9 +157,10 @@ class ExpertCache final : public ExpertSource {
     uint64_t slot_bytes_ = 0;
     double read_timeout_ms_ = 0.0;
     uint64_t part_base_[kExpertParts] = {0, 0, 0};  // offsets of the gate/up/down regions inside a slot
-    uint8_t* arena_ = nullptr;
-    uint64_t arena_bytes_ = 0;
-    std::unique_ptr<ExpertReader> reader_;  // declared after the arena: destroyed first
+    std::string tier_name_;
+    std::string reader_note_;               // ExpertTier::reader_note
+    std::unique_ptr<SlotMemory> memory_;    // the slot arena
+    std::unique_ptr<ExpertReader> reader_;  // the tier's filler, declared after the arena: destroyed first
     std::unique_ptr<ReplacementPolicy> policy_;
 
     std::vector<Slot> slots_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cpu/quant/kernels.h"
+#include "sharpi/types.h"
 
 namespace sharpi::py_bindings {
 
@@ -20,8 +21,12 @@ void bind_cache(pybind11::module_& m);    // cache_bindings.cpp
 void bind_gdn(pybind11::module_& m);      // gdn_bindings.cpp
 void bind_kv(pybind11::module_& m);       // kv_bindings.cpp
 void bind_cuda(pybind11::module_& m);     // cuda_bindings.cpp
+void bind_tiers(pybind11::module_& m);    // tier_bindings.cpp
 
 // "" -> the active ISA; "scalar" | "avx2" | "avx512" (InvalidArgument when unknown or above the CPU's).
 cpu::Isa isa_arg(const std::string& name);  // quant_bindings.cpp
+
+// Session.expert_stats()'s dict of an ExpertCacheStats (DESIGN §7 names), whatever the cache's tier.
+pybind11::dict stats_dict(const ExpertCacheStats& st);  // session_bindings.cpp
 
 }  // namespace sharpi::py_bindings

@@ -13,8 +13,12 @@
 
 #include "bindings.h"
 #include "gguf/cache_prior_file.h"
+#include "model/model.h"
+#include "moe/expert_cache.h"
+#include "moe/expert_tier.h"
 #include "moe/policy_replay.h"
 #include "moe/replacement_policy.h"
+#include "sharpi/errors.h"
 
 namespace py = pybind11;
 
@@ -30,9 +34,81 @@ std::vector<T> to_vector(const py::object& o) {
     return std::vector<T>(a.data(), a.data() + a.size());
 }
 
+// One ExpertCache over a mapped model in a chosen tier ("ram": the file reader into an anonymous
+// mapping, as a streaming session; "copy": the VRAM tier's fill path in host memory), driven step by
+// step as the MoE FFN drives it, so tests compare tiers on the same access sequence.
+class TierCacheTest {
+  public:
+    TierCacheTest(const std::string& path, const std::string& tier, uint64_t n_slots, uint64_t n_staging,
+                  const std::string& policy, const std::string& reader)
+        : model_(load_model(path, /*streaming=*/false)) {
+        ExpertCacheOptions o;
+        o.n_slots = n_slots;
+        o.n_staging = n_staging;
+        o.policy = policy;
+        o.reader = reader;
+        if (tier == "ram") {
+            cache_ = std::make_unique<ExpertCache>(model_->experts, o);
+        } else if (tier == "copy") {
+            cache_ =
+                std::make_unique<ExpertCache>(model_->experts, o, copy_tier(mapped_images(model_->experts)));
+        } else {
+            throw InvalidArgument("TierCacheTest: tier must be 'ram' or 'copy', got '" + tier + "'");
+        }
+    }
+    // One layer step: gate, acquire, wait, then each expert's gate | up | down bytes as the cache hands
+    // them to compute.
+    std::vector<py::bytes> step(int il, const std::vector<int32_t>& experts) {
+        const int n = static_cast<int>(experts.size());
+        std::vector<ExpertView> views(experts.size());
+        cache_->gate_fired(il, experts.data(), n);
+        cache_->acquire(il, experts.data(), n, views.data());
+        std::vector<py::bytes> out;
+        for (int i = 0; i < n; ++i) {
+            cache_->wait(i);
+            std::string bytes;
+            for (const cpu::WeightView* w : {&views[i].gate, &views[i].up, &views[i].down}) {
+                bytes.append(reinterpret_cast<const char*>(w->data),
+                             static_cast<size_t>(w->n_rows) * w->row_bytes);
+            }
+            out.emplace_back(bytes);
+        }
+        cache_->release(il);
+        return out;
+    }
+    std::string prefetch(int il, int32_t e) {
+        switch (cache_->prefetch(il, e)) {
+            case ExpertCache::PrefetchOutcome::issued:
+                return "issued";
+            case ExpertCache::PrefetchOutcome::present:
+                return "present";
+            case ExpertCache::PrefetchOutcome::no_slot:
+                return "no_slot";
+        }
+        return "";
+    }
+    void drain() { cache_->drain(); }
+    py::dict stats() const { return stats_dict(cache_->stats()); }
+
+  private:
+    std::unique_ptr<Model> model_;
+    std::unique_ptr<ExpertCache> cache_;  // after the model: destroyed first
+};
+
 }  // namespace
 
 void bind_cache(py::module_& m) {
+    py::class_<TierCacheTest>(
+        m, "TierCacheTest",
+        "One expert cache in a tier ('ram' or 'copy') over a mapped model, driven step by step")
+        .def(py::init<const std::string&, const std::string&, uint64_t, uint64_t, const std::string&,
+                      const std::string&>(),
+             py::arg("path"), py::arg("tier"), py::arg("n_slots"), py::arg("n_staging") = 0,
+             py::arg("policy") = "slru", py::arg("reader") = "pread")
+        .def("step", &TierCacheTest::step, py::arg("layer"), py::arg("experts"))
+        .def("prefetch", &TierCacheTest::prefetch, py::arg("layer"), py::arg("expert"))
+        .def("drain", &TierCacheTest::drain)
+        .def("stats", &TierCacheTest::stats);
     py::class_<ReplacementPolicy, std::unique_ptr<ReplacementPolicy>>(
         m, "ReplacementPolicy",
         "An expert-cache replacement policy over slot ids (small ints the caller hands out).\n"

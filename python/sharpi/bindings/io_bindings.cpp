@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "io/cufile_probe.h"
 #include "io/expert_reader.h"
 #include "io/reader_common.h"
 #include "sharpi/errors.h"
@@ -325,6 +326,18 @@ py::dict reader_choice(const std::string& path) {
 void bind_io(py::module_& m) {
     m.def("uring_compiled", &uring_compiled,
           "True when this build has the io_uring reader (every Linux build: raw io_uring system calls)");
+    m.def(
+        "cufile_probe",
+        []() {
+            const CufileProbe p = probe_cufile();
+            py::dict d;
+            d["usable"] = p.usable;
+            d["library"] = p.library;
+            d["why"] = p.why;
+            return d;
+        },
+        "{'usable', 'library', 'why'}: whether the cuFile reader could run here (a device and libcufile) and "
+        "what is missing (io/cufile_probe.h)");
     m.def("reader_choice", &reader_choice, py::arg("path"),
           "{'reader': 'io_uring'|'pread', 'why': ...}: the reader --reader auto runs on this file, and why");
 

@@ -83,4 +83,5 @@ PYBIND11_MODULE(_core, m) {
     sharpi::py_bindings::bind_gdn(m);
     sharpi::py_bindings::bind_kv(m);
     sharpi::py_bindings::bind_cuda(m);
+    sharpi::py_bindings::bind_tiers(m);
 }

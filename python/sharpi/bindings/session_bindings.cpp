@@ -146,10 +146,15 @@ py::dict info_dict(const ModelInfo& i) {
     return d;
 }
 
+}  // namespace
+
+// Declared in bindings.h: the cache bindings (cache_bindings.cpp, cuda_bindings.cpp) return the same dict.
 py::dict stats_dict(const ExpertCacheStats& st) {
     py::dict d;
+    d["tier"] = st.tier;
     d["reader"] = st.reader;
     d["reader_detail"] = st.reader_detail;
+    d["reader_note"] = st.reader_note;
     d["n_slots"] = st.n_slots;
     d["n_staging"] = st.n_staging;
     d["slot_bytes"] = st.slot_bytes;
@@ -186,6 +191,8 @@ py::dict stats_dict(const ExpertCacheStats& st) {
     d["predictor_failures"] = st.predictor_failures;
     return d;
 }
+
+namespace {
 
 // A Python object with an observe() method as a sharpi::Predictor (docs/predictors.md). The decode
 // thread runs without the GIL; each call takes it, hands numpy views of the engine's buffers (no

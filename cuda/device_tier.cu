@@ -1,0 +1,281 @@
+// The VRAM tier of the expert cache (moe/expert_tier.h, DESIGN §10): ExpertCache's own bookkeeping and
+// replacement policy over slots in device memory, filled on a dedicated copy stream.
+//
+// Owns: the slot arena (one cudaMalloc), the copy stream, one event per copy in flight (pooled), and
+// the host registration (pinning) of the source images. Called from the decode thread only, like the
+// cache. What overlaps what: a copy runs on the copy stream while the compute stream computes earlier
+// layers; the compute stream waits on exactly the events of the slots a layer reads (stream_wait), and
+// the host never synchronizes the device in the decode loop (reap polls events; it blocks on one event
+// only when the cache must have a slot and every candidate is still being filled).
+// Must never: overwrite a slot that queued compute may still read. Slots are evicted only between
+// layers, after the caller marked the end of the last layer's reads with compute_done(); every copy
+// issued after that waits on that mark on the copy stream, so a reused slot is written only once the
+// kernels that read its previous expert have run.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "device_memory.cuh"
+#include "model/model.h"
+#include "moe/expert_cache.h"
+#include "moe/expert_tier.h"
+#include "sharpi/errors.h"
+
+namespace sharpi::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class DeviceSlotMemory final : public SlotMemory {
+  public:
+    explicit DeviceSlotMemory(uint64_t bytes) : buffer_(bytes, "VRAM expert slots") {
+        data_ = buffer_.as<uint8_t>();
+        bytes_ = bytes;
+    }
+
+  private:
+    DeviceBuffer buffer_;
+};
+
+// ExpertReader over host images: a request is one cudaMemcpyAsync into device slot memory on the copy
+// stream plus an event recorded after it. Queued (plugged, or behind the priority sort) requests can be
+// cancelled or promoted; started ones complete when their event does.
+class CudaCopyFiller final : public ExpertReader {
+  public:
+    explicit CudaCopyFiller(const HostImages& source) : source_(source) {
+        for (size_t f = 0; f < source_.images.size(); ++f) {
+            if (source_.images[f] == nullptr) continue;
+            // Pinned sources make the copies truly asynchronous; a mapping the driver will not
+            // register still copies correctly (staged by the driver), only slower.
+            void* p = const_cast<uint8_t*>(source_.images[f]);
+            if (cudaHostRegister(p, source_.sizes[f], cudaHostRegisterReadOnly) == cudaSuccess) {
+                registered_.push_back(p);
+            } else {
+                cudaGetLastError();
+            }
+        }
+    }
+    ~CudaCopyFiller() override {
+        cudaStreamSynchronize(copy_.get());  // no copy may still write into the arena or read a source
+        for (void* p : registered_) cudaHostUnregister(p);
+    }
+
+    const char* name() const override { return "cuda copy"; }
+    void submit(const ReadRequest& r) override {
+        if (r.file >= source_.images.size() || source_.images[r.file] == nullptr ||
+            r.offset + r.length > source_.sizes[r.file]) {
+            throw InvalidArgument("[cuda] copy request [" + std::to_string(r.offset) + ", +" +
+                                  std::to_string(r.length) + ") of file " + std::to_string(r.file) +
+                                  " is outside the host images");
+        }
+        queued_.push_back(r);
+        inflight_bytes_ += r.length;
+        note_busy();
+        if (!plugged_) start_queued();
+    }
+    bool cancel(uint64_t tag) override {
+        const auto it = std::find_if(queued_.begin(), queued_.end(),
+                                     [tag](const ReadRequest& r) { return r.tag == tag; });
+        if (it == queued_.end()) return false;
+        inflight_bytes_ -= it->length;
+        queued_.erase(it);
+        return true;
+    }
+    void promote(uint64_t tag) override {
+        for (ReadRequest& r : queued_) {
+            if (r.tag == tag) r.priority = ReadPriority::demand;
+        }
+    }
+    size_t reap(std::vector<ReadCompletion>& out, bool wait) override {
+        if (wait) plugged_ = false;
+        if (!plugged_) start_queued();
+        size_t n = collect(out);
+        if (n == 0 && wait && !started_.empty()) {
+            started_.front().done.synchronize();
+            n = collect(out);
+        }
+        return n;
+    }
+    size_t reap_for(std::vector<ReadCompletion>& out, double timeout_ms) override {
+        plugged_ = false;
+        start_queued();
+        const auto until = Clock::now() + std::chrono::duration<double, std::milli>(timeout_ms);
+        for (;;) {
+            const size_t n = collect(out);
+            if (n > 0 || started_.empty() || Clock::now() >= until) return n;
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+    size_t outstanding() const override { return queued_.size() + started_.size(); }
+    uint64_t inflight_bytes() const override { return inflight_bytes_; }
+    double busy_ms() const override {
+        double ms = busy_ms_;
+        if (outstanding() > 0)
+            ms += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+        return ms;
+    }
+    double bytes_per_ms() const override {
+        const double ms = busy_ms();
+        return ms > 0.0 ? static_cast<double>(copied_bytes_) / ms : 0.0;
+    }
+    void plug() override { plugged_ = true; }
+    void unplug() override {
+        plugged_ = false;
+        start_queued();
+    }
+    std::string describe() const override {
+        return std::string("cuda copy: cudaMemcpyAsync on a copy stream, one event per copy, source ") +
+               (registered_.size() == source_.images.size() ? "pinned (cudaHostRegister)"
+                                                            : "partly pageable (registration refused)");
+    }
+
+    // Compute work queued on `compute` after this call waits for the copy of `tag` if it is still in
+    // flight (nothing to wait for once it completed).
+    void stream_wait(uint64_t tag, cudaStream_t compute) const {
+        for (const Started& s : started_) {
+            if (s.request.tag == tag)
+                cuda_check(cudaStreamWaitEvent(compute, s.done.get(), 0), "cudaStreamWaitEvent");
+        }
+    }
+    // Marks the end of the reads queued on `compute` so far: copies issued from now on wait for it.
+    void compute_done(cudaStream_t compute) {
+        cuda_check(cudaEventRecord(compute_done_.get(), compute), "cudaEventRecord (compute done)");
+        compute_marked_ = true;
+    }
+
+  private:
+    struct Started {
+        ReadRequest request;
+        Event done;
+    };
+
+    void note_busy() {
+        if (outstanding() == 1) busy_since_ = Clock::now();
+    }
+    void start_queued() {
+        std::stable_sort(queued_.begin(), queued_.end(),
+                         [](const ReadRequest& a, const ReadRequest& b) { return a.priority < b.priority; });
+        for (const ReadRequest& r : queued_) {
+            if (compute_marked_) copy_.wait(compute_done_.get());
+            copy_to_device(r.buffer + r.offset % kAlignment, source_.images[r.file] + r.offset, r.length,
+                           copy_, "expert fill");
+            Event done = take_event();
+            done.record(copy_);
+            started_.push_back(Started{r, std::move(done)});
+        }
+        queued_.clear();
+    }
+    size_t collect(std::vector<ReadCompletion>& out) {
+        size_t n = 0;
+        // Copies on one stream complete in order: stop at the first still running.
+        while (!started_.empty()) {
+            const cudaError_t err = cudaEventQuery(started_.front().done.get());
+            if (err == cudaErrorNotReady) break;
+            Started s = std::move(started_.front());
+            started_.pop_front();
+            ReadCompletion c{s.request.tag, err == cudaSuccess, ""};
+            if (err != cudaSuccess) {
+                cudaGetLastError();
+                c.error = cuda_error_message(err, "expert copy to VRAM");
+            }
+            out.push_back(std::move(c));
+            inflight_bytes_ -= s.request.length;
+            copied_bytes_ += s.request.length;
+            events_.push_back(std::move(s.done));
+            ++n;
+        }
+        if (n > 0 && outstanding() == 0)
+            busy_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - busy_since_).count();
+        return n;
+    }
+    Event take_event() {
+        if (events_.empty()) return Event{};
+        Event e = std::move(events_.back());
+        events_.pop_back();
+        return e;
+    }
+
+    HostImages source_;
+    std::vector<void*> registered_;
+    Stream copy_;
+    Event compute_done_;
+    bool compute_marked_ = false;
+    std::deque<ReadRequest> queued_;
+    std::deque<Started> started_;
+    std::vector<Event> events_;  // completed events, reused
+    bool plugged_ = false;
+    uint64_t inflight_bytes_ = 0, copied_bytes_ = 0;
+    double busy_ms_ = 0.0;
+    Clock::time_point busy_since_{};
+};
+
+// The VRAM tier; *filler receives the filler the cache opens (it lives as long as the cache).
+ExpertTier vram_tier(const HostImages& source, CudaCopyFiller** filler) {
+    ExpertTier t;
+    t.name = "vram";
+    t.allocate = [](uint64_t bytes) -> std::unique_ptr<SlotMemory> {
+        return std::make_unique<DeviceSlotMemory>(bytes);
+    };
+    t.open_filler = [source, filler](uint8_t*, uint64_t) -> std::unique_ptr<ExpertReader> {
+        auto f = std::make_unique<CudaCopyFiller>(source);
+        *filler = f.get();
+        return f;
+    };
+    return t;
+}
+
+}  // namespace
+
+VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& o,
+                             const std::vector<TierStep>& steps) {
+    require_device("VRAM expert tier");
+    ExpertCacheOptions co;
+    co.n_slots = o.n_slots;
+    co.n_staging = o.n_staging;
+    co.policy = o.policy;
+    CudaCopyFiller* filler = nullptr;
+    ExpertCache cache(model.experts, co, vram_tier(mapped_images(model.experts), &filler));
+    Stream compute;
+    VramTierRun run;
+    std::vector<ExpertView> views;
+    for (const TierStep& step : steps) {
+        const int n = static_cast<int>(step.experts.size());
+        views.assign(step.experts.size(), ExpertView{});
+        cache.gate_fired(step.layer, step.experts.data(), n);
+        cache.acquire(step.layer, step.experts.data(), n, views.data());
+        // The compute stream waits on exactly the fills this step reads, then reads every slot back.
+        std::vector<PinnedBuffer> back;
+        for (int i = 0; i < n; ++i) {
+            uint64_t bytes = 0;
+            for (int part = 0; part < kExpertParts; ++part)
+                filler->stream_wait(cache.fill_tag(i, part), compute.get());
+            for (const cpu::WeightView* w : {&views[i].gate, &views[i].up, &views[i].down})
+                bytes += static_cast<uint64_t>(w->n_rows) * w->row_bytes;
+            back.emplace_back(bytes, "expert read-back");
+            uint64_t at = 0;
+            for (const cpu::WeightView* w : {&views[i].gate, &views[i].up, &views[i].down}) {
+                const uint64_t nb = static_cast<uint64_t>(w->n_rows) * w->row_bytes;
+                copy_to_host(back.back().as<uint8_t>() + at, w->data, nb, compute, "expert read-back");
+                at += nb;
+            }
+        }
+        filler->compute_done(compute.get());
+        cache.release(step.layer);
+        compute.synchronize("expert read-back");  // the test's own wait, outside any decode loop
+        std::vector<std::string> out;
+        for (const PinnedBuffer& b : back) out.emplace_back(b.as<const char>(), b.size());
+        run.bytes.push_back(std::move(out));
+        for (const auto& [il, e] : step.prefetch_after) cache.prefetch(il, e);
+        cache.drain();
+    }
+    run.stats = cache.stats();
+    return run;
+}
+
+}  // namespace sharpi::cuda
