@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", default="sharpi,llama.cpp")
     ap.add_argument("--llama-no-repack", action="store_true")
+    ap.add_argument("--speed-engines", default=None,
+                    help="engines of the speed runs (default: --engines; llama.cpp's memory runs need no prefill "
+                    "of the whole context, its speed runs do)")
     ap.add_argument("--skip-speed", action="store_true", help="memory columns only")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default="bench-out/long_context")
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
     report["speed"] = []
     if not args.skip_speed:
         for t in types:
-            for name in engines:
+            for name in (args.speed_engines or args.engines).split(","):
                 r = make_runner(name, args, args.n_ctx, log_dir, t, args.segments).measure(
                     path, prompts[n_prompt], args.decode, tag=f"speed-{t}")
                 report["speed"].append({"kv": t, "engine": name, "result": {k: v for k, v in r.items()
