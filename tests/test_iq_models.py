@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 import sharpi
-from reference.engine_checks import check_greedy, check_prefill_and_stepwise, greedy_logits
+from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
 from reference.numpy_forward import ReferenceModel, forward
 from sharpi.make_model import write_model
 
@@ -94,18 +94,9 @@ def test_each_iq_type_matches_reference_in_exact_mode(model_path, quant):
 @pytest.mark.parametrize("exact", [True, False])
 def test_mix_streams_bit_identically_at_a_quarter_budget(model_path, exact):
     path = model_path("iq2_xxs_mix")
-    # Same mode as the measured sessions: exact mode keeps an f32 KV cache (more fixed bytes).
-    s = sharpi.Session(path, threads=1, n_ctx=128, exact=exact, ram_budget="4GiB", reader="pread")
-    st, info = s.expert_stats(), s.info
-    total = info["n_layer"] * info["n_expert"]
-    n_slots = max(info["n_expert_used"], total // 4)
-    prompt = list(range(5, 25))
-    resident = greedy_logits(sharpi.Session(path, threads=2, n_ctx=128, exact=exact), prompt, 24)
-    streamed_session = sharpi.Session(
-        path, threads=2, n_ctx=128, exact=exact, ram_budget=st["fixed_bytes"] + n_slots * st["slot_bytes"]
-    )
-    assert streamed_session.expert_stats()["n_slots"] == n_slots
-    streamed = greedy_logits(streamed_session, prompt, 24)
-    np.testing.assert_array_equal(streamed, resident)
-    layers = streamed_session.expert_stats()["layers"]
-    assert sum(lay["misses"] for lay in layers) > total // 4, "a quarter budget must force reads"
+
+    def open_session(ram_budget):
+        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
+        return sharpi.Session(path, threads=2, n_ctx=128, exact=exact, **budget)
+
+    check_streams_like_resident(open_session, list(range(5, 25)), 24, f"iq2_xxs_mix exact={exact}")

@@ -11,11 +11,11 @@ the same file's weights dequantized by the gguf package, and it streams bit-iden
 at a quarter budget, in the fast and the exact mode.
 
 The tools come from tools/build_llama_tools.sh (built once, cached outside the checkout). Without
-the tools, the converter or torch the module skips with the reason, except under CI=true, where a
-missing tool fails it: there it would otherwise pass vacuously.
+the tools, the converter, torch or transformers every test skips with the reason, except under
+SHARPI_REQUIRE_ALL=1 (CI, tests/ci_policy.py), where a missing one fails them: there the module
+would otherwise pass vacuously.
 """
 
-import os
 import subprocess
 import textwrap
 from pathlib import Path
@@ -23,11 +23,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers", minversion="5.0")
-
 import sharpi
+from ci_policy import prerequisite_missing, require_module
 from reference import hf_export
 from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
 from reference.numpy_forward import ReferenceModel, forward
@@ -79,10 +76,13 @@ IMATRIX_CTX = 128
 IMATRIX_CHUNKS = 4
 
 
-def _unavailable(message: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} (CI=true: this test must run in CI)")
-    pytest.skip(message)
+@pytest.fixture(scope="module", autouse=True)
+def _oracle_modules() -> None:
+    """The HF export needs torch and transformers: checked before any other fixture of the module
+    runs, in a fixture rather than at import so that a failure under SHARPI_REQUIRE_ALL=1 fails
+    these tests instead of aborting the collection of the whole suite."""
+    require_module("torch")
+    require_module("transformers", minversion="5.0")
 
 
 def _run(command: list, what: str, timeout: int) -> subprocess.CompletedProcess:
@@ -104,11 +104,11 @@ def llama_tools() -> Path:
             ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=5400, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        _unavailable(f"tools/build_llama_tools.sh failed: {error}")
+        prerequisite_missing(f"tools/build_llama_tools.sh failed: {error}")
     lines = done.stdout.strip().splitlines()
     bin_dir = Path(lines[-1]) if lines else None
     if done.returncode != 0 or bin_dir is None or not (bin_dir / "llama-quantize").is_file():
-        _unavailable(f"tools/build_llama_tools.sh failed (rc {done.returncode}): {done.stderr[-3000:]}")
+        prerequisite_missing(f"tools/build_llama_tools.sh failed (rc {done.returncode}): {done.stderr[-3000:]}")
     return bin_dir
 
 
@@ -117,7 +117,7 @@ def f16_file(model_dir) -> Path:
     try:
         converter = hf_export.converter_dir()
     except hf_export.ConverterUnavailable as error:
-        _unavailable(f"llama.cpp converter unavailable: {error}")
+        prerequisite_missing(f"llama.cpp converter unavailable: {error}")
     return hf_export.prepare(MODEL, model_dir, converter, outtypes=("f16",)).gguf["f16"]
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import sharpi
 from browser_policy import CHROMEDRIVER, CHROMIUM, chromium_or_skip
+from ci_policy import prerequisite_missing
 from sharpi.models import default_model_path
 from sharpi.serve_live import LiveStats
 from subprocess_env import child_env
@@ -100,7 +101,7 @@ def test_live_view_matches_the_sessions_counters(budget):
 def test_page_chats_and_plots(budget):
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not installed: the page's script cannot run (apt-get install nodejs)")
+        prerequisite_missing("node is not installed: the page's script cannot run (apt-get install nodejs)")
     message = "Write a function that checks for primes."
     oracle = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX)
     want, n_gen = expected(oracle, chatml_ids(oracle, message), max_tokens=24, temperature=0.0)

@@ -157,9 +157,11 @@ def check_greedy(
 def check_streams_like_resident(open_session, prompt, n_decode: int, what: str):
     """The lossless invariant at a quarter budget: with RAM for a quarter of all experts (at least
     top-k), the streamed engine's logits (greedy_logits) are bit-identical to the resident engine's,
-    and the budget really forced expert reads. open_session(ram_budget) opens the engine, resident
-    when ram_budget is None; it must have expert_stats() (fixed_bytes, slot_bytes, n_slots, per-layer
-    misses) and info (n_layer, n_expert, n_expert_used) as sharpi.Session has."""
+    and the budget really forced expert reads and evictions. open_session(ram_budget) opens the
+    engine, resident when ram_budget is None; it must have expert_stats() (fixed_bytes, slot_bytes,
+    n_slots, per-layer misses and evictions) and info (n_layer, n_expert, n_expert_used) as
+    sharpi.Session has. The budget is sized with the fixed bytes of a session opened the same way,
+    so the slot count is exact (e.g. exact mode's f32 KV cache charges more fixed bytes)."""
     probe = open_session("4GiB")
     stats, info = probe.expert_stats(), probe.info
     total = info["n_layer"] * info["n_expert"]
@@ -169,5 +171,8 @@ def check_streams_like_resident(open_session, prompt, n_decode: int, what: str):
     assert streamed_session.expert_stats()["n_slots"] == n_slots, what
     streamed = greedy_logits(streamed_session, prompt, n_decode)
     np.testing.assert_array_equal(streamed, resident, err_msg=f"{what}: streamed vs resident")
-    misses = sum(layer["misses"] for layer in streamed_session.expert_stats()["layers"])
+    layers = streamed_session.expert_stats()["layers"]
+    misses = sum(layer["misses"] for layer in layers)
     assert misses > total // 4, f"{what}: a quarter budget must force reads ({misses} misses)"
+    evictions = sum(layer["evictions"] for layer in layers)
+    assert evictions > 0, f"{what}: a quarter budget must force evictions ({misses} misses, none evicted)"

@@ -78,8 +78,7 @@ class RouterPredictor final : public ScoringPredictor {
           model_(model),
           pregate_(pregate),
           normed_(static_cast<size_t>(model.hp.n_embd)),
-          logits_(static_cast<size_t>(model.hp.n_expert)),
-          probs_(static_cast<size_t>(model.hp.n_expert)) {
+          logits_(static_cast<size_t>(model.hp.n_expert)) {
         const cpu::RouterParams& r = model.hp.router;
         ranks_by_selection_ =
             r.gating == cpu::Gating::sigmoid || (r.n_group > 1 && r.n_group_used < r.n_group);
@@ -109,14 +108,15 @@ class RouterPredictor final : public ScoringPredictor {
         cpu::RouterParams params = model_.hp.router;
         const LayerWeights& target = model_.layers[static_cast<size_t>(in.layer + d)];
         params.selection_bias = target.exp_probs_b.empty() ? nullptr : target.exp_probs_b.data();
-        cpu::selection_scores(logits, n_expert_, params, probs_.data(), out);
+        cpu::selection_scores(logits, n_expert_, params, nullptr, out, groups_);
     }
 
   private:
     const Model& model_;
     bool pregate_;
     bool ranks_by_selection_ = false;  // softmax without selection bias or groups ranks by the logits
-    std::vector<float> normed_, logits_, probs_;
+    std::vector<float> normed_, logits_;
+    cpu::GroupScratch groups_;  // reused by every call: the per-token path allocates nothing
 };
 
 // Sidecar predictors are trained on routing traces, which record the MoE layers only; on a model

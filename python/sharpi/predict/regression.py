@@ -23,13 +23,11 @@ the fit runs on the threads it is given (1 by default: the machines are shared).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .sidecar import Sidecar
 from .traces import RoutingTrace
-from .train import _epochs, _invalid, _log, _recall, _torch, validation_cut
+from .train import _invalid, _log, _recall, _torch, fit_best_epoch, validation_rows
 
 DEPTHTIME_PREV_OFFSETS = (-1, 0, 1)  # previous token's layers t-1, t, t+1 (docs/predictors.md)
 MIX_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)  # previous-token boosts tried per (d, t)
@@ -93,7 +91,6 @@ def fit_history_regression(
     is kept. Returns ({"bias" [n_layer, E], "layer" [n_layer, n_layer-1, E, E], "prev" [n_layer,
     len(prev_offsets), E, E]} as float64, that recall)."""
     torch = _torch(num_threads)
-    t0 = time.perf_counter()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
@@ -123,30 +120,23 @@ def fit_history_regression(
             ]
         return float(np.mean(rec))
 
-    best = (val_recall(), snapshot(), 0)
+    def adam_step(rows: np.ndarray) -> None:
+        b = tuple(x[:, torch.from_numpy(rows)] for x in f)
+        loss = 0.0
+        for t in range(1, n_layer):
+            target = torch.zeros(len(rows), E).scatter_add_(1, b[0][t], b[1][t])
+            n_sel = target.sum(dim=1, keepdim=True)
+            ok = n_sel[:, 0] > 0
+            target = target[ok] / n_sel[ok]
+            for s in _target_scores(torch, params, b, t, prev_offsets, max_lookahead):
+                loss = loss - (target * torch.log_softmax(s[ok], dim=1)).sum(dim=1).mean()
+        loss = loss + l2 * sum(p.square().sum() for n in ("layer", "prev") for p in params[n][1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
     batch = max(32, min(batch, len(fit_idx) // 20))  # at least ~20 steps an epoch on small traces
-    for epoch in _epochs(range(1, epochs + 1), name, quiet):
-        order = torch.from_numpy(rng.permutation(len(fit_idx)))
-        for b0 in range(0, len(order), batch):
-            rows = order[b0 : b0 + batch]
-            b = tuple(x[:, rows] for x in f)
-            loss = 0.0
-            for t in range(1, n_layer):
-                target = torch.zeros(len(rows), E).scatter_add_(1, b[0][t], b[1][t])
-                n_sel = target.sum(dim=1, keepdim=True)
-                ok = n_sel[:, 0] > 0
-                target = target[ok] / n_sel[ok]
-                for s in _target_scores(torch, params, b, t, prev_offsets, max_lookahead):
-                    loss = loss - (target * torch.log_softmax(s[ok], dim=1)).sum(dim=1).mean()
-            loss = loss + l2 * sum(p.square().sum() for n in ("layer", "prev") for p in params[n][1:])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        r = val_recall()
-        _log(f"{name}: epoch {epoch} validation recall@k {r:.4f} ({time.perf_counter() - t0:.0f} s)", quiet)
-        if r > best[0]:
-            best = (r, snapshot(), epoch)
-    _log(f"{name}: kept epoch {best[2]} (validation recall@k {best[0]:.4f})", quiet)
+    best = fit_best_epoch(len(fit_idx), batch, epochs, rng, adam_step, val_recall, snapshot, name, quiet)
     kept = best[1]
     layer = np.zeros((n_layer, max(n_layer - 1, 1), E, E))
     for t in range(1, n_layer):
@@ -166,13 +156,6 @@ def _as_params(torch, p: dict) -> dict:
     }
 
 
-def _validation(trace: RoutingTrace, train_idx: np.ndarray, val_fraction: float, val_tokens: int, seed: int):
-    fit_idx, val_idx = validation_cut(trace, np.asarray(train_idx, dtype=np.int64), val_fraction)
-    if len(val_idx) > val_tokens:
-        val_idx = np.sort(np.random.default_rng(seed).choice(val_idx, size=val_tokens, replace=False))
-    return fit_idx, val_idx
-
-
 def train_regression_baseline(
     trace: RoutingTrace,
     train_idx: np.ndarray,
@@ -187,7 +170,7 @@ def train_regression_baseline(
 ) -> Sidecar:
     """The `softmax regression` baseline: every earlier layer of the current token plus the previous
     token at the target layer, as a cooc sidecar (history = every earlier layer)."""
-    fit_idx, val_idx = _validation(trace, train_idx, val_fraction, val_tokens, seed)
+    fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
     p, _ = fit_history_regression(
         trace,
         fit_idx,
@@ -255,7 +238,7 @@ def train_depthtime(
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     torch = _torch(num_threads)
-    fit_idx, val_idx = _validation(trace, train_idx, val_fraction, val_tokens, seed)
+    fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
     p, _ = fit_history_regression(
         trace,
         fit_idx,

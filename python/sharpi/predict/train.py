@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -61,6 +62,46 @@ def validation_cut(
     else:
         cut = train_idx[int(len(train_idx) * (1 - fraction))]
     return train_idx[train_idx < cut], train_idx[train_idx >= cut]
+
+
+def validation_rows(
+    trace: RoutingTrace, train_idx: np.ndarray, fraction: float, max_tokens: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """validation_cut, then at most `max_tokens` of the validation tokens (drawn with `rng`, in order)."""
+    fit_idx, val_idx = validation_cut(trace, np.asarray(train_idx, dtype=np.int64), fraction)
+    if len(val_idx) > max_tokens:
+        val_idx = np.sort(rng.choice(val_idx, size=max_tokens, replace=False))
+    return fit_idx, val_idx
+
+
+def fit_best_epoch(
+    n_rows: int,
+    batch: int,
+    epochs: int,
+    rng: np.random.Generator,
+    step: Callable[[np.ndarray], None],
+    val_recall: Callable[[], float],
+    snapshot: Callable[[], object],
+    name: str,
+    quiet: bool,
+) -> tuple[float, object, int]:
+    """The loop of the convex table fits (cooc's refinement, the history regression): each epoch
+    visits the n_rows fit rows once, in an order drawn from `rng`, calling step(rows) on each batch of
+    `batch` row numbers (the optimiser's update). After each epoch val_recall() is measured; the
+    best parameters, starting with the unfitted ones (epoch 0), are kept by snapshot(). Returns
+    (recall, snapshot, epoch) of the best."""
+    t0 = time.perf_counter()
+    best = (val_recall(), snapshot(), 0)
+    for epoch in _epochs(range(1, epochs + 1), name, quiet):
+        order = rng.permutation(n_rows)
+        for b0 in range(0, n_rows, batch):
+            step(order[b0 : b0 + batch])
+        r = val_recall()
+        _log(f"{name}: epoch {epoch} validation recall@k {r:.4f} ({time.perf_counter() - t0:.0f} s)", quiet)
+        if r > best[0]:
+            best = (r, snapshot(), epoch)
+    _log(f"{name}: kept epoch {best[2]} (validation recall@k {best[0]:.4f})", quiet)
+    return best
 
 
 def _torch(num_threads: int | None):
@@ -150,10 +191,7 @@ def train_cooc(
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     t0 = time.perf_counter()
     E, k, n_layer = trace.n_expert, trace.top_k, trace.n_layer
-    fit_idx, val_idx = validation_cut(trace, np.asarray(train_idx, dtype=np.int64), val_fraction)
-    rng = np.random.default_rng(seed)
-    if len(val_idx) > val_tokens:
-        val_idx = np.sort(rng.choice(val_idx, size=val_tokens, replace=False))
+    fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
     n_off_max = max_lookahead + max(histories) - 1
     bias, layer_tab, prev_tab = _cooc_tables(trace, fit_idx, n_off_max, smoothing)
 
@@ -287,41 +325,47 @@ def _refine_cooc(
             total += np.mean([_recall(scores(v_cur, v_prev, rows, t, d), v_cur[t], k) for t in range(d, n_layer)])
         return total / max_lookahead
 
-    best = (val_recall(), {name: v.copy() for name, v in params.items()})
-    step = 0
-    for epoch in _epochs(range(epochs), "cooc refine", quiet):
-        order = rng.permutation(len(fit_idx))
-        for b0 in range(0, len(order), batch):
-            rows = order[b0 : b0 + batch]
-            grads = {name: np.zeros_like(v) for name, v in params.items()}
-            for t in range(1, n_layer):
-                target = f_cur[t][rows]
-                n_sel = target.sum(axis=1, keepdims=True)
-                target = np.divide(target, n_sel, out=np.zeros_like(target), where=n_sel > 0)
-                valid = (n_sel > 0).astype(np.float32)
-                for d in range(1, min(max_lookahead, t) + 1):
-                    s = scores(f_cur, f_prev, rows, t, d)
-                    s -= s.max(axis=1, keepdims=True)
-                    p = np.exp(s)
-                    p /= p.sum(axis=1, keepdims=True)
-                    g = (p - target) * valid / len(rows)
-                    grads["bias"][t] += g.sum(axis=0)
-                    grads["prev"][t] += f_prev[t][rows].T @ g
-                    for o in range(d, d + m):
-                        if t - o >= 0:
-                            grads["layer"][t, o - 1] += f_cur[t - o][rows].T @ g
-            step += 1
-            for name, v in params.items():  # Adam
-                m1, m2 = moments[name]
-                m1 *= 0.9
-                m1 += 0.1 * grads[name]
-                m2 *= 0.999
-                m2 += 0.001 * grads[name] ** 2
-                v -= lr * (m1 / (1 - 0.9**step)) / (np.sqrt(m2 / (1 - 0.999**step)) + 1e-8)
-        r = val_recall()
-        _log(f"cooc: refine epoch {epoch + 1}: validation recall@k {r:.4f}", quiet)
-        if r > best[0]:
-            best = (r, {name: v.copy() for name, v in params.items()})
+    n_steps = 0
+
+    def adam_step(rows: np.ndarray) -> None:
+        nonlocal n_steps
+        grads = {name: np.zeros_like(v) for name, v in params.items()}
+        for t in range(1, n_layer):
+            target = f_cur[t][rows]
+            n_sel = target.sum(axis=1, keepdims=True)
+            target = np.divide(target, n_sel, out=np.zeros_like(target), where=n_sel > 0)
+            valid = (n_sel > 0).astype(np.float32)
+            for d in range(1, min(max_lookahead, t) + 1):
+                s = scores(f_cur, f_prev, rows, t, d)
+                s -= s.max(axis=1, keepdims=True)
+                p = np.exp(s)
+                p /= p.sum(axis=1, keepdims=True)
+                g = (p - target) * valid / len(rows)
+                grads["bias"][t] += g.sum(axis=0)
+                grads["prev"][t] += f_prev[t][rows].T @ g
+                for o in range(d, d + m):
+                    if t - o >= 0:
+                        grads["layer"][t, o - 1] += f_cur[t - o][rows].T @ g
+        n_steps += 1
+        for name, v in params.items():  # Adam
+            m1, m2 = moments[name]
+            m1 *= 0.9
+            m1 += 0.1 * grads[name]
+            m2 *= 0.999
+            m2 += 0.001 * grads[name] ** 2
+            v -= lr * (m1 / (1 - 0.9**n_steps)) / (np.sqrt(m2 / (1 - 0.999**n_steps)) + 1e-8)
+
+    best = fit_best_epoch(
+        len(fit_idx),
+        batch,
+        epochs,
+        rng,
+        adam_step,
+        val_recall,
+        lambda: {name: v.copy() for name, v in params.items()},
+        "cooc refine",
+        quiet,
+    )
     tensors = {f"cooc.{name}": v.astype(np.float32) for name, v in best[1].items()}
     return tensors, best[0]
 
@@ -529,9 +573,7 @@ def train_trajectory(
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
-    fit_idx, val_idx = validation_cut(trace, np.asarray(train_idx, dtype=np.int64), val_fraction)
-    if len(val_idx) > val_tokens:
-        val_idx = np.sort(rng.choice(val_idx, size=val_tokens, replace=False))
+    fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, rng)
     net = make_trajectory_module(torch, n_layer, E, d_model, n_block, n_head, d_ff, max_lookahead, window)
     experts_t = torch.from_numpy(trace.experts.astype(np.int64))
     prev_t = torch.from_numpy(trace.prev_index())

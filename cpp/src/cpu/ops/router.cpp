@@ -37,20 +37,14 @@ void topk_weights(const float* probs, const int32_t* ids, int64_t k, const Route
     }
 }
 
-namespace {
-
-// Group-limited selection needs a score and a rank per group; the scratch lives with the caller so
-// that a batch of tokens allocates once.
-struct GroupScratch {
-    std::vector<float> score;
-    std::vector<int32_t> order;
-};
-
-void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* p, float* sel,
-                      GroupScratch& groups) {
-    gate_scores(logits, n_expert, params.gating, p);
+void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
+                      float* sel, GroupScratch& groups) {
+    // Without probs the gating scores are computed in sel and biased in place: the same float
+    // operations on the same values, so the ranking does not depend on whether probs is asked for.
+    float* gate = probs ? probs : sel;
+    gate_scores(logits, n_expert, params.gating, gate);
     for (int64_t e = 0; e < n_expert; ++e)
-        sel[e] = params.selection_bias ? p[e] + params.selection_bias[e] : p[e];
+        sel[e] = params.selection_bias ? gate[e] + params.selection_bias[e] : gate[e];
     const int64_t n_group = std::max<int64_t>(params.n_group, 1);
     if (n_group <= 1 || params.n_group_used >= n_group) return;
     const int64_t group_size = n_expert / n_group;
@@ -79,14 +73,6 @@ void selection_scores(const float* logits, int64_t n_expert, const RouterParams&
         const int64_t g = groups.order[j];
         std::fill(sel + g * group_size, sel + (g + 1) * group_size, -INFINITY);
     }
-}
-
-}  // namespace
-
-void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
-                      float* sel) {
-    GroupScratch groups;
-    selection_scores(logits, n_expert, params, probs, sel, groups);
 }
 
 void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace sharpi::cpu {
 
@@ -35,12 +36,21 @@ struct RouterParams {
 void route_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
                 const RouterParams& params, float* probs, int32_t* ids, float* weights);
 
+// Per-group scores and ranks for group-limited selection. The caller owns it so that repeated calls
+// (the tokens of a batch, the predictions of a session) reuse its capacity: after the first call
+// with a given n_group, selection_scores allocates nothing.
+struct GroupScratch {
+    std::vector<float> score;
+    std::vector<int32_t> order;
+};
+
 // The scores route_topk ranks one token's experts by, from its logits: sel[e] = gating score +
-// selection bias, and -INFINITY for every expert outside the n_group_used best groups; probs: the
-// gating scores. route_topk picks the k best of sel (ties: lower id). Used alone by the next_gate
-// predictor, which must rank a layer's experts exactly as that layer's router will.
+// selection bias, and -INFINITY for every expert outside the n_group_used best groups; probs (out,
+// may be nullptr): the gating scores. route_topk picks the k best of sel (ties: lower id). Used
+// alone by the next_gate predictor, which must rank a layer's experts exactly as that layer's
+// router will, and needs no probs.
 void selection_scores(const float* logits, int64_t n_expert, const RouterParams& params, float* probs,
-                      float* sel);
+                      float* sel, GroupScratch& groups);
 
 // The weights of already chosen experts ids[0..k) from one token's gating scores, as route_topk
 // computes them (renormalised if asked, then scaled).
