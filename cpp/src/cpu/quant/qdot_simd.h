@@ -297,26 +297,9 @@ struct KQ2_K {
     }
 };
 
-// The 256-element IQ types: signed quants q (iq_unpack.h; kSigned: the row loops take |q| as the
-// unsigned operand and move q's sign onto the activations), no offset, no min. IQ4_XS decodes its
-// values by pshufb; the lattice types look their grids up into an IqUnpacked.
-struct KIQ4_XS {
-    using Block = block_iq4_xs;
-    static constexpr int kOffsetShift = -1;
-    static constexpr bool kHasMin = false;
-    static constexpr bool kSigned = true;
-    static void decode(const Block* b, KUnpacked& k) {
-        k.d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
-        alignas(16) int8_t sc[16];
-        for (int ib = 0; ib < QK_K / 32; ++ib) {
-            sc[2 * ib] = sc[2 * ib + 1] = static_cast<int8_t>(iq4_xs_scale(b, ib));
-            k.u[ib] = iq4_values32_avx2(b->qs + 16 * ib);
-        }
-        k.sc = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
-        k.mn = _mm_setzero_si128();
-    }
-};
-
+// The 256-element IQ types without a chunk decoder below (IQ3_S, IQ2_S, IQ2_XS, IQ1_S, IQ1_M):
+// signed quants q (iq_unpack.h; kSigned: the row loops take |q| as the unsigned operand and move
+// q's sign onto the activations), no offset, no min, unpacked through an IqUnpacked.
 template <typename B, void (*Unpack)(const B*, IqUnpacked&)>
 struct KIq {
     using Block = B;
@@ -329,83 +312,6 @@ struct KIq {
         k.d_dmin = _mm_set_ss(iq.d);
         for (int c = 0; c < 8; ++c) k.u[c] = load256(iq.q + 32 * c);
         k.sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(iq.sc));
-        k.mn = _mm_setzero_si128();
-    }
-};
-
-// IQ2_XXS and IQ3_XXS decoded a chunk of 32 quants per vector instead of 8 (or 4) bytes at a time
-// (iq_unpack.h): a chunk is 4 grid rows of 8 (IQ2_XXS) or 8 rows of 4 (IQ3_XXS), loaded as 64- or
-// 32-bit words into one vector, and in both types the chunk's 4 sign bytes (kIqKsigns of 7 stored
-// bits each) cover 8 consecutive quants each, applied with one compare. The rows are loaded one by
-// one rather than with vpgather: on the AMD EPYC (Zen) these machines have, the gathers ran slower
-// (bench_kernels.py, AVX2, 1 thread: IQ2_XXS 0.84 vs 1.23 GB/s, IQ3_XXS 1.3-1.5 vs 1.9). The result
-// is iq_unpack.h's q bit for bit: the same grid bytes, negated by the same two's complement
-// (g ^ 0xFF) + 1 where the sign bit is set.
-
-// Byte 8l + j of the chunk negated where bit j of sign byte l (of `signs`, l < 4) is set.
-inline __m256i apply_chunk_signs(__m256i grid, uint32_t signs) {
-    // Byte 8l + j = sign byte l (an in-lane shuffle: each 128-bit lane holds all four bytes).
-    const __m256i spread =
-        _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(signs)),
-                            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
-                                             2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-    const __m256i negate = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);  // 0xFF or 0
-    return _mm256_sub_epi8(_mm256_xor_si256(grid, negate), negate);
-}
-
-// The chunk's 4 sign bytes from the 28 low bits of `aux` (7 bits per byte, the 8th from kIqKsigns).
-inline uint32_t chunk_signs(uint32_t aux) {
-    return static_cast<uint32_t>(kIqKsigns[aux & 127]) |
-           static_cast<uint32_t>(kIqKsigns[(aux >> 7) & 127]) << 8 |
-           static_cast<uint32_t>(kIqKsigns[(aux >> 14) & 127]) << 16 |
-           static_cast<uint32_t>(kIqKsigns[(aux >> 21) & 127]) << 24;
-}
-
-// IQ2_XXS chunk ib: 8 bytes qs[4ib..4ib+3]: 4 grid indices, then 4 x 7 sign bits and the scale ls.
-struct KIQ2_XXS {
-    using Block = block_iq2_xxs;
-    static constexpr int kOffsetShift = -1;
-    static constexpr bool kHasMin = false;
-    static constexpr bool kSigned = true;
-    static void decode(const Block* b, KUnpacked& k) {
-        k.d_dmin = _mm_set_ss(fp16_to_fp32(b->d) * 0.125f);
-        alignas(16) int8_t sc[16];
-        for (int ib = 0; ib < QK_K / 32; ++ib) {
-            uint32_t aux[2];
-            memcpy(aux, b->qs + 4 * ib, 8);
-            const auto row = [](uint32_t index) { return load_i64_any(kIq2xxsGrid[index & 0xFF]); };
-            const __m256i rows =
-                _mm256_set_epi64x(row(aux[0] >> 24), row(aux[0] >> 16), row(aux[0] >> 8), row(aux[0]));
-            k.u[ib] = apply_chunk_signs(rows, chunk_signs(aux[1]));
-            sc[2 * ib] = sc[2 * ib + 1] = static_cast<int8_t>(2 * (aux[1] >> 28) + 1);
-        }
-        k.sc = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
-        k.mn = _mm_setzero_si128();
-    }
-};
-
-// IQ3_XXS chunk ib: grid indices qs[8ib..8ib+7], then (after all 64 indices) 4 bytes of 4 x 7 sign
-// bits and the scale ls.
-struct KIQ3_XXS {
-    using Block = block_iq3_xxs;
-    static constexpr int kOffsetShift = -1;
-    static constexpr bool kHasMin = false;
-    static constexpr bool kSigned = true;
-    static void decode(const Block* b, KUnpacked& k) {
-        k.d_dmin = _mm_set_ss(fp16_to_fp32(b->d) * 0.25f);
-        const uint8_t* scales_signs = b->qs + QK_K / 4;
-        alignas(16) int8_t sc[16];
-        for (int ib = 0; ib < QK_K / 32; ++ib) {
-            const uint32_t aux = load_u32_any(scales_signs + 4 * ib);
-            const uint8_t* at = b->qs + 8 * ib;
-            const auto row = [at](int l) { return static_cast<int>(load_u32_any(kIq3xxsGrid[at[l]])); };
-            const __m256i rows =
-                _mm256_setr_epi32(row(0), row(1), row(2), row(3), row(4), row(5), row(6), row(7));
-            k.u[ib] = apply_chunk_signs(rows, chunk_signs(aux));
-            sc[2 * ib] = sc[2 * ib + 1] = static_cast<int8_t>(2 * (aux >> 28) + 1);
-        }
-        k.sc = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
         k.mn = _mm_setzero_si128();
     }
 };
@@ -558,10 +464,198 @@ inline void k_dot_tokens_256_wide(const void* w, const void* xq, size_t xq_strid
     for (int t = 0; t < NT; ++t) acc[t] = all[t];
 }
 
+// ---- IQ types decoded chunk by chunk -------------------------------------------------------------
+//
+// IQ4_XS, IQ3_XXS and IQ2_XXS skip KUnpacked: their decoders hand each chunk of 32 quants straight
+// to the row loop (iq_dot_tokens) as three vectors, so nothing is stored and reloaded, and the signs
+// never touch the weights:
+//   u    the magnitudes |q| (unsigned bytes: the grids are positive, IQ4_XS takes |value|),
+//   sign a byte per element, negative exactly where q < 0 and never zero (vpsignb's operand),
+//   s16  the chunk's scale as int16 lanes (these three types have one scale per 32 elements).
+// The activation x is signed by `sign` (vpsignb) and dotted with u, so each chunk adds
+// sc * sum |q_i| * (sign_i x_i) = sc * sum q_i x_i: the same exact int32 isum as the KUnpacked path
+// and the scalar reference, and the same float steps per block (qdot.h), hence the same bits.
+// (The IQ4_XS values, IQ3_XXS and IQ2_XXS grids have no zero, so sign bytes never zero an x.)
+// A decoder D has kChunks, scale(b) (the f32 d of iq_unpack.h) and chunks(b, f), which calls
+// f(c, u, sign, s16) for c = 0..7 in order.
+
+// IQ4_XS's eight scales ls - 32 as int16 lanes c = 0..7: the low 4 bits from nibble c of scales_l
+// (bytes c / 2, low nibble first), bits 4-5 from bits 2c, 2c+1 of scales_h. The per-lane shifts
+// are multiplications by powers of two (16-bit lanes: no bit of a lane's field leaves the lane).
+inline __m128i iq4_xs_scales16(const block_iq4_xs* b) {
+    const __m128i bytes =
+        _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(load_u32_any(b->scales_l))),
+                         _mm_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1));
+    // Even lanes shifted left by 4 first, so one right shift by 4 leaves each lane's nibble at bit 0.
+    const __m128i low =
+        _mm_and_si128(_mm_srli_epi16(_mm_mullo_epi16(bytes, _mm_setr_epi16(16, 1, 16, 1, 16, 1, 16, 1)), 4),
+                      _mm_set1_epi16(15));
+    // Bits 2c, 2c+1 moved to bits 14, 15 of lane c, then down to bits 4, 5.
+    const __m128i high = _mm_and_si128(
+        _mm_srli_epi16(
+            _mm_mullo_epi16(_mm_set1_epi16(static_cast<short>(b->scales_h)),
+                            _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1)),
+            10),
+        _mm_set1_epi16(0x30));
+    return _mm_sub_epi16(_mm_or_si128(low, high), _mm_set1_epi16(32));
+}
+
+// int16 lane c of an 8-lane table (in both 128-bit halves) spread to all 16 lanes.
+inline __m256i pick_lane16(__m256i table, int c) {
+    return _mm256_shuffle_epi8(table, _mm256_set1_epi16(static_cast<short>(0x0100 * (2 * c + 1) + 2 * c)));
+}
+
+struct KIQ4_XS {
+    using Block = block_iq4_xs;
+    static constexpr bool kChunks = true;
+    static float scale(const Block* b) { return fp16_to_fp32(b->d); }
+    template <typename F>
+    static void chunks(const Block* b, F&& f) {
+        const __m256i scales = _mm256_broadcastsi128_si256(iq4_xs_scales16(b));
+        const __m256i table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+        for (int k = 0; k < QK_K / 64; ++k) {
+            // Chunks 2k and 2k + 1 in one load: elements 0-15 of a chunk are the low nibbles of its 16
+            // bytes, 16-31 the high ones; the lane permutes put each chunk's 32 values in order.
+            const __m256i q = load256(b->qs + 32 * k);
+            const __m256i low = _mm256_shuffle_epi8(table, _mm256_and_si256(q, _mm256_set1_epi8(0x0F)));
+            const __m256i high = _mm256_shuffle_epi8(table, byte_field(q, 4, 0x0F));
+            const __m256i v0 = _mm256_permute2x128_si256(low, high, 0x20);
+            const __m256i v1 = _mm256_permute2x128_si256(low, high, 0x31);
+            f(2 * k, _mm256_abs_epi8(v0), v0, pick_lane16(scales, 2 * k));
+            f(2 * k + 1, _mm256_abs_epi8(v1), v1, pick_lane16(scales, 2 * k + 1));
+        }
+    }
+};
+
+// The sign operand of an IQ2_XXS / IQ3_XXS chunk from the 28 low bits of `aux`: four 7-bit fields,
+// field l for elements 8l .. 8l + 7: element 8l + j (j < 7) is negated where bit j of the field is
+// set, element 8l + 7 where the field has an odd number of set bits (kIqKsigns' eighth bit: every
+// 8 elements have an even number of negatives). All in vector registers, no table:
+//   fields: lanes 2l (and 2l + 1) = aux >> 7l, whose low byte holds field l in bits 0-6;
+//   keep:   byte 8l + j = 0xFF where bit j of field l is clear (j < 7), byte 8l + 7 = 0xFF;
+//   parity: vpsadbw sums the 8 keep bytes of each 64-bit group, 255 * (8 - negatives among j < 7),
+//           odd exactly when those negatives are odd; its bit 0 moved to bit 63 (byte 7's sign bit)
+//           and widened to 0xFF by a signed compare clears byte 7 of keep then;
+//   result: keep 0xFF -> +1, 0x00 -> -2 (xor 0xFE).
+inline __m256i xxs_chunk_sign(uint32_t aux) {
+    const __m256i fields = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(aux)),
+                                             _mm256_setr_epi32(0, 0, 7, 7, 14, 14, 21, 21));
+    const __m256i spread =
+        _mm256_shuffle_epi8(fields, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0,
+                                                     0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8));
+    const __m256i bit = _mm256_set1_epi64x(0x0040201008040201LL);  // byte 7 tests no bit
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i keep = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), zero);
+    const __m256i odd = _mm256_slli_epi64(_mm256_sad_epu8(keep, zero), 63);
+    keep = _mm256_xor_si256(keep, _mm256_cmpgt_epi8(zero, odd));
+    return _mm256_xor_si256(keep, _mm256_set1_epi8(static_cast<char>(0xFE)));
+}
+
+// The scale 2 ls + 1 of an IQ2_XXS / IQ3_XXS chunk (ls: the top 4 bits of `aux`) in all 16 lanes.
+inline __m256i xxs_chunk_scale(uint32_t aux) {
+    return _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1));
+}
+
+// IQ2_XXS chunk ib: 8 bytes qs[4ib..4ib+3]: 4 grid indices (rows of 8), then the signs and ls. The
+// rows are loaded one by one rather than with vpgather: on the AMD EPYC (Zen) these machines have,
+// the gathers ran slower (bench_kernels.py, AVX2, 1 thread: IQ2_XXS 0.84 vs 1.23 GB/s, IQ3_XXS
+// 1.3-1.5 vs 1.9, with the earlier decoders).
+struct KIQ2_XXS {
+    using Block = block_iq2_xxs;
+    static constexpr bool kChunks = true;
+    static float scale(const Block* b) { return fp16_to_fp32(b->d) * 0.125f; }
+    template <typename F>
+    static void chunks(const Block* b, F&& f) {
+        for (int ib = 0; ib < QK_K / 32; ++ib) {
+            uint32_t aux[2];
+            memcpy(aux, b->qs + 4 * ib, 8);
+            const auto row = [](uint32_t index) { return load_i64_any(kIq2xxsGrid[index & 0xFF]); };
+            const __m256i rows =
+                _mm256_set_epi64x(row(aux[0] >> 24), row(aux[0] >> 16), row(aux[0] >> 8), row(aux[0]));
+            f(ib, rows, xxs_chunk_sign(aux[1]), xxs_chunk_scale(aux[1]));
+        }
+    }
+};
+
+// IQ3_XXS chunk ib: grid indices qs[8ib..8ib+7] (rows of 4), then (after all 64 indices) 4 bytes of
+// signs and ls, laid out as IQ2_XXS's.
+struct KIQ3_XXS {
+    using Block = block_iq3_xxs;
+    static constexpr bool kChunks = true;
+    static float scale(const Block* b) { return fp16_to_fp32(b->d) * 0.25f; }
+    template <typename F>
+    static void chunks(const Block* b, F&& f) {
+        const uint8_t* scales_signs = b->qs + QK_K / 4;
+        for (int ib = 0; ib < QK_K / 32; ++ib) {
+            const uint32_t aux = load_u32_any(scales_signs + 4 * ib);
+            const uint8_t* at = b->qs + 8 * ib;
+            const auto row = [at](int l) { return static_cast<int>(load_u32_any(kIq3xxsGrid[at[l]])); };
+            const __m256i rows =
+                _mm256_setr_epi32(row(0), row(1), row(2), row(3), row(4), row(5), row(6), row(7));
+            f(ib, rows, xxs_chunk_sign(aux), xxs_chunk_scale(aux));
+        }
+    }
+};
+
+template <typename D, typename = void>
+struct HasChunks : std::false_type {};
+template <typename D>
+struct HasChunks<D, std::void_t<decltype(D::kChunks)>> : std::true_type {};
+
+// The row loop of the chunk decoders, for NT tokens: per block the chunks' exact int32 sums, then
+// qdot.h's float steps, as k_block_update (one token) or k_dot_tokens_256_wide (a tile: the NT
+// sums transposed into one vector, lane t token t) does them, so both give the same bits.
+template <typename D, int NT>
+inline void iq_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
+    const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
+    const block_q8_K* x[NT];
+    for (int t = 0; t < NT; ++t) {
+        x[t] = reinterpret_cast<const block_q8_K*>(static_cast<const uint8_t*>(xq) + t * xq_stride);
+        acc[t] = 0.0f;
+    }
+    __m256 accv = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n / QK_K; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
+        __m256i v[NT > 1 ? 8 : 1];
+        for (auto& lanes : v) lanes = _mm256_setzero_si256();
+        D::chunks(blocks + ib, [&](int c, __m256i u, __m256i sign, __m256i s16) {
+            for (int t = 0; t < NT; ++t)
+                v[t] = acc_scaled_pairs(v[t], u, _mm256_sign_epi8(load256(x[t][ib].qs + 32 * c), sign), s16);
+        });
+        const float d = D::scale(blocks + ib);
+        if constexpr (NT == 1) {
+            acc[0] = acc[0] + mul_f(mul_f(x[0][ib].d, d), static_cast<float>(hsum_epi32(v[0])));
+        } else {
+            float dx[8] = {};
+            for (int t = 0; t < NT; ++t) dx[t] = x[t][ib].d;
+            const __m256 dxv = _mm256_loadu_ps(dx);
+            accv = _mm256_add_ps(accv, _mm256_mul_ps(_mm256_mul_ps(dxv, _mm256_set1_ps(d)),
+                                                     _mm256_cvtepi32_ps(hsum8_epi32(v))));
+        }
+    }
+    if constexpr (NT > 1) {
+        float all[8];
+        _mm256_storeu_ps(all, accv);
+        for (int t = 0; t < NT; ++t) acc[t] = all[t];
+    }
+}
+
+// The row loop of decoder D: the chunk loop for the chunk decoders, the including file's
+// k_dot_tokens for the others.
+template <typename D, int NT>
+inline void row_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
+    if constexpr (HasChunks<D>::value) {
+        iq_dot_tokens<D, NT>(w, xq, xq_stride, n, acc);
+    } else {
+        k_dot_tokens<D, NT>(w, xq, xq_stride, n, acc);
+    }
+}
+
 template <typename D>
 float k_vec_dot(const void* w, const void* xq, int64_t n) {
     float acc[1];
-    k_dot_tokens<D, 1>(w, xq, 0, n, acc);
+    row_dot_tokens<D, 1>(w, xq, 0, n, acc);
     return acc[0];
 }
 
@@ -570,7 +664,7 @@ void k_vec_dot_tile(const void* w, const void* xq, size_t xq_stride, int n_token
                     int64_t ldy) {
     float acc[kMaxTileTokens];
     with_tile_size<kMaxTileTokens>(
-        n_tokens, [&](auto nt) { k_dot_tokens<D, decltype(nt)::value>(w, xq, xq_stride, n, acc); });
+        n_tokens, [&](auto nt) { row_dot_tokens<D, decltype(nt)::value>(w, xq, xq_stride, n, acc); });
     for (int t = 0; t < n_tokens; ++t) y[t * ldy] = acc[t];
 }
 
