@@ -86,8 +86,10 @@ class EngineRunner:
     worker_script = None  # the script whose --worker runs this engine (None: this file)
 
     def __init__(self, threads: int, n_ctx: int, log_dir: Path, timeout_s: float = 3600.0,
-                 wrap: list | None = None, before_run=None, env: dict | None = None, kv_type: str = "f16"):
+                 wrap: list | None = None, before_run=None, env: dict | None = None, kv_type: str = "f16",
+                 decode_segments: int = 1):
         self.threads = threads
+        self.decode_segments = decode_segments  # timed_greedy's segments
         self.kv_type = kv_type  # the KV cache's stored type for K and V, llama.cpp's names
         self.n_ctx = n_ctx
         self.log_dir = Path(log_dir)
@@ -140,7 +142,8 @@ class EngineRunner:
             spec = {
                 "engine": self.key, "file": os.fspath(file), "prompt_ids": [int(t) for t in prompt_ids],
                 "n_decode": int(n_decode), "threads": self.threads, "n_ctx": self.n_ctx,
-                "kv_type": self.kv_type, "options": self.options(), "result": os.path.join(tmp, "result.json"),
+                "kv_type": self.kv_type, "decode_segments": self.decode_segments, "options": self.options(),
+                "result": os.path.join(tmp, "result.json"),
                 "logits": os.fspath(save_logits) if save_logits else None,
             }
             spec_path = os.path.join(tmp, "spec.json")
@@ -195,11 +198,14 @@ def _tail(path, n: int = 3) -> str:
     return " | ".join(lines[-n:])[-400:]
 
 
-def timed_greedy(prefill, step, reset, prompt_ids: list, n_decode: int, warmup: bool = True) -> dict:
+def timed_greedy(prefill, step, reset, prompt_ids: list, n_decode: int, warmup: bool = True,
+                 segments: int = 1) -> dict:
     """The timed part, shared by every engine: prefill(ids) -> logits of the last id, step(id) ->
     logits, reset() clears the sequence. One untimed warm-up prompt first (min(32, N) tokens and one
-    step), then prefill and n_decode greedy steps, each timed from the first token sent to the last
-    logits returned."""
+    step), then prefill and `segments` runs of n_decode greedy steps, each timed from the first token
+    sent to the last logits returned. With segments > 1, decode_tok_s is the median of the segments'
+    rates (one long prefill, several decode samples at nearly the same context length: how long-context
+    decode gets a median of 3 without paying for three prefills)."""
     n = len(prompt_ids)
     if warmup:
         logits = prefill(prompt_ids[: min(32, n)])
@@ -211,16 +217,20 @@ def timed_greedy(prefill, step, reset, prompt_ids: list, n_decode: int, warmup: 
     first = np.array(logits, dtype=np.float32, copy=True)
     token = int(np.argmax(logits))
     tokens = [token]
-    t1 = time.perf_counter()
-    for _ in range(n_decode):
-        logits = step(token)
-        token = int(np.argmax(logits))
-        tokens.append(token)
-    t_decode = time.perf_counter() - t1
+    segment_s = []
+    for _ in range(max(1, segments)):
+        t1 = time.perf_counter()
+        for _ in range(n_decode):
+            logits = step(token)
+            token = int(np.argmax(logits))
+            tokens.append(token)
+        segment_s.append(time.perf_counter() - t1)
+    rates = [n_decode / t for t in segment_s] if n_decode else []
     return {
-        "n_prompt": n, "n_decode": n_decode,
-        "prefill_s": t_prefill, "decode_s": t_decode,
-        "prefill_tok_s": n / t_prefill, "decode_tok_s": n_decode / t_decode if n_decode else None,
+        "n_prompt": n, "n_decode": n_decode * len(segment_s),
+        "prefill_s": t_prefill, "decode_s": sum(segment_s),
+        "prefill_tok_s": n / t_prefill, "decode_tok_s": statistics.median(rates) if rates else None,
+        "segment_decode_tok_s": rates,
         "tokens": tokens, "top5": [int(i) for i in np.argsort(-first)[:5]],
         "logits_finite": bool(np.isfinite(first).all()), "logits_std": float(np.std(first)),
         "_first_logits": first,
@@ -258,7 +268,7 @@ class SharpiRunner(EngineRunner):
                            allow_long_context=True)  # as llama.cpp, which only warns past the trained context
         load_s = time.perf_counter() - t0
         r = timed_greedy(lambda ids: s.decode(ids), lambda t: s.decode([t]), s.reset,
-                         spec["prompt_ids"], spec["n_decode"])
+                         spec["prompt_ids"], spec["n_decode"], segments=spec.get("decode_segments", 1))
         r.update(load_s=load_s, version=sharpi.__version__ if hasattr(sharpi, "__version__") else None,
                  settings={"threads": spec["threads"], "n_ctx": spec["n_ctx"], "kv_type": kv, **spec["options"]})
         return r
@@ -362,7 +372,8 @@ class LlamaCppRunner(EngineRunner):
                 pick("llama_kv_self_clear", "llama_kv_cache_clear")(ctx)
             n_past[0] = 0
 
-        r = timed_greedy(run, lambda t: run([t]), reset, spec["prompt_ids"], spec["n_decode"])
+        r = timed_greedy(run, lambda t: run([t]), reset, spec["prompt_ids"], spec["n_decode"],
+                         segments=spec.get("decode_segments", 1))
         sysinfo = L.llama_print_system_info() if hasattr(L, "llama_print_system_info") else b""
         r.update(load_s=load_s, version=version, settings=settings,
                  system_info=sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo))

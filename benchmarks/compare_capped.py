@@ -172,11 +172,13 @@ def run(args) -> dict:
     from sharpi.bench.isolation import MemoryCap
 
     path = Path(args.file).expanduser()
-    cap = parse_bytes(args.cap)
     n_ctx = args.prompt + args.decode + 48
     plan = sharpi_plan(path, n_ctx)
-    budget_cap = cap - parse_bytes(args.sharpi_headroom)
     want = plan["fixed"] + int(args.experts_share * plan["total"]) * plan["slot"]
+    # "auto": the cap is what sharpi needs for --experts-share plus its headroom, so every engine
+    # gets exactly the memory of a 25% (say) expert budget.
+    cap = want + parse_bytes(args.sharpi_headroom) if args.cap == "auto" else parse_bytes(args.cap)
+    budget_cap = cap - parse_bytes(args.sharpi_headroom)
     budget = min(want, budget_cap)
     share = max(0, (budget - plan["fixed"]) // plan["slot"]) / plan["total"]
     fast_cache = args.fastllm_cache
@@ -260,7 +262,9 @@ def render(report: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file", nargs="?", help="GGUF file every engine runs")
-    ap.add_argument("--cap", default="5.9GiB", help="cgroup memory cap for every run (default: 5.9GiB)")
+    ap.add_argument("--cap", default="5.9GiB",
+                    help="cgroup memory cap for every run (default: 5.9GiB); auto: sharpi's budget for "
+                    "--experts-share plus --sharpi-headroom")
     ap.add_argument("--experts-share", type=float, default=0.25, help="sharpi: share of expert slots (default 0.25)")
     ap.add_argument("--sharpi-headroom", default="400MiB",
                     help="sharpi's budget is at most the cap less this (interpreter, libraries)")

@@ -142,3 +142,52 @@ def test_sharpi_and_llama_cpp(tiny, tmp_path):
     for n in PROMPTS:
         row = next(ln for ln in report["_table"].splitlines() if f"prefill {n} tok/s" in ln)
         assert "not installed" not in row and "failed" not in row
+
+
+LONG_SCRIPT = REPO / "benchmarks" / "long_context.py"
+
+
+def run_long_context(tiny: Path, out: Path, engines: str) -> dict:
+    argv = [sys.executable, str(LONG_SCRIPT), str(tiny), "--engines", engines, "--threads", "1",
+            "--n-ctx", "64", "--plan-ctx", "64,128", "--kv-types", "f32,f16,q8_0", "--decode", "3",
+            "--segments", "3", "--out", str(out)]
+    r = subprocess.run(argv, check=False, capture_output=True, text=True, env=child_env(), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "long_context.json").read_text())
+    assert (out / "long_context.md").read_text() in r.stdout
+    return report
+
+
+def check_long_context(report: dict, engines: list) -> None:
+    plans = report["plans"]
+    for n_ctx in (64, 128):
+        f32, f16, q8 = (plans[f"{t}@{n_ctx}"]["kv_bytes"] for t in ("f32", "f16", "q8_0"))
+        # The stored bytes of each type: f16 half of f32; q8_0 34 bytes per 32 values.
+        assert f32 == 2 * f16 and q8 * 32 * 4 == f32 * 34
+        assert plans[f"f32@{n_ctx}"]["minimum_bytes"] - plans[f"f16@{n_ctx}"]["minimum_bytes"] == f32 - f16
+    assert plans["f16@128"]["kv_bytes"] == 2 * plans["f16@64"]["kv_bytes"]
+    rows = {(row["kv"], row["engine"]): row["result"] for row in report["speed"]}
+    assert sorted(rows) == sorted((t, e) for t in ("f32", "f16", "q8_0") for e in engines)
+    for r in rows.values():
+        assert r["status"] == "ok", r
+        assert r["n_prompt"] == report["n_prompt"] == 64 - 3 * 3 - 8
+        assert r["n_decode"] == 9 and len(r["segment_decode_tok_s"]) == 3
+        assert r["decode_tok_s"] == statistics.median(r["segment_decode_tok_s"])
+        assert r["decode_s"] == pytest.approx(sum(3 / v for v in r["segment_decode_tok_s"]))
+
+
+def test_long_context_sharpi(tiny, tmp_path):
+    check_long_context(run_long_context(tiny, tmp_path / "out", "sharpi"), ["sharpi"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (pip install sharpi[bench])")
+def test_long_context_with_llama_cpp(tiny, tmp_path):
+    report = run_long_context(tiny, tmp_path / "out", "sharpi,llama.cpp")
+    check_long_context(report, ["sharpi", "llama.cpp"])
+    for key, mem in report["llama_memory"].items():
+        assert mem["status"] == "ok", (key, mem)
+        # llama.cpp's own log names its KV buffer; f32 holds twice f16's bytes at the same context.
+        assert mem["buffers_mib"]["KV"] > 0
+    kv = {k: m["buffers_mib"]["KV"] for k, m in report["llama_memory"].items()}
+    assert kv["f32@64"] == pytest.approx(2 * kv["f16@64"])
