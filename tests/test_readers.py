@@ -241,7 +241,12 @@ def test_demand_overtakes_a_started_prefetch(kind, tmp_path):
         reader.submit(0, 0, size, "prefetch")
         reader.submit(1, size + 10, 1000, "prefetch")
         first = [tag for tag, _, _ in reader.reap(True)]
-        assert reader.cancel(0) is False  # started: cannot be cancelled
+        if reader.cancel(0):
+            # Not started yet: the worker finished 9 before 0 was submitted (the test thread was
+            # descheduled between the submits) and has not woken for it. A scheduling outcome, not
+            # the reader's order: try again.
+            orders.append(["0 cancelled before it started", *first, *completion_order(reader)])
+            continue
         if first != [9]:
             orders.append(first + completion_order(reader))
             continue
