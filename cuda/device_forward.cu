@@ -10,6 +10,14 @@
 // never waits mid-pass: the routing goes to the device, is read by the fused expert kernel there,
 // and comes back with the logits.
 //
+// Streamed experts (open_device_forward's `streamed`): the stacked expert tensors are not uploaded;
+// an ExpertCache in the VRAM tier (device_tier.cu) holds the experts in slots filled on its copy
+// stream. Then every MoE layer waits once on the host for its ids (the cache decides on the host),
+// acquires the layer's experts (sorted unique ids, as the CPU's MoE FFN), makes the compute stream
+// wait on exactly those experts' copy events, runs the same expert kernels through a slot table
+// (decode) or one expert group per slot (prefill, in waves of at most the cache's slots), marks the
+// end of those reads for the copy stream and releases. Same kernels, same order: the same bits.
+//
 // Per layer, with T tokens at positions pos .. pos + T - 1 (x: the residual stream):
 //   cur = rms_norm(x) · attn_norm;  q = Wq cur (+b);  K rows pos.. = Wk cur (+b);  V rows = Wv cur (+b)
 //   q/k norm (per head or full width; qwen3moe, olmoe), RoPE on q and the new K rows in place,
@@ -30,7 +38,10 @@
 #include "cuda_backend.h"
 #include "device_memory.cuh"
 #include "device_plan.h"
+#include "device_tier.cuh"
 #include "model/model.h"
+#include "moe/expert_cache.h"
+#include "moe/moe_ffn.h"
 #include "ops/activation.cuh"
 #include "ops/attention.cuh"
 #include "ops/dequantize.cuh"
@@ -71,11 +82,12 @@ struct DeviceLayer {
 
 class CudaForward final : public DeviceForward {
   public:
-    CudaForward(const Model& model, DevicePlan plan, bool exact);
+    CudaForward(const Model& model, DevicePlan plan, bool exact, const ExpertCacheOptions* streamed);
     void forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits, float* logits,
-                 std::vector<std::vector<int32_t>>& routing,
-                 const std::function<void(int)>& check_cancel) override;
+                 std::vector<std::vector<int32_t>>& routing, const std::function<void(int)>& check_cancel,
+                 GateObserver* observer) override;
     const DevicePlan& plan() const override { return plan_; }
+    ExpertCache* expert_cache() override { return cache_.get(); }
 
   private:
     template <typename T = float>
@@ -90,10 +102,15 @@ class CudaForward final : public DeviceForward {
 
     void linear(const DeviceLinear& l, const float* x, int64_t n_tokens, float* y) const;
     void dense_ffn(const DeviceLayer& L, const float* x, int64_t n_tokens, float* y) const;
+    // The routed experts of a MoE layer from the VRAM tier: ids [T, k] and weights on the device.
+    void streamed_experts(int il, const DeviceLayer& L, int64_t n_tokens, const float* cur, const float* ffn_inp,
+                          const float* router_logits, const int32_t* ids, const float* weights, float* out,
+                          GateObserver* observer);
     // One chunk of at most max_batch tokens through every layer; routing ids at arena routing.
-    void layer(int il, int64_t n_tokens, int64_t pos);
+    void layer(int il, int64_t n_tokens, int64_t pos, GateObserver* observer);
     void chunk(const int32_t* tokens, int64_t n_tokens, int64_t pos, int64_t first_logit_row, float* logits,
-               std::vector<std::vector<int32_t>>& routing, const std::function<void(int)>& check_cancel);
+               std::vector<std::vector<int32_t>>& routing, const std::function<void(int)>& check_cancel,
+               GateObserver* observer);
 
     const Model& model_;
     const HParams& h_;
@@ -108,20 +125,29 @@ class CudaForward final : public DeviceForward {
     DeviceBuffer arena_;
     PinnedBuffer ids_host_;     // [max_batch, k] int32
     PinnedBuffer logits_host_;  // [max_batch, n_vocab] f32
+    // Streamed experts only: the VRAM tier, its filler (owned by the cache), and the gate inputs a
+    // decode step hands to the observer ([n_embd] ffn_inp then [n_expert] router logits, f32).
+    std::unique_ptr<ExpertCache> cache_;
+    VramFills* fills_ = nullptr;
+    PinnedBuffer gate_host_;
     std::vector<DeviceLayer> layers_;
     const void* token_embd_ = nullptr;
     const float* output_norm_ = nullptr;
     DeviceLinear output_;
 };
 
-CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact)
+CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact, const ExpertCacheOptions* streamed)
     : model_(model), h_(model.hp), plan_(std::move(plan)), int8_(!exact) {
     const HParams& h = h_;
     layout_ = device_arena(h, plan_.max_batch, plan_.n_ff_dense);
     kv_layer_floats_ = plan_.n_ctx * h.n_embd_kv();
 
-    // Weights: one allocation, each tensor at a 256-byte aligned offset, copied from the mapping.
-    const std::vector<HostWeight> host = device_weights(model);
+    // Weights: one allocation, each tensor at a 256-byte aligned offset, copied from the mapping
+    // (streamed: every tensor but the stacked experts, which the VRAM tier's slots hold).
+    std::vector<HostWeight> host = device_weights(model);
+    if (streamed != nullptr)
+        host.erase(std::remove_if(host.begin(), host.end(), [](const HostWeight& w) { return w.expert; }),
+                   host.end());
     size_t total = 0;
     std::vector<size_t> offsets;
     for (const HostWeight& w : host) {
@@ -165,9 +191,11 @@ CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact)
             const ExpertPart& g = e.parts[kExpertGate];
             const ExpertPart& u = e.parts[kExpertUp];
             const ExpertPart& dn = e.parts[kExpertDown];
-            d.experts = ExpertWeights{device_of(g.view.data),
-                                      device_of(u.view.data),
-                                      device_of(dn.view.data),
+            // Streamed: the stacked pointers stay null; the slot table supplies each expert's rows.
+            const bool stacked = streamed == nullptr;
+            d.experts = ExpertWeights{stacked ? device_of(g.view.data) : nullptr,
+                                      stacked ? device_of(u.view.data) : nullptr,
+                                      stacked ? device_of(dn.view.data) : nullptr,
                                       g.view.type,
                                       u.view.type,
                                       dn.view.type,
@@ -185,6 +213,15 @@ CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact)
         d.ffn_down = linear_of(L.ffn_down.w, &L.ffn_down.bias);
         d.shexp_gate = linear_of(L.ffn_gate_inp_shexp);
         layers_.push_back(d);
+    }
+    if (streamed != nullptr) {
+        if (h.n_expert_used > kMaxSlotTable) {
+            throw UnsupportedError("[cuda] streamed experts: top-" + std::to_string(h.n_expert_used) +
+                                   " is above the slot table's " + std::to_string(kMaxSlotTable));
+        }
+        cache_ = std::make_unique<ExpertCache>(model.experts, *streamed,
+                                               vram_tier(mapped_images(model.experts), &fills_));
+        gate_host_ = PinnedBuffer(sizeof(float) * (h.n_embd + h.n_expert), "gate inputs");
     }
     stream_.synchronize("upload of " + h.arch + " to the device");
 }
@@ -222,7 +259,79 @@ void CudaForward::dense_ffn(const DeviceLayer& L, const float* x, int64_t n_toke
     linear(L.ffn_down, u, n_tokens, y);
 }
 
-void CudaForward::layer(int il, int64_t T, int64_t pos) {
+// Releases the layer's slots on every exit path; on the normal one after compute_done marked the end
+// of the reads (a slot may be refilled only after the kernels that read it ran).
+struct SlotLease {
+    ExpertCache& cache;
+    VramFills& fills;
+    cudaStream_t stream;
+    int il;
+    ~SlotLease() {
+        try {
+            fills.compute_done(stream);
+        } catch (...) {  // a lost context: the error resurfaces at the next checked call
+        }
+        cache.release(il);
+    }
+};
+
+void CudaForward::streamed_experts(int il, const DeviceLayer& L, int64_t T, const float* cur, const float* ffn_inp,
+                                   const float* router_logits, const int32_t* ids, const float* weights, float* out,
+                                   GateObserver* observer) {
+    const cudaStream_t s = stream_.get();
+    const int64_t k = h_.n_expert_used;
+    void* scratch = arena<void>(layout_.experts);
+    // The one host wait of the layer: the cache decides on the host which copies the kernels need.
+    int32_t* ids_host = ids_host_.as<int32_t>();
+    copy_to_host(ids_host, ids, sizeof(int32_t) * T * k, stream_, "expert ids");
+    float* hidden_host = gate_host_.as<float>();
+    float* logits_host = hidden_host + h_.n_embd;
+    if (observer != nullptr) {
+        copy_to_host(hidden_host, ffn_inp, sizeof(float) * h_.n_embd, stream_, "gate hidden state");
+        copy_to_host(logits_host, router_logits, sizeof(float) * h_.n_expert, stream_, "router logits");
+    }
+    stream_.synchronize("expert ids of layer " + std::to_string(il));
+    std::vector<int32_t> unique(ids_host, ids_host + T * k);
+    std::sort(unique.begin(), unique.end());
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    cache_->gate_fired(il, unique.data(), static_cast<int>(unique.size()));
+    std::vector<ExpertView> views;
+    if (T == 1) {
+        const int n = static_cast<int>(unique.size());
+        views.resize(unique.size());
+        cache_->acquire(il, unique.data(), n, views.data());
+        SlotLease lease{*cache_, *fills_, s, il};
+        // The layer's copies are out: prefetches the observer starts queue behind them.
+        if (observer != nullptr) observer->on_gate(il, hidden_host, logits_host, ids_host);
+        stream_wait_acquired(*cache_, *fills_, n, s);
+        ExpertSlotTable table{};
+        for (int64_t slot = 0; slot < k; ++slot) {
+            const auto at = std::lower_bound(unique.begin(), unique.end(), ids_host[slot]) - unique.begin();
+            const ExpertView& v = views[static_cast<size_t>(at)];
+            table.gate[slot] = v.gate.data;
+            table.up[slot] = v.up.data;
+            table.down[slot] = v.down.data;
+        }
+        launch_expert_ffn_decode_slots(L.experts, table, cur, weights, k, int8_, scratch, out, s);
+        return;
+    }
+    // Prefill: the batch's experts in waves the cache can hold at once, one group per expert.
+    GroupedExpertFfn grouped(L.experts, cur, T, ids_host, k, int8_, scratch, s);
+    const size_t wave = static_cast<size_t>(std::max(1, cache_->max_acquire()));
+    for (size_t w0 = 0; w0 < unique.size(); w0 += wave) {
+        const int n = static_cast<int>(std::min(wave, unique.size() - w0));
+        views.assign(static_cast<size_t>(n), ExpertView{});
+        cache_->acquire(il, unique.data() + w0, n, views.data());
+        SlotLease lease{*cache_, *fills_, s, il};
+        stream_wait_acquired(*cache_, *fills_, n, s);
+        for (int i = 0; i < n; ++i)
+            grouped.run_expert(unique[w0 + static_cast<size_t>(i)], views[i].gate.data, views[i].up.data,
+                               views[i].down.data);
+    }
+    grouped.combine(weights, out);
+}
+
+void CudaForward::layer(int il, int64_t T, int64_t pos, GateObserver* observer) {
     const HParams& h = h_;
     const DeviceLayer& L = layers_[static_cast<size_t>(il)];
     const cudaStream_t s = stream_.get();
@@ -267,7 +376,9 @@ void CudaForward::layer(int il, int64_t T, int64_t pos) {
         linear(L.router, cur, T, logits);
         launch_router_softmax_topk(logits, T, h.n_expert, k, h.router.normalize_topk, ids, weights, s);
         void* scratch = arena<void>(layout_.experts);
-        if (T == 1) {
+        if (cache_) {
+            streamed_experts(il, L, T, cur, ffn_inp, logits, ids, weights, tmp, observer);
+        } else if (T == 1) {
             launch_expert_ffn_decode(L.experts, cur, ids, weights, k, int8_, scratch, tmp, s);
         } else {
             int32_t* ids_host = ids_host_.as<int32_t>();
@@ -292,8 +403,8 @@ void CudaForward::layer(int il, int64_t T, int64_t pos) {
 }
 
 void CudaForward::chunk(const int32_t* tokens, int64_t T, int64_t pos, int64_t first_logit_row, float* logits,
-                        std::vector<std::vector<int32_t>>& routing,
-                        const std::function<void(int)>& check_cancel) {
+                        std::vector<std::vector<int32_t>>& routing, const std::function<void(int)>& check_cancel,
+                        GateObserver* observer) {
     const HParams& h = h_;
     const cudaStream_t s = stream_.get();
     const int64_t E = h.n_embd, k = h.n_expert_used;
@@ -306,7 +417,7 @@ void CudaForward::chunk(const int32_t* tokens, int64_t T, int64_t pos, int64_t f
     }
     for (int il = 0; il < h.n_layer; ++il) {
         if (check_cancel) check_cancel(il);
-        layer(il, T, pos);
+        layer(il, T, pos, observer);
     }
     const int64_t n_out = T - first_logit_row;
     if (n_out > 0) {
@@ -339,7 +450,7 @@ void CudaForward::chunk(const int32_t* tokens, int64_t T, int64_t pos, int64_t f
 
 void CudaForward::forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits,
                           float* logits, std::vector<std::vector<int32_t>>& routing,
-                          const std::function<void(int)>& check_cancel) {
+                          const std::function<void(int)>& check_cancel, GateObserver* observer) {
     const int64_t B = plan_.max_batch;
     routing.assign(static_cast<size_t>(h_.n_layer), {});
     for (int64_t c0 = 0; c0 < n_tokens; c0 += B) {
@@ -348,18 +459,26 @@ void CudaForward::forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0,
         // Rows of this chunk whose logits are wanted (all, or the last of the last chunk; none else).
         const int64_t first = all_logits ? 0 : (last ? T - 1 : T);
         float* dst = all_logits ? logits + c0 * h_.n_vocab : logits;
-        chunk(tokens + c0, T, pos0 + c0, first, dst, routing, check_cancel);
+        chunk(tokens + c0, T, pos0 + c0, first, dst, routing, check_cancel, n_tokens == 1 ? observer : nullptr);
     }
 }
 
 }  // namespace
 
 std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t n_ctx, int64_t max_batch,
-                                                   GgmlType type_k, GgmlType type_v, bool exact) {
+                                                   GgmlType type_k, GgmlType type_v, bool exact,
+                                                   const ExpertCacheOptions* streamed) {
     const HParams& h = model.hp;
     const std::string what = "device=\"cuda\" for " + h.arch;
     require_device(what);
     DevicePlan plan = plan_device_model(model, n_ctx, max_batch, type_k, type_v);
+    if (streamed != nullptr) {
+        // The experts the plan would upload are VRAM slots instead (their bytes: the cache's arena).
+        plan.uploads.erase(std::remove_if(plan.uploads.begin(), plan.uploads.end(),
+                                          [](const DeviceUpload& u) { return u.expert; }),
+                           plan.uploads.end());
+        plan.expert_bytes = (streamed->n_slots + streamed->n_staging) * ExpertCache::slot_bytes(model.experts);
+    }
     const DeviceInfo info = device_info();
     const uint64_t need = plan.total_bytes(), mib = 1ull << 20;
     if (!info.present || need > info.vram_free) {
@@ -371,7 +490,7 @@ std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t n
             " MiB do not fit the " + std::to_string(info.vram_free / mib) + " MiB free on " + info.name +
             " (a smaller n_ctx shrinks the KV cache; use device=\"cpu\")");
     }
-    return std::make_unique<CudaForward>(model, std::move(plan), exact);
+    return std::make_unique<CudaForward>(model, std::move(plan), exact, streamed);
 }
 
 }  // namespace sharpi::cuda
