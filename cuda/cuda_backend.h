@@ -17,6 +17,9 @@ struct Model;
 class ExpertCache;
 struct ExpertCacheOptions;
 class GateObserver;
+struct CpuMissOptions;
+struct ExpertCacheStats;
+class Timeline;
 }  // namespace sharpi
 
 namespace sharpi::cuda {
@@ -97,6 +100,12 @@ class DeviceForward {
     // The VRAM tier of the expert cache when the experts stream (its stats, the prefetcher's target);
     // nullptr when every expert is resident.
     virtual ExpertCache* expert_cache() { return nullptr; }
+    // CPU compute of misses: adds its counter and the cost model's inputs to `st` (nothing resident).
+    virtual void add_miss_stats(ExpertCacheStats& st) const {}
+    // An enabled timeline (it outlives the forward pass) gets a "compute stream" span per layer and
+    // pass and, with streamed experts, a "copy stream" span per expert fill, in device times placed on
+    // the timeline's clock. Takes a reference point (one device wait); a disabled one is ignored.
+    virtual void set_timeline(Timeline* timeline) {}
 };
 
 // device="cuda": checks, in this order, and throws before allocating anything: DeviceError (no
@@ -111,9 +120,15 @@ class DeviceForward {
 // reads its ids back to the host once, acquires its experts, makes the compute stream wait on exactly
 // those experts' copy events and runs the same expert kernels through a slot table, so the logits are
 // the resident ones bit for bit. The VRAM check then charges the slots instead of the experts.
+// misses (streamed only; nullptr: every miss copied): CPU compute of misses (moe/cpu_miss.h). In
+// single-token decoding a selected expert that is neither in VRAM nor loading is, by the mode, copied
+// or computed on the CPU from the mapping with the CPU kernels (one activation row down, one output
+// row up, added in slot order by the same weighted sum); the cost model's inputs are measured here
+// when not given. Prefill batches always copy (the model charges the CPU per row).
 std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t n_ctx, int64_t max_batch,
                                                    GgmlType type_k, GgmlType type_v, bool exact,
-                                                   const ExpertCacheOptions* streamed = nullptr);
+                                                   const ExpertCacheOptions* streamed = nullptr,
+                                                   const CpuMissOptions* misses = nullptr);
 
 // ---- op entries for the tests and benchmarks ------------------------------------------------------
 // Each uploads its host inputs, runs one op's launch sequence on a fresh stream, waits, and returns

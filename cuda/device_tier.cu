@@ -27,6 +27,7 @@
 #include "moe/expert_cache.h"
 #include "moe/expert_tier.h"
 #include "sharpi/errors.h"
+#include "trace/timeline.h"
 
 namespace sharpi::cuda {
 namespace {
@@ -142,6 +143,10 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
                 cuda_check(cudaStreamWaitEvent(compute, s.done.get(), 0), "cudaStreamWaitEvent");
         }
     }
+    void set_timeline(Timeline* timeline, const DeviceClock* clock) override {
+        timeline_ = timeline;
+        clock_ = clock;
+    }
     void compute_done(cudaStream_t compute) override {
         cuda_check(cudaEventRecord(compute_done_.get(), compute), "cudaEventRecord (compute done)");
         compute_marked_ = true;
@@ -151,6 +156,7 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
     struct Started {
         ReadRequest request;
         Event done;
+        std::unique_ptr<Event> timed_begin, timed_end;  // timeline only
     };
 
     void note_busy() {
@@ -161,11 +167,16 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
                          [](const ReadRequest& a, const ReadRequest& b) { return a.priority < b.priority; });
         for (const ReadRequest& r : queued_) {
             if (compute_marked_) copy_.wait(compute_done_.get());
+            const bool timed = timeline_ != nullptr && timeline_->enabled() && clock_ != nullptr;
+            std::unique_ptr<Event> begin = timed ? std::make_unique<Event>(true) : nullptr;
+            if (begin) begin->record(copy_);
             copy_to_device(r.buffer + r.offset % kAlignment, source_.images[r.file] + r.offset, r.length,
                            copy_, "expert fill");
+            std::unique_ptr<Event> end = timed ? std::make_unique<Event>(true) : nullptr;
+            if (end) end->record(copy_);
             Event done = take_event();
             done.record(copy_);
-            started_.push_back(Started{r, std::move(done)});
+            started_.push_back(Started{r, std::move(done), std::move(begin), std::move(end)});
         }
         queued_.clear();
     }
@@ -183,6 +194,10 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
                 c.error = cuda_error_message(err, "expert copy to VRAM");
             }
             out.push_back(std::move(c));
+            if (s.timed_begin && err == cudaSuccess) {
+                timeline_->span("copy stream", "fill " + std::to_string(s.request.length) + " B",
+                                clock_->host_us(*s.timed_begin), clock_->host_us(*s.timed_end));
+            }
             inflight_bytes_ -= s.request.length;
             copied_bytes_ += s.request.length;
             events_.push_back(std::move(s.done));
@@ -200,6 +215,8 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
     }
 
     HostImages source_;
+    Timeline* timeline_ = nullptr;
+    const DeviceClock* clock_ = nullptr;
     std::vector<void*> registered_;
     Stream copy_;
     Event compute_done_;

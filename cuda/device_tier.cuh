@@ -12,9 +12,12 @@
 
 namespace sharpi {
 class ExpertCache;
+class Timeline;
 }  // namespace sharpi
 
 namespace sharpi::cuda {
+
+struct DeviceClock;  // device_memory.cuh
 
 class VramFills {
   public:
@@ -25,6 +28,10 @@ class VramFills {
     // Marks the end of the reads queued on `compute` so far: copies issued from now on wait for it.
     // Call it after the last launch that reads the acquired slots and before ExpertCache::release.
     virtual void compute_done(cudaStream_t compute) = 0;
+    // With an enabled timeline, every copy started from now on is timed on the device and becomes a
+    // span on the "copy stream" track when it is reaped, placed on the host clock by `clock` (both
+    // outlive the filler or are detached with nullptr first).
+    virtual void set_timeline(Timeline* timeline, const DeviceClock* clock) = 0;
 };
 
 // The VRAM tier over `source` (the host tier's bytes: the model's mapping, registered as pinned);

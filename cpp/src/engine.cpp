@@ -10,9 +10,10 @@
 #include "gguf/cache_prior_file.h"
 #include "memory_plan.h"
 #include "model/forward.h"
+#include "moe/cpu_miss.h"
 #include "predict/predictor.h"
-#include "tier_plan.h"
 #include "sharpi/errors.h"
+#include "tier_plan.h"
 
 namespace sharpi {
 
@@ -58,8 +59,8 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
         throw InvalidArgument("device must be \"cpu\" or \"cuda\", got \"" + options.device + "\"");
     }
     if (options.vram_budget > 0 && options.device != "cuda") {
-        throw InvalidArgument("vram_budget is for device=\"cuda\" (this session computes on \"" + options.device +
-                              "\"; use ram_budget to stream experts into RAM)");
+        throw InvalidArgument("vram_budget is for device=\"cuda\" (this session computes on \"" +
+                              options.device + "\"; use ram_budget to stream experts into RAM)");
     }
     // With a vram_budget, whether the experts stream is the tier plan's decision (below).
     if (options.predictor != "none" && !streaming && options.vram_budget == 0) {
@@ -83,6 +84,21 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     // The device is the CUDA backend's decision (cuda_backend.h): it checks the device, the model
     // and the VRAM before it allocates, then uploads; a CPU-only build's stub refuses. The device
     // KV cache is f32 in both modes (a type named by the user is checked by the plan).
+    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
+                                                                    : cpu::hardware_threads());
+    // CPU compute of VRAM misses: the mode is checked here, before any device is touched.
+    const char* cpu_moe_env = std::getenv("SHARPI_CPU_MOE");
+    const bool cpu_moe_forced = cpu_moe_env != nullptr && std::string(cpu_moe_env) == "1";
+    CpuMissOptions misses;
+    misses.mode = parse_miss_mode(cpu_moe_forced ? "cpu" : options.miss_route);
+    misses.copy_bytes_per_s = options.miss_copy_bytes_per_s;
+    misses.copy_latency_s = options.miss_copy_latency_s;
+    misses.cpu_bytes_per_s = options.miss_cpu_bytes_per_s;
+    misses.pool = pool_.get();
+    if (misses.mode != MissMode::copy && !cpu_moe_forced && options.device != "cuda") {
+        throw InvalidArgument("miss_route \"" + options.miss_route +
+                              "\" is for device=\"cuda\" with a vram_budget (experts missing from VRAM)");
+    }
     if (options.device == "cuda") {
         check_device_options(path);
         const GgmlType dev_k = options.cache_type_k.empty() ? GgmlType::F32 : type_k;
@@ -90,17 +106,23 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
         ExpertCacheOptions vram_cache;
         const bool streamed = options.vram_budget > 0 && plan_vram_tiers(n_ctx, dev_k, dev_v, &vram_cache);
         if (options.vram_budget > 0 && !streamed && options.predictor != "none") {
-            throw InvalidArgument("predictor '" + options.predictor + "': every expert fits the vram_budget (" +
+            throw InvalidArgument("predictor '" + options.predictor +
+                                  "': every expert fits the vram_budget (" +
                                   std::to_string(options.vram_budget) +
                                   " B), so nothing streams and there is nothing to prefetch");
         }
+        if (!streamed && misses.mode != MissMode::copy && !cpu_moe_forced) {
+            throw InvalidArgument(
+                "miss_route \"" + options.miss_route +
+                "\" serves experts missing from VRAM: it needs a vram_budget under which the "
+                "experts stream (every expert is resident here)");
+        }
         device_ = cuda::open_device_forward(*model_, n_ctx, kMaxBatch, dev_k, dev_v, exact_,
-                                            streamed ? &vram_cache : nullptr);
+                                            streamed ? &vram_cache : nullptr, &misses);
         cache_ = device_->expert_cache();
         if (cache_ != nullptr) cache_->set_timeline(&timeline_);
+        device_->set_timeline(&timeline_);
     }
-    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
-                                                                    : cpu::hardware_threads());
     // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
     if (streaming) plan_expert_cache(n_ctx, type_k, type_v);
     const KvLayout kv_shape = kv_layout(h, type_k, type_v);
@@ -227,7 +249,8 @@ bool Engine::plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, Ex
     }
     // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots.
     if (options_.predictor != "none")
-        request.n_staging = static_cast<uint64_t>(h.n_expert_used) * static_cast<uint64_t>(options_.lookahead);
+        request.n_staging =
+            static_cast<uint64_t>(h.n_expert_used) * static_cast<uint64_t>(options_.lookahead);
     TierPlan plan;
     try {
         plan = plan_tiers(sizes, request);
@@ -280,6 +303,7 @@ ExpertCacheStats Engine::expert_stats() const {
         st.fixed_bytes = plan_.fixed_bytes;
     }
     if (prefetcher_) prefetcher_->add_stats(st);
+    if (device_) device_->add_miss_stats(st);
     st.decode_ms = decode_ms_;
     return st;
 }
@@ -382,8 +406,9 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
                 begin_prefetch_token();
                 observer = this;
             }
-            device_->forward(tokens.data(), n, n_past_, all_logits, logits.data(), ids,
-                             [this](int il) { throw_if_cancelled(il); }, observer);
+            device_->forward(
+                tokens.data(), n, n_past_, all_logits, logits.data(), ids,
+                [this](int il) { throw_if_cancelled(il); }, observer);
             for (size_t il = 0; il < routing_.size(); ++il) {
                 routing_[il].ids = std::move(ids[il]);
                 routing_[il].weights.clear();

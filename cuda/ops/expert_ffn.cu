@@ -25,6 +25,8 @@ struct PartRows {
     const int32_t* ids;            // resident: the device ids [k]
     size_t expert_bytes;           // resident: bytes of one expert in the stack
     const unsigned char* slot[kMaxSlotTable];
+    uint32_t skip;  // slots computed elsewhere (the CPU): not read, their outputs left alone
+    __device__ bool skipped(int64_t s) const { return ((skip >> s) & 1u) != 0; }
     __device__ const unsigned char* expert(int64_t s) const {
         return stacked != nullptr ? stacked + static_cast<size_t>(ids[s]) * expert_bytes : slot[s];
     }
@@ -38,9 +40,10 @@ PartRows stacked_rows(const void* w, const int32_t* ids, size_t expert_bytes) {
     return r;
 }
 
-PartRows table_rows(const void* const* pointers, int64_t k) {
+PartRows table_rows(const void* const* pointers, int64_t k, uint32_t skip) {
     PartRows r{};
     for (int64_t s = 0; s < k; ++s) r.slot[s] = static_cast<const unsigned char*>(pointers[s]);
+    r.skip = skip;
     return r;
 }
 
@@ -51,7 +54,7 @@ __global__ void expert_gate_up_kernel(const PartRows gate, const PartRows up, in
     constexpr int kBlock = BmBlockSize<Block>::value;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     const int64_t slot = blockIdx.y;
-    if (row >= n_ff) return;
+    if (row >= n_ff || gate.skipped(slot)) return;
     const int64_t at = row * (n_embd / kBlock);
     const float g = warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(gate.expert(slot)) + at, x, n_embd);
     const float u = warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(up.expert(slot)) + at, x, n_embd);
@@ -65,7 +68,7 @@ __global__ void expert_matvec_kernel(const PartRows w, int64_t n_rows, int64_t n
     constexpr int kBlock = BmBlockSize<Block>::value;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     const int64_t slot = blockIdx.y;
-    if (row >= n_rows) return;
+    if (row >= n_rows || w.skipped(slot)) return;
     const Block* wr = reinterpret_cast<const Block*>(w.expert(slot)) + row * (n_cols / kBlock);
     const void* xs = static_cast<const unsigned char*>(x) + slot * x_row_bytes;
     const float sum = warp_row_dot<Block, kInt8>(wr, xs, n_cols);
@@ -160,9 +163,10 @@ size_t expert_ffn_scratch_bytes(const ExpertWeights& w, int64_t n_tokens, int64_
 namespace {
 
 // The decode launches for any PartRows: the one body of the resident and the slot-table entries.
+// cpu_rows: the host rows of the slots the PartRows skip (see ExpertSlotTable), or null.
 void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& up_rows, const PartRows& down_rows,
-            const float* x, const float* weights, int64_t k, bool int8, void* scratch, float* out,
-            cudaStream_t stream) {
+            const float* cpu_rows, const float* x, const float* weights, int64_t k, bool int8, void* scratch,
+            float* out, cudaStream_t stream) {
     const Pieces p = carve(w, 1, k, int8, scratch, nullptr);
     const dim3 ff_grid(div_up(w.n_ff, kRowsPerBlock), static_cast<unsigned int>(k));
     const dim3 embd_grid(div_up(w.n_embd, kRowsPerBlock), static_cast<unsigned int>(k));
@@ -221,6 +225,12 @@ void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& u
             down_rows, w.n_embd, w.n_ff, p.h, sizeof(float) * w.n_ff, p.partial);
     });
     SHARPI_CUDA_CHECK_LAUNCH("expert down");
+    for (int64_t s = 0; s < k && cpu_rows != nullptr; ++s) {
+        if (((down_rows.skip >> s) & 1u) == 0) continue;
+        cuda_check(cudaMemcpyAsync(p.partial + s * w.n_embd, cpu_rows + s * w.n_embd, sizeof(float) * w.n_embd,
+                                   cudaMemcpyHostToDevice, stream),
+                   "expert ffn: a CPU-computed expert's row");
+    }
     combine_kernel<<<dim3(div_up(w.n_embd, 256), 1), 256, 0, stream>>>(p.partial, weights, nullptr, k,
                                                                        w.n_embd, out);
     SHARPI_CUDA_CHECK_LAUNCH("expert combine");
@@ -233,8 +243,8 @@ void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int3
                               cudaStream_t stream) {
     decode(w, stacked_rows(w.gate, ids, row_bytes(w.gate_type, w.n_embd) * w.n_ff),
            stacked_rows(w.up, ids, row_bytes(w.up_type, w.n_embd) * w.n_ff),
-           stacked_rows(w.down, ids, row_bytes(w.down_type, w.n_ff) * w.n_embd), x, weights, k, int8, scratch, out,
-           stream);
+           stacked_rows(w.down, ids, row_bytes(w.down_type, w.n_ff) * w.n_embd), nullptr, x, weights, k, int8,
+           scratch, out, stream);
 }
 
 void launch_expert_ffn_decode_slots(const ExpertWeights& w, const ExpertSlotTable& slots, const float* x,
@@ -244,8 +254,9 @@ void launch_expert_ffn_decode_slots(const ExpertWeights& w, const ExpertSlotTabl
         throw InvalidArgument("[cuda] expert slot table: " + std::to_string(k) + " experts per token (1.." +
                               std::to_string(kMaxSlotTable) + ")");
     }
-    decode(w, table_rows(slots.gate, k), table_rows(slots.up, k), table_rows(slots.down, k), x, weights, k, int8,
-           scratch, out, stream);
+    const uint32_t skip = slots.cpu_rows != nullptr ? slots.cpu_mask : 0u;
+    decode(w, table_rows(slots.gate, k, skip), table_rows(slots.up, k, skip), table_rows(slots.down, k, skip),
+           slots.cpu_rows, x, weights, k, int8, scratch, out, stream);
 }
 
 GroupedExpertFfn::GroupedExpertFfn(const ExpertWeights& w, const float* x, int64_t n_tokens,

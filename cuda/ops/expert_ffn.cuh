@@ -39,10 +39,15 @@ constexpr int kMaxSlotTable = 32;
 
 // Device pointers to the parts of each selected expert, in rank order (slot s: the expert of
 // ids[s]); the types and shapes are an ExpertWeights' (whose stacked pointers are then unused).
+// CPU compute of misses: a slot whose bit is set in cpu_mask was computed on the host; the kernels
+// skip it (its pointers are not read) and its unweighted output row, cpu_rows[s * n_embd ..] (pinned
+// host memory, unchanged until the stream passes this launch), is copied in before the weighted sum.
 struct ExpertSlotTable {
     const void* gate[kMaxSlotTable];
     const void* up[kMaxSlotTable];
     const void* down[kMaxSlotTable];
+    uint32_t cpu_mask;
+    const float* cpu_rows;
 };
 
 // Device scratch the FFN needs for n_tokens tokens of k slots (bytes), given whether the int8 path runs.

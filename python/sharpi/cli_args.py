@@ -119,6 +119,13 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
         "resident)",
     )
     p.add_argument(
+        "--miss-route",
+        choices=["copy", "cpu", "auto"],
+        default="copy",
+        help="with --vram-budget, an expert missing from VRAM: copy it (default; the resident output bit for "
+        "bit), compute it on the CPU, or auto (the cheaper by the miss cost model on measured bandwidths)",
+    )
+    p.add_argument(
         "--reader",
         choices=["auto", "cufile", "io_uring", "uring", "pread"],
         default="auto",
@@ -176,6 +183,7 @@ def session_options(args: argparse.Namespace) -> dict:
         "n_ctx": args.ctx_size,
         "ram_budget": args.ram_budget,
         "vram_budget": args.vram_budget,
+        "miss_route": args.miss_route,
         "slru_probation": args.slru_probation,
         "cache_policy": args.cache_policy,
         "reader": args.reader,

@@ -33,6 +33,16 @@ struct SessionOptions {
     // buffers + top-k slots, + staging with a predictor) is an InvalidArgument naming it.
     uint64_t vram_budget = 0;
     static constexpr uint64_t kVramBudgetAuto = ~uint64_t{0};
+    // Experts streamed through VRAM: how a decode step serves a selected expert that is not in VRAM
+    // (moe/cpu_miss.h). "copy" (default): copied, then computed by the device kernels (logits equal the
+    // resident ones bit for bit). "cpu": computed on the CPU from the mapping, one activation row down
+    // and one output row up (SHARPI_CPU_MOE=1 in the environment selects it). "auto": per expert, the
+    // cheaper of the two by the miss cost model. cpu and auto hold the logits to the GPU-vs-CPU budget.
+    std::string miss_route = "copy";
+    // The cost model's inputs for "auto"; 0 (latency < 0): measured when the session opens.
+    double miss_copy_bytes_per_s = 0.0;
+    double miss_copy_latency_s = -1.0;
+    double miss_cpu_bytes_per_s = 0.0;
 
     // Expert streaming (DESIGN §2-5). 0: every expert resident (the file is memory-mapped).
     // Otherwise the bytes this session may hold: dense weights, KV cache and buffers are charged
