@@ -14,6 +14,12 @@
 
 namespace sharpi {
 struct Model;
+class ExpertCache;
+struct ExpertCacheOptions;
+class GateObserver;
+struct CpuMissOptions;
+struct ExpertCacheStats;
+class Timeline;
 }  // namespace sharpi
 
 namespace sharpi::cuda {
@@ -84,11 +90,22 @@ class DeviceForward {
     // MoE layer's expert ids [n_tokens * k] in rank order to routing[il] (empty for a dense layer).
     // Positions at or past pos0 in the KV cache are overwritten; positions before it are read, never
     // written. check_cancel(il) runs before each layer is queued and may throw (the work already
-    // queued completes; nothing is read back).
+    // queued completes; nothing is read back). observer (streamed experts, one token only; may be
+    // null): on_gate(il, ffn_inp [n_embd], router logits [n_expert], ids [k]) for each MoE layer,
+    // after its experts were acquired (so the prefetches it starts queue behind the layer's demand).
     virtual void forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits,
                          float* logits, std::vector<std::vector<int32_t>>& routing,
-                         const std::function<void(int)>& check_cancel) = 0;
+                         const std::function<void(int)>& check_cancel, GateObserver* observer) = 0;
     virtual const DevicePlan& plan() const = 0;
+    // The VRAM tier of the expert cache when the experts stream (its stats, the prefetcher's target);
+    // nullptr when every expert is resident.
+    virtual ExpertCache* expert_cache() { return nullptr; }
+    // CPU compute of misses: adds its counter and the cost model's inputs to `st` (nothing resident).
+    virtual void add_miss_stats(ExpertCacheStats& st) const {}
+    // An enabled timeline (it outlives the forward pass) gets a "compute stream" span per layer and
+    // pass and, with streamed experts, a "copy stream" span per expert fill, in device times placed on
+    // the timeline's clock. Takes a reference point (one device wait); a disabled one is ignored.
+    virtual void set_timeline(Timeline* timeline) {}
 };
 
 // device="cuda": checks, in this order, and throws before allocating anything: DeviceError (no
@@ -97,8 +114,21 @@ class DeviceForward {
 // (one compute stream, waited on before returning) and returns the ready forward pass. exact: f32
 // activations on dequantized weights in every product; otherwise the int8 paths on q8-quantized
 // activations for every quantized weight (as the CPU's fast mode). The stub: UnsupportedError.
+// streamed: nullptr uploads every expert (part 1, "resident"); otherwise the routed experts stay in
+// the model's mapping (registered as pinned) and reach VRAM through an ExpertCache in the VRAM tier
+// with these options (n_slots, n_staging, policy; the tier planner chose the sizes): each MoE layer
+// reads its ids back to the host once, acquires its experts, makes the compute stream wait on exactly
+// those experts' copy events and runs the same expert kernels through a slot table, so the logits are
+// the resident ones bit for bit. The VRAM check then charges the slots instead of the experts.
+// misses (streamed only; nullptr: every miss copied): CPU compute of misses (moe/cpu_miss.h). In
+// single-token decoding a selected expert that is neither in VRAM nor loading is, by the mode, copied
+// or computed on the CPU from the mapping with the CPU kernels (one activation row down, one output
+// row up, added in slot order by the same weighted sum); the cost model's inputs are measured here
+// when not given. Prefill batches always copy (the model charges the CPU per row).
 std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t n_ctx, int64_t max_batch,
-                                                   GgmlType type_k, GgmlType type_v, bool exact);
+                                                   GgmlType type_k, GgmlType type_v, bool exact,
+                                                   const ExpertCacheOptions* streamed = nullptr,
+                                                   const CpuMissOptions* misses = nullptr);
 
 // ---- op entries for the tests and benchmarks ------------------------------------------------------
 // Each uploads its host inputs, runs one op's launch sequence on a fresh stream, waits, and returns

@@ -129,10 +129,14 @@ class Stream {
     cudaStream_t stream_ = nullptr;
 };
 
-// An ordering point between streams (no timing).
+// An ordering point between streams; timing = true also lets elapsed_us measure between two of them
+// (the timeline's device times; timing events cost more to record, so only the timeline asks).
 class Event {
   public:
-    Event() { cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate"); }
+    explicit Event(bool timing = false) {
+        cuda_check(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming),
+                   "cudaEventCreate");
+    }
     ~Event() {
         if (event_ != nullptr) cudaEventDestroy(event_);
     }
@@ -149,13 +153,29 @@ class Event {
 
     cudaEvent_t get() const { return event_; }
     // Marks the point of `stream` after everything queued on it so far.
-    void record(const Stream& stream) const {
-        cuda_check(cudaEventRecord(event_, stream.get()), "cudaEventRecord");
-    }
+    void record(const Stream& stream) const { record(stream.get()); }
+    void record(cudaStream_t stream) const { cuda_check(cudaEventRecord(event_, stream), "cudaEventRecord"); }
     void synchronize() const { cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
 
   private:
     cudaEvent_t event_ = nullptr;
+};
+
+// Device microseconds from `from` to `to`, two completed timing events (on any streams of the device).
+inline double elapsed_us(const Event& from, const Event& to) {
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, from.get(), to.get()), "cudaEventElapsedTime");
+    return 1e3 * static_cast<double>(ms);
+}
+
+// Device times on the host's timeline (trace/timeline.h): a timing event recorded on an idle stream
+// and the host time at which it was seen complete; a later timing event's host time is that plus the
+// device time between them (off by the host's wake-up latency, microseconds, and never later than
+// the host observed the event).
+struct DeviceClock {
+    Event ref{true};
+    double ref_us = 0.0;
+    double host_us(const Event& e) const { return ref_us + elapsed_us(ref, e); }
 };
 
 // Host -> device / device -> host copies on a stream, checked.

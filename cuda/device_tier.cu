@@ -22,10 +22,12 @@
 
 #include "cuda_backend.h"
 #include "device_memory.cuh"
+#include "device_tier.cuh"
 #include "model/model.h"
 #include "moe/expert_cache.h"
 #include "moe/expert_tier.h"
 #include "sharpi/errors.h"
+#include "trace/timeline.h"
 
 namespace sharpi::cuda {
 namespace {
@@ -46,7 +48,7 @@ class DeviceSlotMemory final : public SlotMemory {
 // ExpertReader over host images: a request is one cudaMemcpyAsync into device slot memory on the copy
 // stream plus an event recorded after it. Queued (plugged, or behind the priority sort) requests can be
 // cancelled or promoted; started ones complete when their event does.
-class CudaCopyFiller final : public ExpertReader {
+class CudaCopyFiller final : public ExpertReader, public VramFills {
   public:
     explicit CudaCopyFiller(const HostImages& source) : source_(source) {
         for (size_t f = 0; f < source_.images.size(); ++f) {
@@ -135,16 +137,17 @@ class CudaCopyFiller final : public ExpertReader {
                                                             : "partly pageable (registration refused)");
     }
 
-    // Compute work queued on `compute` after this call waits for the copy of `tag` if it is still in
-    // flight (nothing to wait for once it completed).
-    void stream_wait(uint64_t tag, cudaStream_t compute) const {
+    void stream_wait(uint64_t tag, cudaStream_t compute) const override {
         for (const Started& s : started_) {
             if (s.request.tag == tag)
                 cuda_check(cudaStreamWaitEvent(compute, s.done.get(), 0), "cudaStreamWaitEvent");
         }
     }
-    // Marks the end of the reads queued on `compute` so far: copies issued from now on wait for it.
-    void compute_done(cudaStream_t compute) {
+    void set_timeline(Timeline* timeline, const DeviceClock* clock) override {
+        timeline_ = timeline;
+        clock_ = clock;
+    }
+    void compute_done(cudaStream_t compute) override {
         cuda_check(cudaEventRecord(compute_done_.get(), compute), "cudaEventRecord (compute done)");
         compute_marked_ = true;
     }
@@ -153,6 +156,7 @@ class CudaCopyFiller final : public ExpertReader {
     struct Started {
         ReadRequest request;
         Event done;
+        std::unique_ptr<Event> timed_begin, timed_end;  // timeline only
     };
 
     void note_busy() {
@@ -163,11 +167,16 @@ class CudaCopyFiller final : public ExpertReader {
                          [](const ReadRequest& a, const ReadRequest& b) { return a.priority < b.priority; });
         for (const ReadRequest& r : queued_) {
             if (compute_marked_) copy_.wait(compute_done_.get());
+            const bool timed = timeline_ != nullptr && timeline_->enabled() && clock_ != nullptr;
+            std::unique_ptr<Event> begin = timed ? std::make_unique<Event>(true) : nullptr;
+            if (begin) begin->record(copy_);
             copy_to_device(r.buffer + r.offset % kAlignment, source_.images[r.file] + r.offset, r.length,
                            copy_, "expert fill");
+            std::unique_ptr<Event> end = timed ? std::make_unique<Event>(true) : nullptr;
+            if (end) end->record(copy_);
             Event done = take_event();
             done.record(copy_);
-            started_.push_back(Started{r, std::move(done)});
+            started_.push_back(Started{r, std::move(done), std::move(begin), std::move(end)});
         }
         queued_.clear();
     }
@@ -185,6 +194,10 @@ class CudaCopyFiller final : public ExpertReader {
                 c.error = cuda_error_message(err, "expert copy to VRAM");
             }
             out.push_back(std::move(c));
+            if (s.timed_begin && err == cudaSuccess) {
+                timeline_->span("copy stream", "fill " + std::to_string(s.request.length) + " B",
+                                clock_->host_us(*s.timed_begin), clock_->host_us(*s.timed_end));
+            }
             inflight_bytes_ -= s.request.length;
             copied_bytes_ += s.request.length;
             events_.push_back(std::move(s.done));
@@ -202,6 +215,8 @@ class CudaCopyFiller final : public ExpertReader {
     }
 
     HostImages source_;
+    Timeline* timeline_ = nullptr;
+    const DeviceClock* clock_ = nullptr;
     std::vector<void*> registered_;
     Stream copy_;
     Event compute_done_;
@@ -215,22 +230,27 @@ class CudaCopyFiller final : public ExpertReader {
     Clock::time_point busy_since_{};
 };
 
-// The VRAM tier; *filler receives the filler the cache opens (it lives as long as the cache).
-ExpertTier vram_tier(const HostImages& source, CudaCopyFiller** filler) {
+}  // namespace
+
+ExpertTier vram_tier(const HostImages& source, VramFills** fills) {
     ExpertTier t;
     t.name = "vram";
     t.allocate = [](uint64_t bytes) -> std::unique_ptr<SlotMemory> {
         return std::make_unique<DeviceSlotMemory>(bytes);
     };
-    t.open_filler = [source, filler](uint8_t*, uint64_t) -> std::unique_ptr<ExpertReader> {
+    t.open_filler = [source, fills](uint8_t*, uint64_t) -> std::unique_ptr<ExpertReader> {
         auto f = std::make_unique<CudaCopyFiller>(source);
-        *filler = f.get();
+        *fills = f.get();
         return f;
     };
     return t;
 }
 
-}  // namespace
+void stream_wait_acquired(const ExpertCache& cache, const VramFills& fills, int n, cudaStream_t compute) {
+    for (int i = 0; i < n; ++i) {
+        for (int part = 0; part < kExpertParts; ++part) fills.stream_wait(cache.fill_tag(i, part), compute);
+    }
+}
 
 VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& o,
                              const std::vector<TierStep>& steps) {
@@ -239,7 +259,7 @@ VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& o,
     co.n_slots = o.n_slots;
     co.n_staging = o.n_staging;
     co.policy = o.policy;
-    CudaCopyFiller* filler = nullptr;
+    VramFills* filler = nullptr;
     ExpertCache cache(model.experts, co, vram_tier(mapped_images(model.experts), &filler));
     Stream compute;
     VramTierRun run;
@@ -250,11 +270,10 @@ VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& o,
         cache.gate_fired(step.layer, step.experts.data(), n);
         cache.acquire(step.layer, step.experts.data(), n, views.data());
         // The compute stream waits on exactly the fills this step reads, then reads every slot back.
+        stream_wait_acquired(cache, *filler, n, compute.get());
         std::vector<PinnedBuffer> back;
         for (int i = 0; i < n; ++i) {
             uint64_t bytes = 0;
-            for (int part = 0; part < kExpertParts; ++part)
-                filler->stream_wait(cache.fill_tag(i, part), compute.get());
             for (const cpu::WeightView* w : {&views[i].gate, &views[i].up, &views[i].down})
                 bytes += static_cast<uint64_t>(w->n_rows) * w->row_bytes;
             back.emplace_back(bytes, "expert read-back");

@@ -30,7 +30,7 @@ std::string describe() {
 }
 
 std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t, int64_t, GgmlType, GgmlType,
-                                                   bool) {
+                                                   bool, const ExpertCacheOptions*, const CpuMissOptions*) {
     no_cuda("device=\"cuda\" for " + model.hp.arch);
 }
 

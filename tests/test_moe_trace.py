@@ -272,3 +272,26 @@ def test_finish_without_out_dir_or_events_writes_nothing(tmp_path, monkeypatch):
     MoeTracer(str(tmp_path / "o"), stream=None).finish({"layers": []}, [])
     tl = json.loads((tmp_path / "o" / "moe_trace_timeline.json").read_text())
     assert [e["ph"] for e in tl["traceEvents"]] == ["M"]
+
+
+def test_device_stream_tracks_sit_beside_compute_and_spread_overlapping_copies():
+    # A device session's spans: layers on the compute stream, expert fills on the copy stream (several in
+    # flight, crossing each other), stalls; whatever order they arrive in, the lanes are ordered compute,
+    # compute stream, copy stream (crossing fills on extra lanes), then stall.
+    from sharpi.timeline import chrome_trace
+
+    events = [{"track": "stall", "name": "wait", "start_us": 5.0, "dur_us": 1.0}]
+    events += [{"track": "copy stream", "name": f"fill {i}", "start_us": 3.0 * i, "dur_us": 10.0} for i in range(3)]
+    events += [
+        {"track": "compute stream", "name": f"layer {il}", "start_us": 20.0 * il, "dur_us": 15.0} for il in range(2)
+    ]
+    events.append({"track": "compute", "name": "layer 0", "start_us": 0.0, "dur_us": 40.0})
+    doc = chrome_trace(events)
+    names = check_trace_document(doc)
+    sort_index = {
+        (e["pid"], e["tid"]): e["args"]["sort_index"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_sort_index"
+    }
+    lanes = [names[key] for key in sorted(names, key=lambda key: sort_index[key])]
+    assert lanes == ["compute", "compute stream", "copy stream", "copy stream #2", "copy stream #3", "stall"]

@@ -10,8 +10,10 @@
 #include "gguf/cache_prior_file.h"
 #include "memory_plan.h"
 #include "model/forward.h"
+#include "moe/cpu_miss.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
+#include "tier_plan.h"
 
 namespace sharpi {
 
@@ -56,7 +58,12 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     if (options.device != "cpu" && options.device != "cuda") {
         throw InvalidArgument("device must be \"cpu\" or \"cuda\", got \"" + options.device + "\"");
     }
-    if (options.predictor != "none" && !streaming) {
+    if (options.vram_budget > 0 && options.device != "cuda") {
+        throw InvalidArgument("vram_budget is for device=\"cuda\" (this session computes on \"" +
+                              options.device + "\"; use ram_budget to stream experts into RAM)");
+    }
+    // With a vram_budget, whether the experts stream is the tier plan's decision (below).
+    if (options.predictor != "none" && !streaming && options.vram_budget == 0) {
         throw InvalidArgument("predictor '" + options.predictor +
                               "' needs a RAM budget (ram_budget / --ram-budget): with every expert resident "
                               "there is nothing to prefetch");
@@ -77,14 +84,45 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     // The device is the CUDA backend's decision (cuda_backend.h): it checks the device, the model
     // and the VRAM before it allocates, then uploads; a CPU-only build's stub refuses. The device
     // KV cache is f32 in both modes (a type named by the user is checked by the plan).
+    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
+                                                                    : cpu::hardware_threads());
+    // CPU compute of VRAM misses: the mode is checked here, before any device is touched.
+    const char* cpu_moe_env = std::getenv("SHARPI_CPU_MOE");
+    const bool cpu_moe_forced = cpu_moe_env != nullptr && std::string(cpu_moe_env) == "1";
+    CpuMissOptions misses;
+    misses.mode = parse_miss_mode(cpu_moe_forced ? "cpu" : options.miss_route);
+    misses.copy_bytes_per_s = options.miss_copy_bytes_per_s;
+    misses.copy_latency_s = options.miss_copy_latency_s;
+    misses.cpu_bytes_per_s = options.miss_cpu_bytes_per_s;
+    misses.pool = pool_.get();
+    if (misses.mode != MissMode::copy && !cpu_moe_forced && options.device != "cuda") {
+        throw InvalidArgument("miss_route \"" + options.miss_route +
+                              "\" is for device=\"cuda\" with a vram_budget (experts missing from VRAM)");
+    }
     if (options.device == "cuda") {
         check_device_options(path);
         const GgmlType dev_k = options.cache_type_k.empty() ? GgmlType::F32 : type_k;
         const GgmlType dev_v = options.cache_type_v.empty() ? GgmlType::F32 : type_v;
-        device_ = cuda::open_device_forward(*model_, n_ctx, kMaxBatch, dev_k, dev_v, exact_);
+        ExpertCacheOptions vram_cache;
+        const bool streamed = options.vram_budget > 0 && plan_vram_tiers(n_ctx, dev_k, dev_v, &vram_cache);
+        if (options.vram_budget > 0 && !streamed && options.predictor != "none") {
+            throw InvalidArgument("predictor '" + options.predictor +
+                                  "': every expert fits the vram_budget (" +
+                                  std::to_string(options.vram_budget) +
+                                  " B), so nothing streams and there is nothing to prefetch");
+        }
+        if (!streamed && misses.mode != MissMode::copy && !cpu_moe_forced) {
+            throw InvalidArgument(
+                "miss_route \"" + options.miss_route +
+                "\" serves experts missing from VRAM: it needs a vram_budget under which the "
+                "experts stream (every expert is resident here)");
+        }
+        device_ = cuda::open_device_forward(*model_, n_ctx, kMaxBatch, dev_k, dev_v, exact_,
+                                            streamed ? &vram_cache : nullptr, &misses);
+        cache_ = device_->expert_cache();
+        if (cache_ != nullptr) cache_->set_timeline(&timeline_);
+        device_->set_timeline(&timeline_);
     }
-    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
-                                                                    : cpu::hardware_threads());
     // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
     if (streaming) plan_expert_cache(n_ctx, type_k, type_v);
     const KvLayout kv_shape = kv_layout(h, type_k, type_v);
@@ -97,6 +135,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
         install_predictor(std::move(predictor));
     } else {
         experts_ = std::make_unique<ResidentExperts>(model_->experts);
+        if (cache_ != nullptr) install_predictor(std::move(predictor));  // the VRAM tier streams
     }
     routing_.resize(static_cast<size_t>(h.n_layer));
 
@@ -169,13 +208,7 @@ void Engine::plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v) 
     ExpertCacheOptions o;
     o.n_slots = std::min<uint64_t>((budget - fixed) / slot - n_staging, total_experts);
     o.n_staging = n_staging;
-    o.probation = options_.slru_probation;
-    if (!options_.cache_policy.empty()) o.policy = options_.cache_policy;
-    if (!options_.cache_policy_file.empty() && o.policy != "prior") {
-        throw InvalidArgument("[cache] policy '" + o.policy + "' reads no file (only 'prior' does)");
-    }
-    if (o.policy == "prior")
-        o.policy_prior = read_cache_prior(options_.cache_policy_file, h.n_layer, h.n_expert);
+    set_cache_policy(o);
     o.reader = options_.reader;
     o.read_timeout_ms = read_timeout_ms();
     auto cache = std::make_unique<ExpertCache>(model_->experts, o);
@@ -184,6 +217,53 @@ void Engine::plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v) 
     experts_ = std::move(cache);
     plan_.budget_bytes = budget;
     plan_.fixed_bytes = fixed;
+}
+
+void Engine::set_cache_policy(ExpertCacheOptions& o) const {
+    const HParams& h = model_->hp;
+    o.probation = options_.slru_probation;
+    if (!options_.cache_policy.empty()) o.policy = options_.cache_policy;
+    if (!options_.cache_policy_file.empty() && o.policy != "prior") {
+        throw InvalidArgument("[cache] policy '" + o.policy + "' reads no file (only 'prior' does)");
+    }
+    if (o.policy == "prior")
+        o.policy_prior = read_cache_prior(options_.cache_policy_file, h.n_layer, h.n_expert);
+}
+
+bool Engine::plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, ExpertCacheOptions* o) {
+    const HParams& h = model_->hp;
+    const std::string& path = model_->file->path();
+    if (!h.is_moe()) {
+        throw InvalidArgument("vram_budget: " + path +
+                              " is a dense model (no routed experts to stream; drop vram_budget)");
+    }
+    // The same sizes the device path charges (and its UnsupportedError for what it does not compute).
+    const TierSizes sizes = tier_sizes(*model_, n_ctx, kMaxBatch, type_k, type_v);
+    TierRequest request;
+    if (options_.vram_budget == SessionOptions::kVramBudgetAuto) {
+        const cuda::DeviceInfo info = cuda::device_info();
+        if (!info.present) throw DeviceError("vram_budget \"auto\" for " + path + ": " + cuda::describe());
+        request.vram_budget = auto_vram_budget(info.vram_free).budget;
+    } else {
+        request.vram_budget = options_.vram_budget;
+    }
+    // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots.
+    if (options_.predictor != "none")
+        request.n_staging =
+            static_cast<uint64_t>(h.n_expert_used) * static_cast<uint64_t>(options_.lookahead);
+    TierPlan plan;
+    try {
+        plan = plan_tiers(sizes, request);
+    } catch (const InvalidArgument& e) {
+        throw InvalidArgument("vram_budget for " + path + ": " + e.what());
+    }
+    if (plan.experts_resident) return false;
+    o->n_slots = plan.n_vram_slots;
+    o->n_staging = plan.n_vram_staging;
+    set_cache_policy(*o);
+    plan_.budget_bytes = request.vram_budget;
+    plan_.fixed_bytes = plan.device_dense_bytes + plan.device_kv_bytes + plan.device_buffer_bytes;
+    return true;
 }
 
 void Engine::set_route_trace(RouteTrace trace) {
@@ -223,6 +303,7 @@ ExpertCacheStats Engine::expert_stats() const {
         st.fixed_bytes = plan_.fixed_bytes;
     }
     if (prefetcher_) prefetcher_->add_stats(st);
+    if (device_) device_->add_miss_stats(st);
     st.decode_ms = decode_ms_;
     return st;
 }
@@ -320,8 +401,14 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     try {
         if (device_) {
             std::vector<std::vector<int32_t>> ids;
-            device_->forward(tokens.data(), n, n_past_, all_logits, logits.data(), ids,
-                             [this](int il) { throw_if_cancelled(il); });
+            GateObserver* observer = nullptr;
+            if (prefetcher_ && n == 1) {
+                begin_prefetch_token();
+                observer = this;
+            }
+            device_->forward(
+                tokens.data(), n, n_past_, all_logits, logits.data(), ids,
+                [this](int il) { throw_if_cancelled(il); }, observer);
             for (size_t il = 0; il < routing_.size(); ++il) {
                 routing_[il].ids = std::move(ids[il]);
                 routing_[il].weights.clear();
@@ -336,6 +423,20 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     }
     n_past_ += n;  // only once the whole batch succeeded
     return logits;
+}
+
+void Engine::begin_prefetch_token() {
+    const HParams& h = model_->hp;
+    const int64_t k = h.n_expert_used;
+    prev_selection_.assign(static_cast<size_t>(h.n_layer * k), -1);
+    bool have_prev = false;
+    for (int il = 0; il < h.n_layer; ++il) {
+        const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
+        if (ids.size() < static_cast<size_t>(k)) continue;
+        std::copy(ids.end() - k, ids.end(), prev_selection_.begin() + il * k);
+        have_prev = true;
+    }
+    prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
 }
 
 void Engine::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {
@@ -382,18 +483,8 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
     }
 
     if (prefetcher_ && n == 1) {
-        // Single-token decoding: the predictor sees every layer's gate. Its previous-token history
-        // is the last row of the previous decode's routing (none after reset()).
-        const int64_t k = h.n_expert_used;
-        prev_selection_.assign(static_cast<size_t>(h.n_layer * k), -1);
-        bool have_prev = false;
-        for (int il = 0; il < h.n_layer; ++il) {
-            const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
-            if (ids.size() < static_cast<size_t>(k)) continue;
-            std::copy(ids.end() - k, ids.end(), prev_selection_.begin() + il * k);
-            have_prev = true;
-        }
-        prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
+        // Single-token decoding: the predictor sees every layer's gate.
+        begin_prefetch_token();
         moes.front().set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {

@@ -93,6 +93,15 @@ class Engine final : private GateObserver {
 
     // device="cuda": options the device path does not take, refused before anything is allocated.
     void check_device_options(const std::string& path) const;
+    // device="cuda" with a vram_budget: the tier plan (InvalidArgument below its minimum, DeviceError
+    // for "auto" without a device); true and the VRAM tier's options in *o when the experts stream,
+    // false when they all fit.
+    bool plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, ExpertCacheOptions* o);
+    // The replacement policy options of either tier's cache.
+    void set_cache_policy(ExpertCacheOptions& o) const;
+    // Single-token decoding with a prefetcher: the predictor's previous-token history starts from
+    // the last row of the previous decode's routing (none after reset()).
+    void begin_prefetch_token();
 
     static constexpr int64_t kMaxBatch = 256;
     static_assert(std::atomic<bool>::is_always_lock_free, "cancel() must be async-signal-safe");

@@ -1,8 +1,9 @@
 // Kernels: expert_gate_up (a warp per (ff row, slot): gate and up rows of the slot's expert, then
 // silu·mul), expert_matvec (a warp per (output row, slot) of the slot's expert), combine (the
-// weighted sum over slots in slot order). Expert e's rows start e * rows * row_blocks blocks into
-// the stacked tensor. All dots go through warp_row_dot, and the grouped path through the matvec /
-// matmul launches that use the same per-row order, so prefill equals decode bit for bit.
+// weighted sum over slots in slot order). A slot's expert rows start where PartRows says: expert
+// ids[s] of the stacked tensor (resident) or the slot table's pointer (streamed); nothing else
+// differs. All dots go through warp_row_dot, and the grouped path through the matvec / matmul
+// launches that use the same per-row order, so prefill equals decode bit for bit.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -18,34 +19,59 @@ namespace {
 
 constexpr int kRowsPerBlock = 4;
 
+// One part (gate, up or down) of the k selected experts: where slot s's first row is.
+struct PartRows {
+    const unsigned char* stacked;  // resident: the stacked tensor; null: read `slot`
+    const int32_t* ids;            // resident: the device ids [k]
+    size_t expert_bytes;           // resident: bytes of one expert in the stack
+    const unsigned char* slot[kMaxSlotTable];
+    uint32_t skip;  // slots computed elsewhere (the CPU): not read, their outputs left alone
+    __device__ bool skipped(int64_t s) const { return ((skip >> s) & 1u) != 0; }
+    __device__ const unsigned char* expert(int64_t s) const {
+        return stacked != nullptr ? stacked + static_cast<size_t>(ids[s]) * expert_bytes : slot[s];
+    }
+};
+
+PartRows stacked_rows(const void* w, const int32_t* ids, size_t expert_bytes) {
+    PartRows r{};
+    r.stacked = static_cast<const unsigned char*>(w);
+    r.ids = ids;
+    r.expert_bytes = expert_bytes;
+    return r;
+}
+
+PartRows table_rows(const void* const* pointers, int64_t k, uint32_t skip) {
+    PartRows r{};
+    for (int64_t s = 0; s < k; ++s) r.slot[s] = static_cast<const unsigned char*>(pointers[s]);
+    r.skip = skip;
+    return r;
+}
+
 // x: one activation row shared by all slots (f32 or q8 as kInt8); h: [k, n_ff].
 template <typename Block, bool kInt8>
-__global__ void expert_gate_up_kernel(const Block* __restrict__ gate, const Block* __restrict__ up,
-                                      int64_t n_ff, int64_t n_embd, const int32_t* __restrict__ ids,
+__global__ void expert_gate_up_kernel(const PartRows gate, const PartRows up, int64_t n_ff, int64_t n_embd,
                                       const void* __restrict__ x, float* __restrict__ h) {
     constexpr int kBlock = BmBlockSize<Block>::value;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     const int64_t slot = blockIdx.y;
-    if (row >= n_ff) return;
-    const int64_t row_blocks = n_embd / kBlock;
-    const int64_t base = (static_cast<int64_t>(ids[slot]) * n_ff + row) * row_blocks;
-    const float g = warp_row_dot<Block, kInt8>(gate + base, x, n_embd);
-    const float u = warp_row_dot<Block, kInt8>(up + base, x, n_embd);
+    if (row >= n_ff || gate.skipped(slot)) return;
+    const int64_t at = row * (n_embd / kBlock);
+    const float g = warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(gate.expert(slot)) + at, x, n_embd);
+    const float u = warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(up.expert(slot)) + at, x, n_embd);
     if (threadIdx.x % kWarp == 0) h[slot * n_ff + row] = silu_mul(g, u);
 }
 
-// y[slot, row] = W_{ids[slot]}[row] . x_slot, x_slot at x + slot * x_row_bytes.
+// y[slot, row] = W_slot[row] . x_slot, x_slot at x + slot * x_row_bytes.
 template <typename Block, bool kInt8>
-__global__ void expert_matvec_kernel(const Block* __restrict__ w, int64_t n_rows, int64_t n_cols,
-                                     const int32_t* __restrict__ ids, const void* __restrict__ x,
+__global__ void expert_matvec_kernel(const PartRows w, int64_t n_rows, int64_t n_cols, const void* __restrict__ x,
                                      size_t x_row_bytes, float* __restrict__ y) {
     constexpr int kBlock = BmBlockSize<Block>::value;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     const int64_t slot = blockIdx.y;
-    if (row >= n_rows) return;
-    const int64_t base = (static_cast<int64_t>(ids[slot]) * n_rows + row) * (n_cols / kBlock);
+    if (row >= n_rows || w.skipped(slot)) return;
+    const Block* wr = reinterpret_cast<const Block*>(w.expert(slot)) + row * (n_cols / kBlock);
     const void* xs = static_cast<const unsigned char*>(x) + slot * x_row_bytes;
-    const float sum = warp_row_dot<Block, kInt8>(w + base, xs, n_cols);
+    const float sum = warp_row_dot<Block, kInt8>(wr, xs, n_cols);
     if (threadIdx.x % kWarp == 0) y[slot * n_rows + row] = sum;
 }
 
@@ -134,9 +160,13 @@ size_t expert_ffn_scratch_bytes(const ExpertWeights& w, int64_t n_tokens, int64_
     return total;
 }
 
-void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int32_t* ids,
-                              const float* weights, int64_t k, bool int8, void* scratch, float* out,
-                              cudaStream_t stream) {
+namespace {
+
+// The decode launches for any PartRows: the one body of the resident and the slot-table entries.
+// cpu_rows: the host rows of the slots the PartRows skip (see ExpertSlotTable), or null.
+void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& up_rows, const PartRows& down_rows,
+            const float* cpu_rows, const float* x, const float* weights, int64_t k, bool int8, void* scratch,
+            float* out, cudaStream_t stream) {
     const Pieces p = carve(w, 1, k, int8, scratch, nullptr);
     const dim3 ff_grid(div_up(w.n_ff, kRowsPerBlock), static_cast<unsigned int>(k));
     const dim3 embd_grid(div_up(w.n_embd, kRowsPerBlock), static_cast<unsigned int>(k));
@@ -145,38 +175,36 @@ void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int3
         if (q8) launch_quantize_act(w.gate_type, x, w.n_embd, 1, p.xq, stream);
         dispatch_type(w.gate_type, "expert gate/up", [&](auto tag) {
             using Block = BlockOf<decltype(tag)>;
-            const Block* gate = static_cast<const Block*>(w.gate);
-            const Block* up = static_cast<const Block*>(w.up);
             if constexpr (bm_has_int8<Block>()) {
                 if (q8) {
                     expert_gate_up_kernel<Block, true><<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(
-                        gate, up, w.n_ff, w.n_embd, ids, p.xq, p.h);
+                        gate_rows, up_rows, w.n_ff, w.n_embd, p.xq, p.h);
                     return;
                 }
             }
             expert_gate_up_kernel<Block, false>
-                <<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(gate, up, w.n_ff, w.n_embd, ids, x, p.h);
+                <<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(gate_rows, up_rows, w.n_ff, w.n_embd, x, p.h);
         });
         SHARPI_CUDA_CHECK_LAUNCH("expert gate/up");
     } else {
         // Mixed gate / up types (rare): the two projections separately, then silu·mul.
         for (int which = 0; which < 2; ++which) {
             const GgmlType type = which == 0 ? w.gate_type : w.up_type;
+            const PartRows& rows = which == 0 ? gate_rows : up_rows;
             const bool q8 = uses_int8(type, int8);
             if (q8) launch_quantize_act(type, x, w.n_embd, 1, p.xq, stream);
             dispatch_type(type, "expert gate/up", [&](auto tag) {
                 using Block = BlockOf<decltype(tag)>;
-                const Block* mat = static_cast<const Block*>(which == 0 ? w.gate : w.up);
                 float* y = which == 0 ? p.g : p.u;
                 if constexpr (bm_has_int8<Block>()) {
                     if (q8) {
                         expert_matvec_kernel<Block, true><<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(
-                            mat, w.n_ff, w.n_embd, ids, p.xq, 0, y);
+                            rows, w.n_ff, w.n_embd, p.xq, 0, y);
                         return;
                     }
                 }
                 expert_matvec_kernel<Block, false>
-                    <<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(mat, w.n_ff, w.n_embd, ids, x, 0, y);
+                    <<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(rows, w.n_ff, w.n_embd, x, 0, y);
             });
             SHARPI_CUDA_CHECK_LAUNCH("expert gate/up");
         }
@@ -186,38 +214,69 @@ void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int3
     if (q8_down) launch_quantize_act(w.down_type, p.h, w.n_ff, k, p.hq, stream);
     dispatch_type(w.down_type, "expert down", [&](auto tag) {
         using Block = BlockOf<decltype(tag)>;
-        const Block* down = static_cast<const Block*>(w.down);
         if constexpr (bm_has_int8<Block>()) {
             if (q8_down) {
                 expert_matvec_kernel<Block, true><<<embd_grid, kRowsPerBlock * kWarp, 0, stream>>>(
-                    down, w.n_embd, w.n_ff, ids, p.hq, q8_act_row_bytes(w.down_type, w.n_ff), p.partial);
+                    down_rows, w.n_embd, w.n_ff, p.hq, q8_act_row_bytes(w.down_type, w.n_ff), p.partial);
                 return;
             }
         }
         expert_matvec_kernel<Block, false><<<embd_grid, kRowsPerBlock * kWarp, 0, stream>>>(
-            down, w.n_embd, w.n_ff, ids, p.h, sizeof(float) * w.n_ff, p.partial);
+            down_rows, w.n_embd, w.n_ff, p.h, sizeof(float) * w.n_ff, p.partial);
     });
     SHARPI_CUDA_CHECK_LAUNCH("expert down");
+    for (int64_t s = 0; s < k && cpu_rows != nullptr; ++s) {
+        if (((down_rows.skip >> s) & 1u) == 0) continue;
+        cuda_check(cudaMemcpyAsync(p.partial + s * w.n_embd, cpu_rows + s * w.n_embd, sizeof(float) * w.n_embd,
+                                   cudaMemcpyHostToDevice, stream),
+                   "expert ffn: a CPU-computed expert's row");
+    }
     combine_kernel<<<dim3(div_up(w.n_embd, 256), 1), 256, 0, stream>>>(p.partial, weights, nullptr, k,
                                                                        w.n_embd, out);
     SHARPI_CUDA_CHECK_LAUNCH("expert combine");
 }
 
-void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n_tokens,
-                               const int32_t* ids_host, const float* weights_dev, int64_t k, bool int8,
-                               void* scratch, float* out, cudaStream_t stream) {
+}  // namespace
+
+void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int32_t* ids,
+                              const float* weights, int64_t k, bool int8, void* scratch, float* out,
+                              cudaStream_t stream) {
+    decode(w, stacked_rows(w.gate, ids, row_bytes(w.gate_type, w.n_embd) * w.n_ff),
+           stacked_rows(w.up, ids, row_bytes(w.up_type, w.n_embd) * w.n_ff),
+           stacked_rows(w.down, ids, row_bytes(w.down_type, w.n_ff) * w.n_embd), nullptr, x, weights, k, int8,
+           scratch, out, stream);
+}
+
+void launch_expert_ffn_decode_slots(const ExpertWeights& w, const ExpertSlotTable& slots, const float* x,
+                                    const float* weights, int64_t k, bool int8, void* scratch, float* out,
+                                    cudaStream_t stream) {
+    if (k < 1 || k > kMaxSlotTable) {
+        throw InvalidArgument("[cuda] expert slot table: " + std::to_string(k) + " experts per token (1.." +
+                              std::to_string(kMaxSlotTable) + ")");
+    }
+    const uint32_t skip = slots.cpu_rows != nullptr ? slots.cpu_mask : 0u;
+    decode(w, table_rows(slots.gate, k, skip), table_rows(slots.up, k, skip), table_rows(slots.down, k, skip),
+           slots.cpu_rows, x, weights, k, int8, scratch, out, stream);
+}
+
+GroupedExpertFfn::GroupedExpertFfn(const ExpertWeights& w, const float* x, int64_t n_tokens,
+                                   const int32_t* ids_host, int64_t k, bool int8, void* scratch,
+                                   cudaStream_t stream)
+    : w_(w), n_tokens_(n_tokens), k_(k), int8_(int8), scratch_(scratch), stream_(stream) {
     if (n_tokens <= 0) return;
     const Pieces p = carve(w, n_tokens, k, int8, scratch, nullptr);
     const int64_t n_rows = n_tokens * k;
     // Group the (token, slot) rows by expert, tokens in order within an expert.
     int32_t n_expert = 0;
     for (int64_t i = 0; i < n_rows; ++i) n_expert = std::max(n_expert, ids_host[i] + 1);
-    std::vector<int32_t> rows, order(static_cast<size_t>(n_rows));
-    std::vector<int64_t> start(static_cast<size_t>(n_expert) + 1, 0);
-    for (int64_t i = 0; i < n_rows; ++i) ++start[static_cast<size_t>(ids_host[i]) + 1];
-    for (int32_t e = 0; e < n_expert; ++e) start[e + 1] += start[e];
-    rows.resize(static_cast<size_t>(n_rows));
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    std::vector<int32_t> rows(static_cast<size_t>(n_rows)), order(static_cast<size_t>(n_rows));
+    start_.assign(static_cast<size_t>(n_expert) + 1, 0);
+    for (int64_t i = 0; i < n_rows; ++i) ++start_[static_cast<size_t>(ids_host[i]) + 1];
+    for (int32_t e = 0; e < n_expert; ++e) {
+        if (start_[e + 1] > 0) experts_.push_back(e);
+        start_[e + 1] += start_[e];
+    }
+    std::vector<int64_t> fill(start_.begin(), start_.end() - 1);
     for (int64_t i = 0; i < n_rows; ++i) {
         const int64_t at = fill[static_cast<size_t>(ids_host[i])]++;
         rows[static_cast<size_t>(at)] = static_cast<int32_t>(i);
@@ -231,24 +290,41 @@ void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n
         "expert ffn: slot order");
     gather_kernel<<<div_up(n_rows * w.n_embd, 256), 256, 0, stream>>>(x, p.rows, k, w.n_embd, n_rows, p.xg);
     SHARPI_CUDA_CHECK_LAUNCH("expert gather");
+}
+
+void GroupedExpertFfn::run_expert(int32_t e, const void* gate, const void* up, const void* down) {
+    const Pieces p = carve(w_, n_tokens_, k_, int8_, scratch_, nullptr);
+    const int64_t o = start_[static_cast<size_t>(e)], c = start_[static_cast<size_t>(e) + 1] - o;
+    const float* xe = p.xg + o * w_.n_embd;
+    launch_linear(w_.gate_type, gate, w_.n_ff, w_.n_embd, xe, c, int8_, p.xq, p.g + o * w_.n_ff, stream_);
+    launch_linear(w_.up_type, up, w_.n_ff, w_.n_embd, xe, c, int8_, p.xq, p.u + o * w_.n_ff, stream_);
+    launch_silu_mul(p.g + o * w_.n_ff, p.u + o * w_.n_ff, c * w_.n_ff, p.h + o * w_.n_ff, stream_);
+    launch_linear(w_.down_type, down, w_.n_embd, w_.n_ff, p.h + o * w_.n_ff, c, int8_, p.hq,
+                  p.partial + o * w_.n_embd, stream_);
+}
+
+void GroupedExpertFfn::combine(const float* weights_dev, float* out) {
+    if (n_tokens_ <= 0) return;
+    const Pieces p = carve(w_, n_tokens_, k_, int8_, scratch_, nullptr);
+    combine_kernel<<<dim3(div_up(w_.n_embd, 256), static_cast<unsigned int>(n_tokens_)), 256, 0, stream_>>>(
+        p.partial, weights_dev, p.order, k_, w_.n_embd, out);
+    SHARPI_CUDA_CHECK_LAUNCH("expert combine");
+}
+
+void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n_tokens,
+                               const int32_t* ids_host, const float* weights_dev, int64_t k, bool int8,
+                               void* scratch, float* out, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    GroupedExpertFfn grouped(w, x, n_tokens, ids_host, k, int8, scratch, stream);
     const size_t gate_bytes = row_bytes(w.gate_type, w.n_embd) * w.n_ff;
     const size_t up_bytes = row_bytes(w.up_type, w.n_embd) * w.n_ff;
     const size_t down_bytes = row_bytes(w.down_type, w.n_ff) * w.n_embd;
-    for (int32_t e = 0; e < n_expert; ++e) {
-        const int64_t o = start[e], c = start[e + 1] - start[e];
-        if (c == 0) continue;
-        const float* xe = p.xg + o * w.n_embd;
-        launch_linear(w.gate_type, static_cast<const unsigned char*>(w.gate) + e * gate_bytes, w.n_ff,
-                      w.n_embd, xe, c, int8, p.xq, p.g + o * w.n_ff, stream);
-        launch_linear(w.up_type, static_cast<const unsigned char*>(w.up) + e * up_bytes, w.n_ff, w.n_embd, xe,
-                      c, int8, p.xq, p.u + o * w.n_ff, stream);
-        launch_silu_mul(p.g + o * w.n_ff, p.u + o * w.n_ff, c * w.n_ff, p.h + o * w.n_ff, stream);
-        launch_linear(w.down_type, static_cast<const unsigned char*>(w.down) + e * down_bytes, w.n_embd,
-                      w.n_ff, p.h + o * w.n_ff, c, int8, p.hq, p.partial + o * w.n_embd, stream);
+    for (const int32_t e : grouped.experts()) {
+        grouped.run_expert(e, static_cast<const unsigned char*>(w.gate) + e * gate_bytes,
+                           static_cast<const unsigned char*>(w.up) + e * up_bytes,
+                           static_cast<const unsigned char*>(w.down) + e * down_bytes);
     }
-    combine_kernel<<<dim3(div_up(w.n_embd, 256), static_cast<unsigned int>(n_tokens)), 256, 0, stream>>>(
-        p.partial, weights_dev, p.order, k, w.n_embd, out);
-    SHARPI_CUDA_CHECK_LAUNCH("expert combine");
+    grouped.combine(weights_dev, out);
 }
 
 }  // namespace sharpi::cuda

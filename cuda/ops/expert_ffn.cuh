@@ -8,6 +8,13 @@
 // both rows and writes the activation), the down projection for all k experts, then the weighted
 // sum. Prefill (launch_expert_ffn_grouped) groups the batch's (token, slot) pairs by expert on the
 // host and runs each expert once over all its tokens (the int8 path through the tiled matmul).
+//
+// Streamed experts (the VRAM tier, cuda/device_tier.cu) are not stacked: each selected expert's
+// parts sit in a cache slot. The same kernels then read each slot's rows through a slot table (one
+// device pointer per selected expert and part, passed by value in the launch), and the grouped path
+// takes one expert at a time with its slot's pointers (GroupedExpertFfn), so the cache can hand the
+// experts over in waves. The arithmetic and its order do not depend on where the rows are: resident
+// and streamed outputs are equal bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +34,22 @@ struct ExpertWeights {
     int64_t n_embd, n_ff;
 };
 
+// The most experts one token selects that a slot table holds (the decode launch passes it by value).
+constexpr int kMaxSlotTable = 32;
+
+// Device pointers to the parts of each selected expert, in rank order (slot s: the expert of
+// ids[s]); the types and shapes are an ExpertWeights' (whose stacked pointers are then unused).
+// CPU compute of misses: a slot whose bit is set in cpu_mask was computed on the host; the kernels
+// skip it (its pointers are not read) and its unweighted output row, cpu_rows[s * n_embd ..] (pinned
+// host memory, unchanged until the stream passes this launch), is copied in before the weighted sum.
+struct ExpertSlotTable {
+    const void* gate[kMaxSlotTable];
+    const void* up[kMaxSlotTable];
+    const void* down[kMaxSlotTable];
+    uint32_t cpu_mask;
+    const float* cpu_rows;
+};
+
 // Device scratch the FFN needs for n_tokens tokens of k slots (bytes), given whether the int8 path runs.
 size_t expert_ffn_scratch_bytes(const ExpertWeights& w, int64_t n_tokens, int64_t k, bool int8);
 
@@ -35,6 +58,35 @@ size_t expert_ffn_scratch_bytes(const ExpertWeights& w, int64_t n_tokens, int64_
 void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int32_t* ids,
                               const float* weights, int64_t k, bool int8, void* scratch, float* out,
                               cudaStream_t stream);
+
+// One token with its experts in cache slots: slots.{gate,up,down}[s] for s < k (k <= kMaxSlotTable;
+// the same launches and order as launch_expert_ffn_decode, so the same bits).
+void launch_expert_ffn_decode_slots(const ExpertWeights& w, const ExpertSlotTable& slots, const float* x,
+                                    const float* weights, int64_t k, bool int8, void* scratch, float* out,
+                                    cudaStream_t stream);
+
+// The grouped path in steps: the constructor groups the (token, slot) rows by expert on the host
+// and gathers each group's input rows; run_expert(e, ...) computes expert e's group from weights at
+// the given device pointers (once per listed expert, in any order: each writes its own rows); combine
+// then forms the weighted sums in slot order. All queued on `stream`; scratch as for the batch.
+class GroupedExpertFfn {
+  public:
+    GroupedExpertFfn(const ExpertWeights& w, const float* x, int64_t n_tokens, const int32_t* ids_host,
+                     int64_t k, bool int8, void* scratch, cudaStream_t stream);
+    // The distinct experts the batch selected, in increasing id order.
+    const std::vector<int32_t>& experts() const { return experts_; }
+    void run_expert(int32_t e, const void* gate, const void* up, const void* down);
+    void combine(const float* weights_dev, float* out);
+
+  private:
+    ExpertWeights w_;
+    int64_t n_tokens_, k_;
+    bool int8_;
+    void* scratch_;
+    cudaStream_t stream_;
+    std::vector<int32_t> experts_;
+    std::vector<int64_t> start_;  // by expert id: first grouped row (n_expert + 1 entries)
+};
 
 // A batch: x [n_tokens, n_embd] on the device; ids / weights [n_tokens, k] on the host (the
 // grouping is planned on the host) and on the device (weights_dev, for the weighted sum) -> out

@@ -110,6 +110,22 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
         "cgroup has available minus max(256 MiB, 10%%)) (default: all resident)",
     )
     p.add_argument(
+        "--vram-budget",
+        default=None,
+        metavar="SIZE",
+        help="with --device cuda: VRAM for the session, e.g. 12GiB, or auto (free VRAM minus a margin); dense "
+        "weights, KV cache and buffers first, then every expert if they fit, else expert slots the experts "
+        "stream into from pinned RAM (same output; `sharpi inspect --plan` shows the plan) (default: all "
+        "resident)",
+    )
+    p.add_argument(
+        "--miss-route",
+        choices=["copy", "cpu", "auto"],
+        default="copy",
+        help="with --vram-budget, an expert missing from VRAM: copy it (default; the resident output bit for "
+        "bit), compute it on the CPU, or auto (the cheaper by the miss cost model on measured bandwidths)",
+    )
+    p.add_argument(
         "--reader",
         choices=["auto", "cufile", "io_uring", "uring", "pread"],
         default="auto",
@@ -166,6 +182,8 @@ def session_options(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "n_ctx": args.ctx_size,
         "ram_budget": args.ram_budget,
+        "vram_budget": args.vram_budget,
+        "miss_route": args.miss_route,
         "slru_probation": args.slru_probation,
         "cache_policy": args.cache_policy,
         "reader": args.reader,

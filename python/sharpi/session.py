@@ -12,6 +12,30 @@ from . import _core
 from .plugin import Predictor
 
 
+def _vram_budget_bytes(vram_budget: Union[int, str, None]) -> int:
+    """Session's vram_budget as the core takes it: bytes, 0 (none) or _core.VRAM_BUDGET_AUTO."""
+    if vram_budget is None:
+        return 0
+    if isinstance(vram_budget, str):
+        if vram_budget.strip().lower() == "auto":
+            return _core.VRAM_BUDGET_AUTO
+        return _core.parse_byte_size(vram_budget)
+    if isinstance(vram_budget, bool) or not isinstance(vram_budget, int) or vram_budget < 0:
+        raise _core.InvalidArgument(f"vram_budget must be bytes >= 0, a size with units or 'auto', got {vram_budget!r}")
+    return vram_budget
+
+
+def _miss_bandwidths(given: Optional[dict]) -> dict:
+    """Session's miss_bandwidths as the core's keywords (0 / -1: measure)."""
+    out = {"miss_copy_bytes_per_s": 0.0, "miss_copy_latency_s": -1.0, "miss_cpu_bytes_per_s": 0.0}
+    for key, value in (given or {}).items():
+        if "miss_" + key not in out:
+            raise _core.InvalidArgument(f"miss_bandwidths: unknown key {key!r} (known: copy_bytes_per_s, "
+                                        "copy_latency_s, cpu_bytes_per_s)")
+        out["miss_" + key] = float(value)
+    return out
+
+
 class Session:
     """A loaded GGUF model with its KV cache.
 
@@ -47,6 +71,9 @@ class Session:
         cache_type_v: Optional[str] = None,
         allow_long_context: bool = False,
         device: str = "cpu",
+        vram_budget: Union[int, str, None] = None,
+        miss_route: str = "copy",
+        miss_bandwidths: Optional[dict] = None,
     ):
         """exact: every matmul in f32 on dequantized weights (DESIGN §8; also env SHARPI_EXACT=1).
         The default fast mode quantizes each activation row once per matmul (q8_K for K-quant
@@ -81,6 +108,17 @@ class Session:
         cannot run, before anything is allocated: a build without CUDA, another arch or a type
         without device kernels, a quantized KV cache or ram_budget (UnsupportedError), no device
         (DeviceError), not enough free VRAM (InvalidArgument, with the sizes).
+        vram_budget (device "cuda"): bytes (int), a size with units ("12GiB") or "auto" (free VRAM
+        minus a margin); None or 0: every weight resident. The tier planner (`sharpi inspect --plan`)
+        charges dense weights, KV cache and buffers first; when the rest does not hold every expert,
+        the experts stream into VRAM slots from pinned RAM (the same logits bit for bit; a predictor
+        prefetches into staging slots). Below the minimum: InvalidArgument naming it; "auto" without a
+        device: DeviceError; with device "cpu": InvalidArgument.
+        miss_route (streamed experts): how a decode step serves an expert missing from VRAM: "copy" (default;
+        logits equal the resident ones bit for bit), "cpu" (computed by the CPU kernels from RAM, one row
+        down and up; env SHARPI_CPU_MOE=1), "auto" (the cheaper by the miss cost model). miss_bandwidths:
+        the cost model's inputs {"copy_bytes_per_s", "copy_latency_s", "cpu_bytes_per_s"}; a missing one is
+        measured when the session opens (expert_stats() reports the values used and cpu_experts).
 
         trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
         to record the MoE tracing report (DESIGN §7): close() prints the table and writes
@@ -116,6 +154,9 @@ class Session:
             budget = ram_budget if isinstance(ram_budget, int) else _core.parse_byte_size(str(ram_budget))
         self._core = _core.Session(
             self.path,
+            vram_budget=_vram_budget_bytes(vram_budget),
+            miss_route=miss_route,
+            **_miss_bandwidths(miss_bandwidths),
             threads=threads,
             n_ctx=n_ctx,
             exact=exact,
@@ -228,7 +269,9 @@ class Session:
 
     def timeline_events(self) -> list:
         """Spans {track, name, start_us, dur_us} recorded when the session was made with timeline=True:
-        "compute" (attention and whole layer), "stall" (waits on expert reads), "reader" (reads)."""
+        "compute" (attention and whole layer), "stall" (waits on expert reads), "reader" (reads); a device
+        session adds "compute stream" (each layer on the device) and "copy stream" (each expert fill into
+        VRAM), in device times placed on the host clock."""
         return self._core.timeline_events()
 
     def clear_timeline(self) -> None:

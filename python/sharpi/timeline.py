@@ -4,8 +4,11 @@ What it owns: turning a list of spans {track, name, start_us, dur_us} (Session.t
 into the JSON Object Format of the Trace Event Format, which ui.perfetto.dev and chrome://tracing
 open directly. It only writes the file it is given; it never reads the engine.
 
-Layout: one process ("sharpi"), one thread lane (tid) per track name: "token", "compute", "stall",
-"reader" first when present, then the others in order of first appearance, named by "thread_name" metadata and ordered by "thread_sort_index". Each span
+Layout: one process ("sharpi"), one thread lane (tid) per track name: "token", "compute", "compute stream",
+"copy stream", "stall", "reader" first when present, then the others in order of first appearance, named
+by "thread_name" metadata and ordered by "thread_sort_index". The two stream tracks come from a device
+session (cuda/device_forward.cu: each layer's span on the compute stream, each expert fill's on the copy
+stream, device times placed on the host clock), so overlap of copies with compute shows directly. Each span
 is a complete ("X") event; times stay in microseconds, as the format expects.
 
 Perfetto draws the slices of one thread as a stack, so they must nest: a span that starts inside
@@ -22,7 +25,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 _PID = 1
-_TRACK_ORDER = ("token", "compute", "stall", "reader")
+_TRACK_ORDER = ("token", "compute", "compute stream", "copy stream", "stall", "reader")
 
 
 def _lanes_for_track(spans: list) -> list:

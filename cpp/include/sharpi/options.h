@@ -25,6 +25,24 @@ struct SessionOptions {
     bool dump_activations = false;
     // "cpu" or "cuda" (the CUDA backend: needs a CUDA build and a device; a typed error otherwise).
     std::string device = "cpu";
+    // device="cuda": the VRAM this session may hold, through the tier planner (tier_plan.h). 0: every
+    // weight resident (part 1; the whole model must fit the free VRAM). Otherwise dense weights, KV
+    // cache and buffers are charged first; every expert stays resident when the rest holds them all,
+    // else the routed experts stream into VRAM expert slots from the host's pinned mapping (same
+    // logits, bit for bit). kVramBudgetAuto: free VRAM minus a margin. Below the minimum (dense + KV +
+    // buffers + top-k slots, + staging with a predictor) is an InvalidArgument naming it.
+    uint64_t vram_budget = 0;
+    static constexpr uint64_t kVramBudgetAuto = ~uint64_t{0};
+    // Experts streamed through VRAM: how a decode step serves a selected expert that is not in VRAM
+    // (moe/cpu_miss.h). "copy" (default): copied, then computed by the device kernels (logits equal the
+    // resident ones bit for bit). "cpu": computed on the CPU from the mapping, one activation row down
+    // and one output row up (SHARPI_CPU_MOE=1 in the environment selects it). "auto": per expert, the
+    // cheaper of the two by the miss cost model. cpu and auto hold the logits to the GPU-vs-CPU budget.
+    std::string miss_route = "copy";
+    // The cost model's inputs for "auto"; 0 (latency < 0): measured when the session opens.
+    double miss_copy_bytes_per_s = 0.0;
+    double miss_copy_latency_s = -1.0;
+    double miss_cpu_bytes_per_s = 0.0;
 
     // Expert streaming (DESIGN §2-5). 0: every expert resident (the file is memory-mapped).
     // Otherwise the bytes this session may hold: dense weights, KV cache and buffers are charged
@@ -42,7 +60,7 @@ struct SessionOptions {
     // are read when its gate fires), "prev_token", "next_gate", "pregate", "cooc", "depthtime",
     // "learned", "trajectory" (these read `predictor_file`), or "custom" (the host installs one with
     // Session::set_predictor). Predicted experts are read into lookahead * top_k staging slots that
-    // never evict. Needs ram_budget.
+    // never evict. Needs ram_budget, or a vram_budget under which the experts stream.
     std::string predictor = "none";
     std::string predictor_file;
     int lookahead = 1;  // predict layers L+1 .. L+lookahead (1..3)

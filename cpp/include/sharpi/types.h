@@ -95,6 +95,10 @@ struct ExpertCacheStats {
     double predict_ms = 0.0;  // time in the predictor and the prefetcher (part of decode_ms)
     uint64_t predictor_calls = 0;
     uint64_t predictor_failures = 0;  // calls that threw (their hints dropped)
+    // VRAM tier with CPU compute of misses (SessionOptions::miss_route): selected experts the CPU
+    // computed instead of copying them, and the cost model's inputs ("copy" mode: all zero).
+    uint64_t cpu_experts = 0;
+    double miss_copy_bytes_per_s = 0.0, miss_copy_latency_s = 0.0, miss_cpu_bytes_per_s = 0.0;
 };
 
 }  // namespace sharpi

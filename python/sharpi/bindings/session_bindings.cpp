@@ -152,6 +152,10 @@ py::dict info_dict(const ModelInfo& i) {
 py::dict stats_dict(const ExpertCacheStats& st) {
     py::dict d;
     d["tier"] = st.tier;
+    d["cpu_experts"] = st.cpu_experts;
+    d["miss_copy_bytes_per_s"] = st.miss_copy_bytes_per_s;
+    d["miss_copy_latency_s"] = st.miss_copy_latency_s;
+    d["miss_cpu_bytes_per_s"] = st.miss_cpu_bytes_per_s;
     d["reader"] = st.reader;
     d["reader_detail"] = st.reader_detail;
     d["reader_note"] = st.reader_note;
@@ -265,6 +269,8 @@ class PyPredictor final : public Predictor {
 void bind_session(py::module_& m) {
     m.def("parse_byte_size", &parse_byte_size, py::arg("text"),
           "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
+    // Session(vram_budget=VRAM_BUDGET_AUTO): free VRAM minus a margin (SessionOptions::kVramBudgetAuto).
+    m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")
         .def(
             py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
@@ -272,7 +278,9 @@ void bind_session(py::module_& m) {
                         const std::string& predictor, const std::string& predictor_file, int lookahead,
                         bool skip_late_prefetch, const std::string& cache_policy,
                         const std::string& cache_policy_file, const std::string& cache_type_k,
-                        const std::string& cache_type_v, bool allow_long_context, const std::string& device) {
+                        const std::string& cache_type_v, bool allow_long_context, const std::string& device,
+                        uint64_t vram_budget, const std::string& miss_route, double miss_copy_bytes_per_s,
+                        double miss_copy_latency_s, double miss_cpu_bytes_per_s) {
                 SessionOptions o;
                 o.n_threads = threads;
                 o.n_ctx = n_ctx;
@@ -292,6 +300,11 @@ void bind_session(py::module_& m) {
                 o.cache_type_v = cache_type_v;
                 o.allow_long_context = allow_long_context;
                 o.device = device;
+                o.vram_budget = vram_budget;
+                o.miss_route = miss_route;
+                o.miss_copy_bytes_per_s = miss_copy_bytes_per_s;
+                o.miss_copy_latency_s = miss_copy_latency_s;
+                o.miss_cpu_bytes_per_s = miss_cpu_bytes_per_s;
                 auto s = std::make_unique<PySession>();
                 py::gil_scoped_release release;
                 s->session = std::make_unique<Session>(path, o);
@@ -302,7 +315,9 @@ void bind_session(py::module_& m) {
             py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
             py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
-            py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu")
+            py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu",
+            py::arg("vram_budget") = 0, py::arg("miss_route") = "copy", py::arg("miss_copy_bytes_per_s") = 0.0,
+            py::arg("miss_copy_latency_s") = -1.0, py::arg("miss_cpu_bytes_per_s") = 0.0)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past",
                                [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })

@@ -12,7 +12,9 @@
 #include "bindings.h"
 #include "cuda_backend.h"
 #include "gguf/cache_prior_file.h"
+#include "cpu/threadpool.h"
 #include "model/model.h"
+#include "moe/cpu_miss.h"
 #include "moe/miss_cost.h"
 #include "sharpi/errors.h"
 #include "tier_plan.h"
@@ -147,6 +149,26 @@ py::dict miss_route(uint64_t expert_bytes, int64_t n_embd, int64_t n_tokens, dou
     return d;
 }
 
+// route_misses on given inputs: a list of 'copy' | 'cpu', one per present flag.
+std::vector<std::string> miss_routes(const std::string& mode, const std::vector<bool>& present,
+                                     uint64_t expert_bytes, int64_t n_embd, int64_t n_tokens,
+                                     double copy_bytes_per_s, double copy_latency_s, double cpu_bytes_per_s) {
+    const std::vector<MissRoute> routes =
+        route_misses(parse_miss_mode(mode), present,
+                     MissCostInputs{expert_bytes, n_embd, n_tokens, copy_bytes_per_s, copy_latency_s,
+                                    cpu_bytes_per_s});
+    std::vector<std::string> out;
+    for (const MissRoute r : routes) out.emplace_back(miss_route_name(r));
+    return out;
+}
+
+double cpu_expert_speed(const std::string& path, int threads, bool exact, int repeats) {
+    const std::unique_ptr<Model> model = load_model(path, /*streaming=*/false);
+    cpu::ThreadPool pool(std::max(1, threads));
+    py::gil_scoped_release release;
+    return measure_cpu_expert_speed(model->experts, model->hp.n_embd, pool, exact, repeats);
+}
+
 }  // namespace
 
 void bind_tiers(py::module_& m) {
@@ -163,6 +185,15 @@ void bind_tiers(py::module_& m) {
     m.def("miss_route", &miss_route, py::arg("expert_bytes"), py::arg("n_embd"), py::arg("n_tokens"),
           py::arg("copy_bytes_per_s"), py::arg("copy_latency_s"), py::arg("cpu_bytes_per_s"),
           "The miss cost model (moe/miss_cost.h): dict(route='copy'|'cpu', copy_s, cpu_s)");
+    m.def("miss_routes", &miss_routes, py::arg("mode"), py::arg("present"), py::arg("expert_bytes"),
+          py::arg("n_embd"), py::arg("n_tokens"), py::arg("copy_bytes_per_s"), py::arg("copy_latency_s"),
+          py::arg("cpu_bytes_per_s"),
+          "moe/cpu_miss.h route_misses: the route of each selected expert ('copy' | 'cpu') under a mode "
+          "('copy', 'cpu', 'auto'), given which are in VRAM");
+    m.def("cpu_expert_speed", &cpu_expert_speed, py::arg("path"), py::arg("threads") = 1,
+          py::arg("exact") = false, py::arg("repeats") = 5,
+          "moe/cpu_miss.h measure_cpu_expert_speed: the CPU expert kernel's weight bytes per second on "
+          "one row (the CPU half of the miss cost model's inputs)");
 }
 
 }  // namespace sharpi::py_bindings
