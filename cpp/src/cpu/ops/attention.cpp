@@ -57,6 +57,8 @@ struct HeadKernels {
 // Query rows that read the same KV rows: the `group` query heads of one KV head, for a tile of
 // consecutive tokens. Each decoded block is shared by up to kTileRows rows.
 constexpr int64_t kTileRows = 32;
+// Fast mode's tiles are larger: its kernels make the block decode (per tile) a larger share.
+constexpr int64_t kFastTileRows = 64;
 
 // Rows [j0, j1) of one KV head as f32 rows: pointers into the cache for f32, else decoded into
 // the caller's buffers (kAttentionBlock * head_dim floats each).
@@ -382,8 +384,9 @@ void attend_block_all_heads_fast(const HeadKernels& kern, const detail::Attentio
 // pool thread (thread_local, grown on demand) so a call allocates nothing after the first: about
 // (2 * kAttentionBlock + kTileRows + 1) * head_dim floats, 270 KiB per thread at head_dim 128,
 // inside the 8 MiB the budget planner charges for "the rest" (memory_plan.h) up to 16 threads.
-// Fast mode adds per tile row a block's scores, partial o and range (another ~34 KiB at head_dim
-// 128: kTileRows * (kAttentionBlock + head_dim) floats).
+// Fast mode's tiles have kFastTileRows rows, each with a block's scores and a partial o besides:
+// (2 * kAttentionBlock + kFastTileRows * (kAttentionBlock + 2 * head_dim)) * 4 bytes, 384 KiB per
+// thread at head_dim 128, still inside those 8 MiB up to 16 threads.
 struct TileScratch {
     std::vector<float> k_buf, v_buf, acc_o, part_o, scores, m, l;
     std::vector<Partial> acc;
@@ -432,7 +435,8 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
     const int64_t max_blocks = n_blocks(pos0 + n_tokens);
     const int64_t hd = s.head_dim;
     // Work is cut into tiles of tile_tokens tokens x one KV head (tile_tokens * group query rows).
-    const int64_t tile_tokens = std::max<int64_t>(1, std::min(n_tokens, kTileRows / group));
+    const int64_t tile_tokens =
+        std::max<int64_t>(1, std::min(n_tokens, (fast ? kFastTileRows : kTileRows) / group));
     const int64_t n_tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
     const int64_t tile_rows = tile_tokens * group;
     // Tile item -> (first token, last token + 1, KV head); later tokens read more blocks, so items
