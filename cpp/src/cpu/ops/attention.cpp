@@ -337,28 +337,31 @@ void attend_block_all_heads_fast(const HeadKernels& kern, const detail::Attentio
         *ld = width;
         return w.rows.data();
     };
-    // The (token, KV head) row groups reading chunk [c0, c1): f(t, g, first, last) with the chunk-
-    // relative key range [first, last) of token t.
-    auto for_each_group = [&](int64_t c0, int64_t c1, auto f) {
-        for (int64_t t = 0; t < n_tokens; ++t) {
-            int64_t lo, hi;
-            block_range(s, pos0, t, j0, j1, &lo, &hi);
-            const int64_t first = std::max(lo, c0 - j0) - (c0 - j0), last = std::min(hi, c1 - j0) - (c0 - j0);
-            if (first >= last) continue;
-            for (int64_t g = 0; g < s.n_head_kv; ++g) f(t, g, first, last);
+    // Chunks of whole rows of K or V in order; for each, the (token, KV head) row groups reading it:
+    // f(rows, ld, c0, t, g, first, last), [first, last) the chunk-relative key range of token t.
+    auto for_each_chunk = [&](const KvRows& kv, bool is_f32, DequantRowFn dequant, int64_t width, auto f) {
+        for (int64_t c0 = j0; c0 < j1; c0 += kSplitChunkRows) {
+            const int64_t c1 = std::min(c0 + kSplitChunkRows, j1);
+            int64_t ld;
+            const float* rows = chunk_rows(kv, is_f32, dequant, width, c0, c1, &ld);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+                int64_t lo, hi;
+                block_range(s, pos0, t, j0, j1, &lo, &hi);
+                const int64_t first = std::max(lo, c0 - j0) - (c0 - j0),
+                              last = std::min(hi, c1 - j0) - (c0 - j0);
+                if (first >= last) continue;
+                for (int64_t g = 0; g < s.n_head_kv; ++g) f(rows, ld, c0, t, g, first, last);
+            }
         }
     };
-    for (int64_t c0 = j0; c0 < j1; c0 += kSplitChunkRows) {
-        const int64_t c1 = std::min(c0 + kSplitChunkRows, j1);
-        int64_t ld;
-        const float* rows = chunk_rows(k, kern.k_is_f32, kern.dequant_k, width_k, c0, c1, &ld);
-        for_each_group(c0, c1, [&](int64_t t, int64_t g, int64_t first, int64_t last) {
+    for_each_chunk(
+        k, kern.k_is_f32, kern.dequant_k, width_k,
+        [&](const float* rows, int64_t ld, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
             for (int64_t i = 0; i < group; ++i)
                 w.q[static_cast<size_t>(i)] = q + t * ldq + (g * group + i) * hd;
             float* sc = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
             bk.scores(w.q.data(), group, rows + g * hd, ld, first, last, hd, s.scale, sc, kAttentionBlock);
         });
-    }
     for (int64_t pair = 0; pair < n_pairs; ++pair) {
         int64_t lo, hi;
         block_range(s, pos0, pair / s.n_head, j0, j1, &lo, &hi);
@@ -367,17 +370,14 @@ void attend_block_all_heads_fast(const HeadKernels& kern, const detail::Attentio
         o[1] = row_softmax(bk, w.scores.data() + pair * kAttentionBlock, lo, hi, &o[0]);
         std::fill(o + 2, o + 2 + hd, 0.0f);
     }
-    for (int64_t c0 = j0; c0 < j1; c0 += kSplitChunkRows) {
-        const int64_t c1 = std::min(c0 + kSplitChunkRows, j1);
-        int64_t ld;
-        const float* rows = chunk_rows(v, kern.v_is_f32, kern.dequant_v, width_v, c0, c1, &ld);
-        for_each_group(c0, c1, [&](int64_t t, int64_t g, int64_t first, int64_t last) {
+    for_each_chunk(
+        v, kern.v_is_f32, kern.dequant_v, width_v,
+        [&](const float* rows, int64_t ld, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
             for (int64_t i = 0; i < group; ++i)
                 w.o[static_cast<size_t>(i)] = slot(t * s.n_head + g * group + i) + 2;
             const float* p = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
             bk.pv(p, kAttentionBlock, group, rows + g * hd, ld, first, last, hd, w.o.data());
         });
-    }
 }
 
 // Scratch of one thread: a decoded block of K and V, and per tile row its running state. Kept per
