@@ -21,7 +21,8 @@
 //
 // Fast mode (AttentionShape::exact false, head_dim a multiple of 8; anything else runs the exact
 // arithmetic above): the same blocks, merge and threading, but a block's partial is computed by
-// register-blocked kernels (attention_kernels.h) over several query rows and keys at once: scores
+// register-blocked kernels (attention_kernels.h) over several query rows and keys at once (tiles of
+// up to 64 rows): scores
 // by 8-lane fma dots with a fixed reduction tree, p by a vectorised exp, l by an 8-lane sum, o by
 // per-element fmas over the keys in order. Each (row, key) value is a fixed function of that row
 // and key, so the tiling, batch and thread count change no bit here either; a row's keys outside
