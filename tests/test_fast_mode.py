@@ -20,7 +20,8 @@ to 0.987); dense models (no router): worst position <= 1.7e-2. Fresh random toke
 
 Also: the lossless invariants hold inside fast mode (prefill == token-by-token decode, streamed ==
 resident, bit for bit), exact=True and SHARPI_EXACT=1 select the same (exact) arithmetic, and
-F32 / F16 files, which have no integer kernels, give identical logits in both modes.
+F32 / F16 files, which have no integer kernels, differ between the modes only by fast attention's
+f32 rounding order (cpu/ops/attention.h; measured <= 4.0e-7 relative, 8 sequences x 3 types).
 """
 
 from __future__ import annotations
@@ -124,11 +125,14 @@ def test_fast_mode_dense_models(arch, overrides, quant, model, rng):
 
 
 @pytest.mark.parametrize("quant", PLAIN_TYPES)
-def test_plain_float_files_are_identical_in_both_modes(quant, model, rng):
+def test_plain_float_files_differ_only_by_attention_rounding(quant, model, rng):
     path = model("qwen3moe", quant)
-    # Fast mode's default f16 KV cache is the one difference left: keep it f32 here.
-    exact, fast, _, _ = compare(path, rng.integers(0, 256, size=12).tolist(), cache_type_k="f32", cache_type_v="f32")
-    np.testing.assert_array_equal(fast, exact)
+    # Fast mode's default f16 KV cache would be a second difference: keep it f32 here. What is left
+    # is attention's block kernels (same math, another f32 rounding order): measured <= 4.0e-7.
+    _, _, per_position, agreement = compare(path, rng.integers(0, 256, size=12).tolist(), cache_type_k="f32",
+                                            cache_type_v="f32")
+    assert per_position.max() <= 2e-6, per_position.max()
+    assert agreement == 1.0
 
 
 @pytest.mark.parametrize("quant", ["q4_k_m", "q8_0", "q5_1"])

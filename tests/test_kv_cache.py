@@ -6,7 +6,8 @@ port of llama.cpp's reference); q8_0 is modelled here (llama.cpp's SIMD rule: id
 half to even). Stored rows are decoded with the gguf package's dequantize, and attention is then
 computed in float64 numpy from the same query: the engine's f32 arithmetic must land within 1e-5
 relative of it on every ISA, for prefill batches and single-token decoding, with the context split
-into several blocks and with grouped KV heads.
+into several blocks and with grouped KV heads, in fast mode (the block kernels,
+tests/test_attention_kernels.py) and in exact mode (exact=True: per-row dots, scalar exp).
 """
 
 import numpy as np
@@ -101,13 +102,15 @@ SHAPES = [(4, 2, 64, 0, 300), (8, 2, 128, 700, 1), (4, 4, 32, 255, 2), (16, 16, 
           (6, 2, 64, 513, 9)]
 
 
+@pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind_k,kind_v", [("f32", "f32"), ("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"),
                                            ("q8_0", "f16")])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_attention_matches_float64_model(isa, kind_k, kind_v, shape):
+def test_attention_matches_float64_model(isa, kind_k, kind_v, shape, exact):
     n_head, n_head_kv, hd, pos0, T = shape
-    rng = np.random.default_rng(hash((kind_k, kind_v, shape)) % 2**32)
+    seed = int(np.random.SeedSequence().entropy % 2**32)  # fresh inputs every run
+    rng = np.random.default_rng(seed)
     n_kv = pos0 + T
     k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 2).astype(np.float32)
     v = rng.standard_normal((n_kv, n_head_kv * hd)).astype(np.float32)
@@ -118,35 +121,61 @@ def test_attention_matches_float64_model(isa, kind_k, kind_v, shape):
                            pos0, n_head, n_head_kv, hd, scale)
     results = []
     for threads in (1, 2, 3):
-        got = _core.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=threads, isa=isa)
+        got = _core.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=threads, isa=isa,
+                              exact=exact)
         rel = np.abs(got - want).max() / np.abs(want).max()
-        assert rel < 1e-5, (threads, rel)
+        assert rel < 1e-5, (threads, rel, seed)
         results.append(got)
     # The partition into work items (per head, or per head and block of rows) never changes a bit.
     for got in results[1:]:
         np.testing.assert_array_equal(got, results[0])
 
 
-@pytest.mark.parametrize("kind", TYPES)
-def test_attention_prefill_equals_token_by_token(kind):
-    n_head, n_head_kv, hd, n = 4, 2, 64, 520
-    rng = np.random.default_rng(7)
+# head_dim 40 (5 vectors of 8: the kernels' tail tiles; f32 / f16 only, the quantized types need
+# whole 32-element blocks per head); group 8 (tiles of 4 tokens x 8 heads).
+PREFILL_CASES = [(kind, heads) for kind in TYPES for heads in ((4, 2, 64), (16, 2, 128), (3, 3, 40))
+                 if heads[2] % 32 == 0 or kind in ("f32", "f16")]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("kind,heads", PREFILL_CASES)
+def test_attention_prefill_equals_token_by_token(kind, heads, exact):
+    n_head, n_head_kv, hd = heads
+    n = 520
+    rng = np.random.default_rng()
     ks = store(kind, rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
     vs = store(kind, rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
     q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
-    batch = _core.attention(q, ks, vs, kind, kind, 0, n_head, n_head_kv, hd, 0.125, threads=2)
+
+    def attend(rows, pos0):
+        return _core.attention(rows, ks, vs, kind, kind, pos0, n_head, n_head_kv, hd, 0.125, threads=2, exact=exact)
+
+    batch = attend(q, 0)
     for t in (0, 255, 256, 519):
-        one = _core.attention(q[t : t + 1], ks, vs, kind, kind, t, n_head, n_head_kv, hd, 0.125, threads=2)
-        np.testing.assert_array_equal(one[0], batch[t])
+        np.testing.assert_array_equal(attend(q[t : t + 1], t)[0], batch[t])
     # A few tokens at once (the split path, whole K/V rows per position) and a batch past its limit.
     for t0, m in ((300, 3), (250, 8), (262, 11)):
-        few = _core.attention(q[t0 : t0 + m], ks, vs, kind, kind, t0, n_head, n_head_kv, hd, 0.125, threads=2)
-        np.testing.assert_array_equal(few, batch[t0 : t0 + m])
+        np.testing.assert_array_equal(attend(q[t0 : t0 + m], t0), batch[t0 : t0 + m])
 
 
+def test_fast_and_exact_mode_take_different_paths():
+    # exact=True keeps the per-row arithmetic; the default runs the block kernels. Both are within
+    # 1e-5 of float64 (above); their bits differ, so each test above checks the path it names.
+    n_head, n_head_kv, hd, n = 4, 2, 64, 300
+    rng = np.random.default_rng()
+    ks = store("f16", rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
+    vs = store("f16", rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    fast = _core.attention(q, ks, vs, "f16", "f16", 0, n_head, n_head_kv, hd, 0.125, threads=2)
+    exact = _core.attention(q, ks, vs, "f16", "f16", 0, n_head, n_head_kv, hd, 0.125, threads=2, exact=True)
+    assert not np.array_equal(fast, exact)
+    assert np.abs(fast - exact).max() < 1e-5 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("window", [1, 100, 256, 300])
-def test_sliding_window_and_sinks_match_float64_model(isa, window):
+def test_sliding_window_and_sinks_match_float64_model(isa, window, exact):
     # gpt-oss: windows shorter than, equal to and longer than a 256-row block, from a prefill and a
     # deep single-token decode (split path); every thread count gives the same bits, and the batch
     # gives each token its token-by-token row.
@@ -162,7 +191,7 @@ def test_sliding_window_and_sinks_match_float64_model(isa, window):
         want = attention_model(q, k.astype(np.float64), v.astype(np.float64), pos0, n_head, n_head_kv, hd, 0.2,
                                window, sinks)
         results = [_core.attention(q, ks, vs, "f32", "f32", pos0, n_head, n_head_kv, hd, 0.2, threads=th, isa=isa,
-                                   window=window, sinks=sinks) for th in (1, 2, 3)]
+                                   window=window, sinks=sinks, exact=exact) for th in (1, 2, 3)]
         assert np.abs(results[0] - want).max() / np.abs(want).max() < 1e-5
         for got in results[1:]:
             np.testing.assert_array_equal(got, results[0])
@@ -170,7 +199,7 @@ def test_sliding_window_and_sinks_match_float64_model(isa, window):
             for t in (0, window - 1, T - 1):
                 t = min(t, T - 1)
                 one = _core.attention(q[t : t + 1], ks, vs, "f32", "f32", t, n_head, n_head_kv, hd, 0.2, threads=2,
-                                      isa=isa, window=window, sinks=sinks)
+                                      isa=isa, window=window, sinks=sinks, exact=exact)
                 np.testing.assert_array_equal(one[0], results[1][t])
 
 

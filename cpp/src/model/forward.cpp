@@ -94,6 +94,7 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
     cpu::AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim,
                               1.0f / std::sqrt(static_cast<float>(h.head_dim))};
     shape.window = L.attn_window;
+    shape.exact = exact_;
     if (!L.attn_sinks.empty()) shape.sinks = L.attn_sinks.data();
     const cpu::KvRows k_rows{kv_.k(il), kv_.row_bytes_k(), kv_.type_k()};
     const cpu::KvRows v_rows{kv_.v(il), kv_.row_bytes_v(), kv_.type_v()};

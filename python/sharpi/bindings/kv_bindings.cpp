@@ -61,9 +61,10 @@ void check_stored_rows(const ByteArray& a, size_t row_bytes, int64_t n_rows, con
 FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray& v,
                         const std::string& type_k, const std::string& type_v, int64_t pos0, int64_t n_head,
                         int64_t n_head_kv, int64_t head_dim, float scale, int threads, const std::string& isa,
-                        int64_t window, std::optional<FloatArray> sinks) {
+                        int64_t window, std::optional<FloatArray> sinks, bool exact) {
     cpu::AttentionShape shape{n_head, n_head_kv, head_dim, scale};
     shape.window = std::max<int64_t>(0, window);
+    shape.exact = exact;
     if (sinks) {
         if (sinks->ndim() != 1 || sinks->shape(0) != n_head)
             throw InvalidArgument("[attention] sinks must be [n_head]");
@@ -88,6 +89,24 @@ FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray
                        cpu::KvRows{v.data(), rv, tv}, n_tokens, pos0, shape, dst, n_head * head_dim, i);
     });
     return out;
+}
+
+// Fast mode's block kernels on one block (cpu::attention_block_partial): q [rows, head_dim],
+// k / v [keys, head_dim] f32, lo / hi [rows] int64. Returns (m [rows], l [rows], o [rows, head_dim]).
+py::tuple attention_block_kernels_py(const std::string& isa, const FloatArray& q, const FloatArray& k,
+                                     const FloatArray& v, const py::array_t<int64_t, py::array::c_style>& lo,
+                                     const py::array_t<int64_t, py::array::c_style>& hi, float scale) {
+    if (q.ndim() != 2 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(1) ||
+        v.shape(1) != q.shape(1) || v.shape(0) != k.shape(0) || lo.ndim() != 1 || hi.ndim() != 1 ||
+        lo.shape(0) != q.shape(0) || hi.shape(0) != q.shape(0)) {
+        throw InvalidArgument("[attention] block kernels: q [rows, d], k / v [keys, d], lo / hi [rows]");
+    }
+    const int64_t n_rows = q.shape(0), head_dim = q.shape(1);
+    FloatArray m({n_rows}), l({n_rows}), o({n_rows, head_dim});
+    cpu::attention_block_partial(isa_arg(isa), q.data(), n_rows, k.data(), v.data(), k.shape(0), head_dim,
+                                 lo.data(), hi.data(), scale, m.mutable_data(), l.mutable_data(),
+                                 o.mutable_data());
+    return py::make_tuple(m, l, o);
 }
 
 // q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] f32; latent: [n_kv, row_bytes] uint8 rows as
@@ -151,9 +170,14 @@ void bind_kv(py::module_& m) {
     m.def("attention", &attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("type_k"),
           py::arg("type_v"), py::arg("pos0"), py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"),
           py::arg("scale"), py::arg("threads") = 1, py::arg("isa") = "", py::arg("window") = 0,
-          py::arg("sinks") = py::none(),
+          py::arg("sinks") = py::none(), py::arg("exact") = false,
           "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h); "
-          "window > 0: sliding window; sinks: [n_head] sink logits");
+          "window > 0: sliding window; sinks: [n_head] sink logits; exact: exact mode's arithmetic");
+    m.def("attention_block_kernels", &attention_block_kernels_py, py::arg("isa"), py::arg("q"), py::arg("k"),
+          py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("scale"),
+          "Fast mode's block kernels of one ISA on one block (cpu/ops/attention_kernels.h), for tests: "
+          "q [rows, head_dim], k / v [keys, head_dim] f32; row r reads keys [lo[r], hi[r]); returns "
+          "(m [rows], l [rows], o [rows, head_dim]) of the unnormalised partial softmax");
     m.def("mla_attention", &mla_attention_py, py::arg("q_abs"), py::arg("latent"), py::arg("type"),
           py::arg("pos0"), py::arg("n_head"), py::arg("n_lora_kv"), py::arg("n_rot"), py::arg("scale"),
           py::arg("threads") = 1, py::arg("isa") = "",

@@ -28,6 +28,12 @@ const detail::AttentionVecKernels& vec_kernels(Isa isa) {
     return detail::attention_vec_scalar();
 }
 
+// Fast mode's block kernels; the ISA was validated by vec_kernels. AVX-512 CPUs run the AVX2 table
+// (the block kernels are bound by loads and fma ports, not lane width, at these tile sizes).
+const detail::AttentionBlockKernels& block_kernels(Isa isa) {
+    return isa == Isa::scalar ? detail::attention_block_scalar() : detail::attention_block_avx2();
+}
+
 // The running softmax state of one (token, head): M, L and O[head_dim] (header comment).
 struct Partial {
     float m = -INFINITY;
@@ -51,6 +57,8 @@ struct HeadKernels {
 // Query rows that read the same KV rows: the `group` query heads of one KV head, for a tile of
 // consecutive tokens. Each decoded block is shared by up to kTileRows rows.
 constexpr int64_t kTileRows = 32;
+// Fast mode's tiles are larger: its kernels make the block decode (per tile) a larger share.
+constexpr int64_t kFastTileRows = 64;
 
 // Rows [j0, j1) of one KV head as f32 rows: pointers into the cache for f32, else decoded into
 // the caller's buffers (kAttentionBlock * head_dim floats each).
@@ -120,6 +128,42 @@ void attend_rows(const HeadKernels& kern, const float* qh, const BlockRows& b, i
     }
     part.m = m;
     part.l = l;
+}
+
+// Fast mode: row scores s[lo, hi) (block-relative) -> p over the 8-aligned span around them, the
+// span's other entries -inf -> p = 0; returns l and sets *m. Entries outside the span are untouched.
+float row_softmax(const detail::AttentionBlockKernels& bk, float* s, int64_t lo, int64_t hi, float* m) {
+    const int64_t a = lo / detail::kAttentionLanes * detail::kAttentionLanes;
+    const int64_t b = (hi + detail::kAttentionLanes - 1) / detail::kAttentionLanes * detail::kAttentionLanes;
+    std::fill(s + a, s + lo, -INFINITY);
+    std::fill(s + hi, s + b, -INFINITY);
+    return bk.softmax(s, a, b, m);
+}
+
+// Fast mode's partials of n_rows query rows over one block of one KV head: row r has query q[r],
+// reads the block-relative rows [lo[r], hi[r]) (lo < hi), and gets (m[r], l[r], o[r][0, head_dim)).
+// The scores and the p . v pass run over the union of the rows' ranges; a row's entries outside its
+// own range are p = 0 there, which adds exactly nothing. s: n_rows * kAttentionBlock floats.
+void attend_block_fast(const detail::AttentionBlockKernels& bk, const float* const* q, const int64_t* lo,
+                       const int64_t* hi, int64_t n_rows, const BlockRows& b, int64_t hd, float scale,
+                       float* s, float* const* o, float* m, float* l) {
+    int64_t union_lo = kAttentionBlock, union_hi = 0;
+    for (int64_t r = 0; r < n_rows; ++r) {
+        union_lo = std::min(union_lo, lo[r]);
+        union_hi = std::max(union_hi, hi[r]);
+    }
+    bk.scores(q, n_rows, b.k, b.k_stride, union_lo, union_hi, hd, scale, s, kAttentionBlock);
+    for (int64_t r = 0; r < n_rows; ++r) {
+        float* sr = s + r * kAttentionBlock;
+        l[r] = row_softmax(bk, sr, lo[r], hi[r], &m[r]);
+        const int64_t span_lo = lo[r] / detail::kAttentionLanes * detail::kAttentionLanes;
+        const int64_t span_hi =
+            (hi[r] + detail::kAttentionLanes - 1) / detail::kAttentionLanes * detail::kAttentionLanes;
+        if (union_lo < span_lo) std::fill(sr + union_lo, sr + span_lo, 0.0f);
+        if (span_hi < union_hi) std::fill(sr + span_hi, sr + union_hi, 0.0f);
+        std::fill(o[r], o[r] + hd, 0.0f);
+    }
+    bk.pv(s, kAttentionBlock, n_rows, b.v, b.v_stride, union_lo, union_hi, hd, o);
 }
 
 void merge(const HeadKernels& kern, Partial& acc, const Partial& part, int64_t head_dim) {
@@ -248,22 +292,121 @@ void attend_block_all_heads(const HeadKernels& kern, const float* q, int64_t ldq
     }
 }
 
+// Fast mode's split item: the partials of block [j0, j1) for every (token, head) row, with the
+// kernels of attend_block_fast. Position-major like attend_block_all_heads: chunks of
+// kSplitChunkRows whole K rows (all KV heads, consecutive bytes) give every row's scores, then each
+// row's softmax, then chunks of whole V rows accumulate p . v. Per row and key the operations are
+// attend_block_fast's (the same score, the same p, o accumulated over the keys in order), so the
+// partials are the bits the tile path gets. slot(pair) -> (m, l, o[head_dim]).
+constexpr int64_t kSplitChunkRows = 16;
+
+struct SplitScratch {
+    std::vector<float> rows, scores;
+    std::vector<const float*> q;
+    std::vector<float*> o;
+    void reserve(int64_t width, int64_t n_pairs, int64_t group) {
+        auto grow = [](auto& b, int64_t n) {
+            if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+        };
+        grow(rows, kSplitChunkRows * width);
+        grow(scores, n_pairs * kAttentionBlock);
+        grow(q, group);
+        grow(o, group);
+    }
+};
+
+template <class Slot>
+void attend_block_all_heads_fast(const HeadKernels& kern, const detail::AttentionBlockKernels& bk,
+                                 const float* q, int64_t ldq, const KvRows& k, const KvRows& v,
+                                 int64_t n_tokens, int64_t pos0, int64_t j0, int64_t j1,
+                                 const AttentionShape& s, int64_t width_k, int64_t width_v, Slot slot) {
+    thread_local SplitScratch w;
+    const int64_t hd = s.head_dim, group = s.n_head / s.n_head_kv, n_pairs = n_tokens * s.n_head;
+    w.reserve(std::max(width_k, width_v), n_pairs, group);
+    // Rows [c0, c1) of K or V as f32: in place for f32, else decoded whole into w.rows.
+    auto chunk_rows = [&](const KvRows& kv, bool is_f32, DequantRowFn dequant, int64_t width, int64_t c0,
+                          int64_t c1, int64_t* ld) -> const float* {
+        const uint8_t* base = kv.data + static_cast<size_t>(c0) * kv.row_bytes;
+        if (is_f32) {
+            *ld = static_cast<int64_t>(kv.row_bytes / sizeof(float));
+            return reinterpret_cast<const float*>(base);
+        }
+        for (int64_t j = c0; j < c1; ++j)
+            dequant(base + static_cast<size_t>(j - c0) * kv.row_bytes, w.rows.data() + (j - c0) * width,
+                    width);
+        *ld = width;
+        return w.rows.data();
+    };
+    // Chunks of whole rows of K or V in order; for each, the (token, KV head) row groups reading it:
+    // f(rows, ld, c0, t, g, first, last), [first, last) the chunk-relative key range of token t.
+    auto for_each_chunk = [&](const KvRows& kv, bool is_f32, DequantRowFn dequant, int64_t width, auto f) {
+        for (int64_t c0 = j0; c0 < j1; c0 += kSplitChunkRows) {
+            const int64_t c1 = std::min(c0 + kSplitChunkRows, j1);
+            int64_t ld;
+            const float* rows = chunk_rows(kv, is_f32, dequant, width, c0, c1, &ld);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+                int64_t lo, hi;
+                block_range(s, pos0, t, j0, j1, &lo, &hi);
+                const int64_t first = std::max(lo, c0 - j0) - (c0 - j0),
+                              last = std::min(hi, c1 - j0) - (c0 - j0);
+                if (first >= last) continue;
+                for (int64_t g = 0; g < s.n_head_kv; ++g) f(rows, ld, c0, t, g, first, last);
+            }
+        }
+    };
+    for_each_chunk(
+        k, kern.k_is_f32, kern.dequant_k, width_k,
+        [&](const float* rows, int64_t ld, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
+            for (int64_t i = 0; i < group; ++i)
+                w.q[static_cast<size_t>(i)] = q + t * ldq + (g * group + i) * hd;
+            float* sc = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
+            bk.scores(w.q.data(), group, rows + g * hd, ld, first, last, hd, s.scale, sc, kAttentionBlock);
+        });
+    for (int64_t pair = 0; pair < n_pairs; ++pair) {
+        int64_t lo, hi;
+        block_range(s, pos0, pair / s.n_head, j0, j1, &lo, &hi);
+        if (lo >= hi) continue;
+        float* o = slot(pair);
+        o[1] = row_softmax(bk, w.scores.data() + pair * kAttentionBlock, lo, hi, &o[0]);
+        std::fill(o + 2, o + 2 + hd, 0.0f);
+    }
+    for_each_chunk(
+        v, kern.v_is_f32, kern.dequant_v, width_v,
+        [&](const float* rows, int64_t ld, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
+            for (int64_t i = 0; i < group; ++i)
+                w.o[static_cast<size_t>(i)] = slot(t * s.n_head + g * group + i) + 2;
+            const float* p = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
+            bk.pv(p, kAttentionBlock, group, rows + g * hd, ld, first, last, hd, w.o.data());
+        });
+}
+
 // Scratch of one thread: a decoded block of K and V, and per tile row its running state. Kept per
 // pool thread (thread_local, grown on demand) so a call allocates nothing after the first: about
 // (2 * kAttentionBlock + kTileRows + 1) * head_dim floats, 270 KiB per thread at head_dim 128,
 // inside the 8 MiB the budget planner charges for "the rest" (memory_plan.h) up to 16 threads.
+// Fast mode's tiles have kFastTileRows rows, each with a block's scores and a partial o besides:
+// (2 * kAttentionBlock + kFastTileRows * (kAttentionBlock + 2 * head_dim)) * 4 bytes, 384 KiB per
+// thread at head_dim 128, still inside those 8 MiB up to 16 threads.
 struct TileScratch {
-    std::vector<float> k_buf, v_buf, acc_o, part_o;
+    std::vector<float> k_buf, v_buf, acc_o, part_o, scores, m, l;
     std::vector<Partial> acc;
+    std::vector<const float*> q;
+    std::vector<float*> o;
+    std::vector<int64_t> lo, hi, row;
     void reserve(int64_t tile_rows, int64_t hd) {
-        auto grow = [](std::vector<float>& b, int64_t n) {
+        auto grow = [](auto& b, int64_t n) {
             if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
         };
         grow(k_buf, kAttentionBlock * hd);
         grow(v_buf, kAttentionBlock * hd);
         grow(acc_o, tile_rows * hd);
-        grow(part_o, hd);
-        if (static_cast<int64_t>(acc.size()) < tile_rows) acc.resize(static_cast<size_t>(tile_rows));
+        grow(part_o, tile_rows * hd);
+        grow(scores, tile_rows * kAttentionBlock);
+        for (auto* b : {&m, &l}) grow(*b, tile_rows);
+        for (auto* b : {&lo, &hi, &row}) grow(*b, tile_rows);
+        grow(q, tile_rows);
+        grow(o, tile_rows);
+        grow(acc, tile_rows);
     }
 };
 
@@ -284,13 +427,16 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
                            &vec_kernels(isa),
                            k.type == GgmlType::F32,
                            v.type == GgmlType::F32};
+    const detail::AttentionBlockKernels& bk = block_kernels(isa);
+    const bool fast = !s.exact && s.head_dim % detail::kAttentionLanes == 0;
     const size_t k_head_bytes = ggml_row_size(k.type, s.head_dim);
     const size_t v_head_bytes = ggml_row_size(v.type, s.head_dim);
     const int64_t n_pairs = n_tokens * s.n_head;
     const int64_t max_blocks = n_blocks(pos0 + n_tokens);
     const int64_t hd = s.head_dim;
     // Work is cut into tiles of tile_tokens tokens x one KV head (tile_tokens * group query rows).
-    const int64_t tile_tokens = std::max<int64_t>(1, std::min(n_tokens, kTileRows / group));
+    const int64_t tile_tokens =
+        std::max<int64_t>(1, std::min(n_tokens, (fast ? kFastTileRows : kTileRows) / group));
     const int64_t n_tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
     const int64_t tile_rows = tile_tokens * group;
     // Tile item -> (first token, last token + 1, KV head); later tokens read more blocks, so items
@@ -301,6 +447,12 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
         *t0 = tile * tile_tokens;
         *t1 = std::min(n_tokens, *t0 + tile_tokens);
     };
+
+    // Fast mode's tiles copy an f32 block to contiguous rows too: a head's rows read in place sit a
+    // cache row apart (a page or more for wide layers), and the register tiles read several of them
+    // at once; the copy is shared by the tile's rows. Exact mode reads them in place as before.
+    HeadKernels tile_kern = kern;
+    if (fast) tile_kern.k_is_f32 = tile_kern.v_is_f32 = false;
 
     if (!split_blocks(n_tokens, n_pairs, max_blocks, hd)) {
         const int64_t n_items = n_tiles * s.n_head_kv;
@@ -322,9 +474,29 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
                          j0 < n_kv_last; j0 += kAttentionBlock) {
                         const int64_t j1 = std::min(j0 + kAttentionBlock, n_kv_last);
                         const BlockRows b =
-                            load_block(kern, k, v, static_cast<size_t>(kvh) * k_head_bytes,
+                            load_block(tile_kern, k, v, static_cast<size_t>(kvh) * k_head_bytes,
                                        static_cast<size_t>(kvh) * v_head_bytes, k_head_bytes, v_head_bytes,
                                        j0, j1, hd, w.k_buf.data(), w.v_buf.data());
+                        if (fast) {
+                            int64_t n_active = 0;  // the rows that read this block
+                            for (int64_t r = 0; r < n_rows; ++r) {
+                                const int64_t t = t0 + r / group, h = kvh * group + r % group;
+                                const size_t i = static_cast<size_t>(n_active);
+                                block_range(s, pos0, t, j0, j1, &w.lo[i], &w.hi[i]);
+                                if (w.lo[i] >= w.hi[i]) continue;
+                                w.q[i] = q + t * ldq + h * hd;
+                                w.o[i] = w.part_o.data() + n_active * hd;
+                                w.row[i] = r;
+                                ++n_active;
+                            }
+                            attend_block_fast(bk, w.q.data(), w.lo.data(), w.hi.data(), n_active, b, hd,
+                                              s.scale, w.scores.data(), w.o.data(), w.m.data(), w.l.data());
+                            for (size_t i = 0; i < static_cast<size_t>(n_active); ++i) {
+                                merge(kern, w.acc[static_cast<size_t>(w.row[i])],
+                                      Partial{w.m[i], w.l[i], w.o[i]}, hd);
+                            }
+                            continue;
+                        }
                         for (int64_t r = 0; r < n_rows; ++r) {
                             const int64_t t = t0 + r / group, h = kvh * group + r % group;
                             int64_t lo, hi;
@@ -355,9 +527,16 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
             for (int64_t blk = begin; blk < end; ++blk) {
                 const int64_t j0 = blk * kAttentionBlock,
                               j1 = std::min(j0 + kAttentionBlock, pos0 + n_tokens);
-                attend_block_all_heads(
-                    kern, q, ldq, k, v, n_tokens, pos0, j0, j1, s, width_k, width_v,
-                    [&](int64_t pair) { return partials.data() + (pair * max_blocks + blk) * stride; });
+                auto slot = [&](int64_t pair) {
+                    return partials.data() + (pair * max_blocks + blk) * stride;
+                };
+                if (fast) {
+                    attend_block_all_heads_fast(kern, bk, q, ldq, k, v, n_tokens, pos0, j0, j1, s, width_k,
+                                                width_v, slot);
+                } else {
+                    attend_block_all_heads(kern, q, ldq, k, v, n_tokens, pos0, j0, j1, s, width_k, width_v,
+                                           slot);
+                }
             }
         },
         max_blocks);
@@ -374,6 +553,30 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
             finish(kern, acc, out + t * ldo + h * hd, hd);
         }
     });
+}
+
+void attention_block_partial(Isa isa, const float* q, int64_t n_rows, const float* k, const float* v,
+                             int64_t n_keys, int64_t head_dim, const int64_t* lo, const int64_t* hi,
+                             float scale, float* m, float* l, float* o) {
+    vec_kernels(isa);  // rejects an ISA this CPU lacks
+    if (head_dim <= 0 || head_dim % detail::kAttentionLanes != 0 || n_keys > kAttentionBlock || n_rows < 0) {
+        throw InvalidArgument(
+            "[attention] block kernels: head_dim must be a positive multiple of 8 and at most " +
+            std::to_string(kAttentionBlock) + " keys");
+    }
+    std::vector<const float*> q_rows(static_cast<size_t>(n_rows));
+    std::vector<float*> o_rows(static_cast<size_t>(n_rows));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        if (lo[r] < 0 || lo[r] >= hi[r] || hi[r] > n_keys) {
+            throw InvalidArgument("[attention] block kernels: row " + std::to_string(r) +
+                                  " needs 0 <= lo < hi <= " + std::to_string(n_keys));
+        }
+        q_rows[static_cast<size_t>(r)] = q + r * head_dim;
+        o_rows[static_cast<size_t>(r)] = o + r * head_dim;
+    }
+    std::vector<float> scores(static_cast<size_t>(n_rows * kAttentionBlock));
+    attend_block_fast(block_kernels(isa), q_rows.data(), lo, hi, n_rows, BlockRows{k, head_dim, v, head_dim},
+                      head_dim, scale, scores.data(), o_rows.data(), m, l);
 }
 
 }  // namespace sharpi::cpu

@@ -19,6 +19,16 @@
 // head, for up to 32 rows of tokens x heads): dot_row(w, x) == dot_f32(dequant_row(w), x) bit for
 // bit, so the tiling changes no result.
 //
+// Fast mode (AttentionShape::exact false, head_dim a multiple of 8; anything else runs the exact
+// arithmetic above): the same blocks, merge and threading, but a block's partial is computed by
+// register-blocked kernels (attention_kernels.h) over several query rows and keys at once (tiles of
+// up to 64 rows): scores
+// by 8-lane fma dots with a fixed reduction tree, p by a vectorised exp, l by an 8-lane sum, o by
+// per-element fmas over the keys in order. Each (row, key) value is a fixed function of that row
+// and key, so the tiling, batch and thread count change no bit here either; a row's keys outside
+// its causal range get p = 0 exactly, which leaves l and o unchanged. Results differ from the exact
+// arithmetic by f32 rounding (float64 oracle in tests/test_kv_cache.py).
+//
 // Threads: decoding has few (token, head) pairs, so when a batch has at most
 // kAttentionSplitMaxTokens tokens and its context spans several blocks, every block is a work item
 // over all heads, reading whole K then V rows in position order (a head's slice of consecutive
@@ -48,6 +58,9 @@ struct AttentionShape {
     // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax denominator
     // only: the running state starts at (M, L, O) = (sink_h, 1, 0) instead of (-inf, 0, 0).
     const float* sinks = nullptr;  // [n_head]; nullptr: none
+    // Exact mode (SessionOptions::exact): the per-row arithmetic above, bit for bit as before the
+    // fast kernels existed. false: fast mode's block kernels (header comment).
+    bool exact = false;
 };
 
 // One layer's stored K or V: position j's row (n_head_kv * head_dim elements of `type`) starts at
@@ -72,5 +85,13 @@ constexpr int64_t kAttentionSplitMaxTokens = 8;
 void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, const KvRows& v,
                int64_t n_tokens, int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo,
                Isa isa = active_isa());
+
+// Fast mode's partial softmax of one block, as attention() computes it (for tests of the kernels of
+// one ISA): q [n_rows, head_dim], k and v [n_keys, head_dim] f32 rows (n_keys <= kAttentionBlock,
+// head_dim a multiple of 8); row r reads keys [lo[r], hi[r]) (0 <= lo < hi <= n_keys). Writes the
+// unnormalised partial: m[r], l[r] and o[r * head_dim + d] (header comment).
+void attention_block_partial(Isa isa, const float* q, int64_t n_rows, const float* k, const float* v,
+                             int64_t n_keys, int64_t head_dim, const int64_t* lo, const int64_t* hi,
+                             float scale, float* m, float* l, float* o);
 
 }  // namespace sharpi::cpu

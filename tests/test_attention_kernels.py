@@ -1,0 +1,116 @@
+"""Fast mode's attention block kernels (cpu/ops/attention_kernels.h) against float64 numpy models, on
+fresh random inputs every run (the seed is in each failure message).
+
+Three oracles, tightest first:
+- exp: with q a unit vector and one-hot V rows the kernels' p of each key comes out in o untouched
+  (one exact product per score, one p per output element), so exp8 is checked alone against float64
+  exp: within 3e-7 relative (2.5 ulp), 0 exactly below ln(FLT_MIN).
+- scalar reference == every SIMD table, bit for bit (the kernels do the same IEEE operations).
+- the block partial (m, l, o) against a float64 model of the same softmax. f32 scores of 128 products
+  carry ~1e-7 relative rounding that exp turns into p errors, so o lands ~1e-7..1.2e-6 from float64
+  (measured over hundreds of draws); 4e-6 is the budget.
+Whole attention in fast and exact mode is tests/test_kv_cache.py.
+"""
+
+import numpy as np
+import pytest
+from sharpi import _core
+
+ISAS = _core.isa_available()
+
+
+def fresh_rng():
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed
+
+
+def block_model(q, k, v, lo, hi, scale):
+    """Unnormalised partial softmax per row in float64: m = max s, p = exp(s - m), l = sum p, o = p @ v."""
+    m, l, o = [], [], []
+    for r in range(q.shape[0]):
+        s = k[lo[r]:hi[r]].astype(np.float64) @ q[r].astype(np.float64) * np.float64(np.float32(scale))
+        p = np.exp(s - s.max())
+        m.append(s.max())
+        l.append(p.sum())
+        o.append(p @ v[lo[r]:hi[r]].astype(np.float64))
+    return np.array(m), np.array(l), np.array(o)
+
+
+def random_block(rng, n_rows, n_keys, hd):
+    q = rng.standard_normal((n_rows, hd)).astype(np.float32)
+    k = (rng.standard_normal((n_keys, hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    lo = rng.integers(0, n_keys, n_rows)
+    hi = np.array([rng.integers(a + 1, n_keys + 1) for a in lo])
+    lo[0], hi[0] = 0, n_keys  # one row over the whole block
+    return q, k, v, lo.astype(np.int64), hi.astype(np.int64)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_exp_matches_float64(isa):
+    rng, seed = fresh_rng()
+    hd = n_keys = 128
+    x = np.concatenate([[0.0], -rng.exponential(8.0, 100), -rng.uniform(80, 95, 20), [-1e30] * 7]).astype(np.float32)
+    q = np.zeros((1, hd), np.float32)
+    q[0, 0] = 1.0
+    k = np.zeros((n_keys, hd), np.float32)
+    k[:, 0] = x  # score j = x_j exactly
+    v = np.eye(n_keys, hd, dtype=np.float32)  # o[j] = p_j exactly
+    m, l, o = _core.attention_block_kernels(isa, q, k, v, np.array([0]), np.array([n_keys]), 1.0)
+    assert m[0] == 0.0
+    arg = (x - np.float32(m[0])).astype(np.float64)  # the kernel's s - m, in f32
+    want = np.where(arg < -87.3365, 0.0, np.exp(arg))
+    normal = want > 0
+    rel = np.abs(o[0][normal] - want[normal]) / want[normal]
+    assert rel.max() <= 3e-7, (seed, rel.max(), x[normal][rel.argmax()])
+    np.testing.assert_array_equal(o[0][~normal], 0.0, err_msg=f"seed {seed}")
+    assert abs(l[0] - want.sum()) <= 1e-6 * want.sum(), seed
+
+
+@pytest.mark.parametrize("hd", [32, 64, 128, 136])
+def test_simd_equals_scalar_reference(hd):
+    rng, seed = fresh_rng()
+    for n_rows in (1, 2, 3, 7, 32):
+        q, k, v, lo, hi = random_block(rng, n_rows, int(rng.integers(1, 257)), hd)
+        ref = _core.attention_block_kernels("scalar", q, k, v, lo, hi, 0.1)
+        for isa in ISAS:
+            got = _core.attention_block_kernels(isa, q, k, v, lo, hi, 0.1)
+            for a, b in zip(got, ref):
+                np.testing.assert_array_equal(a, b, err_msg=f"isa {isa} rows {n_rows} hd {hd} seed {seed}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("hd", [64, 128])
+def test_block_partial_matches_float64_model(isa, hd):
+    rng, seed = fresh_rng()
+    for n_rows in (1, 5, 32):
+        q, k, v, lo, hi = random_block(rng, n_rows, 256, hd)
+        scale = 1.0 / np.sqrt(hd)
+        m, l, o = _core.attention_block_kernels(isa, q, k, v, lo, hi, scale)
+        wm, wl, wo = block_model(q, k, v, lo, hi, scale)
+        assert np.abs(m - wm).max() <= 1e-6 * np.abs(wm).max(), seed
+        assert (np.abs(l - wl) / wl).max() <= 4e-6, seed
+        rel = np.abs(o - wo).max(axis=1) / np.abs(wo).max(axis=1)
+        assert rel.max() <= 4e-6, (seed, rel.max())
+
+
+def test_rows_read_only_their_range():
+    # Rows sharing a call with wider rows get the bits they get alone (keys outside a row's range add
+    # p = 0 exactly): what makes prefill tiles equal token-by-token decoding.
+    rng, seed = fresh_rng()
+    q, k, v, lo, hi = random_block(rng, 9, 256, 64)
+    together = _core.attention_block_kernels(ISAS[-1], q, k, v, lo, hi, 0.125)
+    for r in range(9):
+        alone = _core.attention_block_kernels(ISAS[-1], q[r : r + 1], k, v, lo[r : r + 1], hi[r : r + 1], 0.125)
+        for a, b in zip(alone, together):
+            np.testing.assert_array_equal(a[0], b[r], err_msg=f"row {r} seed {seed}")
+
+
+def test_bad_ranges_are_rejected():
+    q = np.zeros((1, 64), np.float32)
+    kv = np.zeros((10, 64), np.float32)
+    with pytest.raises(_core.InvalidArgument, match="lo < hi"):
+        _core.attention_block_kernels("scalar", q, kv, kv, np.array([3]), np.array([3]), 1.0)
+    with pytest.raises(_core.InvalidArgument, match="multiple of 8"):
+        _core.attention_block_kernels("scalar", np.zeros((1, 60), np.float32), kv[:, :60], kv[:, :60],
+                                      np.array([0]), np.array([1]), 1.0)
