@@ -99,10 +99,14 @@ def cooc_params(rng, m, max_la, n_layer=N_LAYER, E=N_EXPERT):
     return keys, tensors
 
 
-def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT):
-    mix = rng.normal(size=(max_la, n_layer, 3))
+def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT, history=False):
+    """history=False: the history-count weight is 0 everywhere, so scores do not depend on the
+    tokens observed before (the random-input checks); True: random weights and decay rates."""
+    mix = rng.normal(size=(max_la, n_layer, 4))
+    if not history:
+        mix[..., 3] = 0.0
     mix[0, ::3, :2] = 0.0  # the previous token alone (regression and counts skipped)
-    mix[0, 1::3, 1:] = 0.0  # the regression alone
+    mix[0, 1::3, 1:3] = 0.0  # the regression alone (with history counts when history=True)
     mix[-1, ::4, 0] = 1.0  # unscaled regression
     mix[-1, 1::4, 0] = 0.0  # counts and previous token
     tensors = {
@@ -112,6 +116,7 @@ def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT):
         "dt.count_bias": rng.normal(size=(n_layer, E)),
         "dt.count": rng.normal(size=(n_layer, max_la, E, E)),
         "dt.mix": mix,
+        "dt.decay": rng.uniform(0.3, 0.95, size=n_layer),
     }
     return {}, tensors
 
@@ -194,7 +199,8 @@ def cooc_ref(w, keys, L, d, history, prev):
     return s
 
 
-def depthtime_ref(w, L, d, history, prev):
+def depthtime_ref(w, L, d, history, prev, hist=None):
+    """hist: float64 [N_LAYER, N_EXPERT] history counts of the tokens before (None = all zero)."""
     t = L + d
     reg = w["dt.bias"][t].copy()
     for layer in range(L + 1):
@@ -207,10 +213,11 @@ def depthtime_ref(w, L, d, history, prev):
     count = w["dt.count_bias"][t].copy()
     for i in selected(history[L]):
         count += w["dt.count"][t, d - 1, i]
-    w_reg, w_count, alpha = w["dt.mix"][d - 1, t]
+    w_reg, w_count, alpha, beta = w["dt.mix"][d - 1, t]
     boost = np.zeros(N_EXPERT)
     boost[selected(prev[t])] = 1.0
-    return w_reg * reg + w_count * count + alpha * boost
+    out = w_reg * reg + w_count * count + alpha * boost
+    return out if hist is None else out + beta * hist[t]
 
 
 def learned_ref(w, keys, L, d, hidden):
@@ -375,6 +382,50 @@ def test_depthtime_scores_and_hints(model, tmp_path, max_la, lookahead):
 
     check_scores(h, ref, max_la, lookahead, rng, 60)
     check_observe(h, ref, lookahead, rng, 60)
+
+
+def test_depthtime_history_counts_over_a_decode(model, tmp_path):
+    """The stateful member: tokens decoded in order (observe at layers 0..n-1 each), with a new
+    sequence (no previous token) part way; numpy keeps hist = decay * hist + [i in P] per layer,
+    cleared when there is no previous token, and the C++ scores and hints must follow it."""
+    rng = np.random.default_rng(171)
+    max_la = lookahead = 3
+    keys, tensors = depthtime_params(rng, max_la, history=True)
+    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
+    h = _core.load_predictor("depthtime", path, model, lookahead)
+    w = f64(tensors)
+    hist = np.zeros((N_LAYER, N_EXPERT))
+    prev = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+    checked = 0
+    for token in range(14):
+        if token == 8:  # a new sequence: no previous token
+            prev = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+        if (prev >= 0).any():
+            hist = w["dt.decay"][:, None] * hist
+            for layer in range(N_LAYER):
+                hist[layer, selected(prev[layer])] += 1.0
+        else:
+            hist = np.zeros((N_LAYER, N_EXPERT))
+        full, _ = random_routing(rng, N_LAYER - 1, False)
+        hidden = rng.normal(size=N_EMBD).astype(np.float32)
+        logits = rng.normal(size=N_EXPERT).astype(np.float32)
+        for L in range(N_LAYER):
+            history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+            history[: L + 1] = full[: L + 1]
+            hints = h.observe(L, hidden, logits, history, prev)
+            for d in range(1, lookahead + 1):
+                if L + d >= N_LAYER:
+                    continue
+                want = depthtime_ref(w, L, d, history, prev, hist)
+                got = h.scores(L, d, hidden, logits, history, prev)  # reads the state, never updates it
+                assert_scores_close(got, want, f"token {token} L={L} d={d}")
+                order = sorted(range(N_EXPERT), key=lambda e: (-want[e], e))
+                if want[order[TOP_K - 1]] - want[order[TOP_K]] > 1e-3:
+                    assert [e for (t, e, _) in hints if t == L + d] == order[:TOP_K], (token, L, d)
+                    checked += 1
+        prev = full
+    assert checked > 200
+    assert np.abs(hist).max() > 1.0  # the counts did accumulate over several tokens
 
 
 def test_depthtime_wrong_shapes(model, tmp_path):

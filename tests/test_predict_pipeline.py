@@ -591,18 +591,20 @@ def test_depthtime_reference_matches_a_per_token_loop(planted):
     trace = load_trace(planted["planted"])
     rng = np.random.default_rng(5)
     n_layer, E = trace.n_layer, trace.n_expert
-    mix = rng.normal(size=(3, n_layer, 3))
+    mix = rng.normal(size=(3, n_layer, 4))
     mix[0, ::2, 0] = 0.0
     mix[1, ::2, 1:] = 0.0
+    decay = rng.uniform(0.3, 0.95, size=n_layer)
     sc = scm.Sidecar(
         "depthtime", n_layer, E, trace.top_k, 3, "test",
         {},
         {"dt.bias": rng.normal(size=(n_layer, E)), "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
          "dt.prev": rng.normal(size=(n_layer, 3, E, E)), "dt.count_bias": rng.normal(size=(n_layer, E)),
-         "dt.count": rng.normal(size=(n_layer, 3, E, E)), "dt.mix": mix},
+         "dt.count": rng.normal(size=(n_layer, 3, E, E)), "dt.mix": mix, "dt.decay": decay},
     )
     p = ref.DepthTimePredictor(sc)
     idx = np.arange(35, 45)  # crosses the sequence start at 40
+    seq_of = np.searchsorted(trace.seq_start, np.arange(trace.n_tokens), side="right") - 1
     prev = trace.prev_index()
     for L in range(n_layer - 1):
         got = p.scores_all(trace, idx, L)
@@ -626,8 +628,16 @@ def test_depthtime_reference_matches_a_per_token_loop(planted):
                 count = sc.tensors["dt.count_bias"][t].copy()
                 for e in trace.experts[i, L]:
                     count += sc.tensors["dt.count"][t, d - 1, e]
+                # History counts as the spec's sum over every earlier token of the sequence.
+                hist = np.zeros(E)
+                for j in range(1, i + 1):
+                    if seq_of[i - j] != seq_of[i]:
+                        break
+                    hist[trace.experts[i - j, t]] += decay[t] ** (j - 1)
                 want = mix[d - 1, t, 0] * reg + mix[d - 1, t, 1] * count + mix[d - 1, t, 2] * boost
-                np.testing.assert_allclose(got[d - 1, row], want, rtol=1e-12, atol=1e-12)
+                want = want + mix[d - 1, t, 3] * hist
+                # 1e-6: the reference keeps the history counts in float32 (RoutingTrace.history_counts).
+                np.testing.assert_allclose(got[d - 1, row], want, rtol=1e-6, atol=1e-6)
 
 
 def test_depthtime_member_choice_is_never_worse_on_validation():
@@ -647,9 +657,16 @@ def test_depthtime_member_choice_is_never_worse_on_validation():
             prev[i, rng.choice(E, k, replace=False)] = 1
     reg = sel * rng.uniform(0, 1.2, size=(N, E)) + rng.normal(size=(N, E)) * 0.5
     count = sel * rng.uniform(0, 1.0, size=(N, E)) + rng.normal(size=(N, E)) * 0.5
-    (w, c, a), r = choose_mix(reg, count, prev, sel, k)
+    (w, c, a, b), r = choose_mix(reg, count, prev, sel, k)
+    assert b == 0.0
     assert r >= max(_recall(reg, sel, k), _recall(count, sel, k), _recall(prev, sel, k)) - 1e-12
     assert r == pytest.approx(_recall(w * reg + c * count + a * prev, sel, k))
+    # With history counts that carry the answer for a third of the rows, the choice uses them and
+    # is never below the choice without them.
+    hist = np.where(rng.random((N, 1)) < 0.33, sel * 3.0, rng.uniform(0, 1.0, size=(N, E)))
+    (w, c, a, b), r_hist = choose_mix(reg, count, prev, sel, k, hist)
+    assert b > 0.0 and r_hist > r
+    assert r_hist == pytest.approx(_recall(w * reg + c * count + a * prev + b * hist, sel, k))
 
 
 def test_cli_heldout_prints_every_baseline(planted, tmp_path, capsys):

@@ -168,8 +168,9 @@ class DepthTimePredictor(ReferencePredictor):
     """reg_t = bias[t] + sum_{l=0}^{L} sum_{i in S(l)} layer[t, t-l-1, i]
     + sum_{r=-1..1, 0<=t+r<n_layer} sum_{i in P(t+r)} prev[t, r+1, i];
     count_{t,d} = count_bias[t] + sum_{i in S(t-d)} count[t, d-1, i];
+    hist_t = sum_{j>=1} decay[t]^(j-1) [expert in S_{-j}(t)] (trace.history_counts);
     score_{t,d} = mix[d-1, t, 0] * reg_t + mix[d-1, t, 1] * count_{t,d}
-                + mix[d-1, t, 2] * [expert in P(t)]   (L = t - d)"""
+                + mix[d-1, t, 2] * [expert in P(t)] + mix[d-1, t, 3] * hist_t   (L = t - d)"""
 
     name = "depthtime"
 
@@ -196,9 +197,21 @@ class DepthTimePredictor(ReferencePredictor):
                 if 0 <= t + r < self.n_layer:
                     reg = reg + trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
             count = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, d - 1]
-            w_reg, w_count, alpha = self.t["dt.mix"][d - 1, t]
+            w_reg, w_count, alpha, beta = self.t["dt.mix"][d - 1, t]
             out[d - 1] = w_reg * reg + w_count * count + alpha * trace.multi_hot(prev, t)
+            if beta != 0.0:
+                out[d - 1] += beta * self._history(trace, idx, t)
         return out
+
+    def _history(self, trace: RoutingTrace, idx: np.ndarray, t: int) -> np.ndarray:
+        """float64 [len(idx), E]: hist_t of trace.history_counts(idx, dt.decay); the counts of every
+        layer are kept for the next call with the same trace and tokens (evaluate() asks once per
+        source layer)."""
+        key = (id(trace), trace.path, hash(np.asarray(idx, dtype=np.int64).tobytes()))
+        if getattr(self, "_hist_key", None) != key:
+            self._hist_key = key
+            self._hist = trace.history_counts(idx, self.t["dt.decay"])
+        return self._hist[:, t].astype(np.float64)
 
 
 class LearnedPredictor(ReferencePredictor):

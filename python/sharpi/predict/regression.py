@@ -31,6 +31,8 @@ from .train import _invalid, _log, _recall, _torch, fit_best_epoch, validation_r
 
 DEPTHTIME_PREV_OFFSETS = (-1, 0, 1)  # previous token's layers t-1, t, t+1 (docs/predictors.md)
 MIX_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)  # previous-token boosts tried per (d, t)
+HIST_BETAS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)  # history-count weights tried per (d, t)
+HIST_DECAYS = (0.5, 0.8, 0.9)  # decay rates of the history counts tried (one for every layer)
 
 
 def _ids(torch, trace: RoutingTrace, idx: np.ndarray) -> tuple:
@@ -204,20 +206,82 @@ def train_regression_baseline(
 
 
 def choose_mix(
-    reg_scores: np.ndarray, count_scores: np.ndarray, prev_hot: np.ndarray, sel_hot: np.ndarray, k: int
-) -> tuple[tuple[float, float, float], float]:
-    """The per-(d, t) member choice: weights (w_reg, w_count, alpha) maximising recall@k of
-    w_reg * reg + w_count * count + alpha * [i in P(t)] on validation rows. Candidates: each member
-    alone, and the regression or the counts with the previous token boosted by each of MIX_ALPHAS.
-    Ties keep the earlier candidate. Returns (weights, recall)."""
+    reg_scores: np.ndarray,
+    count_scores: np.ndarray,
+    prev_hot: np.ndarray,
+    sel_hot: np.ndarray,
+    k: int,
+    hist: np.ndarray | None = None,
+) -> tuple[tuple[float, float, float, float], float]:
+    """The per-(d, t) member choice: weights (w_reg, w_count, alpha, beta) maximising recall@k of
+    w_reg * reg + w_count * count + alpha * [i in P(t)] + beta * hist on validation rows.
+    Candidates: each of the first three members alone, and the regression or the counts with the
+    previous token boosted by each of MIX_ALPHAS; each of those with the history counts `hist`
+    (when given) added at each weight of HIST_BETAS. Ties keep the earlier candidate (beta = 0
+    first). Returns (weights, recall)."""
     cands = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
     cands += [(w, 1.0 - w, a) for w in (1.0, 0.0) for a in MIX_ALPHAS if a > 0]
-    best = ((1.0, 0.0, 0.0), -1.0)
-    for w, c, a in cands:
-        r = _recall(w * reg_scores + c * count_scores + a * prev_hot, sel_hot, k)
-        if r > best[1] + 1e-9:
-            best = ((w, c, a), r)
+    betas = (0.0,) if hist is None else HIST_BETAS
+    best = ((1.0, 0.0, 0.0, 0.0), -1.0)
+    for beta in betas:
+        for w, c, a in cands:
+            s = w * reg_scores + c * count_scores + a * prev_hot
+            r = _recall(s if beta == 0.0 else s + beta * hist, sel_hot, k)
+            if r > best[1] + 1e-9:
+                best = ((w, c, a, beta), r)
     return best
+
+
+def choose_depthtime_mix(
+    trace: RoutingTrace,
+    val_idx: np.ndarray,
+    p: dict[str, np.ndarray],
+    count_bias: np.ndarray,
+    count: np.ndarray,
+    max_lookahead: int,
+    num_threads: int | None = 1,
+    quiet: bool = False,
+) -> tuple[np.ndarray, float]:
+    """The member choice of depthtime on the validation rows val_idx (held-out TRAINING sequences):
+    one history decay rate for every layer, the one among HIST_DECAYS whose per-(d, t) choices
+    (choose_mix) give the best mean validation recall@k, and those choices. p: the regression
+    tables (fit_history_regression's "bias", "layer", "prev"). Returns (mix float64
+    [max_lookahead, n_layer, 4], decay)."""
+    torch = _torch(num_threads)
+    n_layer, k = trace.n_layer, trace.top_k
+    v = _ids(torch, trace, val_idx)
+    tp = _as_params(torch, p)
+    members = {}  # (d, t) -> (reg, count, prev_hot, sel_hot) on the validation rows
+    with torch.no_grad():
+        for t in range(1, n_layer):
+            prev_hot = trace.multi_hot(trace.prev_index()[val_idx], t)
+            sel_hot = trace.multi_hot(val_idx, t)
+            for d, s in enumerate(
+                _target_scores(torch, tp, v, t, DEPTHTIME_PREV_OFFSETS, max_lookahead), start=1
+            ):
+                cnt = count_bias[t] + trace.multi_hot(val_idx, t - d) @ count[t, d - 1]
+                members[d, t] = (s.numpy().astype(np.float64), cnt, prev_hot, sel_hot)
+    best = None
+    for decay in HIST_DECAYS:
+        hist = trace.history_counts(val_idx, np.full(n_layer, decay))
+        mix = np.zeros((max_lookahead, n_layer, 4))
+        mix[:, :, 0] = 1.0
+        total = 0.0
+        for (d, t), (reg, cnt, prev_hot, sel_hot) in members.items():
+            mix[d - 1, t], r = choose_mix(reg, cnt, prev_hot, sel_hot, k, hist[:, t].astype(np.float64))
+            total += r
+        _log(f"depthtime: history decay {decay}: mean validation recall@k {total / len(members):.4f}", quiet)
+        if best is None or total > best[0] + 1e-9:
+            best = (total, decay, mix)
+    _, decay, mix = best
+    chosen = [tuple(mix[d - 1, t]) for d, t in members]
+    _log(
+        f"depthtime: members per (d, t): regression {sum(c[0] > 0 for c in chosen)}, counts "
+        f"{sum(c[1] > 0 for c in chosen)}, previous token boosted {sum(c[2] > 0 for c in chosen)}, "
+        f"history counts (decay {decay}) {sum(c[3] > 0 for c in chosen)} of {len(chosen)} targets",
+        quiet,
+    )
+    return mix, decay
 
 
 def train_depthtime(
@@ -234,10 +298,10 @@ def train_depthtime(
 ) -> Sidecar:
     """The depthtime predictor (docs/predictors.md): the regression with the previous token at t-1,
     t, t+1 and the co-occurrence counts, fitted on the train sequences minus the last `val_fraction`
-    of them; those held-out TRAINING sequences then choose, per (d, t), the mix (choose_mix)."""
+    of them; those held-out TRAINING sequences then choose the history decay and, per (d, t), the
+    mix (choose_depthtime_mix)."""
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
-    torch = _torch(num_threads)
     fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
     p, _ = fit_history_regression(
         trace,
@@ -255,27 +319,7 @@ def train_depthtime(
 
     n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
     count_bias, count, _ = _cooc_tables(trace, fit_idx, max_lookahead, 20.0)
-    v = _ids(torch, trace, val_idx)
-    tp = _as_params(torch, p)
-    mix = np.zeros((max_lookahead, n_layer, 3))
-    mix[:, :, 0] = 1.0
-    chosen = []
-    with torch.no_grad():
-        for t in range(1, n_layer):
-            prev_hot = trace.multi_hot(trace.prev_index()[val_idx], t)
-            sel_hot = trace.multi_hot(val_idx, t)
-            for d, s in enumerate(
-                _target_scores(torch, tp, v, t, DEPTHTIME_PREV_OFFSETS, max_lookahead), start=1
-            ):
-                cnt = count_bias[t] + trace.multi_hot(val_idx, t - d) @ count[t, d - 1]
-                mix[d - 1, t], _ = choose_mix(s.numpy().astype(np.float64), cnt, prev_hot, sel_hot, k)
-                chosen.append(tuple(mix[d - 1, t]))
-    _log(
-        f"depthtime: members per (d, t): regression {sum(c[0] > 0 for c in chosen)}, counts "
-        f"{sum(c[1] > 0 for c in chosen)}, previous token boosted {sum(c[2] > 0 for c in chosen)} "
-        f"of {len(chosen)} targets",
-        quiet,
-    )
+    mix, decay = choose_depthtime_mix(trace, val_idx, p, count_bias, count, max_lookahead, num_threads, quiet)
     return Sidecar(
         "depthtime",
         n_layer,
@@ -291,6 +335,7 @@ def train_depthtime(
             "dt.count_bias": count_bias.astype(np.float32),
             "dt.count": count.astype(np.float32),
             "dt.mix": mix.astype(np.float32),
+            "dt.decay": np.full(n_layer, decay, dtype=np.float32),
         },
     )
 

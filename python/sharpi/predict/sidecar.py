@@ -80,7 +80,8 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
             "dt.prev": (n_layer, 3, E, E),
             "dt.count_bias": (n_layer, E),
             "dt.count": (n_layer, dmax, E, E),
-            "dt.mix": (dmax, n_layer, 3),
+            "dt.mix": (dmax, n_layer, 4),
+            "dt.decay": (n_layer,),
         }
     if sc.kind == "learned":
         n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]
