@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "bindings.h"
+#include "cpu/threadpool.h"
 #include "cuda_backend.h"
 #include "gguf/cache_prior_file.h"
-#include "cpu/threadpool.h"
 #include "model/model.h"
 #include "moe/cpu_miss.h"
 #include "moe/miss_cost.h"
@@ -153,10 +153,9 @@ py::dict miss_route(uint64_t expert_bytes, int64_t n_embd, int64_t n_tokens, dou
 std::vector<std::string> miss_routes(const std::string& mode, const std::vector<bool>& present,
                                      uint64_t expert_bytes, int64_t n_embd, int64_t n_tokens,
                                      double copy_bytes_per_s, double copy_latency_s, double cpu_bytes_per_s) {
-    const std::vector<MissRoute> routes =
-        route_misses(parse_miss_mode(mode), present,
-                     MissCostInputs{expert_bytes, n_embd, n_tokens, copy_bytes_per_s, copy_latency_s,
-                                    cpu_bytes_per_s});
+    const std::vector<MissRoute> routes = route_misses(
+        parse_miss_mode(mode), present,
+        MissCostInputs{expert_bytes, n_embd, n_tokens, copy_bytes_per_s, copy_latency_s, cpu_bytes_per_s});
     std::vector<std::string> out;
     for (const MissRoute r : routes) out.emplace_back(miss_route_name(r));
     return out;
