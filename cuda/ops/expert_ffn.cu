@@ -56,15 +56,17 @@ __global__ void expert_gate_up_kernel(const PartRows gate, const PartRows up, in
     const int64_t slot = blockIdx.y;
     if (row >= n_ff || gate.skipped(slot)) return;
     const int64_t at = row * (n_embd / kBlock);
-    const float g = warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(gate.expert(slot)) + at, x, n_embd);
-    const float u = warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(up.expert(slot)) + at, x, n_embd);
+    const float g =
+        warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(gate.expert(slot)) + at, x, n_embd);
+    const float u =
+        warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(up.expert(slot)) + at, x, n_embd);
     if (threadIdx.x % kWarp == 0) h[slot * n_ff + row] = silu_mul(g, u);
 }
 
 // y[slot, row] = W_slot[row] . x_slot, x_slot at x + slot * x_row_bytes.
 template <typename Block, bool kInt8>
-__global__ void expert_matvec_kernel(const PartRows w, int64_t n_rows, int64_t n_cols, const void* __restrict__ x,
-                                     size_t x_row_bytes, float* __restrict__ y) {
+__global__ void expert_matvec_kernel(const PartRows w, int64_t n_rows, int64_t n_cols,
+                                     const void* __restrict__ x, size_t x_row_bytes, float* __restrict__ y) {
     constexpr int kBlock = BmBlockSize<Block>::value;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     const int64_t slot = blockIdx.y;
@@ -164,9 +166,9 @@ namespace {
 
 // The decode launches for any PartRows: the one body of the resident and the slot-table entries.
 // cpu_rows: the host rows of the slots the PartRows skip (see ExpertSlotTable), or null.
-void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& up_rows, const PartRows& down_rows,
-            const float* cpu_rows, const float* x, const float* weights, int64_t k, bool int8, void* scratch,
-            float* out, cudaStream_t stream) {
+void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& up_rows,
+            const PartRows& down_rows, const float* cpu_rows, const float* x, const float* weights, int64_t k,
+            bool int8, void* scratch, float* out, cudaStream_t stream) {
     const Pieces p = carve(w, 1, k, int8, scratch, nullptr);
     const dim3 ff_grid(div_up(w.n_ff, kRowsPerBlock), static_cast<unsigned int>(k));
     const dim3 embd_grid(div_up(w.n_embd, kRowsPerBlock), static_cast<unsigned int>(k));
@@ -227,8 +229,8 @@ void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& u
     SHARPI_CUDA_CHECK_LAUNCH("expert down");
     for (int64_t s = 0; s < k && cpu_rows != nullptr; ++s) {
         if (((down_rows.skip >> s) & 1u) == 0) continue;
-        cuda_check(cudaMemcpyAsync(p.partial + s * w.n_embd, cpu_rows + s * w.n_embd, sizeof(float) * w.n_embd,
-                                   cudaMemcpyHostToDevice, stream),
+        cuda_check(cudaMemcpyAsync(p.partial + s * w.n_embd, cpu_rows + s * w.n_embd,
+                                   sizeof(float) * w.n_embd, cudaMemcpyHostToDevice, stream),
                    "expert ffn: a CPU-computed expert's row");
     }
     combine_kernel<<<dim3(div_up(w.n_embd, 256), 1), 256, 0, stream>>>(p.partial, weights, nullptr, k,

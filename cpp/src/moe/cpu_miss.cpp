@@ -32,7 +32,8 @@ const char* miss_mode_name(MissMode mode) {
     return "copy";
 }
 
-std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& present, const MissCostInputs& inputs) {
+std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& present,
+                                    const MissCostInputs& inputs) {
     std::vector<MissRoute> routes(present.size(), MissRoute::copy);
     for (size_t i = 0; i < present.size(); ++i) {
         if (present[i]) continue;  // in VRAM or on its way: the device computes it
@@ -47,7 +48,8 @@ std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& pres
 
 double measure_cpu_expert_speed(const ExpertLayout& layout, int64_t n_embd, cpu::ThreadPool& pool, bool exact,
                                 int repeats) {
-    if (repeats < 1) throw InvalidArgument("[miss cost] repeats must be >= 1, got " + std::to_string(repeats));
+    if (repeats < 1)
+        throw InvalidArgument("[miss cost] repeats must be >= 1, got " + std::to_string(repeats));
     const auto first = std::find_if(layout.layers.begin(), layout.layers.end(),
                                     [](const ExpertLayerLayout& x) { return x.present(); });
     if (first == layout.layers.end()) throw InvalidArgument("[miss cost] the model has no routed experts");

@@ -33,7 +33,7 @@ struct CpuMissOptions {
     // expert from the pinned mapping into VRAM; measure_cpu_expert_speed on `pool`).
     double copy_bytes_per_s = 0.0;
     double cpu_bytes_per_s = 0.0;
-    double copy_latency_s = -1.0;  // < 0: measured (a timed copy of a few bytes)
+    double copy_latency_s = -1.0;     // < 0: measured (a timed copy of a few bytes)
     cpu::ThreadPool* pool = nullptr;  // the session's pool, for the CPU kernels; required unless mode is copy
 };
 
@@ -45,7 +45,8 @@ const char* miss_mode_name(MissMode mode);
 // (present[i]) is always computed on the device; a miss by the mode: copy, cpu, or the cost model on
 // `inputs` (one expert of this layer, the rows routed to it: n_tokens). Throws what
 // choose_miss_route throws (MissMode::cost only).
-std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& present, const MissCostInputs& inputs);
+std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& present,
+                                    const MissCostInputs& inputs);
 
 // Weight bytes per second the CPU expert kernel (cpu::expert_ffn_one_token, one activation row)
 // reaches on expert 0 of the first MoE layer of `layout` (its host bytes, which must be mapped):
