@@ -20,15 +20,17 @@ import sharpi
 from sharpi.make_model import write_model
 from subprocess_env import child_env
 
-N_CTX = 2048
+N_CTX = 4096
 # ~1,100 tokens with the synthetic tokenizer: one long prefill (5 chunks of 256 tokens, 8 layers).
-PROMPT_TEXT = " ".join(["the quick brown fox jumps over a lazy dog"] * 50)
+# ~3,300 tokens: the prompt's decode call must still be running 0.5 s after it starts on a quiet
+# machine (at ~1,100 tokens the fast-mode attention finished it in under 0.5 s).
+PROMPT_TEXT = " ".join(["the quick brown fox jumps over a lazy dog"] * 150)
 PROMPT_IDS = [(i * 7) % 1000 + 5 for i in range(1200)]
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    """A model whose 1,200-token prefill takes seconds here (8 layers x 5 chunks, ~0.1-0.3 s each)."""
+    """A model whose 3,300-token prefill takes seconds here (8 layers x 13 chunks of 256 tokens)."""
     path = str(tmp_path_factory.mktemp("cancel") / "m.gguf")
     write_model(path, preset="tiny", quant="q4_k_m", seed=3, n_layer=8, n_embd=512, n_expert=16,
                 n_ff_exp=512, n_head=8, n_head_kv=4)

@@ -63,8 +63,11 @@ EXPERT_COUNTERS = ("expert_accesses", "expert_misses")
 GLOBAL_TIMES = ("io_busy_ms", "decode_ms", "predict_ms")
 # Predictor calls (top level).
 PREDICTOR_COUNTERS = ("predictor_calls", "predictor_failures")
+# The VRAM tier's misses computed on the CPU, and the miss cost model's inputs that routed them
+# (bytes/s, seconds; 0 on the RAM tier, where every miss is read).
+MISS_ROUTE = ("cpu_experts", "miss_copy_bytes_per_s", "miss_copy_latency_s", "miss_cpu_bytes_per_s")
 # Every top-level key of Session.expert_stats().
-EXPERT_STATS_KEYS = CACHE_PLAN + ("layers",) + EXPERT_COUNTERS + GLOBAL_TIMES + PREDICTOR_COUNTERS
+EXPERT_STATS_KEYS = CACHE_PLAN + ("layers",) + EXPERT_COUNTERS + GLOBAL_TIMES + PREDICTOR_COUNTERS + MISS_ROUTE
 
 # ---- derived metrics --------------------------------------------------------------------------------
 
