@@ -34,14 +34,18 @@ const char* miss_mode_name(MissMode mode) {
 
 std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& present,
                                     const MissCostInputs& inputs) {
+    // Every miss of a layer has the same inputs, so the cost model answers once for all of them (and
+    // only when something is missing: without a miss its inputs are never read, nor checked).
+    const bool any_miss = std::find(present.begin(), present.end(), false) != present.end();
+    MissRoute miss_route = MissRoute::copy;
+    if (mode == MissMode::cpu) {
+        miss_route = MissRoute::cpu;
+    } else if (mode == MissMode::cost && any_miss) {
+        miss_route = choose_miss_route(inputs).route;
+    }
     std::vector<MissRoute> routes(present.size(), MissRoute::copy);
     for (size_t i = 0; i < present.size(); ++i) {
-        if (present[i]) continue;  // in VRAM or on its way: the device computes it
-        if (mode == MissMode::cpu) {
-            routes[i] = MissRoute::cpu;
-        } else if (mode == MissMode::cost) {
-            routes[i] = choose_miss_route(inputs).route;
-        }
+        if (!present[i]) routes[i] = miss_route;  // present: in VRAM or on its way, the device computes it
     }
     return routes;
 }
