@@ -12,6 +12,11 @@
 //
 // Not reentrant: parallel_for must not be called from inside a parallel_for body, and only one
 // thread may call parallel_for at a time.
+//
+// Cost accounting (SHARPI_POOL_STATS=1, read when a pool is built; off by default, and off costs one
+// predictable branch per region and per chunk): every pool adds to process-wide counters what its
+// parallel regions cost beyond their work, so a benchmark can set it against TPOT
+// (benchmarks/bench_threadpool.py). See ThreadPoolStats.
 #pragma once
 
 #include <atomic>
@@ -23,6 +28,26 @@
 #include <vector>
 
 namespace sharpi::cpu {
+
+// Process-wide sums over every parallel region run with SHARPI_POOL_STATS=1 (nanoseconds, steady
+// clock). A region starts when parallel_for publishes its job (dispatch) and ends when it returns.
+struct ThreadPoolStats {
+    uint64_t regions = 0;         // parallel_for calls handed to the workers
+    uint64_t inline_regions = 0;  // calls run inline (one thread, n == 1, below kMinParallelBytes)
+    uint64_t thread_slots = 0;    // sum over regions of n_threads
+    uint64_t region_ns = 0;       // caller's wall time inside regions, dispatch to return
+    uint64_t busy_ns = 0;         // time any thread spent inside bodies during regions
+    uint64_t wake_ns = 0;         // sum over workers that joined a region of dispatch -> joining it
+    uint64_t workers_joined = 0;  // workers that joined a region (claimed a chunk or found none left)
+    uint64_t workers_late = 0;    // of those, workers that found every chunk already claimed
+    uint64_t workers_missed = 0;  // workers woken for a region that had already returned
+    uint64_t worker_sleeps = 0;   // times a worker stopped spinning and blocked on the condition variable
+    uint64_t caller_wait_ns = 0;  // caller: its last chunk done -> return (the barrier, critical path)
+};
+// Lost wall time of all regions = region_ns - busy_ns / n_threads (the ideal is the work split
+// evenly over the threads, no wake-up, no barrier): wake-up latency, the barrier and imbalance.
+ThreadPoolStats thread_pool_stats();
+void reset_thread_pool_stats();
 
 class ThreadPool {
   public:
@@ -51,6 +76,7 @@ class ThreadPool {
     // n_chunks > 0: as the three-argument parallel_for.
     void parallel_for_bytes(int64_t n, int64_t bytes, const Body& body, int64_t n_chunks = 0) {
         if (bytes < kMinParallelBytes) {
+            if (stats_) note_inline_region();
             if (n > 0) body(0, n, 0);
         } else if (n_chunks > 0) {
             parallel_for(n, body, n_chunks);
@@ -71,12 +97,16 @@ class ThreadPool {
         int64_t n_chunks = 0;
         std::atomic<int64_t> next{0};  // next chunk to claim
         std::atomic<int64_t> done{0};  // chunks finished (thrown or not)
+        uint64_t dispatch_ns = 0;      // with stats_: when the job was published
     };
 
     void worker_main(int ith);
-    void run_job(Job& job, int ith);
+    // Runs chunks until none is left; returns whether this thread ran any.
+    bool run_job(Job& job, int ith);
+    static void note_inline_region();
 
     int n_threads_;
+    const bool stats_;  // SHARPI_POOL_STATS set when the pool was built
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable wake_;

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "cpu/threadpool.h"
 #include "sharpi/session.h"
 
 namespace py = pybind11;
@@ -269,6 +270,28 @@ class PyPredictor final : public Predictor {
 void bind_session(py::module_& m) {
     m.def("parse_byte_size", &parse_byte_size, py::arg("text"),
           "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
+    m.def(
+        "thread_pool_stats",
+        [](bool reset) {
+            const cpu::ThreadPoolStats s = cpu::thread_pool_stats();
+            if (reset) cpu::reset_thread_pool_stats();
+            py::dict d;
+            d["regions"] = s.regions;
+            d["inline_regions"] = s.inline_regions;
+            d["thread_slots"] = s.thread_slots;
+            d["region_ns"] = s.region_ns;
+            d["busy_ns"] = s.busy_ns;
+            d["wake_ns"] = s.wake_ns;
+            d["workers_joined"] = s.workers_joined;
+            d["workers_late"] = s.workers_late;
+            d["workers_missed"] = s.workers_missed;
+            d["worker_sleeps"] = s.worker_sleeps;
+            d["caller_wait_ns"] = s.caller_wait_ns;
+            return d;
+        },
+        py::arg("reset") = false,
+        "Process-wide thread-pool cost counters (cpu/threadpool.h ThreadPoolStats), counted only by pools "
+        "built with SHARPI_POOL_STATS=1; reset: zero them after reading");
     // Session(vram_budget=VRAM_BUDGET_AUTO): free VRAM minus a margin (SessionOptions::kVramBudgetAuto).
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")
