@@ -454,10 +454,16 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
     HeadKernels tile_kern = kern;
     if (fast) tile_kern.k_is_f32 = tile_kern.v_is_f32 = false;
 
+    // What the call reads, for parallel_for_bytes: every tile reads its KV head's rows up to its last
+    // token. Decoding over a short context is a few microseconds of work, less than waking the pool
+    // and meeting it at the barrier (benchmarks/bench_threadpool.py measured it on stdlib-moe).
+    const int64_t kv_bytes =
+        (pos0 + n_tokens) * static_cast<int64_t>(k_head_bytes + v_head_bytes) * s.n_head_kv * n_tiles;
+
     if (!split_blocks(n_tokens, n_pairs, max_blocks, hd)) {
         const int64_t n_items = n_tiles * s.n_head_kv;
-        pool.parallel_for(
-            n_items,
+        pool.parallel_for_bytes(
+            n_items, kv_bytes,
             [&](int64_t begin, int64_t end, int) {
                 TileScratch& w = thread_scratch(tile_rows, hd);
                 for (int64_t item = begin; item < end; ++item) {
@@ -521,8 +527,8 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
     const int64_t stride = hd + 2;
     std::vector<float> partials(static_cast<size_t>(n_pairs * max_blocks * stride));
     const int64_t width_k = s.n_head_kv * hd, width_v = s.n_head_kv * hd;
-    pool.parallel_for(
-        max_blocks,
+    pool.parallel_for_bytes(
+        max_blocks, kv_bytes,
         [&](int64_t begin, int64_t end, int) {
             for (int64_t blk = begin; blk < end; ++blk) {
                 const int64_t j0 = blk * kAttentionBlock,
@@ -540,7 +546,8 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
             }
         },
         max_blocks);
-    pool.parallel_for(n_pairs, [&](int64_t begin, int64_t end, int) {
+    const int64_t partial_bytes = static_cast<int64_t>(partials.size() * sizeof(float));
+    pool.parallel_for_bytes(n_pairs, partial_bytes, [&](int64_t begin, int64_t end, int) {
         std::vector<float> o(static_cast<size_t>(hd));
         for (int64_t pair = begin; pair < end; ++pair) {
             const int64_t t = pair / s.n_head, h = pair % s.n_head;
