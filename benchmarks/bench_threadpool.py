@@ -6,7 +6,8 @@ Method. Built with SHARPI_POOL_STATS=1, every pool times its parallel regions (c
 ThreadPoolStats): a region runs from parallel_for publishing its job to parallel_for returning; inside it,
 each thread's time in bodies is its work. Per decoded token the script reports
   regions       parallel_for calls handed to the workers (and those run inline, below the size floor),
-  wake          mean time from publishing a job to a worker joining it (spin hit or futex wake-up),
+  wake          mean time from publishing a job to a worker joining it (spin hit or futex wake-up), and
+                its sum per token (the workers' time, an upper bound on its share of the critical path),
   barrier       the caller's time from finishing its own last chunk to returning: waiting for the
                 workers, on the critical path,
   lost          region wall time - work / n_threads, summed: the wall time a token would save if every
@@ -83,6 +84,7 @@ def per_token(r: dict, threads: int) -> dict:
         "late_workers": st["workers_late"] / n,
         "missed_workers": st["workers_missed"] / n,
         "worker_sleeps": st["worker_sleeps"] / n,
+        "wake_pct": 100 * st["wake_ns"] / 1e3 / n / tpot_us,
         "barrier_us": barrier_us,
         "lost_us": lost_us,
         "region_pct": 100 * region_us / tpot_us,
@@ -124,8 +126,8 @@ def resolve(model: str) -> str:
 
 HEADER = (
     "| model | TPOT ms 1 thread | TPOT ms (counters off) | TPOT ms (on) | regions/token (+inline) | "
-    "workers joined/region | wake µs (mean) | barrier µs/token | lost µs/token | lost % of TPOT | "
-    "barrier % of TPOT |"
+    "workers joined/region | wake µs (mean) | wake % of TPOT | barrier µs/token | barrier % of TPOT | "
+    "lost µs/token | lost % of TPOT |"
 )
 
 
@@ -194,8 +196,8 @@ def main() -> None:
             lines.append(
                 f"| {os.path.basename(path)}{name} | {tpot_one:.2f} | {tpot_off:.2f} | {med('tpot_ms'):.2f} | "
                 f"{med('regions'):.0f} (+{med('inline_regions'):.0f}) | {med('joined_per_region'):.2f} | "
-                f"{med('wake_us_mean'):.1f} | {med('barrier_us'):.0f} | {med('lost_us'):.0f} | "
-                f"{med('lost_pct'):.1f} | {med('barrier_pct'):.1f} |"
+                f"{med('wake_us_mean'):.1f} | {med('wake_pct'):.1f} | {med('barrier_us'):.0f} | "
+                f"{med('barrier_pct'):.1f} | {med('lost_us'):.0f} | {med('lost_pct'):.1f} |"
             )
             print(lines[-1], flush=True)
     os.makedirs(args.out, exist_ok=True)
