@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <type_traits>
+#include <utility>
 
 #include "cpu/quant/iq_unpack.h"
 #include "cpu/quant/qdot_impl.h"
