@@ -2,8 +2,9 @@
 
 Oracle: a float64 numpy model of the rule, written from the documentation: probabilities
 p = min(1, k * softmax(scores)) per target layer, the prediction set {p > 1/2}, and reads of its
-members that are not present, best expected saving first (saving = p * min(b/B, slack) - (1 - p) * b/B,
-each read's bytes queued ahead of the next), while the saving is positive and a staging slot is free.
+members that are not present, best expected saving first (saving = (2p - 1) * b/B, each read's bytes
+queued ahead of the next; a read that could only start after its layer's gate is not issued), while the
+saving is positive and a staging slot is free.
 Inputs are fresh random draws on every run; the seed is in every failure message.
 """
 
@@ -56,8 +57,8 @@ def numpy_plan(source, top_k, hints, present, expert_bytes, bytes_per_ms, queued
         t = np.array([c[0] for c in candidates], dtype=np.float64)
         p = np.array([c[2] for c in candidates])
         read_ms = np.array([c[3] for c in candidates]) / bw
-        hidden = np.minimum(read_ms, (t - source) * layer_ms - queued / bw) if timed else read_ms
-        saving = np.where(taken, -np.inf, p * hidden - (1 - p) * read_ms)
+        late = queued / bw > (t - source) * layer_ms if timed else np.zeros(len(candidates), dtype=bool)
+        saving = np.where(taken | late, -np.inf, p * read_ms - (1 - p) * read_ms)
         best = int(np.argmax(saving))  # the first maximum: candidate order breaks ties
         if not saving[best] > 0:
             break
@@ -124,7 +125,7 @@ def test_byte_sized_plan_worked_example():
     # Two target layers, k = 2, 1 MB experts at 1 MB/ms, 10 ms per layer, nothing queued.
     # Layer 1: scores ln(8), ln(1), ln(1) -> softmax 0.8, 0.1, 0.1 -> p = 1, 0.2, 0.2: set {5}.
     # Layer 2: scores 0, 0 -> p = 1, 1: set {3, 4}; 4 is present. Savings 1 ms each; with one queued
-    # MB ahead, layer 2's reads still fit (slack 2 * 10 - 1 ms) and 5 (nearer) is read first.
+    # MB ahead, layer 2's read still starts before its gate (1 ms < 2 * 10 ms); 5 (nearer) goes first.
     hints = [(1, 5, np.log(8.0)), (1, 6, 0.0), (1, 7, 0.0), (2, 3, 0.0), (2, 4, 0.0)]
     present = np.zeros((3, 8), dtype=bool)
     present[2, 4] = True
@@ -134,10 +135,15 @@ def test_byte_sized_plan_worked_example():
     # One slot: only the first.
     out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 0.0, 10.0, True, 1)
     assert [tuple(r) for r in out["reads"]] == [(1, 5)] and [tuple(r) for r in out["skipped"]] == [(2, 3)]
-    # 25 MB queued: layer 1's read would start after its gate (25 ms > 10 ms) and is skipped; layer 2's
-    # would hide -5 ms: skipped too. Without the timeliness test both go out.
+    # 25 MB queued: both reads would start after their gates (25 ms > 10 ms, 20 ms): skipped. 15 MB:
+    # only layer 2's starts in time. Without the timeliness test both go out.
     out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 25e6, 10.0, True, 4)
     assert out["reads"] == [] and len(out["skipped"]) == 2
+    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 15e6, 10.0, True, 4)
+    assert [tuple(r) for r in out["reads"]] == [(2, 3)] and [tuple(r) for r in out["skipped"]] == [(1, 5)]
+    # Bytes order the reads: layer 2's experts are 3 MB, so its read saves more and goes first.
+    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 3e6], 1e6, 0.0, 10.0, True, 4)
+    assert [tuple(r) for r in out["reads"]] == [(2, 3), (1, 5)]
     out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 25e6, 10.0, False, 4)
     assert [tuple(r) for r in out["reads"]] == [(1, 5), (2, 3)]
 

@@ -87,12 +87,12 @@ void plan_byte_sized_prefetch(int source_layer, int top_k, const std::vector<Pre
         for (size_t c = 0; c < candidates.size(); ++c) {
             if (taken[c]) continue;
             const Candidate& cand = candidates[c];
+            // A read that could only start after t's gate saves nothing (the prefetcher's
+            // timeliness test); one that starts before it is ahead of the demand reads it would
+            // have queued with at the gate, so it saves its whole read time.
+            if (timed && queued / bytes_per_ms > (cand.target_layer - source_layer) * load.layer_ms) continue;
             const double read_ms = cand.bytes / bytes_per_ms;
-            const double hidden = timed
-                                      ? std::min(read_ms, (cand.target_layer - source_layer) * load.layer_ms -
-                                                              queued / bytes_per_ms)
-                                      : read_ms;
-            const double saving = cand.probability * hidden - (1.0 - cand.probability) * read_ms;
+            const double saving = cand.probability * read_ms - (1.0 - cand.probability) * read_ms;
             if (saving > best_saving) {
                 best = static_cast<ptrdiff_t>(c);
                 best_saving = saving;

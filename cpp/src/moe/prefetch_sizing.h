@@ -7,14 +7,14 @@
 // (not a calibrated probability, a documented rule: the predictors' scores are logits or ranks),
 // and an expert e of target layer t with bytes b_e, read at the reader's measured bandwidth B, is
 // worth
-//     saving_e = p_e * hidden_e - (1 - p_e) * b_e / B        (ms)
-// where b_e / B is the stall a demand read of e would cost, hidden_e = min(b_e / B, slack_t) the
-// part of the read done before t's gate (slack_t = (t - source) * layer_ms - queued / B; the whole
-// read when timeliness is not measured), and (1 - p_e) * b_e / B the expected reader time a wasted
-// read takes from demand reads. The prediction set of t is {e : p_e > 1/2} (positive saving with an
-// empty queue); its experts not already cached or loading are read best saving first, one at a
-// time (each issued read adds its bytes to the queue, lowering every later slack), while the saving
-// is positive and a staging slot is free.
+//     saving_e = p_e * b_e / B - (1 - p_e) * b_e / B        (ms)
+// where b_e / B is the stall a demand read of e would cost and (1 - p_e) * b_e / B the expected
+// reader time a wasted read takes from demand reads, provided the read can start before t's gate
+// (queued / B <= (t - source) * layer_ms, the timeliness test of the top-k sizing; a read that
+// can only start later saves nothing and is not issued). The prediction set of t is
+// {e : p_e > 1/2} (positive saving); its experts not already cached or loading are read best
+// saving first, one at a time (each issued read adds its bytes to the queue ahead of the next),
+// while the saving is positive, the read timely and a staging slot free.
 //
 // Pure functions of their inputs (no cache, no reader), so tests compare them with a numpy model.
 #pragma once
