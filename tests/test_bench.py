@@ -292,7 +292,8 @@ RUN_FIELDS_EXPECTED = {
     "io_gbps_stall", "peak_rss_bytes", "belady_misses", "belady_bytes", "belady_hit_rate", "lru_misses",
     "lru_hit_rate", "lower_bound_ms_per_token", "ratio_tpot_to_lower_bound",
     "ratio_tpot_to_lower_bound_plus_resident", "goal_met", "verdict", "engine_misses_at_least_belady",
-    "output_matches_resident", "layers", "predictor", "lookahead", "n_staging", "recall_at_k", "precision",
+    "output_matches_resident", "layers", "predictor", "lookahead", "prefetch_sizing", "n_staging", "recall_at_k",
+    "precision",
     "prefetch_issued", "prefetch_used", "prefetch_timely", "prefetch_late", "prefetch_wasted_bytes",
     "prefetch_skipped", "hints_dropped", "predict_ms", "predict_overhead", "overlap",
 }  # fmt: skip

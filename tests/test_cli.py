@@ -98,7 +98,8 @@ def test_run_streams_text_and_prints_timing(fake_session, capsys):
     assert s.streaming == {"ram_budget": None, "vram_budget": None, "miss_route": "copy", "slru_probation": 0.25,
                            "reader": "auto",
                            "route_trace": None,
-                           "predictor": "none", "lookahead": 1, "trace": None, "cache_policy": None,
+                           "predictor": "none", "lookahead": 1, "prefetch_sizing": "topk", "trace": None,
+                           "cache_policy": None,
                            "cache_type_k": None, "cache_type_v": None, "allow_long_context": False,
                            "device": "cpu"}
     ((prompt, kwargs),) = s.generate_calls
@@ -419,6 +420,7 @@ def test_run_passes_streaming_options(fake_session, capsys):
     code, _, _ = run_main(
         ["run", "-m", fake_session, "-p", "x", "--ram-budget", "6GiB", "--reader", "pread",
          "--slru-probation", "0.4", "--route-trace", "t.npz", "--predictor", "cooc:p.gguf", "--lookahead", "3",
+         "--prefetch-sizing", "bytes",
          "--trace", "out", "--cache-policy", "prior:prior.gguf", "-ctk", "q8_0", "--cache-type-v", "f16",
          "--allow-long-context", "--device", "cuda", "--vram-budget", "12GiB", "--miss-route", "auto"],
         capsys,
@@ -428,7 +430,7 @@ def test_run_passes_streaming_options(fake_session, capsys):
     assert s.streaming == {"ram_budget": "6GiB", "vram_budget": "12GiB", "miss_route": "auto", "slru_probation": 0.4,
                            "reader": "pread",
                            "route_trace": "t.npz",
-                           "predictor": "cooc:p.gguf", "lookahead": 3, "trace": "out",
+                           "predictor": "cooc:p.gguf", "lookahead": 3, "prefetch_sizing": "bytes", "trace": "out",
                            "cache_policy": "prior:prior.gguf", "cache_type_k": "q8_0", "cache_type_v": "f16",
                            "allow_long_context": True, "device": "cuda"}
 

@@ -408,7 +408,8 @@ def test_timeline_records_compute_and_reads(models):
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
 @pytest.mark.parametrize("reader", READERS)
-def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader):
+@pytest.mark.parametrize("sizing", ["topk", "bytes"])
+def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader, sizing):
     path = models[arch]
     if not reader_available(reader, path):
         pytest.skip(f"{reader} reader unavailable here")
@@ -419,7 +420,7 @@ def test_prev_token_prefetch_is_lossless_and_counted(models, arch, reader):
         sharpi.Session(path, n_ctx=128, ram_budget=fixed + (2 * k - 1) * slot, predictor="prev_token")
     for n_slots in (k, k + 2, total // 2):
         s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + (n_slots + k) * slot, reader=reader,
-                           predictor="prev_token")
+                           predictor="prev_token", prefetch_sizing=sizing)
         st = s.expert_stats()
         assert (st["n_slots"], st["n_staging"]) == (n_slots, k)
         np.testing.assert_array_equal(run_tokens(s, prompt, 30), resident, err_msg=f"{arch} {reader} {n_slots}")

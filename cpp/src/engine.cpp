@@ -69,6 +69,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
                               "there is nothing to prefetch");
     }
     if (!options.cache_policy.empty()) check_replacement_policy_name(options.cache_policy);
+    parse_prefetch_sizing(options.prefetch_sizing);  // a bad name fails here, predictor or not
     // Built before any memory is planned, so a bad name or predictor file fails fast.
     std::shared_ptr<Predictor> predictor;
     if (options.predictor == "custom") {
@@ -357,7 +358,8 @@ void Engine::install_predictor(std::shared_ptr<Predictor> predictor) {
         shape.top_k = static_cast<int>(h.n_expert_used);
         shape.n_embd = static_cast<int>(h.n_embd);
         prefetcher_ = std::make_unique<Prefetcher>(shape, *cache_, std::move(predictor), options_.lookahead,
-                                                   options_.skip_late_prefetch);
+                                                   options_.skip_late_prefetch,
+                                                   parse_prefetch_sizing(options_.prefetch_sizing));
     }
 }
 

@@ -162,6 +162,13 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
         help="layers ahead the predictor prefetches for (default: 1)",
     )
     p.add_argument(
+        "--prefetch-sizing",
+        choices=["topk", "bytes"],
+        default="topk",
+        help="predicted experts read per layer: the best top_k (topk, default) or those whose expected "
+        "stall saved beats a wasted read's cost (bytes; docs/predictors.md)",
+    )
+    p.add_argument(
         "--trace",
         default=None,
         metavar="DIR",
@@ -190,6 +197,7 @@ def session_options(args: argparse.Namespace) -> dict:
         "route_trace": args.route_trace,
         "predictor": args.predictor,
         "lookahead": args.lookahead,
+        "prefetch_sizing": args.prefetch_sizing,
         "trace": args.trace,
         **session_kv_options(args),
     }

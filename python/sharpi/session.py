@@ -65,6 +65,7 @@ class Session:
         predictor_file: Union[str, os.PathLike, None] = None,
         lookahead: int = 1,
         skip_late_prefetch: bool = True,
+        prefetch_sizing: str = "topk",
         trace: Union[str, os.PathLike, bool, None] = None,
         cache_policy: Optional[str] = None,
         cache_type_k: Optional[str] = None,
@@ -91,7 +92,10 @@ class Session:
         "cooc", "depthtime", "learned", "trajectory" (these read predictor_file; "cooc:FILE" also works),
         or a sharpi.Predictor instance. lookahead: predict layers L+1..L+lookahead (1..3).
         skip_late_prefetch=False issues predictions even when the measured bandwidth says they
-        cannot start before their layer's gate.
+        cannot start before their layer's gate. prefetch_sizing: "topk" reads the best top_k
+        predicted experts of each layer; "bytes" those whose probability (min(1, k * softmax of the
+        hint scores)) times the stall they save beats the reader time a wasted read costs, best
+        expected saving first, within the lookahead * top_k staging slots.
 
         cache_policy (streaming only, docs/cache_policies.md): the expert cache's replacement policy,
         one of sharpi.cache_policies() ("lru", "slru", "lfu", "arc", "s3fifo", "predictive", or
@@ -169,6 +173,7 @@ class Session:
             predictor_file=os.fspath(predictor_file) if predictor_file is not None else "",
             lookahead=lookahead,
             skip_late_prefetch=skip_late_prefetch,
+            prefetch_sizing=prefetch_sizing,
             cache_policy=policy_name,
             cache_policy_file=policy_file,
             cache_type_k=cache_type_k or "",

@@ -67,6 +67,10 @@ struct SessionOptions {
     // Do not issue a prediction whose read could only start after its layer's gate (measured
     // bandwidth and queue); false issues every prediction a staging slot can take.
     bool skip_late_prefetch = true;
+    // How many predicted experts per layer are read (docs/predictors.md): "topk" (the best top_k
+    // hints) or "bytes" (those whose probability x read time saved beats a wasted read's cost,
+    // best expected saving first, within the staging slots).
+    std::string prefetch_sizing = "topk";
 
     // Record compute / stall / expert-read spans for a Perfetto timeline (Session::timeline_events()).
     bool timeline = false;

@@ -31,6 +31,10 @@ struct PredictorInput {
     const int32_t* history = nullptr;
     const int32_t* prev = nullptr;
     int lookahead = 1;  // hints for layers layer+1 .. layer+lookahead are wanted
+    // Hints per target layer the prefetcher can use (0: top_k). A predictor that scores every
+    // expert gives its best this many; the byte-sized prefetcher asks for n_expert, to turn the
+    // scores into probabilities (docs/predictors.md). Others may ignore it.
+    int hints_per_layer = 0;
 };
 
 class Predictor {

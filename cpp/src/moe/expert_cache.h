@@ -79,6 +79,8 @@ class ExpertCache final : public ExpertSource {
     // Starts reading expert e of layer il into a staging slot, unless it is cached or loading
     // (present) or no staging slot is free (no_slot; prefetch never evicts).
     PrefetchOutcome prefetch(int il, int32_t e);
+    // Staging slots a prefetch() could take now.
+    uint64_t free_staging_slots() const { return n_staging_ - n_staged_; }
     // Whether expert e of layer il is cached or loading.
     bool present(int il, int32_t e) const { return where_[key(il, e)] >= 0; }
     // Requested bytes of one expert of layer il (its three ranges).

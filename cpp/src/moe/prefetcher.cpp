@@ -13,13 +13,14 @@ constexpr double kLayerMsSmoothing = 0.2;  // weight of the newest sample in lay
 }  // namespace
 
 Prefetcher::Prefetcher(const PrefetchShape& shape, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
-                       int lookahead, bool skip_late)
+                       int lookahead, bool skip_late, PrefetchSizing sizing)
     : n_layer_(shape.n_layer),
       n_expert_(shape.n_expert),
       top_k_(shape.top_k),
       n_embd_(shape.n_embd),
       lookahead_(lookahead),
       skip_late_(skip_late),
+      sizing_(sizing),
       cache_(cache),
       predictor_(std::move(predictor)),
       history_(static_cast<size_t>(n_layer_ * top_k_), -1),
@@ -72,6 +73,7 @@ void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits
     in.history = history_.data();
     in.prev = prev_.data();
     in.lookahead = lookahead_;
+    in.hints_per_layer = sizing_ == PrefetchSizing::bytes ? n_expert_ : top_k_;
     hints_.clear();
     ++calls_;
     try {
@@ -101,9 +103,11 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
     const auto bad = std::remove_if(hints.begin(), hints.end(), invalid);
     source.hints_dropped += static_cast<uint64_t>(hints.end() - bad);
     hints.erase(bad, hints.end());
-    std::stable_sort(hints.begin(), hints.end(), [](const PrefetchHint& a, const PrefetchHint& b) {
-        return a.target_layer < b.target_layer || (a.target_layer == b.target_layer && a.score > b.score);
-    });
+    order_hints(hints);
+    if (sizing_ == PrefetchSizing::bytes) {
+        issue_by_bytes(il, hints);
+        return;
+    }
 
     const double bytes_per_ms = cache_.reader().bytes_per_ms();
     double queued = static_cast<double>(cache_.reader().inflight_bytes());
@@ -127,19 +131,42 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
                 ++stats_[static_cast<size_t>(t)].prefetch_skipped;
                 continue;
             }
-            switch (cache_.prefetch(t, e)) {
-                case ExpertCache::PrefetchOutcome::issued:
-                    queued += static_cast<double>(cache_.expert_bytes(t));
-                    break;
-                case ExpertCache::PrefetchOutcome::no_slot:
-                    ++stats_[static_cast<size_t>(t)].prefetch_skipped;
-                    break;
-                case ExpertCache::PrefetchOutcome::present:
-                    break;
-            }
+            if (start_read(t, e)) queued += static_cast<double>(cache_.expert_bytes(t));
         }
         if (!set.empty()) pending_[static_cast<size_t>(t)].push_back(std::move(set));
     }
+}
+
+bool Prefetcher::start_read(int t, int32_t e) {
+    switch (cache_.prefetch(t, e)) {
+        case ExpertCache::PrefetchOutcome::issued:
+            return true;
+        case ExpertCache::PrefetchOutcome::no_slot:
+            ++stats_[static_cast<size_t>(t)].prefetch_skipped;
+            return false;
+        case ExpertCache::PrefetchOutcome::present:
+            break;
+    }
+    return false;
+}
+
+void Prefetcher::issue_by_bytes(int il, const std::vector<PrefetchHint>& hints) {
+    ReaderLoad load;
+    load.bytes_per_ms = cache_.reader().bytes_per_ms();
+    load.queued_bytes = static_cast<double>(cache_.reader().inflight_bytes());
+    load.layer_ms = layer_ms_;
+    load.timeliness = skip_late_;
+    load.free_slots = cache_.free_staging_slots();
+    plan_byte_sized_prefetch(
+        il, top_k_, hints, [this](int t, int32_t e) { return cache_.present(t, e); },
+        [this](int t) { return static_cast<double>(cache_.expert_bytes(t)); }, load, plan_);
+    for (auto& [t, set] : plan_.sets) {
+        // Cached members are kept until t's gate, if the policy uses hints (as with top-k sets).
+        for (int32_t e : set) cache_.hint(t, e);
+        pending_[static_cast<size_t>(t)].push_back(set);
+    }
+    for (const auto& [t, e] : plan_.reads) start_read(t, e);
+    for (const auto& [t, e] : plan_.skipped) ++stats_[static_cast<size_t>(t)].prefetch_skipped;
 }
 
 void Prefetcher::add_stats(ExpertCacheStats& st) const {

@@ -7,6 +7,9 @@
 // starts lands in a staging slot. Predictors (predict/) only produce hints and never see the cache.
 // Decode thread only; the engine drives it, never the layer code.
 //
+// How many hints of a target layer become reads is the sizing's (moe/prefetch_sizing.h): the best
+// top_k ("topk"), or those whose expected stall saved beats a wasted read's cost ("bytes").
+//
 // Per decoded token: begin_token(prev) once, then on_gate(il, ...) for each MoE layer in order,
 // called after that layer's demand reads went out (so prefetches queue behind them).
 #pragma once
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "moe/expert_cache.h"
+#include "moe/prefetch_sizing.h"
 #include "sharpi/predictor.h"
 #include "sharpi/types.h"
 
@@ -31,7 +35,7 @@ struct PrefetchShape {
 class Prefetcher final {
   public:
     Prefetcher(const PrefetchShape& shape, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
-               int lookahead, bool skip_late);
+               int lookahead, bool skip_late, PrefetchSizing sizing = PrefetchSizing::topk);
 
     // A new token: `prev` is the previous token's selections [n_layer * top_k] (nullptr: none).
     // Forgets predictions made for a token that did not finish (a failed decode).
@@ -51,9 +55,14 @@ class Prefetcher final {
     using Clock = std::chrono::steady_clock;
     void score_predictions(int il, const int32_t* selected);
     void issue(int il, std::vector<PrefetchHint>& hints);
+    // The "bytes" sizing rule (moe/prefetch_sizing.h) for hints already ordered by order_hints.
+    void issue_by_bytes(int il, const std::vector<PrefetchHint>& hints);
+    // Starts one read into a staging slot; false when no slot was free (counted as skipped).
+    bool start_read(int t, int32_t e);
 
     const int n_layer_, n_expert_, top_k_, n_embd_, lookahead_;
     const bool skip_late_;
+    const PrefetchSizing sizing_;
     ExpertCache& cache_;
     std::shared_ptr<Predictor> predictor_;
 
@@ -61,6 +70,7 @@ class Prefetcher final {
     // Prediction sets made for each target layer during this token, scored when its gate fires.
     std::vector<std::vector<std::vector<int32_t>>> pending_;
     std::vector<PrefetchHint> hints_;
+    ByteSizedPrefetch plan_;  // issue_by_bytes's scratch
 
     // Time from one layer's gate to the next one's (exponential moving average), the unit of the
     // timeliness test. 0 until measured.

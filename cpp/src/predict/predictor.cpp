@@ -42,7 +42,8 @@ void ScoringPredictor::observe(const PredictorInput& in, std::vector<PrefetchHin
     for (int d = 1; d <= in.lookahead; ++d) {
         if (in.layer + d >= in.n_layer || !predicts(in, d)) continue;
         scores(in, d, buf_.data());
-        append_topk_hints(buf_.data(), n_expert_, top_k_, in.layer + d, hints);
+        append_topk_hints(buf_.data(), n_expert_, in.hints_per_layer > 0 ? in.hints_per_layer : top_k_,
+                          in.layer + d, hints);
     }
 }
 

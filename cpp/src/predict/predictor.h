@@ -13,8 +13,9 @@
 
 namespace sharpi {
 
-// A predictor that scores every expert of each target layer (cooc, learned, trajectory,
-// next_gate, pregate): observe() is the top-k of scores() for each d. scores() is public so tests
+// A predictor that scores every expert of each target layer (cooc, depthtime, learned, trajectory,
+// next_gate, pregate): observe() is the top-k of scores() for each d (k = in.hints_per_layer, or
+// top_k when that is 0). scores() is public so tests
 // can compare the raw scores with an independent numpy implementation.
 class ScoringPredictor : public Predictor {
   public:

@@ -95,6 +95,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--lookahead", type=_lookahead, default=1, help="layers ahead the predictors look, 1..3 (default: 1)"
     )
     p.add_argument(
+        "--prefetch-sizing",
+        choices=["topk", "bytes"],
+        default="topk",
+        help="prediction set size of the predictor runs: the best top_k (topk, default) or sized by "
+        "expected bytes saved (bytes; docs/predictors.md)",
+    )
+    p.add_argument(
         "--predictor-file",
         type=parse_predictor_file,
         action="append",
@@ -184,6 +191,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
         "budgets": list(budgets),
         "predictors": predictors,
         "lookahead": args.lookahead,
+        "prefetch_sizing": args.prefetch_sizing,
         "predictor_files": [list(x) for x in args.predictor_file],
         "harvest_tokens": args.harvest_tokens or (256 if quick else 512),
         "train_tokens": args.train_tokens or (3000 if quick else None),

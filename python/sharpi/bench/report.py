@@ -67,6 +67,7 @@ RUN_FIELDS = (
     # prediction and prefetch
     "predictor",
     "lookahead",
+    "prefetch_sizing",
     "n_staging",
     "recall_at_k",
     "precision",
@@ -168,6 +169,7 @@ def predictor_metrics(res: dict, decode_s: float, predictor: str, n_staging: int
     out = {
         "predictor": predictor,
         "lookahead": res.get("lookahead"),
+        "prefetch_sizing": res.get("prefetch_sizing"),
         "predictor_file": res.get("predictor_file"),
         "n_staging": n_staging,
         "recall_at_k": total["recall_at_k"],
@@ -285,7 +287,7 @@ def format_predictors(w: dict) -> list:
     pw = w["predictors"]
     lines = [
         (
-            f"  predictors (lookahead {pw['lookahead']}; recall@k and precision over the prediction sets the "
+            f"  predictors (lookahead {pw['lookahead']}, sets sized by {pw.get('prefetch_sizing', 'topk')}; recall@k and precision over the prediction sets the "
             "engine scored; wasted: prefetched, never used; overhead: predict_ms / decode_ms):"
         )
     ]

@@ -125,6 +125,7 @@ def run_workload(
             log(f"{name}: predictor {pred} skipped: {why}")
     w["predictors"] = {
         "lookahead": opts["lookahead"],
+        "prefetch_sizing": opts["prefetch_sizing"],
         "runs": [p for p, _ in plan["runs"]],
         "skipped": plan["skipped"],
         "sidecars": plan["sidecars"],
@@ -139,7 +140,8 @@ def run_workload(
         budget = probe["fixed_bytes"] + n_slots * probe["slot_bytes"]
         cfg = {**base, "mode": "stream", "budget_bytes": budget, "n_slots": n_slots, "predictor": pred}
         if pred != "none":
-            cfg.update({"lookahead": opts["lookahead"], "predictor_file": sidecar})
+            cfg.update({"lookahead": opts["lookahead"], "predictor_file": sidecar,
+                        "prefetch_sizing": opts["prefetch_sizing"]})
         if timeline_path is not None and share == opts["budgets"][0] and pred == "none":
             cfg["timeline_path"] = str(timeline_path)
             cfg["timeline_tokens"] = opts["timeline_tokens"]
@@ -153,7 +155,8 @@ def run_workload(
             log(f"{label}: FAILED: {res['error']}")
             runs.append({**head, "cap": cap.report(), "error": res["error"]})
             continue
-        res.update({"predictor": pred, "lookahead": cfg.get("lookahead"), "predictor_file": sidecar})
+        res.update({"predictor": pred, "lookahead": cfg.get("lookahead"), "predictor_file": sidecar,
+                    "prefetch_sizing": cfg.get("prefetch_sizing")})
         r = summarise_stream(res, n_layer, n_expert, layout["expert_bytes"], bw["gbps"], resident)
         r["share"] = share
         r["loadavg_1min"] = load_before

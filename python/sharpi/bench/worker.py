@@ -83,7 +83,8 @@ def _predictor_kwargs(cfg: dict) -> dict:
     name = cfg.get("predictor", "none")
     if name == "none":
         return {}
-    kwargs = {"predictor": name, "lookahead": int(cfg.get("lookahead", 1))}
+    kwargs = {"predictor": name, "lookahead": int(cfg.get("lookahead", 1)),
+              "prefetch_sizing": cfg.get("prefetch_sizing", "topk")}
     if cfg.get("predictor_file"):
         kwargs["predictor_file"] = cfg["predictor_file"]
     return kwargs

@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -18,6 +19,7 @@
 
 #include "bindings.h"
 #include "model/model.h"
+#include "moe/prefetch_sizing.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
 
@@ -179,6 +181,47 @@ class PredictorHandle {
     std::vector<PrefetchHint> hints_;
 };
 
+// The prefetcher's "bytes" rule on explicit inputs (tests): hints [(target, expert, score)] of one
+// call at source_layer, present: bool [n_layer, n_expert] (cached or loading), expert_bytes
+// [n_layer]. Hints are ordered as the prefetcher orders them; invalid ones are an InvalidArgument
+// here (the prefetcher drops them before the rule sees them).
+py::dict byte_sized_prefetch(int source_layer, int top_k,
+                             const std::vector<std::tuple<int, int32_t, float>>& hints,
+                             const py::array_t<bool, py::array::c_style | py::array::forcecast>& present,
+                             const std::vector<double>& expert_bytes, double bytes_per_ms,
+                             double queued_bytes, double layer_ms, bool timeliness, uint64_t free_slots) {
+    if (present.ndim() != 2 || static_cast<size_t>(present.shape(0)) != expert_bytes.size())
+        throw InvalidArgument(
+            "byte_sized_prefetch: present must be [n_layer, n_expert] with n_layer = "
+            "len(expert_bytes), got " +
+            shape_of(present));
+    const int n_layer = static_cast<int>(present.shape(0)), n_expert = static_cast<int>(present.shape(1));
+    std::vector<PrefetchHint> ordered;
+    for (const auto& [t, e, score] : hints) {
+        if (t <= source_layer || t >= n_layer || e < 0 || e >= n_expert || std::isnan(score))
+            throw InvalidArgument("byte_sized_prefetch: invalid hint (" + std::to_string(t) + ", " +
+                                  std::to_string(e) + ")");
+        ordered.push_back(PrefetchHint{t, e, score});
+    }
+    order_hints(ordered);
+    const bool* mask = present.data();
+    ReaderLoad load;
+    load.bytes_per_ms = bytes_per_ms;
+    load.queued_bytes = queued_bytes;
+    load.layer_ms = layer_ms;
+    load.timeliness = timeliness;
+    load.free_slots = free_slots;
+    ByteSizedPrefetch plan;
+    plan_byte_sized_prefetch(
+        source_layer, top_k, ordered, [&](int t, int32_t e) { return mask[t * n_expert + e]; },
+        [&](int t) { return expert_bytes[static_cast<size_t>(t)]; }, load, plan);
+    py::dict out;
+    out["sets"] = plan.sets;
+    out["reads"] = plan.reads;
+    out["skipped"] = plan.skipped;
+    return out;
+}
+
 }  // namespace
 
 void bind_predict(py::module_& m) {
@@ -205,6 +248,12 @@ void bind_predict(py::module_& m) {
         py::arg("kind"), py::arg("file"), py::arg("model_path"), py::arg("lookahead"),
         "Loads predictor `kind` (sidecar `file` for the trained kinds, empty for next_gate / pregate) and "
         "validates it against the model at model_path");
+    m.def(
+        "byte_sized_prefetch", &byte_sized_prefetch, py::arg("source_layer"), py::arg("top_k"),
+        py::arg("hints"), py::arg("present"), py::arg("expert_bytes"), py::arg("bytes_per_ms"),
+        py::arg("queued_bytes"), py::arg("layer_ms"), py::arg("timeliness"), py::arg("free_slots"),
+        "The prefetcher's byte-sized plan for one call's hints: {sets: [(t, [experts])], reads: [(t, e)] in "
+        "issue order, skipped: [(t, e)]} (docs/predictors.md)");
 }
 
 }  // namespace sharpi::py_bindings

@@ -298,10 +298,11 @@ void bind_session(py::module_& m) {
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
                          uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
                          const std::string& predictor, const std::string& predictor_file, int lookahead,
-                         bool skip_late_prefetch, const std::string& cache_policy,
-                         const std::string& cache_policy_file, const std::string& cache_type_k,
-                         const std::string& cache_type_v, bool allow_long_context, const std::string& device,
-                         uint64_t vram_budget, const std::string& miss_route, double miss_copy_bytes_per_s,
+                         bool skip_late_prefetch, const std::string& prefetch_sizing,
+                         const std::string& cache_policy, const std::string& cache_policy_file,
+                         const std::string& cache_type_k, const std::string& cache_type_v,
+                         bool allow_long_context, const std::string& device, uint64_t vram_budget,
+                         const std::string& miss_route, double miss_copy_bytes_per_s,
                          double miss_copy_latency_s, double miss_cpu_bytes_per_s) {
                  SessionOptions o;
                  o.n_threads = threads;
@@ -316,6 +317,7 @@ void bind_session(py::module_& m) {
                  o.predictor_file = predictor_file;
                  o.lookahead = lookahead;
                  o.skip_late_prefetch = skip_late_prefetch;
+                 o.prefetch_sizing = prefetch_sizing;
                  o.cache_policy = cache_policy;
                  o.cache_policy_file = cache_policy_file;
                  o.cache_type_k = cache_type_k;
@@ -336,11 +338,11 @@ void bind_session(py::module_& m) {
              py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
              py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
              py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
-             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
-             py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu",
-             py::arg("vram_budget") = 0, py::arg("miss_route") = "copy",
-             py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
-             py::arg("miss_cpu_bytes_per_s") = 0.0)
+             py::arg("prefetch_sizing") = "topk", py::arg("cache_policy") = "",
+             py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
+             py::arg("allow_long_context") = false, py::arg("device") = "cpu", py::arg("vram_budget") = 0,
+             py::arg("miss_route") = "copy", py::arg("miss_copy_bytes_per_s") = 0.0,
+             py::arg("miss_copy_latency_s") = -1.0, py::arg("miss_cpu_bytes_per_s") = 0.0)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly("n_past",
                                [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })
