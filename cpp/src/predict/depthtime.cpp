@@ -40,13 +40,13 @@ namespace sharpi {
 
 namespace {
 
-constexpr int kPrevTokens = 4;                                        // prev1..prev4
+constexpr int kPrevTokens = 4;                                       // prev1..prev4
 constexpr std::array<float, 4> kDecays = {0.5f, 0.8f, 0.9f, 0.97f};  // hist<λ>
-constexpr int kVotePowers = 3;                                        // vote1, vote4, vote16
-constexpr int64_t kVoteWindow = 1024;                                 // sidecar.DEPTHTIME_VOTE_WINDOW
+constexpr int kVotePowers = 3;                                       // vote1, vote4, vote16
+constexpr int64_t kVoteWindow = 1024;                                // sidecar.DEPTHTIME_VOTE_WINDOW
 // Feature columns of dt.stack (sidecar.DEPTHTIME_FEATURES).
-constexpr int kReg = 0, kCnt = 1, kPrev = 2, kHist = kPrev + kPrevTokens, kFreq = kHist + 4, kVote = kFreq + 1,
-              kNormVote = kVote + kVotePowers, kFeatures = kNormVote + kVotePowers;
+constexpr int kReg = 0, kCnt = 1, kPrev = 2, kHist = kPrev + kPrevTokens, kFreq = kHist + 4,
+              kVote = kFreq + 1, kNormVote = kVote + kVotePowers, kFeatures = kNormVote + kVotePowers;
 
 class DepthTimePredictor final : public ScoringPredictor {
   public:
