@@ -205,76 +205,84 @@ class DepthTimePredictor(ReferencePredictor):
 
     def scores_all(self, trace, idx, L):
         out = self._empty(len(idx))
-        for d in range(1, self.max_lookahead + 1):
-            if L + d < self.n_layer:
-                out[d - 1] = self.features(trace, idx, L, L + d) @ self.t["dt.stack"][d - 1, L + d]
+        for t, feats in self.features(trace, idx, L).items():
+            out[t - L - 1] = feats @ self.t["dt.stack"][t - L - 1, t]
         return out
 
-    def features(self, trace: RoutingTrace, idx: np.ndarray, L: int, t: int) -> np.ndarray:
-        """float64 [len(idx), n_expert, len(DEPTHTIME_FEATURES)] for target t from source L < t."""
+    def features(self, trace: RoutingTrace, idx: np.ndarray, L: int) -> dict[int, np.ndarray]:
+        """{t: float64 [len(idx), n_expert, len(DEPTHTIME_FEATURES)]} for every target t = L + d,
+        d = 1..max_lookahead, t < n_layer."""
         idx = np.asarray(idx, dtype=np.int64)
-        d = t - L
-        out = np.zeros((len(idx), self.n_expert, len(DEPTHTIME_FEATURES)))
+        targets = [L + d for d in range(1, self.max_lookahead + 1) if L + d < self.n_layer]
+        out = {t: np.zeros((len(idx), self.n_expert, len(DEPTHTIME_FEATURES))) for t in targets}
         prev = trace.prev_index()[idx]
-        reg = np.broadcast_to(self.t["dt.bias"][t], (len(idx), self.n_expert)).copy()
-        for layer in range(L + 1):
-            reg += trace.multi_hot(idx, layer) @ self.t["dt.layer"][t, t - layer - 1]
-        for r in (-1, 0, 1):
-            if 0 <= t + r < self.n_layer:
-                reg += trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
-        out[:, :, 0] = reg
-        out[:, :, 1] = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, d - 1]
+        for t in targets:
+            reg = np.broadcast_to(self.t["dt.bias"][t], (len(idx), self.n_expert)).copy()
+            for layer in range(L + 1):
+                reg += trace.multi_hot(idx, layer) @ self.t["dt.layer"][t, t - layer - 1]
+            for r in (-1, 0, 1):
+                if 0 <= t + r < self.n_layer:
+                    reg += trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
+            out[t][:, :, 0] = reg
+            out[t][:, :, 1] = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, t - L - 1]
         seq = np.searchsorted(trace.seq_start, idx, side="right") - 1
         for s in np.unique(seq).tolist():
             rows = np.nonzero(seq == s)[0]
             first = int(trace.seq_start[s])
             at = idx[rows] - first  # positions in the sequence
-            out[rows, :, 2:] = self._time_features(trace, s, first, int(at.max()) + 1, at, L, t)
+            for t, f in self._time_features(trace, s, first, int(at.max()) + 1, at, L, targets).items():
+                out[t][rows, :, 2:] = f
         return out
 
     def _hot(self, trace: RoutingTrace, first: int, T: int, layer: int) -> np.ndarray:
         return trace.multi_hot(np.arange(first, first + T), layer)
 
     def _route_counts(self, trace: RoutingTrace, s: int, first: int, T: int, L: int) -> np.ndarray:
-        """float64 [T, T]: sum_{l<=L} |S_i(l) ∩ S_j(l)| for positions i, j of sequence s. Kept per
-        sequence for the last L asked, so the ascending L of evaluate() add one layer per call."""
+        """float32 [T, T]: sum_{l<=L} |S_i(l) ∩ S_j(l)| for positions i, j of sequence s (integers,
+        exact). Kept per sequence for the last L asked, so the ascending L of evaluate() and of
+        training add one layer per call."""
         if self._routes_of != (id(trace), trace.path):
             self._routes_of, self._routes = (id(trace), trace.path), {}
         done, counts = self._routes.get((s, T), (-1, None))
         if counts is None or done > L:
-            done, counts = -1, np.zeros((T, T), dtype=np.float32)  # integer counts: exact in float32
+            done, counts = -1, np.zeros((T, T), dtype=np.float32)
         for layer in range(done + 1, L + 1):
             h = self._hot(trace, first, T, layer).astype(np.float32)
             counts = counts + h @ h.T
         self._routes[s, T] = (L, counts)
-        return counts.astype(np.float64)
+        return counts
 
-    def _time_features(self, trace, s, first, T, at, L, t) -> np.ndarray:
-        """float64 [len(at), n_expert, len(DEPTHTIME_FEATURES) - 2]: prev1..4, hist<λ>, freq and the
-        votes of target t for the tokens at positions `at` of sequence s (its first T tokens)."""
+    def _time_features(self, trace, s, first, T, at, L, targets) -> dict[int, np.ndarray]:
+        """{t: float64 [len(at), n_expert, len(DEPTHTIME_FEATURES) - 2]}: prev1..4, hist<λ>, freq and
+        the votes of each target t for the tokens at positions `at` of sequence s (its first T tokens)."""
         E = self.n_expert
-        hot = self._hot(trace, first, T, t)
-        out = np.zeros((len(at), E, len(DEPTHTIME_FEATURES) - 2))
-        for j in range(1, 5):
-            ok = at >= j
-            out[ok, :, j - 1] = hot[at[ok] - j]
+        hots = {t: self._hot(trace, first, T, t) for t in targets}
+        out = {t: np.zeros((len(at), E, len(DEPTHTIME_FEATURES) - 2)) for t in targets}
         decays = np.asarray(DEPTHTIME_DECAYS)[:, None]
-        hist = np.zeros((T, len(DEPTHTIME_DECAYS), E))
-        for i in range(1, T):
-            hist[i] = decays * hist[i - 1] + hot[i - 1]
         c = 4 + len(DEPTHTIME_DECAYS)
-        out[:, :, 4:c] = hist[at].transpose(0, 2, 1)
-        earlier = np.cumsum(hot, axis=0) - hot  # counts over positions < i
-        out[:, :, c] = earlier[at] / np.maximum(at, 1)[:, None]
-        m = self._route_counts(trace, s, first, T, L)[at] / (self.top_k * (L + 1))
+        for t, hot in hots.items():
+            for j in range(1, 5):
+                ok = at >= j
+                out[t][ok, :, j - 1] = hot[at[ok] - j]
+            hist = np.zeros((T, len(DEPTHTIME_DECAYS), E))
+            for i in range(1, T):
+                hist[i] = decays * hist[i - 1] + hot[i - 1]
+            out[t][:, :, 4:c] = hist[at].transpose(0, 2, 1)
+            earlier = np.cumsum(hot, axis=0) - hot  # counts over positions < i
+            out[t][:, :, c] = earlier[at] / np.maximum(at, 1)[:, None]
+        m = self._route_counts(trace, s, first, T, L)[at].astype(np.float64) / (self.top_k * (L + 1))
         j = np.arange(T)[None, :]
-        voters = (j < at[:, None]) & (j >= at[:, None] - DEPTHTIME_VOTE_WINDOW)
+        m[(j >= at[:, None]) | (j < at[:, None] - DEPTHTIME_VOTE_WINDOW)] = 0.0  # only earlier tokens in the window vote
+        all_hot = np.concatenate([hots[t] for t in targets], axis=1)  # [T, len(targets) * E]
         n_pow = len(DEPTHTIME_VOTE_POWERS)
         for q, p in enumerate(DEPTHTIME_VOTE_POWERS):
-            w = np.where(voters, m**p, 0.0)
-            vote = w @ hot
-            out[:, :, c + 1 + q] = vote
-            out[:, :, c + 1 + n_pow + q] = vote / np.maximum(w.sum(axis=1), 1e-6)[:, None]
+            w = m**p
+            votes = w @ all_hot
+            total = np.maximum(w.sum(axis=1), 1e-6)[:, None]
+            for n, t in enumerate(targets):
+                vote = votes[:, n * E : (n + 1) * E]
+                out[t][:, :, c + 1 + q] = vote
+                out[t][:, :, c + 1 + n_pow + q] = vote / total
         return out
 
 

@@ -251,12 +251,10 @@ def fit_depthtime_stack(
     ref = DepthTimePredictor(sc)
     total, alone = 0.0, 0
     for L in range(n_layer - 1):  # ascending L: the reference adds one layer of route counts per step
-        for d in range(1, max_lookahead + 1):
-            if L + d < n_layer:
-                X = ref.features(trace, val_idx, L, L + d)
-                stack[d - 1, L + d], r = fit_stack_weights(torch, X, trace.multi_hot(val_idx, L + d), k)
-                total += r
-                alone += int(np.count_nonzero(stack[d - 1, L + d]) == 1)
+        for t, X in ref.features(trace, val_idx, L).items():
+            stack[t - L - 1, t], r = fit_stack_weights(torch, X, trace.multi_hot(val_idx, t), k)
+            total += r
+            alone += int(np.count_nonzero(stack[t - L - 1, t]) == 1)
     n = sum(max(n_layer - d, 0) for d in range(1, max_lookahead + 1))
     _log(
         f"depthtime: stacker over {len(DEPTHTIME_FEATURES)} features fitted on {len(val_idx)} validation tokens, "
