@@ -498,6 +498,42 @@ def test_depthtime_votes_keep_the_last_window_of_tokens(model, tmp_path):
         assert np.abs(everyone - want).max() > 1e-2, L
 
 
+def test_depthtime_prompt_context_is_history(model, tmp_path):
+    """observe_context (a batched prompt's tokens but the last) then the next token's observe with
+    the last one as prev: the same features as if every prompt token had been decoded; a context
+    that starts a new sequence drops what came before, one that does not extends it."""
+    rng = np.random.default_rng(177)
+    keys, tensors = depthtime_params(rng, 2, history=True)
+    h = _core.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=2), model, 2)
+    w = f64(tensors)
+    hidden = rng.normal(size=N_EMBD).astype(np.float32)
+    logits = rng.normal(size=N_EXPERT).astype(np.float32)
+
+    def prompt(n):
+        return [random_routing(rng, N_LAYER - 1, False)[0] for _ in range(n)]
+
+    def check(earlier, what):
+        full = random_routing(rng, N_LAYER - 1, False)[0]
+        full[:4] = earlier[2][:4]  # routes like a prompt token for a while: the votes find it
+        for L in range(N_LAYER - 1):
+            history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+            history[: L + 1] = full[: L + 1]
+            h.observe(L, hidden, logits, history, earlier[-1])
+            want = depthtime_ref(w, L, 1, history, earlier[-1], earlier)
+            assert_scores_close(h.scores(L, 1, hidden, logits, history, earlier[-1]), want, f"{what} L={L}")
+        return full
+
+    first = prompt(9)
+    h.observe(0, hidden, logits, first[0], first[0])  # stale state the new sequence must drop
+    h.observe_context(np.array(first[:-1]), True)
+    tok = check(first, "new sequence")
+    second = prompt(5)  # a later turn: prompt 1, the decoded token, prompt 2
+    h.observe_context(np.array([tok] + second[:-1]), False)
+    check(first + [tok] + second, "appended")
+    with pytest.raises(_core.InvalidArgument, match="selections has shape"):
+        h.observe_context(np.zeros((3, N_LAYER, TOP_K + 1), dtype=np.int32), False)
+
+
 def test_depthtime_reference_matches_the_engine_over_a_trace(model, tmp_path):
     """reference.DepthTimePredictor (vectorised over a whole trace: what training and `predictor
     eval` use) against the C++ predictor fed the same tokens in order, on sequences where tokens

@@ -79,6 +79,13 @@ class DepthTimePredictor final : public ScoringPredictor {
         ScoringPredictor::observe(in, hints);
     }
 
+    // A prompt's tokens, as if each had been the previous token of the next (the trace semantics).
+    void observe_context(const int32_t* selections, int64_t n_tokens, bool new_sequence) override {
+        if (new_sequence) clear_time_state();
+        for (int64_t i = 0; i < n_tokens; ++i) append_token(selections + i * n_layer_ * top_k_);
+        overlap_layer_ = -1;
+    }
+
     bool predicts(const PredictorInput& in, int d) const override {
         return d >= 1 && d <= max_lookahead_ && in.layer >= 0 && in.layer + d < n_layer_;
     }
@@ -205,16 +212,25 @@ class DepthTimePredictor final : public ScoringPredictor {
     // At layer 0 of a token: the previous token joins the time state, or it is cleared when prev
     // names no expert at all.
     void fold_previous_token(const int32_t* prev) {
-        const int64_t E = n_expert_;
         overlap_layer_ = -1;  // another token: its overlaps start again
         bool any = false;
-        for (int64_t i = 0; i < n_layer_ * top_k_; ++i) any = any || (prev[i] >= 0 && prev[i] < E);
-        if (!any) {
-            std::fill(hist_.begin(), hist_.end(), 0.0f);
-            std::fill(seen_count_.begin(), seen_count_.end(), 0.0f);
-            n_seen_ = n_ring_ = 0;
-            return;
+        for (int64_t i = 0; i < n_layer_ * top_k_; ++i) any = any || (prev[i] >= 0 && prev[i] < n_expert_);
+        if (any) {
+            append_token(prev);
+        } else {
+            clear_time_state();
         }
+    }
+
+    void clear_time_state() {
+        std::fill(hist_.begin(), hist_.end(), 0.0f);
+        std::fill(seen_count_.begin(), seen_count_.end(), 0.0f);
+        n_seen_ = n_ring_ = 0;
+    }
+
+    // One more earlier token: ids [n_layer * top_k].
+    void append_token(const int32_t* prev) {
+        const int64_t E = n_expert_;
         for (size_t q = 0; q < kDecays.size(); ++q)
             for (int64_t l = 0; l < n_layer_; ++l) {
                 float* hist = hist_.data() + (q * n_layer_ + l) * E;
