@@ -338,6 +338,12 @@ void Engine::truncate(int64_t n_keep) {
                                std::to_string(n_keep) + "; reset() and decode the prefix again");
     }
     n_past_ = n_keep;
+    // The last routing belongs to a dropped position: the next token gets no previous token, and the
+    // predictor's history starts over rather than keep tokens that are no longer in the sequence.
+    for (Routing& r : routing_) {
+        r.ids.clear();
+        r.weights.clear();
+    }
 }
 
 void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
@@ -448,7 +454,8 @@ void Engine::pass_batch_context(int64_t n, bool have_carry) {
             std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
                       context_selection_.begin() + (lead + i) * row + il * k);
     }
-    prefetcher_->observe_context(context_selection_.data(), lead + n - 1, n_past_ == 0);
+    // Without a carried token the history before the batch is gone (a reset, a truncate) or empty.
+    prefetcher_->observe_context(context_selection_.data(), lead + n - 1, !have_carry);
 }
 
 bool Engine::last_token_selection(std::vector<int32_t>& out) const {
