@@ -99,24 +99,29 @@ def cooc_params(rng, m, max_la, n_layer=N_LAYER, E=N_EXPERT):
     return keys, tensors
 
 
+DT_FEATURES = 17  # reg, cnt, prev1..4, hist0.5/0.8/0.9/0.97, freq, vote1/4/16, nvote1/4/16
+DT_DECAYS, DT_POWERS, DT_WINDOW = (0.5, 0.8, 0.9, 0.97), (1, 4, 16), 1024
+
+
 def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT, history=False):
-    """history=False: the history-count weight is 0 everywhere, so scores do not depend on the
-    tokens observed before (the random-input checks); True: random weights and decay rates."""
-    mix = rng.normal(size=(max_la, n_layer, 4))
+    """history=False: every time feature (prev1.. onwards) weighs 0, so scores do not depend on the
+    tokens observed before (the random-input checks); True: every feature weighs something. Some
+    targets keep one feature alone, as training does where that recalls best."""
+    stack = rng.normal(size=(max_la, n_layer, DT_FEATURES))
     if not history:
-        mix[..., 3] = 0.0
-    mix[0, ::3, :2] = 0.0  # the previous token alone (regression and counts skipped)
-    mix[0, 1::3, 1:3] = 0.0  # the regression alone (with history counts when history=True)
-    mix[-1, ::4, 0] = 1.0  # unscaled regression
-    mix[-1, 1::4, 0] = 0.0  # counts and previous token
+        stack[..., 2:] = 0.0
+    stack[0, ::3, 1:] = 0.0  # the regression alone
+    stack[0, 1::3, [0, 2]] = 0.0  # no regression, no prev1
+    stack[-1, ::4, :] = np.eye(DT_FEATURES)[1]  # the counts alone, unscaled
+    if history:
+        stack[-1, 1::4, :] = np.eye(DT_FEATURES)[11]  # vote1 alone
     tensors = {
         "dt.bias": rng.normal(size=(n_layer, E)),
         "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
         "dt.prev": rng.normal(size=(n_layer, 3, E, E)),
         "dt.count_bias": rng.normal(size=(n_layer, E)),
         "dt.count": rng.normal(size=(n_layer, max_la, E, E)),
-        "dt.mix": mix,
-        "dt.decay": rng.uniform(0.3, 0.95, size=n_layer),
+        "dt.stack": stack,
     }
     return {}, tensors
 
@@ -199,8 +204,9 @@ def cooc_ref(w, keys, L, d, history, prev):
     return s
 
 
-def depthtime_ref(w, L, d, history, prev, hist=None):
-    """hist: float64 [N_LAYER, N_EXPERT] history counts of the tokens before (None = all zero)."""
+def depthtime_ref(w, L, d, history, prev, earlier=(), window=DT_WINDOW):
+    """The spec's features one by one, in float64. earlier: the sequence's earlier tokens' full
+    selections [N_LAYER, TOP_K], oldest first (earlier[-1] is the previous token)."""
     t = L + d
     reg = w["dt.bias"][t].copy()
     for layer in range(L + 1):
@@ -213,11 +219,39 @@ def depthtime_ref(w, L, d, history, prev, hist=None):
     count = w["dt.count_bias"][t].copy()
     for i in selected(history[L]):
         count += w["dt.count"][t, d - 1, i]
-    w_reg, w_count, alpha, beta = w["dt.mix"][d - 1, t]
-    boost = np.zeros(N_EXPERT)
-    boost[selected(prev[t])] = 1.0
-    out = w_reg * reg + w_count * count + alpha * boost
-    return out if hist is None else out + beta * hist[t]
+    feats = [reg, count]
+    n = len(earlier)
+    back = [earlier[n - j] for j in range(1, n + 1)]  # back[j-1]: the token j steps back
+    for j in range(1, 5):
+        f = np.zeros(N_EXPERT)
+        if j <= n:
+            f[selected(back[j - 1][t])] = 1.0
+        feats.append(f)
+    for lam in DT_DECAYS:
+        f = np.zeros(N_EXPERT)
+        for j in range(1, n + 1):
+            for i in selected(back[j - 1][t]):
+                f[i] += lam ** (j - 1)
+        feats.append(f)
+    f = np.zeros(N_EXPERT)
+    for tok in back:
+        for i in selected(tok[t]):
+            f[i] += 1.0 / n
+    feats.append(f)
+    m = []
+    for tok in back[:window]:
+        shared = sum(len(set(selected(history[layer])) & set(selected(tok[layer]))) for layer in range(L + 1))
+        m.append(shared / (TOP_K * (L + 1)))
+    votes, totals = [], []
+    for p in DT_POWERS:
+        f = np.zeros(N_EXPERT)
+        for mj, tok in zip(m, back):
+            for i in selected(tok[t]):
+                f[i] += mj**p
+        votes.append(f)
+        totals.append(sum(mj**p for mj in m))
+    feats += votes + [v / max(total, 1e-6) for v, total in zip(votes, totals)]
+    return sum(wf * f for wf, f in zip(w["dt.stack"][d - 1, t], feats))
 
 
 def learned_ref(w, keys, L, d, hidden):
@@ -384,29 +418,27 @@ def test_depthtime_scores_and_hints(model, tmp_path, max_la, lookahead):
     check_observe(h, ref, lookahead, rng, 60)
 
 
-def test_depthtime_history_counts_over_a_decode(model, tmp_path):
-    """The stateful member: tokens decoded in order (observe at layers 0..n-1 each), with a new
-    sequence (no previous token) part way; numpy keeps hist = decay * hist + [i in P] per layer,
-    cleared when there is no previous token, and the C++ scores and hints must follow it."""
+def test_depthtime_time_features_over_a_decode(model, tmp_path):
+    """The stateful features: tokens decoded in order (observe at layers 0..n-1 each), some reusing
+    an earlier token's route so the votes have something to find, with a new sequence (no previous
+    token) part way; numpy recomputes every feature from the list of earlier tokens, and the C++
+    scores and hints must follow it."""
     rng = np.random.default_rng(171)
     max_la = lookahead = 3
     keys, tensors = depthtime_params(rng, max_la, history=True)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
     h = _core.load_predictor("depthtime", path, model, lookahead)
     w = f64(tensors)
-    hist = np.zeros((N_LAYER, N_EXPERT))
-    prev = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+    earlier = []
     checked = 0
-    for token in range(14):
-        if token == 8:  # a new sequence: no previous token
-            prev = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
-        if (prev >= 0).any():
-            hist = w["dt.decay"][:, None] * hist
-            for layer in range(N_LAYER):
-                hist[layer, selected(prev[layer])] += 1.0
-        else:
-            hist = np.zeros((N_LAYER, N_EXPERT))
+    for token in range(20):
+        if token == 12:  # a new sequence: no previous token
+            earlier = []
+        prev = earlier[-1] if earlier else np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
         full, _ = random_routing(rng, N_LAYER - 1, False)
+        if earlier and rng.random() < 0.5:  # route like an earlier token for the first few layers
+            n_copy = rng.integers(1, N_LAYER)
+            full[:n_copy] = earlier[rng.integers(len(earlier))][:n_copy]
         hidden = rng.normal(size=N_EMBD).astype(np.float32)
         logits = rng.normal(size=N_EXPERT).astype(np.float32)
         for L in range(N_LAYER):
@@ -416,27 +448,155 @@ def test_depthtime_history_counts_over_a_decode(model, tmp_path):
             for d in range(1, lookahead + 1):
                 if L + d >= N_LAYER:
                     continue
-                want = depthtime_ref(w, L, d, history, prev, hist)
+                want = depthtime_ref(w, L, d, history, prev, earlier)
                 got = h.scores(L, d, hidden, logits, history, prev)  # reads the state, never updates it
                 assert_scores_close(got, want, f"token {token} L={L} d={d}")
                 order = sorted(range(N_EXPERT), key=lambda e: (-want[e], e))
                 if want[order[TOP_K - 1]] - want[order[TOP_K]] > 1e-3:
                     assert [e for (t, e, _) in hints if t == L + d] == order[:TOP_K], (token, L, d)
                     checked += 1
-        prev = full
-    assert checked > 200
-    assert np.abs(hist).max() > 1.0  # the counts did accumulate over several tokens
+        earlier.append(full)
+    assert checked > 250
+    # Scores of an earlier layer after a later one (the overlap cache must start again).
+    for L in (5, 2, 7):
+        history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+        history[: L + 1] = full[: L + 1]
+        want = depthtime_ref(w, L, 1, history, earlier[-2], earlier[:-1])
+        assert_scores_close(h.scores(L, 1, hidden, logits, history, earlier[-2]), want, f"again L={L}")
+
+
+def test_depthtime_votes_keep_the_last_window_of_tokens(model, tmp_path):
+    """Past DT_WINDOW earlier tokens only the latest vote; the decayed counts and the running
+    frequency still cover every token of the sequence."""
+    rng = np.random.default_rng(173)
+    keys, tensors = depthtime_params(rng, 1, history=True)
+    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=1)
+    h = _core.load_predictor("depthtime", path, model, 1)
+    w = f64(tensors)
+    # The oldest tokens all route alike and differently from the later ones, so dropping them moves
+    # the votes: experts 0..1 early, later tokens never choose them at layer 0.
+    early = np.tile(np.array([0, 1], dtype=np.int32), (N_LAYER, 1))
+    earlier = [early] * 40
+    for _ in range(DT_WINDOW - 10):
+        tok = np.stack([rng.choice(np.arange(2, N_EXPERT), TOP_K, replace=False) for _ in range(N_LAYER)])
+        earlier.append(tok.astype(np.int32))
+    hidden = rng.normal(size=N_EMBD).astype(np.float32)
+    logits = rng.normal(size=N_EXPERT).astype(np.float32)
+    blank = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+    h.observe(0, hidden, logits, blank, blank)  # a new sequence
+    for tok in earlier:  # each token seen at layer 0 of the next one
+        h.observe(0, hidden, logits, tok, tok)
+    assert len(earlier) > DT_WINDOW
+    full = early.copy()  # the current token routes like the oldest ones
+    for L in (0, 1, 4, 9):  # targets with vote1 alone (1, 5), every feature (2), no regression (10)
+        history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+        history[: L + 1] = full[: L + 1]
+        want = depthtime_ref(w, L, 1, history, earlier[-1], earlier)
+        assert_scores_close(h.scores(L, 1, hidden, logits, history, earlier[-1]), want, f"L={L}")
+        # The window matters here: with every earlier token voting the scores differ.
+        everyone = depthtime_ref(w, L, 1, history, earlier[-1], earlier, window=len(earlier))
+        assert np.abs(everyone - want).max() > 1e-2, L
+
+
+def test_depthtime_prompt_context_is_history(model, tmp_path):
+    """observe_context (a batched prompt's tokens but the last) then the next token's observe with
+    the last one as prev: the same features as if every prompt token had been decoded; a context
+    that starts a new sequence drops what came before, one that does not extends it."""
+    rng = np.random.default_rng(177)
+    keys, tensors = depthtime_params(rng, 2, history=True)
+    h = _core.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=2), model, 2)
+    w = f64(tensors)
+    hidden = rng.normal(size=N_EMBD).astype(np.float32)
+    logits = rng.normal(size=N_EXPERT).astype(np.float32)
+
+    def prompt(n):
+        return [random_routing(rng, N_LAYER - 1, False)[0] for _ in range(n)]
+
+    def check(earlier, what):
+        full = random_routing(rng, N_LAYER - 1, False)[0]
+        full[:4] = earlier[2][:4]  # routes like a prompt token for a while: the votes find it
+        for L in range(N_LAYER - 1):
+            history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+            history[: L + 1] = full[: L + 1]
+            h.observe(L, hidden, logits, history, earlier[-1])
+            want = depthtime_ref(w, L, 1, history, earlier[-1], earlier)
+            assert_scores_close(h.scores(L, 1, hidden, logits, history, earlier[-1]), want, f"{what} L={L}")
+        return full
+
+    first = prompt(9)
+    h.observe(0, hidden, logits, first[0], first[0])  # stale state the new sequence must drop
+    h.observe_context(np.array(first[:-1]), True)
+    tok = check(first, "new sequence")
+    second = prompt(5)  # a later turn: prompt 1, the decoded token, prompt 2
+    h.observe_context(np.array([tok] + second[:-1]), False)
+    check(first + [tok] + second, "appended")
+    with pytest.raises(_core.InvalidArgument, match="selections has shape"):
+        h.observe_context(np.zeros((3, N_LAYER, TOP_K + 1), dtype=np.int32), False)
+
+
+def test_depthtime_reference_matches_the_engine_over_a_trace(model, tmp_path):
+    """reference.DepthTimePredictor (vectorised over a whole trace: what training and `predictor
+    eval` use) against the C++ predictor fed the same tokens in order, on sequences where tokens
+    often follow an earlier token's route, with a one-token sequence and a missing id."""
+    from sharpi.predict.reference import DepthTimePredictor
+    from sharpi.predict.sidecar import Sidecar
+    from sharpi.predict.traces import load_trace
+
+    rng = np.random.default_rng(175)
+    tokens, seq_start = [], []
+    for length in (30, 1, 45):
+        seq_start.append(len(tokens))
+        seq = []
+        for _ in range(length):
+            full, _ = random_routing(rng, N_LAYER - 1, False)
+            if seq and rng.random() < 0.5:
+                n_copy = rng.integers(1, N_LAYER)
+                full[:n_copy] = seq[rng.integers(len(seq))][:n_copy]
+            seq.append(full)
+        tokens += seq
+    experts = np.array(tokens, dtype=np.int16)
+    experts[40, 3, 1] = -1
+    np.savez(tmp_path / "t.npz", experts=experts, seq_start=np.array(seq_start, dtype=np.int64),
+             num_experts=np.int64(N_EXPERT), top_k=np.int64(TOP_K), moe_layer_ids=np.arange(N_LAYER, dtype=np.int16))
+    trace = load_trace(str(tmp_path / "t.npz"))
+    keys, tensors = depthtime_params(rng, 3, history=True)
+    tensors = {n: np.asarray(a, dtype=np.float32) for n, a in tensors.items()}
+    reference = DepthTimePredictor(Sidecar("depthtime", N_LAYER, N_EXPERT, TOP_K, 3, "test", keys, tensors))
+    idx = np.arange(trace.n_tokens)
+    want = [reference.scores_all(trace, idx, L) for L in range(N_LAYER - 1)]
+    h = _core.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors), model, 3)
+    hidden = rng.normal(size=N_EMBD).astype(np.float32)
+    logits = rng.normal(size=N_EXPERT).astype(np.float32)
+    for i in idx:
+        prev = experts[i - 1].astype(np.int32) if i not in seq_start else np.full((N_LAYER, TOP_K), -1, np.int32)
+        for L in range(N_LAYER - 1):
+            history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
+            history[: L + 1] = experts[i, : L + 1]
+            h.observe(L, hidden, logits, history, prev)
+            for d in range(1, 4):
+                if L + d < N_LAYER:
+                    got = h.scores(L, d, hidden, logits, history, prev)
+                    assert_scores_close(got, want[L][d - 1, i], f"token {i} L={L} d={d}")
 
 
 def test_depthtime_wrong_shapes(model, tmp_path):
     rng = np.random.default_rng(151)
     keys, tensors = depthtime_params(rng, 2)
-    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)  # mix has 2 rows
+    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)  # stack has 2 rows
     with pytest.raises(_core.FormatError, match=r"'dt.count' has shape \[12, 2, 8, 8\], expected \[12, 3, 8, 8\]"):
         _core.load_predictor("depthtime", path, model, 1)
     short = dict(tensors, **{"dt.prev": rng.normal(size=(N_LAYER, 2, N_EXPERT, N_EXPERT))})
     path = write_sidecar(tmp_path / "p.gguf", "depthtime", keys, short, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"'dt.prev' has shape"):
+        _core.load_predictor("depthtime", path, model, 1)
+    # A file of the earlier format (a 4-member mix instead of the stacker) or another feature count.
+    old = {n: a for n, a in tensors.items() if n != "dt.stack"} | {"dt.mix": np.zeros((2, N_LAYER, 4))}
+    path = write_sidecar(tmp_path / "old.gguf", "depthtime", keys, old, max_lookahead=2)
+    with pytest.raises(_core.FormatError, match=r"dt.stack"):
+        _core.load_predictor("depthtime", path, model, 1)
+    wide = dict(tensors, **{"dt.stack": np.zeros((2, N_LAYER, DT_FEATURES + 1))})
+    path = write_sidecar(tmp_path / "wide.gguf", "depthtime", keys, wide, max_lookahead=2)
+    with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 18\], expected \[2, 12, 17\]"):
         _core.load_predictor("depthtime", path, model, 1)
 
 

@@ -585,88 +585,32 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_depthtime_reference_matches_a_per_token_loop(planted):
-    """reference.DepthTimePredictor (vectorised) against the spec's formula token by token, on random
-    tables, with first tokens (no previous token) and every member mix."""
-    trace = load_trace(planted["planted"])
-    rng = np.random.default_rng(5)
-    n_layer, E = trace.n_layer, trace.n_expert
-    mix = rng.normal(size=(3, n_layer, 4))
-    mix[0, ::2, 0] = 0.0
-    mix[1, ::2, 1:] = 0.0
-    decay = rng.uniform(0.3, 0.95, size=n_layer)
-    sc = scm.Sidecar(
-        "depthtime", n_layer, E, trace.top_k, 3, "test",
-        {},
-        {"dt.bias": rng.normal(size=(n_layer, E)), "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
-         "dt.prev": rng.normal(size=(n_layer, 3, E, E)), "dt.count_bias": rng.normal(size=(n_layer, E)),
-         "dt.count": rng.normal(size=(n_layer, 3, E, E)), "dt.mix": mix, "dt.decay": decay},
-    )
-    p = ref.DepthTimePredictor(sc)
-    idx = np.arange(35, 45)  # crosses the sequence start at 40
-    seq_of = np.searchsorted(trace.seq_start, np.arange(trace.n_tokens), side="right") - 1
-    prev = trace.prev_index()
-    for L in range(n_layer - 1):
-        got = p.scores_all(trace, idx, L)
-        for d in range(1, 4):
-            t = L + d
-            for row, i in enumerate(idx):
-                if t >= n_layer:
-                    assert np.isneginf(got[d - 1, row]).all()
-                    continue
-                reg = sc.tensors["dt.bias"][t].copy()
-                for layer in range(L + 1):
-                    for e in trace.experts[i, layer]:
-                        reg += sc.tensors["dt.layer"][t, t - layer - 1, e]
-                boost = np.zeros(E)
-                if prev[i] >= 0:
-                    for r in (-1, 0, 1):
-                        if 0 <= t + r < n_layer:
-                            for e in trace.experts[prev[i], t + r]:
-                                reg += sc.tensors["dt.prev"][t, r + 1, e]
-                    boost[trace.experts[prev[i], t]] = 1.0
-                count = sc.tensors["dt.count_bias"][t].copy()
-                for e in trace.experts[i, L]:
-                    count += sc.tensors["dt.count"][t, d - 1, e]
-                # History counts as the spec's sum over every earlier token of the sequence.
-                hist = np.zeros(E)
-                for j in range(1, i + 1):
-                    if seq_of[i - j] != seq_of[i]:
-                        break
-                    hist[trace.experts[i - j, t]] += decay[t] ** (j - 1)
-                want = mix[d - 1, t, 0] * reg + mix[d - 1, t, 1] * count + mix[d - 1, t, 2] * boost
-                want = want + mix[d - 1, t, 3] * hist
-                # 1e-6: the reference keeps the history counts in float32 (RoutingTrace.history_counts).
-                np.testing.assert_allclose(got[d - 1, row], want, rtol=1e-6, atol=1e-6)
-
-
-def test_depthtime_member_choice_is_never_worse_on_validation():
-    """choose_mix keeps whichever of the regression, the counts, the previous token, or a boosted mix
-    recalls best on the rows it is given: never below any member there."""
-    from sharpi.predict.regression import choose_mix
-    from sharpi.predict.train import _recall
+def test_depthtime_stacker_is_never_worse_than_a_member_on_its_rows():
+    """fit_stack_weights keeps the fitted weights or one feature alone, whichever recalls best on
+    the rows it is given: never below any feature there, and above every one of them when the
+    answer is spread over several features."""
+    pytest.importorskip("torch", reason="the stacker is fitted with torch (the sharpi[torch] extra)")
+    from sharpi.predict.regression import fit_stack_weights
+    from sharpi.predict.train import _recall, _torch
 
     rng = np.random.default_rng(11)
-    E, k, N = 16, 2, 400
+    E, k, N = 16, 2, 600
     sel = np.zeros((N, E))
-    prev = np.zeros((N, E))
     for i in range(N):
         sel[i, rng.choice(E, k, replace=False)] = 1
-        prev[i] = sel[i] if rng.random() < 0.5 else 0  # the previous token is right half the time
-        if prev[i].sum() == 0:
-            prev[i, rng.choice(E, k, replace=False)] = 1
-    reg = sel * rng.uniform(0, 1.2, size=(N, E)) + rng.normal(size=(N, E)) * 0.5
-    count = sel * rng.uniform(0, 1.0, size=(N, E)) + rng.normal(size=(N, E)) * 0.5
-    (w, c, a, b), r = choose_mix(reg, count, prev, sel, k)
-    assert b == 0.0
-    assert r >= max(_recall(reg, sel, k), _recall(count, sel, k), _recall(prev, sel, k)) - 1e-12
-    assert r == pytest.approx(_recall(w * reg + c * count + a * prev, sel, k))
-    # With history counts that carry the answer for a third of the rows, the choice uses them and
-    # is never below the choice without them.
-    hist = np.where(rng.random((N, 1)) < 0.33, sel * 3.0, rng.uniform(0, 1.0, size=(N, E)))
-    (w, c, a, b), r_hist = choose_mix(reg, count, prev, sel, k, hist)
-    assert b > 0.0 and r_hist > r
-    assert r_hist == pytest.approx(_recall(w * reg + c * count + a * prev + b * hist, sel, k))
+    # Three noisy views of the answer, each right on a different third of the rows, and a fourth
+    # feature that alone is perfect on 5% more rows than any of them but noise elsewhere.
+    third = rng.integers(3, size=N)
+    feats = [np.where((third == j)[:, None], sel * 2.0, 0.0) + rng.normal(size=(N, E)) * 0.3 for j in range(3)]
+    X = np.stack(feats, axis=-1)
+    w, r = fit_stack_weights(_torch(1), X, sel, k)
+    alone = [_recall(X[:, :, f], sel, k) for f in range(3)]
+    assert r == pytest.approx(_recall(X @ w, sel, k))
+    assert np.count_nonzero(w) == 3 and r > max(alone) + 0.2
+    # A feature perfect on every row: nothing recalls less than it.
+    X = np.concatenate([X, sel[:, :, None]], axis=-1)
+    w, r = fit_stack_weights(_torch(1), X, sel, k)
+    assert r == 1.0 and _recall(X @ w, sel, k) == 1.0
 
 
 def test_cli_heldout_prints_every_baseline(planted, tmp_path, capsys):

@@ -363,6 +363,38 @@ def test_trained_sidecar_predictors_are_lossless(models, sidecars, kind, sizing)
             assert sum(lay["prefetch_issued"] for lay in layers) > 0
 
 
+def test_a_batched_prompt_reaches_the_predictor_as_history(models, sidecars):
+    """depthtime's time features (votes, decayed counts) cover the prompt: decoding a prompt as one
+    batch and then token by token predicts exactly what decoding every prompt token alone does (the
+    batch's tokens reach the predictor through observe_context). A second turn's batch carries the
+    token decoded before it. Compared through the engine's own prediction counters."""
+    if "depthtime" not in sidecars:
+        pytest.skip("torch (the optional extra) is not installed: cannot train depthtime")
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+
+    def run(batched):
+        s = streamed(path, k, 2, predictor=f"depthtime:{sidecars['depthtime']}")
+        counters = []
+        for prompt in (PROMPT, [7, 8, 9, 10, 11]):
+            if batched:
+                s.decode(prompt)
+            else:
+                for tok in prompt:
+                    s.decode([tok])
+            s.reset_stats()
+            tokens = [int(np.argmax(s.decode([3])))]
+            for _ in range(8):
+                tokens.append(int(np.argmax(s.decode([tokens[-1]]))))
+            layers = s.expert_stats()["layers"]
+            counters.append([(lay["predictions"], lay["predicted_experts"], lay["predicted_correct"]) for lay in layers])
+        return counters
+
+    batched, alone = run(True), run(False)
+    assert batched == alone
+    assert sum(c for turn in batched for _, _, c in turn) > 0
+
+
 def test_sidecar_for_another_model_or_corrupt_is_a_clear_error(models, sidecars, tmp_path):
     k = plan(models["qwen3moe"])[2]
     other = models["olmoe"]  # same preset shape but a different architecture file: n_layer etc. match

@@ -338,6 +338,12 @@ void Engine::truncate(int64_t n_keep) {
                                std::to_string(n_keep) + "; reset() and decode the prefix again");
     }
     n_past_ = n_keep;
+    // The last routing belongs to a dropped position: the next token gets no previous token, and the
+    // predictor's history starts over rather than keep tokens that are no longer in the sequence.
+    for (Routing& r : routing_) {
+        r.ids.clear();
+        r.weights.clear();
+    }
 }
 
 void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
@@ -399,6 +405,11 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     dump_.clear();
     const int64_t n_logit_rows = all_logits ? n : 1;
     std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
+    // A batch hands its tokens to the predictor afterwards, led by the previous call's last token
+    // (no single-token decode after it showed it as `prev`): saved now, before the batch's routing
+    // replaces it.
+    const bool pass_context = prefetcher_ && n > 1;
+    const bool have_carry = pass_context && n_past_ > 0 && last_token_selection(carry_selection_);
 
     try {
         if (device_) {
@@ -423,21 +434,46 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         clear_cancel();  // this call consumed the request
         throw;
     }
+    if (pass_context) pass_batch_context(n, have_carry);
     n_past_ += n;  // only once the whole batch succeeded
     return logits;
 }
 
-void Engine::begin_prefetch_token() {
+void Engine::pass_batch_context(int64_t n, bool have_carry) {
+    const HParams& h = model_->hp;
+    const int64_t k = h.n_expert_used, row = h.n_layer * k, lead = have_carry ? 1 : 0;
+    // routing_[il].ids is [n * k] per layer; the predictor wants [token][layer][k]: the carried
+    // token, then batch tokens 0..n-2 (the last one is the next token's `prev`). Layers without
+    // routing (dense) stay -1.
+    context_selection_.assign(static_cast<size_t>((lead + n - 1) * row), -1);
+    if (have_carry) std::copy(carry_selection_.begin(), carry_selection_.end(), context_selection_.begin());
+    for (int il = 0; il < h.n_layer; ++il) {
+        const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
+        if (ids.size() != static_cast<size_t>(n * k)) continue;
+        for (int64_t i = 0; i + 1 < n; ++i)
+            std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
+                      context_selection_.begin() + (lead + i) * row + il * k);
+    }
+    // Without a carried token the history before the batch is gone (a reset, a truncate) or empty.
+    prefetcher_->observe_context(context_selection_.data(), lead + n - 1, !have_carry);
+}
+
+bool Engine::last_token_selection(std::vector<int32_t>& out) const {
     const HParams& h = model_->hp;
     const int64_t k = h.n_expert_used;
-    prev_selection_.assign(static_cast<size_t>(h.n_layer * k), -1);
-    bool have_prev = false;
+    out.assign(static_cast<size_t>(h.n_layer * k), -1);
+    bool any = false;
     for (int il = 0; il < h.n_layer; ++il) {
         const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
         if (ids.size() < static_cast<size_t>(k)) continue;
-        std::copy(ids.end() - k, ids.end(), prev_selection_.begin() + il * k);
-        have_prev = true;
+        std::copy(ids.end() - k, ids.end(), out.begin() + il * k);
+        any = true;
     }
+    return any;
+}
+
+void Engine::begin_prefetch_token() {
+    const bool have_prev = last_token_selection(prev_selection_);
     prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
 }
 

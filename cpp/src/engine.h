@@ -102,6 +102,13 @@ class Engine final : private GateObserver {
     // Single-token decoding with a prefetcher: the predictor's previous-token history starts from
     // the last row of the previous decode's routing (none after reset()).
     void begin_prefetch_token();
+    // After a batched decode of n > 1 tokens: the first n - 1 tokens' selections to the predictor
+    // (Predictor::observe_context), led by carry_selection_ when have_carry, so history-keeping
+    // predictors see a prompt as if decoded.
+    void pass_batch_context(int64_t n, bool have_carry);
+    // The last decoded token's selections [n_layer * top_k] from routing_ (-1 where a layer has
+    // none); false when no layer has any (nothing decoded since the last reset).
+    bool last_token_selection(std::vector<int32_t>& out) const;
 
     static constexpr int64_t kMaxBatch = 256;
     static_assert(std::atomic<bool>::is_always_lock_free, "cancel() must be async-signal-safe");
@@ -127,6 +134,8 @@ class Engine final : private GateObserver {
     RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
     std::vector<int32_t> prev_selection_;     // scratch: the previous token's experts, [n_layer * top_k]
+    std::vector<int32_t> context_selection_;  // scratch: a batch's tokens' experts, [n, n_layer * top_k]
+    std::vector<int32_t> carry_selection_;    // scratch: the token before a batch, [n_layer * top_k]
     double decode_ms_ = 0.0;
     Timeline timeline_;
     std::atomic<bool> cancel_requested_{false};

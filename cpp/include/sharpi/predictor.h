@@ -44,6 +44,14 @@ class Predictor {
     // Appends hints for layers in (in.layer, in.layer + in.lookahead]. Hints outside that range or
     // with an expert id outside [0, n_expert) are dropped and counted by the prefetcher.
     virtual void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) = 0;
+    // The tokens of a batched decode (a prompt) that observe() never saw, oldest first: selections
+    // [n_tokens * n_layer * top_k] (-1 = unknown). The batch's last token is not among them: it
+    // reaches observe() as the next token's `prev`. `new_sequence`: the history before the batch is
+    // unknown (the session was empty, reset or truncated), so whatever was kept is stale. Called on the
+    // decode thread after the batch and before the next observe(). Predictors that keep per-sequence history
+    // fold the tokens in; the default ignores them.
+    virtual void observe_context(const int32_t* /*selections*/, int64_t /*n_tokens*/, bool /*new_sequence*/) {
+    }
 };
 
 }  // namespace sharpi

@@ -39,6 +39,20 @@ void Prefetcher::begin_token(const int32_t* prev) {
     last_layer_ = -1;
 }
 
+void Prefetcher::observe_context(const int32_t* selections, int64_t n_tokens, bool new_sequence) {
+    const Clock::time_point t0 = Clock::now();
+    try {
+        predictor_->observe_context(selections, n_tokens, new_sequence);
+    } catch (const CancelledError&) {
+        throw;
+    } catch (const std::exception& e) {
+        ++failures_;
+        if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
+        errors_.push_back(std::string(predictor_->name()) + " on the context of a batch: " + e.what());
+    }
+    predict_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
 void Prefetcher::score_predictions(int il, const int32_t* selected) {
     LayerExpertStats& ls = stats_[static_cast<size_t>(il)];
     for (const std::vector<int32_t>& set : pending_[static_cast<size_t>(il)]) {

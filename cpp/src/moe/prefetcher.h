@@ -43,6 +43,10 @@ class Prefetcher final {
     // Layer il's gate fired: hidden [n_embd] is the residual entering the MoE block, router_logits
     // [n_expert], selected [top_k] in rank order.
     void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected);
+    // A batched decode of n_tokens + 1 tokens finished: hands the first n_tokens tokens' selections
+    // [n_tokens * n_layer * top_k] to the predictor (Predictor::observe_context). A throw is counted
+    // and kept like observe()'s.
+    void observe_context(const int32_t* selections, int64_t n_tokens, bool new_sequence);
 
     // Merges the prediction counters into `st` (per layer) and adds predict_ms and call counts.
     void add_stats(ExpertCacheStats& st) const;

@@ -87,6 +87,14 @@ class PredictorHandle {
         return out;
     }
 
+    // selections int32 [n_tokens, n_layer, top_k]: Predictor::observe_context.
+    void observe_context(const I32Array& selections, bool new_sequence) {
+        const HParams& hp = model_->hp;
+        const int64_t n_tokens = selections.ndim() == 3 ? selections.shape(0) : -1;
+        check_shape("selections", selections, {n_tokens, hp.n_layer, hp.n_expert_used});
+        predictor_->observe_context(selections.data(), n_tokens, new_sequence);
+    }
+
     // Mean seconds per observe() over `n_tokens` simulated tokens: layers 0..n_layer-1 in order,
     // each token's hidden states taken from hidden[n_layer, n_embd] and routing from history (the
     // whole token's rows; the predictor only reads rows <= layer, as in the engine), so consecutive
@@ -236,6 +244,9 @@ void bind_predict(py::module_& m) {
         .def("observe", &PredictorHandle::observe, py::arg("layer"), py::arg("hidden"),
              py::arg("router_logits"), py::arg("history"), py::arg("prev"),
              "Hints [(target_layer, expert, score)] for layers layer+1 .. layer+lookahead")
+        .def("observe_context", &PredictorHandle::observe_context, py::arg("selections"),
+             py::arg("new_sequence"),
+             "Predictor::observe_context: the tokens of a batched prompt, int32 [n_tokens, n_layer, top_k]")
         .def("time_observe", &PredictorHandle::time_observe, py::arg("hidden"), py::arg("router_logits"),
              py::arg("history"), py::arg("prev"), py::arg("n_tokens"),
              "Benchmark helper: mean seconds per observe() call over n_tokens x n_layer calls "

@@ -21,7 +21,14 @@ import os
 
 import numpy as np
 
-from .sidecar import Sidecar, read_sidecar
+from .sidecar import (
+    DEPTHTIME_DECAYS,
+    DEPTHTIME_FEATURES,
+    DEPTHTIME_VOTE_POWERS,
+    DEPTHTIME_VOTE_WINDOW,
+    Sidecar,
+    read_sidecar,
+)
 from .traces import RoutingTrace, ids_to_multi_hot
 
 NO_PREDICTION = -np.inf
@@ -165,12 +172,23 @@ class CoocPredictor(ReferencePredictor):
 
 
 class DepthTimePredictor(ReferencePredictor):
-    """reg_t = bias[t] + sum_{l=0}^{L} sum_{i in S(l)} layer[t, t-l-1, i]
-    + sum_{r=-1..1, 0<=t+r<n_layer} sum_{i in P(t+r)} prev[t, r+1, i];
-    count_{t,d} = count_bias[t] + sum_{i in S(t-d)} count[t, d-1, i];
-    hist_t = sum_{j>=1} decay[t]^(j-1) [expert in S_{-j}(t)] (trace.history_counts);
-    score_{t,d} = mix[d-1, t, 0] * reg_t + mix[d-1, t, 1] * count_{t,d}
-                + mix[d-1, t, 2] * [expert in P(t)] + mix[d-1, t, 3] * hist_t   (L = t - d)"""
+    """score_{t,d} = sum_f stack[d-1, t, f] * feature_f over the per-expert features
+    sidecar.DEPTHTIME_FEATURES (docs/predictors.md, "depthtime"). L = t - d is the source layer, S(l)
+    the current token's selected set at layer l, S_{-j}(l) that of the token j steps back in the same
+    sequence (P = S_{-1}), n the number of earlier tokens of the sequence, W = DEPTHTIME_VOTE_WINDOW:
+
+      reg      bias[t] + sum_{l<=L} sum_{i in S(l)} layer[t, t-l-1, i]
+                       + sum_{r=-1..1, 0<=t+r<n_layer} sum_{i in P(t+r)} prev[t, r+1, i]
+      cnt      count_bias[t] + sum_{i in S(L)} count[t, d-1, i]
+      prev<j>  [e in S_{-j}(t)]                                     j = 1..4 (0 past the start)
+      hist<λ>  sum_{j=1..n} λ^(j-1) [e in S_{-j}(t)]                 λ in DEPTHTIME_DECAYS
+      freq     (1/n) sum_{j=1..n} [e in S_{-j}(t)]                   (0 when n = 0)
+      vote<p>  sum_{j=1..min(n, W)} m_j^p [e in S_{-j}(t)]           p in DEPTHTIME_VOTE_POWERS
+      nvote<p> vote<p> / max(sum_{j=1..min(n, W)} m_j^p, 1e-6)
+      with m_j = sum_{l<=L} |S(l) ∩ S_{-j}(l)| / (top_k (L + 1))
+
+    The votes are a retrieval: earlier tokens of the sequence whose route so far matches the current
+    token's vote for what they chose at t. Missing ids (-1) are in no set."""
 
     name = "depthtime"
 
@@ -179,39 +197,93 @@ class DepthTimePredictor(ReferencePredictor):
         self.n_layer, self.n_expert, self.top_k = sc.n_layer, sc.n_expert, sc.top_k
         self.max_lookahead = sc.max_lookahead
         self.t = {k: v.astype(np.float64) for k, v in sc.tensors.items()}
+        self._routes: dict = {}  # (sequence, prefix length) -> (L, route match counts [T, T])
+        self._routes_of = None  # the trace the cached counts belong to
 
     def check_trace(self, trace):
         _check_shape(self.name, trace, self.n_layer, self.n_expert, self.top_k)
 
     def scores_all(self, trace, idx, L):
         out = self._empty(len(idx))
-        prev = trace.prev_index()[idx]
-        for d in range(1, self.max_lookahead + 1):
-            t = L + d
-            if t >= self.n_layer:
-                continue
-            reg = np.broadcast_to(self.t["dt.bias"][t], (len(idx), self.n_expert)).copy()
-            for layer in range(L + 1):
-                reg = reg + trace.multi_hot(idx, layer) @ self.t["dt.layer"][t, t - layer - 1]
-            for r in (-1, 0, 1):
-                if 0 <= t + r < self.n_layer:
-                    reg = reg + trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
-            count = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, d - 1]
-            w_reg, w_count, alpha, beta = self.t["dt.mix"][d - 1, t]
-            out[d - 1] = w_reg * reg + w_count * count + alpha * trace.multi_hot(prev, t)
-            if beta != 0.0:
-                out[d - 1] += beta * self._history(trace, idx, t)
+        for t, feats in self.features(trace, idx, L).items():
+            out[t - L - 1] = feats @ self.t["dt.stack"][t - L - 1, t]
         return out
 
-    def _history(self, trace: RoutingTrace, idx: np.ndarray, t: int) -> np.ndarray:
-        """float64 [len(idx), E]: hist_t of trace.history_counts(idx, dt.decay); the counts of every
-        layer are kept for the next call with the same trace and tokens (evaluate() asks once per
-        source layer)."""
-        key = (id(trace), trace.path, hash(np.asarray(idx, dtype=np.int64).tobytes()))
-        if getattr(self, "_hist_key", None) != key:
-            self._hist_key = key
-            self._hist = trace.history_counts(idx, self.t["dt.decay"])
-        return self._hist[:, t].astype(np.float64)
+    def features(self, trace: RoutingTrace, idx: np.ndarray, L: int) -> dict[int, np.ndarray]:
+        """{t: float64 [len(idx), n_expert, len(DEPTHTIME_FEATURES)]} for every target t = L + d,
+        d = 1..max_lookahead, t < n_layer."""
+        idx = np.asarray(idx, dtype=np.int64)
+        targets = [L + d for d in range(1, self.max_lookahead + 1) if L + d < self.n_layer]
+        out = {t: np.zeros((len(idx), self.n_expert, len(DEPTHTIME_FEATURES))) for t in targets}
+        prev = trace.prev_index()[idx]
+        for t in targets:
+            reg = np.broadcast_to(self.t["dt.bias"][t], (len(idx), self.n_expert)).copy()
+            for layer in range(L + 1):
+                reg += trace.multi_hot(idx, layer) @ self.t["dt.layer"][t, t - layer - 1]
+            for r in (-1, 0, 1):
+                if 0 <= t + r < self.n_layer:
+                    reg += trace.multi_hot(prev, t + r) @ self.t["dt.prev"][t, r + 1]
+            out[t][:, :, 0] = reg
+            out[t][:, :, 1] = self.t["dt.count_bias"][t] + trace.multi_hot(idx, L) @ self.t["dt.count"][t, t - L - 1]
+        seq = np.searchsorted(trace.seq_start, idx, side="right") - 1
+        for s in np.unique(seq).tolist():
+            rows = np.nonzero(seq == s)[0]
+            first = int(trace.seq_start[s])
+            at = idx[rows] - first  # positions in the sequence
+            for t, f in self._time_features(trace, s, first, int(at.max()) + 1, at, L, targets).items():
+                out[t][rows, :, 2:] = f
+        return out
+
+    def _hot(self, trace: RoutingTrace, first: int, T: int, layer: int) -> np.ndarray:
+        return trace.multi_hot(np.arange(first, first + T), layer)
+
+    def _route_counts(self, trace: RoutingTrace, s: int, first: int, T: int, L: int) -> np.ndarray:
+        """float32 [T, T]: sum_{l<=L} |S_i(l) ∩ S_j(l)| for positions i, j of sequence s (integers,
+        exact). Kept per sequence for the last L asked, so the ascending L of evaluate() and of
+        training add one layer per call."""
+        if self._routes_of != (id(trace), trace.path):
+            self._routes_of, self._routes = (id(trace), trace.path), {}
+        done, counts = self._routes.get((s, T), (-1, None))
+        if counts is None or done > L:
+            done, counts = -1, np.zeros((T, T), dtype=np.float32)
+        for layer in range(done + 1, L + 1):
+            h = self._hot(trace, first, T, layer).astype(np.float32)
+            counts = counts + h @ h.T
+        self._routes[s, T] = (L, counts)
+        return counts
+
+    def _time_features(self, trace, s, first, T, at, L, targets) -> dict[int, np.ndarray]:
+        """{t: float64 [len(at), n_expert, len(DEPTHTIME_FEATURES) - 2]}: prev1..4, hist<λ>, freq and
+        the votes of each target t for the tokens at positions `at` of sequence s (its first T tokens)."""
+        E = self.n_expert
+        hots = {t: self._hot(trace, first, T, t) for t in targets}
+        out = {t: np.zeros((len(at), E, len(DEPTHTIME_FEATURES) - 2)) for t in targets}
+        decays = np.asarray(DEPTHTIME_DECAYS)[:, None]
+        c = 4 + len(DEPTHTIME_DECAYS)
+        for t, hot in hots.items():
+            for j in range(1, 5):
+                ok = at >= j
+                out[t][ok, :, j - 1] = hot[at[ok] - j]
+            hist = np.zeros((T, len(DEPTHTIME_DECAYS), E))
+            for i in range(1, T):
+                hist[i] = decays * hist[i - 1] + hot[i - 1]
+            out[t][:, :, 4:c] = hist[at].transpose(0, 2, 1)
+            earlier = np.cumsum(hot, axis=0) - hot  # counts over positions < i
+            out[t][:, :, c] = earlier[at] / np.maximum(at, 1)[:, None]
+        m = self._route_counts(trace, s, first, T, L)[at].astype(np.float64) / (self.top_k * (L + 1))
+        j = np.arange(T)[None, :]
+        m[(j >= at[:, None]) | (j < at[:, None] - DEPTHTIME_VOTE_WINDOW)] = 0.0  # only earlier tokens in the window vote
+        all_hot = np.concatenate([hots[t] for t in targets], axis=1)  # [T, len(targets) * E]
+        n_pow = len(DEPTHTIME_VOTE_POWERS)
+        for q, p in enumerate(DEPTHTIME_VOTE_POWERS):
+            w = m**p
+            votes = w @ all_hot
+            total = np.maximum(w.sum(axis=1), 1e-6)[:, None]
+            for n, t in enumerate(targets):
+                vote = votes[:, n * E : (n + 1) * E]
+                out[t][:, :, c + 1 + q] = vote
+                out[t][:, :, c + 1 + n_pow + q] = vote / total
+        return out
 
 
 class LearnedPredictor(ReferencePredictor):

@@ -4,10 +4,12 @@ layer) and time (the previous token's choices at the target and nearby layers).
 What it owns: one convex fit, `fit_history_regression`, shared by two users so they cannot drift:
   - the `softmax regression` baseline of `sharpi predictor eval` (previous token at the target layer
     only; written in the `cooc` sidecar format with a history of every earlier layer), and
-  - the `depthtime` predictor (previous token at t-1, t, t+1; then a per-(d, t) choice, made on
-    held-out TRAINING sequences, among the regression, the co-occurrence counts of layer t-d and the
-    previous token, alone or the first two with the previous token boosted, so on every target layer
-    it is at least as good as the best of its three members on those sequences).
+  - the `depthtime` predictor (previous token at t-1, t, t+1; its score is one feature of a per-(d, t)
+    linear stacker, `fit_depthtime_stack`, fitted on held-out TRAINING sequences over depth and time
+    features (the co-occurrence counts of layer t-d, the previous tokens, decayed counts, route votes:
+    reference.DepthTimePredictor), which keeps a single feature instead wherever that recalls better
+    there, so on every target layer it is at least as good as the best of its members on those
+    sequences).
 
 The model, for target layer t and distance d (source layer L = t - d):
 
@@ -25,14 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sidecar import Sidecar
+from .sidecar import DEPTHTIME_FEATURES, Sidecar
 from .traces import RoutingTrace
 from .train import _invalid, _log, _recall, _torch, fit_best_epoch, validation_rows
 
 DEPTHTIME_PREV_OFFSETS = (-1, 0, 1)  # previous token's layers t-1, t, t+1 (docs/predictors.md)
-MIX_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)  # previous-token boosts tried per (d, t)
-HIST_BETAS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)  # history-count weights tried per (d, t)
-HIST_DECAYS = (0.5, 0.8, 0.9)  # decay rates of the history counts tried (one for every layer)
 
 
 def _ids(torch, trace: RoutingTrace, idx: np.ndarray) -> tuple:
@@ -205,83 +204,64 @@ def train_regression_baseline(
     )
 
 
-def choose_mix(
-    reg_scores: np.ndarray,
-    count_scores: np.ndarray,
-    prev_hot: np.ndarray,
-    sel_hot: np.ndarray,
-    k: int,
-    hist: np.ndarray | None = None,
-) -> tuple[tuple[float, float, float, float], float]:
-    """The per-(d, t) member choice: weights (w_reg, w_count, alpha, beta) maximising recall@k of
-    w_reg * reg + w_count * count + alpha * [i in P(t)] + beta * hist on validation rows.
-    Candidates: each of the first three members alone, and the regression or the counts with the
-    previous token boosted by each of MIX_ALPHAS; each of those with the history counts `hist`
-    (when given) added at each weight of HIST_BETAS. Ties keep the earlier candidate (beta = 0
-    first). Returns (weights, recall)."""
-    cands = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
-    cands += [(w, 1.0 - w, a) for w in (1.0, 0.0) for a in MIX_ALPHAS if a > 0]
-    betas = (0.0,) if hist is None else HIST_BETAS
-    best = ((1.0, 0.0, 0.0, 0.0), -1.0)
-    for beta in betas:
-        for w, c, a in cands:
-            s = w * reg_scores + c * count_scores + a * prev_hot
-            r = _recall(s if beta == 0.0 else s + beta * hist, sel_hot, k)
-            if r > best[1] + 1e-9:
-                best = ((w, c, a, beta), r)
+def fit_stack_weights(torch, X: np.ndarray, sel_hot: np.ndarray, k: int, l2: float = 1e-3) -> tuple[np.ndarray, float]:
+    """The weights of one (d, t) of the depthtime stacker. X float64 [N, E, F] features, sel_hot
+    [N, E] the selected sets. Fits w by L-BFGS on the softmax cross-entropy of X @ w against
+    sel_hot / |S| (rows with an empty S skipped) plus l2 * |w|^2 on standardised features, then
+    keeps whichever of that fit and each feature alone (a unit weight) recalls best on these rows
+    (ties: the fit), so the stacker is never worse here than any of its members. Returns (w float64
+    [F], recall@k)."""
+    ok = sel_hot.sum(axis=1) > 0
+    Xt = torch.from_numpy(X[ok])
+    Y = torch.from_numpy(sel_hot[ok] / sel_hot[ok].sum(axis=1, keepdims=True))
+    scale = Xt.reshape(-1, Xt.shape[-1]).std(dim=0) + 1e-6
+    w = torch.zeros(Xt.shape[-1], dtype=Xt.dtype, requires_grad=True)
+    opt = torch.optim.LBFGS([w], max_iter=40, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = -(Y * torch.log_softmax((Xt / scale) @ w, dim=1)).sum(dim=1).mean() + l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    fitted = (w.detach() / scale).numpy()
+    best = (fitted, _recall(X @ fitted, sel_hot, k))
+    for f in range(X.shape[-1]):
+        r = _recall(X[:, :, f], sel_hot, k)
+        if r > best[1] + 1e-9:
+            best = (np.eye(X.shape[-1])[f], r)
     return best
 
 
-def choose_depthtime_mix(
-    trace: RoutingTrace,
-    val_idx: np.ndarray,
-    p: dict[str, np.ndarray],
-    count_bias: np.ndarray,
-    count: np.ndarray,
-    max_lookahead: int,
-    num_threads: int | None = 1,
-    quiet: bool = False,
-) -> tuple[np.ndarray, float]:
-    """The member choice of depthtime on the validation rows val_idx (held-out TRAINING sequences):
-    one history decay rate for every layer, the one among HIST_DECAYS whose per-(d, t) choices
-    (choose_mix) give the best mean validation recall@k, and those choices. p: the regression
-    tables (fit_history_regression's "bias", "layer", "prev"). Returns (mix float64
-    [max_lookahead, n_layer, 4], decay)."""
+def fit_depthtime_stack(
+    trace: RoutingTrace, val_idx: np.ndarray, tables: dict[str, np.ndarray], max_lookahead: int,
+    num_threads: int | None = 1, quiet: bool = False,
+) -> np.ndarray:
+    """dt.stack float32 [max_lookahead, n_layer, F] for the trained tables (dt.bias, dt.layer,
+    dt.prev, dt.count_bias, dt.count), fitted per (d, t) by fit_stack_weights on the validation rows
+    val_idx (held-out TRAINING tokens the tables never saw; their features see the whole sequence
+    prefix). Rows t < d are never used and stay 0."""
+    from .reference import DepthTimePredictor
+
     torch = _torch(num_threads)
     n_layer, k = trace.n_layer, trace.top_k
-    v = _ids(torch, trace, val_idx)
-    tp = _as_params(torch, p)
-    members = {}  # (d, t) -> (reg, count, prev_hot, sel_hot) on the validation rows
-    with torch.no_grad():
-        for t in range(1, n_layer):
-            prev_hot = trace.multi_hot(trace.prev_index()[val_idx], t)
-            sel_hot = trace.multi_hot(val_idx, t)
-            for d, s in enumerate(
-                _target_scores(torch, tp, v, t, DEPTHTIME_PREV_OFFSETS, max_lookahead), start=1
-            ):
-                cnt = count_bias[t] + trace.multi_hot(val_idx, t - d) @ count[t, d - 1]
-                members[d, t] = (s.numpy().astype(np.float64), cnt, prev_hot, sel_hot)
-    best = None
-    for decay in HIST_DECAYS:
-        hist = trace.history_counts(val_idx, np.full(n_layer, decay))
-        mix = np.zeros((max_lookahead, n_layer, 4))
-        mix[:, :, 0] = 1.0
-        total = 0.0
-        for (d, t), (reg, cnt, prev_hot, sel_hot) in members.items():
-            mix[d - 1, t], r = choose_mix(reg, cnt, prev_hot, sel_hot, k, hist[:, t].astype(np.float64))
+    stack = np.zeros((max_lookahead, n_layer, len(DEPTHTIME_FEATURES)))
+    sc = Sidecar("depthtime", n_layer, trace.n_expert, k, max_lookahead, "", {}, dict(tables, **{"dt.stack": stack}))
+    ref = DepthTimePredictor(sc)
+    total, alone = 0.0, 0
+    for L in range(n_layer - 1):  # ascending L: the reference adds one layer of route counts per step
+        for t, X in ref.features(trace, val_idx, L).items():
+            stack[t - L - 1, t], r = fit_stack_weights(torch, X, trace.multi_hot(val_idx, t), k)
             total += r
-        _log(f"depthtime: history decay {decay}: mean validation recall@k {total / len(members):.4f}", quiet)
-        if best is None or total > best[0] + 1e-9:
-            best = (total, decay, mix)
-    _, decay, mix = best
-    chosen = [tuple(mix[d - 1, t]) for d, t in members]
+            alone += int(np.count_nonzero(stack[t - L - 1, t]) == 1)
+    n = sum(max(n_layer - d, 0) for d in range(1, max_lookahead + 1))
     _log(
-        f"depthtime: members per (d, t): regression {sum(c[0] > 0 for c in chosen)}, counts "
-        f"{sum(c[1] > 0 for c in chosen)}, previous token boosted {sum(c[2] > 0 for c in chosen)}, "
-        f"history counts (decay {decay}) {sum(c[3] > 0 for c in chosen)} of {len(chosen)} targets",
+        f"depthtime: stacker over {len(DEPTHTIME_FEATURES)} features fitted on {len(val_idx)} validation tokens, "
+        f"mean validation recall@k {total / max(n, 1):.4f} (one feature alone kept on {alone} of {n} targets)",
         quiet,
     )
-    return mix, decay
+    return stack.astype(np.float32)
 
 
 def train_depthtime(
@@ -298,8 +278,8 @@ def train_depthtime(
 ) -> Sidecar:
     """The depthtime predictor (docs/predictors.md): the regression with the previous token at t-1,
     t, t+1 and the co-occurrence counts, fitted on the train sequences minus the last `val_fraction`
-    of them; those held-out TRAINING sequences then choose the history decay and, per (d, t), the
-    mix (choose_depthtime_mix)."""
+    of them; those held-out TRAINING sequences then fit the per-(d, t) stacker over every feature
+    (fit_depthtime_stack)."""
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
@@ -319,7 +299,14 @@ def train_depthtime(
 
     n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
     count_bias, count, _ = _cooc_tables(trace, fit_idx, max_lookahead, 20.0)
-    mix, decay = choose_depthtime_mix(trace, val_idx, p, count_bias, count, max_lookahead, num_threads, quiet)
+    tables = {
+        "dt.bias": p["bias"].astype(np.float32),
+        "dt.layer": p["layer"].astype(np.float32),
+        "dt.prev": p["prev"].astype(np.float32),
+        "dt.count_bias": count_bias.astype(np.float32),
+        "dt.count": count.astype(np.float32),
+    }
+    stack = fit_depthtime_stack(trace, val_idx, tables, max_lookahead, num_threads, quiet)
     return Sidecar(
         "depthtime",
         n_layer,
@@ -328,15 +315,7 @@ def train_depthtime(
         max_lookahead,
         source or f"{trace.path}: {len(train_idx)} train tokens",
         {},
-        {
-            "dt.bias": p["bias"].astype(np.float32),
-            "dt.layer": p["layer"].astype(np.float32),
-            "dt.prev": p["prev"].astype(np.float32),
-            "dt.count_bias": count_bias.astype(np.float32),
-            "dt.count": count.astype(np.float32),
-            "dt.mix": mix.astype(np.float32),
-            "dt.decay": np.full(n_layer, decay, dtype=np.float32),
-        },
+        dict(tables, **{"dt.stack": stack}),
     )
 
 

@@ -37,6 +37,20 @@ KIND_KEYS = {
 }
 COMMON_KEYS = ("n_layer", "n_expert", "top_k", "max_lookahead")
 
+# The per-expert features the depthtime stacker weighs, in the order of the last axis of dt.stack
+# (defined in reference.DepthTimePredictor and docs/predictors.md; the C++ predictor uses the same
+# order). A file with another count of features fails the shape check.
+DEPTHTIME_DECAYS = (0.5, 0.8, 0.9, 0.97)  # hist<λ>: decayed counts of the earlier tokens
+DEPTHTIME_VOTE_POWERS = (1, 4, 16)  # vote<p>, nvote<p>: route-similarity weights raised to p
+DEPTHTIME_VOTE_WINDOW = 1024  # the earlier tokens that vote: at most this many, the latest
+DEPTHTIME_FEATURES = (
+    ("reg", "cnt", "prev1", "prev2", "prev3", "prev4")
+    + tuple(f"hist{lam}" for lam in DEPTHTIME_DECAYS)
+    + ("freq",)
+    + tuple(f"vote{p}" for p in DEPTHTIME_VOTE_POWERS)
+    + tuple(f"nvote{p}" for p in DEPTHTIME_VOTE_POWERS)
+)
+
 
 def _format_error(message: str) -> Exception:
     from sharpi._core import FormatError
@@ -80,8 +94,7 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
             "dt.prev": (n_layer, 3, E, E),
             "dt.count_bias": (n_layer, E),
             "dt.count": (n_layer, dmax, E, E),
-            "dt.mix": (dmax, n_layer, 4),
-            "dt.decay": (n_layer,),
+            "dt.stack": (dmax, n_layer, len(DEPTHTIME_FEATURES)),
         }
     if sc.kind == "learned":
         n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]

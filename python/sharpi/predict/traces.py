@@ -88,35 +88,6 @@ class RoutingTrace:
         and negative token indices contribute nothing)."""
         return ids_to_multi_hot(self.selected(idx, layer), self.n_expert, dtype)
 
-    def history_counts(self, idx: np.ndarray, decay: np.ndarray) -> np.ndarray:
-        """float32 [len(idx), n_layer, n_expert]: for token i, sum over the earlier tokens i-j (j >= 1)
-        of its sequence of decay[layer]^(j-1) * [expert selected at layer] (0 for a sequence's first
-        token). One pass over the tokens of the sequences idx touches, in order, with the recurrence
-        H_i = decay * H_{i-1} + hot_{i-1} (the depthtime predictor's state; docs/predictors.md)."""
-        idx = np.asarray(idx, dtype=np.int64)
-        decay = np.asarray(decay, dtype=np.float64).reshape(self.n_layer, 1)
-        out = np.zeros((len(idx), self.n_layer, self.n_expert), dtype=np.float32)
-        if len(idx) == 0:
-            return out
-        rows_of: dict[int, list[int]] = {}
-        for r, i in enumerate(idx.tolist()):
-            rows_of.setdefault(i, []).append(r)
-        seq = np.searchsorted(self.seq_start, idx, side="right") - 1
-        ends = self.seq_end()
-        layers = np.arange(self.n_layer)[:, None].repeat(self.top_k, axis=1)
-        for s in np.unique(seq).tolist():
-            last = int(idx[seq == s].max())
-            h = np.zeros((self.n_layer, self.n_expert))
-            for i in range(int(self.seq_start[s]), min(last, int(ends[s]) - 1) + 1):
-                if i > self.seq_start[s]:
-                    h *= decay
-                    ids = self.experts[i - 1].astype(np.int64)
-                    ok = ids >= 0
-                    h[layers[ok], ids[ok]] += 1.0
-                for r in rows_of.get(i, ()):
-                    out[r] = h
-        return out
-
     def hidden_rows(self, idx: np.ndarray, layer: int) -> np.ndarray:
         """float64 [len(idx), n_embd]: the residual entering `layer`'s MoE block."""
         if self.hidden is None:
