@@ -130,14 +130,14 @@ def stack(names, feats, votes, reg, cnt, d: int, t: int) -> np.ndarray:
     return np.stack(cols, axis=-1)  # [N, E, F]
 
 
-def fit_weights(torch, X: np.ndarray, sel: np.ndarray, l2: float = 1e-3) -> np.ndarray:
+def fit_weights(torch, X: np.ndarray, sel: np.ndarray, l2: float = 1e-3, max_iter: int = 40) -> np.ndarray:
     """w [F] minimising softmax cross-entropy of X @ w against sel / |sel| (+ l2 on standardised w)."""
     X, Y = torch.from_numpy(X), torch.from_numpy(sel)
     ok = Y.sum(1) > 0
     X, Y = X[ok], Y[ok] / Y[ok].sum(1, keepdim=True)
     scale = X.reshape(-1, X.shape[-1]).std(0) + 1e-6
     w = torch.zeros(X.shape[-1], requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=40, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS([w], max_iter=max_iter, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
