@@ -70,6 +70,7 @@ VARIANTS = {
     "C+cntx": C + CNTX,
     "C+nonlin": C + NONLIN,
     "ALL": C + WIN + EXACT + REC + IND + CNTX + NONLIN,
+    "D": C + NONLIN + IND + WIN,
 }
 
 
@@ -135,7 +136,9 @@ def extra_features(trace, idx: np.ndarray, need: set) -> dict:
     return out
 
 
-def all_features(torch, trace, idx: np.ndarray, dt: dict, need: set, cache: str | None, tag: str) -> tuple:
+def all_features(
+    torch, trace, idx: np.ndarray, dt: dict, need: set, cache: str | None, tag: str, write: bool = True
+) -> tuple:
     extras = sorted(need & set(WIN + EXACT + REC + IND))
     if extras != sorted(WIN + EXACT + REC + IND):
         tag += "-" + "-".join(extras)
@@ -147,7 +150,7 @@ def all_features(torch, trace, idx: np.ndarray, dt: dict, need: set, cache: str 
     reg, cnt = depth_scores(torch, trace, idx, dt)
     extra = extra_features(trace, idx, need)
     result = (feats, votes, reg, cnt, extra)
-    if path:
+    if path and write:
         os.makedirs(cache, exist_ok=True)
         with open(path, "wb") as f:
             pickle.dump(result, f, protocol=4)
@@ -194,6 +197,49 @@ def stack(names, F, d: int, t: int) -> np.ndarray:
     return np.stack([column(n, F, d, t) for n in names], axis=-1)  # [N, E, F]
 
 
+def fit_mlp(
+    torch, X: np.ndarray, sel: np.ndarray, hidden: int, l2: float = 1e-3, max_iter: int = 100
+) -> dict:
+    """A linear score plus one hidden ReLU layer, both over the standardised features z = (x - mu) / sd:
+    score_e = z_e @ w + relu(z_e @ W1 + b1) @ w2, fitted like fit_weights (softmax cross-entropy against
+    sel / |sel|, l2 on every weight, L-BFGS), starting from w = 0 and a small seeded W1."""
+    Xt, Y = torch.from_numpy(X), torch.from_numpy(sel)
+    ok = Y.sum(1) > 0
+    Xt, Y = Xt[ok], Y[ok] / Y[ok].sum(1, keepdim=True)
+    flat = Xt.reshape(-1, Xt.shape[-1])
+    mu, sd = flat.mean(0), flat.std(0) + 1e-6
+    Z = (Xt - mu) / sd
+    g = torch.Generator().manual_seed(0)
+    F = X.shape[-1]
+    w = torch.zeros(F, requires_grad=True)
+    W1 = (torch.randn(F, hidden, generator=g) / F**0.5).requires_grad_()
+    b1 = torch.zeros(hidden, requires_grad=True)
+    w2 = (torch.randn(hidden, generator=g) * 0.01).requires_grad_()
+    params = [w, W1, b1, w2]
+    opt = torch.optim.LBFGS(params, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        score = Z @ w + torch.relu(Z @ W1 + b1) @ w2
+        loss = -(Y * torch.log_softmax(score, 1)).sum(1).mean() + l2 * sum((q * q).sum() for q in params)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return {
+        "mu": mu.numpy(),
+        "sd": sd.numpy(),
+        **{n: q.detach().numpy() for n, q in zip(("w", "W1", "b1", "w2"), params)},
+    }
+
+
+def score(weights, X: np.ndarray) -> np.ndarray:
+    if not isinstance(weights, dict):
+        return X @ weights
+    Z = (X - weights["mu"]) / weights["sd"]
+    return Z @ weights["w"] + np.maximum(Z @ weights["W1"] + weights["b1"], 0) @ weights["w2"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", required=True)
@@ -212,14 +258,17 @@ def main(argv=None) -> int:
     ap.add_argument("--test-seqs", type=_seq_range, required=True, help="C:D, the held-out sequences")
     ap.add_argument("--depthtime", required=True, help="depthtime sidecar trained on --train-seqs")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
-    ap.add_argument("--max-iter", type=int, default=40)
+    ap.add_argument("--max-iter", type=int, default=40, help="L-BFGS iterations of the linear fits")
+    ap.add_argument("--mlp-iter", type=int, default=100, help="L-BFGS iterations of the :mlpH fits")
+    ap.add_argument("--also-report", type=int, help="S: also print the recall over the test sequences < S")
     ap.add_argument("--chunk", type=int, default=20, help="held-out sequences scored at a time")
     ap.add_argument("--cache", help="folder to keep the features of each chunk in (reused when present)")
+    ap.add_argument("--cache-readonly", action="store_true", help="reuse --cache files, write none")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    variants = {v: VARIANTS[v] for v in args.variants.split(",")}
+    variants = {v: VARIANTS[v.split(":")[0]] for v in args.variants.split(",")}  # NAME or NAME:mlpH
     need = {n for cols in variants.values() for n in cols}
     trace = load_trace(args.trace)
     n_layer, k = trace.n_layer, trace.top_k
@@ -235,7 +284,7 @@ def main(argv=None) -> int:
         )
         tag = "val{}-{}".format(*args.train_seqs)
     t0 = time.perf_counter()
-    F = all_features(torch, trace, fit_idx, dt, need, args.cache, tag)
+    F = all_features(torch, trace, fit_idx, dt, need, args.cache, tag, not args.cache_readonly)
     print(f"features of {len(fit_idx)} fit tokens: {time.perf_counter() - t0:.0f} s", flush=True)
     weights = {}
     for name, cols in variants.items():
@@ -243,9 +292,12 @@ def main(argv=None) -> int:
         for d in (1, 2, 3):
             for t in range(d, n_layer):
                 X = stack(cols, F, d, t)
-                weights[name, d, t] = fit_weights(
-                    torch, X, trace.multi_hot(fit_idx, t, np.float32), max_iter=args.max_iter
-                )
+                sel = trace.multi_hot(fit_idx, t, np.float32)
+                if ":mlp" in name:
+                    hidden = int(name.split(":mlp")[1])
+                    weights[name, d, t] = fit_mlp(torch, X, sel, hidden, max_iter=args.mlp_iter)
+                else:
+                    weights[name, d, t] = fit_weights(torch, X, sel, max_iter=args.max_iter)
         print(f"fits of {name} ({len(cols)} features): {time.perf_counter() - t1:.0f} s", flush=True)
     del F
     recalls = {name: {d: [] for d in (1, 2, 3)} for name in variants}
@@ -253,19 +305,25 @@ def main(argv=None) -> int:
     for s0 in range(first, end, args.chunk):
         s1 = min(s0 + args.chunk, end)
         rows = sequences_slice(trace, s0, s1)
-        F = all_features(torch, trace, rows, dt, need, args.cache, f"test{s0}-{s1}")
+        F = all_features(torch, trace, rows, dt, need, args.cache, f"test{s0}-{s1}", not args.cache_readonly)
         for d in (1, 2, 3):
             for t in range(d, n_layer):
                 sel = trace.multi_hot(rows, t, np.float32)
                 for name, cols in variants.items():
-                    recalls[name][d].append(recall_rows(stack(cols, F, d, t) @ weights[name, d, t], sel, k))
+                    recalls[name][d].append(
+                        recall_rows(score(weights[name, d, t], stack(cols, F, d, t)), sel, k)
+                    )
         del F
+        if s1 == args.also_report:
+            for name in variants:
+                cells = " ".join(f"{np.concatenate(recalls[name][d]).mean():.4f}" for d in (1, 2, 3))
+                print(f"[{first}, {s1}) {name:12s} recall@k d=1,2,3: {cells}", flush=True)
         print(f"scored [{first}, {s1}): {time.perf_counter() - t0:.0f} s", flush=True)
     print(f"held-out sequences [{first}, {end}) scored: {time.perf_counter() - t0:.0f} s in all")
     for name in variants:
         cells = " ".join(f"{np.concatenate(recalls[name][d]).mean():.4f}" for d in (1, 2, 3))
         print(f"{name:12s} recall@k d=1,2,3: {cells}", flush=True)
-    if args.cache:
+    if args.cache and not args.cache_readonly:
         with open(os.path.join(args.cache, f"weights-{tag}.pkl"), "wb") as f:
             pickle.dump(weights, f)
     return 0
