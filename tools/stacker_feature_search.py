@@ -71,6 +71,15 @@ VARIANTS = {
     "C+nonlin": C + NONLIN,
     "ALL": C + WIN + EXACT + REC + IND + CNTX + NONLIN,
     "D": C + NONLIN + IND + WIN,
+    "C+regp": C + ["regp"],
+    "C+regrank": C + ["regrank"],
+    "C+logfreq": C + ["logfreq"],
+    "C+products": C + ["reg_x_nvote4", "regp_x_nvote4", "prev1_x_reg"],
+    "C+regp+rank+ind": C + ["regp", "regrank"] + IND,
+    "C+prods": C
+    + [f"{a}*{v}" for a in ("reg", "regp") for v in VOTES]
+    + ["reg*prev1", "reg*hist0.9", "reg*freq", "cnt*nvote4"],
+    "D+prods": C + NONLIN + IND + WIN + [f"{a}*{v}" for a in ("reg", "regp") for v in VOTES if v != "nvote4"],
 }
 
 
@@ -139,13 +148,16 @@ def extra_features(trace, idx: np.ndarray, need: set) -> dict:
 def all_features(
     torch, trace, idx: np.ndarray, dt: dict, need: set, cache: str | None, tag: str, write: bool = True
 ) -> tuple:
+    """The features of the tokens idx; the cache file of every extra feature (no suffix) serves any need."""
     extras = sorted(need & set(WIN + EXACT + REC + IND))
+    full = os.path.join(cache, f"{tag}.pkl") if cache else None
     if extras != sorted(WIN + EXACT + REC + IND):
         tag += "-" + "-".join(extras)
     path = os.path.join(cache, f"{tag}.pkl") if cache else None
-    if path and os.path.exists(path):
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    for p in (path, full):
+        if p and os.path.exists(p):
+            with open(p, "rb") as f:
+                return pickle.load(f)
     feats, votes = time_features(trace, idx)
     reg, cnt = depth_scores(torch, trace, idx, dt)
     extra = extra_features(trace, idx, need)
@@ -158,6 +170,10 @@ def all_features(
 
 
 def column(name: str, F: tuple, d: int, t: int) -> np.ndarray:
+    """Feature `name` of target t at distance d, [N, E]; "a*b" is the product of features a and b."""
+    if "*" in name:
+        a, b = name.split("*")
+        return column(a, F, d, t) * column(b, F, d, t)
     feats, votes, reg, cnt, extra = F
     if name == "reg":
         return reg[d, t]
