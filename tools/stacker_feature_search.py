@@ -108,6 +108,8 @@ def extra_features(trace, idx: np.ndarray, need: set) -> dict:
     N = len(idx)
     shape = (N, n_layer, E)
     out: dict = {"need": need}
+    if not need & set(WIN + EXACT + REC + IND):
+        return out
     seq = np.searchsorted(trace.seq_start, idx, side="right") - 1
     for s in np.unique(seq):
         rows = np.nonzero(seq == s)[0]
