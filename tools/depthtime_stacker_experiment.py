@@ -57,23 +57,31 @@ def _seq_range(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def time_features(trace, idx: np.ndarray) -> tuple[dict, dict]:
-    """({name in TIME: float32 [N, n_layer, E]}, {(name in VOTES, d): float32 [N, n_layer(t), E]})
-    for the tokens idx (each computed over its whole sequence prefix)."""
-    n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
-    N = len(idx)
+def sequence_hots(trace, idx: np.ndarray):
+    """Per sequence that the tokens idx touch: (rows, hot, at): rows the positions in idx of its tokens,
+    hot float32 [T, n_layer, E] the multi-hot selections of its first T tokens (through its last token
+    in idx), at the in-sequence positions of the tokens rows."""
     seq = np.searchsorted(trace.seq_start, idx, side="right") - 1
-    feats = {n: np.zeros((N, n_layer, E), np.float32) for n in TIME}
-    votes = {(n, d): np.zeros((N, n_layer, E), np.float32) for n in VOTES for d in (1, 2, 3)}
     for s in np.unique(seq):
         rows = np.nonzero(seq == s)[0]
         first = int(trace.seq_start[s])
         T = int(idx[rows].max()) - first + 1
         ids = trace.experts[first : first + T].astype(np.int64)
-        hot = np.zeros((T, n_layer, E), np.float32)
+        hot = np.zeros((T, trace.n_layer, trace.n_expert), np.float32)
         ti, li, ki = np.nonzero(ids >= 0)
         hot[ti, li, ids[ti, li, ki]] = 1
-        at = idx[rows] - first
+        yield rows, hot, idx[rows] - first
+
+
+def time_features(trace, idx: np.ndarray) -> tuple[dict, dict]:
+    """({name in TIME: float32 [N, n_layer, E]}, {(name in VOTES, d): float32 [N, n_layer(t), E]})
+    for the tokens idx (each computed over its whole sequence prefix)."""
+    n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
+    N = len(idx)
+    feats = {n: np.zeros((N, n_layer, E), np.float32) for n in TIME}
+    votes = {(n, d): np.zeros((N, n_layer, E), np.float32) for n in VOTES for d in (1, 2, 3)}
+    for rows, hot, at in sequence_hots(trace, idx):
+        T = len(hot)
         for j in (1, 2, 3, 4):
             shifted = np.zeros_like(hot)
             shifted[j:] = hot[: T - j] if j < T else 0

@@ -42,6 +42,7 @@ from depthtime_stacker_experiment import (
     depth_scores,
     fit_weights,
     recall_rows,
+    sequence_hots,
     time_features,
 )
 from sharpi.predict.sidecar import read_sidecar
@@ -110,16 +111,8 @@ def extra_features(trace, idx: np.ndarray, need: set) -> dict:
     out: dict = {"need": need}
     if not need & set(WIN + EXACT + REC + IND):
         return out
-    seq = np.searchsorted(trace.seq_start, idx, side="right") - 1
-    for s in np.unique(seq):
-        rows = np.nonzero(seq == s)[0]
-        first = int(trace.seq_start[s])
-        T = int(idx[rows].max()) - first + 1
-        ids = trace.experts[first : first + T].astype(np.int64)
-        hot = np.zeros((T, n_layer, E), np.float32)
-        ti, li, ki = np.nonzero(ids >= 0)
-        hot[ti, li, ids[ti, li, ki]] = 1
-        at = idx[rows] - first
+    for rows, hot, at in sequence_hots(trace, idx):
+        T = len(hot)
         match = np.einsum("ile,jle->lij", hot, hot) / k  # [n_layer, T, T]
         csum = np.cumsum(match, axis=0)
         route = csum / np.arange(1, n_layer + 1)[:, None, None]
