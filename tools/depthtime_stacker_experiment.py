@@ -57,23 +57,31 @@ def _seq_range(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def time_features(trace, idx: np.ndarray) -> tuple[dict, dict]:
-    """({name in TIME: float32 [N, n_layer, E]}, {(name in VOTES, d): float32 [N, n_layer(t), E]})
-    for the tokens idx (each computed over its whole sequence prefix)."""
-    n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
-    N = len(idx)
+def sequence_hots(trace, idx: np.ndarray):
+    """Per sequence that the tokens idx touch: (rows, hot, at): rows the positions in idx of its tokens,
+    hot float32 [T, n_layer, E] the multi-hot selections of its first T tokens (through its last token
+    in idx), at the in-sequence positions of the tokens rows."""
     seq = np.searchsorted(trace.seq_start, idx, side="right") - 1
-    feats = {n: np.zeros((N, n_layer, E), np.float32) for n in TIME}
-    votes = {(n, d): np.zeros((N, n_layer, E), np.float32) for n in VOTES for d in (1, 2, 3)}
     for s in np.unique(seq):
         rows = np.nonzero(seq == s)[0]
         first = int(trace.seq_start[s])
         T = int(idx[rows].max()) - first + 1
         ids = trace.experts[first : first + T].astype(np.int64)
-        hot = np.zeros((T, n_layer, E), np.float32)
+        hot = np.zeros((T, trace.n_layer, trace.n_expert), np.float32)
         ti, li, ki = np.nonzero(ids >= 0)
         hot[ti, li, ids[ti, li, ki]] = 1
-        at = idx[rows] - first
+        yield rows, hot, idx[rows] - first
+
+
+def time_features(trace, idx: np.ndarray) -> tuple[dict, dict]:
+    """({name in TIME: float32 [N, n_layer, E]}, {(name in VOTES, d): float32 [N, n_layer(t), E]})
+    for the tokens idx (each computed over its whole sequence prefix)."""
+    n_layer, E, k = trace.n_layer, trace.n_expert, trace.top_k
+    N = len(idx)
+    feats = {n: np.zeros((N, n_layer, E), np.float32) for n in TIME}
+    votes = {(n, d): np.zeros((N, n_layer, E), np.float32) for n in VOTES for d in (1, 2, 3)}
+    for rows, hot, at in sequence_hots(trace, idx):
+        T = len(hot)
         for j in (1, 2, 3, 4):
             shifted = np.zeros_like(hot)
             shifted[j:] = hot[: T - j] if j < T else 0
@@ -130,14 +138,14 @@ def stack(names, feats, votes, reg, cnt, d: int, t: int) -> np.ndarray:
     return np.stack(cols, axis=-1)  # [N, E, F]
 
 
-def fit_weights(torch, X: np.ndarray, sel: np.ndarray, l2: float = 1e-3) -> np.ndarray:
+def fit_weights(torch, X: np.ndarray, sel: np.ndarray, l2: float = 1e-3, max_iter: int = 40) -> np.ndarray:
     """w [F] minimising softmax cross-entropy of X @ w against sel / |sel| (+ l2 on standardised w)."""
     X, Y = torch.from_numpy(X), torch.from_numpy(sel)
     ok = Y.sum(1) > 0
     X, Y = X[ok], Y[ok] / Y[ok].sum(1, keepdim=True)
     scale = X.reshape(-1, X.shape[-1]).std(0) + 1e-6
     w = torch.zeros(X.shape[-1], requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=40, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS([w], max_iter=max_iter, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
