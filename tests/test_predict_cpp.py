@@ -99,7 +99,10 @@ def cooc_params(rng, m, max_la, n_layer=N_LAYER, E=N_EXPERT):
     return keys, tensors
 
 
-DT_FEATURES = 17  # reg, cnt, prev1..4, hist0.5/0.8/0.9/0.97, freq, vote1/4/16, nvote1/4/16
+# reg, cnt, prev1..4, hist0.5/0.8/0.9/0.97, freq, vote1/4/16, nvote1/4/16, then 16 products of two
+DT_BASE = 17
+DT_PRODUCTS = [(a, v) for a in ("reg", "regp") for v in range(11, 17)] + [("reg", 2), ("reg", 8), ("reg", 10), ("cnt", 15)]
+DT_FEATURES = DT_BASE + len(DT_PRODUCTS)
 DT_DECAYS, DT_POWERS, DT_WINDOW = (0.5, 0.8, 0.9, 0.97), (1, 4, 16), 1024
 
 
@@ -115,6 +118,7 @@ def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT, history=False):
     stack[-1, ::4, :] = np.eye(DT_FEATURES)[1]  # the counts alone, unscaled
     if history:
         stack[-1, 1::4, :] = np.eye(DT_FEATURES)[11]  # vote1 alone
+        stack[-1, 2::4, :] = np.eye(DT_FEATURES)[DT_BASE + 7]  # regp * vote4 alone
     tensors = {
         "dt.bias": rng.normal(size=(n_layer, E)),
         "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
@@ -251,6 +255,11 @@ def depthtime_ref(w, L, d, history, prev, earlier=(), window=DT_WINDOW):
         votes.append(f)
         totals.append(sum(mj**p for mj in m))
     feats += votes + [v / max(total, 1e-6) for v, total in zip(votes, totals)]
+    regp = np.exp(reg - reg.max())
+    regp /= regp.sum()
+    for a, b in DT_PRODUCTS:
+        feats.append((regp if a == "regp" else feats[0] if a == "reg" else feats[1]) * feats[b])
+    assert len(feats) == DT_FEATURES
     return sum(wf * f for wf, f in zip(w["dt.stack"][d - 1, t], feats))
 
 
@@ -488,7 +497,7 @@ def test_depthtime_votes_keep_the_last_window_of_tokens(model, tmp_path):
         h.observe(0, hidden, logits, tok, tok)
     assert len(earlier) > DT_WINDOW
     full = early.copy()  # the current token routes like the oldest ones
-    for L in (0, 1, 4, 9):  # targets with vote1 alone (1, 5), every feature (2), no regression (10)
+    for L in (0, 1, 4, 9):  # targets 1, 5: vote1 alone; 2, 10: regp * vote4 alone
         history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
         history[: L + 1] = full[: L + 1]
         want = depthtime_ref(w, L, 1, history, earlier[-1], earlier)
@@ -596,7 +605,7 @@ def test_depthtime_wrong_shapes(model, tmp_path):
         _core.load_predictor("depthtime", path, model, 1)
     wide = dict(tensors, **{"dt.stack": np.zeros((2, N_LAYER, DT_FEATURES + 1))})
     path = write_sidecar(tmp_path / "wide.gguf", "depthtime", keys, wide, max_lookahead=2)
-    with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 18\], expected \[2, 12, 17\]"):
+    with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 34\], expected \[2, 12, 33\]"):
         _core.load_predictor("depthtime", path, model, 1)
 
 

@@ -14,9 +14,12 @@
 //     vote<p>  sum_{j=1..min(n,W)} m_j^p [e in S_{-j}(t)]    p = 1, 4, 16; W = kVoteWindow
 //     nvote<p> vote<p> / max(sum_{j=1..min(n,W)} m_j^p, 1e-6)
 //     with m_j = sum_{l<=L} |S(l) ∩ S_{-j}(l)| / (top_k (L+1)) (how closely token -j routed like this one)
+// and then 16 products of two of them (kProductOf; regp = softmax of reg over the experts):
+//     reg * {vote, nvote}<p>, regp * {vote, nvote}<p>, reg * prev1, reg * hist0.9, reg * freq, cnt * nvote4
 //
-// A feature whose weight is 0 is not computed (a target whose training kept one feature alone costs
-// only that feature). Expert ids outside [0, E) (the -1 of "unknown") are in no set.
+// A feature with weight 0 that no weighted product needs is not computed (a target whose training
+// kept one feature alone costs only that feature). Expert ids outside [0, E) (the -1 of "unknown")
+// are in no set.
 //
 // State (what the time features need), built only from the previous token that observe() sees at
 // layer 0 of each token: a ring of the last kVoteWindow tokens' selections, the four decayed counts and
@@ -28,6 +31,7 @@
 // keeps, checked against in.history on every call (recomputed from layer 0 when they differ).
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,7 +50,16 @@ constexpr int kVotePowers = 3;                                       // vote1, v
 constexpr int64_t kVoteWindow = 1024;                                // sidecar.DEPTHTIME_VOTE_WINDOW
 // Feature columns of dt.stack (sidecar.DEPTHTIME_FEATURES).
 constexpr int kReg = 0, kCnt = 1, kPrev = 2, kHist = kPrev + kPrevTokens, kFreq = kHist + 4,
-              kVote = kFreq + 1, kNormVote = kVote + kVotePowers, kFeatures = kNormVote + kVotePowers;
+              kVote = kFreq + 1, kNormVote = kVote + kVotePowers, kBase = kNormVote + kVotePowers;
+// Then the products a * b of pairs of those (a kRegProb factor: the softmax of reg over the experts).
+constexpr int kRegProb = -1, kProducts = 16, kFeatures = kBase + kProducts;
+constexpr int kProductOf[kProducts][2] = {
+    {kReg, kVote},         {kReg, kVote + 1},         {kReg, kVote + 2},
+    {kReg, kNormVote},     {kReg, kNormVote + 1},     {kReg, kNormVote + 2},
+    {kRegProb, kVote},     {kRegProb, kVote + 1},     {kRegProb, kVote + 2},
+    {kRegProb, kNormVote}, {kRegProb, kNormVote + 1}, {kRegProb, kNormVote + 2},
+    {kReg, kPrev},         {kReg, kHist + 2},         {kReg, kFreq},
+    {kCnt, kNormVote + 1}};
 
 class DepthTimePredictor final : public ScoringPredictor {
   public:
@@ -68,8 +81,8 @@ class DepthTimePredictor final : public ScoringPredictor {
         overlap_.assign(static_cast<size_t>(kVoteWindow), 0);
         overlap_rows_.assign(static_cast<size_t>(n_layer_ * top_k_), -1);
         member_.assign(static_cast<size_t>(E), 0);
-        row_.assign(static_cast<size_t>(E), 0.0f);
-        votes_.assign(static_cast<size_t>(kVotePowers * E), 0.0f);
+        feature_.assign(static_cast<size_t>(kBase * E), 0.0f);
+        reg_prob_.assign(static_cast<size_t>(E), 0.0f);
     }
 
     const char* name() const override { return "depthtime"; }
@@ -94,27 +107,44 @@ class DepthTimePredictor final : public ScoringPredictor {
         const int64_t E = n_expert_;
         const int64_t L = in.layer, t = L + d;
         const float* w = stack_.data() + ((d - 1) * n_layer_ + t) * kFeatures;
-        for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
-        if (w[kReg] != 0.0f) {
-            regression_row(in, t, row_.data());
-            add_scaled(w[kReg], row_.data(), out);
+        // The rows needed: a feature with a weight, or a factor of a product with one.
+        bool need[kBase] = {};
+        bool need_prob = false;
+        for (int f = 0; f < kBase; ++f) need[f] = w[f] != 0.0f;
+        for (int p = 0; p < kProducts; ++p) {
+            if (w[kBase + p] == 0.0f) continue;
+            need[kProductOf[p][1]] = true;
+            need[kProductOf[p][0] == kRegProb ? kReg : kProductOf[p][0]] = true;
+            need_prob = need_prob || kProductOf[p][0] == kRegProb;
         }
-        if (w[kCnt] != 0.0f) {
-            // Co-occurrence counts of layer L alone (the row sum first, then weighted, as the reference).
-            std::copy(count_bias_.begin() + t * E, count_bias_.begin() + (t + 1) * E, row_.begin());
+        std::fill(feature_.begin(), feature_.end(), 0.0f);
+        if (need[kReg]) regression_row(in, t, row(kReg));
+        if (need[kCnt]) {
+            std::copy(count_bias_.begin() + t * E, count_bias_.begin() + (t + 1) * E, row(kCnt));
             const float* table = count_.data() + (t * max_lookahead_ + (d - 1)) * E * E;
-            add_table_rows(table, in.history + L * top_k_, top_k_, E, row_.data());
-            add_scaled(w[kCnt], row_.data(), out);
+            add_table_rows(table, in.history + L * top_k_, top_k_, E, row(kCnt));
         }
         for (int64_t j = 1; j <= kPrevTokens && j <= n_ring_; ++j)
-            if (w[kPrev + j - 1] != 0.0f) add_ids(w[kPrev + j - 1], earlier_row(j, t), out);
-        for (size_t q = 0; q < kDecays.size(); ++q)
-            if (w[kHist + q] != 0.0f) add_scaled(w[kHist + q], hist_.data() + (q * n_layer_ + t) * E, out);
-        if (w[kFreq] != 0.0f && n_seen_ > 0)
-            add_scaled(w[kFreq] / static_cast<float>(n_seen_), seen_count_.data() + t * E, out);
+            if (need[kPrev + j - 1]) add_ids(1.0f, earlier_row(j, t), row(kPrev + static_cast<int>(j) - 1));
+        for (int q = 0; q < static_cast<int>(kDecays.size()); ++q)
+            if (need[kHist + q]) std::copy_n(hist_.data() + (q * n_layer_ + t) * E, E, row(kHist + q));
+        if (need[kFreq] && n_seen_ > 0) {
+            const float* seen = seen_count_.data() + t * E;
+            for (int64_t e = 0; e < E; ++e) row(kFreq)[e] = seen[e] / static_cast<float>(n_seen_);
+        }
         bool any_vote = false;
-        for (int q = 0; q < 2 * kVotePowers; ++q) any_vote = any_vote || w[kVote + q] != 0.0f;
-        if (any_vote && n_ring_ > 0) add_votes(in, t, w, out);
+        for (int f = kVote; f < kNormVote + kVotePowers; ++f) any_vote = any_vote || need[f];
+        if (any_vote && n_ring_ > 0) vote_rows(in, t);
+        if (need_prob) softmax_of_regression();
+        for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
+        for (int f = 0; f < kBase; ++f)
+            if (w[f] != 0.0f) add_scaled(w[f], row(f), out);
+        for (int p = 0; p < kProducts; ++p) {
+            if (w[kBase + p] == 0.0f) continue;
+            const float* x = kProductOf[p][0] == kRegProb ? reg_prob_.data() : row(kProductOf[p][0]);
+            const float* y = row(kProductOf[p][1]);
+            for (int64_t e = 0; e < E; ++e) out[e] += w[kBase + p] * (x[e] * y[e]);
+        }
     }
 
   private:
@@ -182,10 +212,10 @@ class DepthTimePredictor final : public ScoringPredictor {
         overlap_layer_ = L;
     }
 
-    void add_votes(const PredictorInput& in, int64_t t, const float* w, float* out) {
+    // vote<p> and nvote<p> rows of target t.
+    void vote_rows(const PredictorInput& in, int64_t t) {
         const int64_t E = n_expert_;
         update_overlaps(in);
-        std::fill(votes_.begin(), votes_.end(), 0.0f);
         float weight_sum[kVotePowers] = {0.0f, 0.0f, 0.0f};
         const float norm = 1.0f / static_cast<float>(top_k_ * (in.layer + 1));
         for (int64_t j = 1; j <= n_ring_; ++j) {
@@ -195,19 +225,26 @@ class DepthTimePredictor final : public ScoringPredictor {
             const int32_t* ids = earlier_row(j, t);
             for (int q = 0; q < kVotePowers; ++q) {
                 weight_sum[q] += power[q];
-                if (power[q] == 0.0f) continue;
-                float* vote = votes_.data() + q * E;
-                for (int64_t i = 0; i < top_k_; ++i)
-                    if (ids[i] >= 0 && ids[i] < E) vote[ids[i]] += power[q];
+                if (power[q] != 0.0f) add_ids(power[q], ids, row(kVote + q));
             }
         }
         for (int q = 0; q < kVotePowers; ++q) {
-            const float* vote = votes_.data() + q * E;
-            const float w_norm = w[kNormVote + q] / std::max(weight_sum[q], 1e-6f);
-            if (w[kVote + q] != 0.0f) add_scaled(w[kVote + q], vote, out);
-            if (w[kNormVote + q] != 0.0f) add_scaled(w_norm, vote, out);
+            const float scale = 1.0f / std::max(weight_sum[q], 1e-6f);
+            for (int64_t e = 0; e < E; ++e) row(kNormVote + q)[e] = row(kVote + q)[e] * scale;
         }
     }
+
+    // reg_prob_ = softmax of the reg row over the experts.
+    void softmax_of_regression() {
+        const float* reg = row(kReg);
+        const float top = *std::max_element(reg, reg + n_expert_);
+        float sum = 0.0f;
+        for (int64_t e = 0; e < n_expert_; ++e)
+            sum += reg_prob_[static_cast<size_t>(e)] = std::exp(reg[e] - top);
+        for (float& p : reg_prob_) p /= sum;
+    }
+
+    float* row(int feature) { return feature_.data() + static_cast<int64_t>(feature) * n_expert_; }
 
     // At layer 0 of a token: the previous token joins the time state, or it is cleared when prev
     // names no expert at all.
@@ -259,8 +296,8 @@ class DepthTimePredictor final : public ScoringPredictor {
     std::vector<int32_t> overlap_, overlap_rows_;
     int64_t overlap_layer_ = -1;
     std::vector<uint8_t> member_;  // scratch: [expert in S(l)], all 0 between uses
-    std::vector<float> row_;       // scratch: reg or cnt of one target
-    std::vector<float> votes_;     // scratch: vote<p>, [kVotePowers, E]
+    std::vector<float> feature_;   // scratch: the kBase feature rows of one target, [kBase, E]
+    std::vector<float> reg_prob_;  // scratch: softmax of the reg row
 };
 
 }  // namespace

@@ -22,8 +22,10 @@ import os
 import numpy as np
 
 from .sidecar import (
+    DEPTHTIME_BASE_FEATURES,
     DEPTHTIME_DECAYS,
     DEPTHTIME_FEATURES,
+    DEPTHTIME_PRODUCTS,
     DEPTHTIME_VOTE_POWERS,
     DEPTHTIME_VOTE_WINDOW,
     Sidecar,
@@ -187,8 +189,12 @@ class DepthTimePredictor(ReferencePredictor):
       nvote<p> vote<p> / max(sum_{j=1..min(n, W)} m_j^p, 1e-6)
       with m_j = sum_{l<=L} |S(l) ∩ S_{-j}(l)| / (top_k (L + 1))
 
+    then the products DEPTHTIME_PRODUCTS of two of those, with regp = softmax of reg over the experts:
+      reg * {vote, nvote}<p>, regp * {vote, nvote}<p>, reg * prev1, reg * hist0.9, reg * freq, cnt * nvote4
+
     The votes are a retrieval: earlier tokens of the sequence whose route so far matches the current
-    token's vote for what they chose at t. Missing ids (-1) are in no set."""
+    token's vote for what they chose at t; the products let the weight of each depend on how sure
+    the regression is. Missing ids (-1) are in no set."""
 
     name = "depthtime"
 
@@ -231,7 +237,14 @@ class DepthTimePredictor(ReferencePredictor):
             first = int(trace.seq_start[s])
             at = idx[rows] - first  # positions in the sequence
             for t, f in self._time_features(trace, s, first, int(at.max()) + 1, at, L, targets).items():
-                out[t][rows, :, 2:] = f
+                out[t][rows, :, 2 : len(DEPTHTIME_BASE_FEATURES)] = f
+        column = {name: i for i, name in enumerate(DEPTHTIME_BASE_FEATURES)}
+        for feats in out.values():
+            reg = feats[:, :, column["reg"]]
+            regp = np.exp(reg - reg.max(axis=1, keepdims=True))
+            regp /= regp.sum(axis=1, keepdims=True)
+            for i, (a, b) in enumerate(DEPTHTIME_PRODUCTS, start=len(DEPTHTIME_BASE_FEATURES)):
+                feats[:, :, i] = (regp if a == "regp" else feats[:, :, column[a]]) * feats[:, :, column[b]]
         return out
 
     def _hot(self, trace: RoutingTrace, first: int, T: int, layer: int) -> np.ndarray:
@@ -253,11 +266,11 @@ class DepthTimePredictor(ReferencePredictor):
         return counts
 
     def _time_features(self, trace, s, first, T, at, L, targets) -> dict[int, np.ndarray]:
-        """{t: float64 [len(at), n_expert, len(DEPTHTIME_FEATURES) - 2]}: prev1..4, hist<λ>, freq and
+        """{t: float64 [len(at), n_expert, len(DEPTHTIME_BASE_FEATURES) - 2]}: prev1..4, hist<λ>, freq and
         the votes of each target t for the tokens at positions `at` of sequence s (its first T tokens)."""
         E = self.n_expert
         hots = {t: self._hot(trace, first, T, t) for t in targets}
-        out = {t: np.zeros((len(at), E, len(DEPTHTIME_FEATURES) - 2)) for t in targets}
+        out = {t: np.zeros((len(at), E, len(DEPTHTIME_BASE_FEATURES) - 2)) for t in targets}
         decays = np.asarray(DEPTHTIME_DECAYS)[:, None]
         c = 4 + len(DEPTHTIME_DECAYS)
         for t, hot in hots.items():

@@ -43,13 +43,18 @@ COMMON_KEYS = ("n_layer", "n_expert", "top_k", "max_lookahead")
 DEPTHTIME_DECAYS = (0.5, 0.8, 0.9, 0.97)  # hist<λ>: decayed counts of the earlier tokens
 DEPTHTIME_VOTE_POWERS = (1, 4, 16)  # vote<p>, nvote<p>: route-similarity weights raised to p
 DEPTHTIME_VOTE_WINDOW = 1024  # the earlier tokens that vote: at most this many, the latest
-DEPTHTIME_FEATURES = (
+DEPTHTIME_BASE_FEATURES = (
     ("reg", "cnt", "prev1", "prev2", "prev3", "prev4")
     + tuple(f"hist{lam}" for lam in DEPTHTIME_DECAYS)
     + ("freq",)
     + tuple(f"vote{p}" for p in DEPTHTIME_VOTE_POWERS)
     + tuple(f"nvote{p}" for p in DEPTHTIME_VOTE_POWERS)
 )
+# Then products of two of those ("regp": the softmax of reg over the experts). Their factors, in order:
+DEPTHTIME_PRODUCTS = tuple(
+    (a, v) for a in ("reg", "regp") for v in DEPTHTIME_BASE_FEATURES[-2 * len(DEPTHTIME_VOTE_POWERS) :]
+) + (("reg", "prev1"), ("reg", "hist0.9"), ("reg", "freq"), ("cnt", "nvote4"))
+DEPTHTIME_FEATURES = DEPTHTIME_BASE_FEATURES + tuple(f"{a}*{b}" for a, b in DEPTHTIME_PRODUCTS)
 
 
 def _format_error(message: str) -> Exception:
