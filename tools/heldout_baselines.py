@@ -12,17 +12,17 @@ import argparse
 import sys
 import time
 
-from depthtime_stacker_experiment import _seq_range
 from sharpi.predict.evaluate import evaluate
 from sharpi.predict.reference import CoocPredictor, PrevTokenPredictor
 from sharpi.predict.regression import count_cooc_baseline, train_regression_baseline
 from sharpi.predict.traces import load_trace, sequences_slice
+from stacker_feature_search import seq_range
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", required=True)
-    ap.add_argument("--train-seqs", type=_seq_range, required=True, help="A:B, the sequences trained on")
+    ap.add_argument("--train-seqs", type=seq_range, required=True, help="A:B, the sequences trained on")
     ap.add_argument("--test-seqs", required=True, help="C:D[,E:F...], held-out sequence ranges to score")
     ap.add_argument("--epochs", type=int, default=2, help="softmax regression epochs")
     args = ap.parse_args(argv)
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         flush=True,
     )
     for text in args.test_seqs.split(","):
-        idx = sequences_slice(trace, *_seq_range(text))
+        idx = sequences_slice(trace, *seq_range(text))
         for name, predictor in predictors:
             rows = evaluate(predictor, trace, idx)["rows"]
             cells = " ".join(f"{r['recall_at_k']:.4f}" for r in rows)
