@@ -254,6 +254,72 @@ def test_failing_or_wrong_plugins_lose_hints_not_tokens(models):
             assert errors and type(plugin).__name__ in errors[-1]
 
 
+class ContextRecorder(sharpi.Predictor):
+    """Hints nothing; records every observe_context call and each token's complete selections as
+    observe() sees them at the last layer."""
+
+    def __init__(self):
+        self.contexts = []  # (selections [n, n_layer, top_k], new_sequence)
+        self.tokens = []  # [n_layer, top_k] per token observe() saw
+
+    def observe(self, layer, hidden, router_logits, history, prev):
+        if layer == N_LAYER - 1:
+            self.tokens.append(history.copy())
+
+    def observe_context(self, selections, new_sequence):
+        assert selections.dtype == np.int32 and not selections.flags.writeable
+        self.contexts.append((selections.copy(), new_sequence))
+
+
+def test_plugin_observe_context_gets_a_prompt_as_if_decoded_alone(models):
+    """A plug-in's observe_context receives a batched prompt's tokens (all but the last) with exactly
+    the selections observe() reports when the same tokens are decoded one at a time (the engine's
+    batch path against its single-token path). A later turn's batch is led by the token decoded
+    before it; reset() and truncate() start a new sequence. A method that raises costs nothing but
+    its error message."""
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    second, third = [7, 8, 9, 10, 11], [20, 21, 22]
+    alone = ContextRecorder()
+    s = streamed(path, k, 1, predictor=alone)
+    for tok in PROMPT + [3] + second:
+        s.decode([tok])
+    assert alone.contexts == [] and len(alone.tokens) == len(PROMPT) + 1 + len(second)
+    rows = np.stack(alone.tokens)
+    assert (rows >= 0).all()
+
+    batched = ContextRecorder()
+    s = streamed(path, k, 1, predictor=batched)
+    s.decode(PROMPT)
+    s.decode([3])
+    s.decode(second)
+    n = len(PROMPT)
+    assert [new for _, new in batched.contexts] == [True, False]
+    np.testing.assert_array_equal(batched.contexts[0][0], rows[: n - 1])
+    np.testing.assert_array_equal(batched.contexts[1][0], rows[n : n + len(second)])  # token 3 leads
+    np.testing.assert_array_equal(np.stack(batched.tokens), rows[n : n + 1])
+
+    s.truncate(n)
+    s.decode(third)
+    s.reset()
+    s.decode(third)
+    assert [new for _, new in batched.contexts[2:]] == [True, True]
+    assert [c.shape for c, _ in batched.contexts[2:]] == [(len(third) - 1, N_LAYER, k)] * 2
+    assert s.predictor_errors() == []
+
+    class RaisesOnContext(ContextRecorder):
+        def observe_context(self, selections, new_sequence):
+            raise ValueError(f"context of {len(selections)}")
+
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 6)
+    s = streamed(path, k, 1, predictor=RaisesOnContext())
+    np.testing.assert_array_equal(run_tokens(s, PROMPT, 6), resident)
+    errors = s.predictor_errors()
+    assert len(errors) == 1 and "RaisesOnContext on the context of a batch" in errors[0]
+    assert f"ValueError: context of {len(PROMPT) - 1}" in errors[0]
+    assert s.expert_stats()["predictor_failures"] == 1
+
+
 def test_raising_plugin_message_is_kept(models):
     path = models["qwen3moe"]
     _, _, k = plan(path)
