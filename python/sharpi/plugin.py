@@ -26,8 +26,9 @@ a prompt batch it gets the selections int32 [n_tokens, n_layer, top_k] (read-onl
 call) of the batch's tokens that observe() never saw, oldest first, so the prompt reaches its
 history exactly as if each token had been decoded alone: every batch token but the last (which
 arrives as the next observe()'s `prev`), led by the token decoded just before the batch when there
-is one. new_sequence is True when the history before the batch is unknown (a new session, reset()
-or truncate()). Exceptions are counted and kept as observe()'s are.
+is one. new_sequence is True when the tokens start the sequence: a new session or reset(), or after
+truncate(n_keep), when the kept tokens are handed over again (the history rewinds). Exceptions are
+counted and kept as observe()'s are.
 """
 
 from __future__ import annotations
