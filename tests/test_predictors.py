@@ -254,6 +254,80 @@ def test_failing_or_wrong_plugins_lose_hints_not_tokens(models):
             assert errors and type(plugin).__name__ in errors[-1]
 
 
+class ContextRecorder(sharpi.Predictor):
+    """Hints nothing; records every observe_context call and each token's complete selections as
+    observe() sees them at the last layer."""
+
+    def __init__(self):
+        self.contexts = []  # (selections [n, n_layer, top_k], new_sequence)
+        self.tokens = []  # [n_layer, top_k] per token observe() saw
+
+    def observe(self, layer, hidden, router_logits, history, prev):
+        if layer == N_LAYER - 1:
+            self.tokens.append(history.copy())
+
+    def observe_context(self, selections, new_sequence):
+        assert selections.dtype == np.int32 and not selections.flags.writeable
+        self.contexts.append((selections.copy(), new_sequence))
+
+
+def test_plugin_observe_context_gets_a_prompt_as_if_decoded_alone(models):
+    """A plug-in's observe_context receives a batched prompt's tokens (all but the last) with exactly
+    the selections observe() reports when the same tokens are decoded one at a time (the engine's
+    batch path against its single-token path). A later turn's batch is led by the token decoded
+    before it; reset() starts a new sequence and truncate() rewinds it (the kept tokens are handed
+    over again). A method that raises costs nothing but its error message."""
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    second, third = [7, 8, 9, 10, 11], [20, 21, 22]
+    alone = ContextRecorder()
+    s = streamed(path, k, 1, predictor=alone)
+    for tok in PROMPT + [3] + second:
+        s.decode([tok])
+    assert alone.contexts == [] and len(alone.tokens) == len(PROMPT) + 1 + len(second)
+    rows = np.stack(alone.tokens)
+    assert (rows >= 0).all()
+
+    batched = ContextRecorder()
+    s = streamed(path, k, 1, predictor=batched)
+    s.decode(PROMPT)
+    s.decode([3])
+    s.decode(second)
+    n = len(PROMPT)
+    assert [new for _, new in batched.contexts] == [True, False]
+    np.testing.assert_array_equal(batched.contexts[0][0], rows[: n - 1])
+    np.testing.assert_array_equal(batched.contexts[1][0], rows[n : n + len(second)])  # token 3 leads
+    np.testing.assert_array_equal(np.stack(batched.tokens), rows[n : n + 1])
+
+    # truncate() rewinds the history: a single token after it gets the kept tokens but the last
+    # (its `prev`), a batch all of them and then its own; reset() starts from nothing.
+    s.truncate(n)
+    s.decode([3])
+    assert batched.contexts[2][1] is True
+    np.testing.assert_array_equal(batched.contexts[2][0], rows[: n - 1])
+    np.testing.assert_array_equal(batched.tokens[-1], rows[n])  # the same token at the same position
+    s.truncate(n)
+    s.decode(third)
+    assert batched.contexts[3][1] is True and batched.contexts[3][0].shape == (n + len(third) - 1, N_LAYER, k)
+    np.testing.assert_array_equal(batched.contexts[3][0][:n], rows[:n])
+    s.reset()
+    s.decode(third)
+    assert batched.contexts[4][1] is True and batched.contexts[4][0].shape == (len(third) - 1, N_LAYER, k)
+    assert len(batched.contexts) == 5 and s.predictor_errors() == []
+
+    class RaisesOnContext(ContextRecorder):
+        def observe_context(self, selections, new_sequence):
+            raise ValueError(f"context of {len(selections)}")
+
+    resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 6)
+    s = streamed(path, k, 1, predictor=RaisesOnContext())
+    np.testing.assert_array_equal(run_tokens(s, PROMPT, 6), resident)
+    errors = s.predictor_errors()
+    assert len(errors) == 1 and "RaisesOnContext on the context of a batch" in errors[0]
+    assert f"ValueError: context of {len(PROMPT) - 1}" in errors[0]
+    assert s.expert_stats()["predictor_failures"] == 1
+
+
 def test_raising_plugin_message_is_kept(models):
     path = models["qwen3moe"]
     _, _, k = plan(path)
@@ -393,6 +467,38 @@ def test_a_batched_prompt_reaches_the_predictor_as_history(models, sidecars):
     batched, alone = run(True), run(False)
     assert batched == alone
     assert sum(c for turn in batched for _, _, c in turn) > 0
+
+
+def test_truncate_rewinds_the_predictor_history(models, sidecars):
+    """After truncate(n_keep) depthtime predicts exactly what a session that only ever decoded the
+    kept tokens predicts (its votes, decayed counts and frequencies cover the kept prefix, not the
+    dropped tokens and not nothing), for a single token and for a batch after the truncate.
+    Compared through the engine's prediction counters."""
+    if "depthtime" not in sidecars:
+        pytest.skip("torch (the optional extra) is not installed: cannot train depthtime")
+    path = models["qwen3moe"]
+    _, _, k = plan(path)
+    dropped, follow = [30, 31, 32, 33, 34, 35], [[3], [7, 8, 9, 10]]
+
+    def counters(s, first):
+        s.reset_stats()
+        tokens = [int(np.argmax(s.decode(first)))]
+        for _ in range(8):
+            tokens.append(int(np.argmax(s.decode([tokens[-1]]))))
+        return tokens, [(lay["predictions"], lay["predicted_experts"], lay["predicted_correct"])
+                        for lay in s.expert_stats()["layers"]]
+
+    for first in follow:
+        rewound = streamed(path, k, 2, predictor=f"depthtime:{sidecars['depthtime']}")
+        rewound.decode(PROMPT)
+        for tok in dropped:
+            rewound.decode([tok])
+        rewound.truncate(len(PROMPT))
+        fresh = streamed(path, k, 2, predictor=f"depthtime:{sidecars['depthtime']}")
+        fresh.decode(PROMPT)
+        got, want = counters(rewound, first), counters(fresh, first)
+        assert got == want, first
+        assert sum(c for _, _, c in want[1]) > 0
 
 
 def test_sidecar_for_another_model_or_corrupt_is_a_clear_error(models, sidecars, tmp_path):

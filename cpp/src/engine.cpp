@@ -324,6 +324,8 @@ void Engine::reset() {
         r.ids.clear();
         r.weights.clear();
     }
+    sequence_selection_.clear();
+    replay_history_ = false;
 }
 
 void Engine::truncate(int64_t n_keep) {
@@ -338,11 +340,16 @@ void Engine::truncate(int64_t n_keep) {
                                std::to_string(n_keep) + "; reset() and decode the prefix again");
     }
     n_past_ = n_keep;
-    // The last routing belongs to a dropped position: the next token gets no previous token, and the
-    // predictor's history starts over rather than keep tokens that are no longer in the sequence.
+    // The last routing belongs to a dropped position. The predictor's history is rebuilt from the
+    // kept tokens at the next decode (their previous token is the last kept one).
     for (Routing& r : routing_) {
         r.ids.clear();
         r.weights.clear();
+    }
+    if (prefetcher_) {
+        sequence_selection_.resize(
+            static_cast<size_t>(n_keep * model_->hp.n_layer * model_->hp.n_expert_used));
+        replay_history_ = true;
     }
 }
 
@@ -405,12 +412,6 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
     dump_.clear();
     const int64_t n_logit_rows = all_logits ? n : 1;
     std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
-    // A batch hands its tokens to the predictor afterwards, led by the previous call's last token
-    // (no single-token decode after it showed it as `prev`): saved now, before the batch's routing
-    // replaces it.
-    const bool pass_context = prefetcher_ && n > 1;
-    const bool have_carry = pass_context && n_past_ > 0 && last_token_selection(carry_selection_);
-
     try {
         if (device_) {
             std::vector<std::vector<int32_t>> ids;
@@ -434,19 +435,26 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         clear_cancel();  // this call consumed the request
         throw;
     }
-    if (pass_context) pass_batch_context(n, have_carry);
+    if (prefetcher_) {
+        if (n > 1) pass_batch_context(n);
+        record_selections(n);
+    }
     n_past_ += n;  // only once the whole batch succeeded
     return logits;
 }
 
-void Engine::pass_batch_context(int64_t n, bool have_carry) {
+void Engine::pass_batch_context(int64_t n) {
     const HParams& h = model_->hp;
-    const int64_t k = h.n_expert_used, row = h.n_layer * k, lead = have_carry ? 1 : 0;
-    // routing_[il].ids is [n * k] per layer; the predictor wants [token][layer][k]: the carried
-    // token, then batch tokens 0..n-2 (the last one is the next token's `prev`). Layers without
-    // routing (dense) stay -1.
+    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    // The tokens no observe() has seen, oldest first: after a truncate() the whole kept sequence
+    // (the predictor starts over), else the token decoded just before the batch (no single-token
+    // decode showed it as `prev`), then batch tokens 0..n-2 (the last is the next token's `prev`).
+    const int64_t lead = replay_history_ ? n_past_ : std::min<int64_t>(n_past_, 1);
+    const bool new_sequence = replay_history_ || n_past_ == 0;
+    replay_history_ = false;
     context_selection_.assign(static_cast<size_t>((lead + n - 1) * row), -1);
-    if (have_carry) std::copy(carry_selection_.begin(), carry_selection_.end(), context_selection_.begin());
+    std::copy(sequence_selection_.end() - lead * row, sequence_selection_.end(), context_selection_.begin());
+    // routing_[il].ids is [n * k] per layer; layers without routing (dense) stay -1.
     for (int il = 0; il < h.n_layer; ++il) {
         const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
         if (ids.size() != static_cast<size_t>(n * k)) continue;
@@ -454,27 +462,31 @@ void Engine::pass_batch_context(int64_t n, bool have_carry) {
             std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
                       context_selection_.begin() + (lead + i) * row + il * k);
     }
-    // Without a carried token the history before the batch is gone (a reset, a truncate) or empty.
-    prefetcher_->observe_context(context_selection_.data(), lead + n - 1, !have_carry);
+    prefetcher_->observe_context(context_selection_.data(), lead + n - 1, new_sequence);
 }
 
-bool Engine::last_token_selection(std::vector<int32_t>& out) const {
+void Engine::record_selections(int64_t n) {
     const HParams& h = model_->hp;
-    const int64_t k = h.n_expert_used;
-    out.assign(static_cast<size_t>(h.n_layer * k), -1);
-    bool any = false;
+    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    const size_t first = sequence_selection_.size();
+    sequence_selection_.resize(first + static_cast<size_t>(n * row), -1);
     for (int il = 0; il < h.n_layer; ++il) {
         const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
-        if (ids.size() < static_cast<size_t>(k)) continue;
-        std::copy(ids.end() - k, ids.end(), out.begin() + il * k);
-        any = true;
+        if (ids.size() != static_cast<size_t>(n * k)) continue;
+        for (int64_t i = 0; i < n; ++i)
+            std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
+                      sequence_selection_.begin() + static_cast<ptrdiff_t>(first) + i * row + il * k);
     }
-    return any;
 }
 
 void Engine::begin_prefetch_token() {
-    const bool have_prev = last_token_selection(prev_selection_);
-    prefetcher_->begin_token(have_prev ? prev_selection_.data() : nullptr);
+    const HParams& h = model_->hp;
+    const int64_t row = h.n_layer * h.n_expert_used;
+    if (replay_history_) {  // after a truncate(): the kept tokens but the last (which is `prev`)
+        replay_history_ = false;
+        prefetcher_->observe_context(sequence_selection_.data(), std::max<int64_t>(n_past_ - 1, 0), true);
+    }
+    prefetcher_->begin_token(n_past_ > 0 ? sequence_selection_.data() + (n_past_ - 1) * row : nullptr);
 }
 
 void Engine::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {

@@ -99,16 +99,17 @@ class Engine final : private GateObserver {
     bool plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, ExpertCacheOptions* o);
     // The replacement policy options of either tier's cache.
     void set_cache_policy(ExpertCacheOptions& o) const;
-    // Single-token decoding with a prefetcher: the predictor's previous-token history starts from
-    // the last row of the previous decode's routing (none after reset()).
+    // Single-token decoding with a prefetcher: the previous token is the last row of
+    // sequence_selection_ (none at the start of a sequence); after a truncate() the kept tokens
+    // before it are replayed first (Predictor::observe_context), so the predictor's history is the
+    // kept sequence.
     void begin_prefetch_token();
     // After a batched decode of n > 1 tokens: the first n - 1 tokens' selections to the predictor
-    // (Predictor::observe_context), led by carry_selection_ when have_carry, so history-keeping
-    // predictors see a prompt as if decoded.
-    void pass_batch_context(int64_t n, bool have_carry);
-    // The last decoded token's selections [n_layer * top_k] from routing_ (-1 where a layer has
-    // none); false when no layer has any (nothing decoded since the last reset).
-    bool last_token_selection(std::vector<int32_t>& out) const;
+    // (Predictor::observe_context), led by the token decoded just before the batch (every kept token
+    // after a truncate()), so history-keeping predictors see a prompt as if decoded token by token.
+    void pass_batch_context(int64_t n);
+    // After a successful decode of n tokens: their rows from routing_ join sequence_selection_.
+    void record_selections(int64_t n);
 
     static constexpr int64_t kMaxBatch = 256;
     static_assert(std::atomic<bool>::is_always_lock_free, "cancel() must be async-signal-safe");
@@ -133,9 +134,14 @@ class Engine final : private GateObserver {
     std::vector<Routing> routing_;
     RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
-    std::vector<int32_t> prev_selection_;     // scratch: the previous token's experts, [n_layer * top_k]
+    // With a prefetcher: the experts of every token of the sequence, [n_past, n_layer * top_k]
+    // (-1 where a layer has no routing), so a truncate() rewinds the predictor's history instead of
+    // losing it. Invariant: n_past_ rows.
+    std::vector<int32_t> sequence_selection_;
+    // truncate() dropped tokens the predictor had folded in: the next decode hands it the kept
+    // sequence again, as a new sequence.
+    bool replay_history_ = false;
     std::vector<int32_t> context_selection_;  // scratch: a batch's tokens' experts, [n, n_layer * top_k]
-    std::vector<int32_t> carry_selection_;    // scratch: the token before a batch, [n_layer * top_k]
     double decode_ms_ = 0.0;
     Timeline timeline_;
     std::atomic<bool> cancel_requested_{false};

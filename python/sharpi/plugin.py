@@ -20,6 +20,15 @@ iterable of (target_layer, expert, score) or an array [n, 3]; targets must lie i
 Session.expert_stats()); an exception drops the call's hints and is kept in
 Session.predictor_errors(). KeyboardInterrupt or SystemExit cancels the decode instead (nothing of
 it is appended) and reaches the caller. It must not call back into the Session.
+
+A plug-in that keeps per-sequence history overrides observe_context(selections, new_sequence): after
+a prompt batch it gets the selections int32 [n_tokens, n_layer, top_k] (read-only, valid during the
+call) of the batch's tokens that observe() never saw, oldest first, so the prompt reaches its
+history exactly as if each token had been decoded alone: every batch token but the last (which
+arrives as the next observe()'s `prev`), led by the token decoded just before the batch when there
+is one. new_sequence is True when the tokens start the sequence: a new session or reset(), or after
+truncate(n_keep), when the kept tokens are handed over again (the history rewinds). Exceptions are
+counted and kept as observe()'s are.
 """
 
 from __future__ import annotations
@@ -41,3 +50,6 @@ class Predictor:
         prev: np.ndarray,
     ) -> Iterable[tuple[int, int, float]]:
         raise NotImplementedError("subclasses of sharpi.Predictor implement observe()")
+
+    def observe_context(self, selections: np.ndarray, new_sequence: bool) -> None:
+        """A prompt batch's tokens that observe() never saw (see the module docstring); default: ignored."""

@@ -46,10 +46,11 @@ class Predictor {
     virtual void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) = 0;
     // The tokens of a batched decode (a prompt) that observe() never saw, oldest first: selections
     // [n_tokens * n_layer * top_k] (-1 = unknown). The batch's last token is not among them: it
-    // reaches observe() as the next token's `prev`. `new_sequence`: the history before the batch is
-    // unknown (the session was empty, reset or truncated), so whatever was kept is stale. Called on the
-    // decode thread after the batch and before the next observe(). Predictors that keep per-sequence history
-    // fold the tokens in; the default ignores them.
+    // reaches observe() as the next token's `prev`. `new_sequence`: the tokens start the sequence
+    // (the session was empty or reset, or a truncate() rewound it: then they are the kept tokens
+    // again), so whatever was kept is stale. Called on the decode thread after the batch, or before
+    // the first token after a truncate(), and before the next observe(). Predictors that keep
+    // per-sequence history fold the tokens in; the default ignores them.
     virtual void observe_context(const int32_t* /*selections*/, int64_t /*n_tokens*/, bool /*new_sequence*/) {
     }
 };

@@ -199,14 +199,27 @@ py::dict stats_dict(const ExpertCacheStats& st) {
 
 namespace {
 
+// A read-only numpy view of engine memory, valid only during the Python call it is passed to (the
+// engine keeps owning it; no copy).
+template <typename T>
+py::array_t<T> borrowed_view(const T* p, std::vector<py::ssize_t> shape) {
+    py::array_t<T> a(std::move(shape), p, py::none());
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    return a;
+}
+
 // A Python object with an observe() method as a sharpi::Predictor (docs/predictors.md). The decode
 // thread runs without the GIL; each call takes it, hands numpy views of the engine's buffers (no
 // copies, read-only, valid during the call) and converts the returned hints. A Python exception
-// becomes a C++ exception carrying its text, which the prefetcher counts and drops.
+// becomes a C++ exception carrying its text, which the prefetcher counts and drops. An object with
+// an observe_context() method also gets a batched prompt's tokens (Predictor::observe_context).
 class PyPredictor final : public Predictor {
   public:
-    explicit PyPredictor(py::object obj) : obj_(std::move(obj)) {
+    // n_layer, top_k: the model's, the shape of observe_context's selections.
+    PyPredictor(py::object obj, int64_t n_layer, int64_t top_k)
+        : obj_(std::move(obj)), n_layer_(n_layer), top_k_(top_k) {
         name_ = py::str(py::type::of(obj_).attr("__name__")).cast<std::string>();
+        has_context_ = py::hasattr(obj_, "observe_context");
     }
     ~PyPredictor() override {
         py::gil_scoped_acquire gil;
@@ -214,25 +227,26 @@ class PyPredictor final : public Predictor {
     }
     const char* name() const override { return name_.c_str(); }
 
+    void observe_context(const int32_t* selections, int64_t n_tokens, bool new_sequence) override {
+        if (!has_context_) return;
+        py::gil_scoped_acquire gil;
+        call_python([&] {
+            obj_.attr("observe_context")(borrowed_view(selections, {static_cast<py::ssize_t>(n_tokens),
+                                                                    static_cast<py::ssize_t>(n_layer_),
+                                                                    static_cast<py::ssize_t>(top_k_)}),
+                                         new_sequence);
+        });
+    }
+
     void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
         py::gil_scoped_acquire gil;
-        std::string error;
-        try {
-            const py::none owner;  // views borrow the engine's memory for the duration of the call
-            auto view_f = [&](const float* p, std::vector<py::ssize_t> shape) {
-                py::array_t<float> a(shape, p, owner);
-                py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-                return a;
-            };
-            auto view_i = [&](const int32_t* p) {
-                py::array_t<int32_t> a(
-                    {static_cast<py::ssize_t>(in.n_layer), static_cast<py::ssize_t>(in.top_k)}, p, owner);
-                py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-                return a;
-            };
-            py::object out = obj_.attr("observe")(in.layer, view_f(in.hidden, {in.n_embd}),
-                                                  view_f(in.router_logits, {in.n_expert}), view_i(in.history),
-                                                  view_i(in.prev));
+        call_python([&] {
+            const std::vector<py::ssize_t> rows{static_cast<py::ssize_t>(in.n_layer),
+                                                static_cast<py::ssize_t>(in.top_k)};
+            py::object out =
+                obj_.attr("observe")(in.layer, borrowed_view(in.hidden, {in.n_embd}),
+                                     borrowed_view(in.router_logits, {in.n_expert}),
+                                     borrowed_view(in.history, rows), borrowed_view(in.prev, rows));
             if (out.is_none()) return;
             py::array_t<double, py::array::c_style | py::array::forcecast> arr =
                 py::module_::import("numpy").attr("asarray")(out, "float64");
@@ -253,6 +267,17 @@ class PyPredictor final : public Predictor {
                                              ok_e ? static_cast<int32_t>(e) : -1,
                                              static_cast<float>(d[3 * i + 2])});
             }
+        });
+    }
+
+  private:
+    // Runs `body` (holding the GIL): a Python Exception becomes a std::runtime_error with its text
+    // (the prefetcher counts it and drops the call's hints); KeyboardInterrupt / SystemExit cancel.
+    template <typename Body>
+    void call_python(Body&& body) {
+        std::string error;
+        try {
+            body();
         } catch (py::error_already_set& e) {
             if (!e.matches(PyExc_Exception)) throw PythonInterrupt(std::move(e));
             error = e.what();  // read while holding the GIL; the exception object dies here too
@@ -260,9 +285,10 @@ class PyPredictor final : public Predictor {
         if (!error.empty()) throw std::runtime_error(error);
     }
 
-  private:
     py::object obj_;
     std::string name_;
+    int64_t n_layer_, top_k_;
+    bool has_context_ = false;
 };
 
 }  // namespace
@@ -450,7 +476,8 @@ void bind_session(py::module_& m) {
                         throw InvalidArgument(
                             "predictor object has no observe() method (subclass sharpi.Predictor)");
                     }
-                    p = std::make_shared<PyPredictor>(predictor);
+                    const ModelInfo& info = s.session->info();
+                    p = std::make_shared<PyPredictor>(predictor, info.n_layer, info.n_expert_used);
                 }
                 locked(s, [&](Session& x) { x.set_predictor(std::move(p)); });
             },
