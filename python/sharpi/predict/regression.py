@@ -215,12 +215,13 @@ def fit_stack_weights(torch, X: np.ndarray, sel_hot: np.ndarray, k: int, l2: flo
     Xt = torch.from_numpy(X[ok])
     Y = torch.from_numpy(sel_hot[ok] / sel_hot[ok].sum(axis=1, keepdims=True))
     scale = Xt.reshape(-1, Xt.shape[-1]).std(dim=0) + 1e-6
+    Z = Xt / scale  # once: L-BFGS evaluates the loss up to ~50 times, and X is [N, E, F] float64
     w = torch.zeros(Xt.shape[-1], dtype=Xt.dtype, requires_grad=True)
     opt = torch.optim.LBFGS([w], max_iter=40, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss = -(Y * torch.log_softmax((Xt / scale) @ w, dim=1)).sum(dim=1).mean() + l2 * (w * w).sum()
+        loss = -(Y * torch.log_softmax(Z @ w, dim=1)).sum(dim=1).mean() + l2 * (w * w).sum()
         loss.backward()
         return loss
 
