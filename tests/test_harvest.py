@@ -144,7 +144,8 @@ def _first_flip(t: dict, ref, lo: int, hi: int, k: int):
 def test_tiny_model_trace_matches_numpy_reference(tiny_models, arch, tmp_path):
     rng = np.random.default_rng(sum(map(ord, arch)))
     words = ["import", "os", "def", "return", "self", "value", "for", "in", "range", "(", ")", ":", "print"]
-    prompts = [" ".join(rng.choice(words, size=rng.integers(4, 9))) for _ in range(2)]
+    # The second prompt is longer than one prefill chunk (256 tokens): its trace joins the chunks.
+    prompts = [" ".join(rng.choice(words, size=n)) for n in (rng.integers(4, 9), rng.integers(290, 320))]
     out = tmp_path / f"{arch}.npz"
     n_gen = 4
     summary = harvest(tiny_models[arch], prompts, out, hidden=True, generate=n_gen, threads=1)

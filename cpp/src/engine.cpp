@@ -499,6 +499,40 @@ void Engine::throw_if_cancelled(int il) const {
                          std::to_string(il) + " (nothing of the call was appended)");
 }
 
+namespace {
+
+// An activation that every chunk recorded with one row per token of the chunk becomes one
+// [n_tokens, width] activation in token order, as a single-chunk batch records it. Any other (the
+// logits of the batch's last row) is the last chunk's. Empties `chunks`.
+void merge_chunk_dumps(std::deque<ActivationDump>& chunks, const std::vector<Act>& xs, ActivationDump& out) {
+    int64_t n_tokens = 0;
+    for (const Act& x : xs) n_tokens += x.n_tokens;
+    for (auto& [key, last] : chunks.back()) {
+        bool per_token = last.shape.size() == 2;
+        const int64_t width = per_token ? last.shape[1] : 0;
+        for (size_t c = 0; per_token && c < chunks.size(); ++c) {
+            const auto it = chunks[c].find(key);
+            per_token =
+                it != chunks[c].end() && it->second.shape == std::vector<int64_t>{xs[c].n_tokens, width};
+        }
+        if (!per_token) {
+            out[key] = std::move(last);
+            continue;
+        }
+        Activation& merged = out[key];
+        merged.shape = {n_tokens, width};
+        merged.data.clear();
+        merged.data.reserve(static_cast<size_t>(n_tokens * width));
+        for (ActivationDump& chunk : chunks) {
+            const std::vector<float>& rows = chunk[key].data;
+            merged.data.insert(merged.data.end(), rows.begin(), rows.end());
+        }
+    }
+    chunks.clear();
+}
+
+}  // namespace
+
 // Layer-major over chunks of at most kMaxBatch tokens: every chunk runs layer il before any chunk
 // runs layer il + 1. A chunk's attention at layer il reads the KV rows that the earlier chunks wrote
 // at il, so this order is exact; and a layer's experts are read once for the whole batch whenever
@@ -512,8 +546,10 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
     recurrent_->n_past = -1;  // mid-update until the whole batch completes
     residual_.resize(static_cast<size_t>(n * h.n_embd));
     // One MoE FFN (its routing) and one Forward (its position) per chunk; deques keep addresses.
+    // With dumping on, a batch of several chunks records each chunk apart (merged after the batch).
     std::deque<MoeFfn> moes;
     std::deque<Forward> fs;
+    std::deque<ActivationDump> chunk_dumps;
     std::vector<Act> xs;
     for (int64_t c = 0; c < n_chunks; ++c) {
         const int64_t c0 = c * kMaxBatch, rows = std::min(kMaxBatch, n - c0);
@@ -521,8 +557,9 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
         moe.set_cancel_flag(&cancel_requested_);
         if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
         moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
-        Forward& f =
-            fs.emplace_back(m, *kv_, *pool_, scratch_, moe, options_.dump_activations ? &dump_ : nullptr);
+        ActivationDump* dump = nullptr;
+        if (options_.dump_activations) dump = n_chunks == 1 ? &dump_ : &chunk_dumps.emplace_back();
+        Forward& f = fs.emplace_back(m, *kv_, *pool_, scratch_, moe, dump);
         f.set_timeline(&timeline_);
         f.set_exact(exact_);
         f.set_pos0(start_pos + c0);
@@ -569,6 +606,7 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
         fs[static_cast<size_t>(c)].output_head(x, first,
                                                logits + (all_logits ? c * kMaxBatch * h.n_vocab : 0));
     }
+    if (!chunk_dumps.empty()) merge_chunk_dumps(chunk_dumps, xs, dump_);
     recurrent_->n_past = start_pos + n;
 }
 

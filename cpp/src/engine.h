@@ -61,7 +61,7 @@ class Engine final : private GateObserver {
     void cancel() noexcept { cancel_requested_.store(true, std::memory_order_relaxed); }
     void clear_cancel() noexcept { cancel_requested_.store(false, std::memory_order_relaxed); }
 
-    const std::map<std::string, Activation>& dump() const { return dump_; }
+    const ActivationDump& dump() const { return dump_; }
     // Expert choices of every layer for the tokens of the last decode(): [n_tokens, n_expert_used].
     const std::vector<Routing>& routing() const { return routing_; }
 
@@ -130,7 +130,7 @@ class Engine final : private GateObserver {
     Scratch scratch_;
     std::vector<float> residual_;
     int64_t n_past_ = 0;
-    std::map<std::string, Activation> dump_;
+    ActivationDump dump_;
     std::vector<Routing> routing_;
     RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only

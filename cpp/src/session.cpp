@@ -39,7 +39,7 @@ void Session::truncate(int64_t n_keep) {
     engine_->truncate(n_keep);
 }
 
-const std::map<std::string, Activation>& Session::dump() const {
+const ActivationDump& Session::dump() const {
     return engine_->dump();
 }
 

@@ -52,7 +52,7 @@ class Session {
     void truncate(int64_t n_keep);
 
     // Activations recorded by the last decode() (empty unless dump_activations).
-    const std::map<std::string, Activation>& dump() const;
+    const ActivationDump& dump() const;
 
     // Trace replay (benchmarks): the router follows recorded expert choices instead of its own top-k.
     // experts: [n_tokens, n_layers, top_k] row-major, -1 = missing (filled with the router's best

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct Activation {
     std::vector<int64_t> shape;  // [n_tokens, width]
     std::vector<float> data;
 };
+
+// Named activations of the last decode ("<name>-<layer>"), Session::dump().
+using ActivationDump = std::map<std::string, Activation>;
 
 // One span of the timeline (Session::timeline_events()): track "compute", "stall" or "reader".
 struct TimelineEvent {

@@ -37,7 +37,7 @@ enum class QkNorm { none, per_head, full };
 class Forward {
   public:
     Forward(const Model& model, KvCache& kv, cpu::ThreadPool& pool, Scratch& scratch, MoeFfn& moe,
-            std::map<std::string, Activation>* dump)
+            ActivationDump* dump)
         : model_(model), kv_(kv), pool_(pool), scratch_(scratch), moe_(moe), dump_(dump) {}
 
     const HParams& hp() const { return model_.hp; }
@@ -107,7 +107,7 @@ class Forward {
     cpu::ThreadPool& pool_;
     Scratch& scratch_;
     MoeFfn& moe_;
-    std::map<std::string, Activation>* dump_;
+    ActivationDump* dump_;
 
     int64_t pos0_ = 0;
     Timeline* timeline_ = nullptr;

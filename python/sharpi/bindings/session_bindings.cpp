@@ -415,7 +415,7 @@ void bind_session(py::module_& m) {
             "Keep the first n_keep positions; UnsupportedError where recurrent state cannot rewind.")
         .def("dump",
              [](PySession& s) {
-                 std::map<std::string, Activation> acts = locked(s, [](Session& x) { return x.dump(); });
+                 ActivationDump acts = locked(s, [](Session& x) { return x.dump(); });
                  py::dict d;
                  for (auto& [name, act] : acts) {
                      std::vector<py::ssize_t> shape(act.shape.begin(), act.shape.end());
