@@ -106,19 +106,26 @@ DT_FEATURES = DT_BASE + len(DT_PRODUCTS)
 DT_DECAYS, DT_POWERS, DT_WINDOW = (0.5, 0.8, 0.9, 0.97), (1, 4, 16), 1024
 
 
-def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT, history=False):
+def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT, history=False, gate=False):
     """history=False: every time feature (prev1.. onwards) weighs 0, so scores do not depend on the
     tokens observed before (the random-input checks); True: every feature weighs something. Some
-    targets keep one feature alone, as training does where that recalls best."""
-    stack = rng.normal(size=(max_la, n_layer, DT_FEATURES))
+    targets keep one feature alone, as training does where that recalls best. gate: depthtime.gate
+    = 1, two more columns (the router on the hidden state, its softmax), alone on some targets, 0 on
+    others."""
+    n_feat = DT_FEATURES + 2 * int(gate)
+    stack = rng.normal(size=(max_la, n_layer, n_feat))
     if not history:
-        stack[..., 2:] = 0.0
+        stack[..., 2:DT_FEATURES] = 0.0
     stack[0, ::3, 1:] = 0.0  # the regression alone
     stack[0, 1::3, [0, 2]] = 0.0  # no regression, no prev1
-    stack[-1, ::4, :] = np.eye(DT_FEATURES)[1]  # the counts alone, unscaled
+    stack[-1, ::4, :] = np.eye(n_feat)[1]  # the counts alone, unscaled
     if history:
-        stack[-1, 1::4, :] = np.eye(DT_FEATURES)[11]  # vote1 alone
-        stack[-1, 2::4, :] = np.eye(DT_FEATURES)[DT_BASE + 7]  # regp * vote4 alone
+        stack[-1, 1::4, :] = np.eye(n_feat)[11]  # vote1 alone
+        stack[-1, 2::4, :] = np.eye(n_feat)[DT_BASE + 7]  # regp * vote4 alone
+    if gate:
+        stack[0, 2::3, :] = np.eye(n_feat)[DT_FEATURES]  # the gate alone
+        stack[0, 2::6, :] = np.eye(n_feat)[DT_FEATURES + 1]  # its softmax alone
+        stack[-1, 3::4, DT_FEATURES:] = 0.0  # no gate
     tensors = {
         "dt.bias": rng.normal(size=(n_layer, E)),
         "dt.layer": rng.normal(size=(n_layer, n_layer - 1, E, E)),
@@ -127,7 +134,7 @@ def depthtime_params(rng, max_la, n_layer=N_LAYER, E=N_EXPERT, history=False):
         "dt.count": rng.normal(size=(n_layer, max_la, E, E)),
         "dt.stack": stack,
     }
-    return {}, tensors
+    return ({"depthtime.gate": 1} if gate else {}), tensors
 
 
 def learned_params(rng, hidden, rank, max_la, n_layer=N_LAYER, E=N_EXPERT, n_embd=N_EMBD):
@@ -208,9 +215,11 @@ def cooc_ref(w, keys, L, d, history, prev):
     return s
 
 
-def depthtime_ref(w, L, d, history, prev, earlier=(), window=DT_WINDOW):
+def depthtime_ref(w, L, d, history, prev, earlier=(), window=DT_WINDOW, gate=None):
     """The spec's features one by one, in float64. earlier: the sequence's earlier tokens' full
-    selections [N_LAYER, TOP_K], oldest first (earlier[-1] is the previous token)."""
+    selections [N_LAYER, TOP_K], oldest first (earlier[-1] is the previous token). gate: float64
+    [E], layer t's router on the hidden state (with its softmax, the last two features of a sidecar
+    with depthtime.gate)."""
     t = L + d
     reg = w["dt.bias"][t].copy()
     for layer in range(L + 1):
@@ -260,7 +269,10 @@ def depthtime_ref(w, L, d, history, prev, earlier=(), window=DT_WINDOW):
     for a, b in DT_PRODUCTS:
         feats.append((regp if a == "regp" else feats[0] if a == "reg" else feats[1]) * feats[b])
     assert len(feats) == DT_FEATURES
-    return sum(wf * f for wf, f in zip(w["dt.stack"][d - 1, t], feats))
+    if w["dt.stack"].shape[-1] == DT_FEATURES + 2:
+        gatep = np.exp(gate - gate.max())
+        feats += [gate, gatep / gatep.sum()]
+    return sum(wf * f for wf, f in zip(w["dt.stack"][d - 1, t], feats, strict=True))
 
 
 def learned_ref(w, keys, L, d, hidden):
@@ -427,6 +439,40 @@ def test_depthtime_scores_and_hints(model, tmp_path, max_la, lookahead):
     check_observe(h, ref, lookahead, rng, 60)
 
 
+@pytest.fixture(scope="module")
+def router_gate(model):
+    """gate(hidden, t) -> float64 [E]: layer t's router on rms_norm(hidden) * ffn_norm_t, from the
+    tiny model's own tensors (f32, read here with gguf) in float64."""
+    r = gguf.GGUFReader(model)
+    w = {t.name: np.array(t.data, dtype=np.float64) for t in r.tensors if "ffn_norm" in t.name or "ffn_gate_inp" in t.name}
+    arch = str(r.fields["general.architecture"].contents())
+    eps = float(r.fields[f"{arch}.attention.layer_norm_rms_epsilon"].contents())
+
+    def gate(hidden, t):
+        h = np.asarray(hidden, dtype=np.float64)
+        x = h / np.sqrt(np.mean(h * h) + eps) * w[f"blk.{t}.ffn_norm.weight"]
+        return w[f"blk.{t}.ffn_gate_inp.weight"].reshape(N_EXPERT, N_EMBD) @ x
+
+    return gate
+
+
+@pytest.mark.parametrize("max_la,lookahead", [(1, 1), (3, 3)])
+def test_depthtime_gate_feature(model, router_gate, tmp_path, max_la, lookahead):
+    """depthtime.gate = 1: the stacker also weighs layer t's router applied to the hidden state
+    (next_gate's score), with the depth and time features, alone, or not at all."""
+    rng = np.random.default_rng(160 + max_la)
+    keys, tensors = depthtime_params(rng, max_la, gate=True)
+    path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
+    h = _core.load_predictor("depthtime", path, model, lookahead)
+    w = f64(tensors)
+
+    def ref(L, d, hidden, history, prev):
+        return depthtime_ref(w, L, d, history, prev, gate=router_gate(hidden, L + d))
+
+    check_scores(h, ref, max_la, lookahead, rng, 60)
+    check_observe(h, ref, lookahead, rng, 60)
+
+
 def test_depthtime_time_features_over_a_decode(model, tmp_path):
     """The stateful features: tokens decoded in order (observe at layers 0..n-1 each), some reusing
     an earlier token's route so the votes have something to find, with a new sequence (no previous
@@ -543,11 +589,13 @@ def test_depthtime_prompt_context_is_history(model, tmp_path):
         h.observe_context(np.zeros((3, N_LAYER, TOP_K + 1), dtype=np.int32), False)
 
 
-def test_depthtime_reference_matches_the_engine_over_a_trace(model, tmp_path):
+@pytest.mark.parametrize("gate", [False, True], ids=["history", "history+gate"])
+def test_depthtime_reference_matches_the_engine_over_a_trace(model, tmp_path, gate):
     """reference.DepthTimePredictor (vectorised over a whole trace: what training and `predictor
     eval` use) against the C++ predictor fed the same tokens in order, on sequences where tokens
-    often follow an earlier token's route, with a one-token sequence and a missing id."""
-    from sharpi.predict.reference import DepthTimePredictor
+    often follow an earlier token's route, with a one-token sequence and a missing id. With the gate
+    feature, the trace carries hidden states and the reference reads the model's routers."""
+    from sharpi.predict.reference import DepthTimePredictor, ModelRouters
     from sharpi.predict.sidecar import Sidecar
     from sharpi.predict.traces import load_trace
 
@@ -565,26 +613,29 @@ def test_depthtime_reference_matches_the_engine_over_a_trace(model, tmp_path):
         tokens += seq
     experts = np.array(tokens, dtype=np.int16)
     experts[40, 3, 1] = -1
+    hidden = (rng.normal(size=(len(tokens), N_LAYER, N_EMBD)) * 3).astype(np.float16)
     np.savez(tmp_path / "t.npz", experts=experts, seq_start=np.array(seq_start, dtype=np.int64),
-             num_experts=np.int64(N_EXPERT), top_k=np.int64(TOP_K), moe_layer_ids=np.arange(N_LAYER, dtype=np.int16))
+             num_experts=np.int64(N_EXPERT), top_k=np.int64(TOP_K), moe_layer_ids=np.arange(N_LAYER, dtype=np.int16),
+             hidden=hidden)
     trace = load_trace(str(tmp_path / "t.npz"))
-    keys, tensors = depthtime_params(rng, 3, history=True)
+    keys, tensors = depthtime_params(rng, 3, history=True, gate=gate)
     tensors = {n: np.asarray(a, dtype=np.float32) for n, a in tensors.items()}
-    reference = DepthTimePredictor(Sidecar("depthtime", N_LAYER, N_EXPERT, TOP_K, 3, "test", keys, tensors))
+    sc = Sidecar("depthtime", N_LAYER, N_EXPERT, TOP_K, 3, "test", keys, tensors)
+    reference = DepthTimePredictor(sc, ModelRouters(model) if gate else None)
+    reference.check_trace(trace)
     idx = np.arange(trace.n_tokens)
     want = [reference.scores_all(trace, idx, L) for L in range(N_LAYER - 1)]
     h = _core.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors), model, 3)
-    hidden = rng.normal(size=N_EMBD).astype(np.float32)
     logits = rng.normal(size=N_EXPERT).astype(np.float32)
     for i in idx:
         prev = experts[i - 1].astype(np.int32) if i not in seq_start else np.full((N_LAYER, TOP_K), -1, np.int32)
         for L in range(N_LAYER - 1):
             history = np.full((N_LAYER, TOP_K), -1, dtype=np.int32)
             history[: L + 1] = experts[i, : L + 1]
-            h.observe(L, hidden, logits, history, prev)
+            h.observe(L, hidden[i, L].astype(np.float32), logits, history, prev)
             for d in range(1, 4):
                 if L + d < N_LAYER:
-                    got = h.scores(L, d, hidden, logits, history, prev)
+                    got = h.scores(L, d, hidden[i, L].astype(np.float32), logits, history, prev)
                     assert_scores_close(got, want[L][d - 1, i], f"token {i} L={L} d={d}")
 
 
@@ -606,6 +657,13 @@ def test_depthtime_wrong_shapes(model, tmp_path):
     wide = dict(tensors, **{"dt.stack": np.zeros((2, N_LAYER, DT_FEATURES + 1))})
     path = write_sidecar(tmp_path / "wide.gguf", "depthtime", keys, wide, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 34\], expected \[2, 12, 33\]"):
+        _core.load_predictor("depthtime", path, model, 1)
+    # The gate feature: the key says how many columns; it is 0 or 1.
+    path = write_sidecar(tmp_path / "gate.gguf", "depthtime", {"depthtime.gate": 1}, tensors, max_lookahead=2)
+    with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 33\], expected \[2, 12, 35\]"):
+        _core.load_predictor("depthtime", path, model, 1)
+    path = write_sidecar(tmp_path / "gate2.gguf", "depthtime", {"depthtime.gate": 2}, wide, max_lookahead=2)
+    with pytest.raises(_core.FormatError, match=r"depthtime.gate' = 2 is outside \[0, 1\]"):
         _core.load_predictor("depthtime", path, model, 1)
 
 

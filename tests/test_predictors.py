@@ -404,9 +404,13 @@ def sidecars(models, tmp_path_factory):
     kinds = {"cooc": lambda: train.train_cooc(trace, idx, quiet=True)}
     try:
         import torch  # noqa: F401
+        from sharpi.predict.reference import ModelRouters
         from sharpi.predict.regression import train_depthtime
 
         kinds["depthtime"] = lambda: train_depthtime(trace, idx, epochs=2, quiet=True)
+        # The gate feature: the model's routers on the trace's hidden states.
+        routers = ModelRouters(path, trace.moe_layer_ids)
+        kinds["depthtime_gate"] = lambda: train_depthtime(trace, idx, epochs=2, quiet=True, routers=routers)
         kinds["learned"] = lambda: train.train_learned(trace, idx, epochs=3, rank=8, hidden=16, quiet=True)
         kinds["trajectory"] = lambda: train.train_trajectory(trace, idx, epochs=1, d_model=32, d_ff=64, quiet=True)
     except ImportError:
@@ -417,7 +421,7 @@ def sidecars(models, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["cooc", "depthtime", "learned", "trajectory"])
+@pytest.mark.parametrize("kind", ["cooc", "depthtime", "depthtime_gate", "learned", "trajectory"])
 @pytest.mark.parametrize("sizing", ["topk", "bytes"])
 def test_trained_sidecar_predictors_are_lossless(models, sidecars, kind, sizing):
     if kind not in sidecars:
@@ -425,8 +429,14 @@ def test_trained_sidecar_predictors_are_lossless(models, sidecars, kind, sizing)
     path = models["qwen3moe"]
     resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 16)
     _, _, k = plan(path)
+    name = kind.removesuffix("_gate")
+    if kind == "depthtime_gate":
+        from sharpi.predict.sidecar import read_sidecar
+
+        stack = read_sidecar(sidecars[kind]).tensors["dt.stack"]
+        assert stack.shape[-1] == 35 and np.count_nonzero(stack[..., -2:]) > 0, "the stacker weighs the gate"
     for lookahead in (1, 2, 3):
-        s = streamed(path, k, lookahead, predictor=f"{kind}:{sidecars[kind]}", prefetch_sizing=sizing)
+        s = streamed(path, k, lookahead, predictor=f"{name}:{sidecars[kind]}", prefetch_sizing=sizing)
         np.testing.assert_array_equal(run_tokens(s, PROMPT, 16), resident, err_msg=f"{kind} {sizing} d={lookahead}")
         layers = s.expert_stats()["layers"]
         n_sets = sum(lay["predictions"] for lay in layers)

@@ -436,8 +436,8 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         throw;
     }
     if (prefetcher_) {
-        if (n > 1) pass_batch_context(n);
         record_selections(n);
+        if (n > 1) pass_batch_context(n);
     }
     n_past_ += n;  // only once the whole batch succeeded
     return logits;
@@ -445,24 +445,16 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
 
 void Engine::pass_batch_context(int64_t n) {
     const HParams& h = model_->hp;
-    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    const int64_t row = h.n_layer * h.n_expert_used;
     // The tokens no observe() has seen, oldest first: after a truncate() the whole kept sequence
     // (the predictor starts over), else the token decoded just before the batch (no single-token
     // decode showed it as `prev`), then batch tokens 0..n-2 (the last is the next token's `prev`).
     const int64_t lead = replay_history_ ? n_past_ : std::min<int64_t>(n_past_, 1);
     const bool new_sequence = replay_history_ || n_past_ == 0;
     replay_history_ = false;
-    context_selection_.assign(static_cast<size_t>((lead + n - 1) * row), -1);
-    std::copy(sequence_selection_.end() - lead * row, sequence_selection_.end(), context_selection_.begin());
-    // routing_[il].ids is [n * k] per layer; layers without routing (dense) stay -1.
-    for (int il = 0; il < h.n_layer; ++il) {
-        const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
-        if (ids.size() != static_cast<size_t>(n * k)) continue;
-        for (int64_t i = 0; i + 1 < n; ++i)
-            std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
-                      context_selection_.begin() + (lead + i) * row + il * k);
-    }
-    prefetcher_->observe_context(context_selection_.data(), lead + n - 1, new_sequence);
+    // record_selections() already appended the batch: the context is rows [n_past_ - lead, n_past_ + n - 1).
+    prefetcher_->observe_context(sequence_selection_.data() + (n_past_ - lead) * row, lead + n - 1,
+                                 new_sequence);
 }
 
 void Engine::record_selections(int64_t n) {

@@ -104,9 +104,10 @@ class Engine final : private GateObserver {
     // before it are replayed first (Predictor::observe_context), so the predictor's history is the
     // kept sequence.
     void begin_prefetch_token();
-    // After a batched decode of n > 1 tokens: the first n - 1 tokens' selections to the predictor
-    // (Predictor::observe_context), led by the token decoded just before the batch (every kept token
-    // after a truncate()), so history-keeping predictors see a prompt as if decoded token by token.
+    // After a batched decode of n > 1 tokens, once record_selections(n) has run: the first n - 1
+    // tokens' selections to the predictor (Predictor::observe_context), led by the token decoded just
+    // before the batch (every kept token after a truncate()), so history-keeping predictors see a
+    // prompt as if decoded token by token.
     void pass_batch_context(int64_t n);
     // After a successful decode of n tokens: their rows from routing_ join sequence_selection_.
     void record_selections(int64_t n);
@@ -141,7 +142,6 @@ class Engine final : private GateObserver {
     // truncate() dropped tokens the predictor had folded in: the next decode hands it the kept
     // sequence again, as a new sequence.
     bool replay_history_ = false;
-    std::vector<int32_t> context_selection_;  // scratch: a batch's tokens' experts, [n, n_layer * top_k]
     double decode_ms_ = 0.0;
     Timeline timeline_;
     std::atomic<bool> cancel_requested_{false};

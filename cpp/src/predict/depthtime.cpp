@@ -16,6 +16,9 @@
 //     with m_j = sum_{l<=L} |S(l) ∩ S_{-j}(l)| / (top_k (L+1)) (how closely token -j routed like this one)
 // and then 16 products of two of them (kProductOf; regp = softmax of reg over the experts):
 //     reg * {vote, nvote}<p>, regp * {vote, nvote}<p>, reg * prev1, reg * hist0.9, reg * freq, cnt * nvote4
+// and, when the sidecar has depthtime.gate = 1 (trained with the model on a trace with hidden states):
+//     gate     layer t's router applied to ffn_norm_t(hidden_L): next_gate's score (gate_logits)
+//     gatep    softmax of gate over the experts
 //
 // A feature with weight 0 that no weighted product needs is not computed (a target whose training
 // kept one feature alone costs only that feature). Expert ids outside [0, E) (the -1 of "unknown")
@@ -53,6 +56,7 @@ constexpr int kReg = 0, kCnt = 1, kPrev = 2, kHist = kPrev + kPrevTokens, kFreq 
               kVote = kFreq + 1, kNormVote = kVote + kVotePowers, kBase = kNormVote + kVotePowers;
 // Then the products a * b of pairs of those (a kRegProb factor: the softmax of reg over the experts).
 constexpr int kRegProb = -1, kProducts = 16, kFeatures = kBase + kProducts;
+constexpr int kGate = kFeatures, kGateProb = kFeatures + 1;  // the optional last two columns
 constexpr int kProductOf[kProducts][2] = {
     {kReg, kVote},         {kReg, kVote + 1},         {kReg, kVote + 2},
     {kReg, kNormVote},     {kReg, kNormVote + 1},     {kReg, kNormVote + 2},
@@ -63,10 +67,14 @@ constexpr int kProductOf[kProducts][2] = {
 
 class DepthTimePredictor final : public ScoringPredictor {
   public:
-    explicit DepthTimePredictor(const SidecarReader& file)
+    DepthTimePredictor(const SidecarReader& file, const Model& model)
         : ScoringPredictor(file.header().n_expert, file.header().top_k),
           n_layer_(file.header().n_layer),
-          max_lookahead_(file.header().max_lookahead) {
+          max_lookahead_(file.header().max_lookahead),
+          model_(model),
+          first_moe_layer_(static_cast<int>(model.hp.n_layer_dense_lead)),
+          gate_(file.uint_key_or("depthtime.gate", 0, 0, 1) == 1),
+          n_features_(kFeatures + (gate_ ? 2 : 0)) {
         const int64_t E = n_expert_;
         n_off_ = n_layer_ > 1 ? n_layer_ - 1 : 1;
         bias_ = file.tensor("dt.bias", {n_layer_, E});
@@ -74,7 +82,18 @@ class DepthTimePredictor final : public ScoringPredictor {
         prev_ = file.tensor("dt.prev", {n_layer_, kPrevOffsets, E, E});
         count_bias_ = file.tensor("dt.count_bias", {n_layer_, E});
         count_ = file.tensor("dt.count", {n_layer_, max_lookahead_, E, E});
-        stack_ = file.tensor("dt.stack", {max_lookahead_, n_layer_, kFeatures});
+        stack_ = file.tensor("dt.stack", {max_lookahead_, n_layer_, n_features_});
+        if (gate_) {
+            for (int64_t t = 0; t < n_layer_; ++t) {
+                if (model.layers[static_cast<size_t>(t + first_moe_layer_)].ffn_gate_inp.data == nullptr)
+                    throw InvalidArgument(file.where() + "depthtime.gate = 1 but layer " +
+                                          std::to_string(t + first_moe_layer_) +
+                                          " of the model has no router");
+            }
+            normed_.assign(static_cast<size_t>(model.hp.n_embd), 0.0f);
+            gate_row_.assign(static_cast<size_t>(E), 0.0f);
+            gate_prob_.assign(static_cast<size_t>(E), 0.0f);
+        }
         ring_.assign(static_cast<size_t>(kVoteWindow * n_layer_ * top_k_), -1);
         hist_.assign(static_cast<size_t>(kDecays.size() * n_layer_ * E), 0.0f);
         seen_count_.assign(static_cast<size_t>(n_layer_ * E), 0.0f);
@@ -106,7 +125,7 @@ class DepthTimePredictor final : public ScoringPredictor {
     void scores(const PredictorInput& in, int d, float* out) override {
         const int64_t E = n_expert_;
         const int64_t L = in.layer, t = L + d;
-        const float* w = stack_.data() + ((d - 1) * n_layer_ + t) * kFeatures;
+        const float* w = stack_.data() + ((d - 1) * n_layer_ + t) * n_features_;
         // The rows needed: a feature with a weight, or a factor of a product with one.
         bool need[kBase] = {};
         bool need_prob = false;
@@ -135,7 +154,7 @@ class DepthTimePredictor final : public ScoringPredictor {
         bool any_vote = false;
         for (int f = kVote; f < kNormVote + kVotePowers; ++f) any_vote = any_vote || need[f];
         if (any_vote && n_ring_ > 0) vote_rows(in, t);
-        if (need_prob) softmax_of_regression();
+        if (need_prob) softmax(row(kReg), reg_prob_.data());
         for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
         for (int f = 0; f < kBase; ++f)
             if (w[f] != 0.0f) add_scaled(w[f], row(f), out);
@@ -144,6 +163,15 @@ class DepthTimePredictor final : public ScoringPredictor {
             const float* x = kProductOf[p][0] == kRegProb ? reg_prob_.data() : row(kProductOf[p][0]);
             const float* y = row(kProductOf[p][1]);
             for (int64_t e = 0; e < E; ++e) out[e] += w[kBase + p] * (x[e] * y[e]);
+        }
+        if (gate_ && (w[kGate] != 0.0f || w[kGateProb] != 0.0f)) {
+            if (in.hidden == nullptr)
+                throw InvalidArgument("depthtime: the gate feature needs the hidden state");
+            gate_logits(model_, static_cast<int>(t) + first_moe_layer_, false, in.hidden, normed_.data(),
+                        gate_row_.data());
+            add_scaled(w[kGate], gate_row_.data(), out);
+            softmax(gate_row_.data(), gate_prob_.data());
+            add_scaled(w[kGateProb], gate_prob_.data(), out);
         }
     }
 
@@ -234,14 +262,12 @@ class DepthTimePredictor final : public ScoringPredictor {
         }
     }
 
-    // reg_prob_ = softmax of the reg row over the experts.
-    void softmax_of_regression() {
-        const float* reg = row(kReg);
-        const float top = *std::max_element(reg, reg + n_expert_);
+    // prob = softmax of x over the experts (E entries each).
+    void softmax(const float* x, float* prob) const {
+        const float top = *std::max_element(x, x + n_expert_);
         float sum = 0.0f;
-        for (int64_t e = 0; e < n_expert_; ++e)
-            sum += reg_prob_[static_cast<size_t>(e)] = std::exp(reg[e] - top);
-        for (float& p : reg_prob_) p /= sum;
+        for (int64_t e = 0; e < n_expert_; ++e) sum += prob[e] = std::exp(x[e] - top);
+        for (int64_t e = 0; e < n_expert_; ++e) prob[e] /= sum;
     }
 
     float* row(int feature) { return feature_.data() + static_cast<int64_t>(feature) * n_expert_; }
@@ -284,7 +310,13 @@ class DepthTimePredictor final : public ScoringPredictor {
     static constexpr int64_t kPrevOffsets = 3;  // previous token's layers t-1, t, t+1
     int64_t n_layer_;
     int max_lookahead_;
-    int64_t n_off_ = 0;  // n_layer - 1 offsets o = t - l = 1 .. n_layer-1
+    // The gate feature: the model's routers (MoE layer t is model layer t + first_moe_layer_).
+    const Model& model_;
+    int first_moe_layer_;
+    bool gate_;
+    int n_features_;                                    // kFeatures, + 2 with the gate
+    std::vector<float> normed_, gate_row_, gate_prob_;  // scratch of the gate features
+    int64_t n_off_ = 0;                                 // n_layer - 1 offsets o = t - l = 1 .. n_layer-1
     std::vector<float> bias_, layer_, prev_, count_bias_, count_, stack_;
     // Time state: ring_ [kVoteWindow, n_layer, top_k] (the slot before ring_head_ is the previous
     // token; n_ring_ slots are valid), hist_ [4, n_layer, E], seen_count_ [n_layer, E] over n_seen_ tokens.
@@ -305,7 +337,7 @@ class DepthTimePredictor final : public ScoringPredictor {
 std::unique_ptr<Predictor> load_depthtime_predictor(const std::string& file, const Model& model,
                                                     int lookahead) {
     SidecarReader reader(file, "depthtime", model, lookahead);
-    return std::make_unique<DepthTimePredictor>(reader);
+    return std::make_unique<DepthTimePredictor>(reader, model);
 }
 
 }  // namespace sharpi

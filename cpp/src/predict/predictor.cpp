@@ -38,6 +38,21 @@ void add_table_rows(const float* table, const int32_t* ids, int64_t n_ids, int64
     }
 }
 
+void gate_logits(const Model& model, int layer, bool pregate, const float* hidden, float* normed,
+                 float* logits) {
+    const LayerWeights& src = model.layers[static_cast<size_t>(layer)];
+    const cpu::WeightView& w = pregate ? src.ffn_pregate_inp : src.ffn_gate_inp;
+    const int64_t n_embd = model.hp.n_embd;
+    cpu::rms_norm(hidden, n_embd, normed, n_embd, 1, n_embd, src.ffn_norm.data(), model.hp.rms_eps);
+    const cpu::DotRowFn dot = cpu::row_kernels(w.type).dot_row;
+    // The router's bias (gpt-oss) belongs to the router, not to a pre-gate.
+    const float* bias = !pregate && !src.ffn_gate_inp_b.empty() ? src.ffn_gate_inp_b.data() : nullptr;
+    for (int64_t e = 0; e < model.hp.n_expert; ++e) {
+        logits[e] = dot(w.data + e * w.row_bytes, normed, n_embd);
+        if (bias) logits[e] += bias[e];
+    }
+}
+
 void ScoringPredictor::observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) {
     for (int d = 1; d <= in.lookahead; ++d) {
         if (in.layer + d >= in.n_layer || !predicts(in, d)) continue;
@@ -92,19 +107,8 @@ class RouterPredictor final : public ScoringPredictor {
                    : model_.layers[static_cast<size_t>(in.layer + d)].ffn_gate_inp.data != nullptr;
     }
     void scores(const PredictorInput& in, int d, float* out) override {
-        const LayerWeights& src = model_.layers[static_cast<size_t>(pregate_ ? in.layer : in.layer + d)];
-        const cpu::WeightView& w = pregate_ ? src.ffn_pregate_inp : src.ffn_gate_inp;
-        const int64_t n_embd = model_.hp.n_embd;
-        cpu::rms_norm(in.hidden, n_embd, normed_.data(), n_embd, 1, n_embd, src.ffn_norm.data(),
-                      model_.hp.rms_eps);
-        const cpu::DotRowFn dot = cpu::row_kernels(w.type).dot_row;
-        // The router's bias (gpt-oss) belongs to the router, not to a pre-gate.
-        const float* bias = !pregate_ && !src.ffn_gate_inp_b.empty() ? src.ffn_gate_inp_b.data() : nullptr;
         float* logits = ranks_by_selection_ ? logits_.data() : out;
-        for (int64_t e = 0; e < n_expert_; ++e) {
-            logits[e] = dot(w.data + e * w.row_bytes, normed_.data(), n_embd);
-            if (bias) logits[e] += bias[e];
-        }
+        gate_logits(model_, pregate_ ? in.layer : in.layer + d, pregate_, in.hidden, normed_.data(), logits);
         if (!ranks_by_selection_) return;
         cpu::RouterParams params = model_.hp.router;
         const LayerWeights& target = model_.layers[static_cast<size_t>(in.layer + d)];

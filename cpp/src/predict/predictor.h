@@ -40,6 +40,13 @@ void append_topk_hints(const float* scores, int64_t n_expert, int64_t k, int tar
 // inner loop of the table predictors (cooc, depthtime).
 void add_table_rows(const float* table, const int32_t* ids, int64_t n_ids, int64_t n_expert, float* out);
 
+// logits [n_expert] = the router of model layer `layer` applied to rms_norm(hidden) * ffn_norm of that
+// layer, plus the router's bias (gpt-oss); with `pregate`, the layer's pre-gate instead (no bias).
+// normed: scratch of n_embd floats. The score of next_gate and pregate, and depthtime's gate feature.
+// The layer must have that matrix.
+void gate_logits(const Model& model, int layer, bool pregate, const float* hidden, float* normed,
+                 float* logits);
+
 // Throws InvalidArgument unless 1 <= lookahead <= 3 (the distances a prediction may reach).
 void check_lookahead(int lookahead);
 

@@ -88,6 +88,11 @@ SidecarReader::SidecarReader(const std::string& path, const std::string& expecte
     }
 }
 
+int64_t SidecarReader::uint_key_or(const std::string& suffix, int64_t absent, int64_t min_value,
+                                   int64_t max_value) const {
+    return file_->find(kKeyPrefix + suffix) ? uint_key(suffix, min_value, max_value) : absent;
+}
+
 int64_t SidecarReader::uint_key(const std::string& suffix, int64_t min_value, int64_t max_value) const {
     const std::string key = kKeyPrefix + suffix;
     const GgufValue* v = file_->find(key);

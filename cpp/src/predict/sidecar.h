@@ -46,6 +46,9 @@ class SidecarReader {
     // Required kind-specific integer key "sharpi.predictor.<suffix>" in [min_value, max_value];
     // FormatError naming the key when absent, ill-typed or out of range.
     int64_t uint_key(const std::string& suffix, int64_t min_value, int64_t max_value) const;
+    // The same for a key a file may lack (written before the key existed): `absent` then.
+    int64_t uint_key_or(const std::string& suffix, int64_t absent, int64_t min_value,
+                        int64_t max_value) const;
 
     // A copy of f32 tensor `name` whose numpy shape must be `numpy_shape` (GGUF stores it reversed;
     // outer dimensions of size 1 are ignored on both sides, since writers differ on keeping them).

@@ -10,13 +10,14 @@ same commands standalone (printing errors as "sharpi: error: ...").
                            [--model M.gguf] [--split 0.7] [--lookahead 3] [--epochs N] [--window W]
                            [--seed S] [--threads N] [--time-budget S]
         cooc / depthtime / learned / trajectory write a sidecar GGUF to F; pregate writes a copy of --model with
-        blk.N.ffn_pregate_inp.weight added. Training uses the first --split of the trace's sequences
-        only.
+        blk.N.ffn_pregate_inp.weight added. depthtime with --model (a trace with hidden states) also
+        weighs the gate feature, the model's routers on the hidden states. Training uses the first
+        --split of the trace's sequences only.
     sharpi predictor eval --trace T.npz --predictor NAME[:FILE] [--model M.gguf] [--split 0.7]
                           [--heldout H.npz] [--no-baselines]
                           [--cache-experts N] [--expert-bytes B] [--json OUT] [--per-layer]
         NAME: prev_token, cooc, depthtime, learned, trajectory (FILE = sidecar), next_gate (needs
-        --model), pregate (--model with pre-gate tensors, or pregate:FILE). Scores the last 1 - split
+        --model, as does a depthtime sidecar trained with --model), pregate (--model with pre-gate tensors, or pregate:FILE). Scores the last 1 - split
         of the sequences, or with --heldout every sequence of H (T is then all training data); prints
         the split line and a table (rows d = 1..3), then recall@k of every baseline (regression.
         BASELINES, trained on the same training side) beside the predictor's.
@@ -68,7 +69,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
     tr.add_argument("--kind", required=True, choices=TRAIN_KINDS)
     tr.add_argument("--trace", required=True, help="routing trace .npz")
     tr.add_argument("--out", required=True, help="output file (sidecar .gguf; model copy for pregate)")
-    tr.add_argument("--model", help="model GGUF (pregate)")
+    tr.add_argument("--model", help="model GGUF (pregate; depthtime: add the gate feature)")
     tr.add_argument("--split", type=_fraction, default=0.7, help="fraction of sequences used to train (0.7)")
     tr.add_argument("--lookahead", type=int, choices=(1, 2, 3), default=3, help="largest d predicted (3)")
     tr.add_argument(
@@ -100,7 +101,7 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
         metavar="NAME[:FILE]",
         help=f"one of {', '.join(PREDICTOR_NAMES)}; sidecar kinds take :FILE",
     )
-    ev.add_argument("--model", help="model GGUF (next_gate, pregate)")
+    ev.add_argument("--model", help="model GGUF (next_gate, pregate, depthtime trained with --model)")
     ev.add_argument(
         "--heldout", metavar="H.npz", help="score every sequence of this trace; --trace is all training data"
     )
@@ -137,6 +138,12 @@ def _train(args, out: TextIO) -> int:
         from .regression import train_depthtime
 
         kw = {} if args.epochs is None else {"epochs": args.epochs}
+        routers = None
+        if args.model:  # the gate feature: the model's routers on the trace's hidden states
+            from .reference import ModelRouters
+
+            routers = ModelRouters(args.model, trace.moe_layer_ids)
+            routers.check_trace("depthtime", trace)
         sc = train_depthtime(
             trace,
             split.train,
@@ -144,6 +151,7 @@ def _train(args, out: TextIO) -> int:
             seed=args.seed,
             num_threads=args.threads,
             source=source,
+            routers=routers,
             **kw,
         )
     elif args.kind == "cooc":

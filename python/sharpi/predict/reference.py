@@ -24,11 +24,12 @@ import numpy as np
 from .sidecar import (
     DEPTHTIME_BASE_FEATURES,
     DEPTHTIME_DECAYS,
-    DEPTHTIME_FEATURES,
     DEPTHTIME_PRODUCTS,
     DEPTHTIME_VOTE_POWERS,
     DEPTHTIME_VOTE_WINDOW,
     Sidecar,
+    depthtime_features,
+    depthtime_gate,
     read_sidecar,
 )
 from .traces import RoutingTrace, ids_to_multi_hot
@@ -175,7 +176,7 @@ class CoocPredictor(ReferencePredictor):
 
 class DepthTimePredictor(ReferencePredictor):
     """score_{t,d} = sum_f stack[d-1, t, f] * feature_f over the per-expert features
-    sidecar.DEPTHTIME_FEATURES (docs/predictors.md, "depthtime"). L = t - d is the source layer, S(l)
+    sidecar.depthtime_features(sc) (docs/predictors.md, "depthtime"). L = t - d is the source layer, S(l)
     the current token's selected set at layer l, S_{-j}(l) that of the token j steps back in the same
     sequence (P = S_{-1}), n the number of earlier tokens of the sequence, W = DEPTHTIME_VOTE_WINDOW:
 
@@ -191,6 +192,9 @@ class DepthTimePredictor(ReferencePredictor):
 
     then the products DEPTHTIME_PRODUCTS of two of those, with regp = softmax of reg over the experts:
       reg * {vote, nvote}<p>, regp * {vote, nvote}<p>, reg * prev1, reg * hist0.9, reg * freq, cnt * nvote4
+    and, when the sidecar has depthtime.gate = 1, last (`routers` needed):
+      gate     router_t · (rms_norm(hidden_L) * ffn_norm_t)    (next_gate's score)
+      gatep    softmax of gate over the experts
 
     The votes are a retrieval: earlier tokens of the sequence whose route so far matches the current
     token's vote for what they chose at t; the products let the weight of each depend on how sure
@@ -198,16 +202,25 @@ class DepthTimePredictor(ReferencePredictor):
 
     name = "depthtime"
 
-    def __init__(self, sc: Sidecar):
+    def __init__(self, sc: Sidecar, routers: ModelRouters | None = None):
         self.sc = sc
         self.n_layer, self.n_expert, self.top_k = sc.n_layer, sc.n_expert, sc.top_k
         self.max_lookahead = sc.max_lookahead
+        self.gate = depthtime_gate(sc)
+        self.n_features = len(depthtime_features(sc))
+        if self.gate and routers is None:
+            raise _invalid(
+                "depthtime: this sidecar weighs the gate feature (depthtime.gate = 1) and needs the model: --model M.gguf"
+            )
+        self.routers = routers if self.gate else None
         self.t = {k: v.astype(np.float64) for k, v in sc.tensors.items()}
         self._routes: dict = {}  # (sequence, prefix length) -> (L, route match counts [T, T])
         self._routes_of = None  # the trace the cached counts belong to
 
     def check_trace(self, trace):
         _check_shape(self.name, trace, self.n_layer, self.n_expert, self.top_k)
+        if self.routers is not None:
+            self.routers.check_trace(self.name, trace)
 
     def scores_all(self, trace, idx, L):
         out = self._empty(len(idx))
@@ -216,11 +229,11 @@ class DepthTimePredictor(ReferencePredictor):
         return out
 
     def features(self, trace: RoutingTrace, idx: np.ndarray, L: int) -> dict[int, np.ndarray]:
-        """{t: float64 [len(idx), n_expert, len(DEPTHTIME_FEATURES)]} for every target t = L + d,
+        """{t: float64 [len(idx), n_expert, self.n_features]} for every target t = L + d,
         d = 1..max_lookahead, t < n_layer."""
         idx = np.asarray(idx, dtype=np.int64)
         targets = [L + d for d in range(1, self.max_lookahead + 1) if L + d < self.n_layer]
-        out = {t: np.zeros((len(idx), self.n_expert, len(DEPTHTIME_FEATURES))) for t in targets}
+        out = {t: np.zeros((len(idx), self.n_expert, self.n_features)) for t in targets}
         prev = trace.prev_index()[idx]
         for t in targets:
             reg = np.broadcast_to(self.t["dt.bias"][t], (len(idx), self.n_expert)).copy()
@@ -245,6 +258,13 @@ class DepthTimePredictor(ReferencePredictor):
             regp /= regp.sum(axis=1, keepdims=True)
             for i, (a, b) in enumerate(DEPTHTIME_PRODUCTS, start=len(DEPTHTIME_BASE_FEATURES)):
                 feats[:, :, i] = (regp if a == "regp" else feats[:, :, column[a]]) * feats[:, :, column[b]]
+        if self.routers is not None and targets:
+            hidden = trace.hidden_rows(idx, L)
+            for t in targets:
+                gate = self.routers.router_logits(hidden, t)
+                gatep = np.exp(gate - gate.max(axis=1, keepdims=True))
+                out[t][:, :, -2] = gate
+                out[t][:, :, -1] = gatep / gatep.sum(axis=1, keepdims=True)
         return out
 
     def _hot(self, trace: RoutingTrace, first: int, T: int, layer: int) -> np.ndarray:
@@ -553,10 +573,11 @@ class PregatePredictor(ReferencePredictor):
         return out
 
 
-def sidecar_predictor(sc: Sidecar) -> ReferencePredictor:
-    return {"cooc": CoocPredictor, "depthtime": DepthTimePredictor, "learned": LearnedPredictor, "trajectory": TrajectoryPredictor}[sc.kind](
-        sc
-    )
+def sidecar_predictor(sc: Sidecar, routers: ModelRouters | None = None) -> ReferencePredictor:
+    """The reference of sidecar sc; `routers` for a depthtime sidecar with the gate feature."""
+    if sc.kind == "depthtime":
+        return DepthTimePredictor(sc, routers)
+    return {"cooc": CoocPredictor, "learned": LearnedPredictor, "trajectory": TrajectoryPredictor}[sc.kind](sc)
 
 
 PREDICTOR_NAMES = ("prev_token", "cooc", "depthtime", "learned", "trajectory", "next_gate", "pregate")
@@ -574,9 +595,10 @@ def make_predictor(
     elif name in ("cooc", "depthtime", "learned", "trajectory"):
         if file is None:
             raise _invalid(f"predictor {name} needs a sidecar file: --predictor {name}:FILE")
-        p = sidecar_predictor(
-            read_sidecar(file, kind=name, n_layer=trace.n_layer, n_expert=trace.n_expert, top_k=trace.top_k)
-        )
+        sc = read_sidecar(file, kind=name, n_layer=trace.n_layer, n_expert=trace.n_expert, top_k=trace.top_k)
+        # A depthtime sidecar with the gate feature needs the model's routers (DepthTimePredictor says so).
+        routers = ModelRouters(model, trace.moe_layer_ids) if name == "depthtime" and depthtime_gate(sc) and model else None
+        p = sidecar_predictor(sc, routers)
     else:
         source = file if (name == "pregate" and file) else model
         if source is None:

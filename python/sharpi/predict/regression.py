@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sidecar import DEPTHTIME_FEATURES, Sidecar
+from .sidecar import Sidecar, depthtime_features
 from .traces import RoutingTrace
 from .train import _invalid, _log, _recall, _torch, fit_best_epoch, validation_rows
 
@@ -237,19 +237,23 @@ def fit_stack_weights(torch, X: np.ndarray, sel_hot: np.ndarray, k: int, l2: flo
 
 def fit_depthtime_stack(
     trace: RoutingTrace, val_idx: np.ndarray, tables: dict[str, np.ndarray], max_lookahead: int,
-    num_threads: int | None = 1, quiet: bool = False,
+    num_threads: int | None = 1, quiet: bool = False, routers=None,
 ) -> np.ndarray:
     """dt.stack float32 [max_lookahead, n_layer, F] for the trained tables (dt.bias, dt.layer,
     dt.prev, dt.count_bias, dt.count), fitted per (d, t) by fit_stack_weights on the validation rows
     val_idx (held-out TRAINING tokens the tables never saw; their features see the whole sequence
-    prefix). Rows t < d are never used and stay 0."""
+    prefix). Rows t < d are never used and stay 0. routers (reference.ModelRouters): also the gate
+    feature, from the trace's hidden states (F = len(DEPTHTIME_GATE_FEATURES))."""
     from .reference import DepthTimePredictor
 
     torch = _torch(num_threads)
     n_layer, k = trace.n_layer, trace.top_k
-    stack = np.zeros((max_lookahead, n_layer, len(DEPTHTIME_FEATURES)))
-    sc = Sidecar("depthtime", n_layer, trace.n_expert, k, max_lookahead, "", {}, dict(tables, **{"dt.stack": stack}))
-    ref = DepthTimePredictor(sc)
+    sc = Sidecar("depthtime", n_layer, trace.n_expert, k, max_lookahead, "", {"depthtime.gate": int(routers is not None)})
+    n_features = len(depthtime_features(sc))
+    stack = np.zeros((max_lookahead, n_layer, n_features))
+    sc.tensors = dict(tables, **{"dt.stack": stack})
+    ref = DepthTimePredictor(sc, routers)
+    ref.check_trace(trace)
     total, alone = 0.0, 0
     for L in range(n_layer - 1):  # ascending L: the reference adds one layer of route counts per step
         for t, X in ref.features(trace, val_idx, L).items():
@@ -258,7 +262,7 @@ def fit_depthtime_stack(
             alone += int(np.count_nonzero(stack[t - L - 1, t]) == 1)
     n = sum(max(n_layer - d, 0) for d in range(1, max_lookahead + 1))
     _log(
-        f"depthtime: stacker over {len(DEPTHTIME_FEATURES)} features fitted on {len(val_idx)} validation tokens, "
+        f"depthtime: stacker over {n_features} features fitted on {len(val_idx)} validation tokens, "
         f"mean validation recall@k {total / max(n, 1):.4f} (one feature alone kept on {alone} of {n} targets)",
         quiet,
     )
@@ -275,12 +279,14 @@ def train_depthtime(
     num_threads: int | None = 1,
     source: str = "",
     quiet: bool = False,
+    routers=None,
     **fit_kw,
 ) -> Sidecar:
     """The depthtime predictor (docs/predictors.md): the regression with the previous token at t-1,
     t, t+1 and the co-occurrence counts, fitted on the train sequences minus the last `val_fraction`
     of them; those held-out TRAINING sequences then fit the per-(d, t) stacker over every feature
-    (fit_depthtime_stack)."""
+    (fit_depthtime_stack). routers (reference.ModelRouters of the traced model, on a trace with
+    hidden states): the stacker also weighs the gate feature (depthtime.gate = 1)."""
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
@@ -307,7 +313,7 @@ def train_depthtime(
         "dt.count_bias": count_bias.astype(np.float32),
         "dt.count": count.astype(np.float32),
     }
-    stack = fit_depthtime_stack(trace, val_idx, tables, max_lookahead, num_threads, quiet)
+    stack = fit_depthtime_stack(trace, val_idx, tables, max_lookahead, num_threads, quiet, routers)
     return Sidecar(
         "depthtime",
         n_layer,
@@ -315,7 +321,7 @@ def train_depthtime(
         k,
         max_lookahead,
         source or f"{trace.path}: {len(train_idx)} train tokens",
-        {},
+        {"depthtime.gate": int(routers is not None)},
         dict(tables, **{"dt.stack": stack}),
     )
 

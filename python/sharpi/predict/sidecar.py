@@ -25,7 +25,7 @@ KINDS = ("cooc", "depthtime", "learned", "trajectory")
 # Kind-specific integer keys (under sharpi.predictor.), all written as uint32.
 KIND_KEYS = {
     "cooc": ("cooc.history",),
-    "depthtime": (),
+    "depthtime": ("depthtime.gate",),
     "learned": ("n_embd", "learned.hidden", "learned.rank"),
     "trajectory": (
         "trajectory.window",
@@ -36,6 +36,8 @@ KIND_KEYS = {
     ),
 }
 COMMON_KEYS = ("n_layer", "n_expert", "top_k", "max_lookahead")
+# Kind keys a file may lack (written before the key existed): read as this value.
+KEY_DEFAULTS = {"depthtime.gate": 0}
 
 # The per-expert features the depthtime stacker weighs, in the order of the last axis of dt.stack
 # (defined in reference.DepthTimePredictor and docs/predictors.md; the C++ predictor uses the same
@@ -55,6 +57,11 @@ DEPTHTIME_PRODUCTS = tuple(
     (a, v) for a in ("reg", "regp") for v in DEPTHTIME_BASE_FEATURES[-2 * len(DEPTHTIME_VOTE_POWERS) :]
 ) + (("reg", "prev1"), ("reg", "hist0.9"), ("reg", "freq"), ("cnt", "nvote4"))
 DEPTHTIME_FEATURES = DEPTHTIME_BASE_FEATURES + tuple(f"{a}*{b}" for a, b in DEPTHTIME_PRODUCTS)
+# With depthtime.gate = 1 (trained with the model on a trace with hidden states) two more, last:
+# "gate", layer t's own router applied to ffn_norm_t(hidden_L) (the next_gate score), and "gatep",
+# its softmax over the experts.
+DEPTHTIME_GATE_FEATURES = DEPTHTIME_FEATURES + ("gate", "gatep")
+
 
 
 def _format_error(message: str) -> Exception:
@@ -86,6 +93,16 @@ class Sidecar:
         return f"n_layer={self.n_layer}, n_expert={self.n_expert}, top_k={self.top_k}"
 
 
+def depthtime_features(sc: Sidecar) -> tuple[str, ...]:
+    """The features of sc's dt.stack, in order."""
+    return DEPTHTIME_GATE_FEATURES if depthtime_gate(sc) else DEPTHTIME_FEATURES
+
+
+def depthtime_gate(sc: Sidecar) -> bool:
+    """Whether the depthtime sidecar sc weighs the gate feature (needs the model's routers and hidden states)."""
+    return bool(sc.params.get("depthtime.gate", KEY_DEFAULTS["depthtime.gate"]))
+
+
 def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
     """Every tensor the spec requires for sc.kind with sc's keys, name -> numpy shape."""
     n_layer, E, dmax, p = sc.n_layer, sc.n_expert, sc.max_lookahead, sc.params
@@ -99,7 +116,7 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
             "dt.prev": (n_layer, 3, E, E),
             "dt.count_bias": (n_layer, E),
             "dt.count": (n_layer, dmax, E, E),
-            "dt.stack": (dmax, n_layer, len(DEPTHTIME_FEATURES)),
+            "dt.stack": (dmax, n_layer, len(depthtime_features(sc))),
         }
     if sc.kind == "learned":
         n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]
@@ -160,6 +177,8 @@ def _check_params(sc: Sidecar, where: str, error) -> None:
     p = sc.params
     if sc.kind == "cooc" and not p["cooc.history"] >= 1:
         raise error(f"{where}: cooc.history must be >= 1, got {p['cooc.history']}")
+    if sc.kind == "depthtime" and p.get("depthtime.gate", 0) not in (0, 1):
+        raise error(f"{where}: depthtime.gate must be 0 or 1, got {p['depthtime.gate']}")
     if sc.kind == "learned" and (
         p["n_embd"] < 1 or p["learned.hidden"] < 1 or p["learned.rank"] < 0 or p["learned.rank"] > p["n_embd"]
     ):
@@ -209,7 +228,7 @@ def write_sidecar(path: str | os.PathLike, sc: Sidecar) -> None:
         w.add_uint32(PREFIX + key, int(getattr(sc, key)))
     w.add_string(PREFIX + "source", sc.source)
     for key in KIND_KEYS[sc.kind]:
-        w.add_uint32(PREFIX + key, int(sc.params[key]))
+        w.add_uint32(PREFIX + key, int(sc.params.get(key, KEY_DEFAULTS.get(key))))
     for name in want:  # spec order: deterministic files
         w.add_tensor(name, np.ascontiguousarray(sc.tensors[name], dtype=np.float32))
     w.write_header_to_file()
@@ -274,7 +293,10 @@ def read_sidecar(
             f"sidecar {path}: unknown predictor kind '{file_kind}' (one of {', '.join(KINDS)})"
         )
     common = {k: _field_value(reader, PREFIX + k, path, want_int=True) for k in COMMON_KEYS}
-    params = {k: _field_value(reader, PREFIX + k, path, want_int=True) for k in KIND_KEYS[file_kind]}
+    params = {
+        k: KEY_DEFAULTS[k] if k in KEY_DEFAULTS and PREFIX + k not in reader.fields else _field_value(reader, PREFIX + k, path, want_int=True)
+        for k in KIND_KEYS[file_kind]
+    }
     source_field = reader.fields.get(PREFIX + "source")
     source = str(source_field.contents()) if source_field is not None else ""
     sc = Sidecar(
