@@ -36,7 +36,10 @@ class PreadReader final : public QueuedReader {
           note_(note) {
         workers_.reserve(static_cast<size_t>(options.pread_threads));
         try {
-            for (int i = 0; i < options.pread_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+            for (int i = 0; i < options.pread_threads; ++i) {
+                workers_.emplace_back([this] { worker_loop(); });
+                priority_note_ = raise_io_thread_priority(workers_.back());  // the same for every worker
+            }
         } catch (...) {
             stop_workers();  // the fds stay with the caller, which closes them on this exception
             throw;
@@ -53,7 +56,7 @@ class PreadReader final : public QueuedReader {
     std::string describe() const override {
         std::string s = "pread: " + std::to_string(n_threads_) + " threads, ";
         if (fds_.size() > 1) s += std::to_string(fds_.size()) + " files, ";
-        s += "chunk " + std::to_string(queue_.chunk_bytes() / 1024) + " KiB";
+        s += "chunk " + std::to_string(queue_.chunk_bytes() / 1024) + " KiB, I/O threads " + priority_note_;
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
         if (!note_.empty()) s += " (" + note_ + ")";
         return s;
@@ -132,6 +135,7 @@ class PreadReader final : public QueuedReader {
     std::vector<int> fds_;  // one per file, in the order of the paths; constant while workers run
     const int n_threads_;
     const std::string note_;           // why "auto" fell back to this reader, if it did
+    std::string priority_note_;        // raise_io_thread_priority's outcome, set once at construction
     std::condition_variable work_cv_;  // workers: a chunk may be startable, or stopping
     bool stopping_ = false;            // guarded by mutex_
     std::vector<std::thread> workers_;

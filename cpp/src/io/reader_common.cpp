@@ -2,6 +2,8 @@
 #include "io/reader_common.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -88,6 +90,21 @@ FaultInjection FaultInjection::from_env() {
     f.armed_ = true;
     f.offset_ = parsed;
     return f;
+}
+
+std::string raise_io_thread_priority(std::thread& thread) {
+    const char* env = std::getenv("SHARPI_IO_REALTIME");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return "normal priority (SHARPI_IO_REALTIME=0)";
+    int policy = SCHED_OTHER;
+    sched_param own{};
+    if (pthread_getschedparam(pthread_self(), &policy, &own) != 0) policy = SCHED_OTHER;
+    sched_param want{};
+    const bool real_time = policy == SCHED_FIFO || policy == SCHED_RR;
+    want.sched_priority =
+        real_time ? std::min(own.sched_priority + 1, sched_get_priority_max(SCHED_FIFO)) : 1;
+    const int rc = pthread_setschedparam(thread.native_handle(), SCHED_FIFO, &want);
+    if (rc != 0) return std::string("normal priority (SCHED_FIFO refused: ") + std::strerror(rc) + ")";
+    return "SCHED_FIFO " + std::to_string(want.sched_priority);
 }
 
 int open_or_throw(const std::string& path, int extra_flags) {

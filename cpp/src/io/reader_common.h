@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -213,6 +214,18 @@ std::unique_ptr<ExpertReader> open_pread_reader(const std::vector<std::string>& 
 std::unique_ptr<ExpertReader> open_uring_reader(const std::vector<std::string>& paths, uint8_t* arena,
                                                 uint64_t arena_bytes, const ReaderOptions& options,
                                                 std::string* why);
+
+// Asks for real-time scheduling of an I/O thread (the io_uring ring's thread, each pread worker),
+// called by the thread that created it. Such a thread only starts chunks and hands back
+// completions, but it must run as soon as a chunk completes: while the compute threads hold every
+// core, a completed chunk is neither handed back nor followed by the next, and the disk idles under
+// a decode that waits for it (docs/streaming_io.md, "The I/O thread's priority"). So it gets
+// SCHED_FIFO one level above the caller's when the caller is SCHED_FIFO or SCHED_RR (`chrt`), else
+// level 1, which puts it ahead of every normal thread. It blocks in the kernel between chunks, so
+// it cannot hold a core. Without the privilege (not root, no CAP_SYS_NICE or RLIMIT_RTPRIO) the
+// thread keeps its normal priority; SHARPI_IO_REALTIME=0 does not ask. Returns what happened, for
+// describe(): "SCHED_FIFO <level>" or "normal priority (<why>)".
+std::string raise_io_thread_priority(std::thread& thread);
 
 // Opens `path` read-only (plus extra_flags); throws IoError "[io] <path>: cannot open: <strerror>".
 int open_or_throw(const std::string& path, int extra_flags);

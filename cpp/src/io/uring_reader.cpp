@@ -225,6 +225,7 @@ class UringReader final : public QueuedReader {
         slots_.resize(static_cast<size_t>(depth_));
         for (int i = depth_ - 1; i >= 0; --i) free_slots_.push_back(i);
         io_thread_ = std::thread([this] { io_loop(); });
+        priority_note_ = raise_io_thread_priority(io_thread_);
         return true;
     }
 
@@ -238,7 +239,7 @@ class UringReader final : public QueuedReader {
                         : "plain buffers (" + register_note_ + ")";
         if (fixed_files_) s += ", registered files";
         s += ", depth " + std::to_string(depth_) + ", chunk " + std::to_string(queue_.chunk_bytes() / 1024) +
-             " KiB";
+             " KiB, I/O thread " + priority_note_;
         if (queue_.fault().armed()) s += ", EIO injected at " + hex(queue_.fault().offset());
         if (cqe_faults_fired_ > 0)
             s +=
@@ -503,6 +504,7 @@ class UringReader final : public QueuedReader {
     bool io_sleeping_ = false;     // guarded by mutex_: I/O thread is (about to be) in the ring
     bool wake_sent_ = false;       // guarded by mutex_: an eventfd write is not yet consumed
     std::thread io_thread_;
+    std::string priority_note_;  // raise_io_thread_priority's outcome, set once at construction
 };
 
 }  // namespace
