@@ -804,3 +804,60 @@ def test_queue_rejects_bad_requests():
         q.add(2, 0, 0)
     with pytest.raises(_core.InvalidArgument, match="overflows 64 bits"):
         q.add(3, 2**64 - 4096, 1)
+
+
+
+# The I/O threads' scheduling (reader_common.h, raise_io_thread_priority): what describe() says must
+# be what the kernel applied, read back from /proc/self/task/*/stat (rt_priority and policy, fields 40
+# and 41 of proc(5)). Each case runs in a fresh process, so the environment and the caller's own
+# policy are the test's.
+_PRIORITY_SCRIPT = textwrap.dedent(
+    """
+    import os, re, sys
+    from sharpi import _core
+    if sys.argv[3] != "0":
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(sys.argv[3])))
+        except PermissionError:
+            print("no permission"); sys.exit(0)
+    r = _core.ExpertReaderTest(sys.argv[1], sys.argv[2])
+    m = re.search(r"I/O threads? (SCHED_FIFO \\d+|normal priority \\([^)]*\\))", r.describe)
+    print(m.group(1) if m else r.describe)
+    print(r.name)
+    levels = []
+    for tid in os.listdir("/proc/self/task"):
+        stat = open(f"/proc/self/task/{tid}/stat").read()
+        fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3 (state)
+        if int(fields[41 - 3]) == os.SCHED_FIFO:
+            levels.append(int(fields[40 - 3]))
+    print(" ".join(map(str, sorted(levels))))
+    """
+)
+
+
+def _io_priority(kind, path, env=None, caller_level=0):
+    """(what describe() says, the reader's name, the FIFO levels of the process's threads)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PRIORITY_SCRIPT, kind, str(path), str(caller_level)],
+        check=False, env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines() + ["", ""]
+    return lines[0], lines[1], [int(x) for x in lines[2].split()]
+
+
+@pytest.mark.parametrize("kind", ["pread", "auto"])
+def test_io_threads_run_at_the_priority_describe_reports(kind, random_file):
+    said, name, levels = _io_priority(kind, random_file)
+    n_io = 1 if name == "io_uring" else 2  # the ring's thread, or the pread workers
+    if said.startswith("SCHED_FIFO"):
+        assert (said, levels) == ("SCHED_FIFO 1", [1] * n_io)
+    else:  # no privilege: nothing changed
+        assert said.startswith("normal priority (SCHED_FIFO refused: ") and levels == [], (said, levels)
+    # Opting out: nothing is asked.
+    assert _io_priority(kind, random_file, {"SHARPI_IO_REALTIME": "0"})[::2] == (
+        "normal priority (SHARPI_IO_REALTIME=0)", [])
+    # A real-time caller (`chrt -f 5`): its I/O threads one level above it, so compute cannot starve them.
+    said, name, levels = _io_priority(kind, random_file, caller_level=5)
+    if said != "no permission":
+        assert (said, levels) == ("SCHED_FIFO 6", [5] + [6] * n_io)
