@@ -83,6 +83,12 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
 
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 class ReferencePredictor:
     name = "base"
     n_expert: int
@@ -253,18 +259,15 @@ class DepthTimePredictor(ReferencePredictor):
                 out[t][rows, :, 2 : len(DEPTHTIME_BASE_FEATURES)] = f
         column = {name: i for i, name in enumerate(DEPTHTIME_BASE_FEATURES)}
         for feats in out.values():
-            reg = feats[:, :, column["reg"]]
-            regp = np.exp(reg - reg.max(axis=1, keepdims=True))
-            regp /= regp.sum(axis=1, keepdims=True)
+            regp = softmax(feats[:, :, column["reg"]])
             for i, (a, b) in enumerate(DEPTHTIME_PRODUCTS, start=len(DEPTHTIME_BASE_FEATURES)):
                 feats[:, :, i] = (regp if a == "regp" else feats[:, :, column[a]]) * feats[:, :, column[b]]
         if self.routers is not None and targets:
             hidden = trace.hidden_rows(idx, L)
             for t in targets:
                 gate = self.routers.router_logits(hidden, t)
-                gatep = np.exp(gate - gate.max(axis=1, keepdims=True))
                 out[t][:, :, -2] = gate
-                out[t][:, :, -1] = gatep / gatep.sum(axis=1, keepdims=True)
+                out[t][:, :, -1] = softmax(gate)
         return out
 
     def _hot(self, trace: RoutingTrace, first: int, T: int, layer: int) -> np.ndarray:
@@ -408,8 +411,7 @@ class TrajectoryPredictor(ReferencePredictor):
                 qkv[..., i * D : (i + 1) * D].reshape(N, n, H, dh).transpose(0, 2, 1, 3) for i in range(3)
             )
             att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
-            att = np.exp(att - att.max(axis=-1, keepdims=True))
-            att /= att.sum(axis=-1, keepdims=True)
+            att = softmax(att)
             ctx = (att @ v).transpose(0, 2, 1, 3).reshape(N, n, D)
             x = x + linear(ctx, t[p + "out.w"], t[p + "out.b"])
             h = layer_norm(x, t[p + "ln2.w"], t[p + "ln2.b"])
