@@ -292,6 +292,12 @@ class LlamaCppRunner(EngineRunner):
         return {"module": self.module, "lowlevel": self.lowlevel, "no_repack": self.no_repack, "env": self.env}
 
     @classmethod
+    def configure_model_params(cls, L, mp, spec: dict, settings: dict):
+        """A subclass's changes to llama_model_params before the load (bench_cuda.py's --n-cpu-moe);
+        returns what must stay alive until the model is loaded."""
+        return ()
+
+    @classmethod
     def worker_main(cls, spec: dict) -> dict:
         import ctypes
         import importlib
@@ -323,6 +329,7 @@ class LlamaCppRunner(EngineRunner):
             setattr(mp, repack_field, False)
         if repack_field is not None:
             settings[repack_field] = bool(getattr(mp, repack_field))
+        keep_alive = cls.configure_model_params(L, mp, spec, settings)  # noqa: F841  (read by the load below)
         t0 = time.perf_counter()
         model = pick("llama_model_load_from_file", "llama_load_model_from_file")(spec["file"].encode(), mp)
         if not model:

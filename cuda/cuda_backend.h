@@ -184,6 +184,7 @@ struct VramTierOptions {
     uint64_t n_slots = 0;
     uint64_t n_staging = 0;
     std::string policy = "slru";
+    std::string reader = "auto";  // the fill source (device_tier.cuh's vram_tier): "auto", "cufile", ...
 };
 struct VramTierRun {
     std::vector<std::vector<std::string>> bytes;  // [step][expert]: gate | up | down read back from VRAM

@@ -249,7 +249,7 @@ CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact, const 
                                    " is above the slot table's " + std::to_string(kMaxSlotTable));
         }
         cache_ = std::make_unique<ExpertCache>(model.experts, *streamed,
-                                               vram_tier(mapped_images(model.experts), &fills_));
+                                               vram_tier(model.experts, streamed->reader, &fills_));
         gate_host_ = PinnedBuffer(sizeof(float) * (h.n_embd + h.n_expert), "gate inputs");
         if (misses != nullptr && misses->mode != MissMode::copy) open_cpu_misses(*misses);
     }

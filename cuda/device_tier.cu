@@ -1,16 +1,17 @@
 // The VRAM tier of the expert cache (moe/expert_tier.h, DESIGN §10): ExpertCache's own bookkeeping and
-// replacement policy over slots in device memory, filled on a dedicated copy stream.
+// replacement policy over slots in device memory, filled on a dedicated copy stream from a FillSource
+// (fill_source.cuh: copies from the pinned mapping, or cuFile reads from the files).
 //
-// Owns: the slot arena (one cudaMalloc), the copy stream, one event per copy in flight (pooled), and
-// the host registration (pinning) of the source images. Called from the decode thread only, like the
-// cache. What overlaps what: a copy runs on the copy stream while the compute stream computes earlier
-// layers; the compute stream waits on exactly the events of the slots a layer reads (stream_wait), and
-// the host never synchronizes the device in the decode loop (reap polls events; it blocks on one event
-// only when the cache must have a slot and every candidate is still being filled).
-// Must never: overwrite a slot that queued compute may still read. Slots are evicted only between
-// layers, after the caller marked the end of the last layer's reads with compute_done(); every copy
-// issued after that waits on that mark on the copy stream, so a reused slot is written only once the
-// kernels that read its previous expert have run.
+// Owns: the slot arena (one cudaMalloc), the copy stream, one event per fill in flight (pooled), and
+// the fill source (which owns the host registration of the mapping, or the cuFile handles). Called from the
+// decode thread only, like the cache. What overlaps what: a copy runs on the copy stream while the compute
+// stream computes earlier layers; the compute stream waits on exactly the events of the slots a layer reads
+// (stream_wait), and the host never synchronizes the device in the decode loop (reap polls events; it blocks
+// on one event only when the cache must have a slot and every candidate is still being filled). Must never:
+// overwrite a slot that queued compute may still read. Slots are evicted only between layers, after the
+// caller marked the end of the last layer's reads with compute_done(); every copy issued after that waits on
+// that mark on the copy stream, so a reused slot is written only once the kernels that read its previous
+// expert have run.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "cuda_backend.h"
 #include "device_memory.cuh"
 #include "device_tier.cuh"
+#include "fill_source.cuh"
 #include "model/model.h"
 #include "moe/expert_cache.h"
 #include "moe/expert_tier.h"
@@ -45,37 +47,63 @@ class DeviceSlotMemory final : public SlotMemory {
     DeviceBuffer buffer_;
 };
 
-// ExpertReader over host images: a request is one cudaMemcpyAsync into device slot memory on the copy
-// stream plus an event recorded after it. Queued (plugged, or behind the priority sort) requests can be
-// cancelled or promoted; started ones complete when their event does.
-class CudaCopyFiller final : public ExpertReader, public VramFills {
+class PinnedCopySource final : public FillSource {
   public:
-    explicit CudaCopyFiller(const HostImages& source) : source_(source) {
-        for (size_t f = 0; f < source_.images.size(); ++f) {
-            if (source_.images[f] == nullptr) continue;
+    explicit PinnedCopySource(const HostImages& images) : images_(images) {
+        for (size_t f = 0; f < images_.images.size(); ++f) {
+            if (images_.images[f] == nullptr) continue;
             // Pinned sources make the copies truly asynchronous; a mapping the driver will not
             // register still copies correctly (staged by the driver), only slower.
-            void* p = const_cast<uint8_t*>(source_.images[f]);
-            if (cudaHostRegister(p, source_.sizes[f], cudaHostRegisterReadOnly) == cudaSuccess) {
+            void* p = const_cast<uint8_t*>(images_.images[f]);
+            if (cudaHostRegister(p, images_.sizes[f], cudaHostRegisterReadOnly) == cudaSuccess) {
                 registered_.push_back(p);
             } else {
                 cudaGetLastError();
             }
         }
     }
-    ~CudaCopyFiller() override {
-        cudaStreamSynchronize(copy_.get());  // no copy may still write into the arena or read a source
+    ~PinnedCopySource() override {
         for (void* p : registered_) cudaHostUnregister(p);
     }
-
     const char* name() const override { return "cuda copy"; }
-    void submit(const ReadRequest& r) override {
-        if (r.file >= source_.images.size() || source_.images[r.file] == nullptr ||
-            r.offset + r.length > source_.sizes[r.file]) {
+    std::string describe() const override {
+        return std::string("cuda copy: cudaMemcpyAsync from the mapping on a copy stream, source ") +
+               (registered_.size() == images_.images.size() ? "pinned (cudaHostRegister)"
+                                                            : "partly pageable (registration refused)");
+    }
+    std::unique_ptr<FillState> enqueue(const ReadRequest& r, cudaStream_t stream) override {
+        if (r.file >= images_.images.size() || images_.images[r.file] == nullptr ||
+            r.offset + r.length > images_.sizes[r.file]) {
             throw InvalidArgument("[cuda] copy request [" + std::to_string(r.offset) + ", +" +
                                   std::to_string(r.length) + ") of file " + std::to_string(r.file) +
                                   " is outside the host images");
         }
+        cuda_check(
+            cudaMemcpyAsync(r.buffer + r.offset % ExpertReader::kAlignment, images_.images[r.file] + r.offset,
+                            r.length, cudaMemcpyHostToDevice, stream),
+            "copy to device: expert fill");
+        return nullptr;
+    }
+    std::string check(const ReadRequest&, const FillState*) const override { return ""; }
+
+  private:
+    HostImages images_;
+    std::vector<void*> registered_;
+};
+
+// ExpertReader over a FillSource: a request is one fill queued on the copy stream plus an event
+// recorded after it. Queued (plugged, or behind the priority sort) requests can be cancelled or
+// promoted; started ones complete when their event does.
+class StreamFiller final : public ExpertReader, public VramFills {
+  public:
+    explicit StreamFiller(std::shared_ptr<FillSource> source) : source_(std::move(source)) {}
+    ~StreamFiller() override {
+        // No fill may still write into the arena or read its source's state.
+        cudaStreamSynchronize(copy_.get());
+    }
+
+    const char* name() const override { return source_->name(); }
+    void submit(const ReadRequest& r) override {
         queued_.push_back(r);
         inflight_bytes_ += r.length;
         note_busy();
@@ -131,11 +159,7 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
         plugged_ = false;
         start_queued();
     }
-    std::string describe() const override {
-        return std::string("cuda copy: cudaMemcpyAsync on a copy stream, one event per copy, source ") +
-               (registered_.size() == source_.images.size() ? "pinned (cudaHostRegister)"
-                                                            : "partly pageable (registration refused)");
-    }
+    std::string describe() const override { return source_->describe() + ", one event per fill"; }
 
     void stream_wait(uint64_t tag, cudaStream_t compute) const override {
         for (const Started& s : started_) {
@@ -155,6 +179,7 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
   private:
     struct Started {
         ReadRequest request;
+        std::unique_ptr<FillState> state;  // the source's, alive until `done` completed
         Event done;
         std::unique_ptr<Event> timed_begin, timed_end;  // timeline only
     };
@@ -170,13 +195,13 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
             const bool timed = timeline_ != nullptr && timeline_->enabled() && clock_ != nullptr;
             std::unique_ptr<Event> begin = timed ? std::make_unique<Event>(true) : nullptr;
             if (begin) begin->record(copy_);
-            copy_to_device(r.buffer + r.offset % kAlignment, source_.images[r.file] + r.offset, r.length,
-                           copy_, "expert fill");
+            std::unique_ptr<FillState> state = source_->enqueue(r, copy_.get());
             std::unique_ptr<Event> end = timed ? std::make_unique<Event>(true) : nullptr;
             if (end) end->record(copy_);
             Event done = take_event();
             done.record(copy_);
-            started_.push_back(Started{r, std::move(done), std::move(begin), std::move(end)});
+            started_.push_back(
+                Started{r, std::move(state), std::move(done), std::move(begin), std::move(end)});
         }
         queued_.clear();
     }
@@ -191,7 +216,10 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
             ReadCompletion c{s.request.tag, err == cudaSuccess, ""};
             if (err != cudaSuccess) {
                 cudaGetLastError();
-                c.error = cuda_error_message(err, "expert copy to VRAM");
+                c.error = cuda_error_message(err, std::string("expert fill (") + source_->name() + ")");
+            } else {
+                c.error = source_->check(s.request, s.state.get());
+                c.ok = c.error.empty();
             }
             out.push_back(std::move(c));
             if (s.timed_begin && err == cudaSuccess) {
@@ -214,10 +242,9 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
         return e;
     }
 
-    HostImages source_;
+    std::shared_ptr<FillSource> source_;
     Timeline* timeline_ = nullptr;
     const DeviceClock* clock_ = nullptr;
-    std::vector<void*> registered_;
     Stream copy_;
     Event compute_done_;
     bool compute_marked_ = false;
@@ -232,14 +259,37 @@ class CudaCopyFiller final : public ExpertReader, public VramFills {
 
 }  // namespace
 
-ExpertTier vram_tier(const HostImages& source, VramFills** fills) {
+std::unique_ptr<FillSource> pinned_copy_source(const HostImages& images) {
+    return std::make_unique<PinnedCopySource>(images);
+}
+
+ExpertTier vram_tier(const ExpertLayout& layout, const std::string& reader, VramFills** fills) {
+    if (reader != "auto" && reader != "cufile" && reader != "io_uring" && reader != "uring" &&
+        reader != "pread") {
+        throw InvalidArgument("unknown reader '" + reader +
+                              "' (expected 'auto', 'cufile', 'io_uring' (or 'uring') or 'pread')");
+    }
     ExpertTier t;
     t.name = "vram";
+    bool use_cufile = reader == "cufile";
+    if (reader == "auto") {
+        const CufileChoice choice = choose_cufile_for_auto();
+        use_cufile = choice.use;
+        t.reader_note = choice.why;
+    } else if (!use_cufile) {
+        t.reader_note =
+            "reader '" + reader + "' reads into host memory; the VRAM tier copies from the pinned mapping";
+    }
+    // The source is made here, before the cache allocates anything, so that a cuFile that cannot run
+    // is a typed error at open.
+    std::shared_ptr<FillSource> source(use_cufile ? cufile_source(layout.files)
+                                                  : pinned_copy_source(mapped_images(layout)));
     t.allocate = [](uint64_t bytes) -> std::unique_ptr<SlotMemory> {
         return std::make_unique<DeviceSlotMemory>(bytes);
     };
-    t.open_filler = [source, fills](uint8_t*, uint64_t) -> std::unique_ptr<ExpertReader> {
-        auto f = std::make_unique<CudaCopyFiller>(source);
+    t.open_filler = [source, fills](uint8_t*, uint64_t) mutable -> std::unique_ptr<ExpertReader> {
+        if (source == nullptr) throw InvalidArgument("[cuda] the VRAM tier opens one filler");
+        auto f = std::make_unique<StreamFiller>(std::move(source));
         *fills = f.get();
         return f;
     };
@@ -260,7 +310,7 @@ VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& o,
     co.n_staging = o.n_staging;
     co.policy = o.policy;
     VramFills* filler = nullptr;
-    ExpertCache cache(model.experts, co, vram_tier(mapped_images(model.experts), &filler));
+    ExpertCache cache(model.experts, co, vram_tier(model.experts, o.reader, &filler));
     Stream compute;
     VramTierRun run;
     std::vector<ExpertView> views;

@@ -7,11 +7,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "moe/expert_tier.h"
 
 namespace sharpi {
 class ExpertCache;
+struct ExpertLayout;
 class Timeline;
 }  // namespace sharpi
 
@@ -34,9 +36,12 @@ class VramFills {
     virtual void set_timeline(Timeline* timeline, const DeviceClock* clock) = 0;
 };
 
-// The VRAM tier over `source` (the host tier's bytes: the model's mapping, registered as pinned);
-// *fills receives the filler the cache opens, which lives as long as the cache.
-ExpertTier vram_tier(const HostImages& source, VramFills** fills);
+// The VRAM tier over the files of `layout`, filled by the source `reader` names (fill_source.cuh):
+// "cufile" cuFile reads (a typed error where cuFile cannot run), "auto" cuFile where GPUDirect
+// Storage is present and copies from the pinned mapping otherwise (ExpertTier::reader_note says
+// which and why), any other reader the copies. *fills receives the filler the cache opens, which
+// lives as long as the cache.
+ExpertTier vram_tier(const ExpertLayout& layout, const std::string& reader, VramFills** fills);
 
 // Makes `compute` wait on every part's copy of the n experts of the cache's last acquire.
 void stream_wait_acquired(const ExpertCache& cache, const VramFills& fills, int n, cudaStream_t compute);

@@ -344,7 +344,7 @@ def greedy(session, prompt, n):
 
 @pytest.mark.parametrize("quant", E2E_QUANTS)
 @pytest.mark.parametrize("arch", E2E_ARCHES)
-def test_gpu_exact_matches_cpu_exact_and_the_same_greedy_tokens(e2e_files, arch, quant):
+def test_gpu_exact_matches_cpu_exact_and_the_same_greedy_tokens(e2e_files, arch, quant, record_property):
     path = e2e_files(arch, quant)
     prompt = prompt_tokens(12)
     cpu = sharpi.Session(path, exact=True)
@@ -362,6 +362,8 @@ def test_gpu_exact_matches_cpu_exact_and_the_same_greedy_tokens(e2e_files, arch,
     gpu_tokens, gpu_steps = greedy(gpu, prompt, N_GREEDY)
     assert gpu_tokens == cpu_tokens
     worst = max(rel_err(g, c) for g, c in zip(gpu_steps, cpu_steps))
+    record_property("prompt_rel_err", err)  # the measured margins (junit XML), for the budget notes above
+    record_property("decode_rel_err", worst)
     assert worst <= EXACT_BUDGET[quant], f"{arch} {quant}: decode logits relative error {worst:.2e}"
 
 
@@ -386,7 +388,7 @@ def test_gpu_prefill_equals_token_by_token(e2e_files, arch, quant, exact):
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m", "q6_k"])
 @pytest.mark.parametrize("arch", E2E_ARCHES)
-def test_gpu_fast_mode_matches_cpu_fast_mode(e2e_files, arch, quant):
+def test_gpu_fast_mode_matches_cpu_fast_mode(e2e_files, arch, quant, record_property):
     # Held like test_fast_mode.py holds fast against exact on the CPU, per metric: a router near-tie
     # that one engine's rounding flips changes that position's expert set (tenths of the logit
     # scale), so the median position carries the rounding budget and the worst one a flip budget.
@@ -399,6 +401,7 @@ def test_gpu_fast_mode_matches_cpu_fast_mode(e2e_files, arch, quant):
     per_position = np.abs(got - want).max(axis=1) / np.abs(want).max()
     agreement = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
     what = f"{arch}/{quant}: median {np.median(per_position):.2e}, worst {per_position.max():.2e}, agreement {agreement:.3f}"
+    record_property("fast_vs_cpu", what)
     assert np.median(per_position) <= FAST_MEDIAN_BUDGET, what
     assert per_position.max() <= FAST_WORST_BUDGET, what
     assert agreement >= FAST_AGREEMENT_MIN, what

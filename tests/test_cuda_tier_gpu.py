@@ -1,8 +1,10 @@
 """The VRAM tier of the expert cache on a device (marker `gpu`; skipped without a device).
 
-cuda/device_tier.cu: ExpertCache's bookkeeping and policy over slots in device memory, filled by
-cudaMemcpyAsync on a copy stream with one event per copy; the compute stream waits on exactly the
-acquired slots' events and reads the slots back. Against the oracles of tests/test_expert_tiers.py:
+cuda/device_tier.cu: ExpertCache's bookkeeping and policy over slots in device memory, filled on a
+copy stream with one event per fill, by cudaMemcpyAsync from the pinned mapping or by cuFile reads from
+the file (cuda/cufile_source.cu: GPUDirect Storage, or cuFile's compatibility mode where nvidia-fs is
+not loaded); the compute stream waits on exactly the acquired slots' events and reads the slots back.
+Against the oracles of tests/test_expert_tiers.py:
 - every acquired expert read back from VRAM holds the file's bytes (numpy on the file, at the gguf
   package's offsets), for every budget from the minimum (top-k slots) up, with and without prefetch;
 - the counters equal the RAM and copy tiers' on the same steps (one policy implementation).
@@ -20,17 +22,24 @@ pytestmark = [
 ]
 
 
-def vram_run(path, steps, n_slots, policy, prefetch=None, n_staging=0):
+def vram_run(path, steps, n_slots, policy, prefetch=None, n_staging=0, reader="io_uring"):
     cuda_steps = [
         _core.CudaTierStep(il, experts, (prefetch or {}).get(i, [])) for i, (il, experts) in enumerate(steps)
     ]
-    return _core.cuda_vram_tier_run(path, n_slots, n_staging=n_staging, policy=policy, steps=cuda_steps)
+    return _core.cuda_vram_tier_run(path, n_slots, n_staging=n_staging, policy=policy, steps=cuda_steps,
+                                    reader=reader)
 
 
+# The fill source a Session's reader names for the VRAM tier, and the name the stats give it: a host
+# reader's name means the copies from the pinned mapping.
+FILL_SOURCES = {"io_uring": "cuda copy", "cufile": "cufile"}
+
+
+@pytest.mark.parametrize("reader", sorted(FILL_SOURCES))
 @pytest.mark.parametrize("with_prefetch", [False, True], ids=["reactive", "prefetch"])
 @pytest.mark.parametrize("policy", ["slru", "lru", "arc"])
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
-def test_gpu_vram_tier_bytes_and_counters_equal_the_host_tiers(models, arch, policy, with_prefetch):  # noqa: F811
+def test_gpu_vram_tier_bytes_and_counters_equal_the_host_tiers(models, arch, policy, with_prefetch, reader):  # noqa: F811
     import numpy as np
 
     path = models[arch, "q4_k_m"]
@@ -48,8 +57,8 @@ def test_gpu_vram_tier_bytes_and_counters_equal_the_host_tiers(models, arch, pol
             unused = next(e for e in range(n_expert) if e not in chosen)
             prefetch[i] = [(il, chosen[0]), (il, unused)]
     for n_slots in range(k, len(layers) * n_expert + 1, 3):  # every budget from the minimum up
-        got, stats = vram_run(path, steps, n_slots, policy, prefetch, n_staging)
-        assert (stats["tier"], stats["reader"]) == ("vram", "cuda copy")
+        got, stats = vram_run(path, steps, n_slots, policy, prefetch, n_staging, reader)
+        assert (stats["tier"], stats["reader"]) == ("vram", FILL_SOURCES[reader]), stats["reader_detail"]
         layer_stats = stats["layers"]
         for (il, experts), blobs in zip(steps, got):
             for e, blob in zip(experts, blobs):

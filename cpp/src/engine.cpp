@@ -262,6 +262,7 @@ bool Engine::plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, Ex
     o->n_slots = plan.n_vram_slots;
     o->n_staging = plan.n_vram_staging;
     set_cache_policy(*o);
+    o->reader = options_.reader;  // the VRAM tier's fill source (cuda/device_tier.cuh)
     plan_.budget_bytes = request.vram_budget;
     plan_.fixed_bytes = plan.device_dense_bytes + plan.device_kv_bytes + plan.device_buffer_bytes;
     return true;

@@ -5,6 +5,27 @@ The engine is C++ (sharpi._core); this package adds the tokenizer, generation lo
 
 import os as _os
 
+
+def _point_at_the_cufile_wheel() -> None:
+    """The cuFile reader loads libcufile with dlopen ($SHARPI_CUFILE_LIB, else the loader's search
+    path). pip's nvidia-cufile wheel puts it under site-packages/nvidia/*/lib, which the loader does
+    not search: name it, unless the user did."""
+    if _os.environ.get("SHARPI_CUFILE_LIB"):
+        return
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+    except ImportError:
+        return
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cu12", "cufile"):
+            lib = _os.path.join(base, sub, "lib", "libcufile.so.0")
+            if _os.path.isfile(lib):
+                _os.environ["SHARPI_CUFILE_LIB"] = lib
+                return
+
+
+_point_at_the_cufile_wheel()
+
 from ._core import (  # noqa: F401
     CancelledError,
     ContextOverflowError,

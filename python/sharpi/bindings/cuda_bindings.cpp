@@ -141,12 +141,14 @@ py::dict device_plan(const std::string& path, int64_t n_ctx, int64_t max_batch,
 // op_vram_tier_run on a freshly mapped model: returns ([[bytes per expert] per step], the cache's stats
 // as Session.expert_stats() gives them).
 py::tuple vram_tier_run(const std::string& path, uint64_t n_slots, uint64_t n_staging,
-                        const std::string& policy, const std::vector<cuda::TierStep>& steps) {
+                        const std::string& policy, const std::vector<cuda::TierStep>& steps,
+                        const std::string& reader) {
     const std::unique_ptr<Model> model = load_model(path, /*streaming=*/false);
     cuda::VramTierRun run;
     {
         py::gil_scoped_release release;
-        run = cuda::op_vram_tier_run(*model, cuda::VramTierOptions{n_slots, n_staging, policy}, steps);
+        run =
+            cuda::op_vram_tier_run(*model, cuda::VramTierOptions{n_slots, n_staging, policy, reader}, steps);
     }
     py::list bytes;
     for (const auto& step : run.bytes) {
@@ -165,10 +167,13 @@ void bind_cuda(py::module_& m) {
              }),
              py::arg("layer"), py::arg("experts"),
              py::arg("prefetch_after") = std::vector<std::pair<int32_t, int32_t>>{});
-    m.def("cuda_vram_tier_run", &vram_tier_run, py::arg("path"), py::arg("n_slots"), py::arg("n_staging") = 0,
-          py::arg("policy") = "slru", py::arg("steps") = std::vector<cuda::TierStep>{},
-          "The VRAM tier of the expert cache driven over `steps` (CudaTierStep list): (bytes read back from "
-          "each acquired slot per step, expert_stats dict); a typed error without a device");
+    m.def(
+        "cuda_vram_tier_run", &vram_tier_run, py::arg("path"), py::arg("n_slots"), py::arg("n_staging") = 0,
+        py::arg("policy") = "slru", py::arg("steps") = std::vector<cuda::TierStep>{},
+        py::arg("reader") = "auto",
+        "The VRAM tier of the expert cache driven over `steps` (CudaTierStep list) with the fill source "
+        "`reader` names (auto, cufile, ...): (bytes read back from each acquired slot per step, expert_stats "
+        "dict); a typed error without a device");
     m.def("cuda_device_plan", &device_plan, py::arg("path"), py::arg("n_ctx") = 0, py::arg("max_batch") = 256,
           py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
           "What device=\"cuda\" would upload and allocate for the model (no device touched; n_ctx 0: a "
