@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import sharpi
 from model_files import rewrite_gguf
+from reader_policy import uring_unavailable
+from sharpi import _core
 from sharpi.make_model import write_model
 from test_streaming import run_tokens  # prompt logits, then greedy token-by-token logits
 
@@ -509,6 +511,70 @@ def test_truncate_rewinds_the_predictor_history(models, sidecars):
         got, want = counters(rewound, first), counters(fresh, first)
         assert got == want, first
         assert sum(c for _, _, c in want[1]) > 0
+
+
+def test_a_failed_single_token_decode_leaves_nothing_in_the_predictor(models, sidecars, monkeypatch):
+    """A single-token decode that fails after the predictor saw its first gate (a read error at layer 0)
+    appends nothing to the session, and must leave nothing in the predictor either: depthtime folds the
+    previous token into its state at the first gate, so the retried token would fold it a second time.
+    The engine hands the kept tokens over again at the next decode (as after truncate), so the retry
+    predicts what a session where the read never failed predicts. Compared through the prediction
+    counters; the logits are the resident ones."""
+    if "depthtime" not in sidecars:
+        pytest.skip("torch (the optional extra) is not installed: cannot train depthtime")
+    path = models["qwen3moe"]
+    fixed, slot, k = plan(path)
+    # Two tokens where the second selects an expert at layer 0 that the first does not: at the minimum
+    # budget that expert's first read is the second token's demand read (predictions never target
+    # layer 0, the first layer of a token).
+    probe = sharpi.Session(path, threads=1, n_ctx=128, dump_activations=True)
+    first = PROMPT[0]
+
+    def layer0(tokens):
+        probe.reset()
+        for t in tokens:
+            probe.decode([t])
+        return set(probe.dump()["ffn_moe_topk-0"].astype(int).ravel().tolist())
+
+    seen = layer0([first])
+    second, expert = next((t, min(layer0([first, t]) - seen)) for t in range(1, 300) if layer0([first, t]) - seen)
+    offset, _ = _core.GgufFile(path).expert_range("blk.0.ffn_gate_exps.weight", expert)
+    resident = sharpi.Session(path, threads=2, n_ctx=128)
+
+    def session(fault):
+        if fault:
+            monkeypatch.setenv("SHARPI_FAULT_URING_RES", f"EIO@{offset}")  # one completion, read at open
+        try:
+            s = sharpi.Session(path, threads=2, n_ctx=128, ram_budget=fixed + 3 * k * slot, reader="io_uring",
+                               lookahead=2, predictor=f"depthtime:{sidecars['depthtime']}")
+        except sharpi.UnsupportedError as e:
+            uring_unavailable(str(e))
+        monkeypatch.delenv("SHARPI_FAULT_URING_RES", raising=False)
+        return s
+
+    def counters(s):
+        s.reset_stats()
+        tokens, logits = [second], []
+        for _ in range(8):
+            logits.append(np.asarray(s.decode([tokens[-1]])))
+            tokens.append(int(np.argmax(logits[-1])))
+        return logits, [(lay["predictions"], lay["predicted_experts"], lay["predicted_correct"])
+                        for lay in s.expert_stats()["layers"]]
+
+    failed = session(fault=True)
+    failed.decode([first])
+    with pytest.raises(sharpi.IoError):
+        failed.decode([second])
+    assert failed.n_past == 1
+    fresh = session(fault=False)
+    fresh.decode([first])
+    got, want = counters(failed), counters(fresh)
+    assert got[1] == want[1]
+    assert sum(c for _, _, c in want[1]) > 0
+    resident.decode([first])
+    for step, logits in enumerate(got[0]):
+        np.testing.assert_array_equal(logits, want[0][step])
+    np.testing.assert_array_equal(got[0][0], np.asarray(resident.decode([second])))
 
 
 def test_sidecar_for_another_model_or_corrupt_is_a_clear_error(models, sidecars, tmp_path):

@@ -434,6 +434,10 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         model_->file->check_mapping();  // resident: no result computed from a lost page
     } catch (const CancelledError&) {
         clear_cancel();  // this call consumed the request
+        forget_failed_token(n);
+        throw;
+    } catch (...) {
+        forget_failed_token(n);
         throw;
     }
     if (prefetcher_) {
@@ -470,6 +474,13 @@ void Engine::record_selections(int64_t n) {
             std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
                       sequence_selection_.begin() + static_cast<ptrdiff_t>(first) + i * row + il * k);
     }
+}
+
+void Engine::forget_failed_token(int64_t n) {
+    // A single-token decode shows the predictor its gates as it goes (a stateful one folds `prev` in
+    // at the first), and nothing of a failed call is appended: the next decode hands the kept tokens
+    // over again as a new sequence, as after truncate(), so the failed token leaves no trace there.
+    if (prefetcher_ && n == 1) replay_history_ = true;
 }
 
 void Engine::begin_prefetch_token() {

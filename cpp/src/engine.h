@@ -104,6 +104,9 @@ class Engine final : private GateObserver {
     // before it are replayed first (Predictor::observe_context), so the predictor's history is the
     // kept sequence.
     void begin_prefetch_token();
+    // A decode of n tokens failed or was cancelled (nothing appended): after a single token, whose
+    // gates the predictor saw, the next decode replays the kept sequence (replay_history_).
+    void forget_failed_token(int64_t n);
     // After a batched decode of n > 1 tokens, once record_selections(n) has run: the first n - 1
     // tokens' selections to the predictor (Predictor::observe_context), led by the token decoded just
     // before the batch (every kept token after a truncate()), so history-keeping predictors see a
@@ -139,8 +142,9 @@ class Engine final : private GateObserver {
     // (-1 where a layer has no routing), so a truncate() rewinds the predictor's history instead of
     // losing it. Invariant: n_past_ rows.
     std::vector<int32_t> sequence_selection_;
-    // truncate() dropped tokens the predictor had folded in: the next decode hands it the kept
-    // sequence again, as a new sequence.
+    // truncate() dropped tokens the predictor had folded in, or a failed single-token decode showed
+    // it gates of a token that was not appended: the next decode hands it the kept sequence again,
+    // as a new sequence.
     bool replay_history_ = false;
     double decode_ms_ = 0.0;
     Timeline timeline_;

@@ -27,8 +27,9 @@ call) of the batch's tokens that observe() never saw, oldest first, so the promp
 history exactly as if each token had been decoded alone: every batch token but the last (which
 arrives as the next observe()'s `prev`), led by the token decoded just before the batch when there
 is one. new_sequence is True when the tokens start the sequence: a new session or reset(), or after
-truncate(n_keep), when the kept tokens are handed over again (the history rewinds). Exceptions are
-counted and kept as observe()'s are.
+truncate(n_keep), when the kept tokens are handed over again (the history rewinds); the same after a
+single-token decode that failed or was cancelled once observe() had seen its gates (nothing of it was
+appended, so the history rewinds to the kept tokens). Exceptions are counted and kept as observe()'s are.
 """
 
 from __future__ import annotations
