@@ -281,26 +281,27 @@ def test_gpu_session_refuses_an_arch_the_device_path_does_not_compute(tmp_path):
 # quant types (f32 and f16 weights, the 32-element types, K-quant mixes). The CPU engine is the
 # oracle here; it is itself checked against float64 numpy and transformers by the CPU suites.
 #
-# BUDGETS ARE PROVISIONAL: no session that wrote these tests was lent a GPU, so none of the numbers
-# below was measured. Reasoning behind them:
+# Budgets, measured on a lent H200 (session 33; the CPU side on that machine's AVX-512 kernels):
 # - exact mode: both engines dequantize the same weights to the same f32 (block_math.cuh is checked
 #   bit for bit against the gguf package) and differ only in f32 summation order (warp trees vs the
-#   CPU's SIMD lanes) and expf: 1e-4 relative on the logits (issue 21 asks <= 1e-4 for f32 weights;
-#   the other types share the same arithmetic after dequantization, so the same budget).
+#   CPU's SIMD lanes) and expf. Measured worst relative error over the 24 arch x type files, prompt
+#   rows and 32 greedy steps: 4.9e-7 (q4_k_m; f32 weights 4.0e-7). The budget stays issue 21's 1e-4
+#   for every type (the types share the arithmetic after dequantization).
 # - fast mode: the same q8 activation bytes whenever the f32 inputs agree, but an input that differs
 #   in its last bit can round to another q8 code and flip a router near-tie, and the CPU's fast KV
 #   cache defaults to f16 (the CPU session here is given f32 KV to compare like with like); checked
-#   per metric as test_fast_mode.py checks fast against exact (FAST_* below).
+#   per metric as test_fast_mode.py checks fast against exact (FAST_* below). Measured over the 16
+#   files: median <= 7.4e-3, worst <= 1.28e-2, argmax agreement >= 0.979.
 # - prefill vs token-by-token on the device: the kernels are written to give the same bits (the
 #   tiled matmul sums as the matvec, the grouped expert FFN as the decode one, attention per token
-#   over its own prefix), so equality is asserted bit for bit, as on the CPU.
+#   over its own prefix), so equality is asserted bit for bit, as on the CPU (and holds: measured).
 
 E2E_ARCHES = ("qwen3moe", "qwen2moe", "olmoe", "llama")  # llama with experts: Mixtral's layout
 E2E_QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_k_m", "q6_k")
-EXACT_BUDGET = {q: 1e-4 for q in E2E_QUANTS}  # provisional, not measured (see above)
-# Fast mode, provisional and not measured: test_fast_mode.py's measured CPU fast-vs-exact budgets
-# (median 2e-2, worst 0.47, agreement 0.896), since GPU fast vs CPU fast should sit no further apart.
-FAST_MEDIAN_BUDGET, FAST_WORST_BUDGET, FAST_AGREEMENT_MIN = 2e-2, 0.5, 0.85
+EXACT_BUDGET = {q: 1e-4 for q in E2E_QUANTS}  # measured worst 4.9e-7 (see above)
+# Fast mode: about 3x (median), 8x (worst) the measured values above, and 0.9 agreement (measured 0.979:
+# one flipped argmax in 48 positions); another host's CPU kernels (AVX2) round the oracle differently.
+FAST_MEDIAN_BUDGET, FAST_WORST_BUDGET, FAST_AGREEMENT_MIN = 2e-2, 0.1, 0.9
 N_GREEDY = 32
 
 

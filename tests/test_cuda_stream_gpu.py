@@ -171,7 +171,7 @@ def test_gpu_auto_reader_says_which_fill_source_runs_and_why(e2e_files):  # noqa
 # ---- CPU compute of misses (miss_route): the CPU kernels compute what VRAM lacks ---------------------------
 #
 # The oracle is still the resident device session, now within part 1's GPU-vs-CPU budgets
-# (tests/test_cuda_gpu.py, provisional and not measured): the CPU kernels sum in another order, so a
+# (tests/test_cuda_gpu.py, measured on an H200): the CPU kernels sum in another order, so a
 # CPU-computed expert's row differs in its last bits. Exact mode: 1e-4 relative on every logit and the
 # same greedy tokens; fast mode: the per-position median / worst / argmax-agreement budgets.
 

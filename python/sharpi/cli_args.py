@@ -129,8 +129,10 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
         "--reader",
         choices=["auto", "cufile", "io_uring", "uring", "pread"],
         default="auto",
-        help="expert reader when streaming (default: auto = io_uring where it works, else pread; cufile: "
-        "GPUDirect Storage into VRAM slots, an error saying why where it cannot run)",
+        help="expert reader when streaming (default: auto = io_uring where it works, else pread; with "
+        "--device cuda --vram-budget: cufile = cuFile reads into the VRAM slots (GPUDirect Storage where "
+        "nvidia-fs is loaded, else cuFile's POSIX path), auto = cuFile only with nvidia-fs, else copies from "
+        "the pinned mapping; cufile is an error saying why where it cannot run)",
     )
     p.add_argument(
         "--slru-probation",

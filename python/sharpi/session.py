@@ -116,7 +116,8 @@ class Session:
         minus a margin); None or 0: every weight resident. The tier planner (`sharpi inspect --plan`)
         charges dense weights, KV cache and buffers first; when the rest does not hold every expert,
         the experts stream into VRAM slots from pinned RAM (the same logits bit for bit; a predictor
-        prefetches into staging slots). Below the minimum: InvalidArgument naming it; "auto" without a
+        prefetches into staging slots), or with reader="cufile" by cuFile reads from the file
+        ("auto" takes cuFile only where the nvidia-fs driver gives GPUDirect Storage). Below the minimum: InvalidArgument naming it; "auto" without a
         device: DeviceError; with device "cpu": InvalidArgument.
         miss_route (streamed experts): how a decode step serves an expert missing from VRAM: "copy" (default;
         logits equal the resident ones bit for bit), "cpu" (computed by the CPU kernels from RAM, one row
