@@ -97,6 +97,10 @@ struct CufileApi {
         error;  // why the library cannot be used; empty when every entry resolved and the driver opened
 };
 
+// CUFILE_PARAM_PROPERTIES_POSIX_IO_MODE of cufile.h since GDS 1.16 (the enum only grows). By value:
+// older headers (CUDA 13.0's toolkit) lack the name; a library that does not know it refuses the set.
+constexpr auto kPosixIoMode = static_cast<CUFileBoolConfigParameter_t>(12);
+
 template <typename Fn>
 bool resolve(void* lib, const char* name, Fn* out, std::string* error) {
     *out = reinterpret_cast<Fn>(::dlsym(lib, name));
@@ -130,7 +134,7 @@ const CufileApi& cufile_api(const std::string& library) {
             decltype(&cuFileSetParameterBool) set_bool = nullptr;
             std::string unused;
             if (resolve(lib, "cuFileSetParameterBool", &set_bool, &unused) &&
-                set_bool(CUFILE_PARAM_PROPERTIES_POSIX_IO_MODE, true).err == CU_FILE_SUCCESS) {
+                set_bool(kPosixIoMode, true).err == CU_FILE_SUCCESS) {
                 api.vanilla_posix = true;
             }
         }
@@ -261,7 +265,17 @@ class CufileSource final : public FillSource {
             refused += std::string(refused.empty() ? "" : "; ") + (direct ? "O_DIRECT: " : "buffered: ") +
                        cufile_error(e);
         }
-        throw DeviceError("[cufile] " + path + ": cuFileHandleRegister refused the file (" + refused + ")");
+        std::string hint;
+        if (!nvidia_fs_loaded() && !api_.vanilla_posix) {
+            // Seen on a VM (session 33): compatibility mode's registration runs GPUDirect file checks
+            // that read the block device's udev properties, and refuses every file where they are missing.
+            hint =
+                "; without nvidia-fs, cuFile's registration checks need the block device's udev "
+                "properties (missing in VMs and containers), and this libcufile did not accept vanilla "
+                "POSIX mode, which skips them (nvidia-cufile 1.20 has it)";
+        }
+        throw DeviceError("[cufile] " + path + ": cuFileHandleRegister refused the file (" + refused + ")" +
+                          hint);
     }
     void close_files() {
         for (CufileFile& f : files_) {

@@ -31,7 +31,9 @@ def vram_run(path, steps, n_slots, policy, prefetch=None, n_staging=0, reader="i
 
 
 # The fill source a Session's reader names for the VRAM tier, and the name the stats give it: a host
-# reader's name means the copies from the pinned mapping.
+# reader's name means the copies from the pinned mapping. The cufile cases FAILED on the one device
+# they ran on (session 33, an H200 in a VM without nvidia-fs): its libcufile refused to register any
+# file (docs/cuda.md, "cuFile without nvidia-fs"); the copy cases passed.
 FILL_SOURCES = {"io_uring": "cuda copy", "cufile": "cufile"}
 
 
