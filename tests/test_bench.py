@@ -519,10 +519,61 @@ def test_compare_predictors_picks_the_least_stall():
     assert got[1]["stall_reduction"] is None and got[1]["best"] == "cooc"
 
 
+def test_rotated_order_puts_every_run_in_every_position():
+    from sharpi.bench.runner import rotated
+
+    plan = [("none", None), ("cooc", "c.gguf"), ("trajectory", "t.gguf"), ("depthtime", "d.gguf")]
+    orders = [rotated(plan, rnd) for rnd in range(2 * len(plan))]
+    for order in orders:
+        assert sorted(order) == sorted(plan), "a round runs every configuration exactly once"
+    for pos in range(len(plan)):
+        assert {order[pos][0] for order in orders[: len(plan)]} == {p for p, _ in plan}
+    assert orders[0] == plan and orders[len(plan)] == plan and rotated([], 3) == []
+
+
+def test_round_summary_cuts_stall_against_the_same_rounds_none():
+    from sharpi.bench.report import compare_predictors, round_summary
+
+    def run(rnd, pred, stall, tpot, tokens=10, share=0.25):
+        return {"share": share, "predictor": pred, "round": rnd, "stall_ms": stall, "tokens": tokens,
+                "tpot_ms": tpot, "hit_rate": 0.5, "bytes_per_token": 100.0,
+                "prefetch_wasted_bytes_per_token": 0.0 if pred == "none" else 10.0}  # fmt: skip
+
+    # Round 1's none is slow: pooled medians and same-round cuts disagree, which is the point.
+    none = {0: 1000.0, 1: 3000.0, 2: 1200.0}
+    a = {0: 600.0, 1: 1500.0, 2: 900.0}
+    b = {0: 500.0, 1: 2400.0, 2: 700.0}
+    runs = [run(r, "none", none[r], 100.0 + r) for r in range(3)]
+    runs += [run(r, "a", a[r], 80.0 + r) for r in range(3)]
+    runs += [run(r, "b", b[r], 70.0 + r) for r in range(3)]
+    runs.append({"share": 0.25, "predictor": "b", "round": 3, "error": "killed"})  # not a round of b
+    runs.append(run(3, "a", 10.0, 1.0))  # a round whose none never finished: no cut, still a run
+    got = {m["predictor"]: m for m in round_summary(runs)}
+    assert list(got) == ["none", "a", "b"]
+    assert got["none"]["rounds"] == 3 and got["a"]["rounds"] == 4 and got["b"]["rounds"] == 3
+    assert got["none"]["stall_ms_per_token"] == 120.0 and got["none"]["stall_cut"] is None
+    assert got["a"]["stall_ms_per_token"] == pytest.approx(np.median([60, 150, 90, 1]))
+    assert got["b"]["tpot_ms"] == 71.0 and got["b"]["wasted_fraction"] == pytest.approx(0.1)
+    cuts_a = [1 - 600 / 1000, 1 - 1500 / 3000, 1 - 900 / 1200]
+    cuts_b = [1 - 500 / 1000, 1 - 2400 / 3000, 1 - 700 / 1200]
+    np.testing.assert_allclose(got["a"]["stall_cuts"], cuts_a)
+    np.testing.assert_allclose(got["b"]["stall_cuts"], cuts_b)
+    assert got["a"]["stall_cut"] == pytest.approx(0.4) and got["b"]["stall_cut"] == pytest.approx(5 / 12)
+    (c,) = compare_predictors(runs)
+    # The best by median stall per token: a (median of 60, 90, 150, 1 = 75) against b (70).
+    assert c["best"] == "b" and c["rounds"] == 3
+    assert c["stall_ms_per_token_none"] == 120.0 and c["stall_ms_per_token_best"] == 70.0
+    assert c["stall_reduction"] == pytest.approx(np.median(cuts_b))
+    assert c["tpot_speedup"] == pytest.approx(101.0 / 71.0)
+
+
 def test_bench_predictor_axis_quick(tmp_path):
 
     out, models = tmp_path / "out", tmp_path / "models"
-    doc, stdout = run_bench(out, models, "--predictors", "none,prev_token,cooc,next_gate", "--lookahead", "1")
+    doc, stdout = run_bench(
+        out, models, "--predictors", "none,prev_token,cooc,next_gate", "--lookahead", "1", "--rounds", "2"
+    )
+    assert "medians over 2 rounds" in stdout
     assert "route unlike trained ones" in stdout
     ran = [w for w in doc["workloads"] if "skipped" not in w]
     assert ran
@@ -549,17 +600,24 @@ def test_bench_predictor_axis_quick(tmp_path):
                 assert r["n_staging"] == 0 and r["prefetch_issued"] == 0
             else:
                 assert r["n_staging"] >= m["n_expert_used"] and r["lookahead"] == 1
-        # The comparison, recomputed from the runs.
+        # Two rounds, each running every configuration of a share once, round 1 in round 0's order
+        # rotated by one (none no longer first).
+        for share in (0.25, 0.5):
+            order = [[r["predictor"] for r in w["runs"] if r["share"] == share and r["round"] == rnd]
+                     for rnd in (0, 1)]  # fmt: skip
+            assert order[0] == pw["runs"] and order[1] == pw["runs"][1:] + pw["runs"][:1]
+        # The comparison, recomputed from the runs: medians over rounds, cuts within a round.
         for c in w["predictor_comparison"]:
             same = [r for r in done if r["share"] == c["share"]]
-            base = next(r for r in same if r["predictor"] == "none")
+            stall = {(r["predictor"], r["round"]): r["stall_ms"] / r["tokens"] for r in same}
             per_token = {
-                r["predictor"]: r["stall_ms"] / r["tokens"] for r in same if r["predictor"] != "none"
+                p: np.median([v for (q, _), v in stall.items() if q == p]) for p, _ in stall if p != "none"
             }
-            assert c["best"] == min(per_token, key=per_token.get)
-            none_stall = base["stall_ms"] / base["tokens"]
-            if none_stall > 0:
-                assert c["stall_reduction"] == pytest.approx(1 - per_token[c["best"]] / none_stall)
+            assert c["best"] == min(per_token, key=per_token.get) and c["rounds"] == 2
+            cuts = [1 - stall[(c["best"], rnd)] / stall[("none", rnd)] for rnd in (0, 1)
+                    if stall.get(("none", rnd), 0) > 0 and (c["best"], rnd) in stall]  # fmt: skip
+            if cuts:
+                assert c["stall_reduction"] == pytest.approx(np.median(cuts))
         assert len(w["predictor_comparison"]) == 2
         cooc = [r for r in done if r["predictor"] == "cooc"]
         if w["name"] == "trace" and cooc:

@@ -91,3 +91,16 @@ def test_without_matplotlib_the_bench_says_how_to_get_plots(tmp_path, monkeypatc
     paths, note = write_plots(small_result(), tmp_path)
     assert paths == [] and note == MISSING_MATPLOTLIB and "sharpi[plots]" in note
     assert list(tmp_path.iterdir()) == []
+
+
+def test_several_rounds_draw_one_point_per_share_at_the_median():
+    from sharpi.bench.plots import completed_baseline, predictor_runs
+
+    runs = []
+    for rnd, (tpot, stall) in enumerate([(100.0, 320.0), (300.0, 960.0), (120.0, 480.0)]):
+        runs.append(dict(run(0.25, tpot=tpot, stall_ms=stall), round=rnd))
+        runs.append(dict(run(0.25, "cooc", tpot=tpot - 10, stall_ms=stall / 2), round=rnd))
+    w = {"runs": runs}
+    (base,) = completed_baseline(w)
+    assert base["round"] == 2 and base["tpot_ms"] == 120.0, "the round whose TPOT is the median"
+    assert predictor_runs(w) == {"none": {0.25: 15.0}, "cooc": {0.25: 7.5}}  # medians of 10/30/15, 5/15/7.5

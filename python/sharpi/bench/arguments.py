@@ -130,6 +130,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tokens", type=positive_int("--tokens"), default=None, help="measured decode tokens (default: 32)"
     )
     p.add_argument("--warmup", type=positive_int("--warmup"), default=None, help="warm-up tokens (default: 8)")
+    p.add_argument(
+        "--rounds",
+        type=positive_int("--rounds"),
+        default=1,
+        help="run every streamed configuration this many times, the order of a budget's runs rotated "
+        "each round so that none and every predictor run in every position; the report gives medians "
+        "over rounds and each predictor's stall cut against the same round's none (default: 1)",
+    )
     p.add_argument("--threads", type=positive_int("--threads"), default=2, help="compute threads (default: 2)")
     p.add_argument(
         "--reader", choices=["auto", "uring", "pread"], default="auto", help="expert reader (default: auto)"
@@ -198,6 +206,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
         "retrain": bool(args.retrain),
         "tokens": args.tokens or (6 if quick else 32),
         "warmup": args.warmup or (3 if quick else 8),
+        "rounds": args.rounds,
         "threads": args.threads,
         "reader": args.reader,
         "cache_policy": args.cache_policy,

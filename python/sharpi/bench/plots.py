@@ -14,25 +14,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .report import round_summary
+
 MISSING_MATPLOTLIB = "matplotlib is not installed: pip install 'sharpi[plots]' to get bench-*.png beside bench.txt"
 PANEL_INCHES = (4.0, 3.4)  # one panel; a figure is a row of them
 DPI = 100
 
 
 def completed_baseline(w: dict) -> list:
-    """The workload's runs without a predictor that finished, in share order."""
-    return sorted((r for r in w["runs"] if r.get("predictor", "none") == "none" and "tpot_ms" in r),
-                  key=lambda r: r["share"])
+    """The workload's runs without a predictor that finished, one per share in share order: with
+    several rounds (--rounds), the round whose TPOT is the median (a real run, so that its TPOT, hit
+    rates and bound stay one run's numbers)."""
+    by_share: dict = {}
+    for r in w["runs"]:
+        if r.get("predictor", "none") == "none" and "tpot_ms" in r:
+            by_share.setdefault(r["share"], []).append(r)
+    return [sorted(rs, key=lambda r: r["tpot_ms"])[(len(rs) - 1) // 2] for _, rs in sorted(by_share.items())]
 
 
 def predictor_runs(w: dict) -> dict:
-    """{predictor: {share: stall ms per token}} of every finished run, when more than one predictor ran."""
-    done = [r for r in w["runs"] if "tpot_ms" in r]
-    if len({r.get("predictor", "none") for r in done}) < 2:
+    """{predictor: {share: stall ms per token, the median over rounds}} of the finished runs, when
+    more than one predictor ran."""
+    summary = round_summary(w["runs"])
+    if len({m["predictor"] for m in summary}) < 2:
         return {}
     table: dict = {}
-    for r in done:
-        table.setdefault(r.get("predictor", "none"), {})[r["share"]] = r["stall_ms"] / r["tokens"]
+    for m in summary:
+        table.setdefault(m["predictor"], {})[m["share"]] = m["stall_ms_per_token"]
     return table
 
 

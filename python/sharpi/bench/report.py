@@ -249,26 +249,72 @@ def summarise_resident(res: dict) -> dict:
     }
 
 
-def compare_predictors(runs: list) -> list:
-    """Per budget share: each completed predictor run against the baseline (predictor none) of the
-    same share, and the best one, by stall time per token. stall_reduction = 1 - best / none."""
+def _stall_per_token(r: dict) -> float:
+    return r["stall_ms"] / r["tokens"]
+
+
+def round_summary(runs: list) -> list:
+    """Per (share, predictor), in the order they first ran: the medians over the rounds that finished
+    (a single run is its own median) and, for a predictor, its stall cut against the none run of the
+    same share and round, per round and the median of those. The cut is taken within a round because
+    rounds differ more than runs inside one (the disk's rate drifts over minutes)."""
+    done = [r for r in runs if "tpot_ms" in r]
+    none_stall = {
+        (r["share"], r.get("round", 0)): _stall_per_token(r) for r in done if r.get("predictor", "none") == "none"
+    }
+    groups: dict = {}
+    for r in done:
+        groups.setdefault((r["share"], r.get("predictor", "none")), []).append(r)
     out = []
-    for share in dict.fromkeys(r["share"] for r in runs):
-        done = [r for r in runs if r["share"] == share and "tpot_ms" in r]
-        base = next((r for r in done if r["predictor"] == "none"), None)
-        others = [r for r in done if r["predictor"] != "none"]
+    for (share, pred), rs in groups.items():
+        cuts = []
+        if pred != "none":
+            for r in rs:
+                base = none_stall.get((share, r.get("round", 0)))
+                if base is not None and base > 0:
+                    cuts.append(1 - _stall_per_token(r) / base)
+        hits = [r["hit_rate"] for r in rs if r.get("hit_rate") is not None]
+        read = [r["bytes_per_token"] for r in rs if r.get("bytes_per_token")]
+        wasted = [r.get("prefetch_wasted_bytes_per_token", 0.0) / r["bytes_per_token"] for r in rs
+                  if r.get("bytes_per_token")]  # fmt: skip
+        out.append(
+            {
+                "share": share,
+                "predictor": pred,
+                "rounds": len(rs),
+                "tpot_ms": float(np.median([r["tpot_ms"] for r in rs])),
+                "stall_ms_per_token": float(np.median([_stall_per_token(r) for r in rs])),
+                "hit_rate": float(np.median(hits)) if hits else None,
+                "bytes_per_token": float(np.median(read)) if read else None,
+                "wasted_fraction": float(np.median(wasted)) if wasted else None,
+                "stall_cuts": cuts,
+                "stall_cut": float(np.median(cuts)) if cuts else None,
+            }
+        )
+    return out
+
+
+def compare_predictors(runs: list) -> list:
+    """Per budget share: the best predictor, by median stall time per token over the rounds, against
+    the baseline (predictor none) of the same share. stall_reduction: the median over rounds of
+    1 - best / none within each round (with one round, 1 - best / none)."""
+    out = []
+    summary = round_summary(runs)
+    for share in dict.fromkeys(s["share"] for s in summary):
+        same = [s for s in summary if s["share"] == share]
+        base = next((s for s in same if s["predictor"] == "none"), None)
+        others = [s for s in same if s["predictor"] != "none"]
         if base is None or not others:
             continue
-        best = min(others, key=lambda r: r["stall_ms"] / r["tokens"])
-        base_stall = base["stall_ms"] / base["tokens"]
-        best_stall = best["stall_ms"] / best["tokens"]
+        best = min(others, key=lambda s: s["stall_ms_per_token"])
         out.append(
             {
                 "share": share,
                 "best": best["predictor"],
-                "stall_ms_per_token_none": base_stall,
-                "stall_ms_per_token_best": best_stall,
-                "stall_reduction": 1 - best_stall / base_stall if base_stall > 0 else None,
+                "rounds": best["rounds"],
+                "stall_ms_per_token_none": base["stall_ms_per_token"],
+                "stall_ms_per_token_best": best["stall_ms_per_token"],
+                "stall_reduction": best["stall_cut"] if base["stall_ms_per_token"] > 0 else None,
                 "tpot_ms_none": base["tpot_ms"],
                 "tpot_ms_best": best["tpot_ms"],
                 "tpot_speedup": base["tpot_ms"] / best["tpot_ms"],
@@ -291,17 +337,19 @@ def format_predictors(w: dict) -> list:
             "engine scored; wasted: prefetched, never used; overhead: predict_ms / decode_ms):"
         )
     ]
+    n_rounds = len({r.get("round", 0) for r in w["runs"]})
     lines.append(
         f"  {'share':>5} {'predictor':>10} {'TPOT ms':>8} {'stall':>5} {'stall ms/t':>10} {'hit':>5} "
         f"{'recall@k':>8} {'prec':>5} {'issued':>7} {'used':>6} {'late':>5} {'skipped':>7} {'waste MB/t':>10} "
-        f"{'overhead':>8} {'lossless':>8}"
+        f"{'overhead':>8} {'lossless':>8}" + (f" {'round':>5}" if n_rounds > 1 else "")
     )
     for r in w["runs"]:
         pred = r.get("predictor", "none")
+        rnd = f" {r.get('round', 0):>5}" if n_rounds > 1 else ""
         if "tpot_ms" not in r:
             why = r.get("skipped") or r.get("error")
             lines.append(
-                f"  {r['share']:>5.0%} {pred:>10}  {'skipped' if 'skipped' in r else 'FAILED'}: {why}"
+                f"  {r['share']:>5.0%} {pred:>10}  {'skipped' if 'skipped' in r else 'FAILED'}{rnd}: {why}"
             )
             continue
         lossless = {True: "yes", False: "NO", None: "-"}[r["output_matches_resident"]]
@@ -311,12 +359,31 @@ def format_predictors(w: dict) -> list:
             f"{fmt(r['precision'], '.2f'):>5} {r['prefetch_issued']:>7.0f} {r['prefetch_used']:>6.0f} "
             f"{r['prefetch_late']:>5.0f} {r['prefetch_skipped']:>7.0f} "
             f"{r['prefetch_wasted_bytes_per_token'] / 1e6:>10.2f} "
-            f"{fmt(r['predict_overhead'] and r['predict_overhead'] * 100, '.2f'):>7}% {lossless:>8}"
+            f"{fmt(r['predict_overhead'] and r['predict_overhead'] * 100, '.2f'):>7}% {lossless:>8}{rnd}"
         )
+    if n_rounds > 1:
+        lines.append(
+            f"  medians over {n_rounds} rounds (order rotated each round); stall cut: against the none run "
+            "of the same round, the median and each round's:"
+        )
+        lines.append(
+            f"  {'share':>5} {'predictor':>10} {'runs':>4} {'TPOT ms':>8} {'stall ms/t':>10} {'hit':>5} "
+            f"{'MB/t':>6} {'wasted':>6} {'stall cut':>9}  per round"
+        )
+        for m in round_summary(w["runs"]):
+            per_round = ", ".join(format(c, "+.1%") for c in m["stall_cuts"])
+            lines.append(
+                f"  {m['share']:>5.0%} {m['predictor']:>10} {m['rounds']:>4} {m['tpot_ms']:>8.1f} "
+                f"{m['stall_ms_per_token']:>10.1f} {fmt(m['hit_rate'], '.3f'):>5} "
+                f"{fmt(m['bytes_per_token'] and m['bytes_per_token'] / 1e6, '.0f'):>6} "
+                f"{fmt(m['wasted_fraction'] and m['wasted_fraction'] * 100, '.1f'):>5}% "
+                f"{fmt(m['stall_cut'], '+.1%'):>9}  {per_round}"
+            )
     for c in w.get("predictor_comparison", []):
         red = c["stall_reduction"]
+        over = f" (medians of {c['rounds']} rounds)" if c.get("rounds", 1) > 1 else ""
         lines.append(
-            f"  {c['share']:.0%}: best predictor {c['best']}: stall {c['stall_ms_per_token_best']:.1f} vs "
+            f"  {c['share']:.0%}: best predictor {c['best']}{over}: stall {c['stall_ms_per_token_best']:.1f} vs "
             f"{c['stall_ms_per_token_none']:.1f} ms/token without prediction "
             f"({'reduction ' + format(red, '.0%') if red is not None else 'no stall to reduce'}), "
             f"TPOT {c['tpot_ms_best']:.1f} vs {c['tpot_ms_none']:.1f} ms ({c['tpot_speedup']:.2f}x)"
@@ -358,14 +425,16 @@ def format_report(doc: dict) -> str:
             f"{'Belady':>6} {'LRU':>5} {'stall':>5} {'GB/s wall':>9} {'GB/s stall':>10} {'MB/tok':>7} "
             f"{'LB ms':>7} {'TPOT/LB':>7} {'/(LB+res)':>9} {'RSS':>7}"
         )
-        lines.append(head)
         baseline_runs = [r for r in w["runs"] if r.get("predictor", "none") == "none"]
+        several_rounds = len({r.get("round", 0) for r in baseline_runs}) > 1
+        lines.append(head + (f" {'round':>5}" if several_rounds else ""))
         for r in baseline_runs:
+            rnd = f" {r.get('round', 0):>5}" if several_rounds else ""
             cap = r["cap"]
             cap_s = f"{cap['limit_bytes'] / GiB:.2f}G" if cap["applied"] else "none"
             if "error" in r:
                 lines.append(
-                    f"  {r['share']:>5.0%} {r['n_slots']:>6} {r['budget_bytes'] / GiB:>7.2f}G {cap_s:>9}  FAILED: {r['error']}"
+                    f"  {r['share']:>5.0%} {r['n_slots']:>6} {r['budget_bytes'] / GiB:>7.2f}G {cap_s:>9}  FAILED{rnd}: {r['error']}"
                 )
                 continue
             lines.append(
@@ -376,11 +445,11 @@ def format_report(doc: dict) -> str:
                 f"{fmt(r['io_gbps_stall'], '.2f'):>10} {r['bytes_per_token'] / 1e6:>7.1f} "
                 f"{fmt(r['lower_bound_ms_per_token'], '.1f'):>7} {fmt(r['ratio_tpot_to_lower_bound'], '.2f'):>7} "
                 f"{fmt(r['ratio_tpot_to_lower_bound_plus_resident'], '.2f'):>9} "
-                f"{fmt(r['peak_rss_bytes'] and r['peak_rss_bytes'] / GiB, '.2f'):>6}G"
+                f"{fmt(r['peak_rss_bytes'] and r['peak_rss_bytes'] / GiB, '.2f'):>6}G{rnd}"
             )
         for r in baseline_runs:
             if "verdict" in r:
-                lines.append(f"  {r['share']:.0%}: {r['verdict']}")
+                lines.append(f"  {r['share']:.0%}{' round ' + str(r.get('round', 0)) if several_rounds else ''}: {r['verdict']}")
                 checks = []
                 if not r["engine_misses_at_least_belady"]:
                     checks.append("engine missed less than Belady (impossible: check the recorded routing)")
