@@ -108,6 +108,7 @@ bool resolve(void* lib, const char* name, Fn* out, std::string* error) {
     return *out != nullptr;
 }
 
+// The first caller's library is loaded for the process's life (cufile_source refuses another).
 const CufileApi& cufile_api(const std::string& library) {
     static std::once_flag once;
     static CufileApi api;
@@ -297,6 +298,12 @@ std::unique_ptr<FillSource> cufile_source(const std::vector<std::string>& files)
     if (!probe.usable)
         throw UnsupportedError("[cufile] " + path + ": cuFile reader unavailable: " + probe.why);
     const CufileApi& api = cufile_api(probe.library);
+    // One libcufile per process: its driver is opened once and never closed, so a later change of
+    // SHARPI_CUFILE_LIB cannot take effect here; say so rather than read through the other library.
+    if (api.library != probe.library) {
+        throw UnsupportedError("[cufile] " + path + ": this process already loaded " + api.library +
+                               "; the library " + probe.library + " takes effect in a new process");
+    }
     if (!api.error.empty()) throw DeviceError("[cufile] " + path + ": " + api.library + ": " + api.error);
     return std::make_unique<CufileSource>(api, files);
 }

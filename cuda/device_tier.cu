@@ -25,6 +25,7 @@
 #include "device_memory.cuh"
 #include "device_tier.cuh"
 #include "fill_source.cuh"
+#include "io/expert_reader.h"
 #include "model/model.h"
 #include "moe/expert_cache.h"
 #include "moe/expert_tier.h"
@@ -264,15 +265,11 @@ std::unique_ptr<FillSource> pinned_copy_source(const HostImages& images) {
 }
 
 ExpertTier vram_tier(const ExpertLayout& layout, const std::string& reader, VramFills** fills) {
-    if (reader != "auto" && reader != "cufile" && reader != "io_uring" && reader != "uring" &&
-        reader != "pread") {
-        throw InvalidArgument("unknown reader '" + reader +
-                              "' (expected 'auto', 'cufile', 'io_uring' (or 'uring') or 'pread')");
-    }
+    const ReaderKind kind = parse_reader_kind(reader);  // the RAM tier's names and error
     ExpertTier t;
     t.name = "vram";
-    bool use_cufile = reader == "cufile";
-    if (reader == "auto") {
+    bool use_cufile = kind == ReaderKind::cufile;
+    if (kind == ReaderKind::automatic) {
         const CufileChoice choice = choose_cufile_for_auto();
         use_cufile = choice.use;
         t.reader_note = choice.why;

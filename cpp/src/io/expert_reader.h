@@ -119,6 +119,13 @@ struct ReaderOptions {
     bool refuse_o_direct = false;  // tests only: act as if the filesystem refused O_DIRECT
 };
 
+// The reader names a user may give (--reader, Session(reader=)), parsed in one place for every tier:
+// the RAM tier's make_expert_reader and the VRAM tier's fill source (cuda/device_tier.cu) accept the
+// same names with the same error. "uring" is an alias of "io_uring".
+enum class ReaderKind { automatic, io_uring, pread, cufile };
+// Throws InvalidArgument naming the accepted names for anything else.
+ReaderKind parse_reader_kind(const std::string& name);
+
 // kind: "auto" (io_uring when it works on this file, else pread), "uring" (throws
 // UnsupportedError when io_uring or O_DIRECT is unavailable), "pread".
 // `arena`/`arena_bytes`: memory that will hold every buffer passed to submit (registered with

@@ -10,12 +10,22 @@
 
 namespace sharpi {
 
+ReaderKind parse_reader_kind(const std::string& name) {
+    if (name == "auto") return ReaderKind::automatic;
+    if (name == "io_uring" || name == "uring") return ReaderKind::io_uring;
+    if (name == "pread") return ReaderKind::pread;
+    if (name == "cufile") return ReaderKind::cufile;
+    throw InvalidArgument("[io] unknown reader kind '" + name +
+                          "' (expected 'auto', 'cufile', 'io_uring' (or 'uring') or 'pread')");
+}
+
 std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind,
                                                  const std::vector<std::string>& paths, uint8_t* arena,
                                                  uint64_t arena_bytes, const ReaderOptions& options) {
+    const ReaderKind parsed = parse_reader_kind(kind);
     if (paths.empty()) throw InvalidArgument("[io] a reader needs at least one file");
-    if (kind == "pread") return io::open_pread_reader(paths, options, "");
-    if (kind == "cufile") {
+    if (parsed == ReaderKind::pread) return io::open_pread_reader(paths, options, "");
+    if (parsed == ReaderKind::cufile) {
         // cuFile reads into device memory; this factory serves the RAM tier, whose slots are host memory.
         const CufileProbe probe = probe_cufile();
         if (!probe.usable)
@@ -25,14 +35,10 @@ std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind,
             ") reads into VRAM slots; the reader of host-memory expert slots is io_uring or "
             "pread (--reader auto)");
     }
-    if (kind != "auto" && kind != "uring" && kind != "io_uring") {
-        throw InvalidArgument("[io] unknown reader kind '" + kind +
-                              "' (expected 'auto', 'cufile', 'io_uring' (or 'uring') or 'pread')");
-    }
     std::string why;
     std::unique_ptr<ExpertReader> reader = io::open_uring_reader(paths, arena, arena_bytes, options, &why);
     if (reader) return reader;
-    if (kind != "auto") throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
+    if (parsed == ReaderKind::io_uring) throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
     return io::open_pread_reader(paths, options, "io_uring unavailable: " + why);
 }
 
