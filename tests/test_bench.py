@@ -289,7 +289,7 @@ RUN_FIELDS_EXPECTED = {
     "share", "n_slots", "budget_bytes", "cap", "cache_drop", "reader", "tokens", "warmup_tokens",
     "decode_s", "tpot_ms", "tpot_p50_ms", "decode_tok_s", "cpu_ms_per_token", "accesses", "hits", "misses", "evictions",
     "hit_rate", "bytes_read", "bytes_per_token", "stall_ms", "stall_fraction", "io_gbps_wall",
-    "io_gbps_stall", "peak_rss_bytes", "belady_misses", "belady_bytes", "belady_hit_rate", "lru_misses",
+    "io_gbps_stall", "peak_rss_bytes", "major_faults_per_token", "belady_misses", "belady_bytes", "belady_hit_rate", "lru_misses",
     "lru_hit_rate", "lower_bound_ms_per_token", "ratio_tpot_to_lower_bound",
     "ratio_tpot_to_lower_bound_plus_resident", "goal_met", "verdict", "engine_misses_at_least_belady",
     "output_matches_resident", "layers", "predictor", "lookahead", "prefetch_sizing", "n_staging", "recall_at_k",

@@ -38,7 +38,8 @@ std::unique_ptr<ExpertReader> make_expert_reader(const std::string& kind,
     std::string why;
     std::unique_ptr<ExpertReader> reader = io::open_uring_reader(paths, arena, arena_bytes, options, &why);
     if (reader) return reader;
-    if (parsed == ReaderKind::io_uring) throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
+    if (parsed == ReaderKind::io_uring)
+        throw UnsupportedError("[io] " + paths[0] + ": io_uring reader unavailable: " + why);
     return io::open_pread_reader(paths, options, "io_uring unavailable: " + why);
 }
 

@@ -50,6 +50,7 @@ RUN_FIELDS = (
     "io_gbps_wall",
     "io_gbps_stall",
     "peak_rss_bytes",
+    "major_faults_per_token",
     # the bounds and the verdict
     "belady_misses",
     "belady_bytes",
@@ -135,6 +136,7 @@ def summarise_stream(
         "io_gbps_wall": metrics.gbps(bytes_read, decode_s),
         "io_gbps_stall": metrics.gbps(bytes_read, stall_ms / 1e3),
         "peak_rss_bytes": res.get("peak_rss_bytes"),
+        "major_faults_per_token": res["major_faults"] / n_tok if "major_faults" in res else None,
         "belady_misses": opt.misses,
         "belady_bytes": opt_bytes,
         "belady_hit_rate": opt.hit_rate,
@@ -274,6 +276,7 @@ def round_summary(runs: list) -> list:
                 if base is not None and base > 0:
                     cuts.append(1 - _stall_per_token(r) / base)
         hits = [r["hit_rate"] for r in rs if r.get("hit_rate") is not None]
+        faults = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None]
         read = [r["bytes_per_token"] for r in rs if r.get("bytes_per_token")]
         wasted = [r.get("prefetch_wasted_bytes_per_token", 0.0) / r["bytes_per_token"] for r in rs
                   if r.get("bytes_per_token")]  # fmt: skip
@@ -287,6 +290,7 @@ def round_summary(runs: list) -> list:
                 "hit_rate": float(np.median(hits)) if hits else None,
                 "bytes_per_token": float(np.median(read)) if read else None,
                 "wasted_fraction": float(np.median(wasted)) if wasted else None,
+                "major_faults_per_token": float(np.median(faults)) if faults else None,
                 "stall_cuts": cuts,
                 "stall_cut": float(np.median(cuts)) if cuts else None,
             }
@@ -341,7 +345,7 @@ def format_predictors(w: dict) -> list:
     lines.append(
         f"  {'share':>5} {'predictor':>10} {'TPOT ms':>8} {'stall':>5} {'stall ms/t':>10} {'hit':>5} "
         f"{'recall@k':>8} {'prec':>5} {'issued':>7} {'used':>6} {'late':>5} {'skipped':>7} {'waste MB/t':>10} "
-        f"{'overhead':>8} {'lossless':>8}" + (f" {'round':>5}" if n_rounds > 1 else "")
+        f"{'overhead':>8} {'lossless':>8} {'majflt/t':>8}" + (f" {'round':>5}" if n_rounds > 1 else "")
     )
     for r in w["runs"]:
         pred = r.get("predictor", "none")
@@ -359,7 +363,8 @@ def format_predictors(w: dict) -> list:
             f"{fmt(r['precision'], '.2f'):>5} {r['prefetch_issued']:>7.0f} {r['prefetch_used']:>6.0f} "
             f"{r['prefetch_late']:>5.0f} {r['prefetch_skipped']:>7.0f} "
             f"{r['prefetch_wasted_bytes_per_token'] / 1e6:>10.2f} "
-            f"{fmt(r['predict_overhead'] and r['predict_overhead'] * 100, '.2f'):>7}% {lossless:>8}{rnd}"
+            f"{fmt(r['predict_overhead'] and r['predict_overhead'] * 100, '.2f'):>7}% {lossless:>8} "
+            f"{fmt(r.get('major_faults_per_token'), '.1f'):>8}{rnd}"
         )
     if n_rounds > 1:
         lines.append(
@@ -368,7 +373,7 @@ def format_predictors(w: dict) -> list:
         )
         lines.append(
             f"  {'share':>5} {'predictor':>10} {'runs':>4} {'TPOT ms':>8} {'stall ms/t':>10} {'hit':>5} "
-            f"{'MB/t':>6} {'wasted':>6} {'stall cut':>9}  per round"
+            f"{'MB/t':>6} {'wasted':>6} {'majflt/t':>8} {'stall cut':>9}  per round"
         )
         for m in round_summary(w["runs"]):
             per_round = ", ".join(format(c, "+.1%") for c in m["stall_cuts"])
@@ -377,6 +382,7 @@ def format_predictors(w: dict) -> list:
                 f"{m['stall_ms_per_token']:>10.1f} {fmt(m['hit_rate'], '.3f'):>5} "
                 f"{fmt(m['bytes_per_token'] and m['bytes_per_token'] / 1e6, '.0f'):>6} "
                 f"{fmt(m['wasted_fraction'] and m['wasted_fraction'] * 100, '.1f'):>5}% "
+                f"{fmt(m['major_faults_per_token'], '.1f'):>8} "
                 f"{fmt(m['stall_cut'], '+.1%'):>9}  {per_round}"
             )
     for c in w.get("predictor_comparison", []):

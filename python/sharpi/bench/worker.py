@@ -39,10 +39,13 @@ def run_worker(config_path: str, result_path: str) -> int:
 
 def _decode_steps(session, tokens, on_step=None) -> dict:
     """Decodes tokens one at a time. Returns per step the wall seconds and the CPU seconds of the
-    whole process (every compute and reader thread), the routing ([t][il] lists of expert ids) and a
-    digest of all logits."""
+    whole process (every compute and reader thread), the routing ([t][il] lists of expert ids), a
+    digest of all logits and the process's major page faults over the steps (pages of the mapped
+    dense weights read back from disk after the memory cap reclaimed them: disk time the expert
+    reader does not see, and that slows its reads)."""
     wall, cpu, routing = [], [], []
     digest = hashlib.sha256()
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     for i, token in enumerate(tokens):
         if on_step:
             on_step(i)
@@ -53,7 +56,8 @@ def _decode_steps(session, tokens, on_step=None) -> dict:
         # MoE layers only (deepseek2's leading dense layers route nothing), as traces record them.
         routing.append([[int(e) for e in ids[0]] for ids in session.last_routing() if ids.size])
         digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
-    return {"step_s": wall, "cpu_s": cpu, "routing": routing, "logits_sha256": digest.hexdigest()}
+    return {"step_s": wall, "cpu_s": cpu, "routing": routing, "logits_sha256": digest.hexdigest(),
+            "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0}  # fmt: skip
 
 
 def _token_spans(events: list, first_pos: int) -> list:
