@@ -600,6 +600,10 @@ def test_bench_predictor_axis_quick(tmp_path):
                 assert r["n_staging"] == 0 and r["prefetch_issued"] == 0
             else:
                 assert r["n_staging"] >= m["n_expert_used"] and r["lookahead"] == 1
+        # A settling run of the first configuration went before the measured ones and is not among them.
+        assert w["settle_run"]["ok"] is True and w["settle_run"]["predictor"] == "none"
+        assert (out / "work" / f"{w['name']}-settle.result.json").is_file()
+        assert len(w["runs"]) == 2 * 2 * len(pw["runs"])  # rounds x shares x predictors
         # Two rounds, each running every configuration of a share once, round 1 in round 0's order
         # rotated by one (none no longer first).
         for share in (0.25, 0.5):
