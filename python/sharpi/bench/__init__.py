@@ -36,6 +36,11 @@ model whose router the trace overrides. The random workload's sidecars are train
 harvested from the model itself (sharpi.harvest, random token ids). Per run: TPOT, stall fraction,
 hit rate, recall@k / precision, prefetch issued / used / late / wasted bytes, predict_ms / decode_ms,
 and the lossless check; per workload and budget: the stall reduction of the best predictor vs none.
+--rounds N runs every configuration N times, each budget's order rotated per round so that every
+predictor (none included) runs in every position; the report adds medians over rounds and each
+predictor's stall cut against the same round's none. When predictors are compared or rounds repeat,
+the first configuration runs once before the measured runs, unrecorded (the first streamed run after
+the resident one was often far slower than its repeats; docs/predictors.md, session 34).
 Random-weight models route unlike trained ones (DESIGN §6): the report says so beside their numbers.
 
 Process layout: this process only plans, launches and summarises; each configuration runs in a

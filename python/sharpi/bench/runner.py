@@ -1,7 +1,8 @@
 """`sharpi bench`'s parent process: plans the runs of each workload, launches them, collects the report.
 
-What it owns: the order of the runs (probe, sequential bandwidth, resident, then one streamed run per
-budget share and predictor), the budget of each (fixed bytes + n_slots x slot), the memory cap and
+What it owns: the order of the runs (probe, sequential bandwidth, resident, a settling run when
+predictors are compared, then one streamed run per round, budget share and predictor, each round's
+order rotated), the budget of each (fixed bytes + n_slots x slot), the memory cap and
 cache drop around each, and the output files under --out (bench.txt, bench.json, timeline.json,
 bench-WORKLOAD.png).
 It only plans, launches and summarises: runs happen in workers (bench.isolation, bench.worker), the
