@@ -11,12 +11,24 @@ Ctrl-C or Ctrl-D at the prompt quits. It runs on the main thread only.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 from typing import TextIO
 
 from .cli_args import non_negative_int
 from .serve import add_model_arguments
 
 HELP_LINE = "sharpi chat: /reset forgets the conversation, Ctrl-C stops an answer, Ctrl-D quits"
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """SIGINT blocked for the calling thread inside the block (delivered, if it came, on exit)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def add_chat_parser(subparsers) -> argparse.ArgumentParser:
@@ -71,9 +83,15 @@ def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
         pieces: list = []
         try:
             for piece in session.generate(ids[n_reused:], **options):
-                pieces.append(piece)
-                out.write(piece)
-                out.flush()
+                # Ctrl-C is held off while a piece is shown and kept, so that the answer the
+                # conversation keeps is exactly the text on the screen: a KeyboardInterrupt between
+                # keeping a piece and writing it would keep text the user never saw (and the next
+                # turn would continue from it). A Ctrl-C meanwhile stays pending and is raised when
+                # unblocked, on the unblocking line.
+                with _sigint_held():
+                    out.write(piece)
+                    out.flush()
+                    pieces.append(piece)
         except KeyboardInterrupt:
             out.write(" (stopped)")
         # A cancelled decode appended nothing: the cache holds a prefix of prompt + sampled ids.
