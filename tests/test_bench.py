@@ -495,7 +495,7 @@ def test_eval_split_of_the_shared_trace():
 
 
 def test_compare_predictors_picks_the_least_stall():
-    from sharpi.bench.report import compare_predictors
+    from sharpi.bench.report import compare_predictors, round_summary
 
     def run(share, pred, stall, tpot, tokens=10):
         return {"share": share, "predictor": pred, "stall_ms": stall, "tokens": tokens, "tpot_ms": tpot}
@@ -509,7 +509,7 @@ def test_compare_predictors_picks_the_least_stall():
         run(0.5, "cooc", 0.0, 21.0),
         run(1.0, "none", 5.0, 10.0),  # no predictor ran at this share: no comparison
     ]
-    got = compare_predictors(runs)
+    got = compare_predictors(round_summary(runs))
     assert [c["share"] for c in got] == [0.25, 0.5]
     c = got[0]
     assert (
@@ -559,7 +559,7 @@ def test_round_summary_cuts_stall_against_the_same_rounds_none():
     np.testing.assert_allclose(got["a"]["stall_cuts"], cuts_a)
     np.testing.assert_allclose(got["b"]["stall_cuts"], cuts_b)
     assert got["a"]["stall_cut"] == pytest.approx(0.4) and got["b"]["stall_cut"] == pytest.approx(5 / 12)
-    (c,) = compare_predictors(runs)
+    (c,) = compare_predictors(round_summary(runs))
     # The best by median stall per token: a (median of 60, 90, 150, 1 = 75) against b (70).
     assert c["best"] == "b" and c["rounds"] == 3
     assert c["stall_ms_per_token_none"] == 120.0 and c["stall_ms_per_token_best"] == 70.0

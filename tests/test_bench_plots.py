@@ -17,6 +17,7 @@ import numpy as np
 # matplotlib (and Pillow, which it requires) come with the test extra: a missing one fails, never skips.
 from PIL import Image
 from sharpi.bench.plots import DPI, MISSING_MATPLOTLIB, PANEL_INCHES, workload_figure, write_plots
+from sharpi.bench.report import round_summary
 
 RESIDENT_TPOT = 40.0
 
@@ -37,10 +38,11 @@ def small_result() -> dict:
     ]
     return {"workloads": [
         {"name": "random", "model": model, "resident": {"tpot_ms": RESIDENT_TPOT}, "runs": random_runs,
-         "predictors": {"lookahead": 1}},
+         "round_summary": round_summary(random_runs), "predictors": {"lookahead": 1}},
         {"name": "trace", "skipped": "no trace"},
         {"name": "broken", "model": model, "resident": {"tpot_ms": 1.0},
-         "runs": [{"share": 0.25, "predictor": "none", "error": "killed"}], "predictors": {"lookahead": 1}},
+         "runs": [{"share": 0.25, "predictor": "none", "error": "killed"}], "round_summary": [],
+         "predictors": {"lookahead": 1}},
     ]}
 
 
@@ -82,6 +84,7 @@ def test_no_predictor_axis_gives_two_panels(tmp_path):
     doc = small_result()
     w = doc["workloads"][0]
     w["runs"] = [r for r in w["runs"] if r["predictor"] == "none"]
+    w["round_summary"] = round_summary(w["runs"])
     (path,), _ = write_plots(doc, tmp_path)
     assert png_size(path.read_bytes()) == (round(2 * PANEL_INCHES[0] * DPI), round(PANEL_INCHES[1] * DPI))
 
@@ -100,7 +103,7 @@ def test_several_rounds_draw_one_point_per_share_at_the_median():
     for rnd, (tpot, stall) in enumerate([(100.0, 320.0), (300.0, 960.0), (120.0, 480.0)]):
         runs.append(dict(run(0.25, tpot=tpot, stall_ms=stall), round=rnd))
         runs.append(dict(run(0.25, "cooc", tpot=tpot - 10, stall_ms=stall / 2), round=rnd))
-    w = {"runs": runs}
+    w = {"runs": runs, "round_summary": round_summary(runs)}
     (base,) = completed_baseline(w)
     assert base["round"] == 2 and base["tpot_ms"] == 120.0, "the round whose TPOT is the median"
     assert predictor_runs(w) == {"none": {0.25: 15.0}, "cooc": {0.25: 7.5}}  # medians of 10/30/15, 5/15/7.5

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import round_summary
-
 MISSING_MATPLOTLIB = "matplotlib is not installed: pip install 'sharpi[plots]' to get bench-*.png beside bench.txt"
 PANEL_INCHES = (4.0, 3.4)  # one panel; a figure is a row of them
 DPI = 100
@@ -35,7 +33,7 @@ def completed_baseline(w: dict) -> list:
 def predictor_runs(w: dict) -> dict:
     """{predictor: {share: stall ms per token, the median over rounds}} of the finished runs, when
     more than one predictor ran."""
-    summary = round_summary(w["runs"])
+    summary = w["round_summary"]
     if len({m["predictor"] for m in summary}) < 2:
         return {}
     table: dict = {}

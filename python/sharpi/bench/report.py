@@ -298,12 +298,11 @@ def round_summary(runs: list) -> list:
     return out
 
 
-def compare_predictors(runs: list) -> list:
-    """Per budget share: the best predictor, by median stall time per token over the rounds, against
-    the baseline (predictor none) of the same share. stall_reduction: the median over rounds of
-    1 - best / none within each round (with one round, 1 - best / none)."""
+def compare_predictors(summary: list) -> list:
+    """Per budget share of round_summary(runs): the best predictor, by median stall time per token
+    over the rounds, against the baseline (predictor none) of the same share. stall_reduction: the
+    median over rounds of 1 - best / none within each round (with one round, 1 - best / none)."""
     out = []
-    summary = round_summary(runs)
     for share in dict.fromkeys(s["share"] for s in summary):
         same = [s for s in summary if s["share"] == share]
         base = next((s for s in same if s["predictor"] == "none"), None)
@@ -375,7 +374,7 @@ def format_predictors(w: dict) -> list:
             f"  {'share':>5} {'predictor':>10} {'runs':>4} {'TPOT ms':>8} {'stall ms/t':>10} {'hit':>5} "
             f"{'MB/t':>6} {'wasted':>6} {'majflt/t':>8} {'stall cut':>9}  per round"
         )
-        for m in round_summary(w["runs"]):
+        for m in w["round_summary"]:
             per_round = ", ".join(format(c, "+.1%") for c in m["stall_cuts"])
             lines.append(
                 f"  {m['share']:>5.0%} {m['predictor']:>10} {m['rounds']:>4} {m['tpot_ms']:>8.1f} "

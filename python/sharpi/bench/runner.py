@@ -19,6 +19,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from .report import (
     fmt,
     format_report,
     json_default,
+    round_summary,
     summarise_resident,
     summarise_stream,
 )
@@ -47,6 +49,18 @@ from .workloads import (
     measure_sequential_bandwidth,
     trace_rows,
 )
+
+
+class StreamLaunch(NamedTuple):
+    """What one streamed run was given (slots, budget bytes, worker config, memory cap, page-cache
+    drop) and what its worker returned (res)."""
+
+    n_slots: int
+    budget: int
+    cfg: dict
+    res: dict
+    cap: MemoryCap
+    cache_drop: str
 
 
 def run_workload(
@@ -143,7 +157,7 @@ def run_workload(
         for pred, sidecar in rotated(plan["runs"], rnd)
     ]
 
-    def launch_stream(share: float, pred: str, sidecar, label: str, timeline: bool) -> tuple:
+    def launch_stream(share: float, pred: str, sidecar, label: str, timeline: bool) -> StreamLaunch:
         """One streamed run in a worker under its memory cap, the page cache dropped first."""
         n_slots = min(total, max(k, round(share * total)))
         budget = probe["fixed_bytes"] + n_slots * probe["slot_bytes"]
@@ -157,16 +171,15 @@ def run_workload(
         with MemoryCap(budget + opts["cap_overhead"], enabled=opts["cap"]) as cap:
             cache_drop = drop_page_cache([path], opts["drop_cache"])
             res = launch(cfg, work, label, cap)
-        return n_slots, budget, cfg, res, cap, cache_drop
+        return StreamLaunch(n_slots, budget, cfg, res, cap, cache_drop)
 
     if configs and (rounds > 1 or len(plan["runs"]) > 1):
         # A settling run, not recorded: on the development machine the first streamed run after the
-        # resident one was often far slower than its repeats (none, always first before --rounds,
-        # stalled 266-318 ms/token in 4 of 5 invocations against 164-202 when run alone; 258 against
-        # 146-187 for the other runs of one 3-round invocation), cause not found. So that no compared
-        # configuration pays for it, the first one runs once before the measured ones.
+        # resident one was often far slower than its repeats, for a cause not found (the numbers:
+        # docs/predictors.md, "Why the settling run"). So that no compared configuration pays for
+        # it, the first one runs once before the measured ones.
         _, share0, pred0, sidecar0 = configs[0]
-        *_, res, _, _ = launch_stream(share0, pred0, sidecar0, f"{name}-settle", False)
+        res = launch_stream(share0, pred0, sidecar0, f"{name}-settle", False).res
         settle = {"predictor": pred0, "share": share0, "ok": bool(res["ok"])}
         if res["ok"]:
             settle["tpot_ms"] = 1e3 * float(np.mean(res["step_s"]))
@@ -179,8 +192,10 @@ def run_workload(
             label += f"-round{rnd}"
         load_before = os.getloadavg()[0]
         timeline = timeline_path is not None and rnd == 0 and share == opts["budgets"][0] and pred == "none"
-        n_slots, budget, cfg, res, cap, cache_drop = launch_stream(share, pred, sidecar, label, timeline)
-        head = {"share": share, "predictor": pred, "round": rnd, "n_slots": n_slots, "budget_bytes": budget}
+        launched = launch_stream(share, pred, sidecar, label, timeline)
+        res, cfg, cap = launched.res, launched.cfg, launched.cap
+        head = {"share": share, "predictor": pred, "round": rnd, "n_slots": launched.n_slots,
+                "budget_bytes": launched.budget}  # fmt: skip
         if not res["ok"]:
             log(f"{label}: FAILED: {res['error']}")
             runs.append({**head, "cap": cap.report(), "error": res["error"]})
@@ -192,7 +207,7 @@ def run_workload(
         r["round"] = rnd
         r["loadavg_1min"] = load_before
         r["cap"] = cap.report()
-        r["cache_drop"] = cache_drop
+        r["cache_drop"] = launched.cache_drop
         if "timeline" in res:
             w["timeline"] = res["timeline"]
         runs.append(r)
@@ -202,7 +217,8 @@ def run_workload(
             f"cap {'on' if r['cap']['applied'] else 'off'}"
         )
     w["runs"] = runs
-    w["predictor_comparison"] = compare_predictors(runs) if len(plan["runs"]) > 1 else []
+    w["round_summary"] = round_summary(runs)  # read by the report and the plots, never recomputed
+    w["predictor_comparison"] = compare_predictors(w["round_summary"]) if len(plan["runs"]) > 1 else []
     return w
 
 
