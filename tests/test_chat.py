@@ -13,6 +13,9 @@ import select
 import sys
 import time
 
+if sys.platform != "win32":
+    import termios
+
 import pytest
 import sharpi
 from sharpi.models import default_model_path
@@ -108,22 +111,29 @@ def test_chat_turns_reset_and_ctrl_c(session):
     two = [*one, {"role": "assistant", "content": a1}, {"role": "user", "content": "x"}]
     assert term.answer("x") == greedy(session, two)
 
-    # Ctrl-C in the middle of an answer stops it; the session keeps the partial answer and goes on.
-    term.send("/reset\n")
-    term.read_until("(conversation reset)\n> ")
+    # Ctrl-C in the middle of an answer stops it; the session keeps the partial answer, exactly the
+    # text shown, and goes on. Stopped at three depths into the answer, since what can go wrong
+    # (Ctrl-C landing between showing a piece and keeping it) depends on the moment.
     question = [{"role": "user", "content": "import os"}]
-    term.send("import os\n")
-    term.read_until("import os\n")
-    while len(term.buf) < 8:  # some of the answer is out
-        ready, _, _ = select.select([term.fd], [], [], 60)
-        assert ready, "no answer began within 60 s"
-        term.buf += os.read(term.fd, 65536).decode("utf-8", errors="replace").replace("\r\n", "\n")
-    term.send("\x03")
-    partial = term.read_until(" (stopped)\n> ").replace("^C", "")  # the terminal echoes the ^C
     full = greedy(session, question)
-    assert partial and full.startswith(partial) and len(partial) < len(full), "the answer was not cut short"
-    after = [*question, {"role": "assistant", "content": partial}, {"role": "user", "content": "y"}]
-    assert term.answer("y") == greedy(session, after)
+    for shown_before_stop in (8, 100, 400):
+        term.send("/reset\n")
+        term.read_until("(conversation reset)\n> ")
+        assert not termios.tcgetattr(term.fd)[3] & termios.NOFLSH, "the terminal's modes were not restored"
+        term.send("import os\n")
+        term.read_until("import os\n")
+        while len(term.buf) < shown_before_stop:  # that much of the answer is out
+            ready, _, _ = select.select([term.fd], [], [], 60)
+            assert ready, "the answer stalled"
+            term.buf += os.read(term.fd, 65536).decode("utf-8", errors="replace").replace("\r\n", "\n")
+        # Otherwise the terminal would discard output not yet read when it delivers the Ctrl-C, and
+        # the screen would lack text the conversation keeps (a real terminal does the same).
+        assert termios.tcgetattr(term.fd)[3] & termios.NOFLSH, "the terminal flushes output on Ctrl-C"
+        term.send("\x03")
+        partial = term.read_until(" (stopped)\n> ").replace("^C", "")  # the terminal echoes the ^C
+        assert partial and full.startswith(partial) and len(partial) < len(full), "the answer was not cut short"
+        after = [*question, {"role": "assistant", "content": partial}, {"role": "user", "content": "y"}]
+        assert term.answer("y") == greedy(session, after)
 
     term.send("\x04")
     assert term.wait() == 0

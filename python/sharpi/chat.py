@@ -3,17 +3,24 @@
 What it owns: the conversation (a list of messages) and the loop that reads a line, renders the
 whole conversation with the template (sharpi.serve.encode_chat), decodes only what the KV cache
 does not hold yet (sharpi.serve.reuse_prefix) and streams the answer. `/reset` forgets the
-conversation; Ctrl-C during an answer stops it (Session turns Ctrl-C into a cancel within one
-layer, nothing of that decode appended) and the conversation goes on with the partial answer;
-Ctrl-C or Ctrl-D at the prompt quits. It runs on the main thread only.
+conversation; Ctrl-C during an answer stops it and the conversation goes on with the partial
+answer, exactly the text on the screen; Ctrl-C or Ctrl-D at the prompt quits. It runs on the main
+thread only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
+import threading
 from typing import TextIO
+
+try:
+    import termios
+except ImportError:  # not POSIX
+    termios = None
 
 from .cli_args import non_negative_int
 from .serve import add_model_arguments
@@ -22,13 +29,53 @@ HELP_LINE = "sharpi chat: /reset forgets the conversation, Ctrl-C stops an answe
 
 
 @contextlib.contextmanager
-def _sigint_held():
-    """SIGINT blocked for the calling thread inside the block (delivered, if it came, on exit)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def _ctrl_c_stops(session, terminal: TextIO):
+    """Inside the block Ctrl-C raises nothing: it sets the returned event and cancels the session,
+    so the decode running then, or the next one, raises CancelledError with nothing appended
+    (during a decode Session's SIGINT bridge calls cancel() and stops it within one layer).
+
+    Both halves keep the answer the conversation goes on with exactly the text on the screen:
+    - no KeyboardInterrupt: CPython raises it at whatever bytecode comes next once the signal was
+      recorded, even inside a block that blocks SIGINT by then, so it could land between writing a
+      piece and keeping it. With an event the answer stops only between pieces.
+    - NOFLSH on the terminal: by default the terminal discards output not yet displayed when it
+      sends SIGINT (POSIX termios), so text written and kept just before Ctrl-C would never show.
+      Restored on exit, so Ctrl-C at the prompt behaves as the user's terminal always does.
+    """
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):
+        stop.set()
+        session.cancel()
+
+    saved_modes = _set_noflsh(terminal)
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        yield
+        yield stop
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+        if saved_modes is not None:
+            with contextlib.suppress(OSError, termios.error):  # the terminal went away meanwhile
+                termios.tcsetattr(terminal.fileno(), termios.TCSANOW, saved_modes)
+        if stop.is_set():
+            session.clear_cancel()  # a cancel no decode saw must not stop the next answer
+
+
+def _set_noflsh(terminal: TextIO):
+    """Sets NOFLSH on `terminal` if it is one; returns its previous modes, or None."""
+    if termios is None:
+        return None
+    try:
+        fd = terminal.fileno()
+        if not os.isatty(fd):
+            return None
+        saved = termios.tcgetattr(fd)
+        modes = list(saved)
+        modes[3] |= termios.NOFLSH  # [3]: the local modes
+        termios.tcsetattr(fd, termios.TCSANOW, modes)
+        return saved
+    except (AttributeError, OSError, ValueError, termios.error):  # not a real file, or closed
+        return None
 
 
 def add_chat_parser(subparsers) -> argparse.ArgumentParser:
@@ -48,6 +95,7 @@ def add_chat_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
+    from . import CancelledError
     from .serve import encode_chat, load_model, reuse_prefix
 
     session, template = load_model(args)
@@ -81,18 +129,22 @@ def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
         n_reused = reuse_prefix(session, held, ids)
         session.last_tokens = []
         pieces: list = []
-        try:
-            for piece in session.generate(ids[n_reused:], **options):
-                # Ctrl-C is held off while a piece is shown and kept, so that the answer the
-                # conversation keeps is exactly the text on the screen: a KeyboardInterrupt between
-                # keeping a piece and writing it would keep text the user never saw (and the next
-                # turn would continue from it). A Ctrl-C meanwhile stays pending and is raised when
-                # unblocked, on the unblocking line.
-                with _sigint_held():
+        stopped = False
+        with _ctrl_c_stops(session, inp) as stop:
+            answer = session.generate(ids[n_reused:], **options)
+            try:
+                for piece in answer:
                     out.write(piece)
                     out.flush()
                     pieces.append(piece)
-        except KeyboardInterrupt:
+                    if stop.is_set():
+                        stopped = True
+                        break
+            except CancelledError:
+                stopped = True
+            finally:
+                answer.close()
+        if stopped:
             out.write(" (stopped)")
         # A cancelled decode appended nothing: the cache holds a prefix of prompt + sampled ids.
         held = (ids + session.last_tokens)[: session.n_past]
