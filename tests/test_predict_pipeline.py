@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import OrderedDict
@@ -583,6 +584,99 @@ def test_pregate_recovers_a_planted_map_and_copies_the_model(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
+
+
+def pool_votes_by_hand(pool, route, L, t, M, E, powers=(4, 16, 64)):
+    """The spec's pool votes for one token (route: its ids [n_layer, k]) in plain Python loops."""
+    N = len(pool)
+    c = [sum(sum(1 for q in pool[i][layer] if q >= 0 and q in set(route[layer]) - {-1}) for layer in range(L + 1))
+         for i in range(N)]
+    near = sorted(range(N), key=lambda i: (-c[i], i))[: min(M, N)]
+    out = np.zeros((E, len(powers)))
+    if max(c) == 0:
+        return out
+    for q, p in enumerate(powers):
+        w = {i: (c[i] / max(c)) ** p for i in near}
+        for i in near:
+            for e in pool[i][t]:
+                if e >= 0:
+                    out[e, q] += w[i]
+        out[:, q] /= sum(w.values())
+    return out
+
+
+@pytest.mark.parametrize("neighbours", [7, 40, 1000])
+def test_depthtime_pool_votes_match_a_per_token_loop(tmp_path, neighbours):
+    """reference.DepthTimePredictor's pool features against the spec evaluated token by token. The pool
+    repeats a few routes many times, so the lower-index tie rule decides who votes when M cuts a tie
+    group (M = 7, 40); M = 1000 > N lets every pool token vote."""
+    experts, seq_start = planted_experts(seed=5, n_seq=6, seq_len=20, n_layer=5, n_expert=8, k=2)
+    trace = load_trace(save_trace(tmp_path / "t.npz", experts, seq_start, 8))
+    rng = np.random.default_rng(6)
+    pool = experts[rng.integers(0, 30, size=120)].astype(np.float32)  # 120 tokens, <= 30 distinct routes
+    pool[rng.random(pool.shape) < 0.05] = -1  # unknown cells
+    tables = {
+        "dt.bias": np.zeros((5, 8)), "dt.layer": np.zeros((5, 4, 8, 8)), "dt.prev": np.zeros((5, 3, 8, 8)),
+        "dt.count_bias": np.zeros((5, 8)), "dt.count": np.zeros((5, 3, 8, 8)),
+        "dt.stack": rng.normal(size=(3, 5, 42)), "dt.pool": pool,
+    }
+    sc = scm.Sidecar("depthtime", 5, 8, 2, 3, "test", {"depthtime.pool": 120, "depthtime.neighbours": neighbours},
+                     {k: np.asarray(v, np.float32) for k, v in tables.items()})
+    scm.write_sidecar(tmp_path / "dt.gguf", sc)
+    back = scm.read_sidecar(tmp_path / "dt.gguf")
+    assert back.params == {"depthtime.gate": 0, "depthtime.pool": 120, "depthtime.neighbours": neighbours}
+    np.testing.assert_array_equal(back.tensors["dt.pool"], pool)
+    p = ref.DepthTimePredictor(back)
+    idx = np.arange(0, trace.n_tokens, 7)
+    ids = pool.astype(int).tolist()
+    for L in range(4):
+        feats = p.features(trace, idx, L)
+        for t, f in feats.items():
+            assert f.shape == (len(idx), 8, 42)
+            for r, row in enumerate(idx):
+                want = pool_votes_by_hand(ids, experts[row].tolist(), L, t, neighbours, 8)
+                np.testing.assert_allclose(f[r, :, 33:36], want, rtol=1e-12, atol=1e-12)
+                regp = np.exp(f[r, :, 0] - f[r, :, 0].max())
+                np.testing.assert_allclose(f[r, :, 36:39], f[r, :, :1] * want, rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(f[r, :, 39:42], (regp / regp.sum())[:, None] * want, rtol=1e-12, atol=1e-12)
+
+
+def test_depthtime_pool_file_errors(tmp_path):
+    """A pool that is not expert ids, or a pool without neighbours, is refused naming the culprit."""
+    pool = np.zeros((4, 5, 2), np.float32)
+    tensors = {
+        "dt.bias": np.zeros((5, 8)), "dt.layer": np.zeros((5, 4, 8, 8)), "dt.prev": np.zeros((5, 3, 8, 8)),
+        "dt.count_bias": np.zeros((5, 8)), "dt.count": np.zeros((5, 3, 8, 8)), "dt.stack": np.zeros((3, 5, 42)),
+    }
+
+    def sidecar(values, neighbours=2):
+        return scm.Sidecar("depthtime", 5, 8, 2, 3, "test", {"depthtime.pool": 4, "depthtime.neighbours": neighbours},
+                           dict(tensors, **{"dt.pool": values}))
+
+    for bad, what in ((0.5, "0.5"), (8.0, "8.0"), (-2.0, "-2.0")):
+        values = pool.copy()
+        values[3, 4, 1] = bad
+        with pytest.raises(_core.InvalidArgument, match=rf"'dt.pool' holds {what} at \(3, 4, 1\), not an expert id"):
+            scm.write_sidecar(tmp_path / "bad.gguf", sidecar(values))
+        # The same file written by hand is a FormatError on reading.
+        w = gguf.GGUFWriter(str(tmp_path / "raw.gguf"), "sharpi.predictor")
+        w.add_string("sharpi.predictor.kind", "depthtime")
+        for key, v in (("n_layer", 5), ("n_expert", 8), ("top_k", 2), ("max_lookahead", 3),
+                       ("depthtime.pool", 4), ("depthtime.neighbours", 2)):
+            w.add_uint32("sharpi.predictor." + key, v)
+        for name, a in dict(tensors, **{"dt.pool": values}).items():
+            w.add_tensor(name, np.asarray(a, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(_core.FormatError, match=rf"raw.gguf: tensor 'dt.pool' holds {what}"):
+            scm.read_sidecar(tmp_path / "raw.gguf")
+    with pytest.raises(_core.InvalidArgument, match="depthtime.neighbours must be >= 1 with a pool, got 0"):
+        scm.write_sidecar(tmp_path / "bad.gguf", sidecar(pool, neighbours=0))
+    with pytest.raises(_core.InvalidArgument, match=r"tensor dt.stack has shape \(3, 5, 33\), expected \(3, 5, 42\)"):
+        scm.write_sidecar(tmp_path / "bad.gguf", dataclasses.replace(
+            sidecar(pool), tensors=dict(tensors, **{"dt.pool": pool, "dt.stack": np.zeros((3, 5, 33))})))
 
 
 def test_depthtime_stacker_is_never_worse_than_a_member_on_its_rows():

@@ -432,11 +432,17 @@ def test_trained_sidecar_predictors_are_lossless(models, sidecars, kind, sizing)
     resident = run_tokens(sharpi.Session(path, threads=2, n_ctx=128), PROMPT, 16)
     _, _, k = plan(path)
     name = kind.removesuffix("_gate")
-    if kind == "depthtime_gate":
+    if name == "depthtime":
         from sharpi.predict.sidecar import read_sidecar
 
-        stack = read_sidecar(sidecars[kind]).tensors["dt.stack"]
-        assert stack.shape[-1] == 35 and np.count_nonzero(stack[..., -2:]) > 0, "the stacker weighs the gate"
+        sc = read_sidecar(sidecars[kind])
+        stack = sc.tensors["dt.stack"]
+        # 33 features, the 9 pool votes (the pool: every training token but the stacker's), 2 gate features
+        assert sc.params["depthtime.pool"] > 0 and sc.tensors["dt.pool"].shape[0] == sc.params["depthtime.pool"]
+        assert stack.shape[-1] == 33 + 9 + 2 * (kind == "depthtime_gate")
+        assert np.count_nonzero(stack[..., 33:42]) > 0, "the stacker weighs the pool votes"
+        if kind == "depthtime_gate":
+            assert np.count_nonzero(stack[..., -2:]) > 0, "the stacker weighs the gate"
     for lookahead in (1, 2, 3):
         s = streamed(path, k, lookahead, predictor=f"{name}:{sidecars[kind]}", prefetch_sizing=sizing)
         np.testing.assert_array_equal(run_tokens(s, PROMPT, 16), resident, err_msg=f"{kind} {sizing} d={lookahead}")

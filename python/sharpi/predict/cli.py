@@ -37,6 +37,7 @@ import numpy as np
 
 from ..cli_args import int_at_least
 from .reference import PREDICTOR_NAMES
+from .regression import DEPTHTIME_NEIGHBOURS, DEPTHTIME_POOL_TOKENS
 
 TRAIN_KINDS = ("cooc", "depthtime", "learned", "trajectory", "pregate")
 
@@ -82,6 +83,21 @@ def add_predictor_parser(subparsers) -> argparse.ArgumentParser:
         default=10,
         metavar="W",
         help="trajectory window, 1..10 (10)",
+    )
+    tr.add_argument(
+        "--pool",
+        type=int_at_least("--pool", 0),
+        default=None,
+        metavar="N",
+        help="depthtime: keep the routes of up to N training tokens for the pool votes, 0 = none "
+        f"(default {DEPTHTIME_POOL_TOKENS})",
+    )
+    tr.add_argument(
+        "--neighbours",
+        type=int_at_least("--neighbours", 1),
+        default=None,
+        metavar="M",
+        help=f"depthtime: the pool tokens that vote, those whose routes match best (default {DEPTHTIME_NEIGHBOURS})",
     )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int_at_least("--threads", 1), default=1, help="torch threads (1)")
@@ -138,6 +154,10 @@ def _train(args, out: TextIO) -> int:
         from .regression import train_depthtime
 
         kw = {} if args.epochs is None else {"epochs": args.epochs}
+        if args.pool is not None:
+            kw["pool_tokens"] = args.pool
+        if args.neighbours is not None:
+            kw["neighbours"] = args.neighbours
         routers = None
         if args.model:  # the gate feature: the model's routers on the trace's hidden states
             from .reference import ModelRouters

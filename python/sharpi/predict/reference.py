@@ -24,12 +24,15 @@ import numpy as np
 from .sidecar import (
     DEPTHTIME_BASE_FEATURES,
     DEPTHTIME_DECAYS,
+    DEPTHTIME_FEATURES,
+    DEPTHTIME_POOL_POWERS,
     DEPTHTIME_PRODUCTS,
     DEPTHTIME_VOTE_POWERS,
     DEPTHTIME_VOTE_WINDOW,
     Sidecar,
     depthtime_features,
     depthtime_gate,
+    depthtime_pool,
     read_sidecar,
 )
 from .traces import RoutingTrace, ids_to_multi_hot
@@ -198,13 +201,20 @@ class DepthTimePredictor(ReferencePredictor):
 
     then the products DEPTHTIME_PRODUCTS of two of those, with regp = softmax of reg over the experts:
       reg * {vote, nvote}<p>, regp * {vote, nvote}<p>, reg * prev1, reg * hist0.9, reg * freq, cnt * nvote4
+    and, when the sidecar has depthtime.pool = N > 0 (dt.pool: the routes Q_i(l) of N training tokens,
+    -1 = unknown), the pool votes and their products:
+      pvote<p> sum_{i in Nb} r_i^p #{slots of Q_i(t) = e} / sum_{i in Nb} r_i^p     p in DEPTHTIME_POOL_POWERS
+      with c_i = sum_{l<=L} #{slots of Q_i(l) in S(l)}, Nb the min(M, N) pool tokens of largest c_i
+      (ties: the lower i; M = depthtime.neighbours), r_i = c_i / max_i c_i (all votes 0 when that is 0)
+      reg * pvote<p>, regp * pvote<p>
     and, when the sidecar has depthtime.gate = 1, last (`routers` needed):
       gate     router_t · (rms_norm(hidden_L) * ffn_norm_t)    (next_gate's score)
       gatep    softmax of gate over the experts
 
     The votes are a retrieval: earlier tokens of the sequence whose route so far matches the current
-    token's vote for what they chose at t; the products let the weight of each depend on how sure
-    the regression is. Missing ids (-1) are in no set."""
+    token's vote for what they chose at t; the pool votes the same over training tokens of other
+    sequences, the closest M of them; the products let the weight of each depend on how sure the
+    regression is. Missing ids (-1) are in no set."""
 
     name = "depthtime"
 
@@ -222,6 +232,9 @@ class DepthTimePredictor(ReferencePredictor):
         self.t = {k: v.astype(np.float64) for k, v in sc.tensors.items()}
         self._routes: dict = {}  # (sequence, prefix length) -> (L, route match counts [T, T])
         self._routes_of = None  # the trace the cached counts belong to
+        self.pool = sc.tensors["dt.pool"].astype(np.int64) if depthtime_pool(sc) else None  # [N, n_layer, k]
+        self.neighbours = int(sc.params.get("depthtime.neighbours", 0))
+        self._pool_counts: tuple = (None, -1, None)  # (rows key, L done, c [rows, N] for that L)
 
     def check_trace(self, trace):
         _check_shape(self.name, trace, self.n_layer, self.n_expert, self.top_k)
@@ -262,12 +275,77 @@ class DepthTimePredictor(ReferencePredictor):
             regp = softmax(feats[:, :, column["reg"]])
             for i, (a, b) in enumerate(DEPTHTIME_PRODUCTS, start=len(DEPTHTIME_BASE_FEATURES)):
                 feats[:, :, i] = (regp if a == "regp" else feats[:, :, column[a]]) * feats[:, :, column[b]]
+        if self.pool is not None and targets:
+            base, n_pow = len(DEPTHTIME_FEATURES), len(DEPTHTIME_POOL_POWERS)
+            for t, votes in self._pool_votes(trace, idx, L, targets).items():
+                feats = out[t]
+                feats[:, :, base : base + n_pow] = votes
+                feats[:, :, base + n_pow : base + 2 * n_pow] = feats[:, :, column["reg"], None] * votes
+                feats[:, :, base + 2 * n_pow : base + 3 * n_pow] = softmax(feats[:, :, column["reg"]])[:, :, None] * votes
         if self.routers is not None and targets:
             hidden = trace.hidden_rows(idx, L)
             for t in targets:
                 gate = self.routers.router_logits(hidden, t)
                 out[t][:, :, -2] = gate
                 out[t][:, :, -1] = softmax(gate)
+        return out
+
+    def _pool_hot(self, layer: int) -> np.ndarray:
+        """float32 [N, E]: how many slots of each pool token's route at `layer` name each expert."""
+        ids = self.pool[:, layer]
+        hot = np.zeros((ids.shape[0], self.n_expert), np.float32)
+        rows, slots = np.nonzero(ids >= 0)
+        np.add.at(hot, (rows, ids[rows, slots]), 1.0)
+        return hot
+
+    def _pool_match_counts(self, trace: RoutingTrace, idx: np.ndarray, L: int) -> np.ndarray:
+        """c [len(idx), N]: sum_{l<=L} #{slots of Q_i(l) in S(l)} (exact small integers). Kept for the
+        last rows and L asked, so the ascending L of evaluate() and of training add one layer per call."""
+        key = (id(trace), trace.path, idx.tobytes())
+        rows_key, done, counts = self._pool_counts
+        if rows_key != key or done > L:
+            dtype = np.uint8 if self.top_k * self.n_layer <= np.iinfo(np.uint8).max else np.uint16
+            done, counts = -1, np.zeros((len(idx), self.pool.shape[0]), dtype)
+        for layer in range(done + 1, L + 1):
+            hot = self._pool_hot(layer).T
+            for c0 in range(0, len(idx), 2048):
+                mine = trace.multi_hot(idx[c0 : c0 + 2048], layer, dtype=np.float32)
+                counts[c0 : c0 + 2048] += (mine @ hot).astype(counts.dtype)
+        self._pool_counts = (key, L, counts)
+        return counts
+
+    def _pool_votes(self, trace: RoutingTrace, idx: np.ndarray, L: int, targets: list) -> dict[int, np.ndarray]:
+        """{t: float64 [len(idx), E, len(DEPTHTIME_POOL_POWERS)]}: pvote<p> of each target."""
+        counts = self._pool_match_counts(trace, idx, L)
+        N, E = counts.shape[1], self.n_expert
+        M = min(self.neighbours, N)
+        K = self.top_k * (L + 1) + 1  # counts lie in [0, K)
+        out = {t: np.zeros((len(idx), E, len(DEPTHTIME_POOL_POWERS))) for t in targets}
+        for c0 in range(0, len(idx), 256):  # [256, N] int64 temporaries: 160 MB at N = 80,000
+            c = counts[c0 : c0 + 256].astype(np.int64)
+            n = c.shape[0]
+            # The neighbours: every count above the threshold c*, then ties at c* in index order up
+            # to M; c* is the largest count that at least M tokens reach (count 0: all N >= M do).
+            hist = np.bincount((np.arange(n)[:, None] * K + c).ravel(), minlength=n * K).reshape(n, K)
+            at_least = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # [r, v]: #(c >= v)
+            threshold = (at_least >= M).sum(axis=1) - 1
+            above = np.where(threshold + 1 < K, at_least[np.arange(n), np.minimum(threshold + 1, K - 1)], 0)
+            tie = c == threshold[:, None]
+            take = (c > threshold[:, None]) | (tie & (np.cumsum(tie, axis=1) <= (M - above)[:, None]))
+            near = np.nonzero(take)[1].reshape(n, M)  # row-major: M ascending pool indices per row
+            cn = c[np.arange(n)[:, None], near].astype(np.float64)
+            top = cn.max(axis=1, keepdims=True)
+            r = np.divide(cn, top, out=np.zeros_like(cn), where=top > 0)
+            for t in targets:
+                ids = self.pool[near, t]  # [n, M, k]
+                valid = ids >= 0
+                flat = (np.arange(n)[:, None, None] * E + np.maximum(ids, 0))[valid]
+                for q, p in enumerate(DEPTHTIME_POOL_POWERS):
+                    w = r**p
+                    total = w.sum(axis=1)
+                    votes = np.bincount(flat, np.broadcast_to(w[:, :, None], ids.shape)[valid], minlength=n * E)
+                    votes = votes.reshape(n, E)
+                    out[t][c0 : c0 + n, :, q] = np.divide(votes, total[:, None], out=np.zeros_like(votes), where=total[:, None] > 0)
         return out
 
     def _hot(self, trace: RoutingTrace, first: int, T: int, layer: int) -> np.ndarray:

@@ -6,8 +6,8 @@ What it owns: one convex fit, `fit_history_regression`, shared by two users so t
     only; written in the `cooc` sidecar format with a history of every earlier layer), and
   - the `depthtime` predictor (previous token at t-1, t, t+1; its score is one feature of a per-(d, t)
     linear stacker, `fit_depthtime_stack`, fitted on held-out TRAINING sequences over depth and time
-    features (the co-occurrence counts of layer t-d, the previous tokens, decayed counts, route votes:
-    reference.DepthTimePredictor), which keeps a single feature instead wherever that recalls better
+    features (the co-occurrence counts of layer t-d, the previous tokens, decayed counts, route votes
+    of the sequence's earlier tokens and of a pool of training tokens: reference.DepthTimePredictor), which keeps a single feature instead wherever that recalls better
     there, so on every target layer it is at least as good as the best of its members on those
     sequences).
 
@@ -32,6 +32,10 @@ from .traces import RoutingTrace
 from .train import _invalid, _log, _recall, _torch, fit_best_epoch, validation_rows
 
 DEPTHTIME_PREV_OFFSETS = (-1, 0, 1)  # previous token's layers t-1, t, t+1 (docs/predictors.md)
+# The pool votes: at most this many training tokens' routes kept in the sidecar (a seeded sample of
+# the regression's fit rows beyond it; 4 bytes per layer and slot each), and the neighbours that vote.
+DEPTHTIME_POOL_TOKENS = 100_000
+DEPTHTIME_NEIGHBOURS = 1024
 
 
 def _ids(torch, trace: RoutingTrace, idx: np.ndarray) -> tuple:
@@ -237,18 +241,20 @@ def fit_stack_weights(torch, X: np.ndarray, sel_hot: np.ndarray, k: int, l2: flo
 
 def fit_depthtime_stack(
     trace: RoutingTrace, val_idx: np.ndarray, tables: dict[str, np.ndarray], max_lookahead: int,
-    num_threads: int | None = 1, quiet: bool = False, routers=None,
+    num_threads: int | None = 1, quiet: bool = False, routers=None, neighbours: int = DEPTHTIME_NEIGHBOURS,
 ) -> np.ndarray:
     """dt.stack float32 [max_lookahead, n_layer, F] for the trained tables (dt.bias, dt.layer,
-    dt.prev, dt.count_bias, dt.count), fitted per (d, t) by fit_stack_weights on the validation rows
-    val_idx (held-out TRAINING tokens the tables never saw; their features see the whole sequence
-    prefix). Rows t < d are never used and stay 0. routers (reference.ModelRouters): also the gate
-    feature, from the trace's hidden states (F = len(DEPTHTIME_GATE_FEATURES))."""
+    dt.prev, dt.count_bias, dt.count, and dt.pool when given: the pool votes with `neighbours`),
+    fitted per (d, t) by fit_stack_weights on the validation rows val_idx (held-out TRAINING tokens
+    the tables never saw and the pool does not hold; their features see the whole sequence prefix).
+    Rows t < d are never used and stay 0. routers (reference.ModelRouters): also the gate feature,
+    from the trace's hidden states. F = len(depthtime_features) of such a sidecar."""
     from .reference import DepthTimePredictor
 
     torch = _torch(num_threads)
     n_layer, k = trace.n_layer, trace.top_k
-    sc = Sidecar("depthtime", n_layer, trace.n_expert, k, max_lookahead, "", {"depthtime.gate": int(routers is not None)})
+    params = _depthtime_params(routers, tables.get("dt.pool"), neighbours)
+    sc = Sidecar("depthtime", n_layer, trace.n_expert, k, max_lookahead, "", params)
     n_features = len(depthtime_features(sc))
     stack = np.zeros((max_lookahead, n_layer, n_features))
     sc.tensors = dict(tables, **{"dt.stack": stack})
@@ -269,6 +275,12 @@ def fit_depthtime_stack(
     return stack.astype(np.float32)
 
 
+def _depthtime_params(routers, pool: np.ndarray | None, neighbours: int) -> dict[str, int]:
+    n_pool = 0 if pool is None else int(pool.shape[0])
+    return {"depthtime.gate": int(routers is not None), "depthtime.pool": n_pool,
+            "depthtime.neighbours": neighbours if n_pool else 0}
+
+
 def train_depthtime(
     trace: RoutingTrace,
     train_idx: np.ndarray,
@@ -280,13 +292,19 @@ def train_depthtime(
     source: str = "",
     quiet: bool = False,
     routers=None,
+    pool_tokens: int = DEPTHTIME_POOL_TOKENS,
+    neighbours: int = DEPTHTIME_NEIGHBOURS,
     **fit_kw,
 ) -> Sidecar:
     """The depthtime predictor (docs/predictors.md): the regression with the previous token at t-1,
     t, t+1 and the co-occurrence counts, fitted on the train sequences minus the last `val_fraction`
     of them; those held-out TRAINING sequences then fit the per-(d, t) stacker over every feature
     (fit_depthtime_stack). routers (reference.ModelRouters of the traced model, on a trace with
-    hidden states): the stacker also weighs the gate feature (depthtime.gate = 1)."""
+    hidden states): the stacker also weighs the gate feature (depthtime.gate = 1). pool_tokens > 0:
+    the routes of the regression's fit rows (a seeded sample of pool_tokens when there are more)
+    go into the sidecar for the pool votes of `neighbours` neighbours; 0: no pool votes."""
+    if pool_tokens < 0 or (pool_tokens > 0 and neighbours < 1):
+        raise _invalid(f"pool_tokens {pool_tokens} must be >= 0 and neighbours {neighbours} >= 1 with a pool")
     if not 1 <= max_lookahead <= 3:
         raise _invalid(f"max_lookahead {max_lookahead} outside 1..3")
     fit_idx, val_idx = validation_rows(trace, train_idx, val_fraction, val_tokens, np.random.default_rng(seed))
@@ -313,7 +331,12 @@ def train_depthtime(
         "dt.count_bias": count_bias.astype(np.float32),
         "dt.count": count.astype(np.float32),
     }
-    stack = fit_depthtime_stack(trace, val_idx, tables, max_lookahead, num_threads, quiet, routers)
+    if pool_tokens > 0 and len(fit_idx) > 0:
+        pool_idx = fit_idx
+        if len(pool_idx) > pool_tokens:
+            pool_idx = np.sort(np.random.default_rng(seed + 1).choice(pool_idx, size=pool_tokens, replace=False))
+        tables["dt.pool"] = np.stack([trace.selected(pool_idx, layer) for layer in range(n_layer)], axis=1).astype(np.float32)
+    stack = fit_depthtime_stack(trace, val_idx, tables, max_lookahead, num_threads, quiet, routers, neighbours)
     return Sidecar(
         "depthtime",
         n_layer,
@@ -321,7 +344,7 @@ def train_depthtime(
         k,
         max_lookahead,
         source or f"{trace.path}: {len(train_idx)} train tokens",
-        {"depthtime.gate": int(routers is not None)},
+        _depthtime_params(routers, tables.get("dt.pool"), neighbours),
         dict(tables, **{"dt.stack": stack}),
     )
 

@@ -25,7 +25,7 @@ KINDS = ("cooc", "depthtime", "learned", "trajectory")
 # Kind-specific integer keys (under sharpi.predictor.), all written as uint32.
 KIND_KEYS = {
     "cooc": ("cooc.history",),
-    "depthtime": ("depthtime.gate",),
+    "depthtime": ("depthtime.gate", "depthtime.pool", "depthtime.neighbours"),
     "learned": ("n_embd", "learned.hidden", "learned.rank"),
     "trajectory": (
         "trajectory.window",
@@ -37,7 +37,7 @@ KIND_KEYS = {
 }
 COMMON_KEYS = ("n_layer", "n_expert", "top_k", "max_lookahead")
 # Kind keys a file may lack (written before the key existed): read as this value.
-KEY_DEFAULTS = {"depthtime.gate": 0}
+KEY_DEFAULTS = {"depthtime.gate": 0, "depthtime.pool": 0, "depthtime.neighbours": 0}
 
 # The per-expert features the depthtime stacker weighs, in the order of the last axis of dt.stack
 # (defined in reference.DepthTimePredictor and docs/predictors.md; the C++ predictor uses the same
@@ -57,10 +57,16 @@ DEPTHTIME_PRODUCTS = tuple(
     (a, v) for a in ("reg", "regp") for v in DEPTHTIME_BASE_FEATURES[-2 * len(DEPTHTIME_VOTE_POWERS) :]
 ) + (("reg", "prev1"), ("reg", "hist0.9"), ("reg", "freq"), ("cnt", "nvote4"))
 DEPTHTIME_FEATURES = DEPTHTIME_BASE_FEATURES + tuple(f"{a}*{b}" for a, b in DEPTHTIME_PRODUCTS)
+# With depthtime.pool = N > 0 (dt.pool holds N training tokens' routes) nine more: the pool votes,
+# a retrieval over those routes (reference.DepthTimePredictor), and their products with reg and regp.
+DEPTHTIME_POOL_POWERS = (4, 16, 64)
+DEPTHTIME_POOL_FEATURES = tuple(f"pvote{p}" for p in DEPTHTIME_POOL_POWERS) + tuple(
+    f"{a}*pvote{p}" for a in ("reg", "regp") for p in DEPTHTIME_POOL_POWERS
+)
 # With depthtime.gate = 1 (trained with the model on a trace with hidden states) two more, last:
 # "gate", layer t's own router applied to ffn_norm_t(hidden_L) (the next_gate score), and "gatep",
 # its softmax over the experts.
-DEPTHTIME_GATE_FEATURES = DEPTHTIME_FEATURES + ("gate", "gatep")
+DEPTHTIME_GATE_FEATURES = ("gate", "gatep")
 
 
 
@@ -95,7 +101,13 @@ class Sidecar:
 
 def depthtime_features(sc: Sidecar) -> tuple[str, ...]:
     """The features of sc's dt.stack, in order."""
-    return DEPTHTIME_GATE_FEATURES if depthtime_gate(sc) else DEPTHTIME_FEATURES
+    pool = DEPTHTIME_POOL_FEATURES if depthtime_pool(sc) else ()
+    return DEPTHTIME_FEATURES + pool + (DEPTHTIME_GATE_FEATURES if depthtime_gate(sc) else ())
+
+
+def depthtime_pool(sc: Sidecar) -> int:
+    """The number of training tokens whose routes the depthtime sidecar sc keeps for the pool votes (0: none)."""
+    return int(sc.params.get("depthtime.pool", KEY_DEFAULTS["depthtime.pool"]))
 
 
 def depthtime_gate(sc: Sidecar) -> bool:
@@ -117,7 +129,7 @@ def expected_tensor_shapes(sc: Sidecar) -> dict[str, tuple[int, ...]]:
             "dt.count_bias": (n_layer, E),
             "dt.count": (n_layer, dmax, E, E),
             "dt.stack": (dmax, n_layer, len(depthtime_features(sc))),
-        }
+        } | ({"dt.pool": (depthtime_pool(sc), n_layer, sc.top_k)} if depthtime_pool(sc) else {})
     if sc.kind == "learned":
         n_embd, H, R = p["n_embd"], p["learned.hidden"], p["learned.rank"]
         shapes: dict[str, tuple[int, ...]] = {}
@@ -179,6 +191,8 @@ def _check_params(sc: Sidecar, where: str, error) -> None:
         raise error(f"{where}: cooc.history must be >= 1, got {p['cooc.history']}")
     if sc.kind == "depthtime" and p.get("depthtime.gate", 0) not in (0, 1):
         raise error(f"{where}: depthtime.gate must be 0 or 1, got {p['depthtime.gate']}")
+    if sc.kind == "depthtime" and p.get("depthtime.pool", 0) > 0 and p.get("depthtime.neighbours", 0) < 1:
+        raise error(f"{where}: depthtime.neighbours must be >= 1 with a pool, got {p.get('depthtime.neighbours', 0)}")
     if sc.kind == "learned" and (
         p["n_embd"] < 1 or p["learned.hidden"] < 1 or p["learned.rank"] < 0 or p["learned.rank"] > p["n_embd"]
     ):
@@ -203,6 +217,20 @@ def _check_params(sc: Sidecar, where: str, error) -> None:
             )
 
 
+def _check_pool_ids(sc: Sidecar, where: str, error) -> None:
+    """dt.pool holds expert ids: integers in [-1, n_expert), -1 = unknown."""
+    pool = sc.tensors.get("dt.pool")
+    if pool is None or pool.size == 0:
+        return
+    bad = (pool != np.round(pool)) | (pool < -1) | (pool >= sc.n_expert)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise error(
+            f"{where}: tensor 'dt.pool' holds {float(pool[at])!r} at {at}, not an expert id "
+            f"(an integer in [-1, {sc.n_expert}))"
+        )
+
+
 def write_sidecar(path: str | os.PathLike, sc: Sidecar) -> None:
     """Writes sc as a GGUF sidecar (to `<path>.tmp`, renamed when complete)."""
     import gguf
@@ -221,6 +249,7 @@ def write_sidecar(path: str | os.PathLike, sc: Sidecar) -> None:
             raise _invalid(
                 f"sidecar {path}: tensor {name} has shape {sc.tensors[name].shape}, expected {shape}"
             )
+    _check_pool_ids(sc, f"sidecar {path}", _invalid)
     tmp = path + ".tmp"
     w = gguf.GGUFWriter(tmp, ARCH)
     w.add_string(PREFIX + "kind", sc.kind)
@@ -334,4 +363,5 @@ def read_sidecar(
         if got != shape:
             raise _format_error(f"sidecar {path}: tensor '{name}' has shape {got}, expected {shape}")
         sc.tensors[name] = np.array(t.data, dtype=np.float32).reshape(shape)
+    _check_pool_ids(sc, f"sidecar {path}", _format_error)
     return sc
