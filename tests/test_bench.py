@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import TRACES_DIR
 from sharpi.belady import belady, lru, steps_from_routing
 from sharpi.timeline import chrome_trace, write_chrome_trace
 from subprocess_env import child_env
@@ -305,7 +306,7 @@ def test_run_fields_are_the_documented_ones():
     assert set(RUN_FIELDS) == RUN_FIELDS_EXPECTED and len(RUN_FIELDS) == len(RUN_FIELDS_EXPECTED)
 
 
-SHARED_TRACE = REPO.parent / "shared" / "traces" / "deepseek_v2_lite_train.npz"
+SHARED_TRACE = TRACES_DIR / "deepseek_v2_lite_train.npz"  # replayed by the bench when present
 
 
 def run_bench(out, models, *extra):
@@ -340,6 +341,7 @@ def independent_eval_start(seq_start) -> int:
     return int(seq_start[n_train])
 
 
+@pytest.mark.shared_data  # replays ../shared's trace when present, and must pass without it
 def test_bench_quick_smoke(tmp_path):
     out, models = tmp_path / "out", tmp_path / "models"
     doc, _ = run_bench(out, models)
@@ -484,12 +486,10 @@ def test_eval_split_and_train_trace(tmp_path, n_seq):
                 assert info["sequences"] == min(n_train, max(2, sum(1 for e in ends[:n_train] if e <= cap)))
 
 
-def test_eval_split_of_the_shared_trace():
+def test_eval_split_of_the_shared_trace(shared_traces):
     from sharpi.bench.workloads import eval_split
 
-    if not SHARED_TRACE.is_file():
-        pytest.skip("shared traces absent")
-    with np.load(SHARED_TRACE) as z:
+    with np.load(shared_traces / SHARED_TRACE.name) as z:
         n_train, start = eval_split(z["seq_start"], z["experts"].shape[0])
         assert start == independent_eval_start(z["seq_start"]) and n_train == len(z["seq_start"]) * 7 // 10
 
@@ -567,6 +567,7 @@ def test_round_summary_cuts_stall_against_the_same_rounds_none():
     assert c["tpot_speedup"] == pytest.approx(101.0 / 71.0)
 
 
+@pytest.mark.shared_data  # replays ../shared's trace when present, and must pass without it
 def test_bench_predictor_axis_quick(tmp_path):
 
     out, models = tmp_path / "out", tmp_path / "models"

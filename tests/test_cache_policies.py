@@ -556,7 +556,6 @@ def test_streamed_equals_resident_for_every_policy(model, shape, prior_file, res
 
 # -- the offline evaluation and the prior command ---------------------------------------------------
 
-TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces")
 SHIPPED_TRACE = os.path.join(os.path.dirname(__file__), "data", "stdlib_moe_trace.npz")
 
 
@@ -617,13 +616,10 @@ def test_cache_eval_horizons_span_lru_to_belady(capsys):
         cli.main(["cache-eval", "--trace", SHIPPED_TRACE, "--horizons", "-1"])
 
 
-@pytest.mark.skipif(
-    not os.path.isfile(os.path.join(TRACES, "deepseek_v2_lite_train.npz")), reason="shared/traces not present"
-)
-def test_policies_on_held_out_deepseek_routing():
+def test_policies_on_held_out_deepseek_routing(shared_traces):
     from sharpi.cache_eval import evaluate
 
-    res = evaluate(os.path.join(TRACES, "deepseek_v2_lite_train.npz"), [0.25], max_eval_tokens=1500)
+    res = evaluate(str(shared_traces / "deepseek_v2_lite_train.npz"), [0.25], max_eval_tokens=1500)
     (b,) = res["budgets"]
     assert b["capacity"] == 416
     ratios = {name: p["ratio"] for name, p in b["policies"].items()}

@@ -35,7 +35,6 @@ from sharpi.predict.cli import main as predictor_main
 from sharpi.predict.traces import load_trace, split_by_sequences
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TRACES = REPO.parent / "shared" / "traces"  # as tests/test_streaming.py and test_bench.py find them
 SHIPPED_MODEL = REPO / "python" / "sharpi" / "models" / "stdlib-moe-q8_0.gguf"
 STDLIB_TRACE = REPO / "tests" / "data" / "stdlib_moe_trace.npz"
 
@@ -793,15 +792,8 @@ def test_cli_train_and_eval(planted, tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------
 
 
-def _shared(name):
-    path = SHARED_TRACES / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return path
-
-
-def test_real_deepseek_cooc_beats_prev_token():
-    trace = load_trace(_shared("deepseek_v2_lite_train.npz"))
+def test_real_deepseek_cooc_beats_prev_token(shared_traces):
+    trace = load_trace(shared_traces / "deepseek_v2_lite_train.npz")
     # A slice keeps this quick: 200 sequences to train, the next 60 to evaluate (split by sequence).
     train_idx = np.arange(int(trace.seq_start[200]))
     eval_idx = np.arange(int(trace.seq_start[200]), int(trace.seq_start[260]))
@@ -820,8 +812,8 @@ def test_real_deepseek_cooc_beats_prev_token():
     assert cooc[0]["bytes_saved"] > 0 and prev[0]["bytes_saved"] == 0  # prev's experts are always cached
 
 
-def test_real_mixtral_trace_with_missing_cells():
-    trace = load_trace(_shared("mixtral_8x7b_small.npz"))
+def test_real_mixtral_trace_with_missing_cells(shared_traces):
+    trace = load_trace(shared_traces / "mixtral_8x7b_small.npz")
     assert (trace.experts < 0).sum() > 0
     split = split_by_sequences(trace, 0.5)
     rows = ev.evaluate(ref.PrevTokenPredictor(8), trace, split.eval, cache_experts=4)["rows"]

@@ -222,18 +222,28 @@ def test_demand_before_prefetch(kind, random_file):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_demand_overtakes_a_started_prefetch(kind, tmp_path):
-    """A long prefetch is read in 4 KiB chunks (12288 of them), so a demand submitted after it has
-    started finishes before it. A tiny prefetch goes first: when reap() returns it, the I/O thread
-    has already taken the long prefetch's first chunk (it does so before announcing completions),
-    and cancel() returning False confirms the long one is in flight. The prefetch could only still
-    win by finishing before the next statement runs (a descheduled test thread on a busy machine),
-    so the test tries a few times; a reader that reads requests whole loses every attempt."""
-    size = 48 << 20
+def test_demand_overtakes_a_started_prefetch(kind, tmp_path, monkeypatch):
+    """A long prefetch is read in 4 KiB chunks, so a demand submitted after it has started finishes
+    before it. A tiny prefetch goes first: when reap() returns it, the I/O thread has already taken
+    the long prefetch's first chunk (it does so before announcing completions), and cancel()
+    returning False confirms the long one is in flight.
+
+    The demand must be submitted while the long prefetch is still being read. From the page cache
+    a pread reader finishes 48 MiB of chunks in a few milliseconds, which a descheduled test thread
+    on a busy machine can miss (CI once saw [9, 0, 1] five times), so the pread reader's test hook
+    delays each prefetch chunk by 20 ms: 64 chunks keep the prefetch in flight for 1.3 s, and the
+    order no longer depends on scheduling. io_uring reads 48 MiB with O_DIRECT from the device,
+    4 KiB at a time at depth 1: over a second on this machine's disks. A reader that reads requests
+    whole loses every attempt either way."""
+    if kind == "pread":
+        monkeypatch.setenv("SHARPI_FAULT_PREFETCH_DELAY_US", "20000")  # read at reader construction
+        size = 64 * 4096
+    else:
+        size = 48 << 20
     path = tmp_path / "long.bin"
     path.write_bytes(np.random.default_rng(11).integers(0, 256, size + 5000, dtype=np.uint8).tobytes())
     orders = []
-    for _attempt in range(5):
+    for _attempt in range(3):
         reader = open_reader(
             kind, path, arena_bytes=size + (1 << 20), queue_depth=1, pread_threads=1, chunk_bytes=4096
         )

@@ -275,7 +275,6 @@ def test_rss_stays_within_budget(tmp_path):
     assert r["peak"] - r["base"] <= budget + overhead, r
 
 
-TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "traces")
 
 
 def test_route_trace_replay_forces_the_recorded_experts(models, tmp_path):
@@ -314,10 +313,8 @@ def test_route_trace_shape_mismatch_is_clear(models, tmp_path):
         s.set_route_trace(np.zeros((4, 2), dtype=np.int16))
 
 
-def test_real_mixtral_trace_drives_a_matching_model(tmp_path):
-    trace_path = os.path.join(TRACES, "mixtral_8x7b_small.npz")
-    if not os.path.exists(trace_path):
-        pytest.skip("shared/traces not present")
+def test_real_mixtral_trace_drives_a_matching_model(tmp_path, shared_traces):
+    trace_path = str(shared_traces / "mixtral_8x7b_small.npz")
     with np.load(trace_path) as z:
         experts = z["experts"]
     path = str(tmp_path / "mixtral-shape.gguf")
@@ -478,10 +475,8 @@ DEEPSEEK_V2_LITE_SMALL = {"n_vocab": 512, "n_embd": 128, "n_head": 2, "head_dim"
 
 
 @pytest.mark.parametrize("reader", READERS)
-def test_deepseek_v2_lite_trace_streamed_equals_resident_at_quarter_budget(tmp_path, reader):
-    trace_path = os.path.join(TRACES, "deepseek_v2_lite_train.npz")
-    if not os.path.exists(trace_path):
-        pytest.skip("shared/traces not present")
+def test_deepseek_v2_lite_trace_streamed_equals_resident_at_quarter_budget(tmp_path, reader, shared_traces):
+    trace_path = str(shared_traces / "deepseek_v2_lite_train.npz")
     path = str(tmp_path / "deepseek-v2-lite-small.gguf")
     write_model(path, preset="deepseek-v2-lite", quant="q8_0", seed=4, **DEEPSEEK_V2_LITE_SMALL)
     if not reader_available(reader, path):
