@@ -40,3 +40,20 @@ def require_module(name: str, minversion: str | None = None) -> ModuleType:
     except pytest.skip.Exception as skipped:
         why = str(skipped.msg)
     prerequisite_missing(why)  # outside the except: the failure is not shown chained to the skip
+
+
+# The version tools/fetch_converter.sh downloads, so that the converter and the peer are one llama.cpp.
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+
+
+def require_llama_cpp() -> ModuleType:
+    """llama-cpp-python, the independent implementation several tests compare with: the module, or
+    prerequisite_missing saying how to get it (it is no extra of the tests: pip compiles llama.cpp
+    for it, several minutes; .ci/run installs it)."""
+    try:
+        import llama_cpp
+    except ImportError as error:
+        why = f"llama_cpp is not importable ({error}): pip install {LLAMA_CPP_PYTHON} (compiles llama.cpp)"
+    else:
+        return llama_cpp
+    prerequisite_missing(why)  # outside the except: the failure is not shown chained to the import error

@@ -8,7 +8,6 @@ the medians, each decode run produced the asked number of greedy tokens.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_policy import require_llama_cpp
 from sharpi.make_model import write_model
 from subprocess_env import child_env
 
@@ -124,9 +124,8 @@ def test_sharpi_with_peers_faked_absent_or_failing(tiny, tmp_path):
     assert "sharpi (exact) vs sharpi logits" in table
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama-cpp-python is not installed (pip install sharpi[bench])")
 def test_sharpi_and_llama_cpp(tiny, tmp_path):
+    require_llama_cpp()
     report = run_compare(tiny, tmp_path / "out", "sharpi,llama.cpp")
     (f,) = report["files"]
     f["_bw"] = report["read_bandwidth"]["gbps"]
@@ -180,9 +179,8 @@ def test_long_context_sharpi(tiny, tmp_path):
     check_long_context(run_long_context(tiny, tmp_path / "out", "sharpi"), ["sharpi"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama-cpp-python is not installed (pip install sharpi[bench])")
 def test_long_context_with_llama_cpp(tiny, tmp_path):
+    require_llama_cpp()
     report = run_long_context(tiny, tmp_path / "out", "sharpi,llama.cpp")
     check_long_context(report, ["sharpi", "llama.cpp"])
     for key, mem in report["llama_memory"].items():

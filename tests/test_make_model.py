@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 import pytest
 import sharpi
+from ci_policy import require_llama_cpp
 from sharpi import _core
 from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
@@ -786,7 +787,7 @@ def test_deepseek_v2_lite_shape_matches_llama_cpp(tmp_path):
     deepseek-v2-lite file at small widths (27 layers, so llama.cpp takes it as a Lite model without
     q LoRA; YaRN x40; 64 experts top-6; f32 weights and an f32 KV cache there, so only rounding
     differs: measured 1.8e-6)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = require_llama_cpp()
     small = {"n_vocab": 512, "n_embd": 128, "n_head": 2, "head_dim": 64, "n_rot": 32, "n_lora_kv": 64,
              "head_dim_v": 32, "n_ff": 128, "n_ff_exp": 32, "n_ff_shexp": 64}  # fmt: skip
     path = str(tmp_path / "dsv2lite-small.gguf")
@@ -892,7 +893,7 @@ def test_gpt_oss_matches_llama_cpp(tmp_path):
     gpt-oss-20b file at small widths with a sliding window of 8 over 24 tokens (sinks, YaRN x32 over
     64 positions, biases, clamped SwiGLU); f32 weights and KV cache, so only rounding differs
     (measured <= 9.1e-7)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = require_llama_cpp()
     small = {"n_vocab": 512, "n_embd": 128, "n_head": 4, "n_head_kv": 2, "head_dim": 32, "n_ff": 128,
              "n_ff_exp": 64, "n_expert": 8, "n_expert_used": 2, "n_layer": 3, "n_swa": 8,
              "yarn_n_ctx_orig": 64}  # fmt: skip

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_policy import require_llama_cpp
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -277,7 +278,7 @@ def test_sharpi_tokenizer_matches_training_tokenization():
 
 
 def test_llama_cpp_follows_transformers(reference_paths):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = require_llama_cpp()
     llm = llama_cpp.Llama(model_path=str(MODEL), n_ctx=256, n_threads=2, logits_all=True, verbose=False)
     for n, (path, want) in enumerate(reference_paths):
         llm.reset()

@@ -23,17 +23,18 @@ import random
 from pathlib import Path
 
 import pytest
+from ci_policy import require_llama_cpp
 from reference.random_text import random_texts
 from sharpi import _core
 from sharpi.tokenizer import _PRE_TOKENIZERS, Tokenizer
 
-try:
-    import llama_cpp
-except ImportError as error:  # the extra is optional; the reason says how to get it
-    pytest.skip(
-        f"llama_cpp is not importable ({error}); install the bench or oracle extra to compare with llama.cpp",
-        allow_module_level=True,
-    )
+llama_cpp = None  # imported by the fixture below: a missing one skips (fails in CI) each test, saying how to get it
+
+
+@pytest.fixture(autouse=True)
+def _llama_cpp():
+    global llama_cpp
+    llama_cpp = require_llama_cpp()
 
 # The fixtures whose tokenizer sharpi supports (tests/test_tokenizer_fixtures.py checks the others
 # are refused).
