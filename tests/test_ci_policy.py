@@ -157,3 +157,14 @@ def test_ci_runs_the_readme_commands_verbatim_in_a_fresh_venv():
     for command in commands.values():
         assert command in ci, f".ci/run does not run the README's {command!r}"
         assert ci.index(command) > venv
+
+
+def test_one_llama_cpp_version_for_the_peer_the_converter_and_ci():
+    """The llama.cpp that the comparisons run (ci_policy.LLAMA_CPP_PYTHON, installed by .ci/run) is the
+    one whose converter and quantizer the tests use (tools/fetch_converter.sh): one llama.cpp."""
+    from ci_policy import LLAMA_CPP_PYTHON
+
+    version = LLAMA_CPP_PYTHON.split("==")[1]
+    assert f'"{LLAMA_CPP_PYTHON}"' in (TESTS_DIR.parent / ".ci" / "run").read_text()
+    for tool in ("fetch_converter.sh", "build_llama_tools.sh"):
+        assert f'version="{version}"' in (TESTS_DIR.parent / "tools" / tool).read_text(), tool
