@@ -315,3 +315,17 @@ def test_run_penalties_change_the_text(capsys):
     for extra in (["--frequency-penalty", "2"], ["--presence-penalty", "2"], ["--repeat-penalty", "3"]):
         code, out, err = run(capsys, "-p", "def ", *GREEDY, *extra)
         assert code == 0 and out != base, (extra, err)
+
+
+def test_run_help_lists_every_predictor_the_engine_knows(capsys):
+    # The engine names its predictors when it refuses an unknown one; --help must list them all.
+    with pytest.raises(sharpi.InvalidArgument) as e:
+        sharpi.Session(default_model_path(), ram_budget="12MiB", predictor="no-such-predictor")
+    known = re.search(r"\(([a-z_, ]+)\)", str(e.value)).group(1).split(", ")
+    assert "depthtime" in known and len(known) >= 8
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    predictor_help = help_text[help_text.index("--predictor NAME[:FILE] predictive") :]
+    for name in known:
+        assert re.search(rf"\b{name}\b", predictor_help[:400]), name

@@ -5,12 +5,19 @@ sharpi.chat).
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
 and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.
 It never computes anything itself: generation goes through sharpi.Session, inspection through
-sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model. Flags
-follow llama.cpp's names where llama.cpp has the same option (-m, -p, -f, -n, -t, -c, --temp,
---top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos, -hf: a
-model from the Hugging Face Hub, resolved and cached by sharpi.hub). Option
-types shared with the other commands are sharpi.cli_args'; the cache counters and their ratios are
-sharpi.metrics'. Imports point one way: this module imports the subcommand modules, never the reverse.
+sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model.
+
+Flags follow llama.cpp's names and meanings where llama.cpp has the option (-m, -hf, -p, -f,
+-n/--predict with -1 = until end of generation, -t, -c, -s, --temp, --top-k, --top-p, --min-p, the
+repeat/presence/frequency penalties, -l/--logit-bias, -e/--no-escape, -r/--reverse-prompt, -sys,
+--chat-template-file, -v). The llama.cpp flags sharpi cannot honour (-ngl N > 0, --no-mmap, --mlock,
+--grammar, -cnv/-i in `run`) end with exit status 2 and a message that names the flag and says what
+sharpi does instead; harmless ones (-fa, -b, -ub, --jinja, -no-cnv) are accepted and their --help
+says so (sharpi.cli_args holds them, for every command that runs a model). No parser takes
+abbreviations (build_parser turns them off everywhere), so --predict never means --predictor.
+Option types shared with the other commands are sharpi.cli_args'; the cache counters and their
+ratios are sharpi.metrics'. Imports point one way: this module imports the subcommand modules,
+never the reverse.
 
 Exit status: 0 on success, 1 for an error sharpi reports (bad file, bad value, I/O), 2 for bad
 command-line usage (argparse's convention), 130 when interrupted.
