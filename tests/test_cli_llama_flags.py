@@ -329,3 +329,11 @@ def test_run_help_lists_every_predictor_the_engine_knows(capsys):
     predictor_help = help_text[help_text.index("--predictor NAME[:FILE] predictive") :]
     for name in known:
         assert re.search(rf"\b{name}\b", predictor_help[:400]), name
+
+
+@pytest.mark.parametrize("flag", ["-r", "--reverse-prompt", "--stop"])
+def test_chat_refuses_stop_text(capsys, flag):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["chat", flag, "User:"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {flag} User:: " in err and "sharpi run -r/--stop" in err

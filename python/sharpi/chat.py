@@ -95,6 +95,10 @@ def add_chat_parser(subparsers) -> argparse.ArgumentParser:
     llama.add_argument("-no-cnv", "--no-conversation", action=Refused,
                        why="`sharpi chat` is a conversation; to complete one prompt run `sharpi run`",
                        help="refused: use `sharpi run`")
+    llama.add_argument("-r", "--reverse-prompt", "--stop", action=Refused, nargs=None,
+                       why="`sharpi chat` hands the turn back at the template's end-of-turn token; stop "
+                       "text is for `sharpi run -r/--stop`",
+                       help="refused: an answer ends at the template's end of turn")
     add_model_arguments(p)
     return p
 
