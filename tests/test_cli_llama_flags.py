@@ -146,7 +146,7 @@ def test_n_minus_one_runs_to_the_end_of_the_context(capsys, tok):
 
 def test_harmless_flags_change_nothing(capsys):
     _, base, _ = run(capsys, "-p", "class ", *GREEDY)
-    for extra in (["-ngl", "0"], ["-fa", "on"], ["-fa", "off"], ["--flash-attn", "auto"], ["-fa"],
+    for extra in (["-ngl", "0"], ["-fa", "on"], ["-fa", "off"], ["--flash-attn", "auto"], ["-fa"], ["-fa", "1"],
                   ["-b", "512", "-ub", "128"], ["--batch-size", "64", "--ubatch-size", "32"], ["--jinja"],
                   ["-no-cnv"], ["--no-conversation"], ["-st"], ["--no-display-prompt"]):
         code, out, err = run(capsys, "-p", "class ", *GREEDY, *extra)
@@ -257,6 +257,8 @@ def test_verbose_shows_model_sampling_and_prompt_ids(capsys, tok):
     assert f"{info['n_layer']} layers" in err and f"n_vocab {info['n_vocab']}" in err
     assert "presence_penalty=0.5" in err and "temperature=0.0" in err
     assert prompt_ids(err) == tok.encode("def main")
+    _, _, also = run(capsys, "-p", "def main", "--verbose-prompt", "-n", "2", "--temp", "0")
+    assert prompt_ids(also) == tok.encode("def main")
     _, _, quiet = run(capsys, "-p", "def main", "-n", "2", "--temp", "0")
     assert "sharpi: sampling" not in quiet
 

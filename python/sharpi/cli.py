@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="system message before the prompt in the chat template (implies --chat)")
     run.add_argument("--chat-template-file", default=None, metavar="FILE",
                      help="Jinja chat template to render the prompt with (implies --chat; default: the model's own)")
-    run.add_argument("-v", "--verbose", action="store_true",
+    run.add_argument("-v", "--verbose", "--log-verbose", "--verbose-prompt", dest="verbose", action="store_true",
                      help="also print the model, the sampling settings and the prompt's token ids to stderr")
     llama = add_llama_compat_arguments(run)
     llama.add_argument("-no-cnv", "--no-conversation", "-st", "--single-turn", dest="no_conversation",

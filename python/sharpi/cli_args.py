@@ -369,6 +369,15 @@ def _gpu_layers_refusal(value: str):
     return advice
 
 
+def _on_off_auto(text: str) -> str:
+    """llama.cpp's is_truthy / is_falsey / is_autoy spellings of -fa's value."""
+    for value, spellings in (("on", ("on", "enabled", "true", "1")), ("off", ("off", "disabled", "false", "0")),
+                             ("auto", ("auto", "-1"))):
+        if text in spellings:
+            return value
+    raise argparse.ArgumentTypeError(f"-fa/--flash-attn takes on, off or auto, got {text!r}")
+
+
 def add_llama_compat_arguments(parser: argparse.ArgumentParser):
     """The llama-cli / llama-server loader and hardware flags, in their own --help section (returned,
     for a command's own llama.cpp flags): accepted where they change nothing in sharpi (said so in
@@ -378,7 +387,8 @@ def add_llama_compat_arguments(parser: argparse.ArgumentParser):
                    why=_gpu_layers_refusal,
                    help="llama.cpp's layer offload: only 0 (CPU) is accepted; sharpi uses --device cuda and "
                    "--vram-budget instead")
-    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", choices=("on", "off", "auto"), default="auto",
+    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", type=_on_off_auto, default="auto",
+                   metavar="on|off|auto",
                    help="accepted for llama.cpp compatibility; sharpi chooses its attention kernels itself "
                    "(the same output either way)")
     p.add_argument("-b", "--batch-size", type=positive_int("-b"), default=None, metavar="N",
