@@ -22,7 +22,7 @@ try:
 except ImportError:  # not POSIX
     termios = None
 
-from .cli_args import non_negative_int
+from .cli_args import Refused, add_llama_compat_arguments, add_sampling_arguments
 from .serve import add_model_arguments
 
 HELP_LINE = "sharpi chat: /reset forgets the conversation, Ctrl-C stops an answer, Ctrl-D quits"
@@ -84,12 +84,21 @@ def add_chat_parser(subparsers) -> argparse.ArgumentParser:
         help="chat with a model in the terminal",
         description="Interactive multi-turn chat with the model's chat template, streaming each answer.",
     )
-    p.add_argument("--system", default=None, metavar="TEXT", help="system message opening the conversation")
-    p.add_argument("-n", "--n-predict", type=non_negative_int("-n"), default=512, metavar="N",
-                   help="most tokens per answer (default: 512)")
-    p.add_argument("--temp", type=float, default=0.8, metavar="T", help="temperature, 0 = greedy (default: 0.8)")
-    p.add_argument("-s", "--seed", type=int, default=-1, metavar="S",
-                   help="sampling seed, -1 = random (default: -1)")
+    p.add_argument("--system", "-sys", "--system-prompt", dest="system", default=None, metavar="TEXT",
+                   help="system message opening the conversation")
+    add_sampling_arguments(p, n_predict_default=512)
+    llama = add_llama_compat_arguments(p)
+    llama.add_argument("-cnv", "--conversation", "-i", "--interactive", dest="conversation", action="store_true",
+                       help="accepted: `sharpi chat` is llama-cli's conversation mode")
+    llama.add_argument("--chat-template-file", dest="chat_template", default=None, metavar="FILE",
+                       help="llama.cpp's name for --chat-template FILE")
+    llama.add_argument("-no-cnv", "--no-conversation", action=Refused,
+                       why="`sharpi chat` is a conversation; to complete one prompt run `sharpi run`",
+                       help="refused: use `sharpi run`")
+    llama.add_argument("-r", "--reverse-prompt", "--stop", action=Refused, nargs=None,
+                       why="`sharpi chat` hands the turn back at the template's end-of-turn token; stop "
+                       "text is for `sharpi run -r/--stop`",
+                       help="refused: an answer ends at the template's end of turn")
     add_model_arguments(p)
     return p
 

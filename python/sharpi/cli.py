@@ -5,12 +5,19 @@ sharpi.chat).
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
 and turning sharpi's typed errors into one clean line ("sharpi: error: ...") and exit status 1.
 It never computes anything itself: generation goes through sharpi.Session, inspection through
-sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model. Flags
-follow llama.cpp's names where llama.cpp has the same option (-m, -p, -f, -n, -t, -c, --temp,
---top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, -s/--seed, --ignore-eos, -hf: a
-model from the Hugging Face Hub, resolved and cached by sharpi.hub). Option
-types shared with the other commands are sharpi.cli_args'; the cache counters and their ratios are
-sharpi.metrics'. Imports point one way: this module imports the subcommand modules, never the reverse.
+sharpi.inspect_model.inspect_report, model writing through sharpi.make_model.write_model.
+
+Flags follow llama.cpp's names and meanings where llama.cpp has the option (-m, -hf, -p, -f,
+-n/--predict with -1 = until end of generation, -t, -c, -s, --temp, --top-k, --top-p, --min-p, the
+repeat/presence/frequency penalties, -l/--logit-bias, -e/--no-escape, -r/--reverse-prompt, -sys,
+--chat-template-file, -v). The llama.cpp flags sharpi cannot honour (-ngl N > 0, --no-mmap, --mlock,
+--grammar, -cnv/-i in `run`) end with exit status 2 and a message that names the flag and says what
+sharpi does instead; harmless ones (-fa, -b, -ub, --jinja, -no-cnv) are accepted and their --help
+says so (sharpi.cli_args holds them, for every command that runs a model). No parser takes
+abbreviations (build_parser turns them off everywhere), so --predict never means --predictor.
+Option types shared with the other commands are sharpi.cli_args'; the cache counters and their
+ratios are sharpi.metrics'. Imports point one way: this module imports the subcommand modules,
+never the reverse.
 
 Exit status: 0 on success, 1 for an error sharpi reports (bad file, bad value, I/O), 2 for bad
 command-line usage (argparse's convention), 130 when interrupted.
@@ -20,11 +27,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import string
 import sys
 from typing import TextIO
 
 from . import metrics
-from .cli_args import add_compute_arguments, add_streaming_arguments, non_negative_int, session_options
+from .cli_args import (
+    Refused,
+    add_compute_arguments,
+    add_llama_compat_arguments,
+    add_sampling_arguments,
+    add_streaming_arguments,
+    non_negative_int,
+    sampling_options,
+    session_options,
+)
 
 
 def _user_errors() -> tuple:
@@ -62,48 +79,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_hf_argument(model_src)
     src = run.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", default=None, help="prompt text")
-    src.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE")
-    run.add_argument(
-        "-n",
-        "--n-predict",
-        type=non_negative_int("-n"),
-        default=64,
-        metavar="N",
-        help="number of tokens to generate (default: 64)",
-    )
+    src.add_argument("-p", "--prompt", default=None,
+                     help="prompt text; escapes \\n \\r \\t \\' \\\" \\\\ \\xNN are processed, as in llama.cpp "
+                     "(--no-escape: verbatim)")
+    src.add_argument("-f", "--file", default=None, metavar="FILE",
+                     help="read the prompt from FILE, verbatim unless -e is given (llama.cpp would process "
+                     "escapes in it too, which rewrites \\n inside code)")
+    run.add_argument("-e", "--escape", action="store_true", default=None,
+                     help="process escapes in -p, -r and --stop (the default) and in the -f file")
+    run.add_argument("--no-escape", dest="escape", action="store_false", help="take -p, -r and --stop verbatim")
+    add_sampling_arguments(run, n_predict_default=64)
+    run.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="TEXT",
+                     help="stop once the generated text contains TEXT, which is printed (llama-cli's halt; "
+                     "repeatable)")
+    run.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop before the generated text would contain TEXT, which is not printed (the API's "
+                     "stop; repeatable)")
     add_compute_arguments(run)
-    run.add_argument(
-        "--temp", type=float, default=0.8, metavar="T", help="temperature, 0 = greedy (default: 0.8)"
-    )
-    run.add_argument("--top-k", type=int, default=40, metavar="K", help="top-k, <= 0 = off (default: 40)")
-    run.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p, 1 = off (default: 0.95)")
-    run.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p, 0 = off (default: 0.05)")
-    run.add_argument(
-        "--repeat-penalty",
-        type=float,
-        default=1.0,
-        metavar="R",
-        help="repetition penalty, 1 = off (default: 1.0)",
-    )
-    run.add_argument(
-        "--repeat-last-n",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens the repetition penalty looks back over (default: 64)",
-    )
-    run.add_argument(
-        "-s", "--seed", type=int, default=-1, metavar="S", help="sampling seed, -1 = random (default: -1)"
-    )
-    run.add_argument(
-        "--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens"
-    )
     run.add_argument(
         "--chat",
         action="store_true",
         help="wrap the prompt as one user message in the model's chat template",
     )
+    run.add_argument("-sys", "--system-prompt", default=None, metavar="TEXT",
+                     help="system message before the prompt in the chat template (implies --chat)")
+    run.add_argument("--chat-template-file", default=None, metavar="FILE",
+                     help="Jinja chat template to render the prompt with (implies --chat; default: the model's own)")
+    run.add_argument("-v", "--verbose", "--log-verbose", "--verbose-prompt", dest="verbose", action="store_true",
+                     help="also print the model, the sampling settings and the prompt's token ids to stderr")
+    llama = add_llama_compat_arguments(run)
+    llama.add_argument("-no-cnv", "--no-conversation", "-st", "--single-turn", dest="no_conversation",
+                       action="store_true", help="accepted: `sharpi run` always answers one prompt")
+    llama.add_argument("--no-display-prompt", action="store_true",
+                       help="accepted: `sharpi run` prints only the generated text")
+    chat_instead = ("`sharpi run` answers one prompt and exits; for a conversation run `sharpi chat` "
+                    "(the same -m, sampling flags and -sys)")
+    llama.add_argument("-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first",
+                       action=Refused, why=chat_instead, help="refused: use `sharpi chat`")
     add_streaming_arguments(run)
     run.add_argument(
         "--expert-stats", default=None, metavar="FILE", help="write per-layer/per-expert cache stats as JSON"
@@ -170,7 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
     from .chat import add_chat_parser
 
     add_chat_parser(sub)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """allow_abbrev=False on `parser` and every subcommand parser below it: an abbreviation would
+    turn llama.cpp's --predict into sharpi's --predictor, or any flag a later version adds into
+    another one silently. Set here, once, so no subcommand module can forget it."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                _no_abbreviations(child)
 
 
 def _add_hf_argument(p) -> None:
@@ -232,6 +256,63 @@ def format_timing(stats: dict) -> str:
     )
 
 
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xNN (one byte: \\xc3\\xa9 is "é");
+    a backslash before anything else, or at the end, stays as written. Works on the UTF-8 bytes, as
+    llama.cpp does; bytes that end up not being UTF-8 become U+FFFD."""
+    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+    data = text.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i = 0
+    while i < len(data):
+        if data[i] != ord("\\") or i + 1 == len(data):
+            out.append(data[i])
+            i += 1
+            continue
+        code = data[i + 1]
+        digits = data[i + 2 : i + 4]
+        if code in simple:
+            out += simple[code]
+        elif code == ord("x") and len(digits) == 2 and all(chr(d) in string.hexdigits for d in digits):
+            out.append(int(digits, 16))
+            i += 2
+        else:
+            out += data[i : i + 2]
+        i += 2
+    return out.decode("utf-8", "replace")
+
+
+class StopText:
+    """Cuts streamed text at the first --stop string (left out) or -r reverse prompt (kept, as
+    llama-cli shows it), whichever cut comes first. It holds back a tail that may begin one of them,
+    so nothing after a cut is ever printed; with neither given it passes text straight through."""
+
+    def __init__(self, stops: list, reverse_prompts: list):
+        self.cuts = [(s, 0) for s in stops] + [(r, len(r)) for r in reverse_prompts]
+        self.pending = ""
+
+    def push(self, text: str) -> tuple:
+        """(text safe to print, whether a cut was found: then generation should stop)."""
+        self.pending += text
+        cuts = [at + keep for at, keep in ((self.pending.find(s), keep) for s, keep in self.cuts) if at >= 0]
+        if cuts:
+            out, self.pending = self.pending[: min(cuts)], ""
+            return out, True
+        hold = 0
+        for s, _ in self.cuts:
+            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:n]):
+                    hold = n
+                    break
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out) :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
     from .progress import open_session
 
@@ -242,31 +323,46 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         args.model = default_model_path()
     _require_file(args.model)
     prompt = _read_prompt(args)
+    # llama.cpp processes escapes by default; sharpi does too, except in a -f file (only with -e).
+    escape = args.escape is not False
+    if args.escape or (escape and args.file is None):
+        prompt = process_escapes(prompt)
+    stop_text = StopText([process_escapes(s) if escape else s for s in args.stop],
+                         [process_escapes(r) if escape else r for r in args.reverse_prompt])
+    template = None
+    if args.chat_template_file is not None:
+        _require_file(args.chat_template_file)
+        with open(args.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
     session = open_session(args.model, **session_options(args))
     auto_budget = getattr(session, "auto_budget", None)
     if auto_budget is not None:
         print(f"sharpi: {auto_budget.describe()}", file=err)
-    if args.chat:
+    if args.chat or args.system_prompt is not None or template is not None:
         from .serve import encode_chat
 
-        prompt_input = encode_chat(session.tokenizer, [{"role": "user", "content": prompt}])
+        messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
+        messages.append({"role": "user", "content": prompt})
+        prompt_input = encode_chat(session.tokenizer, messages, template=template)
     else:
         prompt_input = prompt
-    options = {
-        "max_tokens": args.n_predict,
-        "temperature": args.temp,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "repeat_penalty": args.repeat_penalty,
-        "seed": None if args.seed < 0 else args.seed,
-        "stop_at_eos": not args.ignore_eos,
-    }
-    if args.repeat_last_n is not None:
-        options["repeat_last_n"] = args.repeat_last_n
-    for piece in session.generate(prompt_input, **options):
-        out.write(piece)
-        out.flush()
+    options = sampling_options(args)
+    if args.verbose:
+        if isinstance(prompt_input, str):
+            prompt_input = session.tokenize(prompt_input)  # what generate() would do; now shown
+        _print_verbose(args.model, session.info, options, prompt_input, err)
+    pieces = session.generate(prompt_input, **options)
+    try:
+        for piece in pieces:
+            text, stop = stop_text.push(piece)
+            out.write(text)
+            out.flush()
+            if stop:
+                break
+        else:
+            out.write(stop_text.flush())
+    finally:
+        pieces.close()  # a cut: stop generating (the session's stats still count what was generated)
     out.write("\n")
     out.flush()
     err.write(format_timing(getattr(session, "last_stats", {}) or {}) + "\n")
@@ -277,6 +373,14 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         write_expert_stats(args.expert_stats, stats)
     session.close()
     return 0
+
+
+def _print_verbose(path: str, info: dict, options: dict, prompt_ids: list, err: TextIO) -> None:
+    """-v: the model, the sampling settings and the prompt's token ids (for -l/--logit-bias)."""
+    err.write(f"sharpi: model {path}: {info['arch']}, {info['n_layer']} layers, {info['n_expert']} experts "
+              f"({info['n_expert_used']} used), n_ctx {info['n_ctx']}, n_vocab {info['n_vocab']}\n")
+    err.write("sharpi: sampling: " + ", ".join(f"{k}={v}" for k, v in options.items()) + "\n")
+    err.write(f"sharpi: prompt {len(prompt_ids)} tokens: {' '.join(str(int(t)) for t in prompt_ids)}\n")
 
 
 def format_expert_stats(stats: dict) -> str:

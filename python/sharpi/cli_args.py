@@ -1,14 +1,20 @@
-"""Argparse helpers shared by the `sharpi` subcommands: typed integer options and the compute options.
+"""Argparse helpers shared by the `sharpi` subcommands: typed integer options, the compute options,
+the sampling options and llama.cpp's flags.
 
-What it owns: argparse `type=` callables whose error messages name the option, and the -t/-c pair
-every command that runs a Session takes. It imports nothing from sharpi, so any command module
-(sharpi.cli, sharpi.harvest, sharpi.predict.cli, sharpi.bench) can use it without an import loop:
-sharpi.cli registers the subcommands, the subcommand modules never import sharpi.cli.
+What it owns: argparse `type=` callables whose error messages name the option, the -t/-c pair
+every command that runs a Session takes, the sampling flags of `run` and `chat` (and `serve`'s
+defaults) with sampling_options() turning them into Session.generate keywords, and the llama-cli /
+llama-server flags sharpi either takes with llama.cpp's meaning or refuses with exit status 2 and
+a message that names the flag and says what sharpi does instead (add_llama_compat_arguments).
+It imports nothing from sharpi at import time, so any command module (sharpi.cli, sharpi.harvest,
+sharpi.predict.cli, sharpi.bench) can use it without an import loop: sharpi.cli registers the
+subcommands, the subcommand modules never import sharpi.cli.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def int_at_least(name: str, minimum: int):
@@ -154,7 +160,7 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
         default="none",
         metavar="NAME[:FILE]",
         help="predictive expert prefetch while streaming: none (reactive, default), prev_token, next_gate, "
-        "pregate, or cooc/learned/trajectory with a predictor file (NAME:FILE; docs/predictors.md)",
+        "pregate, or cooc/depthtime/learned/trajectory with a predictor file (NAME:FILE; docs/predictors.md)",
     )
     p.add_argument(
         "--lookahead",
@@ -203,3 +209,200 @@ def session_options(args: argparse.Namespace) -> dict:
         "trace": args.trace,
         **session_kv_options(args),
     }
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def n_predict_int(name: str):
+    """An argparse type for -n: N >= 0 tokens, or llama.cpp's -1 ("infinity") and -2 ("until the
+    context is filled"), both -1 here: sharpi never shifts the context, so both end at an
+    end-of-generation token or a full context."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < -2:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be >= 0, or -1 (until end of generation or a full context), got {value}")
+        return max(value, -1)
+
+    return parse
+
+
+def finite_float(name: str, low: float = -math.inf, high: float = math.inf):
+    """An argparse type: a finite float in [low, high], with a message naming the option."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number in [{low:g}, {high:g}], got {text}")
+        return value
+
+    return parse
+
+
+def logit_bias_pair(text: str) -> tuple:
+    """-l/--logit-bias TOKEN_ID(+/-)BIAS as llama.cpp writes it: 15043+1, 15043-1, 15043-inf (a ban)."""
+    for i, ch in enumerate(text):
+        if i > 0 and ch in "+-":
+            token, sign, bias = text[:i], ch, text[i + 1 :]
+            break
+    else:
+        token = sign = bias = ""
+    try:
+        token_id, value = int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"-l/--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf), got {text!r}"
+        ) from None
+    value = -value if sign == "-" else value
+    if math.isnan(value) or value == math.inf:
+        raise argparse.ArgumentTypeError(f"-l/--logit-bias: the bias must be a number or -inf, got {text!r}")
+    return token_id, value
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, n_predict_default: int) -> None:
+    """-n, --temp, --top-k, --top-p, --min-p, the penalties, -l, -s and --ignore-eos with llama.cpp's
+    names and defaults (pass them on with sampling_options(args)); --grammar and --json-schema are
+    refused: sharpi has no constrained sampling."""
+    p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=n_predict_int("-n"),
+                   default=n_predict_default, metavar="N",
+                   help=f"tokens to generate (default: {n_predict_default}; -1 = until an end-of-generation "
+                   "token or a full context, as llama.cpp's -1 and -2)")
+    p.add_argument("--temp", type=float, default=0.8, metavar="T",
+                   help="temperature, 0 = greedy (default: 0.8)")
+    p.add_argument("--top-k", type=int, default=40, metavar="K", help="top-k, <= 0 = off (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p, 1 = off (default: 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p, 0 = off (default: 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+                   help="repetition penalty, 1 = off (default: 1.0)")
+    p.add_argument("--repeat-last-n", type=int_at_least("--repeat-last-n", -1), default=None, metavar="N",
+                   help="tokens the penalties look back over, prompt included (default: 64; -1 = all, 0 = no "
+                   "penalties)")
+    p.add_argument("--presence-penalty", type=finite_float("--presence-penalty", -2.0, 2.0), default=0.0,
+                   metavar="P", help="subtracted once from the logit of every token in the penalty window "
+                   "(OpenAI/llama.cpp; default: 0.0 = off)")
+    p.add_argument("--frequency-penalty", type=finite_float("--frequency-penalty", -2.0, 2.0), default=0.0,
+                   metavar="F", help="subtracted from a token's logit per occurrence in the penalty window "
+                   "(default: 0.0 = off)")
+    p.add_argument("-l", "--logit-bias", type=logit_bias_pair, action="append", default=None,
+                   metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to a token's logit, e.g. 15043+1 or 15043-inf (-100 or -inf bans it); "
+                   "repeatable; `sharpi run -v` prints the prompt's token ids")
+    p.add_argument("-s", "--seed", type=int, default=-1, metavar="S",
+                   help="sampling seed, -1 = random (default: -1)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    refuse = ("sharpi has no grammar- or schema-constrained sampling; -l TOKEN_ID-inf bans tokens, and "
+              "`sharpi run` stops at -r/--stop text")
+    for flags in (("--grammar",), ("--grammar-file",), ("-j", "--json-schema"), ("-jf", "--json-schema-file")):
+        p.add_argument(*flags, action=Refused, nargs=None, why=refuse, help=argparse.SUPPRESS)
+
+
+def sampling_options(args: argparse.Namespace) -> dict:
+    """Session.generate keywords from add_sampling_arguments' options. The penalties and the bias
+    appear only when set, so a call without them is the call sharpi always made."""
+    options = {
+        "max_tokens": args.n_predict,
+        "temperature": args.temp,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repeat_penalty": args.repeat_penalty,
+        "seed": None if args.seed < 0 else args.seed,
+        "stop_at_eos": not args.ignore_eos,
+    }
+    if args.repeat_last_n is not None:
+        options["repeat_last_n"] = args.repeat_last_n
+    if args.presence_penalty:
+        options["presence_penalty"] = args.presence_penalty
+    if args.frequency_penalty:
+        options["frequency_penalty"] = args.frequency_penalty
+    if args.logit_bias:
+        options["logit_bias"] = dict(args.logit_bias)  # a token given twice: the last value, as llama.cpp
+    return options
+
+
+# ------------------------------------------------------------------ llama.cpp's flags
+
+
+class Refused(argparse.Action):
+    """A llama.cpp flag sharpi cannot honour: parsing stops with exit status 2 and
+    "FLAG: why, and what sharpi does instead". `why` is the message, or a function of the value
+    that returns it, or None to accept that value (e.g. -ngl 0, which means "CPU only")."""
+
+    def __init__(self, option_strings, dest, why, nargs=0, **kwargs):
+        self.why = why
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=nargs, default=argparse.SUPPRESS,
+                         **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        why = self.why(values) if callable(self.why) else self.why
+        if why is not None:
+            shown = f"{option_string} {values}" if isinstance(values, str) else option_string
+            parser.error(f"{shown}: {why}")
+
+
+def _gpu_layers_refusal(value: str):
+    """-ngl N: None (accepted) for 0 = CPU only, else why sharpi refuses it."""
+    try:
+        if int(value) == 0:
+            return None
+    except ValueError:
+        pass
+    try:
+        from . import _core
+    except ImportError:  # no built extension: nothing runs anywhere, but the advice still holds
+        has_cuda = False
+    else:
+        has_cuda = bool(_core.cuda_available())  # False, never an error, without a build or a device
+    advice = ("sharpi does not offload layers: --device cuda runs the whole forward pass on the GPU, and "
+              "--vram-budget SIZE keeps the dense weights there and streams the experts that do not fit "
+              "(`sharpi inspect --plan` shows the split)")
+    if not has_cuda:
+        advice += "; this machine has no usable CUDA device (or this build has no CUDA), so sharpi runs on the CPU"
+    return advice
+
+
+def _on_off_auto(text: str) -> str:
+    """llama.cpp's is_truthy / is_falsey / is_autoy spellings of -fa's value."""
+    for value, spellings in (("on", ("on", "enabled", "true", "1")), ("off", ("off", "disabled", "false", "0")),
+                             ("auto", ("auto", "-1"))):
+        if text in spellings:
+            return value
+    raise argparse.ArgumentTypeError(f"-fa/--flash-attn takes on, off or auto, got {text!r}")
+
+
+def add_llama_compat_arguments(parser: argparse.ArgumentParser):
+    """The llama-cli / llama-server loader and hardware flags, in their own --help section (returned,
+    for a command's own llama.cpp flags): accepted where they change nothing in sharpi (said so in
+    --help), refused (exit 2, a message naming the flag) where sharpi cannot do what they ask."""
+    p = parser.add_argument_group("llama.cpp flags", "what llama-cli / llama-server flags do in sharpi")
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", action=Refused, nargs=None, metavar="N",
+                   why=_gpu_layers_refusal,
+                   help="llama.cpp's layer offload: only 0 (CPU) is accepted; sharpi uses --device cuda and "
+                   "--vram-budget instead")
+    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", type=_on_off_auto, default="auto",
+                   metavar="on|off|auto",
+                   help="accepted for llama.cpp compatibility; sharpi chooses its attention kernels itself "
+                   "(the same output either way)")
+    p.add_argument("-b", "--batch-size", type=positive_int("-b"), default=None, metavar="N",
+                   help="accepted for llama.cpp compatibility; sharpi prefills the whole prompt in one pass")
+    p.add_argument("-ub", "--ubatch-size", type=positive_int("-ub"), default=None, metavar="N",
+                   help="accepted for llama.cpp compatibility; sharpi prefills the whole prompt in one pass")
+    p.add_argument("--jinja", action="store_true",
+                   help="accepted for llama.cpp compatibility: sharpi always renders chat templates with Jinja")
+    p.add_argument("--no-mmap", action=Refused,
+                   why="sharpi always maps the GGUF file (dense weights and resident experts are read from "
+                   "the mapping); --ram-budget SIZE reads experts with explicit I/O into a bounded cache instead",
+                   help="refused: sharpi always maps the model file")
+    p.add_argument("--mlock", action=Refused,
+                   why="sharpi does not lock the model in RAM; --ram-budget SIZE bounds the RAM experts take, "
+                   "streaming the rest from the file",
+                   help="refused: sharpi does not lock memory")
+    return p
