@@ -12,7 +12,9 @@
 counter=$1
 total=$2
 shift 2
-if { : > /dev/tty; } 2> /dev/null; then
+# The probe runs in a subshell: a failed redirection of the special builtin ':' exits a POSIX
+# shell (dash) outright, which would fail the compile it was only meant to announce.
+if (: > /dev/tty) 2> /dev/null; then
     printf . >> "$counter"
     n=$(wc -c < "$counter")
     src=
