@@ -1,5 +1,5 @@
-// The VRAM tier of the expert cache (moe/expert_tier.h, DESIGN §10): ExpertCache's own bookkeeping and
-// replacement policy over slots in device memory, filled on a dedicated copy stream from a FillSource
+// The VRAM tier of the expert cache (moe/expert_tier.h, docs/design.md §10): ExpertCache's own bookkeeping
+// and replacement policy over slots in device memory, filled on a dedicated copy stream from a FillSource
 // (fill_source.cuh: copies from the pinned mapping, or cuFile reads from the files).
 //
 // Owns: the slot arena (one cudaMalloc), the copy stream, one event per fill in flight (pooled), and

@@ -17,7 +17,7 @@ from sharpi.make_model import write_model
 
 
 class ListSlru:
-    """SLRU as DESIGN §4 states it, with plain lists (most recent first)."""
+    """SLRU as docs/design.md §4 states it, with plain lists (most recent first)."""
 
     def __init__(self, capacity: int, probation: float):
         self.max_protected = math.floor(capacity * (1.0 - probation))

@@ -5,7 +5,7 @@ Exact mode is the oracle here: it is held to the float64 reference and to transf
 test_model_vs_reference.py / test_model_vs_transformers.py / test_shipped_model.py. Fast mode differs from it by
 8-bit activation rounding (~1e-2 relative per logit), and on small random MoE models by router
 near-ties that the rounding flips (a different expert set: tenths of the logit scale at that
-position), as DESIGN §8 and the issue note for llama.cpp. So the budgets below are per metric:
+position), as docs/design.md §8 and the issue note for llama.cpp. So the budgets below are per metric:
 
 - median over positions of max|fast - exact| / max|exact| (the rounding itself),
 - the worst position (router flips included),

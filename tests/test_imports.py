@@ -3,7 +3,7 @@
 Oracles: a fresh interpreter per module (an import that only works after some other module was
 imported first fails there), and the import graph read from the source with `ast` (every import
 statement in the file, at module level or inside a function: a lazy import that closes a loop is
-still a loop in the design, DESIGN's "data flows one way").
+still a loop in the design, docs/design.md §3's "data flows one way").
 """
 
 from __future__ import annotations

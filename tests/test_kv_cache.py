@@ -1,5 +1,5 @@
 """KV cache types (f32, f16, q8_0, q4_0): how a K/V row is rounded when stored, and attention over
-the stored rows, against float64 numpy models of the same rounding (DESIGN §8).
+the stored rows, against float64 numpy models of the same rounding (docs/design.md §8).
 
 Oracles: f16 rounding is numpy's astype(float16); q4_0 is the gguf package's quantizer (a bit-exact
 port of llama.cpp's reference); q8_0 is modelled here (llama.cpp's SIMD rule: id = 127 / amax, round

@@ -1,4 +1,4 @@
-"""The C++ core's layering rules (DESIGN §3, issue 11), checked on the sources' #include lines.
+"""The C++ core's layering rules (docs/design.md §3, issue 11), checked on the sources' #include lines.
 
 - Predictors (cpp/src/predict/) only produce hints: they include nothing from the MoE runtime
   (cpp/src/moe/: the cache, its policies, the prefetcher, the MoE FFN).

@@ -1,9 +1,10 @@
-"""sharpi.moe_trace (the DESIGN §7 report) against arithmetic written out here.
+"""sharpi.moe_trace (the docs/design.md §7 report) against arithmetic written out here.
 
 Inputs are hand-made expert_stats dicts with seeded random counters (the shape of
 Session.expert_stats()), so every metric is checked against its definition computed independently
-in the test (float sums per layer, then the DESIGN formulas); the reader-busy fallback against a
-brute-force count over a microsecond grid; the timeline file with a trace-event structure check.
+in the test (float sums per layer, then docs/design.md §7's formulas); the reader-busy fallback
+against a brute-force count over a microsecond grid; the timeline file with a trace-event structure
+check.
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ class Engine final : private GateObserver {
     std::vector<std::string> predictor_errors() const;
 
   private:
-    // Sizes the expert cache from options_.ram_budget (DESIGN §2: dense weights, KV cache and buffers
-    // are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
+    // Sizes the expert cache from options_.ram_budget (docs/design.md §2: dense weights, KV cache and
+    // buffers are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
     void plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v);
     // Replaces the prefetcher (streaming only); nullptr: no prediction.
     void install_predictor(std::shared_ptr<Predictor> predictor);

@@ -1,4 +1,4 @@
-// The RAM budget planner (DESIGN §2): what a streaming session holds besides its expert slots, and
+// The RAM budget planner (docs/design.md §2): what a streaming session holds besides its expert slots, and
 // from it the smallest budget that runs and the number of slots a budget buys. Pure arithmetic on a
 // loaded (or only mapped) model: the engine plans before it allocates the KV cache or the expert
 // cache, and `sharpi inspect` / Session-less callers (sharpi._core.memory_plan) get the same numbers.

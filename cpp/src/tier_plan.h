@@ -1,5 +1,5 @@
-// The tier planner (DESIGN §2, §10): given a VRAM budget, a RAM budget and the model's sizes, decide
-// what lives where when a GPU computes.
+// The tier planner (docs/design.md §2, §10): given a VRAM budget, a RAM budget and the model's sizes,
+// decide what lives where when a GPU computes.
 //
 //   VRAM: the dense weights, the KV cache and the activation buffers (always; the device forward pass
 //         needs them every token), then the routed experts: all of them when they fit ("resident"),

@@ -1,4 +1,4 @@
-"""The names of the MoE counters and the arithmetic of every metric derived from them (DESIGN §7).
+"""The names of the MoE counters and the arithmetic of every metric derived from them (docs/design.md §7).
 
 What it owns: the one Python list of the keys Session.expert_stats() returns (the engine's
 ExpertCacheStats and LayerExpertStats, cpp/include/sharpi/types.h, turned into a dict by

@@ -1,4 +1,4 @@
-"""The MoE tracing report (DESIGN §7): expert-cache, prefetch and predictor metrics per layer and in
+"""The MoE tracing report (docs/design.md §7): expert-cache, prefetch and predictor metrics per layer and in
 total, per-request latency, and a Chrome/Perfetto timeline.
 
 What it owns: the per-request latency summary, the human table printed to `stream`, and two files

@@ -4,7 +4,7 @@ available = min(MemAvailable of /proc/meminfo, and for every memory cgroup this 
 from its own group up to the root: limit - usage), where cgroup v2 reads memory.max / memory.current
 and v1 memory.limit_in_bytes / memory.usage_in_bytes ("max" or a v1 limit near 2^63 = no limit).
 The budget is available minus a margin of max(256 MiB, 10 % of available): the Python
-interpreter, libraries and allocator slack sit outside the budget (DESIGN §2 charges only what
+interpreter, libraries and allocator slack sit outside the budget (docs/design.md §2 charges only what
 sharpi allocates), and the page cache of a streamed file needs some room to stay useful.
 
 Reads files only; paths are parameters so tests can point them at a fake cgroup tree.

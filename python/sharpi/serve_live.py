@@ -1,5 +1,5 @@
 """The live view of `sharpi serve` (the page at /, fed by GET /v1/sharpi/stats): the expert cache's
-counters (Session.expert_stats, DESIGN §7 names) turned into what the page plots while tokens
+counters (Session.expert_stats, docs/design.md §7 names) turned into what the page plots while tokens
 stream, per layer (hit rate, prefetch recall@k, stall and bytes read per token, since the current
 request began) and over time (one point per sample: the same four totals and tokens/s).
 

@@ -1,4 +1,4 @@
-"""Chrome / Perfetto trace-event JSON from the engine's timeline spans (DESIGN §7).
+"""Chrome / Perfetto trace-event JSON from the engine's timeline spans (docs/design.md §7).
 
 What it owns: turning a list of spans {track, name, start_us, dur_us} (Session.timeline_events())
 into the JSON Object Format of the Trace Event Format, which ui.perfetto.dev and chrome://tracing

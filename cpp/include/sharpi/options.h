@@ -9,7 +9,7 @@ namespace sharpi {
 struct SessionOptions {
     int n_threads = 0;  // 0: one per online core
     int n_ctx = 0;      // 0: min(n_ctx_train, 4096)
-    // Exact mode (DESIGN §8): every matmul computes in f32 on dequantized weights (f32 activations,
+    // Exact mode (docs/design.md §8): every matmul computes in f32 on dequantized weights (f32 activations,
     // f32 KV cache). false (default): fast mode, where activations are quantized once per matmul
     // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as
     // llama.cpp does. SHARPI_EXACT=1 in the environment when the session is made also selects exact.
@@ -44,7 +44,7 @@ struct SessionOptions {
     double miss_copy_latency_s = -1.0;
     double miss_cpu_bytes_per_s = 0.0;
 
-    // Expert streaming (DESIGN §2-5). 0: every expert resident (the file is memory-mapped).
+    // Expert streaming (docs/design.md §2-§5). 0: every expert resident (the file is memory-mapped).
     // Otherwise the bytes this session may hold: dense weights, KV cache and buffers are charged
     // first and the rest becomes expert slots read from the file on demand. Too small a budget
     // (fewer slots than experts one token uses in a layer) is an InvalidArgument naming the minimum.

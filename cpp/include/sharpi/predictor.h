@@ -1,4 +1,4 @@
-// The predictor plug-in interface (DESIGN §6, docs/predictors.md): a predictor sees one MoE layer
+// The predictor plug-in interface (docs/design.md §6, docs/predictors.md): a predictor sees one MoE layer
 // of the token being decoded and guesses which experts later layers will select. Its hints only
 // decide what the expert cache reads early; they never change which experts compute, so no
 // predictor can change a token or a logit.

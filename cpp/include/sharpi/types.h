@@ -54,7 +54,7 @@ struct TimelineEvent {
     double dur_us = 0.0;
 };
 
-// Expert-cache counters of one MoE layer (DESIGN §7 names). A demand acquisition is a hit when
+// Expert-cache counters of one MoE layer (docs/design.md §7 names). A demand acquisition is a hit when
 // the expert was ready or already loading, a miss when it needed a new read.
 struct LayerExpertStats {
     uint64_t accesses = 0;
@@ -85,7 +85,7 @@ struct ExpertCacheStats {
     std::string reader;        // "io_uring" or "pread" (ram); the tier's filler otherwise
     std::string reader_detail;  // the reader's describe(): its setup, and why "auto" fell back to pread
     std::string reader_note;    // readers "auto" passed over before these, and why (cuFile's probe)
-    uint64_t n_slots = 0;       // cache slots (SLRU)
+    uint64_t n_slots = 0;       // cache slots (under the replacement policy)
     uint64_t n_staging = 0;     // prefetch staging slots
     uint64_t slot_bytes = 0;
     uint64_t budget_bytes = 0;

@@ -3,7 +3,7 @@
 // Owns n_threads - 1 workers; the calling thread is worker 0, so ThreadPool(1) runs inline.
 // parallel_for cuts [0, n) into a fixed grid of contiguous chunks (a function of n and n_threads
 // only) and the threads claim chunks from an atomic counter, so a thread that another process
-// preempts holds up one chunk, not a whole share (DESIGN §9: these 2-core machines are shared).
+// preempts holds up one chunk, not a whole share (docs/design.md §9: these 2-core machines are shared).
 // Which thread runs a chunk depends on timing, but every chunk computes its elements with the
 // same code in the same order, so results never do: bodies must not let their output depend on
 // thread_index (use it only to pick scratch). Workers spin briefly after a job (with pause

@@ -122,7 +122,7 @@ cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n
     std::vector<int64_t> want{n_cols, n_rows};
     if (n_stack > 1) want.push_back(n_stack);
     std::vector<int64_t> got = t.ne;
-    // Trailing ones do not change the layout: [n, 1] == [n] (writers differ, DESIGN §8).
+    // Trailing ones do not change the layout: [n, 1] == [n] (writers differ, docs/design.md §8).
     while (got.size() > 1 && got.back() == 1) got.pop_back();
     while (want.size() > 1 && want.back() == 1) want.pop_back();
     if (got != want) {

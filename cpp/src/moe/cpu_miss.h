@@ -1,4 +1,4 @@
-// CPU compute of VRAM misses, the host half (DESIGN §10, issue 22): when the gate selects an expert
+// CPU compute of VRAM misses, the host half (docs/design.md §10, issue 22): when the gate selects an expert
 // that is not in a VRAM slot, the device forward pass either copies it (the VRAM tier's copy stream)
 // or computes it here on the CPU from the host tier's bytes and sends one output row back up. This
 // file holds what needs no device: the route of each selected expert of a layer, and the CPU side

@@ -1,5 +1,5 @@
 // ExpertCache: routed experts streamed from the model file into a fixed pool of equal-size RAM
-// slots under a byte budget (DESIGN §4). It is the ExpertSource of a streaming session.
+// slots under a byte budget (docs/design.md §4). It is the ExpertSource of a streaming session.
 //
 // Owns: the slot arena (one anonymous mapping, 4 KiB-aligned, pages touched only when filled), the
 // reader (io_uring or pread, which reads straight into slot memory), the replacement policy (which

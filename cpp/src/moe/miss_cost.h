@@ -1,5 +1,5 @@
-// The cost model of a VRAM miss (DESIGN §10, Fiddler's fallback): when the gate selects an expert that
-// is not in a VRAM slot, either copy it over PCIe from the host tier and compute it on the GPU, or
+// The cost model of a VRAM miss (docs/design.md §10, Fiddler's fallback): when the gate selects an expert
+// that is not in a VRAM slot, either copy it over PCIe from the host tier and compute it on the GPU, or
 // compute it on the CPU where its bytes already are and move only the activations (the rows routed to
 // it down, its output rows back up). Both produce the same expert output; this decides per expert,
 // per layer, which costs less time now.

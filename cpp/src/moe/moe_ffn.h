@@ -1,7 +1,7 @@
-// MoeFfn: the routed-expert FFN of a MoE layer and its scheduling against the ExpertSource (DESIGN
-// §3): router softmax and top-k (or a recorded route trace), the gate event, the experts leased
-// from the source (acquire / wait / release, in waves for prefill batches), the weighted sum in
-// top-k rank order, and the shared expert where the layer has one.
+// MoeFfn: the routed-expert FFN of a MoE layer and its scheduling against the ExpertSource
+// (docs/design.md §3): router softmax and top-k (or a recorded route trace), the gate event, the
+// experts leased from the source (acquire / wait / release, in waves for prefill batches), the
+// weighted sum in top-k rank order, and the shared expert where the layer has one.
 //
 // Owns the last step's per-layer routing. Called on the decode thread by the layer builders
 // (Forward::moe_ffn) for one batch of tokens; the engine makes one per chunk and tells it where

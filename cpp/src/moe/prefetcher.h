@@ -1,4 +1,4 @@
-// Prefetcher: turns a predictor's hints into early expert reads (DESIGN §3-§4, docs/predictors.md).
+// Prefetcher: turns a predictor's hints into early expert reads (docs/design.md §3-§4, docs/predictors.md).
 //
 // Data flows one way: predictor -> prefetcher -> cache.prefetch() -> reader. The prefetcher owns
 // the token's routing history, the prediction-quality counters and the timeliness test (from the

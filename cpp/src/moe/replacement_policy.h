@@ -1,4 +1,4 @@
-// ReplacementPolicy: which cached expert the expert cache evicts next (DESIGN §4, §11: "cache
+// ReplacementPolicy: which cached expert the expert cache evicts next (docs/design.md §4, §11: "cache
 // policy is a parameter of the cache, not a fork of it").
 //
 // Owns only an order over slot ids (small integers the caller hands out) and, for policies that
@@ -81,7 +81,7 @@ struct ReplacementPolicyOptions {
     int64_t n_layer = 0, n_expert = 0;  // the prior's shape (the model's)
 };
 
-// The policies by name: "lru", "slru" (DESIGN §4), "lfu", "arc", "s3fifo", "prior", "predictive".
+// The policies by name: "lru", "slru" (docs/design.md §4), "lfu", "arc", "s3fifo", "prior", "predictive".
 // capacity: the most slots the cache holds at once. Throws InvalidArgument for an unknown name
 // (listing the known ones), an option out of range, or "prior" without a prior.
 std::unique_ptr<ReplacementPolicy> make_replacement_policy(const std::string& name, uint64_t capacity,

@@ -31,14 +31,16 @@
 // kept one feature alone costs only that feature). Expert ids outside [0, E) (the -1 of "unknown")
 // are in no set.
 //
-// State (what the time features need), built only from the previous token that observe() sees at
-// layer 0 of each token: a ring of the last kVoteWindow tokens' selections, the four decayed counts and
-// the running counts per layer, and the number of tokens seen. A previous token naming no expert at
-// all (a new sequence or a reset session) clears it. The engine calls observe() for every decoded
-// token from layer 0 in order (DESIGN §6), so the state covers every decoded token since the last
-// reset; a batched prefill's tokens are not observed, so after one it starts at the prompt's last
-// token. scores() only reads that state; the route overlaps m_j of the current token are a cache it
-// keeps, checked against in.history on every call (recomputed from layer 0 when they differ).
+// State (what the time features need), built from the previous token that observe() sees at layer 0
+// of each token and from the tokens observe_context() hands over after a prompt batch: a ring of the
+// last kVoteWindow tokens' selections, the four decayed counts and the running counts per layer, and
+// the number of tokens seen. A previous token naming no expert at all (a new sequence or a reset
+// session) clears it, as does observe_context() with new_sequence. The engine calls observe() for
+// every decoded token from layer 0 in order and observe_context() for a batch's tokens
+// (docs/design.md §6), so the state covers every token since the last reset, a prompt's included, as
+// if each had been decoded alone. scores() only reads that state; the route overlaps m_j of the
+// current token are a cache it keeps, checked against in.history on every call (recomputed from
+// layer 0 when they differ).
 //
 // The pool is read once at load into per-(layer, expert) lists of the pool tokens naming that expert
 // there (ascending) and an int16 copy of the routes; the f32 tensor is not kept. Its state is a

@@ -1,4 +1,4 @@
-// The built-in predictors (DESIGN §6, docs/predictors.md); the interface itself is public
+// The built-in predictors (docs/design.md §6, docs/predictors.md); the interface itself is public
 // (sharpi/predictor.h). Predictors never touch the cache or the reader: the prefetcher turns their
 // hints into reads.
 #pragma once

@@ -1,4 +1,4 @@
-// Spans for a Chrome/Perfetto timeline (DESIGN §7): compute per layer, stalls on expert IO, and
+// Spans for a Chrome/Perfetto timeline (docs/design.md §7): compute per layer, stalls on expert IO, and
 // expert reads from issue to completion. Disabled, every call is one predictable branch.
 //
 // Written only by the decode thread (the cache learns of read completions when it reaps them, so a

@@ -1,6 +1,6 @@
 """`sharpi bench`: decode speed of expert streaming under RAM budgets, against the IO lower bound.
 
-What it measures (DESIGN §7, §9). For a synthetic model (default: Qwen3-30B-A3B's shapes at q4_k_m,
+What it measures (docs/design.md §7, §9). For a synthetic model (default: Qwen3-30B-A3B's shapes at q4_k_m,
 built once and reused from --model-dir) and, when the recorded trace is at hand, for DeepSeek-V2-Lite's
 real architecture (the deepseek-v2-lite preset: deepseek2, MLA, a dense first layer and 26 MoE layers)
 replaying its real routing (shared/traces/deepseek_v2_lite_train.npz), it runs:
@@ -24,7 +24,8 @@ that sequence with capacity n_slots, starting from the best content the warm-up 
 gives the fewest misses any demand cache can have; their bytes over the sequential bandwidth is the
 least IO time any reactive engine needs. TPOT / that bound (per token) is the headline ratio; the
 bound ignores compute, so TPOT / (bound + resident TPOT) is reported beside it. LRU's simulated
-misses on the same sequence are reported for comparison with the engine's SLRU.
+misses on the same sequence are reported for comparison with the engine's cache (its replacement
+policy, --cache-policy; docs/cache_policies.md).
 
 Predictors (--predictors none,prev_token,cooc,trajectory,next_gate,learned, --lookahead D): every
 budget is run once per predictor with the same RAM budget (prefetch staging slots come out of it),
@@ -41,7 +42,7 @@ predictor (none included) runs in every position; the report adds medians over r
 predictor's stall cut against the same round's none. When predictors are compared or rounds repeat,
 the first configuration runs once before the measured runs, unrecorded (the first streamed run after
 the resident one was often far slower than its repeats; docs/predictors.md, session 34).
-Random-weight models route unlike trained ones (DESIGN §6): the report says so beside their numbers.
+Random-weight models route unlike trained ones (docs/design.md §6): the report says so beside their numbers.
 
 Process layout: this process only plans, launches and summarises; each configuration runs in a
 child (`python -m sharpi.bench --worker CONFIG RESULT`), so one run's memory, page cache and cache

@@ -19,8 +19,8 @@ from .isolation import GiB, MiB
 GOAL_RATIO = 1.5  # TPOT / IO lower bound a reactive engine should reach (issue 3, item 5)
 RANDOM_ROUTING_NOTE = (
     "Synthetic random-weight models route unlike trained ones: their routers pick near-uniform, "
-    "weakly correlated experts (DESIGN §6: layer-ahead recall@2 0.35-0.51 on random weights vs 0.55-0.83 "
-    "trained; previous-token reuse 0.55-0.77 vs 0.34-0.46), so predictor rankings on the random "
+    "weakly correlated experts (docs/design.md §6: layer-ahead recall@2 0.35-0.51 on random weights vs "
+    "0.55-0.83 trained; previous-token reuse 0.55-0.77 vs 0.34-0.46), so predictor rankings on the random "
     "workload say nothing about real models; judge predictors on the trace-replay workload."
 )
 
@@ -161,7 +161,7 @@ def summarise_stream(
 
 
 def predictor_metrics(res: dict, decode_s: float, predictor: str, n_staging: int, n_tok: int) -> dict:
-    """The DESIGN §7 prediction / prefetch metrics of one run (sharpi.metrics' arithmetic).
+    """The docs/design.md §7 prediction / prefetch metrics of one run (sharpi.metrics' arithmetic).
     predict_overhead = predict_ms / decode_ms: the engine's decode_ms when it reports one, else the
     bench's measured decode wall time."""
     stats = dict(res.get("stats_globals", {}))
@@ -469,9 +469,10 @@ def format_report(doc: dict) -> str:
         lines.append("")
     lines.append(
         "CPU ms: process CPU time per token (all threads; below threads x TPOT when the cores are shared or "
-        "idle). hit / Belady / LRU: hit rates of the engine's SLRU and of the two policies simulated on the "
-        "same accesses. stall: stall time / decode time. GB/s wall: bytes read / decode time; GB/s stall: "
-        "bytes read / stall time (above the disk's rate when reads overlap compute). LB: Belady's bytes / "
+        "idle). hit / Belady / LRU: hit rates of the engine's cache (--cache-policy) and of the two policies "
+        "simulated on the same accesses. stall: stall time / decode time. GB/s wall: bytes read / decode "
+        "time; GB/s stall: bytes read / stall time (above the disk's rate when reads overlap compute). LB: "
+        "Belady's bytes / "
         "sequential GB/s, per token. res: resident TPOT. RSS: worker peak RSS."
     )
     mach = doc["machine"]

@@ -26,7 +26,7 @@ void bind_tiers(pybind11::module_& m);    // tier_bindings.cpp
 // "" -> the active ISA; "scalar" | "avx2" | "avx512" (InvalidArgument when unknown or above the CPU's).
 cpu::Isa isa_arg(const std::string& name);  // quant_bindings.cpp
 
-// Session.expert_stats()'s dict of an ExpertCacheStats (DESIGN §7 names), whatever the cache's tier.
+// Session.expert_stats()'s dict of an ExpertCacheStats (docs/design.md §7 names), whatever the cache's tier.
 pybind11::dict stats_dict(const ExpertCacheStats& st);  // session_bindings.cpp
 
 }  // namespace sharpi::py_bindings

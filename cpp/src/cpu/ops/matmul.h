@@ -4,7 +4,7 @@
 // stored as n_rows rows of `row_bytes` in `type`. X is [n_tokens, n_cols] f32, row stride ldx.
 // Y[t, r] = sum_k W[r, k] * X[t, k] is written to y[t * ldy + r].
 //
-// Two modes (DESIGN §8), chosen per call by `exact`:
+// Two modes (docs/design.md §8), chosen per call by `exact`:
 // - exact: f32 activations. n_tokens == 1 (decode) uses dot_row per weight row; n_tokens > 1
 //   (prefill) dequantizes each weight row once per block of tokens (sized to stay in L2) into
 //   per-thread scratch and dots it with those tokens (register-tiled, bit-identical to dot_f32).

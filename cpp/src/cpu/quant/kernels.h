@@ -2,7 +2,7 @@
 // an f32 vector. One scalar reference per type (kernels_scalar.cpp), fast versions per ISA
 // (kernels_avx2.cpp, kernels_avx512.cpp), chosen at run time by CPUID in dispatch.cpp.
 //
-// These are exact mode's kernels (DESIGN §8): dot_row computes sum_i dequant(w)_i * x_i in f32,
+// These are exact mode's kernels (docs/design.md §8): dot_row computes sum_i dequant(w)_i * x_i in f32,
 // activations never quantized. Fast mode's integer kernels (quantized activations) are qdot.h.
 //
 // Invariant (tested): for one ISA, dot_row(w, x, n) is bit-identical to

@@ -1,4 +1,4 @@
-// Fast-mode kernels (DESIGN §8): the activation row is quantized once per matmul to 8-bit blocks
+// Fast-mode kernels (docs/design.md §8): the activation row is quantized once per matmul to 8-bit blocks
 // and every weight row is dotted with it in integers, as llama.cpp does. Exact mode never calls
 // these (kernels.h: f32 activations, dequantized weights).
 //

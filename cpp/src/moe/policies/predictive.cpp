@@ -1,6 +1,6 @@
 // PredictivePolicy: prediction-aware eviction. Orders slots exactly as a base policy does (LFU with
 // decay, policies/lfu.cpp) but never evicts a slot the predictor says a coming layer needs while
-// any other slot can go. The predictor never touches slots (DESIGN §3): its hints reach the cache
+// any other slot can go. The predictor never touches slots (docs/design.md §3): its hints reach the cache
 // through the prefetcher (ExpertCache::hint), and the cache calls protect(slot, il) for each hinted
 // expert already cached. A protection lasts until layer il's gate (when the expert is touched if
 // the prediction was right, and loses its privilege either way), or until a new token starts.

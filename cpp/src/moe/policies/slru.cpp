@@ -1,4 +1,4 @@
-// SlruPolicy: segmented LRU (DESIGN §4). Two recency lists: a new entry enters probation's hot
+// SlruPolicy: segmented LRU (docs/design.md §4). Two recency lists: a new entry enters probation's hot
 // end; a second use moves it to protected's hot end, whose overflow (beyond capacity * (1 -
 // probation) slots) is demoted back to probation's hot end, so it gets one more chance there.
 // Victims come from probation's cold end, else protected's, skipping slots the caller may not
