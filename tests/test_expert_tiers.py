@@ -4,8 +4,8 @@ with host memory standing in for device memory). The slot bookkeeping, replaceme
 counters are the same code in both, so on the same access sequence:
 - every expert handed to compute holds the file's bytes (read here from the file with numpy, at the
   offsets the gguf package gives), in both tiers;
-- the counters (DESIGN §7 names) are equal between the tiers, and the misses equal the engine's offline
-  policy replay (_core.replay_policy, moe/policy_replay.h) of the same steps.
+- the counters (docs/design.md §7 names) are equal between the tiers, and the misses equal the engine's
+  offline policy replay (_core.replay_policy, moe/policy_replay.h) of the same steps.
 The CUDA tier's copies and events run only on a GPU: tests/test_cuda_gpu.py.
 """
 

@@ -14,6 +14,7 @@ longer fail is caught too.
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,193 @@ def test_include_lines_are_found():
     # The parser itself: spacing variants count, system headers and comments do not.
     text = '#include "a/b.h"\n  #  include "c.h"\n#include <vector>\n// #include "d.h"\n'
     assert _includes(text) == ["a/b.h", "c.h"]
+
+
+# ---- Citations of the design and style documents (issue 38) ------------------------------------------
+#
+# The design and style documents live in docs/ and source comments cite them by number
+# ("docs/design.md §4", "docs/style.md habit 2"). Three rules, on every text file of the sources,
+# tests, tools, benchmarks, examples, docs, CI script and top-level files:
+# - nothing cites the documents by their old, out-of-repository names: the upper-case word the old
+#   design citations used (in any form, a citation wrapped over two lines included), the old path
+#   under ../shared, the style file's old name;
+# - every "docs/design.md §N" (lists "§2, §10" and ranges "§2-§5" included) names a numbered section
+#   that docs/design.md has, and every bare "§N" inside docs/design.md does too;
+# - every "docs/style.md habit N" names a habit docs/style.md lists.
+# The old names are spelled in pieces here so that this file does not cite them itself.
+
+OLD_DESIGN = re.compile(r"\b" + "DES" + r"IGN\b")  # "<old name> §4", "<old name>.md", a wrapped cite
+OLD_STYLE = "STY" + "LE.md"
+DOCS = ROOT / "docs"
+DESIGN_DOC = "docs/design.md"
+STYLE_DOC = "docs/style.md"
+
+SCANNED_FOLDERS = (
+    "cpp",
+    "cuda",
+    "python",
+    "tests",
+    "tools",
+    "examples",
+    "benchmarks",
+    "docs",
+    "cmake",
+    ".ci",
+)
+SCANNED_TOP_FILES = ("README.md", "CMakeLists.txt", "pyproject.toml")
+TEXT_SUFFIXES = {
+    ".h",
+    ".hpp",
+    ".cpp",
+    ".cu",
+    ".cuh",
+    ".py",
+    ".md",
+    ".txt",
+    ".sh",
+    ".toml",
+    ".cmake",
+    ".html",
+    ".js",
+}
+SKIPPED_DIRS = {"__pycache__", ".pytest_cache", "node_modules"}
+
+SECTION_HEADING = re.compile(r"^## (\d+)\. ", re.MULTILINE)
+HABIT_ITEM = re.compile(r"^(\d+)\. ", re.MULTILINE)
+# "docs/design.md §2", "docs/design.md §2, §10", "docs/design.md §3-§4", "docs/design.md §2-5".
+DESIGN_CITE = re.compile(r"docs/design\.md\s*§\s*\d+(?:\s*[-–,]\s*§?\s*\d+)*")
+CITE_PART = re.compile(r"([-–,])?\s*§?\s*(\d+)")
+BARE_SECTION = re.compile(r"§\s*(\d+)")
+STYLE_CITE = re.compile(r"docs/style\.md,?\s+habits?\s+(\d+)")
+
+
+def _design_sections(text: str) -> set[int]:
+    return {int(n) for n in SECTION_HEADING.findall(text)}
+
+
+def _style_habits(text: str) -> set[int]:
+    # The numbered list under "## Habits ...": everything after that heading.
+    start = text.find("\n## Habits")
+    assert start >= 0, "docs/style.md has no '## Habits' section"
+    return {int(n) for n in HABIT_ITEM.findall(text[start:])}
+
+
+def _cited_sections(cite: str) -> list[int]:
+    """The section numbers one DESIGN_CITE match names, ranges expanded."""
+    numbers: list[int] = []
+    for sep, num in CITE_PART.findall(cite[len(DESIGN_DOC) :]):
+        n = int(num)
+        if sep in ("-", "–") and numbers:
+            numbers.extend(range(numbers[-1] + 1, n))
+        numbers.append(n)
+    return numbers
+
+
+def _where(name: str, text: str, pos: int) -> str:
+    """name:line of position pos in text."""
+    return f"{name}:{text.count(chr(10), 0, pos) + 1}"
+
+
+def _citation_problems(files: dict[str, str], sections: set[int], habits: set[int]) -> list[str]:
+    out = []
+    for name, text in files.items():
+        where = partial(_where, name, text)
+        if name not in (DESIGN_DOC, STYLE_DOC):  # the documents themselves may tell their history
+            for m in OLD_DESIGN.finditer(text):
+                out.append(f"{where(m.start())}: cites the design by its old name; cite {DESIGN_DOC} §N")
+            for m in re.finditer(re.escape(OLD_STYLE), text):
+                out.append(f"{where(m.start())}: refers to {OLD_STYLE!r}; the style document is {STYLE_DOC}")
+        for m in DESIGN_CITE.finditer(text):
+            for n in _cited_sections(m.group(0)):
+                if n not in sections:
+                    out.append(
+                        f"{where(m.start())}: {m.group(0)!r} names section {n}, which {DESIGN_DOC} lacks"
+                    )
+        if name == DESIGN_DOC:
+            for m in BARE_SECTION.finditer(text):
+                if int(m.group(1)) not in sections:
+                    out.append(f"{where(m.start())}: refers to its own section {m.group(1)}, which it lacks")
+        for m in STYLE_CITE.finditer(text):
+            if int(m.group(1)) not in habits:
+                out.append(
+                    f"{where(m.start())}: cites {STYLE_DOC} habit {m.group(1)}, which it does not list"
+                )
+    return out
+
+
+def _scanned_files() -> dict[str, str]:
+    paths = [ROOT / name for name in SCANNED_TOP_FILES if (ROOT / name).is_file()]
+    for folder in SCANNED_FOLDERS:
+        for p in sorted((ROOT / folder).rglob("*")):
+            rel = p.relative_to(ROOT)
+            if not p.is_file() or SKIPPED_DIRS.intersection(rel.parts) or rel.parts[0].startswith("build"):
+                continue
+            # Text files by suffix; the CI script has none.
+            if p.suffix in TEXT_SUFFIXES or (rel.parts[0] == ".ci" and p.suffix == ""):
+                paths.append(p)
+    return {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8", errors="replace") for p in paths}
+
+
+def _documents() -> tuple[set[int], set[int]]:
+    return (
+        _design_sections((DOCS / "design.md").read_text(encoding="utf-8")),
+        _style_habits((DOCS / "style.md").read_text(encoding="utf-8")),
+    )
+
+
+def test_the_design_and_style_documents_are_in_the_repository():
+    sections, habits = _documents()
+    # Numbered without gaps, so that a citation of a removed section cannot land on its neighbour's.
+    assert sections == set(range(1, max(sections) + 1)) and len(sections) >= 11, sorted(sections)
+    assert habits == set(range(1, max(habits) + 1)) and len(habits) >= 12, sorted(habits)
+
+
+def test_every_citation_names_the_documents_in_docs_and_an_existing_section():
+    files = _scanned_files()
+    # The scan sees the sources that cite the design (a scan that found nothing could not fail).
+    for name in (
+        "cpp/src/moe/expert_cache.h",
+        "python/sharpi/metrics.py",
+        "docs/cache_policies.md",
+        ".ci/run",
+    ):
+        assert name in files, name
+    assert sum(len(DESIGN_CITE.findall(t)) for t in files.values()) >= 30
+    sections, habits = _documents()
+    assert _citation_problems(files, sections, habits) == []
+
+
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        ("cpp/src/moe/x.h", "// the cache (" + "DES" + "IGN §4)\n", "old name"),
+        ("cpp/src/moe/x.h", "// the MoE FFN (" + "DES" + "IGN\n// §3): router\n", "old name"),
+        ("python/sharpi/x.py", '"""See ../shared/' + "DES" + 'IGN.md."""\n', "old name"),
+        ("cuda/x.cu", "// one op per file (" + "STY" + "LE.md habit 2)\n", "refers to"),
+        ("tests/x.py", "# docs/design.md §" + "99\n", "section 99"),
+        ("tests/x.py", "# docs/design.md §2, §" + "12\n", "section 12"),
+        ("docs/x.md", "docs/design.md §10-§" + "12", "section 12"),
+        ("cuda/x.cu", "// docs/style.md habit " + "13\n", "habit 13"),
+        ("docs/design.md", "## 1. The problem\nas in §" + "12\n", "own section 12"),
+    ],
+)
+def test_each_citation_rule_catches_a_bad_citation(name, text, expected):
+    sections, habits = set(range(1, 12)), set(range(1, 13))
+    found = _citation_problems({name: text}, sections, habits)
+    assert len(found) == 1 and name in found[0] and expected in found[0], found
+    # ... and the corrected citation passes.
+    assert (
+        _citation_problems({name: "see docs/design.md §4 and docs/style.md habit 2\n"}, sections, habits)
+        == []
+    )
+
+
+def test_citations_are_parsed_with_lists_and_ranges():
+    def parse(text):
+        return [_cited_sections(m.group(0)) for m in DESIGN_CITE.finditer(text)]
+
+    assert parse("(docs/design.md §2, §10): the planner") == [[2, 10]]
+    assert parse("(docs/design.md §3-§4, docs/predictors.md)") == [[3, 4]]
+    assert parse("Expert streaming (docs/design.md §2-5). 0: resident") == [[2, 3, 4, 5]]
+    assert parse("then docs/design.md §7's formulas; docs/design.md §6: recall@2 0.35") == [[7], [6]]
+    assert parse("see docs/design.md for the tiers") == []
