@@ -1,5 +1,5 @@
 // CUDA build: device discovery (cuda_backend.h). The forward pass is device_forward.cu, its plan
-// device_plan.cpp; kernels live one op per file under cuda/ops/ (STYLE.md habit 2).
+// device_plan.cpp; kernels live one op per file under cuda/ops/ (docs/style.md habit 2).
 #include <cuda_runtime.h>
 
 #include <string>

@@ -1,4 +1,4 @@
-// cuFile (GPUDirect Storage) as the VRAM tier's fill source (fill_source.cuh, DESIGN §5, §10): each
+// cuFile (GPUDirect Storage) as the VRAM tier's fill source (fill_source.cuh, docs/design.md §5, §10): each
 // fill is one cuFileReadAsync of the expert's aligned span from the file straight into its VRAM slot,
 // queued on the copy stream, so the StreamFiller's event after it orders compute exactly as a copy's
 // does. With the nvidia-fs driver the bytes go NVMe -> VRAM by DMA; without it cuFile runs in its

@@ -128,7 +128,7 @@ class Session:
         miss_route: str = "copy",
         miss_bandwidths: Optional[dict] = None,
     ):
-        """exact: every matmul in f32 on dequantized weights (DESIGN §8; also env SHARPI_EXACT=1).
+        """exact: every matmul in f32 on dequantized weights (docs/design.md §8; also env SHARPI_EXACT=1).
         The default fast mode quantizes each activation row once per matmul (q8_K for K-quant
         weights, q8_0 / q8_1 for the 32-element types, as llama.cpp does) and dots in integers:
         ~1e-2 relative from exact mode on the logits, bit for bit the same between prefill and
@@ -178,7 +178,7 @@ class Session:
         measured when the session opens (expert_stats() reports the values used and cpu_experts).
 
         trace: a directory (True, or env SHARPI_TRACE_MOE=1: ./sharpi-moe-trace; SHARPI_TRACE_MOE=DIR)
-        to record the MoE tracing report (DESIGN §7): close() prints the table and writes
+        to record the MoE tracing report (docs/design.md §7): close() prints the table and writes
         moe_trace.json and moe_trace_timeline.json (Perfetto) there."""
         self.path = os.fspath(path)
         plugin = None

@@ -1,4 +1,4 @@
-// Whether the cuFile (GPUDirect Storage) reader could run here, and if not, why (DESIGN §5, §10).
+// Whether the cuFile (GPUDirect Storage) reader could run here, and if not, why (docs/design.md §5, §10).
 // cuFile reads file ranges straight into VRAM slots; it needs a CUDA device and libcufile (shipped
 // by the `nvidia-cufile` wheel or a CUDA install), which is loaded with dlopen only when present, so
 // no build ever links it. `--reader auto` records the probe's answer as the first step of its

@@ -1,6 +1,6 @@
-// ExpertTier: what makes one ExpertCache the RAM tier or the VRAM tier (DESIGN §2, §11: one cache
+// ExpertTier: what makes one ExpertCache the RAM tier or the VRAM tier (docs/design.md §2, §11: one cache
 // implementation, parameterised by tier). The slot bookkeeping, the replacement policy, staging and
-// adoption, and the counters (DESIGN §7) are ExpertCache's and identical in every tier; a tier only
+// adoption, and the counters (docs/design.md §7) are ExpertCache's and identical in every tier; a tier only
 // says where the slot arena lives and what fills a slot:
 //
 //   tier  | slot arena                           | filler (an ExpertReader over the arena)
