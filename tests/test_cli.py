@@ -227,7 +227,7 @@ def test_missing_files_are_clean_errors(fake_session, capsys, tmp_path):
         ["run", "-m", "m.gguf", "--no-such-flag"],
         ["run", "-m", "m.gguf", "-p", "x", "-f", "y"],  # one prompt source
         ["make-model", "--preset", "tiny"],  # OUT is required
-        ["inspect"],
+        ["inspect", "a.gguf", "-hf", "org/repo"],  # one model source
     ],
 )
 def test_usage_errors_exit_2(argv, capsys):
@@ -274,6 +274,10 @@ def test_inspect_and_make_model_call_their_modules(monkeypatch, capsys, tmp_path
     model.write_bytes(b"x")
     code, out, _ = run_main(["inspect", str(model)], capsys)
     assert (code, out, calls["inspect"]) == (0, f"report for {model}\n", str(model))
+    # No FILE: the shipped model, as run, chat and serve default to.
+    shipped = os.path.join(os.path.dirname(sharpi.__file__), "models", "stdlib-moe-q8_0.gguf")
+    code, out, _ = run_main(["inspect"], capsys)
+    assert (code, out, calls["inspect"]) == (0, f"report for {shipped}\n", shipped)
 
     out_path = str(tmp_path / "out.gguf")
     code, out, _ = run_main(["make-model", "--preset", "tiny", out_path], capsys)
