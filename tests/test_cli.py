@@ -449,3 +449,20 @@ def test_run_without_model_uses_the_shipped_model():
     assert default.stdout == explicit.stdout
     assert len(default.stdout.strip()) > 10
     assert "decode" in default.stderr
+
+
+def test_make_model_help_lists_every_arch_preset_and_quant(capsys):
+    from sharpi import presets
+    from sharpi.tensor_plan import QUANTS
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["make-model", "--help"])
+    assert exc.value.code == 0
+    # argparse wraps at hyphens ("mixtral-\n   trace"): join those back, then collapse whitespace.
+    text = " ".join(re.sub(r"-\n\s*", "-", capsys.readouterr().out).split())
+    listed = {flag: set(m.split(", ")) for flag, m in re.findall(r"--(arch|preset|quant) [A-Z]+ .*? one of: (.*?) \(", text)}
+    assert listed == {"arch": set(presets.ARCHES), "preset": set(presets.PRESETS), "quant": set(QUANTS)}
+    # and an unknown name is a usage error naming the flag
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["make-model", "--quant", "q9_9", "out.gguf"])
+    assert exc.value.code == 2 and "--quant" in capsys.readouterr().err

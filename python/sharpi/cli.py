@@ -155,9 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a synthetic model",
         description="Write a synthetic GGUF model (random weights, working tokenizer).",
     )
-    make.add_argument("--arch", default=None, help="architecture (llama, qwen2moe, qwen3moe, olmoe, ...)")
-    make.add_argument("--preset", default=None, help="size preset (tiny, qwen3-30b-a3b, ...)")
-    make.add_argument("--quant", default=None, help="quantization (f32, q4_0, q4_k_m, ...)")
+    # The lists come from the tables make_model itself reads, so --help cannot miss one.
+    from . import presets
+    from .tensor_plan import QUANTS
+
+    make.add_argument("--arch", default=None, choices=presets.ARCHES, metavar="ARCH",
+                      help=f"architecture, one of: {', '.join(presets.ARCHES)} (default: the preset's)")
+    make.add_argument("--preset", default=None, choices=list(presets.PRESETS), metavar="PRESET",
+                      help=f"size preset, one of: {', '.join(presets.PRESETS)} (default: tiny)")
+    make.add_argument("--quant", default=None, choices=list(QUANTS), metavar="QUANT",
+                      help=f"quantization, one of: {', '.join(QUANTS)} (default: f32)")
     make.add_argument("--seed", type=int, default=None, help="weight seed")
     make.add_argument("out", metavar="OUT", help="output GGUF path")
 
