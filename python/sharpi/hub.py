@@ -159,14 +159,20 @@ def _unreachable(timeout_s: float = 2.0) -> str | None:
 
     One TCP connect before any request: huggingface_hub retries a failed connection with backoff
     (about 24 s in all), which is wasted time on a machine with no network; a refused or unresolvable
-    endpoint answers at once, and a silent one within timeout_s."""
+    endpoint answers at once, and a silent one within timeout_s. Through a proxy (HTTPS_PROXY etc.) the
+    proxy is what must answer, so that is the host tried."""
     import socket
+    import urllib.request
     from urllib.parse import urlsplit
 
     from huggingface_hub import constants
 
     url = urlsplit(constants.ENDPOINT)
     host = url.hostname or ""
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        url = urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        host = url.hostname or ""
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
