@@ -43,9 +43,16 @@ std::string describe() {
     const cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
         cudaGetLastError();
+        // Without any NVIDIA driver the runtime answers cudaErrorInsufficientDriver ("CUDA driver version
+        // is insufficient for CUDA runtime version"), which reads like a version mismatch on a machine that
+        // simply has no GPU; cudaDriverGetVersion reports 0 exactly when no driver is installed.
+        int driver_version = 0;
+        if (cudaDriverGetVersion(&driver_version) == cudaSuccess && driver_version == 0)
+            return "no CUDA device (no NVIDIA driver)";
+        if (err == cudaErrorNoDevice) return "no CUDA device";
         return std::string("CUDA unavailable: cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
     }
-    if (n == 0) return "CUDA unavailable: no device";
+    if (n == 0) return "no CUDA device";
     const DeviceInfo info = device_info();
     if (!info.present) return "CUDA device 0: properties or memory info unavailable";
     const uint64_t mib = 1ull << 20;

@@ -38,7 +38,8 @@ struct DeviceInfo {
 DeviceInfo device_info();
 
 // One line for logs, `sharpi inspect --device cuda` and the stats: the device, its VRAM total,
-// used and free, or why CUDA is unavailable.
+// used and free, or why CUDA is unavailable: "no CUDA device" (with "(no NVIDIA driver)" when none is
+// installed), the runtime's error only for a driver that is there and fails, or the stub's reason.
 std::string describe();
 
 // ---- the device forward pass (device="cuda") -------------------------------------------------------

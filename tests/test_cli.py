@@ -227,7 +227,7 @@ def test_missing_files_are_clean_errors(fake_session, capsys, tmp_path):
         ["run", "-m", "m.gguf", "--no-such-flag"],
         ["run", "-m", "m.gguf", "-p", "x", "-f", "y"],  # one prompt source
         ["make-model", "--preset", "tiny"],  # OUT is required
-        ["inspect"],
+        ["inspect", "a.gguf", "-hf", "org/repo"],  # one model source
     ],
 )
 def test_usage_errors_exit_2(argv, capsys):
@@ -274,6 +274,10 @@ def test_inspect_and_make_model_call_their_modules(monkeypatch, capsys, tmp_path
     model.write_bytes(b"x")
     code, out, _ = run_main(["inspect", str(model)], capsys)
     assert (code, out, calls["inspect"]) == (0, f"report for {model}\n", str(model))
+    # No FILE: the shipped model, as run, chat and serve default to.
+    shipped = os.path.join(os.path.dirname(sharpi.__file__), "models", "stdlib-moe-q8_0.gguf")
+    code, out, _ = run_main(["inspect"], capsys)
+    assert (code, out, calls["inspect"]) == (0, f"report for {shipped}\n", shipped)
 
     out_path = str(tmp_path / "out.gguf")
     code, out, _ = run_main(["make-model", "--preset", "tiny", out_path], capsys)
@@ -445,3 +449,20 @@ def test_run_without_model_uses_the_shipped_model():
     assert default.stdout == explicit.stdout
     assert len(default.stdout.strip()) > 10
     assert "decode" in default.stderr
+
+
+def test_make_model_help_lists_every_arch_preset_and_quant(capsys):
+    from sharpi import presets
+    from sharpi.tensor_plan import QUANTS
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["make-model", "--help"])
+    assert exc.value.code == 0
+    # argparse wraps at hyphens ("mixtral-\n   trace"): join those back, then collapse whitespace.
+    text = " ".join(re.sub(r"-\n\s*", "-", capsys.readouterr().out).split())
+    listed = {flag: set(m.split(", ")) for flag, m in re.findall(r"--(arch|preset|quant) [A-Z]+ .*? one of: (.*?) \(", text)}
+    assert listed == {"arch": set(presets.ARCHES), "preset": set(presets.PRESETS), "quant": set(QUANTS)}
+    # and an unknown name is a usage error naming the flag
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["make-model", "--quant", "q9_9", "out.gguf"])
+    assert exc.value.code == 2 and "--quant" in capsys.readouterr().err

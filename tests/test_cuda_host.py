@@ -186,7 +186,9 @@ def test_device_info_is_consistent_with_describe():
         assert info["name"] in text and "MiB free" in text and "MiB used" in text
         assert info["vram_used"] + info["vram_free"] == info["vram_total"] > 0
     else:
-        assert text.startswith("CUDA unavailable")
+        # A CUDA build on a machine without a driver or device says so plainly; the stub says why it has none.
+        assert text.startswith(("no CUDA device", "CUDA unavailable: sharpi was built without")), text
+        assert "insufficient" not in text
         assert info["vram_total"] == info["vram_free"] == 0
 
 

@@ -2,8 +2,9 @@
 
 cuFile needs a CUDA device and libcufile (dlopen'ed only when present). Without them `--reader auto`
 falls back (io_uring, else pread) and says why in `sharpi inspect` and the stats; `--reader cufile` is
-an UnsupportedError with the same reason. The probe's library lookup is checked with a stand-in
-library built here that exports the two symbols the probe asks for, and with a path that does not exist.
+an UnsupportedError with the same reason. Without a device the reason is only that (no libcufile hint:
+there is nothing to use it with). The probe's library lookup is checked with a stand-in library built
+here that exports the two symbols the probe asks for, and with a path that does not exist.
 """
 
 import shutil
@@ -38,9 +39,11 @@ def stand_in_library(monkeypatch, tmp_path):
 def test_probe_says_what_is_missing(no_library):
     probe = _core.cufile_probe()
     assert not probe["usable"] and probe["library"] == ""
-    assert f"libcufile not found ({no_library}" in probe["why"]
-    if not sharpi.cuda_available():
-        assert probe["why"].startswith("no CUDA device (CUDA unavailable")
+    if sharpi.cuda_available():
+        assert f"libcufile not found ({no_library}" in probe["why"]
+    else:  # the device is all that is said to be missing
+        assert probe["why"] == sharpi.cuda_describe()
+        assert "libcufile" not in probe["why"] and "pip install" not in probe["why"]
 
 
 def test_stand_in_library_is_found_and_only_the_device_is_missing(stand_in_library):
@@ -48,12 +51,13 @@ def test_stand_in_library_is_found_and_only_the_device_is_missing(stand_in_libra
     assert probe["library"] == stand_in_library
     assert "libcufile not found" not in probe["why"]
     if not sharpi.cuda_available():
-        assert not probe["usable"] and probe["why"].startswith("no CUDA device")
+        assert not probe["usable"] and probe["why"] == sharpi.cuda_describe()
 
 
 def test_reader_cufile_is_a_typed_error_saying_why(models, no_library):  # noqa: F811
     path = models["qwen3moe", "f32"]
-    with pytest.raises(UnsupportedError, match=r"cuFile reader unavailable: .*libcufile not found"):
+    why = "libcufile not found" if sharpi.cuda_available() else "no CUDA device"
+    with pytest.raises(UnsupportedError, match=rf"cuFile reader unavailable: .*{why}"):
         sharpi.Session(path, ram_budget="64MiB", reader="cufile")
 
 
@@ -63,7 +67,10 @@ def test_reader_auto_falls_back_and_the_stats_say_why(models, no_library):  # no
     s.generate([1, 2, 3], max_tokens=2)
     st = s.expert_stats()
     assert st["reader"] in ("io_uring", "pread")
-    assert st["reader_note"].startswith("cuFile unavailable: ") and "libcufile not found" in st["reader_note"]
+    if sharpi.cuda_available():
+        assert st["reader_note"].startswith("cuFile unavailable: ") and "libcufile not found" in st["reader_note"]
+    else:
+        assert st["reader_note"] == "cuFile unavailable: " + sharpi.cuda_describe()
 
 
 def test_inspect_names_the_reader_and_why(models, no_library, capsys):  # noqa: F811
@@ -72,4 +79,7 @@ def test_inspect_names_the_reader_and_why(models, no_library, capsys):  # noqa: 
     assert cli.main(["inspect", models["qwen3moe", "f32"]]) == 0
     out = capsys.readouterr().out.splitlines()
     line = next(ln for ln in out if ln.startswith("cuFile reader (--reader cufile)"))
-    assert "unavailable: " in line and "libcufile not found" in line
+    if sharpi.cuda_available():
+        assert "unavailable: " in line and "libcufile not found" in line
+    else:
+        assert line == "cuFile reader (--reader cufile): unavailable: needs a CUDA device"

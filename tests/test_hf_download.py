@@ -219,3 +219,27 @@ def test_quant_tag_matching():
     with pytest.raises(HubError, match=r"shard\(s\) \[2\] missing"):
         select_files("u/r", ["M-Q8_0-00001-of-00002.gguf"], "Q8_0")
     assert select_files("u/r", ["only.gguf", "x.txt"], None) == ["only.gguf"]
+
+
+@pytest.mark.parametrize("endpoint", ["closed-port", "http://no-such-host.invalid"])
+def test_no_network_fails_fast_with_one_message(endpoint, tmp_path):
+    import socket
+    import time
+
+    if endpoint == "closed-port":  # a port bound and closed again: nothing listens there
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    start = time.monotonic()
+    r = sharpi_cli(["inspect", "-hf", "org/absent-GGUF:Q4_K_M"], tmp_path / "hf", endpoint)
+    elapsed = time.monotonic() - start
+    assert r.returncode == 1, r.stderr
+    # Under 3 s of sharpi's own time (interpreter start-up included): no retries with backoff.
+    assert elapsed < 3.0, (elapsed, r.stderr)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: error:")]
+    expected = (
+        "sharpi: error: org/absent-GGUF: offline and not in the Hugging Face cache; run once with network "
+        "access (or download the .gguf elsewhere and pass it with -m FILE)"
+    )
+    assert errors == [expected], r.stderr
+    assert "Traceback" not in r.stderr and "retry" not in r.stderr.lower()

@@ -124,14 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser(
         "inspect",
         help="describe a GGUF file",
-        description="Architecture, tensors, quant mix and expert vs dense bytes of a GGUF file.",
+        description="Architecture, tensors, quant mix and expert vs dense bytes of a GGUF file, and the CUDA "
+        "device here (or that there is none).",
     )
-    inspect_src = inspect.add_mutually_exclusive_group(required=True)
-    inspect_src.add_argument("model", metavar="FILE", nargs="?", help="GGUF model file, or any shard of a split one")
+    inspect_src = inspect.add_mutually_exclusive_group()
+    inspect_src.add_argument("model", metavar="FILE", nargs="?",
+                             help="GGUF model file, or any shard of a split one (default: the shipped stdlib-moe "
+                             "model, as in run, chat and serve)")
     _add_hf_argument(inspect_src)
     inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                         help="cuda: also report the CUDA device, its VRAM (total, used, free) and what the "
-                              "device forward pass would place there")
+                         help="cuda: also report what the device forward pass would place in VRAM (the device "
+                              "itself, its VRAM total, used and free, is always reported)")
     inspect.add_argument("--plan", action="store_true",
                          help="print the tier plan of a GPU session: what VRAM pins and slots, what RAM holds, "
                               "what stays on disk (needs --vram-budget, or a device for its default auto)")
@@ -152,9 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a synthetic model",
         description="Write a synthetic GGUF model (random weights, working tokenizer).",
     )
-    make.add_argument("--arch", default=None, help="architecture (llama, qwen2moe, qwen3moe, olmoe, ...)")
-    make.add_argument("--preset", default=None, help="size preset (tiny, qwen3-30b-a3b, ...)")
-    make.add_argument("--quant", default=None, help="quantization (f32, q4_0, q4_k_m, ...)")
+    # The lists come from the tables make_model itself reads, so --help cannot miss one.
+    from . import presets
+    from .tensor_plan import QUANTS
+
+    make.add_argument("--arch", default=None, choices=presets.ARCHES, metavar="ARCH",
+                      help=f"architecture, one of: {', '.join(presets.ARCHES)} (default: the preset's)")
+    make.add_argument("--preset", default=None, choices=list(presets.PRESETS), metavar="PRESET",
+                      help=f"size preset, one of: {', '.join(presets.PRESETS)} (default: tiny)")
+    make.add_argument("--quant", default=None, choices=list(QUANTS), metavar="QUANT",
+                      help=f"quantization, one of: {', '.join(QUANTS)} (default: f32)")
     make.add_argument("--seed", type=int, default=None, help="weight seed")
     make.add_argument("out", metavar="OUT", help="output GGUF path")
 
@@ -417,15 +427,16 @@ def write_expert_stats(path: str, stats: dict) -> None:
 
 def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
     _model_from_hub(args, err)
+    if args.model is None:
+        from .models import default_model_path
+
+        args.model = default_model_path()
     _require_file(args.model)
     from .inspect_model import inspect_report
 
     report = inspect_report(args.model)
     out.write(report if report.endswith("\n") else report + "\n")
-    if args.device == "cuda":
-        import sharpi
-
-        out.write(f"device: {sharpi.cuda_describe()}\n")
+    if args.device == "cuda":  # the report's "device:" line already names the device, or says there is none
         out.write(f"device plan: {_device_plan_line(args.model)}\n")
     if args.plan:
         from .tier_plan import plan, plan_report

@@ -128,7 +128,10 @@ def resolve(spec: str, revision: str | None = None, log=None) -> str:
     repo, quant = parse_spec(spec)
     say = log or (lambda _msg: None)
     files = None
-    if not _offline():
+    unreachable = None if _offline() else _unreachable()
+    if unreachable is not None:
+        say(f"sharpi: the Hub is unreachable ({unreachable}); using the local cache")
+    elif not _offline():
         try:
             files = HfApi().list_repo_files(repo, revision=revision)
         except Exception as error:
@@ -138,7 +141,8 @@ def resolve(spec: str, revision: str | None = None, log=None) -> str:
     if files is None:
         snapshot, cached = _cached_listing(repo, revision)
         if snapshot is None:
-            raise HubError(f"{repo}: offline and not in the Hugging Face cache; run once with network access")
+            raise HubError(f"{repo}: offline and not in the Hugging Face cache; run once with network access "
+                           f"(or download the .gguf elsewhere and pass it with -m FILE)")
         chosen = select_files(repo, cached, quant)
         return os.path.join(snapshot, chosen[0])
     chosen = select_files(repo, files, quant)
@@ -148,6 +152,33 @@ def resolve(spec: str, revision: str | None = None, log=None) -> str:
     except Exception as error:
         raise HubError(f"{repo}: download failed: {_short(error)}") from error
     return paths[0]
+
+
+def _unreachable(timeout_s: float = 2.0) -> str | None:
+    """Why the Hub's endpoint cannot be reached (DNS failure, refused, no route, timeout), or None.
+
+    One TCP connect before any request: huggingface_hub retries a failed connection with backoff
+    (about 24 s in all), which is wasted time on a machine with no network; a refused or unresolvable
+    endpoint answers at once, and a silent one within timeout_s. Through a proxy (HTTPS_PROXY etc.) the
+    proxy is what must answer, so that is the host tried."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    host = url.hostname or ""
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        url = urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as error:
+        return f"{host}:{port}: {error.strerror or type(error).__name__}"
+    return None
 
 
 def _is_connection_error(error: BaseException) -> bool:

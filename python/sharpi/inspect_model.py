@@ -144,6 +144,8 @@ def inspect_summary(path) -> dict:
         nextn=nextn,
         layer_kinds=layer_kinds,
         expert_reader=_core.reader_choice(f.path),  # what --reader auto runs on this file, and why
+        # The CUDA device here (cuda::describe: "no CUDA device (no NVIDIA driver)" on a machine without one).
+        device=OrderedDict(present=_core.cuda_available(), describe=_core.cuda_describe()),
         cufile_reader=_core.cufile_probe(),  # whether --reader cufile could run here, and what is missing
         tensors=[
             OrderedDict(
@@ -305,9 +307,16 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             f"{_fmt_bytes(n['bytes'])}; loaded, not run"
         )
     w(f"expert reader (--reader auto): {s['expert_reader']['reader']} ({s['expert_reader']['why']})")
+    # Said once: without a device the cuFile line only points back at it (no library hints, no CUDA errors).
+    device = s["device"]
+    w(f"device: {device['describe']}" + ("" if device["present"] else ": running on the CPU"))
     cufile = s["cufile_reader"]
-    usable = f"{cufile['library']} loads and a device is present"
-    w(f"cuFile reader (--reader cufile): {usable if cufile['usable'] else 'unavailable: ' + cufile['why']}")
+    if cufile["usable"]:
+        w(f"cuFile reader (--reader cufile): {cufile['library']} loads and a device is present")
+    elif not device["present"]:
+        w("cuFile reader (--reader cufile): unavailable: needs a CUDA device")
+    else:
+        w(f"cuFile reader (--reader cufile): unavailable: {cufile['why']}")
     if s["expert_layers"]:
         w("experts per layer (one expert = its gate, up and down slices):")
         w(

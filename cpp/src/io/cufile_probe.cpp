@@ -12,7 +12,8 @@ namespace sharpi {
 CufileProbe probe_cufile() {
     CufileProbe p;
     std::vector<std::string> missing;
-    if (!cuda::available()) missing.push_back("no CUDA device (" + cuda::describe() + ")");
+    const bool device = cuda::available();
+    if (!device) missing.push_back(cuda::describe());
     std::vector<std::string> names;
     if (const char* env = std::getenv("SHARPI_CUFILE_LIB"); env != nullptr && *env != '\0') {
         names.emplace_back(env);
@@ -37,7 +38,8 @@ CufileProbe probe_cufile() {
         }
         load_error = name + " does not export cuFileDriverOpen and cuFileRead";
     }
-    if (p.library.empty()) {
+    // Without a device the library could not be used anyway: say only that, not how to install it.
+    if (p.library.empty() && device) {
         missing.push_back("libcufile not found (" + load_error +
                           "; pip install nvidia-cufile or set SHARPI_CUFILE_LIB)");
     }

@@ -13,12 +13,15 @@ namespace sharpi {
 struct CufileProbe {
     bool usable = false;
     std::string library;  // the path or soname that loaded, when it did
-    std::string why;  // what is missing ("no CUDA device: ...; libcufile not found: ..."), empty if usable
+    // What is missing, empty if usable: without a device only cuda::describe() ("no CUDA device (no
+    // NVIDIA driver)"); with one, "libcufile not found (...; pip install nvidia-cufile ...)".
+    std::string why;
 };
 
 // Looks for a device (cuda::available) and libcufile: $SHARPI_CUFILE_LIB when set, else
 // libcufile.so.0 then libcufile.so through the dynamic loader's search path; the library must export
-// cuFileDriverOpen and cuFileRead. Loads nothing else and calls nothing in it.
+// cuFileDriverOpen and cuFileRead. Loads nothing else and calls nothing in it. `library` is filled
+// whether or not there is a device; a missing library counts in `why` only where a device is present.
 CufileProbe probe_cufile();
 
 }  // namespace sharpi
