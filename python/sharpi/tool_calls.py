@@ -311,7 +311,7 @@ def hermes_tools_prompt(tools: list) -> str:
              "You are provided with function signatures within <tools></tools> XML tags:", "<tools>"]
     lines += [json.dumps(t, ensure_ascii=False) for t in tools]
     lines += ["</tools>", "",
-              "For each function call, return a json object with function name and arguments within "
-              "<tool_call></tool_call> XML tags:",
+              ("For each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:"),
               "<tool_call>", '{"name": <function-name>, "arguments": <args-json-object>}', "</tool_call>"]
     return "\n".join(lines)
