@@ -6,6 +6,9 @@ text (detect_family), since the template is what taught the model the syntax:
 
 - "hermes" (Qwen2.5/Qwen3/Qwen3.5, Hermes, and sharpi's ChatML fallback, whose tool prompt asks for
   it): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call.
+- "qwen3_xml" (Qwen3.5, Qwen3-Coder): the same <tool_call> blocks around XML,
+  `<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>`; a value is its text
+  for a string parameter, JSON otherwise (the template writes mappings and lists with tojson).
 - "deepseek" (DeepSeek-V3/R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\nARGS\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1 drops the "function" type and
   the fence: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
@@ -13,6 +16,9 @@ text (detect_family), since the template is what taught the model the syntax:
   optionally after `<|python_tag|>`.
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the v11 tokenizer's
   `[TOOL_CALLS]NAME[ARGS]{...}` per call.
+- "harmony" (gpt-oss): a commentary-channel message addressed to the function,
+  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>` (the header's
+  parts in either order, as the model and the template write them).
 
 The text given to parse_tool_calls must keep control tokens (decode with skip_special=False): the
 DeepSeek and Mistral markers are control tokens that a plain decode drops. A block that does not
@@ -28,7 +34,7 @@ from dataclasses import dataclass, field
 
 from ._core import InvalidArgument
 
-FAMILIES = ("hermes", "deepseek", "llama3", "mistral")
+FAMILIES = ("hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony")
 
 _DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -43,6 +49,10 @@ def detect_family(template: str | None) -> str:
         return "hermes"
     if "tool▁calls▁begin" in template:
         return "deepseek"
+    if "<|channel|>" in template and "to=functions." in template:
+        return "harmony"
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_xml"
     if _MISTRAL_CALLS in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -111,6 +121,72 @@ def _parse_hermes(text: str) -> ParsedReply:
             calls.append(call)
         pos = after
     return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+
+_XML_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _xml_value(text: str, schema) -> object:
+    """A parameter's value: its text where the schema says string (or gives no type and the text
+    is not JSON), else the JSON it spells."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
+    params_of = {}
+    for tool in tools or []:
+        fn = tool.get("function", {}) if isinstance(tool, dict) else {}
+        props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
+        params_of[fn.get("name")] = props if isinstance(props, dict) else {}
+    content, calls, pos = [], [], 0
+    while True:
+        start = text.find("<tool_call>", pos)
+        if start < 0:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:start])
+        end = text.find("</tool_call>", start)
+        body_end = len(text) if end < 0 else end
+        after = len(text) if end < 0 else end + len("</tool_call>")
+        m = _XML_FUNCTION.match(text[start + len("<tool_call>"):body_end])
+        call = None
+        if m:
+            name = m.group(1).strip()
+            props = params_of.get(name, {})
+            args = {k.strip(): _xml_value(v, props.get(k.strip())) for k, v in _XML_PARAMETER.findall(m.group(2))}
+            call = _call(name, args)
+        if call is None:
+            content.append(text[start:after])
+        else:
+            calls.append(call)
+        pos = after
+    return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+
+_HARMONY_CALL = re.compile(
+    r"(?:<\|start\|>assistant)?(?:<\|channel\|>commentary\s*)?\s*to=functions\.([^\s<]+)\s*"
+    r"(?:<\|channel\|>commentary\s*)?(?:<\|constrain\|>)?\s*(?:json)?\s*<\|message\|>(.*?)(?:<\|call\|>|\Z)",
+    re.DOTALL)
+
+
+def _parse_harmony(text: str) -> ParsedReply:
+    calls, content, pos = [], [], 0
+    for m in _HARMONY_CALL.finditer(text):
+        call = _call(m.group(1), m.group(2).strip())
+        if call is None:
+            continue
+        content.append(text[pos:m.start()])
+        calls.append(call)
+        pos = m.end()
+    content.append(text[pos:])
+    return ParsedReply("".join(content).strip() if calls else text, calls)
 
 
 _FENCED_JSON = re.compile(r"\A\s*```(?:json)?\s*\n(.*?)\n?\s*```\s*\Z", re.DOTALL)
@@ -201,14 +277,17 @@ def _parse_mistral(text: str) -> ParsedReply:
     return ParsedReply((text[:cut] + rest).strip(), calls)
 
 
-_PARSERS = {"hermes": _parse_hermes, "deepseek": _parse_deepseek, "llama3": _parse_llama3,
-            "mistral": _parse_mistral}
+_PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "deepseek": _parse_deepseek,
+            "llama3": _parse_llama3, "mistral": _parse_mistral, "harmony": _parse_harmony}
 
 
-def parse_tool_calls(text: str, family: str) -> ParsedReply:
-    """The content and tool calls of a reply written in `family`'s syntax (see the module docstring)."""
+def parse_tool_calls(text: str, family: str, tools: list | None = None) -> ParsedReply:
+    """The content and tool calls of a reply written in `family`'s syntax (see the module docstring).
+    tools (the request's): the parameter types qwen3_xml's values are read with."""
     if family not in _PARSERS:
         raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
+    if family == "qwen3_xml":
+        return _parse_qwen3_xml(text, tools)
     return _PARSERS[family](text)
 
 
@@ -259,6 +338,20 @@ def _compact(schema: dict) -> dict:
     return {**schema, "x-guidance": {"whitespace_flexible": False}}
 
 
+def _xml_value_rule(schema) -> str:
+    """The Lark rule of a qwen3_xml parameter value: text for a string (its enum, its pattern, or
+    any text without a tag, within its length bounds), JSON matching the schema otherwise."""
+    schema = schema if isinstance(schema, dict) else {}
+    if schema.get("type") != "string":
+        return f"%json {json.dumps(_compact(schema))}"
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return " | ".join(_lark_literal(str(v)) for v in schema["enum"])
+    if isinstance(schema.get("pattern"), str):
+        return "/" + schema["pattern"].removeprefix("^").removesuffix("$").replace("/", "\\/") + "/"
+    lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+    return f"/[^<]{{{lo},{'' if hi is None else int(hi)}}}/"
+
+
 def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: bool = True) -> str:
     """A Lark grammar (llguidance's dialect, with %json) for one call (or, parallel=True, one or
     more) in `family`'s syntax, of the given tools (the OpenAI tool objects), each call's arguments
@@ -291,6 +384,30 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
             array = {"type": "array", "items": one, "minItems": 1, **({} if parallel else {"maxItems": 1})}
             rules.append(f"start: {marker(_MISTRAL_CALLS)} arr")
             rules.append(f"arr: %json {json.dumps(_compact(array))}")
+    elif family == "qwen3_xml":
+        names = []
+        for i, fn in enumerate(fns):
+            params = _args_schema(fn)
+            props = params.get("properties") or {}
+            required = set(params.get("required") or [])
+            parts = []
+            for k, (key, schema) in enumerate(props.items()):
+                rules.append(f"p{i}_{k}: \"<parameter={key}>\\n\" v{i}_{k} \"\\n</parameter>\\n\"")
+                rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
+                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            body = " ".join(parts)
+            rules.append(f"call{i}: {marker('<tool_call>')} {_lark_literal(chr(10) + '<function=' + fn['name'] + '>' + chr(10))} "
+                         f"{body} \"</function>\\n\" {marker('</tool_call>')}")
+            names.append(f"call{i}")
+        rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
+    elif family == "harmony":
+        names = []
+        for i, fn in enumerate(fns):
+            rules.append(f"call{i}: {marker('<|channel|>')} {_lark_literal('commentary to=functions.' + fn['name'] + ' ')} "
+                         f"{marker('<|constrain|>')} \"json\" {marker('<|message|>')} args{i} {marker('<|call|>')}")
+            rules.append(f"args{i}: %json {json.dumps(_compact(_args_schema(fn)))}")
+            names.append(f"call{i}")
+        rules.insert(0, f"start: call\ncall: {' | '.join(names)}")
     else:  # deepseek (V3 / R1 spelling, which the V3 and R1 templates render)
         names = []
         for i, fn in enumerate(fns):
