@@ -15,7 +15,7 @@ text (detect_family), since the template is what taught the model the syntax:
 - "llama3" (Llama 3.1-3.3 JSON tool calling): the whole reply is `{"name": ..., "parameters": {...}}`,
   optionally after `<|python_tag|>`.
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the v11 tokenizer's
-  `[TOOL_CALLS]NAME[ARGS]{...}` per call.
+  `[TOOL_CALLS]NAME[ARGS]{...}` per call (Devstral: `NAME[CALL_ID]ID[ARGS]{...}`).
 - "harmony" (gpt-oss): a commentary-channel message addressed to the function,
   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>` (the header's
   parts in either order, as the model and the template write them).
@@ -38,7 +38,7 @@ FAMILIES = ("hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony")
 
 _DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_MISTRAL_CALLS, _MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+_MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _LLAMA_PYTHON_TAG = "<|python_tag|>"
 
 
@@ -49,7 +49,7 @@ def detect_family(template: str | None) -> str:
         return "hermes"
     if "tool▁calls▁begin" in template:
         return "deepseek"
-    if "<|channel|>" in template and "to=functions." in template:
+    if "<|channel|>" in template and "<|call|>" in template:
         return "harmony"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_xml"
@@ -261,6 +261,7 @@ def _parse_mistral(text: str) -> ParsedReply:
             name, sep, after = rest.partition(_MISTRAL_ARGS)
             if not sep:
                 return ParsedReply(text)
+            name = name.split(_MISTRAL_CALL_ID)[0]  # Devstral: NAME[CALL_ID]ID[ARGS]{...}
             try:
                 args, end = decoder.raw_decode(after.lstrip())
             except ValueError:
