@@ -1,0 +1,89 @@
+"""`sharpi serve`: the parser and the command, and the model options (add_model_arguments,
+load_model) that `sharpi chat` shares. Imports the server's Starlette and uvicorn parts only when
+the command runs, so `sharpi --help` works without the serve extra."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import TextIO
+
+from ..cli_args import add_compute_arguments, add_streaming_arguments, positive_int, session_options
+from .prompt import CHATML_TEMPLATE
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """-m and --chat-template, then the compute and streaming options (`serve` and `chat`)."""
+    p.add_argument("-m", "--model", default=None, metavar="FILE",
+                   help="GGUF model file (default: the shipped stdlib-moe model)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
+    p.add_argument("--chat-template-kwargs", type=_json_object, default={}, metavar="JSON",
+                   help="keyword arguments for the template, e.g. '{\"enable_thinking\": false}' "
+                        "(serve: a request's chat_template_kwargs go on top)")
+    add_compute_arguments(p)
+    add_streaming_arguments(p)
+
+
+def load_model(args):
+    """(Session, chat template) from add_model_arguments' options: the template is the file's
+    text, None for the model's own, or ChatML when the model has none."""
+    from ..progress import open_session
+
+    if args.model is None:
+        from ..models import default_model_path
+
+        args.model = default_model_path()
+    if not os.path.isfile(args.model):
+        raise FileNotFoundError(f"{args.model}: no such file")
+    session = open_session(args.model, **session_options(args))
+    template = None if session.tokenizer.chat_template else CHATML_TEMPLATE
+    if args.chat_template is not None:
+        with open(args.chat_template, encoding="utf-8") as f:
+            template = f.read()
+    return session, template
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, /health.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=positive_int("--port"), default=8080, help="port (default: 8080)")
+    p.add_argument("--alias", default=None, metavar="NAME",
+                   help="model name the API reports and accepts (default: the file name)")
+    add_model_arguments(p)
+    return p
+
+
+def cmd_serve(args, out: TextIO, err: TextIO) -> int:
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as e:
+        raise ImportError(f"{e}; install the serve extra: pip install 'sharpi[serve]'") from None
+    from .scheduler import Engine
+    from .served import ServedModel
+
+    session, template = load_model(args)
+    model_id = args.alias or os.path.basename(args.model)
+    app = create_app(ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs))
+    err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
+    err.flush()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    session.close()
+    return 0

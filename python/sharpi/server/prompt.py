@@ -1,0 +1,51 @@
+"""What a Session is given for a request: chat messages rendered with a chat template into prompt
+ids (encode_chat), and how much of a prompt the KV cache already holds (reuse_prefix). Used by the
+server's worker thread and by `sharpi chat`; neither function knows about HTTP.
+"""
+
+from __future__ import annotations
+
+from ..synthetic_tokenizer import CHAT_TEMPLATE
+
+# The template used when the model ships none (the shipped stdlib-moe is a code model): ChatML, as
+# llama.cpp's server falls back to; the synthetic models' template is exactly that.
+CHATML_TEMPLATE = CHAT_TEMPLATE
+
+
+def encode_chat(tok, messages: list, template: str | None = None, **template_kwargs) -> list:
+    """Prompt ids for chat messages: `template` (default: the model's) rendered with a generation
+    prompt, encoded with control tokens as text and no second BOS when the template writes one."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, template=template, **template_kwargs)
+    starts_with_bos = tok.bos_id is not None and text.startswith(tok.id_to_token(tok.bos_id))
+    return tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
+
+
+def reuse_prefix(session, held: list, ids: list) -> int:
+    """Readies `session`, whose KV cache holds `held` (ids in order), to decode the prompt `ids`,
+    and returns how many leading ids it kept: the common prefix of both (the next turn of a chat
+    extends `held`; an edited or regenerated one diverges from it), less the prompt's last id,
+    which is decoded again for the logits that pick the first answer token. The cache is cut back
+    to that prefix (Session.truncate), or cleared when nothing is shared. Decoding only the rest
+    gives a cold run's logits bit for bit, since a prefill computes each position from the cached
+    rows exactly as token-by-token decoding does.
+
+    Hybrid archs (qwen3next, qwen35moe) keep a recurrent DeltaNet state that has absorbed every
+    held position and cannot be rewound: there only a prompt that extends `held` keeps it, and
+    any other starts over (truncate raises UnsupportedError, caught here)."""
+    from .. import _core
+
+    n = 0
+    for a, b in zip(held, ids[:-1]):
+        if a != b:
+            break
+        n += 1
+    if n == 0:
+        session.reset()
+        return 0
+    try:
+        session.truncate(n)
+    except _core.UnsupportedError:
+        session.reset()
+        return 0
+    return n
+
