@@ -9,8 +9,20 @@ import json
 import os
 from typing import TextIO
 
-from ..cli_args import add_compute_arguments, add_streaming_arguments, positive_int, session_options
+from ..cli_args import (
+    add_compute_arguments,
+    add_llama_compat_arguments,
+    add_sampling_arguments,
+    add_streaming_arguments,
+    positive_int,
+    sampling_options,
+    session_options,
+)
 from .prompt import CHATML_TEMPLATE
+
+# --max-body's default, 8 MiB (body.DEFAULT_MAX_BODY, which imports Starlette: not at --help time).
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+_SIZE_UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
 
 
 def _json_object(text: str) -> dict:
@@ -21,6 +33,15 @@ def _json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def byte_size(text: str) -> int:
+    """An argparse type for a size in bytes: N, or N with K/KiB, M/MiB or G/GiB (powers of 1024)."""
+    number = text.rstrip("KkMmGgIiBb")
+    unit = text[len(number):].lower()
+    if not number.isdigit() or unit not in _SIZE_UNITS or int(number) == 0:
+        raise argparse.ArgumentTypeError(f"a size in bytes, e.g. 8MiB or 1048576, got {text!r}")
+    return int(number) * _SIZE_UNITS[unit]
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +86,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--port", type=positive_int("--port"), default=8080, help="port (default: 8080)")
     p.add_argument("--alias", default=None, metavar="NAME",
                    help="model name the API reports and accepts (default: the file name)")
+    p.add_argument("--max-body", type=byte_size, default=DEFAULT_MAX_BODY, metavar="SIZE",
+                   help="largest request body taken, e.g. 8MiB; a longer one gets 413 (default: 8MiB)")
     add_model_arguments(p)
+    # llama-server's sampling flags: the defaults of a request, whose own fields override them.
+    # Left out, a request gets OpenAI's defaults (the values below), not llama.cpp's.
+    add_sampling_arguments(p, n_predict_default=-1)
+    p.set_defaults(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    add_llama_compat_arguments(p)
     return p
 
 
@@ -76,12 +104,15 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         from .app import create_app
     except ImportError as e:
         raise ImportError(f"{e}; install the serve extra: pip install 'sharpi[serve]'") from None
+    from .prompt import max_token_bytes
     from .scheduler import Engine
     from .served import ServedModel
 
     session, template = load_model(args)
     model_id = args.alias or os.path.basename(args.model)
-    app = create_app(ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs))
+    app = create_app(ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs,
+                                 sampling_defaults=sampling_options(args), max_body=args.max_body,
+                                 max_token_bytes=max_token_bytes(session.tokenizer)))
     err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
     err.flush()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

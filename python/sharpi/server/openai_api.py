@@ -15,13 +15,15 @@ import json
 import time
 import uuid
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from .. import _core
+from .body import read_json
 from .errors import ApiError
 from .logprobs import completion_logprobs
-from .prompt import encode_chat
+from .prompt import encode_rendered_chat, render_chat
 from .scheduler import Job
 from .served import ServedModel
 from .stops import stream_until_stop
@@ -51,9 +53,19 @@ def _stop_strings(body: dict) -> list:
     return stop
 
 
-def sampling_options(body: dict, n_prompt: int, n_ctx: int) -> dict:
-    """Session.generate keyword arguments from an OpenAI request body; OpenAI's defaults
-    (temperature 1, top_p 1) and no top-k / min-p unless asked for."""
+# What a request that names no sampling field gets when `sharpi serve` is given no sampling flag:
+# OpenAI's defaults (temperature 1, top_p 1, no top-k / min-p / penalties), every token up to the
+# end of the context. Keys as Session.generate's (cli_args.sampling_options gives the same keys).
+OPENAI_SAMPLING_DEFAULTS = {"max_tokens": -1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                            "repeat_penalty": 1.0, "seed": None}
+
+
+def sampling_options(body: dict, n_prompt: int, n_ctx: int, defaults: dict | None = None) -> dict:
+    """Session.generate keyword arguments from an OpenAI request body. A field the request leaves
+    out takes its value from `defaults` (`sharpi serve`'s sampling flags, as
+    cli_args.sampling_options gives them; default OPENAI_SAMPLING_DEFAULTS); a default max_tokens
+    of N >= 0 is cut to what the context has left, -1 is all of it."""
+    defaults = {**OPENAI_SAMPLING_DEFAULTS, **(defaults or {})}
     if n_prompt >= n_ctx:
         raise ApiError(
             400,
@@ -73,16 +85,28 @@ def sampling_options(body: dict, n_prompt: int, n_ctx: int) -> dict:
             param=name,
             code="context_length_exceeded",
         )
+    if max_tokens is None:
+        max_tokens = n_ctx - n_prompt
+        if defaults["max_tokens"] >= 0:
+            max_tokens = min(max_tokens, defaults["max_tokens"])
     seed = _number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
-    return {
-        "max_tokens": max_tokens if max_tokens is not None else n_ctx - n_prompt,
-        "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
-        "top_p": float(_number(body, "top_p", 1.0, 0.0, 1.0)),
-        "top_k": _number(body, "top_k", 0, 0, 2**31 - 1, integer=True),
-        "min_p": float(_number(body, "min_p", 0.0, 0.0, 1.0)),
-        "repeat_penalty": float(_number(body, "repeat_penalty", 1.0, 0.0, 10.0)),
-        "seed": None if seed is None else seed & 0xFFFFFFFF,
+    options = {
+        **defaults,
+        "max_tokens": max_tokens,
+        "temperature": float(_number(body, "temperature", defaults["temperature"], 0.0, 2.0)),
+        "top_p": float(_number(body, "top_p", defaults["top_p"], 0.0, 1.0)),
+        "top_k": _number(body, "top_k", defaults["top_k"], 0, 2**31 - 1, integer=True),
+        "min_p": float(_number(body, "min_p", defaults["min_p"], 0.0, 1.0)),
+        "repeat_penalty": float(_number(body, "repeat_penalty", defaults["repeat_penalty"], 0.0, 10.0)),
+        "seed": defaults["seed"] if seed is None else seed & 0xFFFFFFFF,
     }
+    # OpenAI's penalties, -2..2: present only when not 0, as cli_args.sampling_options leaves them.
+    for penalty in ("presence_penalty", "frequency_penalty"):
+        value = float(_number(body, penalty, defaults.get(penalty, 0.0), -2.0, 2.0))
+        options.pop(penalty, None)
+        if value:
+            options[penalty] = value
+    return options
 
 
 def _chat_messages(body: dict) -> list:
@@ -144,6 +168,38 @@ def _logprob_request(body: dict, chat: bool) -> int | None:
 
 
 
+# ------------------------------------------------------------------ prompts (worker threads)
+
+# Rendering and tokenizing a long prompt takes seconds: these run in Starlette's thread pool, off
+# the event loop (the Tokenizer is immutable, shared with the engine's thread; its encode releases
+# the GIL). A text that must be more tokens than the context holds is refused before it is
+# tokenized: freeing a megabyte's tokenization holds the GIL for tens of milliseconds.
+
+
+def _refuse_if_surely_too_long(served: ServedModel, text: str, param: str) -> None:
+    """ApiError 400 when `text` has more bytes than n_ctx - 1 tokens can stand for."""
+    per_token, n_ctx = served.max_token_bytes, served.engine.n_ctx
+    if per_token is None or len(text) * 4 <= (n_ctx - 1) * per_token:  # a character is 1 to 4 bytes
+        return
+    n_bytes = len(text.encode("utf-8"))
+    if n_bytes > (n_ctx - 1) * per_token:
+        raise ApiError(400, f"the prompt is {-(-n_bytes // per_token)} tokens or more ({n_bytes} bytes, at most "
+                       f"{per_token} a token); this model's context is {n_ctx} tokens", param=param,
+                       code="context_length_exceeded")
+
+
+def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict) -> list:
+    tok = served.engine.session.tokenizer
+    text = render_chat(tok, messages, served.chat_template, **template_kwargs)
+    _refuse_if_surely_too_long(served, text, "messages")
+    return encode_rendered_chat(tok, text)
+
+
+def _completion_prompt_ids(served: ServedModel, prompt: str) -> list:
+    _refuse_if_surely_too_long(served, prompt, "prompt")
+    return served.engine.session.tokenizer.encode(prompt)
+
+
 # ------------------------------------------------------------------ responses
 
 
@@ -152,15 +208,8 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 async def read_body(request: Request, served: ServedModel) -> dict:
-    """The request's JSON object; a `model` other than the served one is a 404."""
-    try:
-        body = json.loads(await request.body())
-    except ClientDisconnect:
-        raise ApiError(400, "the client went away before sending its request") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    """The request's JSON object (body.read_json); a `model` other than the served one is a 404."""
+    body = await read_json(request, served.max_body)
     model = body.get("model")
     if model is not None and model != served.model_id:
         raise ApiError(404, f"the model '{model}' does not exist; this server has '{served.model_id}'",
@@ -199,13 +248,12 @@ async def complete(request: Request, served: ServedModel, chat: bool):
     engine = served.engine
     try:
         body = await read_body(request, served)
-        tok = engine.session.tokenizer
         if chat:
-            prompt_ids = encode_chat(tok, _chat_messages(body), template=served.chat_template,
-                                     **{**served.template_kwargs, **_template_kwargs(body)})
+            messages, kwargs = _chat_messages(body), {**served.template_kwargs, **_template_kwargs(body)}
+            prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs)
         else:
-            prompt_ids = tok.encode(_completion_prompt(body))
-        options = sampling_options(body, len(prompt_ids), engine.n_ctx)
+            prompt_ids = await run_in_threadpool(_completion_prompt_ids, served, _completion_prompt(body))
+        options = sampling_options(body, len(prompt_ids), engine.n_ctx, served.sampling_defaults)
         stops = _stop_strings(body)
         n_top = _logprob_request(body, chat)
         if not isinstance(body.get("stream", False), bool):
