@@ -233,3 +233,15 @@ def session():
     s = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX)
     yield s
     s.close()
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token(session):
+    """OpenAI allows top_p 0 (the sampler takes (0, 1]): the nucleus is the most likely token alone,
+    so a seeded request at temperature 1 answers the greedy text; repeat_penalty 0 is refused."""
+    prompt = "class Parser:"
+    greedy, _ = expected(session, session.tokenize(prompt), max_tokens=12, temperature=0.0)
+    for port in start_server():
+        r = client(port).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, top_p=0, seed=5)
+        assert r.choices[0].text == greedy
+        status, got = raw("POST", port, "/v1/completions", json.dumps({"prompt": prompt, "repeat_penalty": 0}).encode())
+        assert status == 400 and got["error"]["param"] == "repeat_penalty"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 from typing import TextIO
 
 from ..cli_args import (
@@ -42,6 +43,33 @@ def byte_size(text: str) -> int:
     if not number.isdigit() or unit not in _SIZE_UNITS or int(number) == 0:
         raise argparse.ArgumentTypeError(f"a size in bytes, e.g. 8MiB or 1048576, got {text!r}")
     return int(number) * _SIZE_UNITS[unit]
+
+
+def api_keys(text: str) -> list:
+    """An argparse type for --api-key: keys separated by commas, as llama-server takes them."""
+    keys = [k.strip() for k in text.split(",")]
+    if not all(keys):
+        raise argparse.ArgumentTypeError(f"an empty key in {text!r}")
+    return keys
+
+
+def bind_listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, for uvicorn to listen on: bound here, before the model loads
+    and before "serving ..." is printed, so a taken port is the first and only thing said
+    (OSError, which `sharpi` prints as one error line)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,6 +116,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="model name the API reports and accepts (default: the file name)")
     p.add_argument("--max-body", type=byte_size, default=DEFAULT_MAX_BODY, metavar="SIZE",
                    help="largest request body taken, e.g. 8MiB; a longer one gets 413 (default: 8MiB)")
+    p.add_argument("--api-key", type=api_keys, default=None, metavar="KEY[,KEY...]",
+                   help="require one of these keys (Authorization: Bearer KEY, or x-api-key: KEY) on every "
+                   "endpoint but /health, / and /openapi.json (default: none required)")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="a browser origin allowed to call the API, e.g. http://localhost:3000, or * for any; "
+                   "repeatable (default: none, only the page at / itself)")
     add_model_arguments(p)
     # llama-server's sampling flags: the defaults of a request, whose own fields override them.
     # Left out, a request gets OpenAI's defaults (the values below), not llama.cpp's.
@@ -108,13 +142,18 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     from .scheduler import Engine
     from .served import ServedModel
 
-    session, template = load_model(args)
-    model_id = args.alias or os.path.basename(args.model)
-    app = create_app(ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs,
-                                 sampling_defaults=sampling_options(args), max_body=args.max_body,
-                                 max_token_bytes=max_token_bytes(session.tokenizer)))
-    err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
-    err.flush()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    session.close()
+    sock = bind_listening_socket(args.host, args.port)
+    try:
+        session, template = load_model(args)
+        model_id = args.alias or os.path.basename(args.model)
+        served = ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs,
+                             sampling_defaults=sampling_options(args), max_body=args.max_body,
+                             max_token_bytes=max_token_bytes(session.tokenizer))
+        app = create_app(served, log=err, api_keys=args.api_key, cors_origins=args.cors_origin)
+        err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
+        err.flush()
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+        session.close()
+    finally:
+        sock.close()
     return 0

@@ -100,6 +100,13 @@ def sampling_options(body: dict, n_prompt: int, n_ctx: int, defaults: dict | Non
         "repeat_penalty": float(_number(body, "repeat_penalty", defaults["repeat_penalty"], 0.0, 10.0)),
         "seed": defaults["seed"] if seed is None else seed & 0xFFFFFFFF,
     }
+    if options["repeat_penalty"] <= 0:
+        raise ApiError(400, f"'repeat_penalty' must be above 0 (1 is off), got {body['repeat_penalty']!r}",
+                       param="repeat_penalty")
+    if options["top_p"] == 0:
+        # OpenAI allows top_p 0: the nucleus keeps only the most likely token (llama.cpp keeps at
+        # least one), which is top_k 1; the sampler itself takes top_p in (0, 1].
+        options.update(top_p=1.0, top_k=1)
     # OpenAI's penalties, -2..2: present only when not 0, as cli_args.sampling_options leaves them.
     for penalty in ("presence_penalty", "frequency_penalty"):
         value = float(_number(body, penalty, defaults.get(penalty, 0.0), -2.0, 2.0))
@@ -189,7 +196,7 @@ def _refuse_if_surely_too_long(served: ServedModel, text: str, param: str) -> No
 
 
 def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict) -> list:
-    tok = served.engine.session.tokenizer
+    tok = served.engine.tokenizer
     text = render_chat(tok, messages, served.chat_template, **template_kwargs)
     _refuse_if_surely_too_long(served, text, "messages")
     return encode_rendered_chat(tok, text)
@@ -197,7 +204,7 @@ def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict)
 
 def _completion_prompt_ids(served: ServedModel, prompt: str) -> list:
     _refuse_if_surely_too_long(served, prompt, "prompt")
-    return served.engine.session.tokenizer.encode(prompt)
+    return served.engine.tokenizer.encode(prompt)
 
 
 # ------------------------------------------------------------------ responses
@@ -300,6 +307,7 @@ async def complete(request: Request, served: ServedModel, chat: bool):
                 yield event(ApiError(500, f"generation failed: {e}").body())
                 return
             yield event({**chunk_head, "choices": [choice(None, job.finish_reason, [])]})
+            request.state.generation = timings(job)  # for the access log line
             if include_usage:
                 yield event({**chunk_head, "choices": [], "usage": usage(job), "timings": timings(job)})
             yield "data: [DONE]\n\n"
@@ -323,8 +331,9 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         text, entries = gather_task.result()
     except Exception as e:  # noqa: BLE001
         return error_response(ApiError(500, f"generation failed: {e}"))
+    request.state.generation = timings(job)  # for the access log line
     return JSONResponse({**head, "choices": [choice(text, job.finish_reason, entries)], "usage": usage(job),
-                         "timings": timings(job)})
+                         "timings": request.state.generation})
 
 
 def models(served: ServedModel, created: int) -> dict:

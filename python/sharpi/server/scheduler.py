@@ -55,14 +55,20 @@ class Engine:
 
     def __init__(self, session):
         self.session = session
-        self.n_ctx = session.info["n_ctx"]
+        # Read once here, so the event loop never calls the Session for them: the model's facts
+        # and its Tokenizer (immutable; built on first use, so built now, before any thread runs).
+        self.info = dict(session.info)
+        self.n_ctx = self.info["n_ctx"]
+        self.tokenizer = session.tokenizer
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharpi-serve")
         self._state = threading.Lock()
         self._current: Job | None = None
         # Finished requests, those of them stopped early by cancel() (a client that left, a stop
-        # string), and their generated tokens: GET /v1/sharpi/stats. Written by the worker under _state.
+        # string), their tokens, and the worker's seconds to the first text of each (prefill) and
+        # after it (decode): GET /v1/sharpi/stats and /metrics. Written by the worker under _state.
         self.counts = {"requests": 0, "cancelled": 0, "completion_tokens": 0, "prompt_tokens_reused": 0,
-                       "prompt_tokens_prefilled": 0}
+                       "prompt_tokens_prefilled": 0, "prompt_seconds": 0.0, "decode_seconds": 0.0}
+        self._n_waiting = 0  # Jobs submitted and not started yet (under _state)
         # The ids the KV cache holds, in order (worker thread only); [] after an error, so the
         # next request starts from reset().
         self._history: list = []
@@ -79,13 +85,16 @@ class Engine:
         if force or self.live.due():
             self.live.observe(self.session.expert_stats())
 
-    def snapshot(self) -> tuple[dict, bool]:
-        """(the request counts, whether a Job is running now), read together."""
+    def snapshot(self) -> dict:
+        """The counts, "busy" (whether a Job runs now) and "waiting" (Jobs queued behind it), read
+        together."""
         with self._state:
-            return dict(self.counts), self._current is not None
+            return {**self.counts, "busy": self._current is not None, "waiting": self._n_waiting}
 
     def submit(self, prompt_ids: list, options: dict, n_top: int | None = None) -> Job:
         job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top)
+        with self._state:
+            self._n_waiting += 1
         self._pool.submit(self._run, job)
         return job
 
@@ -100,6 +109,7 @@ class Engine:
 
         s = self.session
         with self._state:
+            self._n_waiting -= 1
             if job.stopped.is_set():
                 job.put(END)
                 return
@@ -153,6 +163,9 @@ class Engine:
                 self.counts["completion_tokens"] += job.n_generated
                 self.counts["prompt_tokens_reused"] += job.n_reused
                 self.counts["prompt_tokens_prefilled"] += len(job.prompt_ids) - job.n_reused
+                t_first = job.t_first or job.t_end
+                self.counts["prompt_seconds"] += t_first - job.t_start
+                self.counts["decode_seconds"] += job.t_end - t_first
             full = job.n_generated >= job.options["max_tokens"] or s.n_past >= self.n_ctx
             job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
             job.put(END)
