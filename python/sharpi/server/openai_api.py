@@ -1,11 +1,13 @@
 """The OpenAI protocol: POST /v1/chat/completions and /v1/completions (server-sent events with
 "stream": true) and GET /v1/models. Request bodies are checked and turned into Session.generate
 options here (OpenAI's names, limits and defaults); a bad one is an ApiError naming the field.
-Chat messages are rendered with the served chat template (prompt.encode_chat) with the request's
-`tools`, `documents` and `chat_template_kwargs`. Responses carry `usage`, and `timings` as
-llama.cpp's server reports them.
+Chat messages are rendered with the served chat template (prompt.render_chat) with the request's
+`tools`, `documents` and `chat_template_kwargs`. A request's sampling fields override the server's
+defaults (ServedModel.sampling_defaults, `sharpi serve`'s sampling flags), which are OpenAI's when
+no flag is given. Responses carry `usage`, and `timings` as llama.cpp's server reports them.
 
-Runs on the event loop; the only Session call it makes is through Engine (submit, cancel).
+Runs on the event loop, except rendering and tokenizing prompts, which run in Starlette's thread
+pool; the only Session calls it makes go through Engine (submit, cancel).
 """
 
 from __future__ import annotations
