@@ -119,6 +119,39 @@ def test_health_answers_while_4mb_are_tokenized(server, session, capsys):
     assert max(latencies) < 0.5, sorted(latencies)[-5:]
 
 
+def test_health_answers_while_generating(server, capsys):
+    """A long prefill and decode (a prompt of 1437 tokens, then up to 400 more, with
+    logprobs: Python work on the worker thread per token) while two more requests queue behind it:
+    /health keeps answering within 100 ms."""
+    prompt = big_text(5000)  # 1437 tokens of the shipped model's 2048
+    bodies = [json.dumps({"prompt": prompt, "max_tokens": 400, "temperature": 0.7, "seed": 1, "logprobs": 5}).encode(),
+              json.dumps({"prompt": "def main():", "max_tokens": 200, "temperature": 0}).encode(),
+              json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": prompt[:3000]}],
+                          "max_tokens": 200}).encode()]
+
+    def work():
+        out: list = []
+        threads = [threading.Thread(target=lambda b=b: out.append(post(server, "/v1/completions" if b"prompt" in b
+                                                                        else "/v1/chat/completions", b)))
+                   for b in bodies]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(timeout=300)
+        return out
+
+    t0 = time.perf_counter()
+    latencies, answers = health_latencies_during(server, work)
+    busy_s = time.perf_counter() - t0
+    with capsys.disabled():
+        print(f"\n3 generations answered in {busy_s:.2f} s; {len(latencies)} /health answers meanwhile, "
+              f"max {max(latencies) * 1e3:.1f} ms, median {sorted(latencies)[len(latencies) // 2] * 1e3:.1f} ms")
+    assert sorted(status for status, _ in answers) == [200, 200, 200], answers
+    assert len(latencies) >= 3 + 5
+    assert max(latencies) < HEALTH_BOUND_S, sorted(latencies)[-5:]
+
+
 def send_raw(port: int, head: str, body_chunks=(), read_timeout: float = 60) -> tuple[int, dict]:
     """Sends a request head and body pieces on a raw socket, then reads the whole answer: (status,
     JSON body). A piece the server no longer reads (it answered already) is not an error."""
