@@ -325,6 +325,37 @@ def test_bad_tokenize_requests(plain, path, body, param):
     assert got["error"]["param"] == param
 
 
+@pytest.mark.parametrize(("path", "raw_body", "param"), [
+    # JSON may escape half a surrogate pair; no tokenizer takes it (was a 500).
+    ("/tokenize", b'{"content": "ok \\ud800"}', "content"),
+    ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 1}', "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 1}', "messages"),
+    # A text part whose text is no string (was a 500).
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+     "messages[0].content"),
+    # Template keyword arguments that name the renderer's own (was a 500).
+    ("/v1/chat/completions", (b'{"messages": [{"role": "user", "content": "x"}], '
+                              b'"chat_template_kwargs": {"add_generation_prompt": false}}'), "chat_template_kwargs"),
+    ("/v1/chat/completions", (b'{"messages": [{"role": "user", "content": "x"}], '
+                              b'"chat_template_kwargs": {"messages": []}}'), "chat_template_kwargs"),
+])
+def test_bad_text_is_a_400(plain, path, raw_body, param):
+    status, got = plain.json("POST", path, raw_body)
+    assert_openai_error(status, got, 400)
+    assert got["error"]["param"] == param
+    assert plain.json("GET", "/health") == (200, {"status": "ok"})
+
+
+def test_reserved_template_kwargs_flag_is_refused(capsys):
+    from sharpi.cli import main
+
+    for command in ("serve", "chat"):
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--chat-template-kwargs", '{"messages": [], "enable_thinking": true}'])
+        assert stop.value.code == 2
+        assert "may not set messages" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ /props
 
 

@@ -52,3 +52,12 @@ def _parse(raw: bytes) -> dict:
 async def read_json(request: Request, max_body: int) -> dict:
     """The request body as a JSON object (ApiError 400 when it is not one, 413 when too long)."""
     return await run_in_threadpool(_parse, await read_limited(request, max_body))
+
+
+def require_unicode(text: str, param: str) -> None:
+    """ApiError 400 when `text` is not Unicode text: JSON may escape half of a surrogate pair
+    ("\\ud800") that no tokenizer can take. A copy of the text (about a millisecond a megabyte)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"'{param}' is not valid Unicode: {e.reason} at character {e.start}", param=param) from None

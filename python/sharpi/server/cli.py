@@ -19,7 +19,7 @@ from ..cli_args import (
     sampling_options,
     session_options,
 )
-from .prompt import CHATML_TEMPLATE
+from .prompt import CHATML_TEMPLATE, RESERVED_TEMPLATE_KWARGS
 
 # --max-body's default, 8 MiB (body.DEFAULT_MAX_BODY, which imports Starlette: not at --help time).
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
@@ -33,6 +33,14 @@ def _json_object(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _template_kwargs(text: str) -> dict:
+    value = _json_object(text)
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(value))
+    if reserved:
+        raise argparse.ArgumentTypeError(f"may not set {', '.join(reserved)} (the renderer's own arguments)")
     return value
 
 
@@ -78,7 +86,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="GGUF model file (default: the shipped stdlib-moe model)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
-    p.add_argument("--chat-template-kwargs", type=_json_object, default={}, metavar="JSON",
+    p.add_argument("--chat-template-kwargs", type=_template_kwargs, default={}, metavar="JSON",
                    help="keyword arguments for the template, e.g. '{\"enable_thinking\": false}' "
                         "(serve: a request's chat_template_kwargs go on top)")
     add_compute_arguments(p)

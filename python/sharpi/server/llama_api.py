@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from ..session import Session
+from .body import require_unicode
 from .errors import ApiError
 from .openai_api import OPENAI_SAMPLING_DEFAULTS
 from .served import ServedModel
@@ -59,6 +60,7 @@ async def tokenize(served: ServedModel, body: dict) -> bytes:
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, "'content' must be a string", param="content")
+    require_unicode(content, "content")
     tok = served.engine.tokenizer
     add_special = _flag(body, "add_special", False) and tok.bos_id is not None
     return await run_in_threadpool(_tokenize, tok, content, add_special, _flag(body, "parse_special", True),

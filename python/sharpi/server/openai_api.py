@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from .. import _core
-from .body import read_json
+from .body import read_json, require_unicode
 from .errors import ApiError
 from .logprobs import completion_logprobs
-from .prompt import encode_rendered_chat, render_chat
+from .prompt import RESERVED_TEMPLATE_KWARGS, encode_rendered_chat, render_chat
 from .scheduler import Job
 from .served import ServedModel
 from .stops import stream_until_stop
@@ -128,7 +128,11 @@ def _chat_messages(body: dict) -> list:
             raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is understood
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if not all(isinstance(t, str) for t in texts):
+                raise ApiError(400, f"messages[{i}].content: a text part's 'text' must be a string",
+                               param=f"messages[{i}].content")
+            content = "".join(texts)
         if content is not None and not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
                            param=f"messages[{i}].content")
@@ -142,6 +146,10 @@ def _template_kwargs(body: dict) -> dict:
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(extra))
+    if reserved:
+        raise ApiError(400, f"'chat_template_kwargs' may not set {', '.join(reserved)}",
+                       param="chat_template_kwargs")
     for name in ("tools", "documents"):
         if body.get(name) is not None:
             if not isinstance(body[name], list):
@@ -200,11 +208,13 @@ def _refuse_if_surely_too_long(served: ServedModel, text: str, param: str) -> No
 def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict) -> list:
     tok = served.engine.tokenizer
     text = render_chat(tok, messages, served.chat_template, **template_kwargs)
+    require_unicode(text, "messages")
     _refuse_if_surely_too_long(served, text, "messages")
     return encode_rendered_chat(tok, text)
 
 
 def _completion_prompt_ids(served: ServedModel, prompt: str) -> list:
+    require_unicode(prompt, "prompt")
     _refuse_if_surely_too_long(served, prompt, "prompt")
     return served.engine.tokenizer.encode(prompt)
 

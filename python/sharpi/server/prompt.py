@@ -13,9 +13,14 @@ from ..synthetic_tokenizer import CHAT_TEMPLATE
 CHATML_TEMPLATE = CHAT_TEMPLATE
 
 
-def render_chat(tok, messages: list, template: str | None = None, **template_kwargs) -> str:
+# Names a template keyword argument (--chat-template-kwargs, a request's chat_template_kwargs) may
+# not take: Tokenizer.apply_chat_template's own parameters.
+RESERVED_TEMPLATE_KWARGS = frozenset({"self", "messages", "add_generation_prompt", "template"})
+
+
+def render_chat(tok, messages: list, /, template: str | None = None, **template_kwargs) -> str:
     """The prompt text of chat messages: `template` (default: the model's) rendered with a
-    generation prompt."""
+    generation prompt; template_kwargs may use no name in RESERVED_TEMPLATE_KWARGS."""
     return tok.apply_chat_template(messages, add_generation_prompt=True, template=template, **template_kwargs)
 
 
@@ -26,7 +31,7 @@ def encode_rendered_chat(tok, text: str) -> list:
     return tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
 
 
-def encode_chat(tok, messages: list, template: str | None = None, **template_kwargs) -> list:
+def encode_chat(tok, messages: list, /, template: str | None = None, **template_kwargs) -> list:
     """Prompt ids for chat messages: `template` (default: the model's) rendered with a generation
     prompt, encoded with control tokens as text and no second BOS when the template writes one."""
     return encode_rendered_chat(tok, render_chat(tok, messages, template, **template_kwargs))
