@@ -21,7 +21,7 @@ import openai  # the test extra installs it and the serve extra: a missing one f
 import pytest
 import sharpi
 from sharpi.models import default_model_path
-from sharpi.serve import StopScanner
+from sharpi.server.stops import StopScanner
 from subprocess_env import child_env
 
 N_CTX = 2048

@@ -290,7 +290,7 @@ class Session:
 
     def truncate(self, n_keep: int) -> None:
         """Keep the first n_keep positions and forget the rest, so a prompt that shares them
-        decodes only what follows (sharpi.serve.reuse_prefix). InvalidArgument unless
+        decodes only what follows (sharpi.server.prompt.reuse_prefix). InvalidArgument unless
         0 <= n_keep <= n_past; UnsupportedError for a hybrid arch (qwen3next, qwen35moe) when
         n_keep < n_past: its recurrent state cannot be rewound (reset() and decode again)."""
         self._core.truncate(int(n_keep))
