@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from .. import _core
+from . import agents
 from .body import read_json, require_unicode
 from .errors import ApiError
 from .logprobs import completion_logprobs
@@ -267,12 +268,21 @@ async def complete(request: Request, served: ServedModel, chat: bool):
     engine = served.engine
     try:
         body = await read_body(request, served)
+        chat_plan = None
         if chat:
             messages, kwargs = _chat_messages(body), {**served.template_kwargs, **_template_kwargs(body)}
+            template = served.chat_template or engine.tokenizer.chat_template
+            chat_plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages,
+                                                          bool(body.get("stream")))
             prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs)
         else:
+            for name in ("tools", "tool_choice", "response_format", "grammar"):
+                if body.get(name) is not None:
+                    raise ApiError(400, f"'{name}' is a chat completions parameter", param=name)
             prompt_ids = await run_in_threadpool(_completion_prompt_ids, served, _completion_prompt(body))
         options = sampling_options(body, len(prompt_ids), engine.n_ctx, served.sampling_defaults)
+        if chat_plan is not None and chat_plan.mask is not None:
+            options["logits_processor"] = chat_plan.mask
         stops = _stop_strings(body)
         n_top = _logprob_request(body, chat)
         if not isinstance(body.get("stream", False), bool):
@@ -344,8 +354,11 @@ async def complete(request: Request, served: ServedModel, chat: bool):
     except Exception as e:  # noqa: BLE001
         return error_response(ApiError(500, f"generation failed: {e}"))
     request.state.generation = timings(job)  # for the access log line
-    return JSONResponse({**head, "choices": [choice(text, job.finish_reason, entries)], "usage": usage(job),
-                         "timings": request.state.generation})
+    answer = choice(text, job.finish_reason, entries)
+    if chat:
+        answer["message"], answer["finish_reason"] = agents.message(chat_plan, text, engine.tokenizer, job.tokens,
+                                                                    job.finish_reason)
+    return JSONResponse({**head, "choices": [answer], "usage": usage(job), "timings": request.state.generation})
 
 
 def models(served: ServedModel, created: int) -> dict:

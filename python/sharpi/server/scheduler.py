@@ -40,6 +40,7 @@ class Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.stopped = threading.Event()
         self.n_generated = 0
+        self.tokens: list = []  # the generated ids, set when the job ends
         self.n_reused = 0  # prompt tokens the KV cache already held (not decoded again)
         self.finish_reason = "stop"
         self.error: BaseException | None = None
@@ -152,6 +153,7 @@ class Engine:
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
+            job.tokens = list(s.last_tokens)  # with control tokens: tool-call markers (server.agents)
             # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
             self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
             job.t_end = time.perf_counter()
