@@ -96,3 +96,22 @@ def test_refused_combinations_name_the_parameter(server, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
         client(server).chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=4, **kwargs)
     assert e.value.body["param"] == param, e.value.body
+
+
+THINKING_TEMPLATE = (  # ChatML whose generation prompt opens a think block, as Qwen3's with thinking on
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tpl") / "thinking.jinja"
+    path.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    yield from start_server("--chat-template", str(path))
+
+
+def test_reasoning_content_of_an_open_think_block(thinking_server):
+    """The shipped model never writes </think>: everything it writes is reasoning, none of it content."""
+    r = client(thinking_server).chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=12, seed=1)
+    msg = r.choices[0].message.model_dump()
+    assert msg["reasoning_content"] and not msg["content"], msg
