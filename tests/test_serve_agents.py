@@ -47,6 +47,18 @@ def test_forced_tool_call(server, choice):
         jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+def test_streamed_forced_call_equals_the_whole_one(server):
+    kw = {"model": MODEL_ID, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+          "parallel_tool_calls": False, "max_tokens": 300, "seed": 4, "temperature": 0.7}
+    whole = client(server).chat.completions.create(**kw).choices[0]
+    chunks = list(client(server).chat.completions.create(stream=True, **kw))
+    calls = [tc for ch in chunks for c in ch.choices for tc in (c.delta.tool_calls or [])]
+    assert [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason] == ["tool_calls"]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].id.startswith("call_")
+    assert (calls[0].function.name, json.loads(calls[0].function.arguments)) == (
+        whole.message.tool_calls[0].function.name, json.loads(whole.message.tool_calls[0].function.arguments))
+
+
 def test_auto_lets_the_model_answer_in_text(server):
     r = client(server).chat.completions.create(model=MODEL_ID, messages=MESSAGES, tools=TOOLS, max_tokens=16,
                                                seed=1)
@@ -87,7 +99,6 @@ def test_gbnf_grammar(server):
     ({"tool_choice": "required"}, "tool_choice"),  # no tools
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
-    ({"tools": TOOLS, "stream": True}, "stream"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"extra_body": {"grammar": "root ::= undefined"}}, "grammar"),
     ({"tools": [{"type": "function", "function": {}}]}, "tools"),

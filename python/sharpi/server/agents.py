@@ -7,7 +7,8 @@ compiles the grammar into a GrammarMask (sharpi.constrained) that the job sample
 a Hermes tool prompt when the template cannot render tools itself (sharpi's ChatML fallback).
 message(...) turns the finished text into the OpenAI message: tool_calls (finish_reason
 "tool_calls") parsed in the template's family syntax (sharpi.tool_calls) and reasoning_content
-(sharpi.reasoning).
+(sharpi.reasoning). A streamed request with tools gets its reply in one delta at the end (its
+text, then its calls with their index), since a call is known only once its block is complete.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _hermes_history(messages: list) -> list:
     return out
 
 
-def plan(body: dict, tok, template: str | None, messages: list, stream: bool) -> tuple[ChatPlan, list]:
+def plan(body: dict, tok, template: str | None, messages: list) -> tuple[ChatPlan, list]:
     """The request's ChatPlan and the messages to render (with a tool prompt added where needed)."""
     tools = body.get("tools")
     if tools is not None:
@@ -128,9 +129,6 @@ def plan(body: dict, tok, template: str | None, messages: list, stream: bool) ->
     if len(grammars) > 1:
         raise ApiError(400, f"{' and '.join(n for n, _ in grammars)} cannot be combined (one grammar per reply)",
                        param=grammars[1][0])
-    if tools and choice != "none" and stream:
-        raise ApiError(400, "streamed tool calls are not supported yet; use stream: false with tools",
-                       param="stream")
     mask = None
     if grammars:
         try:

@@ -272,8 +272,7 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         if chat:
             messages, kwargs = _chat_messages(body), {**served.template_kwargs, **_template_kwargs(body)}
             template = served.chat_template or engine.tokenizer.chat_template
-            chat_plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages,
-                                                          bool(body.get("stream")))
+            chat_plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages)
             prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs)
         else:
             for name in ("tools", "tool_choice", "response_format", "grammar"):
@@ -325,13 +324,27 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         async def events():
             if chat:
                 yield event({**chunk_head, "choices": [choice("", None, [], first=True)]})
+            buffered = chat_plan is not None and chat_plan.tools is not None
+            parts = []
             try:
                 async for text, entries in stream_until_stop(engine, job, stops):
-                    yield event({**chunk_head, "choices": [choice(text, None, entries)]})
+                    if buffered:  # a reply that may hold calls is parsed whole (module docstring of agents)
+                        parts.append(text)
+                    else:
+                        yield event({**chunk_head, "choices": [choice(text, None, entries)]})
             except Exception as e:  # noqa: BLE001 - the status line is sent: report in-stream
                 yield event(ApiError(500, f"generation failed: {e}").body())
                 return
-            yield event({**chunk_head, "choices": [choice(None, job.finish_reason, [])]})
+            finish = job.finish_reason
+            if buffered:
+                msg, finish = agents.message(chat_plan, "".join(parts), engine.tokenizer, job.tokens, finish)
+                delta = {k: v for k, v in msg.items() if k in ("content", "reasoning_content") and v}
+                if msg.get("tool_calls"):
+                    delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
+                if delta:
+                    yield event({**chunk_head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                            "finish_reason": None}]})
+            yield event({**chunk_head, "choices": [choice(None, finish, [])]})
             request.state.generation = timings(job)  # for the access log line
             if include_usage:
                 yield event({**chunk_head, "choices": [], "usage": usage(job), "timings": timings(job)})
