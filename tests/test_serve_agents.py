@@ -126,3 +126,12 @@ def test_reasoning_content_of_an_open_think_block(thinking_server):
     r = client(thinking_server).chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=12, seed=1)
     msg = r.choices[0].message.model_dump()
     assert msg["reasoning_content"] and not msg["content"], msg
+
+
+def test_streamed_reasoning_content(thinking_server):
+    kw = {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 12, "seed": 1}
+    whole = client(thinking_server).chat.completions.create(**kw).choices[0].message.model_dump()
+    chunks = list(client(thinking_server).chat.completions.create(stream=True, **kw))
+    deltas = [c.delta.model_dump() for ch in chunks for c in ch.choices]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas).strip() == whole["reasoning_content"]
+    assert not "".join(d.get("content") or "" for d in deltas)

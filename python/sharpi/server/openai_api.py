@@ -325,17 +325,33 @@ async def complete(request: Request, served: ServedModel, chat: bool):
             if chat:
                 yield event({**chunk_head, "choices": [choice("", None, [], first=True)]})
             buffered = chat_plan is not None and chat_plan.tools is not None
+            splitter = None
+            if chat_plan is not None and chat_plan.markers is not None:
+                splitter = agents.reasoning.ReasoningSplitter(chat_plan.markers, chat_plan.start_in_reasoning)
+
+            def reasoning_delta(thought: str, said: str, entries: list) -> dict:
+                out = choice(said, None, entries)
+                out["delta"] = {**({"reasoning_content": thought} if thought else {}),
+                                **({"content": said} if said else {})}
+                return out
             parts = []
             try:
                 async for text, entries in stream_until_stop(engine, job, stops):
                     if buffered:  # a reply that may hold calls is parsed whole (module docstring of agents)
                         parts.append(text)
+                    elif splitter is not None:
+                        thought, said = splitter.push(text)
+                        yield event({**chunk_head, "choices": [reasoning_delta(thought, said, entries)]})
                     else:
                         yield event({**chunk_head, "choices": [choice(text, None, entries)]})
             except Exception as e:  # noqa: BLE001 - the status line is sent: report in-stream
                 yield event(ApiError(500, f"generation failed: {e}").body())
                 return
             finish = job.finish_reason
+            if splitter is not None and not buffered:
+                thought, said = splitter.flush()
+                if thought or said:
+                    yield event({**chunk_head, "choices": [reasoning_delta(thought, said, [])]})
             if buffered:
                 msg, finish = agents.message(chat_plan, "".join(parts), engine.tokenizer, job.tokens, finish)
                 delta = {k: v for k, v in msg.items() if k in ("content", "reasoning_content") and v}
