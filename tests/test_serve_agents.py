@@ -135,3 +135,12 @@ def test_streamed_reasoning_content(thinking_server):
     deltas = [c.delta.model_dump() for ch in chunks for c in ch.choices]
     assert "".join(d.get("reasoning_content") or "" for d in deltas).strip() == whole["reasoning_content"]
     assert not "".join(d.get("content") or "" for d in deltas)
+
+
+def test_reasoning_format_none_keeps_it_in_the_content(tmp_path):
+    path = tmp_path / "thinking.jinja"
+    path.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    for port in start_server("--chat-template", str(path), "--reasoning-format", "none"):
+        msg = client(port).chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=12,
+                                                   seed=1).choices[0].message
+        assert msg.content and not (msg.model_extra or {}).get("reasoning_content")

@@ -122,6 +122,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--port", type=positive_int("--port"), default=8080, help="port (default: 8080)")
     p.add_argument("--alias", default=None, metavar="NAME",
                    help="model name the API reports and accepts (default: the file name)")
+    p.add_argument("--reasoning-format", choices=("deepseek", "none"), default="deepseek",
+                   help="deepseek: <think> blocks and gpt-oss's analysis channel come back as reasoning_content; "
+                   "none: left in the content (llama-server's flag; default: deepseek)")
     p.add_argument("--max-body", type=byte_size, default=DEFAULT_MAX_BODY, metavar="SIZE",
                    help="largest request body taken, e.g. 8MiB; a longer one gets 413 (default: 8MiB)")
     p.add_argument("--api-key", type=api_keys, default=None, metavar="KEY[,KEY...]",
@@ -156,6 +159,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         model_id = args.alias or os.path.basename(args.model)
         served = ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs,
                              sampling_defaults=sampling_options(args), max_body=args.max_body,
+                             reasoning_format=args.reasoning_format,
                              max_token_bytes=max_token_bytes(session.tokenizer))
         app = create_app(served, log=err, api_keys=args.api_key, cors_origins=args.cors_origin)
         err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")

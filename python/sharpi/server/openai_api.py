@@ -280,6 +280,8 @@ async def complete(request: Request, served: ServedModel, chat: bool):
                     raise ApiError(400, f"'{name}' is a chat completions parameter", param=name)
             prompt_ids = await run_in_threadpool(_completion_prompt_ids, served, _completion_prompt(body))
         options = sampling_options(body, len(prompt_ids), engine.n_ctx, served.sampling_defaults)
+        if chat_plan is not None and served.reasoning_format == "none":
+            chat_plan.markers = None
         if chat_plan is not None and chat_plan.markers is not None:  # a prompt that opened a think block
             chat_plan.start_in_reasoning = agents.reasoning.starts_in_reasoning(
                 engine.tokenizer.decode(prompt_ids[-16:]), chat_plan.markers)

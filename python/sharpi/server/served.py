@@ -23,6 +23,8 @@ class ServedModel:
     # cli_args.sampling_options); empty: OpenAI's defaults (openai_api.OPENAI_SAMPLING_DEFAULTS).
     sampling_defaults: dict = field(default_factory=dict)
     max_body: int = DEFAULT_MAX_BODY  # bytes of a request body (--max-body)
+    # --reasoning-format: "deepseek" splits reasoning into reasoning_content, "none" leaves it in the content.
+    reasoning_format: str = "deepseek"
     # prompt.max_token_bytes of the tokenizer: a prompt text longer than n_ctx tokens can be is
     # refused untokenized; None: always tokenized.
     max_token_bytes: int | None = None
