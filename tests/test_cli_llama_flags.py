@@ -18,7 +18,7 @@ import sharpi
 from sharpi import cli
 from sharpi.cli_args import sampling_options
 from sharpi.models import default_model_path
-from sharpi.serve import encode_chat
+from sharpi.server.prompt import encode_chat
 
 TIMING = re.compile(r"^sharpi: prompt (\d+) tokens, generated (\d+) tokens", re.MULTILINE)
 PROMPT_IDS = re.compile(r"^sharpi: prompt \d+ tokens: ([\d ]*)$", re.MULTILINE)

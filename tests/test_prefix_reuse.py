@@ -1,5 +1,5 @@
 """Prompt-prefix reuse (issue 20): Session.truncate() cuts the KV cache back to a prefix, and
-sharpi.serve.reuse_prefix() keeps the longest prefix a new prompt shares with what the cache holds.
+sharpi.server.prompt.reuse_prefix() keeps the longest prefix a new prompt shares with what the cache holds.
 
 Oracle: a fresh session decoding the whole new prompt. Decoding only the rest after a reused prefix
 must give the same logits bit for bit, for plain attention (qwen3moe, llama, the shipped model),
@@ -15,7 +15,7 @@ import pytest
 import sharpi
 from sharpi.make_model import write_model
 from sharpi.models import default_model_path
-from sharpi.serve import reuse_prefix
+from sharpi.server.prompt import reuse_prefix
 
 N_CTX = 256
 PLAIN = ("qwen3moe", "llama", "deepseek2")

@@ -1,5 +1,5 @@
 """The page `sharpi serve` answers at / and the live expert-cache view behind it (GET
-/v1/sharpi/stats, sharpi.serve_live), issue 20.
+/v1/sharpi/stats, sharpi.server.live), issue 20.
 
 Oracles: for the view's arithmetic, counters written out here with the rates worked by hand; for a
 served request, an in-process Session with the same RAM budget and reader decoding the same prompt
@@ -24,7 +24,7 @@ import sharpi
 from browser_policy import CHROMEDRIVER, CHROMIUM, chromium_or_skip
 from ci_policy import prerequisite_missing
 from sharpi.models import default_model_path
-from sharpi.serve_live import LiveStats
+from sharpi.server.live import LiveStats
 from subprocess_env import child_env
 from test_serve import MODEL_ID, N_CTX, chatml_ids, client, expected, raw, start_server
 

@@ -1,8 +1,8 @@
 """`sharpi chat`: multi-turn chat in the terminal with the model's chat template.
 
 What it owns: the conversation (a list of messages) and the loop that reads a line, renders the
-whole conversation with the template (sharpi.serve.encode_chat), decodes only what the KV cache
-does not hold yet (sharpi.serve.reuse_prefix) and streams the answer. `/reset` forgets the
+whole conversation with the template (sharpi.server.prompt.encode_chat), decodes only what the KV cache
+does not hold yet (sharpi.server.prompt.reuse_prefix) and streams the answer. `/reset` forgets the
 conversation; Ctrl-C during an answer stops it and the conversation goes on with the partial
 answer, exactly the text on the screen; Ctrl-C or Ctrl-D at the prompt quits. It runs on the main
 thread only.
@@ -23,7 +23,7 @@ except ImportError:  # not POSIX
     termios = None
 
 from .cli_args import Refused, add_llama_compat_arguments, add_sampling_arguments
-from .serve import add_model_arguments
+from .server.cli import add_model_arguments
 
 HELP_LINE = "sharpi chat: /reset forgets the conversation, Ctrl-C stops an answer, Ctrl-D quits"
 
@@ -105,7 +105,8 @@ def add_chat_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_chat(args, inp: TextIO, out: TextIO) -> int:
     from . import CancelledError
-    from .serve import encode_chat, load_model, reuse_prefix
+    from .server.cli import load_model
+    from .server.prompt import encode_chat, reuse_prefix
 
     session, template = load_model(args)
     tok = session.tokenizer

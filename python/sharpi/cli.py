@@ -1,5 +1,5 @@
 """The `sharpi` command: run, inspect and make-model here; bench, trace, predictor, serve and chat
-registered from their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli, sharpi.serve,
+registered from their own modules (sharpi.bench, sharpi.harvest, sharpi.predict.cli, sharpi.server,
 sharpi.chat).
 
 What it owns: argument parsing, streaming generated text to stdout, the timing line on stderr,
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cache_eval
 
     cache_eval.add_parsers(sub)
-    from .serve import add_serve_parser
+    from .server.cli import add_serve_parser
 
     add_serve_parser(sub)
     from .chat import add_chat_parser
@@ -349,7 +349,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     if auto_budget is not None:
         print(f"sharpi: {auto_budget.describe()}", file=err)
     if args.chat or args.system_prompt is not None or template is not None:
-        from .serve import encode_chat
+        from .server.prompt import encode_chat
 
         messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
         messages.append({"role": "user", "content": prompt})
@@ -499,7 +499,7 @@ def cmd_cache_eval(args, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_serve(args, out: TextIO, err: TextIO) -> int:
-    from .serve import cmd_serve as serve
+    from .server.cli import cmd_serve as serve
 
     return serve(args, out, err)
 

@@ -276,12 +276,13 @@ def add_sampling_arguments(p: argparse.ArgumentParser, n_predict_default: int) -
                    help=f"tokens to generate (default: {n_predict_default}; -1 = until an end-of-generation "
                    "token or a full context, as llama.cpp's -1 and -2)")
     p.add_argument("--temp", type=float, default=0.8, metavar="T",
-                   help="temperature, 0 = greedy (default: 0.8)")
-    p.add_argument("--top-k", type=int, default=40, metavar="K", help="top-k, <= 0 = off (default: 40)")
-    p.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p, 1 = off (default: 0.95)")
-    p.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p, 0 = off (default: 0.05)")
+                   help="temperature, 0 = greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40, metavar="K",
+                   help="top-k, <= 0 = off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p, 1 = off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p, 0 = off (default: %(default)s)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
-                   help="repetition penalty, 1 = off (default: 1.0)")
+                   help="repetition penalty, 1 = off (default: %(default)s)")
     p.add_argument("--repeat-last-n", type=int_at_least("--repeat-last-n", -1), default=None, metavar="N",
                    help="tokens the penalties look back over, prompt included (default: 64; -1 = all, 0 = no "
                    "penalties)")

@@ -290,7 +290,7 @@ class Session:
 
     def truncate(self, n_keep: int) -> None:
         """Keep the first n_keep positions and forget the rest, so a prompt that shares them
-        decodes only what follows (sharpi.serve.reuse_prefix). InvalidArgument unless
+        decodes only what follows (sharpi.server.prompt.reuse_prefix). InvalidArgument unless
         0 <= n_keep <= n_past; UnsupportedError for a hybrid arch (qwen3next, qwen35moe) when
         n_keep < n_past: its recurrent state cannot be rewound (reset() and decode again)."""
         self._core.truncate(int(n_keep))
@@ -381,6 +381,7 @@ class Session:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logit_bias: Optional[Mapping[int, float]] = None,
+        logits_processor: Optional[Callable[[list, np.ndarray], np.ndarray]] = None,
     ) -> Iterator[str]:
         """Decode `prompt` after what the session already holds and stream sampled text.
 
@@ -398,6 +399,12 @@ class Session:
         [-100, 100] added to its logit; -100 (or -inf) bans the token (logit -inf), as OpenAI
         documents. The order is llama.cpp's: bias, then repeat_penalty, then presence and frequency,
         all in float32 on a copy of the logits; with all three off, sampling is the C++ sampler's alone.
+
+        logits_processor(generated_ids, logits) -> logits: called before each sample with the ids
+        generated so far (a list that grows by the sampled id between calls) and the step's logits,
+        before the bias and penalties; it returns the logits to sample from and must not change
+        its argument (on_token sees the model's own). A constrained-decoding mask
+        (sharpi.constrained.GrammarMask) sets disallowed tokens to -inf here.
         """
         if max_tokens < -1:
             raise _core.InvalidArgument(f"max_tokens must be >= 0, or -1 for no limit, got {max_tokens}")
@@ -434,7 +441,8 @@ class Session:
         t1 = time.perf_counter()
         try:
             while max_tokens < 0 or len(generated) < max_tokens:
-                token = sample(logits, recent[-repeat_last_n:] if repeat_last_n > 0 else recent)
+                shaped = logits if logits_processor is None else logits_processor(generated, logits)
+                token = sample(shaped, recent[-repeat_last_n:] if repeat_last_n > 0 else recent)
                 if t_first is None:
                     t_first = time.perf_counter() - t0
                 if stop_at_eos and token in stop_ids:

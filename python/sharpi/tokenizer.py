@@ -796,7 +796,9 @@ class Tokenizer:
         if self._spm is None:
             if text:
                 hf = self._hf_special if special else self._hf_plain
-                out.extend(hf.encode(text, add_special_tokens=False).ids)
+                # encode_batch, not encode: it releases the GIL while it works (encode holds it, a
+                # megabyte of text stalls every other thread for seconds); the same ids.
+                out.extend(hf.encode_batch([text], add_special_tokens=False)[0].ids)
         else:
             self._encode_spm(text, special, out)
         if add_eos:

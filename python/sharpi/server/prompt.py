@@ -1,0 +1,81 @@
+"""What a Session is given for a request: chat messages rendered with a chat template into prompt
+ids (encode_chat, or render_chat then encode_rendered_chat), a lower bound on a text's token count
+without tokenizing it (max_token_bytes), and how much of a prompt the KV cache already holds
+(reuse_prefix). Used by the server and by `sharpi chat`; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+from ..synthetic_tokenizer import CHAT_TEMPLATE
+
+# The template used when the model ships none (the shipped stdlib-moe is a code model): ChatML, as
+# llama.cpp's server falls back to; the synthetic models' template is exactly that.
+CHATML_TEMPLATE = CHAT_TEMPLATE
+
+
+# Names a template keyword argument (--chat-template-kwargs, a request's chat_template_kwargs) may
+# not take: Tokenizer.apply_chat_template's own parameters.
+RESERVED_TEMPLATE_KWARGS = frozenset({"self", "messages", "add_generation_prompt", "template"})
+
+
+def render_chat(tok, messages: list, /, template: str | None = None, **template_kwargs) -> str:
+    """The prompt text of chat messages: `template` (default: the model's) rendered with a
+    generation prompt; template_kwargs may use no name in RESERVED_TEMPLATE_KWARGS."""
+    return tok.apply_chat_template(messages, add_generation_prompt=True, template=template, **template_kwargs)
+
+
+def encode_rendered_chat(tok, text: str) -> list:
+    """Prompt ids of render_chat's text: control tokens encoded as text and no second BOS when
+    the template writes one."""
+    starts_with_bos = tok.bos_id is not None and text.startswith(tok.id_to_token(tok.bos_id))
+    return tok.encode(text, add_bos=False if starts_with_bos else None, special=True)
+
+
+def encode_chat(tok, messages: list, /, template: str | None = None, **template_kwargs) -> list:
+    """Prompt ids for chat messages: `template` (default: the model's) rendered with a generation
+    prompt, encoded with control tokens as text and no second BOS when the template writes one."""
+    return encode_rendered_chat(tok, render_chat(tok, messages, template, **template_kwargs))
+
+
+def max_token_bytes(tok) -> int | None:
+    """The most bytes of text one token of `tok` can stand for (its piece as text, or its bytes,
+    whichever is longer), so a text of B bytes is at least B / max_token_bytes tokens; None where no
+    such bound holds: a SentencePiece vocabulary without byte tokens makes one <unk> of a whole run
+    of unknown text. One pass over the vocabulary (a fraction of a second for 150 k tokens)."""
+    from ..tokenizer import TOKEN_BYTE
+
+    n_vocab = tok.n_vocab
+    if tok.model != "gpt2" and not any(tok.token_type(i) == TOKEN_BYTE for i in range(n_vocab)):
+        return None
+    return max(max(len(tok.token_to_bytes(i)), len(tok.id_to_token(i).encode("utf-8"))) for i in range(n_vocab))
+
+
+def reuse_prefix(session, held: list, ids: list) -> int:
+    """Readies `session`, whose KV cache holds `held` (ids in order), to decode the prompt `ids`,
+    and returns how many leading ids it kept: the common prefix of both (the next turn of a chat
+    extends `held`; an edited or regenerated one diverges from it), less the prompt's last id,
+    which is decoded again for the logits that pick the first answer token. The cache is cut back
+    to that prefix (Session.truncate), or cleared when nothing is shared. Decoding only the rest
+    gives a cold run's logits bit for bit, since a prefill computes each position from the cached
+    rows exactly as token-by-token decoding does.
+
+    Hybrid archs (qwen3next, qwen35moe) keep a recurrent DeltaNet state that has absorbed every
+    held position and cannot be rewound: there only a prompt that extends `held` keeps it, and
+    any other starts over (truncate raises UnsupportedError, caught here)."""
+    from .. import _core
+
+    n = 0
+    for a, b in zip(held, ids[:-1]):
+        if a != b:
+            break
+        n += 1
+    if n == 0:
+        session.reset()
+        return 0
+    try:
+        session.truncate(n)
+    except _core.UnsupportedError:
+        session.reset()
+        return 0
+    return n
+

@@ -1,0 +1,435 @@
+"""Tool calls in the text a chat model emits: parsing them into OpenAI `tool_calls`, and the grammar
+that forces a call when a request says `tool_choice: "required"` or names a function.
+
+Each template family writes calls its own way; the family is recognised from the chat template's
+text (detect_family), since the template is what taught the model the syntax:
+
+- "hermes" (Qwen2.5/Qwen3/Qwen3.5, Hermes, and sharpi's ChatML fallback, whose tool prompt asks for
+  it): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call.
+- "qwen3_xml" (Qwen3.5, Qwen3-Coder): the same <tool_call> blocks around XML,
+  `<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>`; a value is its text
+  for a string parameter, JSON otherwise (the template writes mappings and lists with tojson).
+- "deepseek" (DeepSeek-V3/R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+  \\n```json\\nARGS\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1 drops the "function" type and
+  the fence: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
+- "llama3" (Llama 3.1-3.3 JSON tool calling): the whole reply is `{"name": ..., "parameters": {...}}`,
+  optionally after `<|python_tag|>`.
+- "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the v11 tokenizer's
+  `[TOOL_CALLS]NAME[ARGS]{...}` per call (Devstral: `NAME[CALL_ID]ID[ARGS]{...}`).
+- "harmony" (gpt-oss): a commentary-channel message addressed to the function,
+  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>` (the header's
+  parts in either order, as the model and the template write them).
+
+The text given to parse_tool_calls must keep control tokens (decode with skip_special=False): the
+DeepSeek and Mistral markers are control tokens that a plain decode drops. A block that does not
+parse as a call stays in the content, as llama-server leaves it, rather than being lost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+
+from ._core import InvalidArgument
+
+FAMILIES = ("hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony")
+
+_DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+_DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_LLAMA_PYTHON_TAG = "<|python_tag|>"
+
+
+def detect_family(template: str | None) -> str:
+    """The tool-call syntax a chat template teaches; "hermes" for no template (sharpi's ChatML
+    fallback) and for templates that show none of the others' markers."""
+    if not template:
+        return "hermes"
+    if "tool▁calls▁begin" in template:
+        return "deepseek"
+    if "<|channel|>" in template and "<|call|>" in template:
+        return "harmony"
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_xml"
+    if _MISTRAL_CALLS in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    if _LLAMA_PYTHON_TAG in template or ("<|start_header_id|>" in template and "parameters" in template):
+        return "llama3"
+    return "hermes"
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass
+class ParsedReply:
+    """A reply split into its text and its calls ({"id", "type": "function", "function": {"name",
+    "arguments": a JSON string}}), in the order the model wrote them."""
+
+    content: str
+    tool_calls: list = field(default_factory=list)
+
+
+def _call(name, arguments) -> dict | None:
+    """An OpenAI tool call, or None when name/arguments are not a call (arguments: an object, or a
+    string holding one, as some models write)."""
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return None
+    return {"id": new_call_id(), "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _call_from_object(obj, args_keys=("arguments", "parameters")) -> dict | None:
+    if not isinstance(obj, dict):
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), None)
+    return _call(obj.get("name"), args)
+
+
+def _parse_hermes(text: str) -> ParsedReply:
+    content, calls, pos = [], [], 0
+    while True:
+        start = text.find("<tool_call>", pos)
+        if start < 0:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:start])
+        end = text.find("</tool_call>", start)
+        body_end = len(text) if end < 0 else end  # an unclosed last block: the model stopped at EOS
+        after = len(text) if end < 0 else end + len("</tool_call>")
+        try:
+            call = _call_from_object(json.loads(text[start + len("<tool_call>"):body_end]))
+        except ValueError:
+            call = None
+        if call is None:
+            content.append(text[start:after])
+        else:
+            calls.append(call)
+        pos = after
+    return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+
+_XML_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _xml_value(text: str, schema) -> object:
+    """A parameter's value: its text where the schema says string (or gives no type and the text
+    is not JSON), else the JSON it spells."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
+    params_of = {}
+    for tool in tools or []:
+        fn = tool.get("function", {}) if isinstance(tool, dict) else {}
+        props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
+        params_of[fn.get("name")] = props if isinstance(props, dict) else {}
+    content, calls, pos = [], [], 0
+    while True:
+        start = text.find("<tool_call>", pos)
+        if start < 0:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:start])
+        end = text.find("</tool_call>", start)
+        body_end = len(text) if end < 0 else end
+        after = len(text) if end < 0 else end + len("</tool_call>")
+        m = _XML_FUNCTION.match(text[start + len("<tool_call>"):body_end])
+        call = None
+        if m:
+            name = m.group(1).strip()
+            props = params_of.get(name, {})
+            args = {k.strip(): _xml_value(v, props.get(k.strip())) for k, v in _XML_PARAMETER.findall(m.group(2))}
+            call = _call(name, args)
+        if call is None:
+            content.append(text[start:after])
+        else:
+            calls.append(call)
+        pos = after
+    return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+
+_HARMONY_CALL = re.compile(
+    r"(?:<\|start\|>assistant)?(?:<\|channel\|>commentary\s*)?\s*to=functions\.([^\s<]+)\s*"
+    r"(?:<\|channel\|>commentary\s*)?(?:<\|constrain\|>)?\s*(?:json)?\s*<\|message\|>(.*?)(?:<\|call\|>|\Z)",
+    re.DOTALL)
+
+
+def _parse_harmony(text: str) -> ParsedReply:
+    calls, content, pos = [], [], 0
+    for m in _HARMONY_CALL.finditer(text):
+        call = _call(m.group(1), m.group(2).strip())
+        if call is None:
+            continue
+        content.append(text[pos:m.start()])
+        calls.append(call)
+        pos = m.end()
+    content.append(text[pos:])
+    return ParsedReply("".join(content).strip() if calls else text, calls)
+
+
+_FENCED_JSON = re.compile(r"\A\s*```(?:json)?\s*\n(.*?)\n?\s*```\s*\Z", re.DOTALL)
+
+
+def _parse_deepseek(text: str) -> ParsedReply:
+    begin = text.find(_DS_CALLS_BEGIN)
+    first_call = text.find(_DS_CALL_BEGIN)
+    if begin < 0 and first_call < 0:
+        return ParsedReply(text)
+    cut = begin if begin >= 0 else first_call
+    end = text.find(_DS_CALLS_END, cut)
+    section = text[cut:] if end < 0 else text[cut:end]
+    tail = "" if end < 0 else text[end + len(_DS_CALLS_END):]
+    calls = []
+    for chunk in section.split(_DS_CALL_BEGIN)[1:]:
+        body = chunk.split(_DS_CALL_END)[0]
+        if _DS_SEP not in body:
+            return ParsedReply(text)
+        left, right = body.split(_DS_SEP, 1)
+        if left.strip() == "function" and "\n" in right:  # V3 / R1: type, then name and fenced JSON
+            name, args = right.split("\n", 1)
+            fenced = _FENCED_JSON.match(args)
+            args = fenced.group(1) if fenced else args
+        else:  # V3.1: name, then the bare JSON
+            name, args = left, right
+        call = _call(name.strip(), args.strip())
+        if call is None:
+            return ParsedReply(text)
+        calls.append(call)
+    if not calls:
+        return ParsedReply(text)
+    tail = tail.replace("<｜end▁of▁sentence｜>", "")
+    return ParsedReply((text[:cut] + tail).strip(), calls)
+
+
+def _parse_llama3(text: str) -> ParsedReply:
+    body = text.strip()
+    if body.startswith(_LLAMA_PYTHON_TAG):
+        body = body[len(_LLAMA_PYTHON_TAG):].strip()
+    for suffix in ("<|eom_id|>", "<|eot_id|>"):
+        body = body.removesuffix(suffix).strip()
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return ParsedReply(text)
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = [_call_from_object(o, ("parameters", "arguments")) for o in objs]
+    if not calls or any(c is None for c in calls):
+        return ParsedReply(text)
+    return ParsedReply("", calls)
+
+
+def _parse_mistral(text: str) -> ParsedReply:
+    cut = text.find(_MISTRAL_CALLS)
+    if cut < 0:
+        return ParsedReply(text)
+    rest = text[cut + len(_MISTRAL_CALLS):].strip()
+    decoder = json.JSONDecoder()
+    calls = []
+    if rest.startswith("["):  # v3: a JSON array of calls
+        try:
+            arr, end = decoder.raw_decode(rest)
+        except ValueError:
+            return ParsedReply(text)
+        if not isinstance(arr, list):
+            return ParsedReply(text)
+        calls = [_call_from_object(o) for o in arr]
+        rest = rest[end:]
+    else:  # v11: NAME[ARGS]{...}, repeated, each after its own [TOOL_CALLS]
+        while rest:
+            name, sep, after = rest.partition(_MISTRAL_ARGS)
+            if not sep:
+                return ParsedReply(text)
+            name = name.split(_MISTRAL_CALL_ID)[0]  # Devstral: NAME[CALL_ID]ID[ARGS]{...}
+            try:
+                args, end = decoder.raw_decode(after.lstrip())
+            except ValueError:
+                return ParsedReply(text)
+            calls.append(_call(name.strip(), args))
+            rest = after.lstrip()[end:].strip()
+            if rest.startswith(_MISTRAL_CALLS):
+                rest = rest[len(_MISTRAL_CALLS):].strip()
+            else:
+                break
+    if not calls or any(c is None for c in calls):
+        return ParsedReply(text)
+    rest = rest.replace("</s>", "").strip()
+    return ParsedReply((text[:cut] + rest).strip(), calls)
+
+
+_PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "deepseek": _parse_deepseek,
+            "llama3": _parse_llama3, "mistral": _parse_mistral, "harmony": _parse_harmony}
+
+
+def parse_tool_calls(text: str, family: str, tools: list | None = None) -> ParsedReply:
+    """The content and tool calls of a reply written in `family`'s syntax (see the module docstring).
+    tools (the request's): the parameter types qwen3_xml's values are read with."""
+    if family not in _PARSERS:
+        raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
+    if family == "qwen3_xml":
+        return _parse_qwen3_xml(text, tools)
+    return _PARSERS[family](text)
+
+
+# -- forcing a call -----------------------------------------------------------------------------
+
+def tool_function(tool) -> dict:
+    """The `function` of an OpenAI tool ({"type": "function", "function": {"name", "parameters"}}),
+    checked: InvalidArgument naming what is wrong."""
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise InvalidArgument("each tool must be {'type': 'function', 'function': {...}}")
+    fn = tool.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise InvalidArgument("each tool's 'function' must have a non-empty 'name'")
+    params = fn.get("parameters", {"type": "object"})
+    if not isinstance(params, dict):
+        raise InvalidArgument(f"tool {fn['name']!r}: 'parameters' must be a JSON schema object")
+    return {**fn, "parameters": params}
+
+
+def _lark_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _closed(schema):
+    """The schema with "additionalProperties": false on every object schema that lists its
+    properties and says nothing about others: a function takes the parameters it declares, and an
+    open object would let a forced call go on inventing keys until max_tokens."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("enum", "const", "default", "examples") else _closed(v)) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def _args_schema(fn: dict) -> dict:
+    params = _closed(fn["parameters"])
+    params.setdefault("type", "object")
+    return params
+
+
+def _compact(schema: dict) -> dict:
+    # Compact separators: a model that does not know the syntax (the shipped one) would otherwise
+    # fill the allowed whitespace forever.
+    return {**schema, "x-guidance": {"whitespace_flexible": False}}
+
+
+def _xml_value_rule(schema) -> str:
+    """The Lark rule of a qwen3_xml parameter value: text for a string (its enum, its pattern, or
+    any text without a tag, within its length bounds), JSON matching the schema otherwise."""
+    schema = schema if isinstance(schema, dict) else {}
+    if schema.get("type") != "string":
+        return f"%json {json.dumps(_compact(schema))}"
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return " | ".join(_lark_literal(str(v)) for v in schema["enum"])
+    if isinstance(schema.get("pattern"), str):
+        return "/" + schema["pattern"].removeprefix("^").removesuffix("$").replace("/", "\\/") + "/"
+    lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+    return f"/[^<]{{{lo},{'' if hi is None else int(hi)}}}/"
+
+
+def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: bool = True) -> str:
+    """A Lark grammar (llguidance's dialect, with %json) for one call (or, parallel=True, one or
+    more) in `family`'s syntax, of the given tools (the OpenAI tool objects), each call's arguments
+    matching its function's parameters schema (objects closed: see _closed). marker(text) spells a fixed marker in the grammar: a quoted
+    literal by default; constrained.marker_spelling gives the special-token form where the marker
+    is one control token of the vocabulary."""
+    fns = [tool_function(t) for t in tools]
+    if not fns:
+        raise InvalidArgument("a forced tool call needs at least one tool")
+    if family not in _PARSERS:
+        raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
+    args_key = "parameters" if family == "llama3" else "arguments"
+    more = ' ("\\n" call)*' if parallel else ""
+
+    def call_object(fn: dict) -> dict:
+        return {"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: _args_schema(fn)},
+                "required": ["name", args_key], "additionalProperties": False}
+
+    rules = []
+    if family in ("hermes", "llama3", "mistral"):
+        one = {"anyOf": [call_object(fn) for fn in fns]} if len(fns) > 1 else call_object(fns[0])
+        if family == "hermes":
+            rules.append(f"start: call{more}\ncall: {marker('<tool_call>')} \"\\n\" obj \"\\n\" "
+                         f"{marker('</tool_call>')}")
+            rules.append(f"obj: %json {json.dumps(_compact(one))}")
+        elif family == "llama3":
+            rules.append("start: obj")
+            rules.append(f"obj: %json {json.dumps(_compact(one))}")
+        else:
+            array = {"type": "array", "items": one, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+            rules.append(f"start: {marker(_MISTRAL_CALLS)} arr")
+            rules.append(f"arr: %json {json.dumps(_compact(array))}")
+    elif family == "qwen3_xml":
+        names = []
+        for i, fn in enumerate(fns):
+            params = _args_schema(fn)
+            props = params.get("properties") or {}
+            required = set(params.get("required") or [])
+            parts = []
+            for k, (key, schema) in enumerate(props.items()):
+                rules.append(f"p{i}_{k}: \"<parameter={key}>\\n\" v{i}_{k} \"\\n</parameter>\\n\"")
+                rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
+                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            body = " ".join(parts)
+            rules.append(f"call{i}: {marker('<tool_call>')} {_lark_literal(chr(10) + '<function=' + fn['name'] + '>' + chr(10))} "
+                         f"{body} \"</function>\\n\" {marker('</tool_call>')}")
+            names.append(f"call{i}")
+        rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
+    elif family == "harmony":
+        names = []
+        for i, fn in enumerate(fns):
+            rules.append(f"call{i}: {marker('<|channel|>')} {_lark_literal('commentary to=functions.' + fn['name'] + ' ')} "
+                         f"{marker('<|constrain|>')} \"json\" {marker('<|message|>')} args{i} {marker('<|call|>')}")
+            rules.append(f"args{i}: %json {json.dumps(_compact(_args_schema(fn)))}")
+            names.append(f"call{i}")
+        rules.insert(0, f"start: call\ncall: {' | '.join(names)}")
+    else:  # deepseek (V3 / R1 spelling, which the V3 and R1 templates render)
+        names = []
+        for i, fn in enumerate(fns):
+            rules.append(f"call{i}: {marker(_DS_CALL_BEGIN)} \"function\" {marker(_DS_SEP)} "
+                         f"{_lark_literal(fn['name'] + chr(10) + '```json' + chr(10))} args{i} "
+                         f"\"\\n```\" {marker(_DS_CALL_END)}")
+            rules.append(f"args{i}: %json {json.dumps(_compact(_args_schema(fn)))}")
+            names.append(f"call{i}")
+        rules.insert(0, f"start: {marker(_DS_CALLS_BEGIN)} call{more} {marker(_DS_CALLS_END)}\n"
+                        f"call: {' | '.join(names)}")
+    return "\n".join(rules) + "\n"
+
+
+def hermes_tools_prompt(tools: list) -> str:
+    """The system text that teaches a template without tool support (sharpi's ChatML fallback) the
+    Hermes syntax, in the words Qwen2.5's and Qwen3's templates use."""
+    lines = ["# Tools", "", "You may call one or more functions to assist with the user query.", "",
+             "You are provided with function signatures within <tools></tools> XML tags:", "<tools>"]
+    lines += [json.dumps(t, ensure_ascii=False) for t in tools]
+    lines += ["</tools>", "",
+              ("For each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:"),
+              "<tool_call>", '{"name": <function-name>, "arguments": <args-json-object>}', "</tool_call>"]
+    return "\n".join(lines)

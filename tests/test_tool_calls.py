@@ -1,0 +1,196 @@
+"""sharpi.tool_calls: the text each template family makes a model emit, parsed back into OpenAI calls.
+
+Two oracles: hand-written replies in each family's syntax with the calls they hold written out by
+hand; and, where llama.cpp's template fixtures are available (tools/fetch_converter.sh, as
+test_chat_templates.py uses them), each real template rendering an assistant turn with known
+tool_calls: what the template writes after its generation prompt is exactly what a model trained on
+it emits, and parsing it must give those calls back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sharpi
+from reference import hf_export
+from sharpi import InvalidArgument
+from sharpi.models import default_model_path
+from sharpi.tool_calls import FAMILIES, detect_family, parse_tool_calls, tool_call_grammar
+
+
+def calls_of(reply) -> list:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.tool_calls]
+
+
+HAND_WRITTEN = [
+    # (family, reply text, content, calls)
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
+     "", [("get_weather", {"city": "Zürich"})]),
+    ("hermes", ('Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>'),
+     "Let me check.", [("a", {"x": 1}), ("b", {})]),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": "{\\"x\\": [1, 2]}"}\n</tool_call>',  # arguments as a string
+     "", [("a", {"x": [1, 2]})]),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}', "", [("a", {"x": 1})]),  # cut at EOS
+    ("qwen3_xml", ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+                  "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
+     "", [("get_weather", {"city": "San Francisco", "days": 3})]),
+    ("deepseek", ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                 '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
+                 '```json\n{"tz": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'),
+     "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]),
+    ("deepseek", ("Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}"
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),  # V3.1
+     "Sure.", [("get_weather", {"city": "Oslo"})]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Rome"}}', "", [("get_weather", {"city": "Rome"})]),
+    ("llama3", '<|python_tag|>{"name": "f", "parameters": {}}<|eom_id|>', "", [("f", {})]),
+    ("mistral", ('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}, "id": "abcdefghi"}, '
+                '{"name": "g", "arguments": {"b": "x"}}]</s>'), "", [("f", {"a": 1}), ("g", {"b": "x"})]),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{"b": [true]}', "", [("f", {"a": 1}), ("g", {"b": [True]})]),
+    ("harmony", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Lima"}<|call|>',
+     "", [("get_weather", {"city": "Lima"})]),
+]
+
+
+@pytest.mark.parametrize("family,text,content,calls", HAND_WRITTEN,
+                         ids=[f"{f}-{i}" for i, (f, *_rest) in enumerate(HAND_WRITTEN)])
+def test_hand_written_replies(family, text, content, calls):
+    reply = parse_tool_calls(text, family)
+    assert calls_of(reply) == calls
+    assert reply.content == content
+    ids = [c["id"] for c in reply.tool_calls]
+    assert all(i.startswith("call_") and len(i) > 10 for i in ids) and len(set(ids)) == len(ids)
+    assert all(c["type"] == "function" and isinstance(c["function"]["arguments"], str) for c in reply.tool_calls)
+
+
+@pytest.mark.parametrize("family,text", [
+    ("hermes", "def f():\n    return 1\n"),
+    ("hermes", "<tool_call>\nnot json\n</tool_call> after"),
+    ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
+    ("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>broken<｜tool▁call▁end｜>"),
+    ("llama3", "The answer is {not a call}."),
+    ("llama3", '{"name": "f", "parameters": [1]}'),
+    ("mistral", "[TOOL_CALLS] nonsense"),
+    ("qwen3_xml", "<tool_call>\n<oops>\n</tool_call>"),
+    ("harmony", "<|channel|>final<|message|>Just text."),
+])
+def test_text_that_is_no_call_stays_content(family, text):
+    reply = parse_tool_calls(text, family)
+    assert reply.tool_calls == [] and reply.content == text
+
+
+def test_qwen3_xml_reads_values_by_parameter_type():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string"}, "n": {"type": "integer"}, "opts": {"type": "object"}}}}}]
+    text = ("<tool_call>\n<function=f>\n<parameter=code>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n"
+            '<parameter=opts>\n{"a": [1]}\n</parameter>\n</function>\n</tool_call>')
+    assert calls_of(parse_tool_calls(text, "qwen3_xml", tools)) == [("f", {"code": "42", "n": 42, "opts": {"a": [1]}})]
+
+
+def test_unknown_family_and_bad_tools_are_typed_errors():
+    with pytest.raises(InvalidArgument):
+        parse_tool_calls("x", "nope")
+    with pytest.raises(InvalidArgument):
+        tool_call_grammar("hermes", [])
+    with pytest.raises(InvalidArgument):
+        tool_call_grammar("hermes", [{"type": "function", "function": {"description": "no name"}}])
+    with pytest.raises(InvalidArgument):
+        tool_call_grammar("hermes", [{"type": "function", "function": {"name": "f", "parameters": []}}])
+
+
+def test_detect_family_without_template():
+    assert detect_family(None) == "hermes" and detect_family("") == "hermes"
+    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony"}
+
+
+# -- real templates ------------------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}]
+CALLS = [("get_weather", {"city": "Zürich", "days": 2}), ("get_weather", {"city": "Bern", "days": 1})]
+
+# template -> (family, arguments as the template wants them ("object" or "string": OpenAI's JSON
+# text, which the DeepSeek-R1 templates print as they get it), parallel calls rendered)
+REAL_TEMPLATES = {
+    "Qwen-Qwen2.5-7B-Instruct": ("hermes", "object", True),
+    "Qwen-Qwen3-0.6B": ("hermes", "object", True),
+    "Qwen-QwQ-32B": ("hermes", "object", True),
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": ("hermes", "object", True),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("hermes", "object", True),
+    "Qwen3.5-4B": ("qwen3_xml", "object", True),
+    "Qwen3-Coder": ("qwen3_xml", "object", True),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": ("deepseek", "string", True),
+    "meta-llama-Llama-3.1-8B-Instruct": ("llama3", "object", False),
+    "meta-llama-Llama-3.2-3B-Instruct": ("llama3", "object", False),
+    "meta-llama-Llama-3.3-70B-Instruct": ("llama3", "object", False),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("mistral", "object", True),
+    "Mistral-Small-3.2-24B-Instruct-2506": ("mistral", "object", True),
+    "unsloth-mistral-Devstral-Small-2507": ("mistral", "object", True),
+    "openai-gpt-oss-120b": ("harmony", "object", False),
+}
+
+
+def _template_dir():
+    try:
+        return hf_export.converter_dir() / "models" / "templates"
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp source unavailable: {error}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return sharpi.Session(default_model_path(), threads=1, n_ctx=64).tokenizer
+
+
+def emitted_reply(tok, source: str, calls: list, args_form: str) -> str:
+    """What the template writes for an assistant turn with these calls after its generation prompt."""
+    user = [{"role": "user", "content": "Weather, please?"}]
+    tool_calls = [{"id": f"abc{i:06d}", "type": "function",  # 9 alphanumerics: Mistral's templates demand it
+                   "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)
+                                if args_form == "string" else args}} for i, (name, args) in enumerate(calls)]
+    prompt = tok.apply_chat_template(user, template=source, tools=TOOLS, add_generation_prompt=True)
+    full = None
+    for content in (None, ""):  # templates differ in how a calls-only turn is written
+        try:
+            full = tok.apply_chat_template(user + [{"role": "assistant", "content": content, "tool_calls": tool_calls}],
+                                           template=source, tools=TOOLS, add_generation_prompt=False)
+            break
+        except InvalidArgument:
+            continue
+    assert full is not None
+    # The reply starts where the rendered turn leaves the generation prompt, both taken after the
+    # user's text (Mistral's templates move the tool list to the last user turn). A thinking
+    # template's prompt opens a think block that the history's turn, its reasoning stripped, lacks:
+    # then the reply starts at the end of the last line or marker they share.
+    text = "Weather, please?"
+    generation_prompt = prompt[prompt.rindex(text) + len(text):]
+    turn = full[full.rindex(text) + len(text):]
+    n = 0
+    while n < min(len(generation_prompt), len(turn)) and generation_prompt[n] == turn[n]:
+        n += 1
+    if n < len(generation_prompt):
+        while n > 0 and turn[n - 1] not in "\n>":
+            n -= 1
+    return turn[n:]
+
+
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_real_template_round_trip(tokenizer, name):
+    path = Path(_template_dir()) / f"{name}.jinja"
+    source = path.read_text(encoding="utf-8")
+    family, args_form, parallel = REAL_TEMPLATES[name]
+    assert detect_family(source) == family
+    for calls in (CALLS[:1], CALLS) if parallel else (CALLS[:1],):
+        reply_text = emitted_reply(tokenizer, source, calls, args_form)
+        reply = parse_tool_calls(reply_text, family, TOOLS)
+        assert calls_of(reply) == calls, reply_text
+        # What is left is the template's own framing: end-of-turn tokens, an empty think block.
+        leftover = reply.content
+        for framing in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<think>", "</think>", "<|end|>",
+                        "<|return|>"):
+            leftover = leftover.replace(framing, "")
+        assert leftover.strip() == "", reply_text
