@@ -194,7 +194,13 @@ def test_help_history_and_ctrl_c_at_the_prompt(history):
     term.send("/?\r")
     read_help(term)
 
-    # Ctrl-C at the prompt says how to quit; a line in between starts the count again; two in a row quit.
+    # Ctrl-C on a line with text discards the text, as a shell does, and counts for nothing.
+    term.send("abc")
+    term.read_until("abc")
+    term.send("\x03")
+    assert QUIT_HINT not in term.read_until("\n> ")
+    # Ctrl-C at an empty prompt says how to quit; a line in between starts the count again; two in a row
+    # quit.
     term.send("\x03")
     term.read_until(QUIT_HINT + "\n> ")
     term.send("/frobnicate\r")

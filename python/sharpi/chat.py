@@ -61,7 +61,7 @@ def commands_help(history: str | None) -> str:
 keys (on a terminal):
   Up, Down       previous, next line of the history ({saved})
   Left, Right, Home, End, Ctrl-A, Ctrl-E, Ctrl-K, Ctrl-U, Ctrl-W   edit the line (GNU readline)
-  Ctrl-C         stop the answer; at the prompt, twice in a row quits
+  Ctrl-C         stop the answer; at the prompt: clear the line, on an empty one twice in a row quits
   Ctrl-D         quit (at an empty prompt)
 """
 
@@ -71,7 +71,8 @@ class LineReader:
 
     On a terminal (`inp` and `out` are sys.stdin and sys.stdout and both are ttys) it reads with
     GNU readline through input(): line editing, and Up/Down through a history loaded from
-    history_path() and written back by close(). Otherwise (piped input, a test's StringIO) it reads
+    history_path() and written back by close(); Ctrl-C on a line with text discards the text and
+    prompts again, as a shell does, so only Ctrl-C on an empty line raises. Otherwise (piped input, a test's StringIO) it reads
     plain lines from `inp`, so escape sequences reach the model verbatim and no history is kept.
     readline is imported only here: importing it sets up the terminal, which no other command wants.
     """
@@ -97,11 +98,16 @@ class LineReader:
             self.out.flush()
             line = self.inp.readline()
             return line.removesuffix("\n") if line else None
-        self.out.flush()
-        try:
-            return input(prompt)
-        except EOFError:
-            return None
+        while True:
+            self.out.flush()
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
+            except KeyboardInterrupt:
+                if not self.readline.get_line_buffer():  # what was on the line; input() leaves it
+                    raise
+                self.out.write("\n")
 
     def close(self) -> None:
         """Writes the history file (the newest HISTORY_LENGTH lines); a failure is a warning only."""
