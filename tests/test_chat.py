@@ -171,6 +171,14 @@ HELP_LAST = "quit (at an empty prompt)\n"
 UP = "\x1b[A"  # what a terminal sends for the Up arrow key
 
 
+def ctrl_c_at_prompt(term: Terminal) -> None:
+    """Ctrl-C at the prompt a moment after its last output, as a person presses it. Sent at once, it
+    can arrive while readline still handles the previous key, before input() waits in select():
+    CPython then holds the KeyboardInterrupt until the next key (python/cpython#112585)."""
+    time.sleep(0.3)
+    term.send("\x03")
+
+
 def read_help(term: Terminal) -> str:
     """The /help text up to its last line, then the prompt after it."""
     term.read_until(HELP_FIRST)
@@ -197,17 +205,17 @@ def test_help_history_and_ctrl_c_at_the_prompt(history):
     # Ctrl-C on a line with text discards the text, as a shell does, and counts for nothing.
     term.send("abc")
     term.read_until("abc")
-    term.send("\x03")
+    ctrl_c_at_prompt(term)
     assert QUIT_HINT not in term.read_until("\n> ")
     # Ctrl-C at an empty prompt says how to quit; a line in between starts the count again; two in a row
     # quit.
-    term.send("\x03")
+    ctrl_c_at_prompt(term)
     term.read_until(QUIT_HINT + "\n> ")
     term.send("/frobnicate\r")
     term.read_until("/frobnicate: unknown command, /help lists them\n> ")
-    term.send("\x03")
+    ctrl_c_at_prompt(term)
     term.read_until(QUIT_HINT + "\n> ")
-    term.send("\x03")
+    ctrl_c_at_prompt(term)
     assert term.wait() == 0
     assert history.read_text().splitlines() == ["/help", "/?", "/frobnicate"]
 
