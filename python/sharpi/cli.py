@@ -35,9 +35,11 @@ from . import metrics
 from .cli_args import (
     Refused,
     add_compute_arguments,
+    add_hf_argument,
     add_llama_compat_arguments,
     add_sampling_arguments,
     add_streaming_arguments,
+    model_from_hub,
     non_negative_int,
     sampling_options,
     session_options,
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="GGUF model file, or any shard of a split one (default: the shipped stdlib-moe model, see "
         "sharpi/models/MODEL_CARD.md)",
     )
-    _add_hf_argument(model_src)
+    add_hf_argument(model_src)
     src = run.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default=None,
                      help="prompt text; escapes \\n \\r \\t \\' \\\" \\\\ \\xNN are processed, as in llama.cpp "
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_src.add_argument("model", metavar="FILE", nargs="?",
                              help="GGUF model file, or any shard of a split one (default: the shipped stdlib-moe "
                              "model, as in run, chat and serve)")
-    _add_hf_argument(inspect_src)
+    add_hf_argument(inspect_src)
     inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                          help="cuda: also report what the device forward pass would place in VRAM (the device "
                               "itself, its VRAM total, used and free, is always reported)")
@@ -205,26 +207,6 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for child in set(action.choices.values()):
                 _no_abbreviations(child)
-
-
-def _add_hf_argument(p) -> None:
-    p.add_argument(
-        "-hf",
-        "--hf-repo",
-        default=None,
-        metavar="REPO[:QUANT]",
-        help="download the model from the Hugging Face Hub (cached; e.g. unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M); "
-        "honours HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE",
-    )
-
-
-def _model_from_hub(args, err: TextIO) -> None:
-    """-hf: resolve (download or find in the cache) and put the local path in args.model."""
-    if getattr(args, "hf_repo", None) is None:
-        return
-    from .hub import resolve
-
-    args.model = resolve(args.hf_repo, log=lambda msg: err.write(msg + "\n"))
 
 
 def _require_file(path: str) -> None:
@@ -326,7 +308,7 @@ class StopText:
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
     from .progress import open_session
 
-    _model_from_hub(args, err)
+    model_from_hub(args, err)
     if args.model is None:
         from .models import default_model_path
 
@@ -426,7 +408,7 @@ def write_expert_stats(path: str, stats: dict) -> None:
 
 
 def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
-    _model_from_hub(args, err)
+    model_from_hub(args, err)
     if args.model is None:
         from .models import default_model_path
 
@@ -507,7 +489,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
 def cmd_chat(args, out: TextIO, err: TextIO) -> int:
     from .chat import cmd_chat as chat
 
-    return chat(args, sys.stdin, out)
+    return chat(args, sys.stdin, out, err)
 
 
 def cmd_cache_prior(args, out: TextIO, err: TextIO) -> int:

@@ -1,8 +1,8 @@
 """Argparse helpers shared by the `sharpi` subcommands: typed integer options, the compute options,
 the sampling options and llama.cpp's flags.
 
-What it owns: argparse `type=` callables whose error messages name the option, the -t/-c pair
-every command that runs a Session takes, the sampling flags of `run` and `chat` (and `serve`'s
+What it owns: argparse `type=` callables whose error messages name the option, -hf and its
+resolution to a local file, the -t/-c pair every command that runs a Session takes, the sampling flags of `run` and `chat` (and `serve`'s
 defaults) with sampling_options() turning them into Session.generate keywords, and the llama-cli /
 llama-server flags sharpi either takes with llama.cpp's meaning or refuses with exit status 2 and
 a message that names the flag and says what sharpi does instead (add_llama_compat_arguments).
@@ -209,6 +209,28 @@ def session_options(args: argparse.Namespace) -> dict:
         "trace": args.trace,
         **session_kv_options(args),
     }
+
+
+def add_hf_argument(p) -> None:
+    """-hf/--hf-repo (llama.cpp's name), on a parser or on a mutually exclusive group beside -m;
+    model_from_hub(args, err) turns it into args.model."""
+    p.add_argument(
+        "-hf",
+        "--hf-repo",
+        default=None,
+        metavar="REPO[:QUANT]",
+        help="download the model from the Hugging Face Hub (cached; e.g. unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M); "
+        "honours HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE",
+    )
+
+
+def model_from_hub(args, err) -> None:
+    """-hf: resolve (download or find in the cache) and put the local path in args.model."""
+    if getattr(args, "hf_repo", None) is None:
+        return
+    from .hub import resolve
+
+    args.model = resolve(args.hf_repo, log=lambda msg: err.write(msg + "\n"))
 
 
 # ------------------------------------------------------------------ sampling

@@ -12,6 +12,7 @@ from typing import TextIO
 
 from ..cli_args import (
     add_compute_arguments,
+    add_hf_argument,
     add_llama_compat_arguments,
     add_sampling_arguments,
     add_streaming_arguments,
@@ -80,10 +81,14 @@ def bind_listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """-m and --chat-template, then the compute and streaming options (`serve` and `chat`)."""
-    p.add_argument("-m", "--model", default=None, metavar="FILE",
-                   help="GGUF model file (default: the shipped stdlib-moe model)")
+def add_model_arguments(p: argparse.ArgumentParser, hf_repo: bool = False) -> None:
+    """-m (or, with `hf_repo`, -m or -hf: resolve it with cli_args.model_from_hub before load_model)
+    and --chat-template, then the compute and streaming options (`serve` and `chat`)."""
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("-m", "--model", default=None, metavar="FILE",
+                        help="GGUF model file (default: the shipped stdlib-moe model)")
+    if hf_repo:
+        add_hf_argument(source)
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
     p.add_argument("--chat-template-kwargs", type=_template_kwargs, default={}, metavar="JSON",
