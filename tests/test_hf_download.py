@@ -234,8 +234,10 @@ def test_no_network_fails_fast_with_one_message(endpoint, tmp_path):
     r = sharpi_cli(["inspect", "-hf", "org/absent-GGUF:Q4_K_M"], tmp_path / "hf", endpoint)
     elapsed = time.monotonic() - start
     assert r.returncode == 1, r.stderr
-    # Under 3 s of sharpi's own time (interpreter start-up included): no retries with backoff.
-    assert elapsed < 3.0, (elapsed, r.stderr)
+    # The old path slept through ~24 s of retry backoff; the probe answers at once (or gives up after
+    # 2 s). The bound leaves room for interpreter start-up on a loaded shared machine (3.1 s seen
+    # beside a CI run), not for one backoff round: sleeps do not shrink with load.
+    assert elapsed < 12.0, (elapsed, r.stderr)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("sharpi: error:")]
     expected = (
         "sharpi: error: org/absent-GGUF: offline and not in the Hugging Face cache; run once with network "
