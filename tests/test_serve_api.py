@@ -367,7 +367,7 @@ def test_props(secured):
     assert got["n_ctx"] == N_CTX and got["default_generation_settings"]["n_ctx"] == N_CTX
     assert got["total_slots"] == 1
     # The shipped model has no template: the server renders ChatML, and says so.
-    assert got["chat_template"] == CHATML_TEMPLATE
+    assert got["chat_template"] == CHATML_TEMPLATE and got["chat_template_fallback"] is True
     params = got["default_generation_settings"]["params"]
     assert params["temperature"] == 0.25  # --temp 0.25
     assert (params["top_k"], params["top_p"], params["min_p"], params["n_predict"]) == (0, 1.0, 0.0, -1)

@@ -122,6 +122,31 @@ def test_page_chats_and_plots(budget):
     assert min(shown["stall_lines"], shown["bytes_lines"], shown["tps_lines"]) >= 1
 
 
+def test_page_offers_completion_mode_for_a_model_without_a_template(budget):
+    """The shipped model has no chat template: the page says so, and in completion mode a message is
+    continued as raw text through /v1/completions, exactly Session.generate's greedy continuation of
+    the message's own tokens (no ChatML around it)."""
+    node = shutil.which("node")
+    if node is None:
+        prerequisite_missing("node is not installed: the page's script cannot run (apt-get install nodejs)")
+    message = "def is_prime(n):"
+    oracle = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX)
+    assert oracle.tokenizer.chat_template is None, "the premise: the shipped model has no template"
+    want, n_gen = expected(oracle, oracle.tokenizer.encode(message), max_tokens=24, temperature=0.0)
+    chat_want, _ = expected(oracle, chatml_ids(oracle, message), max_tokens=24, temperature=0.0)
+    assert want != chat_want, "completion and chat must differ for the test to tell them apart"
+    harness = Path(__file__).with_name("web_page_harness.js")
+    for port in start_server("--ram-budget", str(budget), "--reader", "pread"):
+        done = subprocess.run([node, str(harness), f"http://127.0.0.1:{port}", message, "0", "24", "completion"],
+                              check=False, capture_output=True, text=True, timeout=300, env=child_env())
+        assert done.returncode == 0, done.stderr
+        shown = json.loads(done.stdout)
+    assert "no chat template" in shown["notice"] and "completion mode" in shown["notice"]
+    assert shown["user"] == message
+    assert shown["answer"] == want
+    assert f"{n_gen} generated" in shown["status"]
+
+
 # Every canvas's pixels in series colours (not white, not the grey of the "max ..." / "no data" label):
 # what the plots drew from data. Returned per canvas id.
 COLOURED_PIXELS_JS = """

@@ -3,11 +3,12 @@
 // would. Types MESSAGE into the page, submits it, waits for the answer and for the expert-cache
 // plots, and prints what the page showed as JSON (test_serve.py::test_page_chats_and_plots).
 //
-//   node web_page_harness.js http://127.0.0.1:PORT MESSAGE TEMPERATURE MAX_TOKENS
+//   node web_page_harness.js http://127.0.0.1:PORT MESSAGE TEMPERATURE MAX_TOKENS [completion]
+// ("completion" ticks the page's completion mode before sending)
 "use strict";
 const vm = require("vm");
 
-const [base, message, temperature, maxTokens] = process.argv.slice(2);
+const [base, message, temperature, maxTokens, mode] = process.argv.slice(2);
 
 class Element {
   constructor(id) {
@@ -17,6 +18,7 @@ class Element {
     this.dataset = {};
     this.disabled = false;
     this.value = "";
+    this.checked = false;
     this.scrollTop = 0;
     this.scrollHeight = 0;
     this.clientWidth = 300;
@@ -80,6 +82,9 @@ async function main() {
     }
   };
   await until("the model name", () => $("model").textContent !== "", 30);
+  // /props answers soon after /v1/models; a notice, if the page shows one, is written by then.
+  await new Promise((r) => setTimeout(r, 500));
+  $("completion").checked = mode === "completion";
   $("temperature").value = temperature;
   $("max-tokens").value = maxTokens;
   $("input").value = message;
@@ -95,7 +100,7 @@ async function main() {
   const lines = (id) => $(id).draws.filter((d) => d[0] === "lineTo").length;
   console.log(JSON.stringify({
     user: log[0].textContent, answer: answer.textContent, answer_updates: answer.updates.length,
-    status: $("status").textContent, cache: $("cache").textContent, samples_after_answer: samplesAfterAnswer,
+    notice: $("notice").textContent, status: $("status").textContent, cache: $("cache").textContent, samples_after_answer: samplesAfterAnswer,
     hit_bars: bars("plot-hit"), recall_bars: bars("plot-recall"), stall_lines: lines("plot-stall"),
     bytes_lines: lines("plot-bytes"), tps_lines: lines("plot-tps"),
   }));

@@ -23,6 +23,7 @@ from ..session import Session
 from .body import require_unicode
 from .errors import ApiError
 from .openai_api import OPENAI_SAMPLING_DEFAULTS
+from .prompt import CHATML_TEMPLATE
 from .served import ServedModel
 
 
@@ -112,6 +113,9 @@ def props(served: ServedModel) -> dict:
         "n_ctx": n_ctx,
         "n_ctx_train": served.engine.info["n_ctx_train"],
         "chat_template": served.chat_template if served.chat_template is not None else tok.chat_template,
+        # sharpi's own field: the model has no template and none was given, so chat renders a generic
+        # ChatML the model never saw (the page offers completion mode then).
+        "chat_template_fallback": not tok.chat_template and served.chat_template == CHATML_TEMPLATE,
         "bos_token": token_text(tok.bos_id),
         "eos_token": token_text(tok.eos_id),
         "modalities": {"vision": False, "audio": False},
