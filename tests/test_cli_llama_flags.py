@@ -19,6 +19,7 @@ from sharpi import cli
 from sharpi.cli_args import sampling_options
 from sharpi.models import default_model_path
 from sharpi.server.prompt import encode_chat
+from sharpi.stop_text import StopText
 
 TIMING = re.compile(r"^sharpi: prompt (\d+) tokens, generated (\d+) tokens", re.MULTILINE)
 PROMPT_IDS = re.compile(r"^sharpi: prompt \d+ tokens: ([\d ]*)$", re.MULTILINE)
@@ -222,12 +223,12 @@ def test_reverse_prompt_and_stop(capsys):
 
 
 def test_stop_text_holds_back_what_may_begin_a_stop():
-    scan = cli.StopText(["STOP"], [])
+    scan = StopText(["STOP"], [])
     assert scan.push("abc ST") == ("abc ", False)
     assert scan.push("OR") == ("STOR", False)
     assert scan.push("x S") == ("x ", False)
     assert scan.push("TOP tail") == ("", True)
-    scan = cli.StopText([], ["<end>"])
+    scan = StopText([], ["<end>"])
     assert scan.push("a <en") == ("a ", False)
     assert scan.push("d> b") == ("<end>", True)
 

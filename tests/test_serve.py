@@ -21,7 +21,7 @@ import openai  # the test extra installs it and the serve extra: a missing one f
 import pytest
 import sharpi
 from sharpi.models import default_model_path
-from sharpi.server.stops import StopScanner
+from sharpi.stop_text import StopText
 from subprocess_env import child_env
 
 N_CTX = 2048
@@ -417,11 +417,11 @@ def test_bad_logprob_requests(server, path, body, param):
 
 
 def test_stop_scanner_holds_back_partial_matches():
-    scan = StopScanner(["END", "xyz"])
+    scan = StopText(["END", "xyz"])
     assert scan.push("abc E") == ("abc ", False)
     assert scan.push("N") == ("", False)
     assert scan.push("Dmore") == ("", True)
-    scan = StopScanner(["END"])
+    scan = StopText(["END"])
     assert scan.push("xE") == ("x", False)
     assert scan.push("q") == ("Eq", False)
     assert scan.flush() == ""

@@ -100,7 +100,9 @@ def _call_from_object(obj, args_keys=("arguments", "parameters")) -> dict | None
     return _call(obj.get("name"), args)
 
 
-def _parse_hermes(text: str) -> ParsedReply:
+def _parse_tagged_blocks(text: str, call_of) -> ParsedReply:
+    """The <tool_call>...</tool_call> blocks of `text` (the last may be unclosed: the model stopped at
+    EOS) turned into calls by `call_of(body)`; a block it returns None for stays in the content."""
     content, calls, pos = [], [], 0
     while True:
         start = text.find("<tool_call>", pos)
@@ -109,18 +111,25 @@ def _parse_hermes(text: str) -> ParsedReply:
             break
         content.append(text[pos:start])
         end = text.find("</tool_call>", start)
-        body_end = len(text) if end < 0 else end  # an unclosed last block: the model stopped at EOS
+        body_end = len(text) if end < 0 else end
         after = len(text) if end < 0 else end + len("</tool_call>")
-        try:
-            call = _call_from_object(json.loads(text[start + len("<tool_call>"):body_end]))
-        except ValueError:
-            call = None
+        call = call_of(text[start + len("<tool_call>"):body_end])
         if call is None:
             content.append(text[start:after])
         else:
             calls.append(call)
         pos = after
     return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+
+def _parse_hermes(text: str) -> ParsedReply:
+    def call_of(body: str):
+        try:
+            return _call_from_object(json.loads(body))
+        except ValueError:
+            return None
+
+    return _parse_tagged_blocks(text, call_of)
 
 
 _XML_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
@@ -145,29 +154,17 @@ def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
         fn = tool.get("function", {}) if isinstance(tool, dict) else {}
         props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
         params_of[fn.get("name")] = props if isinstance(props, dict) else {}
-    content, calls, pos = [], [], 0
-    while True:
-        start = text.find("<tool_call>", pos)
-        if start < 0:
-            content.append(text[pos:])
-            break
-        content.append(text[pos:start])
-        end = text.find("</tool_call>", start)
-        body_end = len(text) if end < 0 else end
-        after = len(text) if end < 0 else end + len("</tool_call>")
-        m = _XML_FUNCTION.match(text[start + len("<tool_call>"):body_end])
-        call = None
-        if m:
-            name = m.group(1).strip()
-            props = params_of.get(name, {})
-            args = {k.strip(): _xml_value(v, props.get(k.strip())) for k, v in _XML_PARAMETER.findall(m.group(2))}
-            call = _call(name, args)
-        if call is None:
-            content.append(text[start:after])
-        else:
-            calls.append(call)
-        pos = after
-    return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+    def call_of(body: str):
+        m = _XML_FUNCTION.match(body)
+        if not m:
+            return None
+        name = m.group(1).strip()
+        props = params_of.get(name, {})
+        args = {k.strip(): _xml_value(v, props.get(k.strip())) for k, v in _XML_PARAMETER.findall(m.group(2))}
+        return _call(name, args)
+
+    return _parse_tagged_blocks(text, call_of)
 
 
 _HARMONY_CALL = re.compile(

@@ -1,37 +1,10 @@
-"""Stop strings: StopScanner finds the first one in streamed text, and stream_until_stop() is a
-Job's stream of (text, logprob entries) cut there. Runs on the event loop."""
+"""Stop strings: stream_until_stop() is a Job's stream of (text, logprob entries) cut at the first
+one (stop_text.StopText finds it). Runs on the event loop."""
 
 from __future__ import annotations
 
+from ..stop_text import StopText
 from .scheduler import END, Engine, Job
-
-
-class StopScanner:
-    """Finds the first stop string in streamed text; holds back a tail that may begin one."""
-
-    def __init__(self, stops: list):
-        self.stops, self.pending = stops, ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string matched: then nothing after it is emitted)."""
-        self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[: min(hits)], ""
-            return out, True
-        keep = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), keep, -1):
-                if self.pending.endswith(s[:n]):
-                    keep = n
-                    break
-        out = self.pending[: len(self.pending) - keep]
-        self.pending = self.pending[len(out) :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
 
 
 async def stream_until_stop(engine: Engine, job: Job, stops: list):
@@ -39,7 +12,7 @@ async def stream_until_stop(engine: Engine, job: Job, stops: list):
     Job when the caller stops early (a stop string, a disconnect: asyncio cancels us at an await).
     An entry goes out with the text its token's text begins in; entries of tokens that begin at or
     after a stop string are dropped with their text."""
-    scan = StopScanner(stops)
+    scan = StopText(stops)
     waiting: list = []  # (offset, entry) whose text the scanner has not let out yet
     emitted = 0  # characters let out
 
