@@ -141,9 +141,17 @@ def _chat_messages(body: dict) -> list:
     return out
 
 
+# Template variables whose type the templates that read them assume: Qwen3's `enable_thinking is
+# false`, gpt-oss's "Reasoning: " + reasoning_effort (a number there would fail the render).
+TEMPLATE_KWARG_TYPES = {"enable_thinking": bool, "reasoning_effort": str}
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
 def _template_kwargs(body: dict) -> dict:
     """What a chat request hands the template besides messages: `tools` and `documents` when given
-    (templates test `tools is defined`), and `chat_template_kwargs` (enable_thinking, ...)."""
+    (templates test `tools is defined`), `reasoning_effort` (gpt-oss's "Reasoning: low|medium|high"
+    system line) and `chat_template_kwargs` (enable_thinking, ...; a request's reasoning_effort
+    wins over one given there)."""
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
@@ -151,6 +159,16 @@ def _template_kwargs(body: dict) -> dict:
     if reserved:
         raise ApiError(400, f"'chat_template_kwargs' may not set {', '.join(reserved)}",
                        param="chat_template_kwargs")
+    for name, kind in TEMPLATE_KWARG_TYPES.items():
+        if name in extra and not isinstance(extra[name], kind):
+            raise ApiError(400, f"chat_template_kwargs '{name}' must be a {kind.__name__}, got {extra[name]!r}",
+                           param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+                           param="reasoning_effort")
+        extra = {**extra, "reasoning_effort": effort}
     for name in ("tools", "documents"):
         if body.get(name) is not None:
             if not isinstance(body[name], list):
@@ -206,9 +224,9 @@ def _refuse_if_surely_too_long(served: ServedModel, text: str, param: str) -> No
                        code="context_length_exceeded")
 
 
-def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict) -> list:
+def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict, prefill: str = "") -> list:
     tok = served.engine.tokenizer
-    text = render_chat(tok, messages, served.chat_template, **template_kwargs)
+    text = render_chat(tok, messages, served.chat_template, **template_kwargs) + prefill
     require_unicode(text, "messages")
     _refuse_if_surely_too_long(served, text, "messages")
     return encode_rendered_chat(tok, text)
@@ -218,6 +236,33 @@ def _completion_prompt_ids(served: ServedModel, prompt: str) -> list:
     require_unicode(prompt, "prompt")
     _refuse_if_surely_too_long(served, prompt, "prompt")
     return served.engine.tokenizer.encode(prompt)
+
+
+async def chat_prompt(served: ServedModel, body: dict, messages: list, template_kwargs: dict,
+                      prefill: str = "") -> tuple[agents.ChatPlan, list]:
+    """The ChatPlan and prompt ids of chat `messages` under a request body in OpenAI's shape (its
+    tools, tool_choice, response_format, grammar: agents.plan), rendered with the served template
+    and `template_kwargs` on top of the server's; `prefill` (Anthropic's final assistant text) is
+    written after the generation prompt, for the reply to continue."""
+    engine = served.engine
+    template = served.chat_template or engine.tokenizer.chat_template
+    plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages)
+    prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages,
+                                         {**served.template_kwargs, **template_kwargs}, prefill)
+    if served.reasoning_format == "none":
+        plan.markers = None
+    if plan.markers is not None:  # a prompt that opened a think block
+        plan.start_in_reasoning = agents.reasoning.starts_in_reasoning(
+            engine.tokenizer.decode(prompt_ids[-16:]), plan.markers)
+    return plan, prompt_ids
+
+
+def chat_options(served: ServedModel, body: dict, plan: agents.ChatPlan, prompt_ids: list) -> dict:
+    """Session.generate options of a chat request (sampling_options) with its grammar's mask."""
+    options = sampling_options(body, len(prompt_ids), served.engine.n_ctx, served.sampling_defaults)
+    if plan.mask is not None:
+        options["logits_processor"] = plan.mask
+    return options
 
 
 # ------------------------------------------------------------------ responses
@@ -260,6 +305,41 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
+async def gather_unless_gone(request: Request, engine, job: Job, stops: list) -> tuple[str, list] | None:
+    """A Job's whole text (cut at the first stop string) and its logprob entries, or None when the
+    client went away first (the job is cancelled then). Leaves the Job's timings for the access log."""
+    async def gather() -> tuple[str, list]:
+        parts = [p async for p in stream_until_stop(engine, job, stops)]
+        return "".join(t for t, _ in parts), [e for _, entries in parts for e in entries]
+
+    gather_task = asyncio.ensure_future(gather())
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    await asyncio.wait({gather_task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not gather_task.done():
+        gather_task.cancel()
+        engine.cancel(job)
+        return None
+    gone.cancel()
+    result = gather_task.result()
+    request.state.generation = timings(job)  # for the access log line
+    return result
+
+
+def reply_delta(event: tuple) -> dict:
+    """The chat.completion.chunk delta of one agents.ReplyStream event: tool calls as OpenAI streams
+    them, the first chunk of a call with its index, id, type, name and empty arguments, then its
+    argument fragments under the same index."""
+    kind = event[0]
+    if kind == "reasoning":
+        return {"reasoning_content": event[1]}
+    if kind == "content":
+        return {"content": event[1]}
+    if kind == "call":
+        return {"tool_calls": [{"index": event[1], "id": event[2], "type": "function",
+                                "function": {"name": event[3], "arguments": ""}}]}
+    return {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
+
+
 # ------------------------------------------------------------------ handlers
 
 
@@ -270,23 +350,14 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         body = await read_body(request, served)
         chat_plan = None
         if chat:
-            messages, kwargs = _chat_messages(body), {**served.template_kwargs, **_template_kwargs(body)}
-            template = served.chat_template or engine.tokenizer.chat_template
-            chat_plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages)
-            prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs)
+            chat_plan, prompt_ids = await chat_prompt(served, body, _chat_messages(body), _template_kwargs(body))
+            options = chat_options(served, body, chat_plan, prompt_ids)
         else:
             for name in ("tools", "tool_choice", "response_format", "grammar"):
                 if body.get(name) is not None:
                     raise ApiError(400, f"'{name}' is a chat completions parameter", param=name)
             prompt_ids = await run_in_threadpool(_completion_prompt_ids, served, _completion_prompt(body))
-        options = sampling_options(body, len(prompt_ids), engine.n_ctx, served.sampling_defaults)
-        if chat_plan is not None and served.reasoning_format == "none":
-            chat_plan.markers = None
-        if chat_plan is not None and chat_plan.markers is not None:  # a prompt that opened a think block
-            chat_plan.start_in_reasoning = agents.reasoning.starts_in_reasoning(
-                engine.tokenizer.decode(prompt_ids[-16:]), chat_plan.markers)
-        if chat_plan is not None and chat_plan.mask is not None:
-            options["logits_processor"] = chat_plan.mask
+            options = sampling_options(body, len(prompt_ids), engine.n_ctx, served.sampling_defaults)
         stops = _stop_strings(body)
         n_top = _logprob_request(body, chat)
         if not isinstance(body.get("stream", False), bool):
@@ -298,7 +369,7 @@ async def complete(request: Request, served: ServedModel, chat: bool):
     except _core.SharpiError as e:  # a template that refuses these messages, a bad token
         return error_response(ApiError(400, str(e)))
 
-    job = engine.submit(prompt_ids, options, n_top)
+    job = engine.submit(prompt_ids, options, n_top, keep_special=chat_plan is not None and bool(chat_plan.tools))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": served.model_id}
@@ -326,42 +397,30 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         async def events():
             if chat:
                 yield event({**chunk_head, "choices": [choice("", None, [], first=True)]})
-            buffered = chat_plan is not None and chat_plan.tools is not None
-            splitter = None
-            if chat_plan is not None and chat_plan.markers is not None:
-                splitter = agents.reasoning.ReasoningSplitter(chat_plan.markers, chat_plan.start_in_reasoning)
+            reply = agents.ReplyStream(chat_plan) if chat_plan is not None else None
 
-            def reasoning_delta(thought: str, said: str, entries: list) -> dict:
-                out = choice(said, None, entries)
-                out["delta"] = {**({"reasoning_content": thought} if thought else {}),
-                                **({"content": said} if said else {})}
-                return out
-            parts = []
+            def chunks(reply_events: list, entries: list):
+                """The chunks of one piece's events; its logprob entries ride on the first."""
+                deltas = [reply_delta(e) for e in reply_events] or ([{}] if entries else [])
+                for k, delta in enumerate(deltas):
+                    out = choice(None, None, entries if k == 0 else [])
+                    out["delta"] = delta
+                    yield event({**chunk_head, "choices": [out]})
             try:
                 async for text, entries in stream_until_stop(engine, job, stops):
-                    if buffered:  # a reply that may hold calls is parsed whole (module docstring of agents)
-                        parts.append(text)
-                    elif splitter is not None:
-                        thought, said = splitter.push(text)
-                        yield event({**chunk_head, "choices": [reasoning_delta(thought, said, entries)]})
-                    else:
+                    if reply is None:
                         yield event({**chunk_head, "choices": [choice(text, None, entries)]})
+                    else:
+                        for chunk in chunks(reply.push(text), entries):
+                            yield chunk
             except Exception as e:  # noqa: BLE001 - the status line is sent: report in-stream
                 yield event(ApiError(500, f"generation failed: {e}").body())
                 return
             finish = job.finish_reason
-            if splitter is not None and not buffered:
-                thought, said = splitter.flush()
-                if thought or said:
-                    yield event({**chunk_head, "choices": [reasoning_delta(thought, said, [])]})
-            if buffered:
-                msg, finish = agents.message(chat_plan, "".join(parts), engine.tokenizer, job.tokens, finish)
-                delta = {k: v for k, v in msg.items() if k in ("content", "reasoning_content") and v}
-                if msg.get("tool_calls"):
-                    delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
-                if delta:
-                    yield event({**chunk_head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                            "finish_reason": None}]})
+            if reply is not None:
+                for chunk in chunks(reply.flush(), []):
+                    yield chunk
+                finish = "tool_calls" if reply.n_calls else finish
             yield event({**chunk_head, "choices": [choice(None, finish, [])]})
             request.state.generation = timings(job)  # for the access log line
             if include_usage:
@@ -370,27 +429,16 @@ async def complete(request: Request, served: ServedModel, chat: bool):
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    # Not streamed: gather the text, cancelling the job if the client goes away meanwhile.
-    async def gather() -> tuple[str, list]:
-        parts = [p async for p in stream_until_stop(engine, job, stops)]
-        return "".join(t for t, _ in parts), [e for _, entries in parts for e in entries]
-
-    gather_task = asyncio.ensure_future(gather())
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    await asyncio.wait({gather_task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if not gather_task.done():
-        gather_task.cancel()
-        engine.cancel(job)
-        return JSONResponse({}, status_code=499)
-    gone.cancel()
     try:
-        text, entries = gather_task.result()
+        gathered = await gather_unless_gone(request, engine, job, stops)
     except Exception as e:  # noqa: BLE001
         return error_response(ApiError(500, f"generation failed: {e}"))
-    request.state.generation = timings(job)  # for the access log line
+    if gathered is None:
+        return JSONResponse({}, status_code=499)
+    text, entries = gathered
     answer = choice(text, job.finish_reason, entries)
     if chat:
-        answer["message"], answer["finish_reason"] = agents.message(chat_plan, text, engine.tokenizer, job.tokens,
+        answer["message"], answer["finish_reason"] = agents.message(chat_plan, text, engine.tokenizer,
                                                                     job.finish_reason)
     return JSONResponse({**head, "choices": [answer], "usage": usage(job), "timings": request.state.generation})
 
