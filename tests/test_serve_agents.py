@@ -47,15 +47,38 @@ def test_forced_tool_call(server, choice):
         jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+def reassemble(chunks: list) -> tuple[str, list, list]:
+    """(content, calls as (id, name, arguments text), finish reasons) of a streamed chat reply,
+    put together as OpenAI's streaming guide says: a call's first delta carries its index, id,
+    type and name with empty arguments, later ones under the same index only argument fragments."""
+    content, calls, finishes = "", {}, []
+    for ch in chunks:
+        for c in ch.choices:
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                if tc.index not in calls:
+                    assert tc.id and tc.type == "function" and tc.function.name and tc.function.arguments == "", tc
+                    calls[tc.index] = [tc.id, tc.function.name, ""]
+                else:
+                    assert tc.id is None and not tc.function.name, tc
+                    calls[tc.index][2] += tc.function.arguments
+            if c.finish_reason:
+                finishes.append(c.finish_reason)
+    assert sorted(calls) == list(range(len(calls)))
+    return content, [tuple(calls[i]) for i in range(len(calls))], finishes
+
+
 def test_streamed_forced_call_equals_the_whole_one(server):
     kw = {"model": MODEL_ID, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
           "parallel_tool_calls": False, "max_tokens": 300, "seed": 4, "temperature": 0.7}
     whole = client(server).chat.completions.create(**kw).choices[0]
     chunks = list(client(server).chat.completions.create(stream=True, **kw))
-    calls = [tc for ch in chunks for c in ch.choices for tc in (c.delta.tool_calls or [])]
-    assert [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason] == ["tool_calls"]
-    assert len(calls) == 1 and calls[0].index == 0 and calls[0].id.startswith("call_")
-    assert (calls[0].function.name, json.loads(calls[0].function.arguments)) == (
+    content, calls, finishes = reassemble(chunks)
+    assert finishes == ["tool_calls"] and not content.strip()
+    assert len(calls) == 1 and calls[0][0].startswith("call_")
+    # Token by token: the arguments arrive in more than one fragment.
+    assert sum(1 for ch in chunks for c in ch.choices for tc in (c.delta.tool_calls or [])) > 2
+    assert (calls[0][1], json.loads(calls[0][2])) == (
         whole.message.tool_calls[0].function.name, json.loads(whole.message.tool_calls[0].function.arguments))
 
 
