@@ -1,6 +1,7 @@
 """GET /openapi.json: the OpenAPI 3.1 document of every endpoint `sharpi serve` answers, written
-by hand beside the code that parses each body (openai_api, llama_api): the request schemas state
-the same types and limits those parsers enforce, and every error response is OpenAI's shape.
+by hand beside the code that parses each body (openai_api, anthropic_api, llama_api): the request
+schemas state the same types and limits those parsers enforce, and every error response is OpenAI's
+shape (Anthropic's on /v1/messages).
 tests/test_serve_api.py checks that the document's paths and methods are exactly the
 application's routes, and that its references resolve.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from .. import __version__
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
 
 
 def _json(schema: dict) -> dict:
@@ -17,14 +19,14 @@ def _json(schema: dict) -> dict:
 
 
 def _operation(summary: str, ok: dict, errors: tuple = (), body: str | None = None, secured: bool = False,
-               ok_type: str = "application/json") -> dict:
+               ok_type: str = "application/json", error: dict = _ERROR) -> dict:
     """One operation: its 200 answer (`ok`, a schema, in `ok_type`), the error statuses it can
-    give, and its request body's schema name under components."""
+    give (in the `error` schema), and its request body's schema name under components."""
     codes = {"400": "a bad request", "401": "no valid API key (--api-key)", "404": "an unknown model",
              "413": "a body over --max-body", "500": "a failure while generating"}
     responses = {"200": {"description": "success", "content": {ok_type: {"schema": ok}}}}
     for code in (*errors, *(("401",) if secured else ())):
-        responses[code] = {"description": codes[code], **_json(_ERROR)}
+        responses[code] = {"description": codes[code], **_json(error)}
     op = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, **_json({"$ref": f"#/components/schemas/{body}"})}
@@ -90,6 +92,52 @@ _SCHEMAS = {
             "echo": {"const": False},
         },
     },
+    "AnthropicError": {
+        "type": "object", "required": ["type", "error"],
+        "properties": {"type": {"const": "error"}, "error": {
+            "type": "object", "required": ["type", "message"],
+            "properties": {"type": {"enum": ["invalid_request_error", "authentication_error", "permission_error",
+                                             "not_found_error", "request_too_large", "rate_limit_error",
+                                             "api_error", "overloaded_error"]},
+                           "message": {"type": "string"}}}},
+    },
+    "AnthropicMessage": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"enum": ["user", "assistant"]},
+                       "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+                           "type": "object", "required": ["type"],
+                           "properties": {"type": {"enum": ["text", "tool_use", "tool_result", "thinking",
+                                                            "redacted_thinking"]}}}}]}},
+    },
+    "AnthropicCountTokensRequest": {
+        "type": "object", "required": ["messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/AnthropicMessage"}},
+            "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+            "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"], "properties": {
+                "name": {"type": "string", "minLength": 1}, "description": {"type": "string"},
+                "input_schema": {"type": "object"}}}},
+            "tool_choice": {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},
+                "disable_parallel_tool_use": {"type": "boolean"}}},
+            "thinking": {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["enabled", "disabled"]}, "budget_tokens": {"type": "integer", "minimum": 1}}},
+        },
+    },
+    "AnthropicMessagesRequest": {
+        "allOf": [{"$ref": "#/components/schemas/AnthropicCountTokensRequest"}, {
+            "type": "object", "required": ["max_tokens"],
+            "properties": {
+                "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+                "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+                "top_k": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+                "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                "stream": {"type": "boolean"},
+                "metadata": {"type": "object"},
+            }}],
+    },
     "TokenizeRequest": {
         "type": "object", "required": ["content"],
         "properties": {"content": {"type": "string"}, "add_special": {"type": "boolean"},
@@ -116,6 +164,12 @@ def openapi_document(api_key: bool = False) -> dict:
         "/v1/completions": {"post": _operation(
             "OpenAI (legacy) text completion, whole or as server-sent events", _OBJECT, completion_errors,
             body="CompletionRequest", secured=secured)},
+        "/v1/messages": {"post": _operation(
+            "Anthropic Messages, whole or as Anthropic's server-sent events (stream: true)", _OBJECT,
+            completion_errors, body="AnthropicMessagesRequest", secured=secured, error=_ANTHROPIC_ERROR)},
+        "/v1/messages/count_tokens": {"post": _operation(
+            "Anthropic's token count of a Messages request's prompt", _OBJECT, ("400", "404", "413"),
+            body="AnthropicCountTokensRequest", secured=secured, error=_ANTHROPIC_ERROR)},
         "/v1/models": {"get": _operation("the served model", _OBJECT, secured=secured)},
         "/v1/sharpi/stats": {"get": _operation("request counts and the live expert-cache view", _OBJECT, secured=secured)},
         "/tokenize": {"post": _operation("llama-server's /tokenize", _OBJECT, ("400", "413"),
@@ -134,11 +188,13 @@ def openapi_document(api_key: bool = False) -> dict:
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "sharpi serve", "version": __version__,
-                 "description": "OpenAI-compatible and llama-server-compatible HTTP API of one sharpi model."},
+                 "description": "OpenAI-, Anthropic- and llama-server-compatible HTTP API of one sharpi model."},
         "paths": paths,
         "components": {"schemas": _SCHEMAS},
     }
     if api_key:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        doc["security"] = [{"bearer": []}]
+        # Either header carries the key: Bearer (OpenAI's clients) or x-api-key (Anthropic's).
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+        doc["security"] = [{"bearer": []}, {"apiKey": []}]
     return doc
