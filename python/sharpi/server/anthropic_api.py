@@ -195,10 +195,11 @@ def _tools(body: dict) -> list | None:
                            "give custom tools (name, description, input_schema)", param="tools")
         if not isinstance(tool.get("input_schema"), dict):
             raise ApiError(400, f"{where}.input_schema must be a JSON schema object", param="tools")
-        fn = {"name": tool["name"], "parameters": tool["input_schema"]}
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
-        out.append({"type": "function", "function": fn})
+        # In the order OpenAI's clients write them: a template that prints the tool as JSON prints
+        # the same text for the same tool through either endpoint.
+        description = {"description": tool["description"]} if isinstance(tool.get("description"), str) else {}
+        out.append({"type": "function", "function": {"name": tool["name"], **description,
+                                                      "parameters": tool["input_schema"]}})
     return out or None
 
 

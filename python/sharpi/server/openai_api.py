@@ -238,17 +238,18 @@ def _completion_prompt_ids(served: ServedModel, prompt: str) -> list:
     return served.engine.tokenizer.encode(prompt)
 
 
-async def chat_prompt(served: ServedModel, body: dict, messages: list, template_kwargs: dict,
+async def chat_prompt(served: ServedModel, body: dict, messages: list, template_kwargs: dict | None = None,
                       prefill: str = "") -> tuple[agents.ChatPlan, list]:
     """The ChatPlan and prompt ids of chat `messages` under a request body in OpenAI's shape (its
     tools, tool_choice, response_format, grammar: agents.plan), rendered with the served template
-    and `template_kwargs` on top of the server's; `prefill` (Anthropic's final assistant text) is
-    written after the generation prompt, for the reply to continue."""
+    and the body's template variables (_template_kwargs) on top of the server's, and
+    `template_kwargs` on top of those; `prefill` (Anthropic's final assistant text) is written
+    after the generation prompt, for the reply to continue."""
     engine = served.engine
     template = served.chat_template or engine.tokenizer.chat_template
+    kwargs = {**served.template_kwargs, **_template_kwargs(body), **(template_kwargs or {})}
     plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages)
-    prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages,
-                                         {**served.template_kwargs, **template_kwargs}, prefill)
+    prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs, prefill)
     if served.reasoning_format == "none":
         plan.markers = None
     if plan.markers is not None:  # a prompt that opened a think block
@@ -350,7 +351,7 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         body = await read_body(request, served)
         chat_plan = None
         if chat:
-            chat_plan, prompt_ids = await chat_prompt(served, body, _chat_messages(body), _template_kwargs(body))
+            chat_plan, prompt_ids = await chat_prompt(served, body, _chat_messages(body))
             options = chat_options(served, body, chat_plan, prompt_ids)
         else:
             for name in ("tools", "tool_choice", "response_format", "grammar"):
