@@ -191,13 +191,18 @@ FAMILY_TEMPLATES = {"Qwen-Qwen3-0.6B": "hermes", "Qwen3-Coder": "qwen3_xml", "de
                     "meta-llama-Llama-3.1-8B-Instruct": "llama3"}
 
 
+# Some templates print every tool's description.
+DESCRIBED_TOOLS = [{"type": "function", "function": {"description": f"the {t['function']['name']} tool",
+                                                     **t["function"]}} for t in TOOLS]
+
+
 @pytest.mark.parametrize("name", sorted(FAMILY_TEMPLATES))
 def test_streamed_calls_of_every_family_equal_the_whole_reply(tmp_path, name):
     path, source = _template_file(tmp_path, name)
     assert detect_family(source) == FAMILY_TEMPLATES[name]
     for port in start_server("--chat-template", str(path)):
         for seed in (5, 6):
-            kw = {"model": MODEL_ID, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+            kw = {"model": MODEL_ID, "messages": MESSAGES, "tools": DESCRIBED_TOOLS, "tool_choice": "required",
                   "parallel_tool_calls": False, "max_tokens": 300, "seed": seed, "temperature": 0.7}
             whole = client(port).chat.completions.create(**kw).choices[0]
             chunks = list(client(port).chat.completions.create(stream=True, **kw))
