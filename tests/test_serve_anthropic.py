@@ -367,3 +367,24 @@ def test_api_key_as_x_api_key():
         status, _, data = post(port, "/v1/messages/count_tokens", {"messages": GOOD["messages"]},
                                {"Authorization": "Bearer k-right"})
         assert status == 200 and json.loads(data)["input_tokens"] > 0
+
+
+def test_each_request_is_one_log_line_with_its_generation():
+    from test_serve_api import LINE, Server
+
+    s = Server()
+    try:
+        r = client(s.port).messages.create(**GOOD)
+        with client(s.port).messages.stream(**GOOD) as stream:
+            streamed = stream.get_final_message()
+        client(s.port).messages.count_tokens(model=MODEL_ID, messages=GOOD["messages"])
+        lines = s.log_lines(3)
+    finally:
+        s.stop()
+    parsed = [LINE.match(line.rstrip("\n")) for line in lines]
+    assert all(parsed), lines
+    assert [(m[1], m[2], m[3]) for m in parsed] == [
+        ("POST", "/v1/messages", "200"), ("POST", "/v1/messages", "200"), ("POST", "/v1/messages/count_tokens", "200")]
+    for m, usage in zip(parsed, (r.usage, streamed.usage)):
+        assert f"| prompt {usage.input_tokens} tokens " in m[5] and f", {usage.output_tokens} tokens generated" in m[5]
+    assert not parsed[2][5]  # counting generates nothing

@@ -154,7 +154,7 @@ _OBJECT = {"type": "object"}
 
 def openapi_document(api_key: bool = False) -> dict:
     """The document (a fresh dict each call); `api_key`: the server takes --api-key, so every
-    operation but /health, / and this document needs a bearer token and can answer 401."""
+    operation but /health, / and this document needs a key (bearer or x-api-key) and can answer 401."""
     secured = api_key
     completion_errors = ("400", "404", "413", "500")
     paths = {
