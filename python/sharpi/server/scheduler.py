@@ -169,7 +169,7 @@ class Engine:
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
-            job.tokens = list(s.last_tokens)  # with control tokens: tool-call markers (server.agents)
+            job.tokens = list(s.last_tokens)
             # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
             self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
             job.t_end = time.perf_counter()
