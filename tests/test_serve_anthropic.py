@@ -330,6 +330,8 @@ GOOD = {"model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "conte
     ({**GOOD, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "nope"),
     ({**GOOD, "tools": [{"name": "x"}]}, "input_schema"),
     ({**GOOD, "thinking": {"type": "enabled"}}, "budget_tokens"),
+    ({**GOOD, "tools": TOOLS, "tool_choice": {"type": "any"}, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+     "thinking may not be enabled"),
 ])
 def test_bad_requests_get_anthropic_errors(server, body, needle):
     status, _, data = post(server, "/v1/messages", body)

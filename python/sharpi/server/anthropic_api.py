@@ -239,6 +239,10 @@ def _template_kwargs(body: dict) -> dict:
         budget = thinking.get("budget_tokens")
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ApiError(400, "thinking.budget_tokens must be a positive integer", param="thinking")
+        # As Anthropic's API: a forced call leaves no room for reasoning before it (the grammar
+        # starts the reply with the call, which a template's open think block would swallow).
+        if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("type") in ("any", "tool"):
+            raise ApiError(400, "thinking may not be enabled when tool_choice forces tool use", param="thinking")
     return {"enable_thinking": thinking["type"] == "enabled"}
 
 
