@@ -34,6 +34,9 @@ HAND_WRITTEN = [
     ("hermes", '<tool_call>\n{"name": "a", "arguments": "{\\"x\\": [1, 2]}"}\n</tool_call>',  # arguments as a string
      "", [("a", {"x": [1, 2]})]),
     ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}', "", [("a", {"x": 1})]),  # cut at EOS
+    # Brackets and quotes inside strings do not end the arguments (a streamed call's scan).
+    ("hermes", '<tool_call>\n{"name": "w", "arguments": {"s": "a}\\"]{[\\\\", "n": [1, {"k": "}"}]}}\n</tool_call>',
+     "", [("w", {"s": 'a}"]{[\\', "n": [1, {"k": "}"}]})]),
     ("qwen3_xml", ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
                   "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
      "", [("get_weather", {"city": "San Francisco", "days": 3})]),
