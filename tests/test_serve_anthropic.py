@@ -156,9 +156,10 @@ def test_streamed_text_equals_the_whole_reply(server):
     events = sse_events(data)
     names = [name for name, _ in events]
     # Anthropic's order: message_start, then each block's start, deltas and stop, message_delta, message_stop.
-    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
-    assert names.count("ping") >= 1
+    assert names[:3] == ["message_start", "content_block_start", "ping"] and names.count("ping") == 1
+    assert names[-2:] == ["message_delta", "message_stop"]
     blocks = [n for n in names if n.startswith("content_block")]
+    assert blocks == ["content_block_start"] + ["content_block_delta"] * (len(blocks) - 2) + ["content_block_stop"]
     assert blocks[0] == "content_block_start" and blocks[-1] == "content_block_stop" and len(blocks) >= 3
     start = events[0][1]["message"]
     assert start["id"].startswith("msg_") and start["content"] == [] and start["stop_reason"] is None

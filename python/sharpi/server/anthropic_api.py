@@ -339,7 +339,9 @@ class _StreamedBlocks:
         out = self._stop()
         self.index += 1
         self.open = kind
-        return out + [_event("content_block_start", {"index": self.index, "content_block": block})]
+        # A ping after the first block's start, where Anthropic's API sends one.
+        ping = [_event("ping", {})] if self.index == 0 else []
+        return out + [_event("content_block_start", {"index": self.index, "content_block": block})] + ping
 
     def _delta(self, delta: dict) -> str:
         return _event("content_block_delta", {"index": self.index, "delta": delta})
@@ -398,7 +400,6 @@ async def messages(request: Request, served: ServedModel):
             yield _event("message_start", {"message": {
                 **head, "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": len(prompt_ids), "output_tokens": 0}}})
-            yield _event("ping", {})
             reply, blocks = agents.ReplyStream(plan), _StreamedBlocks()
             try:
                 async for text, _ in stream_until_stop(engine, job, stops):
@@ -409,6 +410,8 @@ async def messages(request: Request, served: ServedModel):
                 return
             for chunk in blocks.write(reply.flush()) + blocks.close():
                 yield chunk
+            if blocks.index < 0:  # an empty reply still gets its ping
+                yield _event("ping", {})
             request.state.generation = timings(job)  # for the access log line
             yield _event("message_delta", {"delta": _stop(job, reply.n_calls > 0),
                                            "usage": {"output_tokens": job.n_generated}})

@@ -78,7 +78,9 @@ _SCHEMAS = {
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "tools": {"type": "array", "items": {"type": "object"}},
             "documents": {"type": "array"},
-            "chat_template_kwargs": {"type": "object"},
+            "chat_template_kwargs": {"type": "object", "properties": {"enable_thinking": {"type": "boolean"},
+                                                                      "reasoning_effort": {"type": "string"}}},
+            "reasoning_effort": {"enum": ["low", "medium", "high"]},
         },
     },
     "CompletionRequest": {
