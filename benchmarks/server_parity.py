@@ -116,6 +116,9 @@ def suite() -> list[Case]:
         Case("tools, forced function", "POST", "/v1/chat/completions",
              chat(messages=WEATHER, tools=TOOLS, max_tokens=96,
                   tool_choice={"type": "function", "function": {"name": "run"}})),
+        Case("tools, required, enable_thinking false", "POST", "/v1/chat/completions",
+             chat(messages=WEATHER, tools=TOOLS, tool_choice="required", max_tokens=96,
+                  chat_template_kwargs={"enable_thinking": False})),
         Case("tools, tool_choice none", "POST", "/v1/chat/completions",
              chat(messages=WEATHER, tools=TOOLS, tool_choice="none", max_tokens=24), **g),
         Case("tools, required, stream", "POST", "/v1/chat/completions",
@@ -131,6 +134,9 @@ def suite() -> list[Case]:
         Case("response_format json_schema", "POST", "/v1/chat/completions",
              chat(max_tokens=64, response_format={"type": "json_schema",
                                                   "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}})),
+        Case("json_schema, enable_thinking false", "POST", "/v1/chat/completions",
+             chat(max_tokens=64, chat_template_kwargs={"enable_thinking": False},
+                  response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}})),
         Case("grammar (GBNF)", "POST", "/v1/chat/completions", chat(grammar='root ::= "yes" | "no"', max_tokens=8)),
         Case("grammar, undefined rule", "POST", "/v1/chat/completions", chat(grammar="root ::= undefined")),
         Case("chat logprobs, top_logprobs 3", "POST", "/v1/chat/completions",
@@ -141,6 +147,8 @@ def suite() -> list[Case]:
         Case("completions echo", "POST", "/v1/completions", completion(echo=True, max_tokens=8), **g),
         Case("completions suffix", "POST", "/v1/completions",
              completion(prompt="def add(a, b):\n", suffix="\n    return c\n", max_tokens=8), **g),
+        Case("completions, the suffix case's prompt without it", "POST", "/v1/completions",
+             completion(prompt="def add(a, b):\n", max_tokens=8), **g),
         Case("completions, token-id prompt", "POST", "/v1/completions",
              lambda ctx: completion(prompt=ctx["fib_ids"]), **g),
         Case("completions, list of 2 prompts", "POST", "/v1/completions",
@@ -149,6 +157,7 @@ def suite() -> list[Case]:
              chat(presence_penalty=1.5, frequency_penalty=1.0, max_tokens=32), **g),
         Case("logit_bias -100 on the greedy first token", "POST", "/v1/completions",
              lambda ctx: completion(logit_bias={str(ctx["first_id"]): -100}, max_tokens=8), **g),
+        Case("repeat_penalty 1.3 (llama.cpp's)", "POST", "/v1/chat/completions", chat(repeat_penalty=1.3), **g),
         Case("seed 42, temperature 0.9", "POST", "/v1/chat/completions", chat(seed=42, temperature=0.9)),
         Case("stop [\"\\n\"]", "POST", "/v1/chat/completions", chat(stop=["\n"]), **g),
         Case("max_tokens 1", "POST", "/v1/chat/completions", chat(max_tokens=1), **g),
@@ -181,7 +190,7 @@ def suite() -> list[Case]:
         Case("Anthropic, max_tokens missing", "POST", "/v1/messages",
              {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS),
         Case("Anthropic count_tokens", "POST", "/v1/messages/count_tokens",
-             {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS),
+             {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS, greedy=True),
         # With --api-key on both (and sharpi --cors-origin '*', llama-server's default).
         Case("api key: none sent", "POST", "/v1/chat/completions", chat(max_tokens=4), pair="auth"),
         Case("api key: wrong", "POST", "/v1/chat/completions", chat(max_tokens=4),
@@ -312,6 +321,7 @@ class Seen:
     stream: str = ""
     text: str | None = None
     extra: str = ""  # a line of case-specific detail (first logprob, CORS headers...)
+    seconds: float = 0.0
 
 
 def error_shape(obj) -> tuple[str, str]:
@@ -365,6 +375,8 @@ def summarize_json(obj, seen: Seen) -> None:
             elif lp.get("tokens"):
                 seen.extra = (f"first token {lp['tokens'][0]!r} logprob {lp['token_logprobs'][0]:.3f}, "
                               f"top {list((lp.get('top_logprobs') or [{}])[0])}")
+    elif isinstance(obj, dict) and "input_tokens" in obj:
+        seen.text = str(obj["input_tokens"])
     elif isinstance(obj, dict) and "tokens" in obj:
         seen.text = json.dumps(obj["tokens"])
     elif isinstance(obj, dict) and "content" in obj and isinstance(obj["content"], str):
@@ -427,15 +439,19 @@ def summarize(status: int, headers: dict, body: bytes) -> Seen:
             obj = json.loads(text) if text.strip() else None
         except ValueError:
             obj = None
-        if obj is None:
+        if obj is None and "# TYPE " in text:  # Prometheus text: the metric families are its fields
+            seen.fields = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+            seen.message = f"{len(seen.fields)} metric families"
+        elif obj is None:
             seen.message = (ctype.split(";")[0] + ": " if ctype else "") + text[:160].replace("\n", " ")
         else:
             summarize_json(obj, seen)
             if not seen.message and status >= 400:
                 seen.message = text[:160]
-    cors = {k: v for k, v in headers.items() if k.startswith("access-control-")}
+    # llama-server sends an empty Access-Control-Allow-Origin on every answer: only set ones count.
+    cors = {k: v for k, v in headers.items() if k.startswith("access-control-") and v}
     if cors:
-        seen.extra = "; ".join(f"{k}: {v}" for k, v in sorted(cors.items()))
+        seen.extra = "; ".join(filter(None, [seen.extra, *(f"{k}: {v}" for k, v in sorted(cors.items()))]))
     return seen
 
 
@@ -452,8 +468,29 @@ def pair_cell(a, b) -> str:
     return a if a == b else f"{a} / {b}"
 
 
-def fields_cell(s: Seen, ll: Seen) -> str:
-    only_s, only_l = sorted(s.fields - ll.fields), sorted(ll.fields - s.fields)
+def field_name(path: str) -> str:
+    return path.removeprefix("chunk.")
+
+
+def common_differences(rows: list[tuple[Case, Seen, Seen]]) -> tuple[set, set]:
+    """Fields one server adds to (nearly) every generation answer (timings, system_fingerprint...):
+    those seen only on one side in at least half the rows both answered with 200. Listed once
+    above the table instead of in every row."""
+    both = [(s, ll) for _, s, ll in rows if s.status == ll.status == 200 and (s.finish or ll.finish)]
+    counts_s: dict[str, int] = {}
+    counts_l: dict[str, int] = {}
+    for s, ll in both:
+        for f in {field_name(x) for x in s.fields} - {field_name(x) for x in ll.fields}:
+            counts_s[f] = counts_s.get(f, 0) + 1
+        for f in {field_name(x) for x in ll.fields} - {field_name(x) for x in s.fields}:
+            counts_l[f] = counts_l.get(f, 0) + 1
+    half = max(1, len(both) // 2)
+    return {f for f, n in counts_s.items() if n >= half}, {f for f, n in counts_l.items() if n >= half}
+
+
+def fields_cell(s: Seen, ll: Seen, common: tuple[set, set]) -> str:
+    only_s = sorted(f for f in s.fields - ll.fields if field_name(f) not in common[0])
+    only_l = sorted(f for f in ll.fields - s.fields if field_name(f) not in common[1])
 
     def short(xs):
         return ", ".join(xs[:5]) + (f" +{len(xs) - 5}" if len(xs) > 5 else "")
@@ -480,11 +517,15 @@ def render(rows: list[tuple[Case, Seen, Seen]], meta: dict) -> str:
               "`sharpi / llama-server` otherwise."), "",
              "| # | request | status | error shape | finish | tool calls | stream | fields only one sent | same text |",
              "|---|---|---|---|---|---|---|---|---|"]
+    common = common_differences(rows)
+    lines[1:1] = ["", "Fields left out of the table's field column because one server sends them in most generation "
+                  "answers: sharpi only: " + (", ".join(sorted(common[0])) or "none") + "; llama-server only: "
+                  + (", ".join(sorted(common[1])) or "none") + "."]
     for i, (case, s, ll) in enumerate(rows, 1):
         lines.append("| " + " | ".join([
             str(i), cell(case.name + (" (api-key servers)" if case.pair == "auth" else "")),
             pair_cell(s.status, ll.status), pair_cell(s.error, ll.error), pair_cell(s.finish, ll.finish),
-            pair_cell(s.tool_calls, ll.tool_calls), pair_cell(s.stream, ll.stream), fields_cell(s, ll),
+            pair_cell(s.tool_calls, ll.tool_calls), pair_cell(s.stream, ll.stream), fields_cell(s, ll, common),
             text_cell(case, s, ll)]) + " |")
     lines += ["", "## What each sent", ""]
     for i, (case, s, ll) in enumerate(rows, 1):
@@ -492,7 +533,7 @@ def render(rows: list[tuple[Case, Seen, Seen]], meta: dict) -> str:
         for who, seen in (("sharpi", s), ("llama-server", ll)):
             what = seen.message or (repr(seen.text[:120]) if seen.text is not None else "")
             extra = f" [{seen.extra}]" if seen.extra else ""
-            lines.append(f"   - {who}: {seen.status} {what}{extra}".rstrip())
+            lines.append(f"   - {who}: {seen.status} in {seen.seconds:.2f} s {what}{extra}".rstrip())
     return "\n".join(lines) + "\n"
 
 
@@ -512,7 +553,8 @@ def run_pair(args, pair: str, cases: list[Case], ctx: dict, log_dir: Path) -> li
     auth = pair == "auth"
     s_port, l_port = free_port(), free_port()
     out = []
-    with started("sharpi serve", sharpi_cmd(args, s_port, auth), s_port, log_dir / f"sharpi-{pair}.log"), \
+    with open(log_dir / "responses.jsonl", "a", encoding="utf-8") as responses, \
+            started("sharpi serve", sharpi_cmd(args, s_port, auth), s_port, log_dir / f"sharpi-{pair}.log"), \
             started("llama-server", llama_cmd(args, l_port, auth), l_port, log_dir / f"llama-server-{pair}.log"):
         if not ctx:
             ctx.update(learn_context(l_port))
@@ -520,12 +562,17 @@ def run_pair(args, pair: str, cases: list[Case], ctx: dict, log_dir: Path) -> li
             body = case.body(ctx) if callable(case.body) else case.body
             data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
             seen = []
-            for port in (s_port, l_port):
+            for who, port in (("sharpi", s_port), ("llama-server", l_port)):
                 try:
-                    status, headers, raw, _ = request(port, case.method, case.path, data, case.headers)
+                    status, headers, raw, secs = request(port, case.method, case.path, data, case.headers)
                     seen.append(summarize(status, headers, raw))
+                    seen[-1].seconds = secs
+                    record = {"case": case.name, "server": who, "status": status, "seconds": round(secs, 3),
+                              "headers": headers, "body": raw[:20000].decode("utf-8", "replace")}
                 except (OSError, http.client.HTTPException) as e:
                     seen.append(Seen(0, error="no answer", message=f"{type(e).__name__}: {e}"))
+                    record = {"case": case.name, "server": who, "error": seen[-1].message}
+                responses.write(json.dumps(record) + "\n")
             print(f"{case.name:45s} sharpi {seen[0].status:3d}  llama-server {seen[1].status:3d}", flush=True)
             out.append((case, seen[0], seen[1]))
     return out
@@ -557,10 +604,11 @@ def main(argv: list[str] | None = None) -> int:
     version = subprocess.run([str(args.llama_server), "--version"], check=False, capture_output=True, text=True)
     meta = {"model": (args.model or Path("stdlib-moe-q8_0.gguf (shipped)")).name, "template": args.chat_template.name,
             "threads": args.threads,
-            "llama_version": " ".join((version.stdout + version.stderr).split("\n")[0].split()[:3])}
+            "llama_version": (version.stdout + version.stderr).split("\n")[0].removeprefix("version: ")}
     cases = [c for c in suite() if not args.only or args.only in c.name]
     log_dir = args.out.parent / (args.out.stem + "-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "responses.jsonl").unlink(missing_ok=True)
     ctx: dict = {}
     rows = []
     for pair in ("main", "auth"):
