@@ -12,10 +12,14 @@ For every request the table shows, for sharpi and llama-server: the HTTP status;
 (the keys of its error object and its type); finish_reason (or Anthropic's stop_reason); how many
 tool calls came back; for a stream, the events' shape (count, object/event kinds, the [DONE]
 terminator); the response fields only one of them sent; and, for greedy requests both answered with
-200, whether the generated text is the same. Below the table: each side's error message or first
-lines, so a difference can be explained from the record.
+200, whether the generated text (or token ids) is the same ("sampled/constrained" where sampling or
+a different constraint engine may rightly pick other tokens). Fields one server adds to nearly every
+generation answer (timings...) are listed once above the table. Below it: each side's status,
+seconds, and error message or first characters. Beside the table, in OUT's stem + "-logs/": both
+servers' logs and every raw answer (responses.jsonl), so a difference can be explained from the
+record; docs/server_parity.md is such a record with the reasons.
 
-    PYTHONPATH=python python benchmarks/server_parity.py --out docs/server_parity_table.md
+    PYTHONPATH=python python benchmarks/server_parity.py --out /tmp/parity/table.md
     python benchmarks/server_parity.py --llama-server /path/to/llama-server --model FILE.gguf \\
         --chat-template FILE.jinja --out table.md
 """
