@@ -1,4 +1,4 @@
-// The device forward pass (cuda_backend.h DeviceForward) for the plain MoE archs: the CPU engine's
+// The device forward pass (backend/cuda_interface.h DeviceForward) for the plain MoE archs: the CPU engine's
 // decoder_layer (model/forward.cpp, moe/moe_ffn.cpp) op for op, on the device.
 //
 // Owns: a device copy of every tensor of device_weights() (one allocation, uploaded once at open,
@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "cpu/ops/expert_ffn.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "device_memory.cuh"
 #include "device_plan.h"
 #include "device_tier.cuh"

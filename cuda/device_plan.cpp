@@ -1,4 +1,4 @@
-// The device forward pass's plan (cuda_backend.h plan_device_model, device_plan.h): which tensors
+// The device forward pass's plan (backend/cuda_interface.h plan_device_model, device_plan.h): which tensors
 // go to VRAM, what the activation arena takes, and every limit of the device path, checked on the
 // host before anything is allocated. Plain C++, built in every build (CUDA or not), so the host tests
 // check the refusals and the size accounting without a device.
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "block_math_host.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
 

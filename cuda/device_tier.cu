@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "device_memory.cuh"
 #include "device_tier.cuh"
 #include "fill_source.cuh"

@@ -95,7 +95,8 @@ def run_side(model_dir: Path, out_path: Path) -> None:
         probe = sharpi.Session(str(gguf))
         info = probe.info
         del probe
-        def budgets_for(exact: bool) -> dict:
+
+        def budgets_for(exact: bool, gguf=gguf, info=info) -> dict:
             # The smallest budget that streams (exact mode's f32 KV cache needs more), plus 0.2 MiB.
             minimum = None
             try:

@@ -83,7 +83,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     check_context_size(n_ctx, h.n_ctx_train, options.allow_long_context, path);
     const GgmlType type_k = kv_type_for(options.cache_type_k, exact_);
     const GgmlType type_v = kv_type_for(options.cache_type_v, exact_);
-    // The device is the CUDA backend's decision (cuda_backend.h): it checks the device, the model
+    // The device is the CUDA backend's decision (backend/cuda_interface.h): it checks the device, the model
     // and the VRAM before it allocates, then uploads; a CPU-only build's stub refuses. The device
     // KV cache is f32 in both modes (a type named by the user is checked by the plan).
     pool_ = std::make_unique<ThreadPool>(options.n_threads > 0 ? options.n_threads : hardware_threads());

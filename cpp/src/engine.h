@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/recurrent_state.h"

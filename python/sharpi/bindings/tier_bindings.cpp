@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bindings.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "gguf/cache_prior_file.h"
 #include "model/model.h"
 #include "moe/cpu_miss.h"
