@@ -2,7 +2,7 @@
 """What the thread pool's wake-ups and barriers cost a decoded token (issue 12: keep it under 5% of TPOT on
 the tiny models).
 
-Method. Built with SHARPI_POOL_STATS=1, every pool times its parallel regions (cpu/threadpool.h,
+Method. Built with SHARPI_POOL_STATS=1, every pool times its parallel regions (threads/thread_pool.h,
 ThreadPoolStats): a region runs from parallel_for publishing its job to parallel_for returning; inside it,
 each thread's time in bodies is its work. Per decoded token the script reports
   regions       parallel_for calls handed to the workers (and those run inline, below the size floor),

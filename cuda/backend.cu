@@ -1,10 +1,10 @@
-// CUDA build: device discovery (cuda_backend.h). The forward pass is device_forward.cu, its plan
+// CUDA build: device discovery (backend/cuda_interface.h). The forward pass is device_forward.cu, its plan
 // device_plan.cpp; kernels live one op per file under cuda/ops/ (docs/style.md habit 2).
 #include <cuda_runtime.h>
 
 #include <string>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "cuda_check.cuh"
 #include "sharpi/errors.h"
 

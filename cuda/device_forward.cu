@@ -1,4 +1,4 @@
-// The device forward pass (cuda_backend.h DeviceForward) for the plain MoE archs: the CPU engine's
+// The device forward pass (backend/cuda_interface.h DeviceForward) for the plain MoE archs: the CPU engine's
 // decoder_layer (model/forward.cpp, moe/moe_ffn.cpp) op for op, on the device.
 //
 // Owns: a device copy of every tensor of device_weights() (one allocation, uploaded once at open,
@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "cpu/ops/expert_ffn.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "device_memory.cuh"
 #include "device_plan.h"
 #include "device_tier.cuh"
@@ -113,7 +113,7 @@ class CudaForward final : public DeviceForward {
     float* v_cache(int il) const { return k_cache(il) + kv_layer_floats_; }
     // The device copy of a host tensor of device_weights() (nullptr for nullptr / an empty vector).
     const void* device_of(const void* host) const;
-    DeviceLinear linear_of(const cpu::WeightView& w, const std::vector<float>* bias = nullptr) const;
+    DeviceLinear linear_of(const WeightView& w, const std::vector<float>* bias = nullptr) const;
 
     void linear(const DeviceLinear& l, const float* x, int64_t n_tokens, float* y) const;
     void dense_ffn(const DeviceLayer& L, const float* x, int64_t n_tokens, float* y) const;
@@ -263,7 +263,7 @@ const void* CudaForward::device_of(const void* host) const {
     return it->second;
 }
 
-DeviceLinear CudaForward::linear_of(const cpu::WeightView& w, const std::vector<float>* bias) const {
+DeviceLinear CudaForward::linear_of(const WeightView& w, const std::vector<float>* bias) const {
     DeviceLinear l;
     if (w.data == nullptr) return l;
     l.w = device_of(w.data);
@@ -448,7 +448,7 @@ void CudaForward::streamed_experts(int il, const DeviceLayer& L, int64_t T, cons
             if (std::binary_search(on_cpu.begin(), on_cpu.end(), e)) {
                 ExpertView v;
                 host_experts_->acquire(il, &e, 1, &v);
-                const cpu::ExpertFfnWeights w{v.gate, v.up, v.down};
+                const ExpertFfnWeights w{v.gate, v.up, v.down};
                 const float one = 1.0f;
                 cpu::expert_ffn_one_token(*misses_.pool, &w, &one, 1, cpu_x_.as<float>(),
                                           cpu_rows_.as<float>() + slot * h_.n_embd, !int8_);
@@ -508,7 +508,7 @@ void CudaForward::layer(int il, int64_t T, int64_t pos, GateObserver* observer) 
         launch_rms_norm(q, L.q_norm, T, n_q, h.rms_eps, q, s);
         launch_rms_norm(k_new, L.k_norm, T, n_kv, h.rms_eps, k_new, s);
     }
-    const bool neox = h.rope.type == cpu::RopeType::neox;
+    const bool neox = h.rope.type == RopeType::neox;
     launch_rope(q, n_q, T, h.n_head, hd, pos, h.rope.n_rot, neox, h.rope.freq_base, h.rope.freq_scale, s);
     launch_rope(k_new, n_kv, T, h.n_head_kv, hd, pos, h.rope.n_rot, neox, h.rope.freq_base, h.rope.freq_scale,
                 s);

@@ -1,4 +1,4 @@
-// The device forward pass's plan (cuda_backend.h plan_device_model, device_plan.h): which tensors
+// The device forward pass's plan (backend/cuda_interface.h plan_device_model, device_plan.h): which tensors
 // go to VRAM, what the activation arena takes, and every limit of the device path, checked on the
 // host before anything is allocated. Plain C++, built in every build (CUDA or not), so the host tests
 // check the refusals and the size accounting without a device.
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "block_math_host.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
 
@@ -28,7 +28,7 @@ struct Carve {
     }
 };
 
-void add_view(std::vector<HostWeight>& out, const std::string& name, const cpu::WeightView& w) {
+void add_view(std::vector<HostWeight>& out, const std::string& name, const WeightView& w) {
     if (w.data == nullptr) return;
     for (const HostWeight& seen : out) {
         if (seen.data == w.data) return;  // tied output head: token_embd already goes up
@@ -139,8 +139,8 @@ DevicePlan plan_device_model(const Model& model, int64_t n_ctx, int64_t max_batc
                         arch + (h.is_moe() ? "" : " without experts"));
     }
     if (model.streaming) unsupported(arch, "every weight is resident on the device (no ram_budget)");
-    const cpu::RouterParams& r = h.router;
-    if (r.gating != cpu::Gating::softmax || r.n_group != 1 || r.weights_scale != 1.0f) {
+    const RouterParams& r = h.router;
+    if (r.gating != Gating::softmax || r.n_group != 1 || r.weights_scale != 1.0f) {
         unsupported(arch,
                     "the device router is softmax top-k (no sigmoid gating, expert groups or weight scale)");
     }

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "device_memory.cuh"
 #include "device_tier.cuh"
 #include "fill_source.cuh"
@@ -321,11 +321,11 @@ VramTierRun op_vram_tier_run(const Model& model, const VramTierOptions& o,
         std::vector<PinnedBuffer> back;
         for (int i = 0; i < n; ++i) {
             uint64_t bytes = 0;
-            for (const cpu::WeightView* w : {&views[i].gate, &views[i].up, &views[i].down})
+            for (const WeightView* w : {&views[i].gate, &views[i].up, &views[i].down})
                 bytes += static_cast<uint64_t>(w->n_rows) * w->row_bytes;
             back.emplace_back(bytes, "expert read-back");
             uint64_t at = 0;
-            for (const cpu::WeightView* w : {&views[i].gate, &views[i].up, &views[i].down}) {
+            for (const WeightView* w : {&views[i].gate, &views[i].up, &views[i].down}) {
                 const uint64_t nb = static_cast<uint64_t>(w->n_rows) * w->row_bytes;
                 copy_to_host(back.back().as<uint8_t>() + at, w->data, nb, compute, "expert read-back");
                 at += nb;

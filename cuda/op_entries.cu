@@ -1,10 +1,10 @@
-// The op entries of cuda_backend.h: upload, one op's launches on a fresh stream, wait, download.
+// The op entries of backend/cuda_interface.h: upload, one op's launches on a fresh stream, wait, download.
 // For the GPU tests (tests/test_cuda_gpu.py) and benchmarks; the forward pass calls the launch
 // functions directly and never synchronizes per op.
 #include <string>
 #include <vector>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "device_memory.cuh"
 #include "ops/activation.cuh"
 #include "ops/attention.cuh"

@@ -1,7 +1,7 @@
 // CPU-only build: CUDA is never available; every device entry is an UnsupportedError.
 #include <string>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
 

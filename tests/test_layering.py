@@ -6,6 +6,12 @@
   the layer builders and the cache) and the readers (cpp/src/io/) know the model only as an
   ExpertLayout: they include nothing from cpp/src/model/ or cpp/src/gguf/.
 - The model (cpp/src/model/) never includes the public session header.
+- One forward pass (issue 38): the layer builders (model/forward.*, model/hybrid_layer.*, the
+  architecture files) and the MoE FFN include no kernel header of any backend (cpu/, cuda/); they
+  compute through backend/backend.h only. The engine includes no kernel header (cpu/ops/, cpu/quant/;
+  the CPU backend's own header cpu/cpu_backend.h is its way in).
+- Nothing in cpp/src includes a header of cuda/: the core sees the CUDA backend only through
+  backend/cuda_interface.h, which cuda/ implements (core -> cuda one way).
 
 Each rule is also run against a source with one forbidden include added, so a rule that can no
 longer fail is caught too.
@@ -58,6 +64,18 @@ RULES = [
         lambda name: name.startswith("model/"),
         ("sharpi/session.h",),
     ),
+    (
+        "the layer builders and the MoE FFN include no backend kernel header",
+        lambda name: (
+            name.startswith(("model/archs/", "model/forward.", "model/hybrid_layer.")) or name in MOE_BRIDGE
+        ),
+        ("cpu/", "cuda/", "ops/"),
+    ),
+    (
+        "the engine includes no kernel header",
+        lambda name: name in ("engine.h", "engine.cpp"),
+        ("cpu/ops/", "cpu/quant/", "cuda/", "ops/"),
+    ),
 ]
 
 
@@ -77,7 +95,31 @@ def _all_sources() -> dict[str, str]:
     files = {}
     for folder in ("predict", "moe", "io", "model"):
         files.update(_sources(folder))
+    for name in ("engine.h", "engine.cpp"):
+        files[name] = (SRC / name).read_text()
     return files
+
+
+CUDA_DIR = ROOT / "cuda"
+
+
+def _cuda_header_includes(files: dict[str, str]) -> list[str]:
+    """Includes in core sources that resolve to a header of cuda/ and not to one of the core."""
+    out = []
+    for name, text in files.items():
+        for inc in _includes(text):
+            in_core = (SRC / inc).is_file() or (ROOT / "cpp" / "include" / inc).is_file()
+            if not in_core and ((CUDA_DIR / inc).is_file() or inc.startswith("cuda/")):
+                out.append(f'{name} includes "{inc}", a header of cuda/')
+    return out
+
+
+def test_core_includes_no_cuda_header():
+    files = {p.relative_to(SRC).as_posix(): p.read_text() for p in sorted(SRC.rglob("*")) if p.is_file()}
+    assert _cuda_header_includes(files) == []
+    # The rule can fail: a core file including one of cuda/'s headers is caught.
+    files["model/forward.cpp"] = '#include "device_tier.cuh"\n' + files["model/forward.cpp"]
+    assert len(_cuda_header_includes(files)) == 1
 
 
 def test_the_folders_exist():
@@ -100,6 +142,11 @@ def test_no_forbidden_include():
         ("moe/prefetcher.h", "gguf/gguf_file.h"),
         ("io/reader_common.cpp", "model/hparams.h"),
         ("model/forward.h", "sharpi/session.h"),
+        ("model/forward.cpp", "cpu/ops/matmul.h"),
+        ("model/archs/deepseek2.cpp", "cpu/ops/mla_attention.h"),
+        ("moe/moe_ffn.cpp", "cpu/ops/expert_ffn.h"),
+        ("model/hybrid_layer.cpp", "cuda/ops/rms_norm.cuh"),
+        ("engine.cpp", "cpu/ops/matmul.h"),
     ],
 )
 def test_each_rule_catches_a_forbidden_include(victim, include):

@@ -1,4 +1,4 @@
-"""The thread pool's cost counters (SHARPI_POOL_STATS=1, cpu/threadpool.h ThreadPoolStats), used by
+"""The thread pool's cost counters (SHARPI_POOL_STATS=1, threads/thread_pool.h ThreadPoolStats), used by
 benchmarks/bench_threadpool.py to set wake-up and barrier time against TPOT. Each case runs in a child
 process: the pool reads the variable when it is built, and the counters are process-wide.
 

@@ -5,9 +5,12 @@ Usage (from the repository root):
 
 It writes small synthetic models with `sharpi.make_model.write_model` (every arch, several quant
 types), then runs each configuration (resident; streamed with a tight and a roomy RAM budget; both
-readers; predictors; route-trace replay; prefill and token-by-token decode) once under each build in
-a subprocess (PYTHONPATH=<build>), and compares the logits byte for byte. Exit status 1 on any
-difference. A tool, not a test: it needs two builds side by side.
+readers; predictors; route-trace replay; exact mode; prefill and token-by-token decode) once under
+each build in a subprocess (PYTHONPATH=<build>), and compares the logits byte for byte. Exit status 1
+on any difference. A tool, not a test: it needs two builds side by side.
+
+--control runs the new side with SHARPI_ISA=scalar (other kernels, other rounding in fast mode):
+it must report differences, which shows the comparison can fail (exit status 0 only if it does).
 """
 
 from __future__ import annotations
@@ -30,8 +33,22 @@ MODELS = [  # (arch, quant)
     ("olmoe", "f16"),
     ("llama", "q5_k_m"),
     ("llama", "q8_0"),
+    ("deepseek2", "q4_k_m"),
+    ("deepseek2", "f16"),
+    ("gpt-oss", "mxfp4"),
+    ("gpt-oss", "q8_0"),
+    ("qwen3next", "q4_k_m"),
+    ("qwen35moe", "q8_0"),
+    ("qwen2", "q6_k"),
+    ("qwen3", "q4_0"),
 ]
-QUICK_MODELS = [("qwen3moe", "q4_k_m"), ("qwen2moe", "q8_0"), ("olmoe", "q4_0"), ("llama", "q5_k_m")]
+QUICK_MODELS = [
+    ("qwen3moe", "q4_k_m"),
+    ("qwen2moe", "q8_0"),
+    ("deepseek2", "q4_k_m"),
+    ("gpt-oss", "mxfp4"),
+    ("qwen3next", "q4_k_m"),
+]
 
 # "uring" runs as "auto" (pread) on a build without io_uring (both builds must agree on that).
 READERS = ("pread", "uring")
@@ -58,6 +75,9 @@ def configs() -> list[dict]:
     )
     out.append({"budget": None, "route_trace": True})
     out.append({"budget": "small", "reader": "auto", "route_trace": True, "predictor": "prev_token"})
+    # Exact mode (f32 on dequantized weights), resident and streamed.
+    out.append({"budget": None, "exact": True})
+    out.append({"budget": "small", "reader": "pread", "exact": True})
     # Every named activation of the last decode (embedding, each layer's intermediates, output head).
     out.append({"budget": "small", "reader": "pread", "dump_activations": True})
     return out
@@ -75,26 +95,36 @@ def run_side(model_dir: Path, out_path: Path) -> None:
         probe = sharpi.Session(str(gguf))
         info = probe.info
         del probe
-        minimum = None
-        try:
-            sharpi.Session(str(gguf), ram_budget=1, predictor="next_gate", lookahead=2)
-        except _core.InvalidArgument as e:
-            m = re.search(r"need at least ([0-9.]+) MiB", str(e))
-            minimum = float(m.group(1)) if m else None
-        budgets = {
-            "small": int((minimum + 0.2) * 1024 * 1024),
-            "large": int(info["bytes_dense"] + 2 * info["bytes_experts"] + (256 << 20)),
-        }
+
+        def budgets_for(exact: bool, gguf=gguf, info=info) -> dict:
+            # The smallest budget that streams (exact mode's f32 KV cache needs more), plus 0.2 MiB.
+            minimum = None
+            try:
+                sharpi.Session(str(gguf), ram_budget=1, predictor="next_gate", lookahead=2, exact=exact)
+            except _core.InvalidArgument as e:
+                m = re.search(r"need at least ([0-9.]+) MiB", str(e))
+                minimum = float(m.group(1)) if m else None
+            if minimum is None:  # a dense model: nothing streams
+                return {}
+            return {
+                "small": int((minimum + 0.2) * 1024 * 1024),
+                "large": int(info["bytes_dense"] + 2 * info["bytes_experts"] + (256 << 20)),
+            }
+
+        budgets = {False: budgets_for(False), True: budgets_for(True)}
         rng = np.random.default_rng(0)
-        trace = rng.integers(0, info["n_expert"], size=(7, info["n_layer"], info["n_expert_used"])).astype(
+        n_moe_layers = info["n_layer"] - info.get("n_layer_dense_lead", 0)  # traces cover MoE layers only
+        trace = rng.integers(0, info["n_expert"], size=(7, n_moe_layers, info["n_expert_used"])).astype(
             np.int32
         )
         for i, cfg in enumerate(configs()):
+            if (cfg["budget"] or cfg.get("route_trace")) and not info.get("n_expert"):
+                continue  # expert streaming and routing configurations need experts
             kw = {}
             if cfg["budget"]:
-                kw["ram_budget"] = budgets[cfg["budget"]]
+                kw["ram_budget"] = budgets[bool(cfg.get("exact"))][cfg["budget"]]
                 kw["reader"] = cfg["reader"] if cfg["reader"] != "uring" or _core.uring_compiled() else "auto"
-            for key in ("predictor", "lookahead", "slru_probation", "dump_activations"):
+            for key in ("predictor", "lookahead", "slru_probation", "dump_activations", "exact"):
                 if key in cfg:
                     kw[key] = cfg[key]
             s = sharpi.Session(str(gguf), **kw)
@@ -132,6 +162,7 @@ def main() -> int:
     p.add_argument("--new", default="python")
     p.add_argument("--dir", default="/tmp/sharpi-compare")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--control", action="store_true", help="new side under SHARPI_ISA=scalar: must differ")
     p.add_argument("--side", help=argparse.SUPPRESS)
     a = p.parse_args()
     work = Path(a.dir)
@@ -149,6 +180,8 @@ def main() -> int:
     digests = {}
     for side, pp in (("old", a.old), ("new", a.new)):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(pp))
+        if a.control and side == "new":
+            env["SHARPI_ISA"] = "scalar"
         out = work / f"{side}.json"
         subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--dir", str(work), "--side", str(out)],
@@ -161,6 +194,9 @@ def main() -> int:
     print(f"{len(same)} of {len(digests['old'])} runs bit-identical")
     for k in diff:
         print("DIFFERENT:", k)
+    if a.control:
+        print("control: the comparison " + ("can fail (as it must)" if diff else "did NOT fail: it is blind"))
+        return 0 if diff else 1
     return 1 if diff else 0
 
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 
+#include "cpu/cpu_backend.h"
 #include "gguf/cache_prior_file.h"
 #include "memory_plan.h"
 #include "model/forward.h"
@@ -82,11 +83,11 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     check_context_size(n_ctx, h.n_ctx_train, options.allow_long_context, path);
     const GgmlType type_k = kv_type_for(options.cache_type_k, exact_);
     const GgmlType type_v = kv_type_for(options.cache_type_v, exact_);
-    // The device is the CUDA backend's decision (cuda_backend.h): it checks the device, the model
+    // The device is the CUDA backend's decision (backend/cuda_interface.h): it checks the device, the model
     // and the VRAM before it allocates, then uploads; a CPU-only build's stub refuses. The device
     // KV cache is f32 in both modes (a type named by the user is checked by the plan).
-    pool_ = std::make_unique<cpu::ThreadPool>(options.n_threads > 0 ? options.n_threads
-                                                                    : cpu::hardware_threads());
+    pool_ = std::make_unique<ThreadPool>(options.n_threads > 0 ? options.n_threads : hardware_threads());
+    backend_ = std::make_unique<CpuBackend>(*pool_, scratch_);
     // CPU compute of VRAM misses: the mode is checked here, before any device is touched.
     const char* cpu_moe_env = std::getenv("SHARPI_CPU_MOE");
     const bool cpu_moe_forced = cpu_moe_env != nullptr && std::string(cpu_moe_env) == "1";
@@ -563,13 +564,13 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
         moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
         ActivationDump* dump = nullptr;
         if (options_.dump_activations) dump = n_chunks == 1 ? &dump_ : &chunk_dumps.emplace_back();
-        Forward& f = fs.emplace_back(m, *kv_, *pool_, scratch_, moe, dump);
+        Forward& f = fs.emplace_back(m, *kv_, *backend_, moe, dump);
         f.set_timeline(&timeline_);
         f.set_exact(exact_);
         f.set_pos0(start_pos + c0);
         f.set_recurrent_state(recurrent_.get());
         xs.push_back(Act{residual_.data() + c0 * h.n_embd, rows, h.n_embd});
-        scratch_.reset();
+        backend_->reset_activations();
         f.embed(tokens + c0, xs.back());
     }
 
@@ -581,13 +582,13 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
     for (int il = 0; il < h.n_layer; ++il) {
         for (int64_t c = 0; c < n_chunks; ++c) {
             throw_if_cancelled(il);
-            scratch_.reset();
+            backend_->reset_activations();
             const double t0 = timeline_.enabled() ? timeline_.now_us() : 0.0;
             Act& x = xs[static_cast<size_t>(c)];
             Act out = m.spec->build_layer(fs[static_cast<size_t>(c)], x, il);
             if (timeline_.enabled())
                 timeline_.span("compute", "layer " + std::to_string(il), t0, timeline_.now_us());
-            std::memcpy(x.data, out.data, sizeof(float) * static_cast<size_t>(x.n_tokens * h.n_embd));
+            backend_->copy(out, x);
         }
     }
     for (int il = 0; il < h.n_layer; ++il) {
@@ -605,7 +606,7 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
         const Act& x = xs[static_cast<size_t>(c)];
         const bool last = c + 1 == n_chunks;
         if (!all_logits && !last) continue;
-        scratch_.reset();
+        backend_->reset_activations();
         const int64_t first = all_logits ? 0 : x.n_tokens - 1;
         fs[static_cast<size_t>(c)].output_head(x, first,
                                                logits + (all_logits ? c * kMaxBatch * h.n_vocab : 0));

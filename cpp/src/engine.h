@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/threadpool.h"
-#include "cuda_backend.h"
+#include "backend/backend.h"
+#include "backend/cuda_interface.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/recurrent_state.h"
@@ -29,6 +29,7 @@
 #include "sharpi/options.h"
 #include "sharpi/predictor.h"
 #include "sharpi/types.h"
+#include "threads/thread_pool.h"
 #include "trace/timeline.h"
 
 namespace sharpi {
@@ -122,16 +123,17 @@ class Engine final : private GateObserver {
     bool exact_ = false;
     std::unique_ptr<Model> model_;
     ModelInfo info_;
-    std::unique_ptr<cpu::ThreadPool> pool_;
+    std::unique_ptr<ThreadPool> pool_;
     std::unique_ptr<KvCache> kv_;  // device="cpu" only
     // device="cuda": the forward pass on the device (weights, KV cache and activations in VRAM);
     // decode() hands it the tokens instead of running forward_batch.
     std::unique_ptr<cuda::DeviceForward> device_;
     std::unique_ptr<RecurrentState> recurrent_;  // DeltaNet layers' state (hybrid archs)
     std::unique_ptr<ExpertSource> experts_;
-    ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
-    ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)
-    Scratch scratch_;
+    ExpertCache* cache_ = nullptr;      // experts_ when streaming, else nullptr
+    ExpertCacheStats plan_;             // budget, fixed bytes, slots (streaming only)
+    Scratch scratch_;                   // the CPU backend's activations
+    std::unique_ptr<Backend> backend_;  // computes forward_batch's layers (device="cpu")
     std::vector<float> residual_;
     int64_t n_past_ = 0;
     ActivationDump dump_;

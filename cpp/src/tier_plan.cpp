@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <numeric>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "memory_plan.h"
 #include "model/model.h"
 #include "moe/expert_cache.h"

@@ -1,5 +1,5 @@
 // RMSNorm: y[t] = x[t] * (1 / sqrt(mean(x[t]^2) + eps)) * weight, per token row of n elements.
-// As cpu/ops/norm: the mean of squares is accumulated in f32 per thread and combined in a block
+// As cpu/ops/rms_norm: the mean of squares is accumulated in f32 per thread and combined in a block
 // reduction (the CPU uses a double sum; the difference is f32 rounding).
 #pragma once
 

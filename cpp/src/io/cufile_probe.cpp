@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 
 namespace sharpi {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/ops/rope.h"
+#include "backend/op_types.h"
 
 namespace sharpi {
 
@@ -20,7 +20,7 @@ struct Act;
 
 struct ArchSpec {
     const char* name;
-    cpu::RopeType rope_type;
+    RopeType rope_type;
     // Default for renormalising the top-k router weights; {arch}.expert_weights_norm overrides it.
     bool expert_weights_norm;
     void (*load_layer)(ModelLoader& loader, int il);

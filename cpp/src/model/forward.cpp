@@ -4,12 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu/ops/activation.h"
-#include "cpu/ops/attention.h"
-#include "cpu/ops/matmul.h"
-#include "cpu/ops/norm.h"
-#include "cpu/ops/rope.h"
-#include "cpu/quant/kernels.h"
 #include "moe/moe_ffn.h"
 
 namespace sharpi {
@@ -18,7 +12,7 @@ namespace sharpi {
 // Basic builders
 
 Act Forward::alloc(int64_t n_tokens, int64_t width) {
-    return Act{scratch_.alloc(n_tokens * width), n_tokens, width};
+    return backend_.alloc(n_tokens, width);
 }
 
 void Forward::name(const Act& x, const char* name, int il) {
@@ -26,33 +20,28 @@ void Forward::name(const Act& x, const char* name, int il) {
     std::string key = il >= 0 ? std::string(name) + "-" + std::to_string(il) : std::string(name);
     Activation& a = (*dump_)[key];
     a.shape = {x.n_tokens, x.width};
-    a.data.assign(x.data, x.data + x.n_tokens * x.width);
+    a.data.resize(static_cast<size_t>(x.n_tokens * x.width));
+    backend_.read(x, a.data.data());
 }
 
 Act Forward::norm(const Act& x, const std::vector<float>& weight, const char* name, int il) {
     Act y = alloc(x.n_tokens, x.width);
-    cpu::rms_norm(x.data, x.width, y.data, y.width, x.n_tokens, x.width, weight.data(), hp().rms_eps);
+    backend_.rms_norm(x.data, x.width, y.data, y.width, x.n_tokens, x.width, weight.data(), hp().rms_eps);
     this->name(y, name, il);
     return y;
 }
 
 Act Forward::linear(const Act& x, const Linear& w, const char* name, int il) {
     Act y = alloc(x.n_tokens, w.w.n_rows);
-    cpu::matmul(pool_, w.w, x.data, x.width, x.n_tokens, y.data, y.width, exact_);
-    if (!w.bias.empty()) {
-        for (int64_t t = 0; t < y.n_tokens; ++t) {
-            float* r = y.row(t);
-            for (int64_t i = 0; i < y.width; ++i) r[i] += w.bias[static_cast<size_t>(i)];
-        }
-    }
+    backend_.matmul(w.w, x.data, x.width, x.n_tokens, y.data, y.width, exact_);
+    if (!w.bias.empty()) backend_.add_bias(y, w.bias.data());
     this->name(y, name, il);
     return y;
 }
 
 Act Forward::add(const Act& a, const Act& b, const char* name, int il) {
     Act y = alloc(a.n_tokens, a.width);
-    const int64_t n = a.n_tokens * a.width;
-    for (int64_t i = 0; i < n; ++i) y.data[i] = a.data[i] + b.data[i];
+    backend_.add(a, b, y);
     this->name(y, name, il);
     return y;
 }
@@ -72,33 +61,30 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
 
     if (qk_norm == QkNorm::per_head) {
         // Rows of head_dim: [T * n_head, head_dim] viewed in place.
-        cpu::rms_norm(q.data, h.head_dim, q.data, h.head_dim, T * h.n_head, h.head_dim, L.attn_q_norm.data(),
-                      h.rms_eps);
-        cpu::rms_norm(k.data, h.head_dim, k.data, h.head_dim, T * h.n_head_kv, h.head_dim,
-                      L.attn_k_norm.data(), h.rms_eps);
+        backend_.rms_norm(q.data, h.head_dim, q.data, h.head_dim, T * h.n_head, h.head_dim,
+                          L.attn_q_norm.data(), h.rms_eps);
+        backend_.rms_norm(k.data, h.head_dim, k.data, h.head_dim, T * h.n_head_kv, h.head_dim,
+                          L.attn_k_norm.data(), h.rms_eps);
     } else if (qk_norm == QkNorm::full) {
-        cpu::rms_norm(q.data, q.width, q.data, q.width, T, q.width, L.attn_q_norm.data(), h.rms_eps);
-        cpu::rms_norm(k.data, k.width, k.data, k.width, T, k.width, L.attn_k_norm.data(), h.rms_eps);
+        backend_.rms_norm(q.data, q.width, q.data, q.width, T, q.width, L.attn_q_norm.data(), h.rms_eps);
+        backend_.rms_norm(k.data, k.width, k.data, k.width, T, k.width, L.attn_k_norm.data(), h.rms_eps);
     }
     if (qk_norm != QkNorm::none) {
         name(q, "Qcur_normed", il);
         name(k, "Kcur_normed", il);
     }
-    cpu::rope(q.data, q.width, T, h.n_head, h.head_dim, pos0_, h.rope);
-    cpu::rope(k.data, k.width, T, h.n_head_kv, h.head_dim, pos0_, h.rope);
+    backend_.rope(q.data, q.width, T, h.n_head, h.head_dim, pos0_, h.rope);
+    backend_.rope(k.data, k.width, T, h.n_head_kv, h.head_dim, pos0_, h.rope);
     name(q, "Qcur_rope", il);
     name(k, "Kcur_rope", il);
 
-    for (int64_t t = 0; t < T; ++t) kv_.store(il, pos0_ + t, k.row(t), v.row(t));
+    backend_.kv_store(kv_, il, pos0_, k, &v);
     Act kqv = alloc(T, h.n_embd_q());
-    cpu::AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim,
-                              1.0f / std::sqrt(static_cast<float>(h.head_dim))};
+    AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim, 1.0f / std::sqrt(static_cast<float>(h.head_dim))};
     shape.window = L.attn_window;
     shape.exact = exact_;
     if (!L.attn_sinks.empty()) shape.sinks = L.attn_sinks.data();
-    const cpu::KvRows k_rows{kv_.k(il), kv_.row_bytes_k(), kv_.type_k()};
-    const cpu::KvRows v_rows{kv_.v(il), kv_.row_bytes_v(), kv_.type_v()};
-    cpu::attention(pool_, q.data, q.width, k_rows, v_rows, T, pos0_, shape, kqv.data, kqv.width);
+    backend_.attention(q.data, q.width, kv_, il, T, pos0_, shape, kqv.data, kqv.width);
     name(kqv, "kqv_out", il);
     if (L.attn_output_gate) output_gate(kqv, gate, il);
     return linear(kqv, L.wo, "attn_out", il);
@@ -112,7 +98,7 @@ Act Forward::ffn(const Act& cur, const Linear& gate, const Linear& up, const Lin
     Act g = linear(cur, gate, "ffn_gate", il);
     Act u = linear(cur, up, "ffn_up", il);
     Act a = alloc(cur.n_tokens, g.width);
-    cpu::swiglu(g.data, u.data, a.data, g.n_tokens * g.width);
+    backend_.swiglu(g.data, u.data, a.data, g.n_tokens * g.width);
     return linear(a, down, name, il);
 }
 
@@ -124,11 +110,7 @@ Act Forward::moe_ffn(const Act& cur, const float* hidden, int il) {
 // Embedding and output head
 
 void Forward::embed(const token_t* tokens, const Act& x) {
-    const cpu::WeightView& e = model_.token_embd;
-    const cpu::DequantRowFn dequant = cpu::row_kernels(e.type).dequant_row;
-    for (int64_t t = 0; t < x.n_tokens; ++t) {
-        dequant(e.data + static_cast<size_t>(tokens[t]) * e.row_bytes, x.row(t), x.width);
-    }
+    backend_.get_rows(model_.token_embd, tokens, x);
     name(x, "inp_embd", -1);
 }
 
@@ -137,11 +119,20 @@ void Forward::output_head(const Act& x, int64_t first_row, float* logits) {
     const int64_t n_out = x.n_tokens - first_row;
     if (n_out <= 0) return;
     Act normed = alloc(n_out, h.n_embd);
-    cpu::rms_norm(x.row(first_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd,
-                  model_.output_norm.data(), h.rms_eps);
+    backend_.rms_norm(x.row(first_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd,
+                      model_.output_norm.data(), h.rms_eps);
     name(normed, "result_norm", -1);
-    cpu::matmul(pool_, model_.output, normed.data, h.n_embd, n_out, logits, h.n_vocab, exact_);
-    name(Act{logits, n_out, h.n_vocab}, "result_output", -1);
+    // On a host-memory backend the head writes straight into `logits`; elsewhere it computes on the
+    // backend and the rows come back once.
+    if (backend_.host_memory()) {
+        backend_.matmul(model_.output, normed.data, h.n_embd, n_out, logits, h.n_vocab, exact_);
+        name(Act{logits, n_out, h.n_vocab}, "result_output", -1);
+        return;
+    }
+    Act out = alloc(n_out, h.n_vocab);
+    backend_.matmul(model_.output, normed.data, h.n_embd, n_out, out.data, out.width, exact_);
+    name(out, "result_output", -1);
+    backend_.read(out, logits);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 // The shared layer builders every architecture file composes (norm, linear, self-attention,
 // MoE FFN, dense FFN, residual add), plus the embedding lookup and the output head, executed
-// eagerly on the CPU for a batch of tokens. The engine drives them (embed, one build_layer per
-// layer, output_head) and never calls a kernel itself.
+// eagerly for a batch of tokens on a Backend (backend/backend.h): the one forward pass, whatever
+// computes it. The engine drives them (embed, one build_layer per layer, output_head); the builders
+// call only Backend ops, never a kernel.
 //
-// Activations (Act) are [n_tokens, width] f32 rows in a scratch arena owned by the engine; they
-// live until the engine resets the arena after each layer (so a layer must return an Act it
+// Activations (Act) are [n_tokens, width] f32 rows in the backend's memory; they live until the
+// engine resets the backend's activations after each layer (so a layer must return an Act it
 // allocated, and the engine copies it out). Every builder takes a name and the layer index, like
 // llama.cpp's callbacks ("ffn_moe_out", il): with dumping enabled each named activation is copied
 // to the dump as "<name>-<il>" (or "<name>" for il < 0) for layer-by-layer debugging.
@@ -21,7 +22,7 @@
 #include <map>
 #include <string>
 
-#include "cpu/threadpool.h"
+#include "backend/backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sharpi/types.h"
@@ -36,13 +37,12 @@ enum class QkNorm { none, per_head, full };
 
 class Forward {
   public:
-    Forward(const Model& model, KvCache& kv, cpu::ThreadPool& pool, Scratch& scratch, MoeFfn& moe,
-            ActivationDump* dump)
-        : model_(model), kv_(kv), pool_(pool), scratch_(scratch), moe_(moe), dump_(dump) {}
+    Forward(const Model& model, KvCache& kv, Backend& backend, MoeFfn& moe, ActivationDump* dump)
+        : model_(model), kv_(kv), backend_(backend), moe_(moe), dump_(dump) {}
 
     const HParams& hp() const { return model_.hp; }
     const LayerWeights& layer(int il) const { return model_.layers[static_cast<size_t>(il)]; }
-    cpu::ThreadPool& pool() { return pool_; }
+    Backend& backend() { return backend_; }
     KvCache& kv() { return kv_; }
     int64_t pos0() const { return pos0_; }
     void set_pos0(int64_t pos0) { pos0_ = pos0; }
@@ -51,7 +51,7 @@ class Forward {
     void set_recurrent_state(RecurrentState* state) { recurrent_ = state; }
     bool dumping() const { return dump_ != nullptr; }
     // Exact mode (SessionOptions::exact): every matmul and expert dot in f32 on dequantized
-    // weights; otherwise fast mode quantizes activations (cpu/ops/matmul.h).
+    // weights; otherwise fast mode quantizes activations (backend/backend.h matmul).
     void set_exact(bool exact) { exact_ = exact; }
     bool exact() const { return exact_; }
 
@@ -104,8 +104,7 @@ class Forward {
   private:
     const Model& model_;
     KvCache& kv_;
-    cpu::ThreadPool& pool_;
-    Scratch& scratch_;
+    Backend& backend_;
     MoeFfn& moe_;
     ActivationDump* dump_;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/ops/rope.h"
 #include "gguf/gguf_file.h"
 #include "model/arch.h"
 #include "sharpi/errors.h"
@@ -168,7 +169,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     }
     read_ssm_hparams(f, a, hp);
     hp.expert_weights_norm = f.get_bool_or(a + "expert_weights_norm", spec.expert_weights_norm);
-    cpu::RouterParams& r = hp.router;
+    RouterParams& r = hp.router;
     r.normalize_topk = hp.expert_weights_norm;
     r.weights_scale = static_cast<float>(f.get_float_or(a + "expert_weights_scale", 1.0));
     // llama.cpp's enum: 1 softmax, 2 sigmoid; absent means softmax (DeepSeek-V2 files carry none).
@@ -177,7 +178,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         throw UnsupportedError("[model] " + f.path() + ": expert_gating_func " + std::to_string(gating) +
                                " is not supported (1 softmax, 2 sigmoid)");
     }
-    r.gating = gating == 2 ? cpu::Gating::sigmoid : cpu::Gating::softmax;
+    r.gating = gating == 2 ? Gating::sigmoid : Gating::softmax;
     r.n_group = get_or("expert_group_count", 1, kMaxExperts);
     r.n_group_used = get_or("expert_group_used_count", static_cast<uint64_t>(r.n_group), kMaxExperts);
     if (hp.n_expert > 0 &&

@@ -7,8 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/ops/rope.h"
-#include "cpu/ops/router.h"
+#include "backend/op_types.h"
 
 namespace sharpi {
 
@@ -32,9 +31,9 @@ struct HParams {
     float rms_eps = 1e-6f;
     bool expert_weights_norm = false;  // renormalise the top-k router weights to sum 1
     // Gating function, group-limited selection and weight scale (deepseek2); defaults: plain softmax.
-    cpu::RouterParams router;
+    RouterParams router;
     int64_t n_layer_dense_lead = 0;  // leading_dense_block_count: first layers with a dense FFN
-    cpu::RopeParams rope;
+    RopeParams rope;
     float attn_scale = 1.0f;  // softmax scale of q.k (1/sqrt(head width), YaRN-adjusted for MLA)
     int64_t n_swa = 0;        // attention.sliding_window (gpt-oss); which layers use it is the arch's
 

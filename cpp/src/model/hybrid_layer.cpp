@@ -3,10 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/ops/activation.h"
-#include "cpu/ops/gated_delta_net.h"
-#include "cpu/ops/norm.h"
-#include "cpu/quant/kernels.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/recurrent_state.h"
@@ -41,12 +37,8 @@ void load_hybrid_layer(ModelLoader& ld, int il, bool v_heads_tiled) {
             L.ssm_beta.w = ld.matrix(blk("ssm_beta.weight"), h.n_embd, nv);
             L.ssm_alpha.w = ld.matrix(blk("ssm_alpha.weight"), h.n_embd, nv);
         }
-        const cpu::WeightView conv = ld.matrix(blk("ssm_conv1d.weight"), h.ssm_d_conv, channels);
-        L.ssm_conv1d.resize(static_cast<size_t>(channels * h.ssm_d_conv));
-        const cpu::DequantRowFn dequant = cpu::row_kernels(conv.type, cpu::Isa::scalar).dequant_row;
-        for (int64_t c = 0; c < channels; ++c) {
-            dequant(conv.data + c * conv.row_bytes, L.ssm_conv1d.data() + c * h.ssm_d_conv, h.ssm_d_conv);
-        }
+        // [channels, d_conv] f32, channel-major: the conv kernel as cpu/ops/gated_delta_net.h reads it.
+        L.ssm_conv1d = ld.stacked_vector(blk("ssm_conv1d.weight"), h.ssm_d_conv, channels);
         L.ssm_a = ld.vector(blk("ssm_a"), nv);
         L.ssm_dt_bias = ld.vector(blk("ssm_dt.bias"), nv);
         L.ssm_norm = ld.vector(blk("ssm_norm.weight"), h.ssm_head_v_dim());
@@ -68,34 +60,18 @@ Act Forward::split_query_gate(const Act& q_full, Act* gate, int il) {
     const int64_t hd = hp().head_dim, n_head = hp().n_head;
     Act q = alloc(q_full.n_tokens, n_head * hd);
     *gate = alloc(q_full.n_tokens, n_head * hd);
-    for (int64_t t = 0; t < q_full.n_tokens; ++t) {
-        for (int64_t hh = 0; hh < n_head; ++hh) {
-            const float* src = q_full.row(t) + hh * 2 * hd;
-            float* dq = q.row(t) + hh * hd;
-            float* dg = gate->row(t) + hh * hd;
-            for (int64_t d = 0; d < hd; ++d) {
-                dq[d] = src[d];
-                dg[d] = src[hd + d];
-            }
-        }
-    }
+    // Row (t, head) of q_full is [query | gate] of 2 * hd: two strided copies over T * n_head rows.
+    const int64_t rows = q_full.n_tokens * n_head;
+    backend_.copy_rows(q_full.data, 2 * hd, q.data, hd, rows, hd);
+    backend_.copy_rows(q_full.data + hd, 2 * hd, gate->data, hd, rows, hd);
     name(*gate, "gate", il);
     return q;
 }
 
 void Forward::output_gate(const Act& kqv, const Act& gate, int il) {
-    const int64_t n = kqv.n_tokens * kqv.width;
-    for (int64_t i = 0; i < n; ++i) kqv.data[i] *= cpu::sigmoid(gate.data[i]);
+    backend_.mul_sigmoid(kqv.data, gate.data, kqv.n_tokens * kqv.width);
     name(kqv, "attn_gated", il);
 }
-
-namespace {
-
-float softplus(float x) {
-    return x > 20.0f ? x : std::log1p(std::exp(x));  // torch's and ggml's threshold
-}
-
-}  // namespace
 
 Act Forward::gated_delta_net(const Act& cur, int il) {
     const HParams& h = hp();
@@ -114,14 +90,12 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
         qkv = alloc(T, channels);
         z = alloc(T, h.ssm_d_inner);
         const int64_t vg = (nv / nk) * dv, per = 2 * dk + 2 * vg;
-        for (int64_t t = 0; t < T; ++t) {
-            for (int64_t kg = 0; kg < nk; ++kg) {
-                const float* src = mixed.row(t) + kg * per;
-                std::copy(src, src + dk, qkv.row(t) + kg * dk);
-                std::copy(src + dk, src + 2 * dk, qkv.row(t) + key_dim + kg * dk);
-                std::copy(src + 2 * dk, src + 2 * dk + vg, qkv.row(t) + 2 * key_dim + kg * vg);
-                std::copy(src + 2 * dk + vg, src + per, z.row(t) + kg * vg);
-            }
+        for (int64_t kg = 0; kg < nk; ++kg) {
+            const float* src = mixed.data + kg * per;
+            backend_.copy_rows(src, mixed.width, qkv.data + kg * dk, qkv.width, T, dk);
+            backend_.copy_rows(src + dk, mixed.width, qkv.data + key_dim + kg * dk, qkv.width, T, dk);
+            backend_.copy_rows(src + 2 * dk, mixed.width, qkv.data + 2 * key_dim + kg * vg, qkv.width, T, vg);
+            backend_.copy_rows(src + 2 * dk + vg, mixed.width, z.data + kg * vg, z.width, T, vg);
         }
     } else {
         qkv = linear(cur, L.ssm_qkv, "linear_attn_qkv_mixed", il);
@@ -134,60 +108,36 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
         Act ba = linear(cur, L.ssm_ba, "linear_attn_mixed_ba", il);
         b = alloc(T, nv);
         a = alloc(T, nv);
-        const int64_t r = nv / nk;
-        for (int64_t t = 0; t < T; ++t) {
-            for (int64_t kg = 0; kg < nk; ++kg) {
-                for (int64_t i = 0; i < r; ++i) {
-                    b.row(t)[kg * r + i] = ba.row(t)[kg * 2 * r + i];
-                    a.row(t)[kg * r + i] = ba.row(t)[kg * 2 * r + r + i];
-                }
-            }
+        const int64_t r = nv / nk;  // per key head: [b of its r value heads | a of them]
+        for (int64_t kg = 0; kg < nk; ++kg) {
+            backend_.copy_rows(ba.data + kg * 2 * r, ba.width, b.data + kg * r, b.width, T, r);
+            backend_.copy_rows(ba.data + kg * 2 * r + r, ba.width, a.data + kg * r, a.width, T, r);
         }
     } else {
         b = linear(cur, L.ssm_beta, "beta", il);
         a = linear(cur, L.ssm_alpha, "alpha", il);
     }
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t hh = 0; hh < nv; ++hh) {
-            const size_t j = static_cast<size_t>(hh);
-            beta.row(t)[hh] = cpu::sigmoid(b.row(t)[hh]);
-            g.row(t)[hh] = L.ssm_a[j] * softplus(a.row(t)[hh] + L.ssm_dt_bias[j]);
-        }
-    }
+    backend_.gdn_gates(b, a, L.ssm_a.data(), L.ssm_dt_bias.data(), beta, g);
     name(g, "gate", il);
 
     Act conv = alloc(T, channels);
-    cpu::conv1d_silu(recurrent_->conv(il), qkv.data, qkv.width, T, channels, h.ssm_d_conv,
-                     L.ssm_conv1d.data(), conv.data, conv.width);
+    backend_.conv1d_silu(recurrent_->conv(il), qkv.data, qkv.width, T, channels, h.ssm_d_conv,
+                         L.ssm_conv1d.data(), conv.data, conv.width);
     name(conv, "conv_output_silu", il);
     // L2-normalise every q and k head (eps as transformers / FLA: x / sqrt(sum x^2 + 1e-6)); q also
     // takes the 1/sqrt(head_k_dim) attention scale.
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t head = 0; head < 2 * nk; ++head) {
-            float* x = conv.row(t) + head * dk;
-            double ss = 0.0;
-            for (int64_t i = 0; i < dk; ++i) ss += static_cast<double>(x[i]) * x[i];
-            float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
-            if (head < nk) inv *= q_scale;
-            for (int64_t i = 0; i < dk; ++i) x[i] *= inv;
-        }
-    }
+    backend_.l2_norm_heads(conv, 2 * nk, dk, nk, q_scale);
 
-    cpu::GdnShape shape{nk, nv, dk, dv, L.ssm_v_heads_tiled};
-    cpu::GdnInputs in{conv.data, channels, conv.data + key_dim, channels, conv.data + 2 * key_dim, channels,
-                      g.data,    beta.data};
+    GdnShape shape{nk, nv, dk, dv, L.ssm_v_heads_tiled};
+    GdnInputs in{conv.data, channels, conv.data + key_dim, channels, conv.data + 2 * key_dim, channels,
+                 g.data,    beta.data};
     Act o = alloc(T, nv * dv);
-    if (T == 1) {
-        cpu::gated_delta_rule_recurrent(pool(), in, T, shape, recurrent_->ssm(il), o.data, o.width);
-    } else {
-        cpu::gated_delta_rule_chunked(pool(), in, T, shape, kGdnChunkSize, recurrent_->ssm(il), o.data,
-                                      o.width);
-    }
+    backend_.gated_delta_rule(in, T, shape, kGdnChunkSize, recurrent_->ssm(il), o.data, o.width);
     name(o, "core_attn_out", il);
     // Gated RMSNorm per value head: rms_norm(o_h) * ssm_norm * silu(z_h).
-    cpu::rms_norm(o.data, dv, o.data, dv, T * nv, dv, L.ssm_norm.data(), h.rms_eps);
-    for (int64_t i = 0; i < T * nv * dv; ++i) o.data[i] *= z.data[i] * cpu::sigmoid(z.data[i]);
+    backend_.rms_norm(o.data, dv, o.data, dv, T * nv, dv, L.ssm_norm.data(), h.rms_eps);
+    backend_.mul_silu(o.data, z.data, T * nv * dv);
     name(o, "final_output", il);
     return linear(o, L.ssm_out, "linear_attn_out", il);
 }

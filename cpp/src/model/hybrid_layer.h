@@ -10,7 +10,7 @@
 // ssm_ba (qwen3next; per key head [beta x r, alpha x r], r = n_v_heads / n_k_heads) or ssm_beta +
 // ssm_alpha (qwen35moe), ssm_conv1d, ssm_a (= -exp(A_log)), ssm_dt.bias, ssm_norm, ssm_out; the FFN
 // norm is post_attention_norm. The converter tiles qwen35moe's value heads and leaves qwen3next's
-// grouped (cpu::GdnShape::v_heads_tiled).
+// grouped (GdnShape::v_heads_tiled).
 //
 // A batch of tokens runs the chunked delta rule and a single token the recurrent one; they agree to
 // ~1e-6, not bit for bit, so on these archs prefill and token-by-token logits differ at that level

@@ -118,7 +118,7 @@ const GgufTensor& ModelLoader::require(const std::string& name) {
     return *t;
 }
 
-cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack) {
+WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack) {
     std::vector<int64_t> want{n_cols, n_rows};
     if (n_stack > 1) want.push_back(n_stack);
     std::vector<int64_t> got = t.ne;
@@ -137,7 +137,7 @@ cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n
                           " is not a multiple of the " + traits.name + " block size " +
                           std::to_string(traits.block_size));
     }
-    cpu::WeightView w;
+    WeightView w;
     w.type = t.type;
     if (model_.streaming) {
         auto it = model_.dense_data.find(&t);
@@ -151,24 +151,24 @@ cpu::WeightView ModelLoader::view(const GgufTensor& t, int64_t n_cols, int64_t n
     return w;
 }
 
-cpu::WeightView ModelLoader::matrix(const std::string& name, int64_t n_cols, int64_t n_rows) {
+WeightView ModelLoader::matrix(const std::string& name, int64_t n_cols, int64_t n_rows) {
     return view(require(name), n_cols, n_rows);
 }
 
-cpu::WeightView ModelLoader::optional_matrix(const std::string& name, int64_t n_cols, int64_t n_rows) {
+WeightView ModelLoader::optional_matrix(const std::string& name, int64_t n_cols, int64_t n_rows) {
     const GgufTensor* t = model_.file->find_tensor(name);
-    return t ? view(*t, n_cols, n_rows) : cpu::WeightView{};
+    return t ? view(*t, n_cols, n_rows) : WeightView{};
 }
 
-cpu::WeightView ModelLoader::stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows,
-                                            int64_t n_stack) {
+WeightView ModelLoader::stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows,
+                                       int64_t n_stack) {
     return view(require(name), n_cols, n_rows, n_stack);
 }
 
 namespace {
 
 // The n elements of a (small, contiguous) view as f32.
-std::vector<float> vector_of(const cpu::WeightView& w, int64_t n) {
+std::vector<float> vector_of(const WeightView& w, int64_t n) {
     std::vector<float> out(static_cast<size_t>(n));
     cpu::row_kernels(w.type, cpu::Isa::scalar).dequant_row(w.data, out.data(), n);
     return out;
@@ -224,7 +224,7 @@ void ModelLoader::moe(int il, const char* norm) {
     for (int part = 0; part < kExpertParts; ++part) tensors[part] = &require(blk(il, names[part]));
     ExpertLayerLayout& x = model_.experts.layers[static_cast<size_t>(il)];
     for (int part = 0; part < kExpertParts; ++part) {
-        const cpu::WeightView stacked = view(*tensors[part], n_cols[part], n_rows[part], h.n_expert);
+        const WeightView stacked = view(*tensors[part], n_cols[part], n_rows[part], h.n_expert);
         ExpertPart p = expert_part(*tensors[part], tensors[part]->shard, h.n_expert);
         p.view = stacked;  // data: expert 0 in the mapping, or nullptr when streaming
         p.view.n_rows = n_rows[part];

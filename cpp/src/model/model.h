@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/ops/matmul.h"
+#include "backend/op_types.h"
 #include "gguf/gguf_file.h"
 #include "model/arch.h"
 #include "model/hparams.h"
@@ -21,7 +21,7 @@ namespace sharpi {
 
 // y = W x (+ bias). W: [n_out rows, n_in cols].
 struct Linear {
-    cpu::WeightView w;
+    WeightView w;
     std::vector<float> bias;  // empty: no bias
     bool present() const { return w.data != nullptr; }
 };
@@ -35,15 +35,15 @@ struct LayerWeights {
     // wk_b [n_head * kv_lora_rank, qk_nope] (absorbs k into q), wv_b [n_head * v_head_dim, kv_lora_rank].
     Linear wq_a, wq_b, wkv_a_mqa;
     std::vector<float> attn_q_a_norm, attn_kv_a_norm;
-    cpu::WeightView wk_b, wv_b;
+    WeightView wk_b, wv_b;
     std::vector<float> exp_probs_b;  // [n_expert] selection bias (DeepSeek-V3 noaux_tc); empty: none
     std::vector<float> ffn_norm;
     // dense FFN (dense archs), or the shared expert (qwen2moe)
     Linear ffn_gate, ffn_up, ffn_down;
-    cpu::WeightView ffn_gate_inp_shexp;  // [1, n_embd] shared-expert gate; data == nullptr: none
+    WeightView ffn_gate_inp_shexp;  // [1, n_embd] shared-expert gate; data == nullptr: none
     // routed experts
-    cpu::WeightView ffn_gate_inp;     // router [n_expert, n_embd]
-    cpu::WeightView ffn_pregate_inp;  // [n_expert, n_embd]: layer il+1's pre-gate; data == nullptr: none
+    WeightView ffn_gate_inp;     // router [n_expert, n_embd]
+    WeightView ffn_pregate_inp;  // [n_expert, n_embd]: layer il+1's pre-gate; data == nullptr: none
     // Gated attention (qwen3next, qwen35moe): attn_q yields [query | gate] per head, and the
     // attention output is scaled by sigmoid(gate) before attn_output.
     bool attn_output_gate = false;
@@ -53,8 +53,8 @@ struct LayerWeights {
     Linear ssm_qkv, ssm_gate, ssm_in, ssm_ba, ssm_beta, ssm_alpha, ssm_out;
     std::vector<float> ssm_conv1d;                    // [conv_channels, d_conv]
     std::vector<float> ssm_a, ssm_dt_bias, ssm_norm;  // [n_v_heads] (-exp(A_log)), [n_v_heads], [head_v_dim]
-    bool ssm_v_heads_tiled = false;                   // cpu::GdnShape::v_heads_tiled
-    // gpt-oss: attention sinks [n_head] (cpu::AttentionShape::sinks; empty: none), this layer's
+    bool ssm_v_heads_tiled = false;                   // GdnShape::v_heads_tiled
+    // gpt-oss: attention sinks [n_head] (AttentionShape::sinks; empty: none), this layer's
     // sliding window (0: full attention), the router's bias [n_expert], the routed experts' biases
     // (gate / up [n_expert * n_ff_exp], down [n_expert * n_embd], expert-major; resident, see
     // MoeFfn's expert_weights) and the clamped SwiGLU's limit (0: plain SwiGLU).
@@ -74,9 +74,9 @@ struct Model {
     bool streaming = false;
     const ArchSpec* spec = nullptr;
     HParams hp;
-    cpu::WeightView token_embd;  // [n_vocab, n_embd]
+    WeightView token_embd;  // [n_vocab, n_embd]
     std::vector<float> output_norm;
-    cpu::WeightView output;  // [n_vocab, n_embd]; token_embd when the file ties them
+    WeightView output;  // [n_vocab, n_embd]; token_embd when the file ties them
     std::vector<LayerWeights> layers;
     // Routed experts of every layer: file ranges and views, built by load_model. The expert cache
     // and the resident source see only this (never Model or GGUF objects).
@@ -114,9 +114,9 @@ class ModelLoader {
     LayerWeights& layer(int il) { return model_.layers[static_cast<size_t>(il)]; }
 
     // A matrix with ggml shape [n_cols, n_rows] (a row = n_cols elements). Throws when absent.
-    cpu::WeightView matrix(const std::string& name, int64_t n_cols, int64_t n_rows);
+    WeightView matrix(const std::string& name, int64_t n_cols, int64_t n_rows);
     // Same, but returns an empty view when the tensor is absent.
-    cpu::WeightView optional_matrix(const std::string& name, int64_t n_cols, int64_t n_rows);
+    WeightView optional_matrix(const std::string& name, int64_t n_cols, int64_t n_rows);
     // A 1-D tensor of n elements ([n] or [n, 1]) as f32. Throws when absent.
     std::vector<float> vector(const std::string& name, int64_t n);
     std::vector<float> optional_vector(const std::string& name, int64_t n);
@@ -124,7 +124,7 @@ class ModelLoader {
     std::vector<float> stacked_vector(const std::string& name, int64_t n, int64_t n_stack);
     // n_stack matrices of [n_rows, n_cols] in one tensor of ggml shape [n_cols, n_rows, n_stack],
     // viewed as one [n_stack * n_rows, n_cols] matrix.
-    cpu::WeightView stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_stack);
+    WeightView stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_stack);
 
     // Shared layer pieces (tensor names as llama.cpp's converter writes them):
     // attn_norm, attn_q/k/v/output (+ biases when present).
@@ -142,7 +142,7 @@ class ModelLoader {
 
   private:
     const GgufTensor& require(const std::string& name);
-    cpu::WeightView view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack = 1);
+    WeightView view(const GgufTensor& t, int64_t n_cols, int64_t n_rows, int64_t n_stack = 1);
     std::string where(const std::string& tensor) const;
 
     Model& model_;

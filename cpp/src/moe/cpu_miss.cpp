@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "cpu/ops/expert_ffn.h"
-#include "cpu/threadpool.h"
 #include "moe/expert_layout.h"
 #include "moe/expert_source.h"
 #include "sharpi/errors.h"
+#include "threads/thread_pool.h"
 
 namespace sharpi {
 
@@ -50,7 +50,7 @@ std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& pres
     return routes;
 }
 
-double measure_cpu_expert_speed(const ExpertLayout& layout, int64_t n_embd, cpu::ThreadPool& pool, bool exact,
+double measure_cpu_expert_speed(const ExpertLayout& layout, int64_t n_embd, ThreadPool& pool, bool exact,
                                 int repeats) {
     if (repeats < 1)
         throw InvalidArgument("[miss cost] repeats must be >= 1, got " + std::to_string(repeats));
@@ -62,7 +62,7 @@ double measure_cpu_expert_speed(const ExpertLayout& layout, int64_t n_embd, cpu:
     const int32_t e = 0;
     ExpertView v;
     host.acquire(il, &e, 1, &v);
-    const cpu::ExpertFfnWeights w{v.gate, v.up, v.down};
+    const ExpertFfnWeights w{v.gate, v.up, v.down};
     // A fixed, non-trivial row: the kernel's speed does not depend on the values.
     std::vector<float> x(static_cast<size_t>(n_embd)), out(static_cast<size_t>(n_embd));
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1f * static_cast<float>(i));

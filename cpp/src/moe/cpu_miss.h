@@ -20,9 +20,7 @@
 
 namespace sharpi {
 struct ExpertLayout;
-namespace cpu {
 class ThreadPool;
-}  // namespace cpu
 
 enum class MissMode { copy, cpu, cost };
 
@@ -33,8 +31,8 @@ struct CpuMissOptions {
     // expert from the pinned mapping into VRAM; measure_cpu_expert_speed on `pool`).
     double copy_bytes_per_s = 0.0;
     double cpu_bytes_per_s = 0.0;
-    double copy_latency_s = -1.0;     // < 0: measured (a timed copy of a few bytes)
-    cpu::ThreadPool* pool = nullptr;  // the session's pool, for the CPU kernels; required unless mode is copy
+    double copy_latency_s = -1.0;  // < 0: measured (a timed copy of a few bytes)
+    ThreadPool* pool = nullptr;    // the session's pool, for the CPU kernels; required unless mode is copy
 };
 
 // "copy", "cpu" or "auto" (MissMode::cost); InvalidArgument otherwise.
@@ -52,7 +50,7 @@ std::vector<MissRoute> route_misses(MissMode mode, const std::vector<bool>& pres
 // reaches on expert 0 of the first MoE layer of `layout` (its host bytes, which must be mapped):
 // the median of `repeats` timed runs after one untimed one, on `pool`, in exact or fast mode.
 // InvalidArgument for a model without routed experts or repeats < 1.
-double measure_cpu_expert_speed(const ExpertLayout& layout, int64_t n_embd, cpu::ThreadPool& pool, bool exact,
+double measure_cpu_expert_speed(const ExpertLayout& layout, int64_t n_embd, ThreadPool& pool, bool exact,
                                 int repeats = 5);
 
 }  // namespace sharpi

@@ -247,7 +247,7 @@ uint32_t ExpertCache::take_cache_slot() {
 void ExpertCache::view_of(uint32_t s, ExpertView* view) const {
     const Slot& slot = slots_[s];
     const ExpertLayerLayout& x = layout_.layers[static_cast<size_t>(slot.layer)];
-    cpu::WeightView* out[kExpertParts] = {&view->gate, &view->up, &view->down};
+    WeightView* out[kExpertParts] = {&view->gate, &view->up, &view->down};
     for (int part = 0; part < kExpertParts; ++part) {
         // The reader put the aligned superset at the region's start (io/expert_reader.h).
         const uint64_t skew = x.parts[part].range(slot.expert).offset % ExpertReader::kAlignment;

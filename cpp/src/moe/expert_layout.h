@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/ops/matmul.h"
+#include "backend/op_types.h"
 
 namespace sharpi {
 
@@ -41,16 +41,16 @@ struct ExpertPart {
     uint64_t bytes = 0;   // bytes of one expert: its rows, a whole number of quant blocks each
     // One expert's matrix (gate/up [n_ff_exp, n_embd], down [n_embd, n_ff_exp]); data points at
     // expert 0 in the file mapping, or is nullptr when the file is not mapped (streaming).
-    cpu::WeightView view;
+    WeightView view;
 
     FileRange range(int64_t e) const {
         return FileRange{file, offset + static_cast<uint64_t>(e) * bytes, bytes};
     }
     // Expert e's matrix in the mapping (resident models only).
-    cpu::WeightView mapped(int64_t e) const { return at(view.data + static_cast<size_t>(e) * bytes); }
+    WeightView mapped(int64_t e) const { return at(view.data + static_cast<size_t>(e) * bytes); }
     // The same matrix over a copy of its bytes elsewhere (a cache slot).
-    cpu::WeightView at(const uint8_t* data) const {
-        cpu::WeightView w = view;
+    WeightView at(const uint8_t* data) const {
+        WeightView w = view;
         w.data = data;
         return w;
     }

@@ -13,14 +13,14 @@
 
 #include <cstdint>
 
-#include "cpu/ops/matmul.h"
+#include "backend/op_types.h"
 #include "moe/expert_layout.h"
 
 namespace sharpi {
 
 // One expert's three matrices: gate and up [n_ff_exp, n_embd], down [n_embd, n_ff_exp].
 struct ExpertView {
-    cpu::WeightView gate, up, down;
+    WeightView gate, up, down;
 };
 
 class ExpertSource {

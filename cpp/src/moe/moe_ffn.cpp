@@ -5,33 +5,19 @@
 #include <functional>
 #include <string>
 
-#include "cpu/ops/activation.h"
-#include "cpu/ops/expert_ffn.h"
-#include "cpu/ops/matmul.h"
-#include "cpu/ops/router.h"
-#include "cpu/quant/kernels.h"
 #include "sharpi/errors.h"
 
 namespace sharpi {
 
 namespace {
 
-// out = sum_j weights[j] * ys[j], in slot order j = 0..k-1: the one place expert outputs are
-// combined, shared by the one-token and the batch paths so both round identically.
-void weighted_sum(float* out, const float* const* ys, const float* weights, int64_t k, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) out[i] = weights[0] * ys[0][i];
-    for (int64_t j = 1; j < k; ++j) {
-        for (int64_t i = 0; i < n; ++i) out[i] += weights[j] * ys[j][i];
-    }
-}
-
 // Expert `e` of layer L as the compute ops take it: its leased bytes, and (gpt-oss) its slices of
 // the layer's resident biases and the clamped SwiGLU. Invariant: the biases never travel with the
 // expert's bytes; they are dense, resident f32 (LayerWeights), so every ExpertSource, budget and
 // predictor serves the same expert bytes as before and streamed == resident holds unchanged.
-cpu::ExpertFfnWeights expert_weights(const ExpertView& v, const LayerWeights& L, int64_t e, int64_t n_ff,
-                                     int64_t n_embd) {
-    cpu::ExpertFfnWeights w{v.gate, v.up, v.down};
+ExpertFfnWeights expert_weights(const ExpertView& v, const LayerWeights& L, int64_t e, int64_t n_ff,
+                                int64_t n_embd) {
+    ExpertFfnWeights w{v.gate, v.up, v.down};
     if (!L.ffn_gate_exps_b.empty()) w.gate_b = L.ffn_gate_exps_b.data() + e * n_ff;
     if (!L.ffn_up_exps_b.empty()) w.up_b = L.ffn_up_exps_b.data() + e * n_ff;
     if (!L.ffn_down_exps_b.empty()) w.down_b = L.ffn_down_exps_b.data() + e * n_embd;
@@ -48,8 +34,8 @@ struct ExpertLease {
 
 }  // namespace
 
-// Decode fast path: when every selected expert is ready, cpu::expert_ffn_one_token (two passes on the
-// pool, SwiGLU and the router-weighted sum fused in). Otherwise the selected experts in two parallel
+// Decode fast path: when every selected expert is ready, the backend's fused expert_ffn_one_token
+// (SwiGLU and the router-weighted sum fused in). Otherwise the selected experts in two parallel
 // passes per group (gate+up rows, then down rows): experts whose bytes are ready go first, in one group; each
 // still-loading expert is then computed as soon as its read completes, so compute overlaps the remaining IO.
 // Every row is one RowDot whatever the grouping, so the result is bit-identical to the all-resident run.
@@ -74,66 +60,23 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
             static_cast<int>(std::lower_bound(unique.begin(), unique.end(), ids[j]) - unique.begin());
         all_ready = all_ready && experts_.ready(slot_unique[j]);
     }
+    std::vector<ExpertFfnWeights> w(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) w[j] = expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd);
+    Backend& b = f.backend();
     if (all_ready) {
-        // Nothing to overlap: the fused op (same bits as the grouped passes below).
-        std::vector<cpu::ExpertFfnWeights> w(static_cast<size_t>(k));
-        for (int64_t j = 0; j < k; ++j) w[j] = expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd);
-        cpu::expert_ffn_one_token(f.pool(), w.data(), weights, static_cast<int>(k), cur.row(0), out.row(0),
-                                  f.exact());
+        // Nothing to overlap: the fused op (same bits as the slot-by-slot passes below).
+        b.expert_ffn_one_token(w.data(), weights, static_cast<int>(k), cur.row(0), out.row(0), f.exact());
         return;
     }
-    // Row dots per distinct expert, bound once (types can differ per tensor and layer). In fast mode x
-    // is quantized once per activation format here, and each slot's down input after its SwiGLU.
-    const bool exact = f.exact();
-    cpu::PreparedRow x_in(cur.row(0), n_embd, exact);
-    std::vector<cpu::RowDot> gate_dot(unique.size()), up_dot(unique.size()), down_dot(static_cast<size_t>(k));
-    for (size_t u = 0; u < unique.size(); ++u) {
-        gate_dot[u] = x_in.bind(views[u].gate.type);
-        up_dot[u] = x_in.bind(views[u].up.type);
-    }
-    std::vector<cpu::PreparedRow> down_in(static_cast<size_t>(k));
-    Act g = f.alloc(k, n_ff), up = f.alloc(k, n_ff), act = f.alloc(k, n_ff), y = f.alloc(k, n_embd);
-    cpu::ThreadPool& pool = f.pool();
+    // Slot by slot: the ready experts' slots in one call, then each still-loading expert's slots as
+    // soon as its read completes. Every row is one row dot whatever the grouping.
+    Act y = f.alloc(k, n_embd);
     auto compute_slots = [&](const std::vector<int64_t>& slots) {
-        const int64_t n = static_cast<int64_t>(slots.size());
-        if (n == 0) return;
-        int64_t gate_up_bytes = 0, down_bytes = 0;  // for parallel_for_bytes
-        for (int64_t j : slots) {
-            const ExpertView& v = views[slot_unique[j]];
-            gate_up_bytes += static_cast<int64_t>(v.gate.row_bytes + v.up.row_bytes) * n_ff;
-            down_bytes += static_cast<int64_t>(v.down.row_bytes) * n_embd;
-        }
-        pool.parallel_for_bytes(n * 2 * n_ff, gate_up_bytes, [&](int64_t begin, int64_t end, int) {
-            for (int64_t item = begin; item < end; ++item) {
-                const int64_t j = slots[item / (2 * n_ff)], r = item % (2 * n_ff);
-                const int u = slot_unique[j];
-                const ExpertView& v = views[u];
-                if (r < n_ff) {
-                    g.row(j)[r] = gate_dot[u](v.gate.data + r * v.gate.row_bytes);
-                } else {
-                    const int64_t ru = r - n_ff;
-                    up.row(j)[ru] = up_dot[u](v.up.data + ru * v.up.row_bytes);
-                }
-            }
-        });
-        for (int64_t j : slots) {
-            cpu::expert_glu(expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd), 0, g.row(j),
-                            up.row(j), act.row(j), n_ff);
-            down_in[j].reset(act.row(j), n_ff, exact);
-            down_dot[j] = down_in[j].bind(views[slot_unique[j]].down.type);
-        }
-        pool.parallel_for_bytes(n * n_embd, down_bytes, [&](int64_t begin, int64_t end, int) {
-            for (int64_t item = begin; item < end; ++item) {
-                const int64_t j = slots[item / n_embd], r = item % n_embd;
-                const int u = slot_unique[j];
-                const ExpertView& v = views[u];
-                y.row(j)[r] = down_dot[j](v.down.data + r * v.down.row_bytes);
-            }
-        });
-        for (int64_t j : slots) {
-            cpu::expert_down_bias(expert_weights(views[slot_unique[j]], L, ids[j], n_ff, n_embd), 1, 0,
-                                  n_embd, y.row(j), n_embd);
-        }
+        if (slots.empty()) return;
+        std::vector<ExpertFfnWeights> ws;
+        for (int64_t j : slots) ws.push_back(w[j]);
+        b.expert_ffn_slots(ws.data(), slots.data(), static_cast<int64_t>(slots.size()), cur.row(0), y,
+                           f.exact());
     };
     std::vector<int64_t> ready_slots;
     for (int64_t j = 0; j < k; ++j) {
@@ -152,12 +95,12 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
         experts_.wait(static_cast<int>(u));
         compute_slots(slots);
     }
-    std::vector<const float*> ys(static_cast<size_t>(k));
-    for (int64_t j = 0; j < k; ++j) ys[j] = y.row(j);
-    weighted_sum(out.row(0), ys.data(), weights, k, n_embd);
+    std::vector<int64_t> rows(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) rows[j] = j;
+    b.moe_combine(y, rows.data(), weights, k, out);
 }
 
-// Prefill path: each selected expert runs once over the tokens that chose it (cpu::expert_ffn_batch
+// Prefill path: each selected expert runs once over the tokens that chose it (the backend's expert_ffn_batch
 // on the slots grouped by expert), then every token sums its k expert outputs in rank order.
 // Experts are acquired in waves of at most max_acquire() (a prefill batch can select more experts
 // than a small cache holds); within a wave the ready experts run together, then each one still
@@ -187,7 +130,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         member_of[i] = m;
     }
     Act y = f.alloc(n_slots, n_embd);  // y.row(member_of[t * k + j]): output of token t's slot j
-    cpu::ThreadPool& pool = f.pool();
+    Backend& b = f.backend();
     const size_t wave = static_cast<size_t>(std::max(1, experts_.max_acquire()));
     // The next MoE layer's guessed experts, read while this layer computes (only when the whole
     // layer is one wave: with several, read-ahead would evict what the later waves find cached).
@@ -207,13 +150,12 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         ExpertLease lease{experts_, il};
         if (!ahead.empty()) experts_.read_ahead(il + 1, ahead.data(), static_cast<int>(ahead.size()));
         if (w0 == 0) overlap();  // the first wave's reads (and the read-ahead) are out
-        std::vector<cpu::ExpertFfnWeights> w;
+        std::vector<ExpertFfnWeights> w;
         std::vector<int64_t> group_begin, group_end;
         auto run = [&] {
             if (w.empty()) return;
-            cpu::expert_ffn_batch(pool, w.data(), group_begin.data(), group_end.data(),
-                                  static_cast<int>(w.size()), tokens.data(), cur.data, n_embd, y.data, n_embd,
-                                  f.exact());
+            b.expert_ffn_batch(w.data(), group_begin.data(), group_end.data(), static_cast<int>(w.size()),
+                               tokens.data(), cur.data, n_embd, y.data, n_embd, f.exact());
             w.clear();
             group_begin.clear();
             group_end.clear();
@@ -238,11 +180,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
             run();
         }
     }
-    std::vector<const float*> ys(static_cast<size_t>(k));
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t j = 0; j < k; ++j) ys[j] = y.row(member_of[t * k + j]);
-        weighted_sum(out.row(t), ys.data(), weights + t * k, k, n_embd);
-    }
+    b.moe_combine(y, member_of.data(), weights, k, out);
 }
 
 std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il_next) const {
@@ -255,10 +193,10 @@ std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il
     Act probs = f.alloc(T, h.n_expert);
     std::vector<int32_t> ids(static_cast<size_t>(T * k));
     std::vector<float> weights(static_cast<size_t>(T * k));
-    cpu::RouterParams router_params = h.router;
+    RouterParams router_params = h.router;
     const LayerWeights& next = f.layer(il_next);
     if (!next.exp_probs_b.empty()) router_params.selection_bias = next.exp_probs_b.data();
-    cpu::route_topk(logits.data, T, h.n_expert, k, router_params, probs.data, ids.data(), weights.data());
+    f.backend().route_topk(logits, k, router_params, probs, ids.data(), weights.data());
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     return ids;
@@ -267,8 +205,8 @@ std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il
 // Replaces each token's top-k with the trace's row for its position: the recorded ids as a set
 // (duplicates and -1 entries filled with the router's best remaining experts), ordered like the
 // router orders (probability descending, then id), weighted by the router's own probabilities.
-void MoeFfn::apply_route_trace(const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens, int il,
-                               int32_t* ids, float* weights) const {
+void MoeFfn::apply_route_trace(Backend& b, const HParams& h, int64_t pos0, const float* probs,
+                               int64_t n_tokens, int il, int32_t* ids, float* weights) const {
     const int64_t k = h.n_expert_used, E = h.n_expert;
     std::vector<int32_t> chosen;
     for (int64_t t = 0; t < n_tokens; ++t) {
@@ -291,7 +229,7 @@ void MoeFfn::apply_route_trace(const HParams& h, int64_t pos0, const float* prob
         std::sort(chosen.begin(), chosen.end(),
                   [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
         std::copy(chosen.begin(), chosen.begin() + k, ids + t * k);
-        cpu::topk_weights(p, ids + t * k, k, h.router, weights + t * k);
+        b.topk_weights(p, ids + t * k, k, h.router, weights + t * k);
     }
 }
 
@@ -308,10 +246,15 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     Routing& r = routing_[static_cast<size_t>(il)];
     r.ids.resize(static_cast<size_t>(T * k));
     r.weights.resize(static_cast<size_t>(T * k));
-    cpu::RouterParams router_params = h.router;
+    RouterParams router_params = h.router;
     if (!L.exp_probs_b.empty()) router_params.selection_bias = L.exp_probs_b.data();
-    cpu::route_topk(logits.data, T, h.n_expert, k, router_params, probs.data, r.ids.data(), r.weights.data());
-    if (route_trace_) apply_route_trace(h, f.pos0(), probs.data, T, il, r.ids.data(), r.weights.data());
+    f.backend().route_topk(logits, k, router_params, probs, r.ids.data(), r.weights.data());
+    if (route_trace_) {
+        // The replay ranks by the router's probabilities on the host.
+        std::vector<float> host_probs(static_cast<size_t>(T * h.n_expert));
+        f.backend().read(probs, host_probs.data());
+        apply_route_trace(f.backend(), h, f.pos0(), host_probs.data(), T, il, r.ids.data(), r.weights.data());
+    }
     f.name(probs, "ffn_moe_probs", il);
     if (f.dumping()) {
         f.name(Act{r.weights.data(), T, k}, "ffn_moe_weights", il);
@@ -352,11 +295,7 @@ Act MoeFfn::shared_ffn(Forward& f, const Act& cur, int il) {
         Linear gate;
         gate.w = L.ffn_gate_inp_shexp;
         Act s = f.linear(cur, gate, "ffn_shexp_gate", il);
-        for (int64_t t = 0; t < cur.n_tokens; ++t) {
-            const float w = cpu::sigmoid(s.row(t)[0]);
-            float* row = shared.row(t);
-            for (int64_t i = 0; i < f.hp().n_embd; ++i) row[i] *= w;
-        }
+        f.backend().scale_rows_sigmoid(shared, s);
     }
     return shared;
 }

@@ -6,7 +6,7 @@
 // Owns the last step's per-layer routing. Called on the decode thread by the layer builders
 // (Forward::moe_ffn) for one batch of tokens; the engine makes one per chunk and tells it where
 // gate events go (GateObserver: the engine, which hands them to the prefetcher). It computes with
-// the CPU kernels and never talks to a reader or a predictor directly.
+// the Forward's Backend ops only and never talks to a reader or a predictor directly.
 //
 // Determinism: every token's row is computed with the same code whatever the batch size or the
 // order in which expert bytes arrive (experts_one_token's ready-first grouping changes only when a
@@ -85,8 +85,8 @@ class MoeFfn {
     // The unique experts that layer il_next's router picks (top-k per token) for `cur`, the
     // normalised input of the current layer: its guess of what il_next will select.
     std::vector<int32_t> guess_next_layer(Forward& f, const Act& cur, int il_next) const;
-    void apply_route_trace(const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens, int il,
-                           int32_t* ids, float* weights) const;
+    void apply_route_trace(Backend& b, const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens,
+                           int il, int32_t* ids, float* weights) const;
 
     ExpertSource& experts_;
     const RouteTrace* route_trace_ = nullptr;

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "cpu/ops/norm.h"
+#include "cpu/ops/rms_norm.h"
 #include "cpu/ops/router.h"
 #include "cpu/quant/kernels.h"
 #include "sharpi/errors.h"
@@ -41,7 +41,7 @@ void add_table_rows(const float* table, const int32_t* ids, int64_t n_ids, int64
 void gate_logits(const Model& model, int layer, bool pregate, const float* hidden, float* normed,
                  float* logits) {
     const LayerWeights& src = model.layers[static_cast<size_t>(layer)];
-    const cpu::WeightView& w = pregate ? src.ffn_pregate_inp : src.ffn_gate_inp;
+    const WeightView& w = pregate ? src.ffn_pregate_inp : src.ffn_gate_inp;
     const int64_t n_embd = model.hp.n_embd;
     cpu::rms_norm(hidden, n_embd, normed, n_embd, 1, n_embd, src.ffn_norm.data(), model.hp.rms_eps);
     const cpu::DotRowFn dot = cpu::row_kernels(w.type).dot_row;
@@ -95,9 +95,8 @@ class RouterPredictor final : public ScoringPredictor {
           pregate_(pregate),
           normed_(static_cast<size_t>(model.hp.n_embd)),
           logits_(static_cast<size_t>(model.hp.n_expert)) {
-        const cpu::RouterParams& r = model.hp.router;
-        ranks_by_selection_ =
-            r.gating == cpu::Gating::sigmoid || (r.n_group > 1 && r.n_group_used < r.n_group);
+        const RouterParams& r = model.hp.router;
+        ranks_by_selection_ = r.gating == Gating::sigmoid || (r.n_group > 1 && r.n_group_used < r.n_group);
         for (const LayerWeights& layer : model.layers) ranks_by_selection_ |= !layer.exp_probs_b.empty();
     }
     const char* name() const override { return pregate_ ? "pregate" : "next_gate"; }
@@ -110,7 +109,7 @@ class RouterPredictor final : public ScoringPredictor {
         float* logits = ranks_by_selection_ ? logits_.data() : out;
         gate_logits(model_, pregate_ ? in.layer : in.layer + d, pregate_, in.hidden, normed_.data(), logits);
         if (!ranks_by_selection_) return;
-        cpu::RouterParams params = model_.hp.router;
+        RouterParams params = model_.hp.router;
         const LayerWeights& target = model_.layers[static_cast<size_t>(in.layer + d)];
         params.selection_bias = target.exp_probs_b.empty() ? nullptr : target.exp_probs_b.data();
         cpu::selection_scores(logits, n_expert_, params, nullptr, out, groups_);

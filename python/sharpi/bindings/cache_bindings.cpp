@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "cpu/ops/matmul.h"
 #include "gguf/cache_prior_file.h"
 #include "model/model.h"
 #include "moe/expert_cache.h"

@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda_interface.h"
+#include "backend/op_trace.h"
 #include "bindings.h"
 #include "block_math_host.h"
-#include "cuda_backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
@@ -191,7 +192,27 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_block_math_dot_q8", &dot_q8_blocks, py::arg("weight_type"), py::arg("w"), py::arg("xq"),
           "One f32 partial per block: bm_dot_q8(weight block, activation block)");
 
-    // Device ops (cuda_backend.h op entries): a typed error without CUDA or a device.
+    // The one forward pass's op sequence (backend/op_trace.h) and the CUDA backend's verdict on each
+    // call (backend/cuda_interface.h unsupported_op): the host test of which architectures the device runs.
+    m.def(
+        "record_forward_ops",
+        [](const std::string& path, const std::vector<token_t>& tokens, bool exact) {
+            py::list out;
+            for (const OpCall& c : record_forward_ops(path, tokens, exact)) {
+                out.append(py::make_tuple(c.op, static_cast<int>(c.type), c.variant));
+            }
+            return out;
+        },
+        py::arg("path"), py::arg("tokens"), py::arg("exact") = false);
+    m.def(
+        "cuda_unsupported_op",
+        [](const std::string& op, int type, const std::string& variant) {
+            return cuda::unsupported_op(OpCall{op, type_arg(type), variant});
+        },
+        py::arg("op"), py::arg("type"), py::arg("variant") = "");
+    m.def("cuda_implemented_ops", &cuda::implemented_ops);
+
+    // Device ops (backend/cuda_interface.h op entries): a typed error without CUDA or a device.
     m.def(
         "cuda_op_dequantize",
         [](int type, const ByteArray& data) {

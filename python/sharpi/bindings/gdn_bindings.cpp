@@ -7,8 +7,8 @@
 
 #include "bindings.h"
 #include "cpu/ops/gated_delta_net.h"
-#include "cpu/threadpool.h"
 #include "sharpi/errors.h"
+#include "threads/thread_pool.h"
 
 namespace py = pybind11;
 

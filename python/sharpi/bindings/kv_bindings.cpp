@@ -12,12 +12,12 @@
 #include "bindings.h"
 #include "cpu/ops/attention.h"
 #include "cpu/ops/mla_attention.h"
-#include "cpu/threadpool.h"
 #include "engine.h"
 #include "memory_plan.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
+#include "threads/thread_pool.h"
 
 namespace py = pybind11;
 

@@ -17,9 +17,9 @@
 #include "cpu/ops/matmul.h"
 #include "cpu/quant/kernels.h"
 #include "cpu/quant/qdot.h"
-#include "cpu/threadpool.h"
 #include "quant/ggml_type.h"
 #include "sharpi/errors.h"
+#include "threads/thread_pool.h"
 
 namespace py = pybind11;
 

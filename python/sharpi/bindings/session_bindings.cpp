@@ -19,8 +19,8 @@
 #include <string>
 
 #include "bindings.h"
-#include "cpu/threadpool.h"
 #include "sharpi/session.h"
+#include "threads/thread_pool.h"
 
 namespace py = pybind11;
 
@@ -316,7 +316,8 @@ void bind_session(py::module_& m) {
             return d;
         },
         py::arg("reset") = false,
-        "Process-wide thread-pool cost counters (cpu/threadpool.h ThreadPoolStats), counted only by pools "
+        "Process-wide thread-pool cost counters (threads/thread_pool.h ThreadPoolStats), counted only by "
+        "pools "
         "built with SHARPI_POOL_STATS=1; reset: zero them after reading");
     // Session(vram_budget=VRAM_BUDGET_AUTO): free VRAM minus a margin (SessionOptions::kVramBudgetAuto).
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;

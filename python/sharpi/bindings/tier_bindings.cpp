@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "bindings.h"
-#include "cpu/threadpool.h"
-#include "cuda_backend.h"
+#include "backend/cuda_interface.h"
 #include "gguf/cache_prior_file.h"
 #include "model/model.h"
 #include "moe/cpu_miss.h"
 #include "moe/miss_cost.h"
 #include "sharpi/errors.h"
+#include "threads/thread_pool.h"
 #include "tier_plan.h"
 
 namespace py = pybind11;

@@ -40,36 +40,15 @@
 
 #include <cstdint>
 
+#include "backend/op_types.h"
 #include "cpu/quant/kernels.h"
-#include "cpu/threadpool.h"
 #include "quant/ggml_type.h"
+#include "threads/thread_pool.h"
 
 namespace sharpi::cpu {
 
-struct AttentionShape {
-    int64_t n_head = 0;
-    int64_t n_head_kv = 0;
-    int64_t head_dim = 0;
-    float scale = 1.0f;  // usually 1 / sqrt(head_dim)
-    // Sliding window (gpt-oss's even layers): > 0 limits position p to cache positions
-    // (p - window, p]; 0 attends to all of [0, p]. Blocks stay counted from position 0 (clipped at the
-    // window's start), so the arithmetic of a token is still independent of its batch.
-    int64_t window = 0;
-    // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax denominator
-    // only: the running state starts at (M, L, O) = (sink_h, 1, 0) instead of (-inf, 0, 0).
-    const float* sinks = nullptr;  // [n_head]; nullptr: none
-    // Exact mode (SessionOptions::exact): the per-row arithmetic above, bit for bit as before the
-    // fast kernels existed. false: fast mode's block kernels (header comment).
-    bool exact = false;
-};
-
-// One layer's stored K or V: position j's row (n_head_kv * head_dim elements of `type`) starts at
-// data + j * row_bytes; head g is the bytes of elements [g * head_dim, (g + 1) * head_dim).
-struct KvRows {
-    const uint8_t* data = nullptr;
-    size_t row_bytes = 0;
-    GgmlType type = GgmlType::F32;
-};
+using sharpi::AttentionShape;
+using sharpi::KvRows;
 
 constexpr int64_t kAttentionBlock = 256;  // KV positions per partial softmax
 

@@ -277,4 +277,51 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
         static_cast<int64_t>(items.size()));
 }
 
+// The unfused decode path, slot by slot: two passes on the pool per call (gate+up rows, then down
+// rows), each row one RowDot, so every row has the bits expert_ffn_one_token gives it however the
+// slots are grouped across calls (MoeFfn computes ready experts first, then each as it arrives).
+void expert_ffn_slots(ThreadPool& pool, const ExpertFfnWeights* experts, const int64_t* slots,
+                      int64_t n_slots, const float* x, float* y, int64_t ldy, bool exact) {
+    if (n_slots == 0) return;
+    const int64_t n_embd = experts[0].gate.n_cols, n_ff = experts[0].gate.n_rows;
+    PreparedRow x_in(x, n_embd, exact);
+    std::vector<RowDot> gate_dot(static_cast<size_t>(n_slots)), up_dot(static_cast<size_t>(n_slots)),
+        down_dot(static_cast<size_t>(n_slots));
+    std::vector<PreparedRow> down_in(static_cast<size_t>(n_slots));
+    std::vector<float> g(static_cast<size_t>(n_slots * n_ff)), up(g.size()), act(g.size());
+    int64_t gate_up_bytes = 0, down_bytes = 0;  // for parallel_for_bytes
+    for (int64_t i = 0; i < n_slots; ++i) {
+        const ExpertFfnWeights& e = experts[i];
+        gate_dot[i] = x_in.bind(e.gate.type);
+        up_dot[i] = x_in.bind(e.up.type);
+        gate_up_bytes += static_cast<int64_t>(e.gate.row_bytes + e.up.row_bytes) * n_ff;
+        down_bytes += static_cast<int64_t>(e.down.row_bytes) * n_embd;
+    }
+    pool.parallel_for_bytes(n_slots * 2 * n_ff, gate_up_bytes, [&](int64_t begin, int64_t end, int) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t i = item / (2 * n_ff), r = item % (2 * n_ff);
+            const ExpertFfnWeights& e = experts[i];
+            if (r < n_ff) {
+                g[i * n_ff + r] = gate_dot[i](e.gate.data + r * e.gate.row_bytes);
+            } else {
+                const int64_t ru = r - n_ff;
+                up[i * n_ff + ru] = up_dot[i](e.up.data + ru * e.up.row_bytes);
+            }
+        }
+    });
+    for (int64_t i = 0; i < n_slots; ++i) {
+        expert_glu(experts[i], 0, g.data() + i * n_ff, up.data() + i * n_ff, act.data() + i * n_ff, n_ff);
+        down_in[i].reset(act.data() + i * n_ff, n_ff, exact);
+        down_dot[i] = down_in[i].bind(experts[i].down.type);
+    }
+    pool.parallel_for_bytes(n_slots * n_embd, down_bytes, [&](int64_t begin, int64_t end, int) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t i = item / n_embd, r = item % n_embd;
+            const ExpertFfnWeights& e = experts[i];
+            y[slots[i] * ldy + r] = down_dot[i](e.down.data + r * e.down.row_bytes);
+        }
+    });
+    for (int64_t i = 0; i < n_slots; ++i) expert_down_bias(experts[i], 1, 0, n_embd, y + slots[i] * ldy, ldy);
+}
+
 }  // namespace sharpi::cpu

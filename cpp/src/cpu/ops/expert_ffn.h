@@ -35,23 +35,13 @@
 
 #include <cstdint>
 
+#include "backend/op_types.h"
 #include "cpu/ops/matmul.h"
-#include "cpu/threadpool.h"
+#include "threads/thread_pool.h"
 
 namespace sharpi::cpu {
 
-// One routed expert: gate and up [n_ff, n_embd], down [n_embd, n_ff], any supported types.
-// gpt-oss adds per-expert biases (f32, gate_b / up_b [n_ff], down_b [n_embd]; nullptr: none; they
-// are resident, never part of the expert's streamed bytes) and its clamped SwiGLU (swiglu_limit > 0):
-//   y = down (glu(gate x + gate_b, up x + up_b)) + down_b
-// Every path (fused, batched, MoeFfn's unfused one) applies them through expert_glu / expert_down_bias.
-struct ExpertFfnWeights {
-    WeightView gate, up, down;
-    const float* gate_b = nullptr;
-    const float* up_b = nullptr;
-    const float* down_b = nullptr;
-    float swiglu_limit = 0.0f;
-};
+using sharpi::ExpertFfnWeights;
 
 // act[i] = glu of rows r0 + i (i < n) from the raw gate / up dots: the biases added in place, then
 // SwiGLU or the clamped form. act may alias gate.
@@ -64,6 +54,11 @@ void expert_down_bias(const ExpertFfnWeights& e, int64_t n_members, int64_t r0, 
 // UnsupportedError for a type without kernels.
 void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, const float* weights, int k,
                           const float* x, float* out, bool exact);
+
+// The experts of one token slot by slot, unfused and unweighted: y + slots[i] * ldy = expert i's output
+// for x (experts[i]: slot i's weights), bit for bit the rows expert_ffn_one_token sums.
+void expert_ffn_slots(ThreadPool& pool, const ExpertFfnWeights* experts, const int64_t* slots,
+                      int64_t n_slots, const float* x, float* y, int64_t ldy, bool exact);
 
 void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const int64_t* member_begin,
                       const int64_t* member_end, int n_experts, const int64_t* tokens, const float* x,

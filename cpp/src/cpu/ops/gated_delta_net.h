@@ -19,19 +19,13 @@
 
 #include <cstdint>
 
-#include "cpu/threadpool.h"
+#include "backend/op_types.h"
+#include "threads/thread_pool.h"
 
 namespace sharpi::cpu {
 
-struct GdnShape {
-    int64_t n_k_heads = 0;
-    int64_t n_v_heads = 0;
-    int64_t head_k_dim = 0;
-    int64_t head_v_dim = 0;
-    bool v_heads_tiled = false;  // value head h reads key head h % n_k_heads (else h / ratio)
-
-    int64_t k_head_of(int64_t h) const { return v_heads_tiled ? h % n_k_heads : h / (n_v_heads / n_k_heads); }
-};
+using sharpi::GdnInputs;
+using sharpi::GdnShape;
 
 // Causal depthwise conv1d + SiLU over T tokens with a rolling state:
 //   y[t][c] = silu(sum_{j<K} kernel[c][j] * xs[t + j][c]),  xs = state rows (K-1) then x rows,
@@ -39,19 +33,6 @@ struct GdnShape {
 // kernel: [channels, K], state: [K-1, channels].
 void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
                  int64_t kernel_size, const float* kernel, float* y, int64_t ldy);
-
-// q, k: [T, n_k_heads * head_k_dim] (row strides ldq, ldk); v: [T, n_v_heads * head_v_dim] (ldv);
-// g, beta: [T, n_v_heads]; out: [T, n_v_heads * head_v_dim] (ldo).
-struct GdnInputs {
-    const float* q;
-    int64_t ldq;
-    const float* k;
-    int64_t ldk;
-    const float* v;
-    int64_t ldv;
-    const float* g;
-    const float* beta;
-};
 
 void gated_delta_rule_recurrent(ThreadPool& pool, const GdnInputs& in, int64_t n_tokens,
                                 const GdnShape& shape, float* state, float* out, int64_t ldo);

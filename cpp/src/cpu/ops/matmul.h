@@ -24,20 +24,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/op_types.h"
 #include "cpu/quant/kernels.h"
 #include "cpu/quant/qdot.h"
-#include "cpu/threadpool.h"
 #include "quant/ggml_type.h"
+#include "threads/thread_pool.h"
 
 namespace sharpi::cpu {
 
-struct WeightView {
-    GgmlType type = GgmlType::F32;
-    const uint8_t* data = nullptr;
-    int64_t n_rows = 0;
-    int64_t n_cols = 0;
-    size_t row_bytes = 0;
-};
+using sharpi::WeightView;
 
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy, bool exact);

@@ -24,17 +24,13 @@
 
 #include <cstdint>
 
+#include "backend/op_types.h"
 #include "cpu/ops/attention.h"
-#include "cpu/threadpool.h"
+#include "threads/thread_pool.h"
 
 namespace sharpi::cpu {
 
-struct MlaShape {
-    int64_t n_head = 0;
-    int64_t n_lora_kv = 0;  // kv_lora_rank
-    int64_t n_rot = 0;      // width of the RoPE part of the key
-    float scale = 1.0f;     // 1 / sqrt(qk_nope + qk_rope), times the YaRN mscale^2 where used
-};
+using sharpi::MlaShape;
 
 // q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] (row stride ldq); latent: [>= pos0 + n_tokens]
 // rows of n_lora_kv + n_rot elements of latent.type; out: [n_tokens, n_head * n_lora_kv] (row

@@ -11,19 +11,11 @@
 
 #include <cstdint>
 
+#include "backend/op_types.h"
 namespace sharpi::cpu {
 
-enum class RopeType { normal, neox };
-
-struct RopeParams {
-    RopeType type = RopeType::normal;
-    int64_t n_rot = 0;
-    float freq_base = 10000.0f;
-    float freq_scale = 1.0f;
-    float ext_factor = 0.0f;  // YaRN: 0 off, 1 on
-    float corr_low = 0.0f, corr_high = 0.0f;
-    float mscale = 1.0f;
-};
+using sharpi::RopeParams;
+using sharpi::RopeType;
 
 // YaRN's correction range [low, high] in dimension pairs (ggml_rope_yarn_corr_dims): the pairs
 // that rotate fewer than beta_fast (resp. more than beta_slow) times over n_ctx_orig positions.

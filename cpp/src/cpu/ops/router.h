@@ -18,18 +18,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/op_types.h"
 namespace sharpi::cpu {
 
-enum class Gating { softmax, sigmoid };
-
-struct RouterParams {
-    Gating gating = Gating::softmax;
-    bool normalize_topk = false;
-    float weights_scale = 1.0f;
-    int64_t n_group = 1;                    // 1: no group limit
-    int64_t n_group_used = 1;               // groups a token may choose from
-    const float* selection_bias = nullptr;  // [n_expert], nullptr: none
-};
+using sharpi::Gating;
+using sharpi::RouterParams;
 
 // logits: [n_tokens, n_expert]; probs (out, may be nullptr): [n_tokens, n_expert] gating scores
 // (before bias); ids, weights (out): [n_tokens, k].

@@ -16,11 +16,7 @@
 // top-k for V3; cpu/ops/router.h), scale the top-k weights by expert_weights_scale, and add the
 // shared experts' output unscaled.
 #include <cmath>
-#include <cstring>
 
-#include "cpu/ops/matmul.h"
-#include "cpu/ops/mla_attention.h"
-#include "cpu/ops/norm.h"
 #include "model/arch.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -70,8 +66,8 @@ static void load_deepseek2_layer(ModelLoader& ld, int il) {
 namespace {
 
 // Head h's block of a head-major stack of [n_rows, n_cols] matrices.
-cpu::WeightView head_matrix(const cpu::WeightView& stack, int64_t h, int64_t n_rows) {
-    cpu::WeightView w = stack;
+WeightView head_matrix(const WeightView& stack, int64_t h, int64_t n_rows) {
+    WeightView w = stack;
     w.data += static_cast<size_t>(h * n_rows) * stack.row_bytes;
     w.n_rows = n_rows;
     return w;
@@ -92,37 +88,34 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     } else {
         q = f.linear(cur, L.wq, "Qcur", il);
     }
+    Backend& b = f.backend();
     Act kv = f.linear(cur, L.wkv_a_mqa, "kv_cmpr_pe", il);  // [T, kv_lora_rank + n_rot]
-    cpu::rms_norm(kv.data, kv.width, kv.data, kv.width, T, n_lora_kv, L.attn_kv_a_norm.data(), h.rms_eps);
-    cpu::rope(q.data + qk_nope, q.width, T, n_head, head_k, f.pos0(), h.rope);
-    cpu::rope(kv.data + n_lora_kv, kv.width, T, 1, key_width, f.pos0(), h.rope);
+    b.rms_norm(kv.data, kv.width, kv.data, kv.width, T, n_lora_kv, L.attn_kv_a_norm.data(), h.rms_eps);
+    b.rope(q.data + qk_nope, q.width, T, n_head, head_k, f.pos0(), h.rope);
+    b.rope(kv.data + n_lora_kv, kv.width, T, 1, key_width, f.pos0(), h.rope);
     f.name(q, "Qcur_rope", il);
     f.name(kv, "kv_cmpr_pe_rope", il);
 
     // The latent rows, rounded to the cache's type (kv_layout: cache_type_k; f32 is a plain copy).
-    KvCache& cache = f.kv();
-    for (int64_t t = 0; t < T; ++t) cache.store_k(il, f.pos0() + t, kv.row(t));
-    const cpu::KvRows latent{cache.k(il), cache.row_bytes_k(), cache.type_k()};
+    b.kv_store(f.kv(), il, f.pos0(), kv, nullptr);
 
     // Absorb each head's key up-projection into its query; the RoPE part is copied beside it.
     Act q_abs = f.alloc(T, n_head * key_width);
     for (int64_t hd = 0; hd < n_head; ++hd) {
-        cpu::matmul(f.pool(), head_matrix(L.wk_b, hd, n_lora_kv), q.data + hd * head_k, q.width, T,
-                    q_abs.data + hd * key_width, q_abs.width, f.exact());
-        for (int64_t t = 0; t < T; ++t) {
-            std::memcpy(q_abs.row(t) + hd * key_width + n_lora_kv, q.row(t) + hd * head_k + qk_nope,
-                        sizeof(float) * static_cast<size_t>(n_rot));
-        }
+        b.matmul(head_matrix(L.wk_b, hd, n_lora_kv), q.data + hd * head_k, q.width, T,
+                 q_abs.data + hd * key_width, q_abs.width, f.exact());
+        b.copy_rows(q.data + hd * head_k + qk_nope, q.width, q_abs.data + hd * key_width + n_lora_kv,
+                    q_abs.width, T, n_rot);
     }
     Act lat = f.alloc(T, n_head * n_lora_kv);
-    cpu::MlaShape shape{n_head, n_lora_kv, n_rot, h.attn_scale};
-    cpu::mla_attention(f.pool(), q_abs.data, q_abs.width, latent, T, f.pos0(), shape, lat.data, lat.width);
+    MlaShape shape{n_head, n_lora_kv, n_rot, h.attn_scale};
+    b.mla_attention(q_abs.data, q_abs.width, f.kv(), il, T, f.pos0(), shape, lat.data, lat.width);
     f.name(lat, "kqv_latent", il);
 
     Act v = f.alloc(T, n_head * head_v);
     for (int64_t hd = 0; hd < n_head; ++hd) {
-        cpu::matmul(f.pool(), head_matrix(L.wv_b, hd, head_v), lat.data + hd * n_lora_kv, lat.width, T,
-                    v.data + hd * head_v, v.width, f.exact());
+        b.matmul(head_matrix(L.wv_b, hd, head_v), lat.data + hd * n_lora_kv, lat.width, T,
+                 v.data + hd * head_v, v.width, f.exact());
     }
     f.name(v, "kqv_out", il);
     return f.linear(v, L.wo, "attn_out", il);
@@ -134,7 +127,7 @@ static Act build_deepseek2_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, [&f, il](const Act& cur) { return mla_self_attention(f, cur, il); });
 }
 
-extern const ArchSpec kArchDeepseek2{"deepseek2", cpu::RopeType::normal, /*expert_weights_norm=*/false,
+extern const ArchSpec kArchDeepseek2{"deepseek2", RopeType::normal, /*expert_weights_norm=*/false,
                                      load_deepseek2_layer, build_deepseek2_layer};
 
 }  // namespace sharpi

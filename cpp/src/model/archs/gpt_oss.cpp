@@ -41,7 +41,7 @@ static Act build_gpt_oss_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::none);
 }
 
-extern const ArchSpec kArchGptOss{"gpt-oss", cpu::RopeType::neox, /*expert_weights_norm=*/true,
-                                  load_gpt_oss_layer, build_gpt_oss_layer};
+extern const ArchSpec kArchGptOss{"gpt-oss", RopeType::neox, /*expert_weights_norm=*/true, load_gpt_oss_layer,
+                                  build_gpt_oss_layer};
 
 }  // namespace sharpi

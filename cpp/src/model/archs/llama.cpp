@@ -21,7 +21,7 @@ static Act build_llama_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::none);
 }
 
-extern const ArchSpec kArchLlama{"llama", cpu::RopeType::normal, /*expert_weights_norm=*/true,
-                                 load_llama_layer, build_llama_layer};
+extern const ArchSpec kArchLlama{"llama", RopeType::normal, /*expert_weights_norm=*/true, load_llama_layer,
+                                 build_llama_layer};
 
 }  // namespace sharpi

@@ -17,7 +17,7 @@ static Act build_olmoe_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::full);
 }
 
-extern const ArchSpec kArchOlmoe{"olmoe", cpu::RopeType::neox, /*expert_weights_norm=*/false,
-                                 load_olmoe_layer, build_olmoe_layer};
+extern const ArchSpec kArchOlmoe{"olmoe", RopeType::neox, /*expert_weights_norm=*/false, load_olmoe_layer,
+                                 build_olmoe_layer};
 
 }  // namespace sharpi

@@ -14,7 +14,7 @@ static Act build_qwen2_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::none);
 }
 
-extern const ArchSpec kArchQwen2{"qwen2", cpu::RopeType::neox, /*expert_weights_norm=*/false,
-                                 load_qwen2_layer, build_qwen2_layer};
+extern const ArchSpec kArchQwen2{"qwen2", RopeType::neox, /*expert_weights_norm=*/false, load_qwen2_layer,
+                                 build_qwen2_layer};
 
 }  // namespace sharpi

@@ -17,7 +17,7 @@ static Act build_qwen2moe_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::none);  // moe_ffn adds the shared expert
 }
 
-extern const ArchSpec kArchQwen2Moe{"qwen2moe", cpu::RopeType::neox, /*expert_weights_norm=*/false,
+extern const ArchSpec kArchQwen2Moe{"qwen2moe", RopeType::neox, /*expert_weights_norm=*/false,
                                     load_qwen2moe_layer, build_qwen2moe_layer};
 
 }  // namespace sharpi

@@ -15,7 +15,7 @@ static Act build_qwen3_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::per_head);
 }
 
-extern const ArchSpec kArchQwen3{"qwen3", cpu::RopeType::neox, /*expert_weights_norm=*/false,
-                                 load_qwen3_layer, build_qwen3_layer};
+extern const ArchSpec kArchQwen3{"qwen3", RopeType::neox, /*expert_weights_norm=*/false, load_qwen3_layer,
+                                 build_qwen3_layer};
 
 }  // namespace sharpi

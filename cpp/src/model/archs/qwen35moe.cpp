@@ -17,7 +17,7 @@ static Act build_qwen35moe_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::per_head);  // DeltaNet on recurrent layers
 }
 
-extern const ArchSpec kArchQwen35Moe{"qwen35moe", cpu::RopeType::neox, /*expert_weights_norm=*/true,
+extern const ArchSpec kArchQwen35Moe{"qwen35moe", RopeType::neox, /*expert_weights_norm=*/true,
                                      load_qwen35moe_layer, build_qwen35moe_layer};
 
 }  // namespace sharpi

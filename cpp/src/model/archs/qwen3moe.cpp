@@ -17,7 +17,7 @@ static Act build_qwen3moe_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::per_head);
 }
 
-extern const ArchSpec kArchQwen3Moe{"qwen3moe", cpu::RopeType::neox, /*expert_weights_norm=*/true,
+extern const ArchSpec kArchQwen3Moe{"qwen3moe", RopeType::neox, /*expert_weights_norm=*/true,
                                     load_qwen3moe_layer, build_qwen3moe_layer};
 
 }  // namespace sharpi

@@ -17,7 +17,7 @@ static Act build_qwen3next_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, QkNorm::per_head);  // DeltaNet on recurrent layers
 }
 
-extern const ArchSpec kArchQwen3Next{"qwen3next", cpu::RopeType::neox, /*expert_weights_norm=*/true,
+extern const ArchSpec kArchQwen3Next{"qwen3next", RopeType::neox, /*expert_weights_norm=*/true,
                                      load_qwen3next_layer, build_qwen3next_layer};
 
 }  // namespace sharpi

@@ -1,5 +1,6 @@
-// The core's only view of the CUDA backend. Implemented by backend.cu in a CUDA build and by
-// stub.cpp otherwise, so core code never needs #ifdef SHARPI_WITH_CUDA.
+// The core's only view of the CUDA backend. Declared here in the core and implemented in cuda/ (by
+// backend.cu and its neighbours in a CUDA build, by stub.cpp otherwise), so the dependency runs one
+// way, core code never needs #ifdef SHARPI_WITH_CUDA, and nothing in cpp/src includes a cuda/ header.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/op_call.h"
 #include "quant/ggml_type.h"
 #include "sharpi/types.h"
 
@@ -41,6 +43,15 @@ DeviceInfo device_info();
 // used and free, or why CUDA is unavailable: "no CUDA device" (with "(no NVIDIA driver)" when none is
 // installed), the runtime's error only for a driver that is there and fails, or the stub's reason.
 std::string describe();
+
+// ---- the CUDA backend's ops (cuda/op_support.cpp; host code, the same in every build) ----------------
+//
+// Empty when the kernels of cuda/ops run `call` (an op of backend/backend.h as RecordingBackend
+// records it); otherwise what stops it: "<op> (<type>[, <variant>]): <reason>", the text of the
+// UnsupportedError a device backend gives for it.
+std::string unsupported_op(const OpCall& call);
+// The Backend ops cuda/ops has kernels for (some variants and types excepted: unsupported_op).
+std::vector<std::string> implemented_ops();
 
 // ---- the device forward pass (device="cuda") -------------------------------------------------------
 //

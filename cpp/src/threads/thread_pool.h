@@ -1,4 +1,5 @@
-// A fixed pool of worker threads for data-parallel loops on the decode thread's behalf.
+// A fixed pool of worker threads for data-parallel loops on the decode thread's behalf. Used by the
+// engine (which owns one per session) and by the backends' kernels, so it lives under neither.
 //
 // Owns n_threads - 1 workers; the calling thread is worker 0, so ThreadPool(1) runs inline.
 // parallel_for cuts [0, n) into a fixed grid of contiguous chunks (a function of n and n_threads
@@ -27,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-namespace sharpi::cpu {
+namespace sharpi {
 
 // Process-wide sums over every parallel region run with SHARPI_POOL_STATS=1 (nanoseconds, steady
 // clock). A region starts when parallel_for publishes its job (dispatch) and ends when it returns.
@@ -121,4 +122,13 @@ class ThreadPool {
 // Online cores of this machine (at least 1).
 int hardware_threads();
 
+}  // namespace sharpi
+
+// The CPU kernels were written against cpu::ThreadPool; the names stay valid there.
+namespace sharpi::cpu {
+using sharpi::hardware_threads;
+using sharpi::reset_thread_pool_stats;
+using sharpi::thread_pool_stats;
+using sharpi::ThreadPool;
+using sharpi::ThreadPoolStats;
 }  // namespace sharpi::cpu

@@ -1,4 +1,4 @@
-#include "cpu/ops/norm.h"
+#include "cpu/ops/rms_norm.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "cpu/threadpool.h"
+#include "threads/thread_pool.h"
 
 #include <immintrin.h>
 
@@ -9,7 +9,7 @@
 
 #include "sharpi/errors.h"
 
-namespace sharpi::cpu {
+namespace sharpi {
 
 namespace {
 // How long a worker spins on the generation counter before blocking. Short: a decode step issues
@@ -206,4 +206,4 @@ void ThreadPool::worker_main(int ith) {
     }
 }
 
-}  // namespace sharpi::cpu
+}  // namespace sharpi

@@ -1,0 +1,120 @@
+// The data the layer builders hand to a backend's ops: weight views, RoPE, router and attention
+// parameters, the Gated DeltaNet shapes and a routed expert's weights. Plain structs with no kernel
+// behind them, so that model/, moe/ and the architecture files describe an op without including
+// any backend's kernel header (tests/test_layering.py). Every backend (cpu/cpu_backend.h,
+// cuda/) reads the same structs; the CPU kernels still name them cpu::X (aliases in their headers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/ggml_type.h"
+
+namespace sharpi {
+
+// A weight matrix [n_rows, n_cols] in its file type: row r is the bytes [data + r * row_bytes, ...).
+// `data` is host memory (the mapping, or an expert slot); a device backend finds its own copy.
+struct WeightView {
+    GgmlType type = GgmlType::F32;
+    const uint8_t* data = nullptr;
+    int64_t n_rows = 0;
+    int64_t n_cols = 0;
+    size_t row_bytes = 0;
+};
+
+// Rotary position embedding on the first n_rot dimensions of every head (cpu/ops/rope.h has the
+// arithmetic). normal pairs (x[2i], x[2i+1]); neox pairs (x[i], x[i + n_rot/2]).
+enum class RopeType { normal, neox };
+
+struct RopeParams {
+    RopeType type = RopeType::normal;
+    int64_t n_rot = 0;
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;
+    float ext_factor = 0.0f;  // YaRN: 0 off, 1 on
+    float corr_low = 0.0f, corr_high = 0.0f;
+    float mscale = 1.0f;
+};
+
+// The MoE router's gating and top-k rule (cpu/ops/router.h has the arithmetic).
+enum class Gating { softmax, sigmoid };
+
+struct RouterParams {
+    Gating gating = Gating::softmax;
+    bool normalize_topk = false;
+    float weights_scale = 1.0f;
+    int64_t n_group = 1;                    // 1: no group limit
+    int64_t n_group_used = 1;               // groups a token may choose from
+    const float* selection_bias = nullptr;  // [n_expert], nullptr: none
+};
+
+struct AttentionShape {
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;
+    int64_t head_dim = 0;
+    float scale = 1.0f;  // usually 1 / sqrt(head_dim)
+    // Sliding window (gpt-oss's even layers): > 0 limits position p to cache positions
+    // (p - window, p]; 0 attends to all of [0, p]. Blocks stay counted from position 0 (clipped at the
+    // window's start), so the arithmetic of a token is still independent of its batch.
+    int64_t window = 0;
+    // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax denominator
+    // only: the running state starts at (M, L, O) = (sink_h, 1, 0) instead of (-inf, 0, 0).
+    const float* sinks = nullptr;  // [n_head]; nullptr: none
+    // Exact mode (SessionOptions::exact): the per-row arithmetic, bit for bit as before the fast
+    // kernels existed. false: fast mode's block kernels (cpu/ops/attention.h).
+    bool exact = false;
+};
+
+// One layer's stored K or V: position j's row (n_head_kv * head_dim elements of `type`) starts at
+// data + j * row_bytes; head g is the bytes of elements [g * head_dim, (g + 1) * head_dim).
+struct KvRows {
+    const uint8_t* data = nullptr;
+    size_t row_bytes = 0;
+    GgmlType type = GgmlType::F32;
+};
+
+// Multi-head latent attention (deepseek2) over the absorbed queries (cpu/ops/mla_attention.h).
+struct MlaShape {
+    int64_t n_head = 0;
+    int64_t n_lora_kv = 0;  // kv_lora_rank
+    int64_t n_rot = 0;      // width of the RoPE part of the key
+    float scale = 1.0f;     // 1 / sqrt(qk_nope + qk_rope), times the YaRN mscale^2 where used
+};
+
+// Gated DeltaNet heads (cpu/ops/gated_delta_net.h).
+struct GdnShape {
+    int64_t n_k_heads = 0;
+    int64_t n_v_heads = 0;
+    int64_t head_k_dim = 0;
+    int64_t head_v_dim = 0;
+    bool v_heads_tiled = false;  // value head h reads key head h % n_k_heads (else h / ratio)
+
+    int64_t k_head_of(int64_t h) const { return v_heads_tiled ? h % n_k_heads : h / (n_v_heads / n_k_heads); }
+};
+
+// q, k: [T, n_k_heads * head_k_dim] (row strides ldq, ldk); v: [T, n_v_heads * head_v_dim] (ldv);
+// g, beta: [T, n_v_heads].
+struct GdnInputs {
+    const float* q;
+    int64_t ldq;
+    const float* k;
+    int64_t ldk;
+    const float* v;
+    int64_t ldv;
+    const float* g;
+    const float* beta;
+};
+
+// One routed expert: gate and up [n_ff, n_embd], down [n_embd, n_ff], any supported types.
+// gpt-oss adds per-expert biases (f32, gate_b / up_b [n_ff], down_b [n_embd]; nullptr: none; they
+// are resident, never part of the expert's streamed bytes) and its clamped SwiGLU (swiglu_limit > 0):
+//   y = down (glu(gate x + gate_b, up x + up_b)) + down_b
+struct ExpertFfnWeights {
+    WeightView gate, up, down;
+    const float* gate_b = nullptr;
+    const float* up_b = nullptr;
+    const float* down_b = nullptr;
+    float swiglu_limit = 0.0f;
+};
+
+}  // namespace sharpi

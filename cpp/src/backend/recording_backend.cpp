@@ -1,0 +1,184 @@
+#include "backend/recording_backend.h"
+
+#include <algorithm>
+
+namespace sharpi {
+
+namespace {
+
+std::string join(const std::vector<std::string>& parts) {
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
+    return out;
+}
+
+}  // namespace
+
+void RecordingBackend::record(const char* op, GgmlType type, std::string variant) {
+    calls_.push_back(OpCall{op, type, std::move(variant)});
+}
+
+void RecordingBackend::record_experts(const char* op, const ExpertFfnWeights* experts, int64_t n,
+                                      bool exact) {
+    std::vector<std::pair<GgmlType, std::string>> seen;
+    for (int64_t i = 0; i < n; ++i) {
+        const ExpertFfnWeights& e = experts[i];
+        std::vector<std::string> v;
+        if (e.gate_b || e.up_b || e.down_b) v.push_back("bias");
+        if (e.swiglu_limit > 0.0f) v.push_back("clamped_swiglu");
+        if (exact) v.push_back("exact");
+        const std::string variant = join(v);
+        for (GgmlType t : {e.gate.type, e.up.type, e.down.type}) {
+            const auto key = std::make_pair(t, variant);
+            if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+            seen.push_back(key);
+            record(op, t, variant);
+        }
+    }
+}
+
+Act RecordingBackend::alloc(int64_t n_tokens, int64_t width) {
+    return inner_.alloc(n_tokens, width);
+}
+void RecordingBackend::reset_activations() {
+    inner_.reset_activations();
+}
+void RecordingBackend::read(const Act& x, float* host) {
+    inner_.read(x, host);
+}
+void RecordingBackend::copy(const Act& src, const Act& dst) {
+    record("copy");
+    inner_.copy(src, dst);
+}
+void RecordingBackend::copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t n_rows,
+                                 int64_t width) {
+    record("copy_rows");
+    inner_.copy_rows(src, ld_src, dst, ld_dst, n_rows, width);
+}
+
+void RecordingBackend::get_rows(const WeightView& table, const token_t* tokens, const Act& x) {
+    record("get_rows", table.type);
+    inner_.get_rows(table, tokens, x);
+}
+void RecordingBackend::rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows,
+                                int64_t width, const float* weight, float eps) {
+    record("rms_norm");
+    inner_.rms_norm(x, ldx, y, ldy, n_rows, width, weight, eps);
+}
+void RecordingBackend::matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+                              int64_t ldy, bool exact) {
+    record("matmul", w.type, exact ? "exact" : "");
+    inner_.matmul(w, x, ldx, n_tokens, y, ldy, exact);
+}
+void RecordingBackend::add_bias(const Act& y, const float* bias) {
+    record("add_bias");
+    inner_.add_bias(y, bias);
+}
+void RecordingBackend::add(const Act& a, const Act& b, const Act& y) {
+    record("add");
+    inner_.add(a, b, y);
+}
+void RecordingBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+    record("swiglu");
+    inner_.swiglu(gate, up, out, n);
+}
+void RecordingBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
+    record("mul_sigmoid");
+    inner_.mul_sigmoid(x, gate, n);
+}
+void RecordingBackend::mul_silu(float* x, const float* z, int64_t n) {
+    record("mul_silu");
+    inner_.mul_silu(x, z, n);
+}
+void RecordingBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
+    record("scale_rows_sigmoid");
+    inner_.scale_rows_sigmoid(x, s);
+}
+void RecordingBackend::rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                            int64_t pos0, const RopeParams& p) {
+    record("rope", GgmlType::F32, p.ext_factor != 0.0f || p.mscale != 1.0f ? "yarn" : "");
+    inner_.rope(x, ld, n_tokens, n_heads, head_dim, pos0, p);
+}
+
+void RecordingBackend::kv_store(KvCache& kv, int il, int64_t pos0, const Act& k, const Act* v) {
+    record("kv_store", kv.type_k());
+    if (v && kv.type_v() != kv.type_k()) record("kv_store", kv.type_v());
+    inner_.kv_store(kv, il, pos0, k, v);
+}
+void RecordingBackend::attention(const float* q, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
+                                 int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo) {
+    std::vector<std::string> v;
+    if (shape.sinks) v.push_back("sinks");
+    if (shape.window > 0) v.push_back("window");
+    v.push_back("head_dim=" + std::to_string(shape.head_dim));
+    record("attention", kv.type_k(), join(v));
+    inner_.attention(q, ldq, kv, il, n_tokens, pos0, shape, out, ldo);
+}
+void RecordingBackend::mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il,
+                                     int64_t n_tokens, int64_t pos0, const MlaShape& shape, float* out,
+                                     int64_t ldo) {
+    record("mla_attention", kv.type_k());
+    inner_.mla_attention(q_abs, ldq, kv, il, n_tokens, pos0, shape, out, ldo);
+}
+
+void RecordingBackend::gdn_gates(const Act& b, const Act& a, const float* ssm_a, const float* dt_bias,
+                                 const Act& beta, const Act& g) {
+    record("gdn_gates");
+    inner_.gdn_gates(b, a, ssm_a, dt_bias, beta, g);
+}
+void RecordingBackend::conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens,
+                                   int64_t channels, int64_t kernel_size, const float* kernel, float* y,
+                                   int64_t ldy) {
+    record("conv1d_silu");
+    inner_.conv1d_silu(state, x, ldx, n_tokens, channels, kernel_size, kernel, y, ldy);
+}
+void RecordingBackend::l2_norm_heads(const Act& x, int64_t n_heads, int64_t head_dim, int64_t n_scaled,
+                                     float scale) {
+    record("l2_norm_heads");
+    inner_.l2_norm_heads(x, n_heads, head_dim, n_scaled, scale);
+}
+void RecordingBackend::gated_delta_rule(const GdnInputs& in, int64_t n_tokens, const GdnShape& shape,
+                                        int64_t chunk_size, float* state, float* out, int64_t ldo) {
+    record("gated_delta_rule");
+    inner_.gated_delta_rule(in, n_tokens, shape, chunk_size, state, out, ldo);
+}
+
+void RecordingBackend::route_topk(const Act& logits, int64_t k, const RouterParams& params, const Act& probs,
+                                  int32_t* ids, float* weights) {
+    std::vector<std::string> v;
+    if (params.gating == Gating::sigmoid) v.push_back("sigmoid");
+    if (params.n_group > 1) v.push_back("groups");
+    if (params.weights_scale != 1.0f) v.push_back("scale");
+    if (params.selection_bias) v.push_back("selection_bias");
+    v.push_back("n_expert=" + std::to_string(logits.width));
+    record("route_topk", GgmlType::F32, join(v));
+    inner_.route_topk(logits, k, params, probs, ids, weights);
+}
+void RecordingBackend::topk_weights(const float* probs, const int32_t* ids, int64_t k,
+                                    const RouterParams& params, float* weights) {
+    record("topk_weights");
+    inner_.topk_weights(probs, ids, k, params, weights);
+}
+void RecordingBackend::expert_ffn_one_token(const ExpertFfnWeights* experts, const float* weights, int k,
+                                            const float* x, float* out, bool exact) {
+    record_experts("expert_ffn_one_token", experts, k, exact);
+    inner_.expert_ffn_one_token(experts, weights, k, x, out, exact);
+}
+void RecordingBackend::expert_ffn_slots(const ExpertFfnWeights* experts, const int64_t* slots,
+                                        int64_t n_slots, const float* x, const Act& y, bool exact) {
+    record_experts("expert_ffn_slots", experts, n_slots, exact);
+    inner_.expert_ffn_slots(experts, slots, n_slots, x, y, exact);
+}
+void RecordingBackend::expert_ffn_batch(const ExpertFfnWeights* experts, const int64_t* member_begin,
+                                        const int64_t* member_end, int n_experts, const int64_t* tokens,
+                                        const float* x, int64_t ldx, float* y, int64_t ldy, bool exact) {
+    record_experts("expert_ffn_batch", experts, n_experts, exact);
+    inner_.expert_ffn_batch(experts, member_begin, member_end, n_experts, tokens, x, ldx, y, ldy, exact);
+}
+void RecordingBackend::moe_combine(const Act& y, const int64_t* member_of, const float* weights, int64_t k,
+                                   const Act& out) {
+    record("moe_combine");
+    inner_.moe_combine(y, member_of, weights, k, out);
+}
+
+}  // namespace sharpi

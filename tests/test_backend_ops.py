@@ -1,0 +1,126 @@
+"""The one forward pass on a host (issue 38): every architecture's layers run through the backend
+interface (cpp/src/backend/backend.h), recorded op by op on the CPU backend, and each recorded call is
+judged by the CUDA backend's support table (backend/cuda_interface.h unsupported_op, host code in
+every build). So without a GPU this shows which architectures the device can run and which op keeps
+the others off it, by name, and that the table covers every op of the interface.
+
+The expected blockers per architecture are written here from what the architectures compute (MLA for
+deepseek2, the Gated DeltaNet for the hybrids, sinks / sliding windows / expert biases for gpt-oss),
+not taken from the table's answers.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from sharpi import _core, presets
+from sharpi.make_model import write_model
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKEND_H = ROOT / "cpp" / "src" / "backend" / "backend.h"
+GGML_Q8_0, GGML_MXFP4, GGML_F16, GGML_F32 = 8, 39, 1, 0
+
+# Ops no CUDA kernel runs yet, per architecture family (exact mode, q8_0 weights, f32 KV cache).
+EXPECTED_BLOCKERS = {
+    "llama": set(),
+    "qwen2moe": set(),
+    "qwen3moe": set(),
+    "olmoe": set(),
+    "qwen2": set(),
+    "qwen3": set(),
+    "deepseek2": {"mla_attention"},
+    "qwen3next": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
+    "qwen35moe": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
+    "gpt-oss": {"attention", "expert_ffn_batch", "expert_ffn_one_token"},
+}
+# Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
+# (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).
+MAY_ALSO_BLOCK = {"deepseek2": {"route_topk"}, "gpt-oss": {"route_topk", "rope"}}
+
+
+def _interface_ops() -> set[str]:
+    text = BACKEND_H.read_text()
+    return set(re.findall(r"virtual\s+(?:void|Act|bool|const char\*)\s+(\w+)\(", text)) - {
+        "name",
+        "host_memory",
+        "alloc",
+        "reset_activations",
+        "read",
+    }
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("backend_ops")
+    out = {}
+    for arch in presets.ARCHES:
+        path = d / f"{arch}.gguf"
+        write_model(path, arch=arch, preset="tiny", quant="q8_0", seed=5)
+        out[arch] = path
+    return out
+
+
+@pytest.mark.parametrize("arch", presets.ARCHES)
+def test_each_architecture_calls_only_interface_ops_and_the_cuda_table_names_every_blocker(models, arch):
+    calls = _core.record_forward_ops(str(models[arch]), [1, 7, 3, 9, 4], exact=True)
+    ops = {op for op, _, _ in calls}
+    assert ops <= _interface_ops(), ops - _interface_ops()
+    # Both paths of the MoE FFN ran: the prefill batch grouped by expert, the decoded token fused.
+    if presets.resolve(arch, "tiny").n_expert:
+        assert {"route_topk", "expert_ffn_batch", "expert_ffn_one_token", "moe_combine"} <= ops
+    blockers = {}
+    for op, type_, variant in calls:
+        why = _core.cuda_unsupported_op(op, type_, variant)
+        if why:
+            assert why.startswith(op + " (") and ": " in why, why  # names the op and the type
+            blockers.setdefault(op, why)
+    expected = EXPECTED_BLOCKERS[arch]
+    assert expected <= set(blockers), (expected - set(blockers), blockers)
+    assert set(blockers) <= expected | MAY_ALSO_BLOCK.get(arch, set()), blockers
+
+
+def test_gpt_oss_is_blocked_by_its_sinks_windows_and_expert_biases(models):
+    calls = _core.record_forward_ops(str(models["gpt-oss"]), [2, 5, 8], exact=True)
+    attention = [v for op, _, v in calls if op == "attention"]
+    assert any("sinks" in v for v in attention) and any("window" in v for v in attention)
+    assert all("sinks" in v for v in attention)  # every layer has sinks; even layers add a window
+    experts = {v for op, _, v in calls if op.startswith("expert_ffn")}
+    assert experts and all("bias" in v and "clamped_swiglu" in v for v in experts)
+
+
+def test_the_table_covers_every_op_of_the_interface():
+    implemented = set(_core.cuda_implemented_ops())
+    for op in sorted(_interface_ops()):
+        why = _core.cuda_unsupported_op(op, GGML_F32, "")
+        if op in implemented:
+            assert why == "", (op, why)
+        else:
+            assert "no CUDA kernel yet" in why, (op, why)
+    assert "no CUDA kernel yet" not in _core.cuda_unsupported_op("matmul", GGML_F32, "")
+    assert "not an op of the backend interface" in _core.cuda_unsupported_op("conv2d", GGML_F32, "")
+
+
+def test_the_table_refuses_types_and_variants_the_kernels_lack():
+    assert _core.cuda_unsupported_op("matmul", GGML_Q8_0, "exact") == ""
+    why = _core.cuda_unsupported_op("matmul", GGML_MXFP4, "")
+    assert why.startswith("matmul (mxfp4)") or "MXFP4" in why.upper(), why
+    assert "f32" in _core.cuda_unsupported_op("attention", GGML_F16, "head_dim=64")
+    assert _core.cuda_unsupported_op("attention", GGML_F32, "head_dim=256") == ""
+    assert "256" in _core.cuda_unsupported_op("attention", GGML_F32, "head_dim=288")
+    assert "YaRN" in _core.cuda_unsupported_op("rope", GGML_F32, "yarn")
+    assert _core.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=512") == ""
+    assert "512" in _core.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=513")
+    assert "softmax" in _core.cuda_unsupported_op("route_topk", GGML_F32, "sigmoid,n_expert=8")
+
+
+def test_recording_runs_the_forward_it_records(models):
+    # The recorded pass is a real forward: its fast-mode calls carry the types the file has (q8_0
+    # projections; the router stays f32, as llama.cpp's converter and quantizer keep it).
+    calls = _core.record_forward_ops(str(models["qwen3moe"]), [1, 2], exact=False)
+    assert {t for op, t, _ in calls if op == "matmul"} == {GGML_Q8_0, GGML_F32}
+    assert all(v == "" for op, _, v in calls if op == "matmul")  # fast mode
+    assert {t for op, t, _ in calls if op == "kv_store"} == {GGML_F16}  # fast mode's f16 cache
+    with pytest.raises(_core.InvalidArgument, match="out of the vocabulary"):
+        _core.record_forward_ops(str(models["qwen3moe"]), [10**6])
