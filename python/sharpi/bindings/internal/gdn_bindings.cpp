@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "bindings.h"
 #include "cpu/ops/gated_delta_net.h"
 #include "cpu/threadpool.h"
+#include "internal.h"
 #include "sharpi/errors.h"
 
 namespace py = pybind11;

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "bindings.h"
 #include "cpu/threadpool.h"
 #include "cuda_backend.h"
 #include "gguf/cache_prior_file.h"
+#include "internal.h"
 #include "model/model.h"
 #include "moe/cpu_miss.h"
 #include "moe/miss_cost.h"

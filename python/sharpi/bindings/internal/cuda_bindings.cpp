@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "bindings.h"
 #include "block_math_host.h"
 #include "cuda_backend.h"
+#include "internal.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
