@@ -352,8 +352,9 @@ def _public_names(module) -> set[str]:
 
 
 def _core_name_problems(names: set[str]) -> list[str]:
-    out = [f"sharpi._core exposes {name!r}, which is not in the public allow-list" for name in names - CORE_PUBLIC_NAMES]
-    out += [f"sharpi._core lacks the public name {name!r}" for name in CORE_PUBLIC_NAMES - names]
+    extra, missing = names - CORE_PUBLIC_NAMES, CORE_PUBLIC_NAMES - names
+    out = [f"sharpi._core exposes {name!r}, which is not in the public allow-list" for name in extra]
+    out += [f"sharpi._core lacks the public name {name!r}" for name in missing]
     return sorted(out)
 
 
@@ -373,9 +374,7 @@ def test_the_core_allow_list_catches_a_harness():
 
 def _cmake_arguments(text: str, command: str, first: str) -> list[str]:
     """The arguments of `command(first ...)` in a CMake file, ${VAR}s of set(VAR ...) expanded."""
-    variables = {
-        m.group(1): m.group(2).split() for m in re.finditer(r"\bset\(\s*(\w+)\s+([^)]*)\)", text)
-    }
+    variables = {m.group(1): m.group(2).split() for m in re.finditer(r"\bset\(\s*(\w+)\s+([^)]*)\)", text)}
     m = re.search(rf"\b{command}\(\s*{re.escape(first)}\s+([^)]*)\)", text)
     assert m, f"no {command}({first} ...) in {BINDINGS_CMAKE}"
     out = []
