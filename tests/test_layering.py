@@ -364,6 +364,11 @@ def test_core_exposes_only_the_public_api():
     assert _core_name_problems(_public_names(_core)) == []
     # The harnesses did not vanish: they are in the internal module.
     assert set(HARNESSES) <= _public_names(_internal)
+    # An engine error raised under _internal is _core's class (one translator, one engine library).
+    import numpy as np
+
+    with pytest.raises(_core.UnsupportedError, match="no CPU kernel for type"):
+        _internal.dequantize(99999, np.zeros(4, np.uint8), 32)
 
 
 def test_the_core_allow_list_catches_a_harness():
