@@ -80,7 +80,7 @@ def best_time(fn, reps, clock=time.perf_counter):
 
 
 def worker(args):
-    from sharpi import _core
+    from sharpi import _internal
 
     rng = np.random.default_rng(0)
     results = []
@@ -93,11 +93,11 @@ def worker(args):
         for threads, math in [(t, m) for m in args.math for t in args.threads]:
             exact = math == "exact"
             run = functools.partial(
-                _core.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads, exact=exact
+                _internal.matmul, TYPE_IDS[name], data, n_rows, N_COLS, x1, threads=threads, exact=exact
             )
             t = best_time(run, args.reps)
             entry = {
-                "type": name, "isa": _core.active_isa(), "math": math, "threads": threads, "mode": "decode", "tokens": 1,
+                "type": name, "isa": _internal.active_isa(), "math": math, "threads": threads, "mode": "decode", "tokens": 1,
                 "weight_bytes": data.size, "n_rows": n_rows, "n_cols": N_COLS, "multiply_adds": n_rows * N_COLS, "seconds": t,
                 "weight_gbps": data.size / t / 1e9, "gelem_per_s": n_rows * N_COLS / t / 1e9,
             }  # fmt: skip
@@ -115,7 +115,7 @@ def worker(args):
                 xs = rng.standard_normal((args.prefill, N_COLS), dtype=np.float32)
                 part = data[: rows * row_bytes]
                 run = functools.partial(
-                    _core.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads, exact=exact
+                    _internal.matmul, TYPE_IDS[name], part, rows, N_COLS, xs, threads=threads, exact=exact
                 )
                 t = best_time(run, args.reps)
                 pf = {**entry, "mode": "prefill", "tokens": args.prefill, "weight_bytes": part.size, "n_rows": rows,
@@ -164,9 +164,9 @@ def main():
         worker(args)
         return
 
-    from sharpi import _core
+    from sharpi import _internal
 
-    isas = [i for i in args.isas.split(",") if i] or _core.isa_available()
+    isas = [i for i in args.isas.split(",") if i] or _internal.isa_available()
     copy_gbps = memcpy_gbps()
     rows = []
     for isa in isas:

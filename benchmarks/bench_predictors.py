@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from sharpi import _core
+from sharpi import _internal
 from sharpi.make_model import write_model
 
 N_LAYER, N_EMBD, N_EXPERT, TOP_K = 16, 2048, 64, 8
@@ -144,7 +144,7 @@ def main():
             path = os.path.join(tmp, kind + ".gguf")
             writer(path, rng)
             for lookahead in (1, 3):
-                handle = _core.load_predictor(kind, path, model, lookahead)
+                handle = _internal.load_predictor(kind, path, model, lookahead)
                 handle.time_observe(hidden, logits, history, prev, 5)  # warm-up
                 best = min(
                     handle.time_observe(hidden, logits, history, prev, args.tokens) for _ in range(args.reps)

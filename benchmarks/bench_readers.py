@@ -26,7 +26,7 @@ import random
 import time
 
 import numpy as np
-from sharpi import _core
+from sharpi import _core, _internal
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -136,7 +136,7 @@ def main() -> None:
         cfg = dict(CONFIGS[name])
         kind = cfg.pop("kind")
         try:
-            reader = _core.ExpertReaderTest(kind, path, arena_bytes=args.arena_mib * MiB, **cfg)
+            reader = _internal.ExpertReaderTest(kind, path, arena_bytes=args.arena_mib * MiB, **cfg)
         except _core.UnsupportedError as e:
             print(f"{name}: skipped ({e})")
             continue

@@ -41,14 +41,14 @@ def run_one(path: str, threads: int, n_prompt: int, n_decode: int) -> dict:
     """One process: prefill, two untimed decode steps, then n_decode timed greedy steps."""
     import numpy as np
     import sharpi
-    from sharpi import _core
+    from sharpi import _internal
 
     s = sharpi.Session(path, threads=threads, n_ctx=n_prompt + n_decode + 8)
     prompt = [1 + (7 * i) % 100 for i in range(n_prompt)]
     token = int(np.argmax(s.decode(prompt)))
     for _ in range(2):
         token = int(np.argmax(s.decode([token])))
-    _core.thread_pool_stats(reset=True)
+    _internal.thread_pool_stats(reset=True)
     tokens, logits = [], []
     t0 = time.perf_counter()
     for _ in range(n_decode):
@@ -56,7 +56,7 @@ def run_one(path: str, threads: int, n_prompt: int, n_decode: int) -> dict:
         token = int(np.argmax(logits[-1]))
         tokens.append(token)
     elapsed = time.perf_counter() - t0
-    st = _core.thread_pool_stats(reset=True)
+    st = _internal.thread_pool_stats(reset=True)
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in logits)).hexdigest()
     return {
         "tpot_ms": 1e3 * elapsed / n_decode,

@@ -5,7 +5,7 @@
         --n-ctx 4096 --kv-types f32,f16,q8_0 --plan-ctx 4096,32768 --out bench-out/long_context
 
 Per KV type (the same type for K and V, llama.cpp's names):
-  memory   sharpi: the minimum RAM budget of a streaming session (`_core.memory_plan`: dense weights +
+  memory   sharpi: the minimum RAM budget of a streaming session (`_internal.memory_plan`: dense weights +
            KV cache + buffers + the fewest expert slots a layer needs) and the KV bytes, at every
            --plan-ctx. llama.cpp: what it allocates beside the mapped weights, read from its own log
            (`KV buffer size`, `compute buffer size`, `output buffer size`) after creating a context
@@ -51,12 +51,12 @@ def llama_buffers_mib(log_path) -> dict:
 
 
 def sharpi_plans(path, types: list, contexts: list) -> dict:
-    from sharpi import _core
+    from sharpi import _internal
 
     plans = {}
     for t in types:
         for n_ctx in contexts:
-            p = _core.memory_plan(os.fspath(path), n_ctx, t, t, allow_long_context=True)
+            p = _internal.memory_plan(os.fspath(path), n_ctx, t, t, allow_long_context=True)
             plans[f"{t}@{n_ctx}"] = {k: p[k] for k in ("minimum_bytes", "kv_bytes", "dense_bytes", "buffer_bytes",
                                                       "slot_bytes", "n_min_slots")}
     return plans

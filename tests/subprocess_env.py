@@ -1,7 +1,7 @@
 """The environment for a child Python process that must import the same sharpi as the test.
 
-In CI sharpi is pip-installed and the checkout's python/ has no compiled _core; in a developer build
-python/sharpi holds _core. Either way the child finds the package this process imported first.
+In CI sharpi is pip-installed and the checkout's python/ has no compiled modules; in a developer build
+python/sharpi holds _core and _internal. Either way the child finds the package this process imported first.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ Whole attention against float64 in fast and exact mode is tests/test_kv_cache.py
 import attention_f32_model as f32_model
 import numpy as np
 import pytest
-from sharpi import _core
+from sharpi import _core, _internal
 
-ISAS = _core.isa_available()
+ISAS = _internal.isa_available()
 
 
 def fresh_rng():
@@ -63,7 +63,7 @@ def test_exp_matches_float64(isa):
     k = np.zeros((n_keys, hd), np.float32)
     k[:, 0] = x  # score j = x_j exactly
     v = np.eye(n_keys, hd, dtype=np.float32)  # o[j] = p_j exactly
-    m, l, o = _core.attention_block_kernels(isa, q, k, v, np.array([0]), np.array([n_keys]), 1.0)
+    m, l, o = _internal.attention_block_kernels(isa, q, k, v, np.array([0]), np.array([n_keys]), 1.0)
     assert m[0] == 0.0
     arg = (x - np.float32(m[0])).astype(np.float64)  # the kernel's s - m, in f32
     want = np.where(arg < -87.3365, 0.0, np.exp(arg))
@@ -79,9 +79,9 @@ def test_simd_equals_scalar_reference(hd):
     rng, seed = fresh_rng()
     for n_rows in (1, 2, 3, 7, 32):
         q, k, v, lo, hi = random_block(rng, n_rows, int(rng.integers(1, 257)), hd)
-        ref = _core.attention_block_kernels("scalar", q, k, v, lo, hi, 0.1)
+        ref = _internal.attention_block_kernels("scalar", q, k, v, lo, hi, 0.1)
         for isa in ISAS:
-            got = _core.attention_block_kernels(isa, q, k, v, lo, hi, 0.1)
+            got = _internal.attention_block_kernels(isa, q, k, v, lo, hi, 0.1)
             for a, b in zip(got, ref):
                 np.testing.assert_array_equal(a, b, err_msg=f"isa {isa} rows {n_rows} hd {hd} seed {seed}")
 
@@ -93,7 +93,7 @@ def test_block_partial_matches_float64_model(isa, hd):
     for n_rows in (1, 5, 32):
         q, k, v, lo, hi = random_block(rng, n_rows, 256, hd)
         scale = 1.0 / np.sqrt(hd)
-        m, l, o = _core.attention_block_kernels(isa, q, k, v, lo, hi, scale)
+        m, l, o = _internal.attention_block_kernels(isa, q, k, v, lo, hi, scale)
         wm, wl, wo = block_model(q, k, v, lo, hi, scale)
         assert np.abs(m - wm).max() <= 1e-6 * np.abs(wm).max(), seed
         assert (np.abs(l - wl) / wl).max() <= 4e-6, seed
@@ -106,9 +106,9 @@ def test_rows_read_only_their_range():
     # p = 0 exactly): what makes prefill tiles equal token-by-token decoding.
     rng, seed = fresh_rng()
     q, k, v, lo, hi = random_block(rng, 9, 256, 64)
-    together = _core.attention_block_kernels(ISAS[-1], q, k, v, lo, hi, 0.125)
+    together = _internal.attention_block_kernels(ISAS[-1], q, k, v, lo, hi, 0.125)
     for r in range(9):
-        alone = _core.attention_block_kernels(ISAS[-1], q[r : r + 1], k, v, lo[r : r + 1], hi[r : r + 1], 0.125)
+        alone = _internal.attention_block_kernels(ISAS[-1], q[r : r + 1], k, v, lo[r : r + 1], hi[r : r + 1], 0.125)
         for a, b in zip(alone, together):
             np.testing.assert_array_equal(a[0], b[r], err_msg=f"row {r} seed {seed}")
 
@@ -117,9 +117,9 @@ def test_bad_ranges_are_rejected():
     q = np.zeros((1, 64), np.float32)
     kv = np.zeros((10, 64), np.float32)
     with pytest.raises(_core.InvalidArgument, match="lo < hi"):
-        _core.attention_block_kernels("scalar", q, kv, kv, np.array([3]), np.array([3]), 1.0)
+        _internal.attention_block_kernels("scalar", q, kv, kv, np.array([3]), np.array([3]), 1.0)
     with pytest.raises(_core.InvalidArgument, match="multiple of 8"):
-        _core.attention_block_kernels("scalar", np.zeros((1, 60), np.float32), kv[:, :60], kv[:, :60],
+        _internal.attention_block_kernels("scalar", np.zeros((1, 60), np.float32), kv[:, :60], kv[:, :60],
                                       np.array([0]), np.array([1]), 1.0)
 
 
@@ -137,7 +137,7 @@ def test_block_partial_is_bit_identical_to_f32_model(isa, hd):
     for n_rows in (1, 64, int(rng.integers(2, 64))):
         q, k, v, lo, hi = random_block(rng, n_rows, int(rng.integers(1, 257)), hd)
         scale = float(rng.choice([0.1, 1.0 / np.sqrt(hd), 3.0]))
-        got = _core.attention_block_kernels(isa, q, k, v, lo, hi, scale)
+        got = _internal.attention_block_kernels(isa, q, k, v, lo, hi, scale)
         want = f32_model.block_partial(q, k, v, reads_of(lo, hi, k.shape[0]), scale)
         for name, a, b in zip("mlo", got, want):
             np.testing.assert_array_equal(a, b, err_msg=f"{name}: isa {isa} rows {n_rows} hd {hd} seed {seed}")

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from sharpi import _core, presets
+from sharpi import _core, _internal, presets
 from sharpi.make_model import write_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("arch", presets.ARCHES)
 def test_each_architecture_calls_only_interface_ops_and_the_cuda_table_names_every_blocker(models, arch):
-    calls = _core.record_forward_ops(str(models[arch]), [1, 7, 3, 9, 4], exact=True)
+    calls = _internal.record_forward_ops(str(models[arch]), [1, 7, 3, 9, 4], exact=True)
     ops = {op for op, _, _ in calls}
     assert ops <= _interface_ops(), ops - _interface_ops()
     # Both paths of the MoE FFN ran: the prefill batch grouped by expert, the decoded token fused.
@@ -72,7 +72,7 @@ def test_each_architecture_calls_only_interface_ops_and_the_cuda_table_names_eve
         assert {"route_topk", "expert_ffn_batch", "expert_ffn_one_token", "moe_combine"} <= ops
     blockers = {}
     for op, type_, variant in calls:
-        why = _core.cuda_unsupported_op(op, type_, variant)
+        why = _internal.cuda_unsupported_op(op, type_, variant)
         if why:
             assert why.startswith(op + " (") and ": " in why, why  # names the op and the type
             blockers.setdefault(op, why)
@@ -82,7 +82,7 @@ def test_each_architecture_calls_only_interface_ops_and_the_cuda_table_names_eve
 
 
 def test_gpt_oss_is_blocked_by_its_sinks_windows_and_expert_biases(models):
-    calls = _core.record_forward_ops(str(models["gpt-oss"]), [2, 5, 8], exact=True)
+    calls = _internal.record_forward_ops(str(models["gpt-oss"]), [2, 5, 8], exact=True)
     attention = [v for op, _, v in calls if op == "attention"]
     assert any("sinks" in v for v in attention) and any("window" in v for v in attention)
     assert all("sinks" in v for v in attention)  # every layer has sinks; even layers add a window
@@ -91,36 +91,36 @@ def test_gpt_oss_is_blocked_by_its_sinks_windows_and_expert_biases(models):
 
 
 def test_the_table_covers_every_op_of_the_interface():
-    implemented = set(_core.cuda_implemented_ops())
+    implemented = set(_internal.cuda_implemented_ops())
     for op in sorted(_interface_ops()):
-        why = _core.cuda_unsupported_op(op, GGML_F32, "")
+        why = _internal.cuda_unsupported_op(op, GGML_F32, "")
         if op in implemented:
             assert why == "", (op, why)
         else:
             assert "no CUDA kernel yet" in why, (op, why)
-    assert "no CUDA kernel yet" not in _core.cuda_unsupported_op("matmul", GGML_F32, "")
-    assert "not an op of the backend interface" in _core.cuda_unsupported_op("conv2d", GGML_F32, "")
+    assert "no CUDA kernel yet" not in _internal.cuda_unsupported_op("matmul", GGML_F32, "")
+    assert "not an op of the backend interface" in _internal.cuda_unsupported_op("conv2d", GGML_F32, "")
 
 
 def test_the_table_refuses_types_and_variants_the_kernels_lack():
-    assert _core.cuda_unsupported_op("matmul", GGML_Q8_0, "exact") == ""
-    why = _core.cuda_unsupported_op("matmul", GGML_MXFP4, "")
+    assert _internal.cuda_unsupported_op("matmul", GGML_Q8_0, "exact") == ""
+    why = _internal.cuda_unsupported_op("matmul", GGML_MXFP4, "")
     assert why.startswith("matmul (mxfp4)") or "MXFP4" in why.upper(), why
-    assert "f32" in _core.cuda_unsupported_op("attention", GGML_F16, "head_dim=64")
-    assert _core.cuda_unsupported_op("attention", GGML_F32, "head_dim=256") == ""
-    assert "256" in _core.cuda_unsupported_op("attention", GGML_F32, "head_dim=288")
-    assert "YaRN" in _core.cuda_unsupported_op("rope", GGML_F32, "yarn")
-    assert _core.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=512") == ""
-    assert "512" in _core.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=513")
-    assert "softmax" in _core.cuda_unsupported_op("route_topk", GGML_F32, "sigmoid,n_expert=8")
+    assert "f32" in _internal.cuda_unsupported_op("attention", GGML_F16, "head_dim=64")
+    assert _internal.cuda_unsupported_op("attention", GGML_F32, "head_dim=256") == ""
+    assert "256" in _internal.cuda_unsupported_op("attention", GGML_F32, "head_dim=288")
+    assert "YaRN" in _internal.cuda_unsupported_op("rope", GGML_F32, "yarn")
+    assert _internal.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=512") == ""
+    assert "512" in _internal.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=513")
+    assert "softmax" in _internal.cuda_unsupported_op("route_topk", GGML_F32, "sigmoid,n_expert=8")
 
 
 def test_recording_runs_the_forward_it_records(models):
     # The recorded pass is a real forward: its fast-mode calls carry the types the file has (q8_0
     # projections; the router stays f32, as llama.cpp's converter and quantizer keep it).
-    calls = _core.record_forward_ops(str(models["qwen3moe"]), [1, 2], exact=False)
+    calls = _internal.record_forward_ops(str(models["qwen3moe"]), [1, 2], exact=False)
     assert {t for op, t, _ in calls if op == "matmul"} == {GGML_Q8_0, GGML_F32}
     assert all(v == "" for op, _, v in calls if op == "matmul")  # fast mode
     assert {t for op, t, _ in calls if op == "kv_store"} == {GGML_F16}  # fast mode's f16 cache
     with pytest.raises(_core.InvalidArgument, match="out of the vocabulary"):
-        _core.record_forward_ops(str(models["qwen3moe"]), [10**6])
+        _internal.record_forward_ops(str(models["qwen3moe"]), [10**6])

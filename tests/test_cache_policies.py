@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from sharpi.belady import belady
 from sharpi.cache_eval import Steps, capacity_for, fit_prior, replay, write_prior
 from sharpi.make_model import write_model
@@ -327,7 +327,7 @@ def test_bound_policy_matches_an_independent_model(name):
                 dtype=np.float32,
             )
             knobs.update(prior=prior, prior_pin=rng.choice([0.0, 0.5, 1.0]))
-        bound = _core.ReplacementPolicy(name, capacity, **knobs)
+        bound = _internal.ReplacementPolicy(name, capacity, **knobs)
         ref = REFS[name](capacity, **knobs)
         cached: dict = {}  # slot -> key
         for _ in range(300):
@@ -415,15 +415,15 @@ def test_unknown_policy_lists_the_known_ones(tmp_path):
     with pytest.raises(
         sharpi.InvalidArgument, match=r"unknown replacement policy 'mru' \(known: lru, slru, lfu"
     ):
-        _core.ReplacementPolicy("mru", 4)
+        _internal.ReplacementPolicy("mru", 4)
     assert set(POLICIES) == set(sharpi.cache_policies())
     assert sharpi.default_cache_policy() in POLICIES
     with pytest.raises(sharpi.InvalidArgument, match="needs a prior file"):
-        _core.ReplacementPolicy("prior", 4)
+        _internal.ReplacementPolicy("prior", 4)
     with pytest.raises(sharpi.InvalidArgument, match="half-life"):
-        _core.ReplacementPolicy("lfu", 4, lfu_half_life=-1.0)
+        _internal.ReplacementPolicy("lfu", 4, lfu_half_life=-1.0)
     with pytest.raises(sharpi.InvalidArgument, match="small-queue share"):
-        _core.ReplacementPolicy("s3fifo", 4, s3fifo_small=1.0)
+        _internal.ReplacementPolicy("s3fifo", 4, s3fifo_small=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +475,7 @@ def test_session_policy_errors(model, shape, prior_file, tmp_path):
     with pytest.raises(sharpi.InvalidArgument, match="not a cache prior file"):
         sharpi.Session(model, threads=1, n_ctx=64, ram_budget=budget, cache_policy="prior:" + model)
     np.testing.assert_array_equal(
-        _core.read_cache_prior(other, shape["n_layer"] + 1, shape["n_expert"]),
+        _internal.read_cache_prior(other, shape["n_layer"] + 1, shape["n_expert"]),
         np.ones((shape["n_layer"] + 1, shape["n_expert"]), dtype=np.float32),
     )
 
@@ -493,7 +493,7 @@ def test_engine_misses_equal_the_replay(model, shape, prior_file, name):
     # unique experts (sorted), so the engine's misses are exactly the replayed policy's.
     k, n_expert, n_layer = shape["k"], shape["n_expert"], shape["n_layer"]
     total = n_layer * n_expert
-    prior = _core.read_cache_prior(prior_file, n_layer, n_expert)
+    prior = _internal.read_cache_prior(prior_file, n_layer, n_expert)
     for n_slots in sorted({k, 2 * k + 1, total // 3}):
         s = sharpi.Session(
             model,
@@ -580,7 +580,7 @@ def test_cache_eval_and_cache_prior_commands(tmp_path, capsys):
     assert cli.main(["cache-prior", "--trace", SHIPPED_TRACE, "-o", str(prior_path)]) == 0
     trace = load_trace(SHIPPED_TRACE)
     split = split_by_sequences(trace)
-    got = _core.read_cache_prior(str(prior_path), trace.n_layer, trace.n_expert)
+    got = _internal.read_cache_prior(str(prior_path), trace.n_layer, trace.n_expert)
     want = np.zeros((trace.n_layer, trace.n_expert))
     for t in split.train:  # the train sequences only: counts per token
         for il in range(trace.n_layer):

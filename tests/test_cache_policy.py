@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from sharpi.belady import belady, belady_horizon, lru, slru
 from sharpi.make_model import write_model
 
@@ -52,7 +52,7 @@ def test_bound_slru_matches_a_list_model(probation):
     rng = random.Random(int(probation * 100))
     for _ in range(30):
         capacity = rng.randint(1, 12)
-        bound = _core.ReplacementPolicy("slru", capacity, probation=probation)
+        bound = _internal.ReplacementPolicy("slru", capacity, probation=probation)
         ref = ListSlru(capacity, probation)
         cached: set = set()
         for _ in range(200):
@@ -80,11 +80,11 @@ def test_bound_slru_matches_a_list_model(probation):
 
 def test_policy_errors():
     with pytest.raises(sharpi.InvalidArgument, match="unknown replacement policy 'mru'"):
-        _core.ReplacementPolicy("mru", 4)
+        _internal.ReplacementPolicy("mru", 4)
     with pytest.raises(sharpi.InvalidArgument, match="probation share"):
-        _core.ReplacementPolicy("slru", 4, probation=0.0)
-    assert "slru" in _core.replacement_policy_names()
-    p = _core.ReplacementPolicy("slru", 2)
+        _internal.ReplacementPolicy("slru", 4, probation=0.0)
+    assert "slru" in _internal.replacement_policy_names()
+    p = _internal.ReplacementPolicy("slru", 2)
     assert p.name == "slru" and p.victim() is None
     p.insert(0)
     assert p.victim([0]) is None and p.victim() == 0

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import sharpi
 from gguf import GGMLQuantizationType as Q
-from sharpi import _core
+from sharpi import _internal
 from test_cuda_host import model_block_partials
 from test_qdot import FAST_TYPES, FORMAT, K_TYPES, np_quantize, random_activations
 from test_quant import ALL_TYPES, bits, oracle_dequantize, random_rows
@@ -74,7 +74,7 @@ def model_row_q8(qtype, row_bytes, xq):
 def test_gpu_dequantize_bitwise_equals_gguf(qtype, rng):
     n = 40 * (256 if qtype in K_TYPES else 32)
     data = random_rows(qtype, 1, n, rng)
-    got = _core.cuda_op_dequantize(int(qtype), data)
+    got = _internal.cuda_op_dequantize(int(qtype), data)
     want = oracle_dequantize(qtype, data, 1, n)[0]
     assert np.array_equal(bits(got), bits(want))
 
@@ -83,7 +83,7 @@ def test_gpu_dequantize_bitwise_equals_gguf(qtype, rng):
 def test_gpu_quantize_act_bitwise_equals_numpy(qtype, rng):
     n_tokens, n = 3, 1024
     x = np.concatenate([random_activations(rng, n) for _ in range(n_tokens)])
-    got = _core.cuda_op_quantize_act(int(qtype), x, n_tokens)
+    got = _internal.cuda_op_quantize_act(int(qtype), x, n_tokens)
     want = np_quantize(FORMAT[qtype], x)
     assert np.array_equal(got, want)
 
@@ -96,7 +96,7 @@ def test_gpu_exact_matvec_within_f32_budget_of_float64(qtype, rng):
     n_rows, n_cols, n_tokens = 37, 8 * 256, 3
     w = random_rows(qtype, n_rows, n_cols, rng)
     x = rng.standard_normal(n_tokens * n_cols).astype(F32)
-    got = _core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, n_tokens).reshape(n_tokens, n_rows)
+    got = _internal.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, n_tokens).reshape(n_tokens, n_rows)
     wd = oracle_dequantize(qtype, w, n_rows, n_cols).astype(np.float64)
     xd = x.reshape(n_tokens, n_cols).astype(np.float64)
     want = xd @ wd.T
@@ -111,7 +111,7 @@ def test_gpu_int8_matvec_bitwise_equals_numpy_model(qtype, rng):
     n_rows, n_cols = 9, 40 * 256  # 40 K-blocks / 320 small blocks per row: lanes wrap around
     w = random_rows(qtype, n_rows, n_cols, rng)
     x = random_activations(rng, n_cols)
-    got = _core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, 1, int8=True)
+    got = _internal.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, 1, int8=True)
     xq = np_quantize(FORMAT[qtype], x)
     rows = w.reshape(n_rows, -1)
     want = np.array([model_row_q8(qtype, rows[r], xq) for r in range(n_rows)], F32)
@@ -124,9 +124,9 @@ def test_gpu_tiled_prefill_matmul_equals_decode_matvec(qtype, rng):
     n_rows, n_cols, n_tokens = 13, 36 * 256, 19  # tokens not a multiple of the 8-token tile
     w = random_rows(qtype, n_rows, n_cols, rng)
     x = np.concatenate([random_activations(rng, n_cols) for _ in range(n_tokens)])
-    tiled = _core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, n_tokens, int8=True, tiled=True)
+    tiled = _internal.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x, n_tokens, int8=True, tiled=True)
     per_token = np.concatenate(
-        [_core.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x[t * n_cols : (t + 1) * n_cols], 1, int8=True)
+        [_internal.cuda_op_matmul(int(qtype), w, n_rows, n_cols, x[t * n_cols : (t + 1) * n_cols], 1, int8=True)
          for t in range(n_tokens)]
     )
     assert np.array_equal(bits(tiled), bits(per_token))
@@ -139,13 +139,13 @@ def test_gpu_rms_norm_silu_mul(rng):
     n_tokens, n = 5, 3000
     x = rng.standard_normal(n_tokens * n).astype(F32)
     w = rng.standard_normal(n).astype(F32)
-    got = _core.cuda_op_rms_norm(x, w, 1e-6).reshape(n_tokens, n)
+    got = _internal.cuda_op_rms_norm(x, w, 1e-6).reshape(n_tokens, n)
     xd = x.reshape(n_tokens, n).astype(np.float64)
     want = xd / np.sqrt((xd**2).mean(axis=1, keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     g, u = rng.standard_normal(4096).astype(F32) * 4, rng.standard_normal(4096).astype(F32)
     gd = g.astype(np.float64)
-    np.testing.assert_allclose(_core.cuda_op_silu_mul(g, u), gd / (1 + np.exp(-gd)) * u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_internal.cuda_op_silu_mul(g, u), gd / (1 + np.exp(-gd)) * u, rtol=1e-5, atol=1e-6)
 
 
 def np_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, base):
@@ -166,7 +166,7 @@ def np_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, base):
 def test_gpu_rope(neox, rng):
     n_tokens, n_heads, head_dim, n_rot, pos0 = 4, 3, 128, 64, 1000
     x = rng.standard_normal(n_tokens * n_heads * head_dim).astype(F32)
-    got = _core.cuda_op_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, 1e6)
+    got = _internal.cuda_op_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, 1e6)
     np.testing.assert_allclose(got, np_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, 1e6), atol=2e-6 * 8)
 
 
@@ -175,7 +175,7 @@ def test_gpu_router_softmax_topk(normalize, rng):
     n_tokens, n_expert, k = 7, 128, 8
     logits = rng.standard_normal(n_tokens * n_expert).astype(F32)
     logits[:n_expert][[3, 9]] = 5.0  # an exact tie: the lower id goes first
-    out = _core.cuda_op_router(logits, n_expert, k, normalize)
+    out = _internal.cuda_op_router(logits, n_expert, k, normalize)
     ids = out[: n_tokens * k].reshape(n_tokens, k).astype(np.int64)
     weights = out[n_tokens * k :].reshape(n_tokens, k)
     ld = logits.reshape(n_tokens, n_expert).astype(np.float64)
@@ -211,14 +211,14 @@ def test_gpu_attention_decode_and_prefill(head_dim, rng):
     kc = rng.standard_normal(n_kv * n_head_kv * head_dim).astype(F32)
     vc = rng.standard_normal(n_kv * n_head_kv * head_dim).astype(F32)
     scale = 1.0 / np.sqrt(head_dim)
-    prefill = _core.cuda_op_attention(q, kc, vc, n_tokens, pos0, n_head, n_head_kv, head_dim, scale)
+    prefill = _internal.cuda_op_attention(q, kc, vc, n_tokens, pos0, n_head, n_head_kv, head_dim, scale)
     want = np_attention(q, kc, vc, n_tokens, pos0, n_head, n_head_kv, head_dim, scale)
     np.testing.assert_allclose(prefill, want, rtol=1e-4, atol=1e-5)
     # Token by token (each token sees only the cache up to itself) gives the same bits.
     width, kv_width = n_head * head_dim, n_head_kv * head_dim
     decode = np.concatenate(
         [
-            _core.cuda_op_attention(
+            _internal.cuda_op_attention(
                 q[t * width : (t + 1) * width], kc[: (pos0 + t + 1) * kv_width], vc[: (pos0 + t + 1) * kv_width],
                 1, pos0 + t, n_head, n_head_kv, head_dim, scale,
             )
@@ -245,8 +245,8 @@ def test_gpu_expert_ffn_grouped_equals_decode_and_float64(qtype, int8, rng):
     weights = rng.uniform(0.1, 1.0, size=(n_tokens, k)).astype(F32)
     args = (int(qtype), gate, int(qtype), up, int(qtype), down, n_embd, n_ff, n_expert, x, ids.reshape(-1),
             weights.reshape(-1))
-    decode = _core.cuda_op_expert_ffn(*args, int8=int8, grouped=False)
-    grouped = _core.cuda_op_expert_ffn(*args, int8=int8, grouped=True)
+    decode = _internal.cuda_op_expert_ffn(*args, int8=int8, grouped=False)
+    grouped = _internal.cuda_op_expert_ffn(*args, int8=int8, grouped=True)
     assert np.array_equal(bits(decode), bits(grouped))
     g = oracle_dequantize(qtype, gate, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
     u = oracle_dequantize(qtype, up, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
@@ -432,19 +432,19 @@ def test_gpu_reset_and_truncate_behave_as_on_the_cpu(e2e_files, exact):
 
 def test_gpu_session_refuses_a_quantized_kv_cache_before_allocating(e2e_files):
     path = e2e_files("olmoe", "f32")
-    free_before = _core.cuda_device_info()["vram_free"]
+    free_before = _internal.cuda_device_info()["vram_free"]
     with pytest.raises(sharpi.UnsupportedError, match="device KV cache is f32"):
         sharpi.Session(path, device="cuda", cache_type_k="q8_0")
     # Nothing of the refused session stays on the device (allow another process's small drift).
-    assert _core.cuda_device_info()["vram_free"] >= free_before - (16 << 20)
+    assert _internal.cuda_device_info()["vram_free"] >= free_before - (16 << 20)
 
 
 def test_gpu_session_too_big_for_vram_is_an_invalid_argument_naming_the_sizes(e2e_files):
     path = e2e_files("qwen3moe", "f32")
     n_ctx_train = 4096  # the tiny preset's
     # A KV cache larger than the device: n_ctx far beyond the trained context (allowed explicitly).
-    free = _core.cuda_device_info()["vram_free"]
-    plan = _core.cuda_device_plan(path, 1024)
+    free = _internal.cuda_device_info()["vram_free"]
+    plan = _internal.cuda_device_plan(path, 1024)
     per_pos = plan["kv_bytes"] // 1024
     n_ctx = int(free // per_pos) + 1024
     assert n_ctx > n_ctx_train

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import sharpi
 from gguf import GGMLQuantizationType as Q
-from sharpi import DeviceError, InvalidArgument, UnsupportedError, _core
+from sharpi import DeviceError, InvalidArgument, UnsupportedError, _internal
 from test_qdot import (
     FAST_TYPES,
     FORMAT,
@@ -57,7 +57,7 @@ def test_block_math_dequantize_bitwise_equals_gguf(qtype, rng):
     for n_blocks in (1, 5, 64):
         n = n_blocks * (256 if qtype in K_TYPES else 32)
         data = random_rows(qtype, 1, n, rng)
-        got = _core.cuda_block_math_dequantize(int(qtype), data)
+        got = _internal.cuda_block_math_dequantize(int(qtype), data)
         want = oracle_dequantize(qtype, data, 1, n)[0]
         assert got.shape == (n,) and got.dtype == np.float32
         bad = np.flatnonzero(bits(got) != bits(want))
@@ -66,9 +66,9 @@ def test_block_math_dequantize_bitwise_equals_gguf(qtype, rng):
 
 def test_block_math_half_and_bfloat16_every_bit_pattern():
     every = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)
-    got = _core.cuda_block_math_dequantize(int(Q.F16), every.view(np.uint8))
+    got = _internal.cuda_block_math_dequantize(int(Q.F16), every.view(np.uint8))
     np.testing.assert_array_equal(bits(got), bits(every.view(np.float16).astype(np.float32)))
-    got = _core.cuda_block_math_dequantize(int(Q.BF16), every.view(np.uint8))
+    got = _internal.cuda_block_math_dequantize(int(Q.BF16), every.view(np.uint8))
     np.testing.assert_array_equal(bits(got), every.astype(np.uint32) << 16)
 
 
@@ -80,13 +80,13 @@ def test_block_math_quantize_act_bitwise_equals_numpy(qtype, rng):
     fmt = FORMAT[qtype]
     for n in (256, 1024):
         x = random_activations(rng, n)
-        got = _core.cuda_block_math_quantize_act(int(qtype), x)
+        got = _internal.cuda_block_math_quantize_act(int(qtype), x)
         want = np_quantize(fmt, x)
         assert got.dtype == np.uint8 and got.shape == want.shape
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, f"{qtype.name} ({fmt}) n={n}: first differing bytes {bad[:8]}"
     # Ties round to even (random_activations puts x * id on .5 in elements 64..71).
-    qs = np_act_blocks(fmt, _core.cuda_block_math_quantize_act(int(qtype), random_activations(rng, 256)))["qs"]
+    qs = np_act_blocks(fmt, _internal.cuda_block_math_quantize_act(int(qtype), random_activations(rng, 256)))["qs"]
     assert list(qs.reshape(-1)[64:72]) == [127, 0, 2, 2, 0, -2, -2, 4]
 
 
@@ -125,8 +125,8 @@ def test_block_math_dot_q8_bitwise_equals_numpy_model(qtype, rng):
     n = 16 * 256
     data = random_rows(qtype, 1, n, rng)
     x = random_activations(rng, n)
-    xq = _core.cuda_block_math_quantize_act(int(qtype), x)
-    got = _core.cuda_block_math_dot_q8(int(qtype), data, xq)
+    xq = _internal.cuda_block_math_quantize_act(int(qtype), x)
+    got = _internal.cuda_block_math_dot_q8(int(qtype), data, xq)
     want, want64 = model_block_partials(qtype, data, xq)
     assert got.shape == want.shape and got.dtype == np.float32
     bad = np.flatnonzero(bits(got) != bits(want))
@@ -159,27 +159,27 @@ def test_block_math_dot_q8_bitwise_equals_numpy_model(qtype, rng):
 def test_block_math_refuses_types_not_on_the_device(qtype, rng):
     data = random_rows(qtype, 1, 256, rng)
     with pytest.raises(UnsupportedError):
-        _core.cuda_block_math_dequantize(int(qtype), data)
+        _internal.cuda_block_math_dequantize(int(qtype), data)
 
 
 def test_block_math_bad_input_is_a_typed_error():
     with pytest.raises(InvalidArgument, match="q4_K"):
-        _core.cuda_block_math_dequantize(int(Q.Q4_K), np.zeros(143, np.uint8))
+        _internal.cuda_block_math_dequantize(int(Q.Q4_K), np.zeros(143, np.uint8))
     with pytest.raises(UnsupportedError, match="iq2_xxs|id 16"):
-        _core.cuda_block_math_dequantize(int(Q.IQ2_XXS), np.zeros(66, np.uint8))
+        _internal.cuda_block_math_dequantize(int(Q.IQ2_XXS), np.zeros(66, np.uint8))
     with pytest.raises(UnsupportedError, match="f32"):
-        _core.cuda_block_math_quantize_act(int(Q.F32), np.zeros(32, np.float32))
+        _internal.cuda_block_math_quantize_act(int(Q.F32), np.zeros(32, np.float32))
     with pytest.raises(InvalidArgument, match="multiple"):
-        _core.cuda_block_math_quantize_act(int(Q.Q4_K), np.zeros(100, np.float32))
+        _internal.cuda_block_math_quantize_act(int(Q.Q4_K), np.zeros(100, np.float32))
     with pytest.raises(InvalidArgument, match="activation blocks"):
-        _core.cuda_block_math_dot_q8(int(Q.Q8_0), np.zeros(34, np.uint8), np.zeros(35, np.uint8))
+        _internal.cuda_block_math_dot_q8(int(Q.Q8_0), np.zeros(34, np.uint8), np.zeros(35, np.uint8))
 
 
 # ---- the device entry without a device -------------------------------------------------------------
 
 
 def test_device_info_is_consistent_with_describe():
-    info = _core.cuda_device_info()
+    info = _internal.cuda_device_info()
     text = sharpi.cuda_describe()
     assert info["present"] == sharpi.cuda_available()
     if info["present"]:
@@ -219,14 +219,14 @@ def test_device_ops_without_a_device_are_typed_errors():
     if sharpi.cuda_available():
         pytest.skip("a CUDA device is present: tests/test_cuda_gpu.py runs the ops")
     with pytest.raises((UnsupportedError, DeviceError), match=r"\[cuda\] dequantize"):
-        _core.cuda_op_dequantize(int(Q.Q8_0), np.zeros(34, np.uint8))
+        _internal.cuda_op_dequantize(int(Q.Q8_0), np.zeros(34, np.uint8))
     with pytest.raises((UnsupportedError, DeviceError), match=r"\[cuda\] rms_norm"):
-        _core.cuda_op_rms_norm(np.ones(8, np.float32), np.ones(8, np.float32), 1e-6)
+        _internal.cuda_op_rms_norm(np.ones(8, np.float32), np.ones(8, np.float32), 1e-6)
 
 
 # ---- the device forward pass's plan (no device needed) ------------------------------------------------
 #
-# _core.cuda_device_plan runs the planner that Session(device="cuda") runs before it allocates: what
+# _internal.cuda_device_plan runs the planner that Session(device="cuda") runs before it allocates: what
 # goes to VRAM and what the device path refuses. Checked against the gguf package's reading of the
 # same file (an independent reader): every tensor the layer loop reads is uploaded once, in its file
 # type and size (1-D tensors as the f32 the loader makes of them), experts apart from dense weights.
@@ -262,7 +262,7 @@ def test_device_plan_uploads_every_tensor_once_in_its_file_type(plan_files, arch
 
     path = plan_files[arch, quant]
     n_ctx, max_batch = 512, 64
-    plan = _core.cuda_device_plan(path, n_ctx, max_batch)
+    plan = _internal.cuda_device_plan(path, n_ctx, max_batch)
     names = [u[0] for u in plan["uploads"]]
     assert len(names) == len(set(names)), "a tensor is uploaded twice"
     got = {name: (ttype, nbytes) for name, ttype, nbytes, _ in plan["uploads"]}
@@ -291,7 +291,7 @@ def test_device_plan_uploads_every_tensor_once_in_its_file_type(plan_files, arch
     if arch == "qwen2moe":
         assert plan["n_ff_dense"] > 0  # the shared expert runs as a dense FFN
     # The KV cache grows with n_ctx, the weights do not.
-    bigger = _core.cuda_device_plan(path, 2 * n_ctx, max_batch)
+    bigger = _internal.cuda_device_plan(path, 2 * n_ctx, max_batch)
     assert bigger["kv_bytes"] == 2 * plan["kv_bytes"]
     assert bigger["dense_bytes"] == plan["dense_bytes"] and bigger["expert_bytes"] == plan["expert_bytes"]
 
@@ -301,7 +301,7 @@ def test_device_plan_tied_output_head_is_uploaded_once(plan_files, tmp_path):
 
     path = str(tmp_path / "tied.gguf")
     rewrite_gguf(plan_files["qwen3moe", "f32"], path, drop_tensors=("output.weight",))
-    names = [u[0] for u in _core.cuda_device_plan(path, 256)["uploads"]]
+    names = [u[0] for u in _internal.cuda_device_plan(path, 256)["uploads"]]
     assert "output.weight" not in names and names.count("token_embd.weight") == 1
 
 
@@ -320,7 +320,7 @@ def test_device_plan_refuses_archs_the_device_path_does_not_compute(arch, needle
     path = str(tmp_path / f"{arch}.gguf")
     write_model(path, arch=arch, preset="tiny", seed=1)
     with pytest.raises(UnsupportedError, match=r"\[cuda\] device=\"cuda\" for " + arch + ": .*" + needle):
-        _core.cuda_device_plan(path, 256)
+        _internal.cuda_device_plan(path, 256)
 
 
 def test_device_plan_refuses_types_without_device_kernels_and_quantized_kv(plan_files, tmp_path):
@@ -329,17 +329,17 @@ def test_device_plan_refuses_types_without_device_kernels_and_quantized_kv(plan_
     path = str(tmp_path / "iq4_xs.gguf")
     write_model(path, arch="qwen3moe", preset="tiny", quant="iq4_xs", seed=1)
     with pytest.raises(UnsupportedError, match=r"tensor token_embd\.weight is iq4_xs, a type without device kernels"):
-        _core.cuda_device_plan(path, 256)
+        _internal.cuda_device_plan(path, 256)
     # A mix whose dense weights the device takes (Q4_K / Q6_K) and whose experts it does not.
     path = str(tmp_path / "iq2_xxs_mix.gguf")
     write_model(path, arch="qwen3moe", preset="tiny", quant="iq2_xxs_mix", seed=1)
     with pytest.raises(UnsupportedError, match=r"tensor blk\.0\.ffn_gate_exps\.weight is iq2_xxs, a type without"):
-        _core.cuda_device_plan(path, 256)
+        _internal.cuda_device_plan(path, 256)
     f32 = plan_files["olmoe", "f32"]
     for k, v in (("q8_0", ""), ("", "f16"), ("q4_0", "q4_0")):
         with pytest.raises(UnsupportedError, match="device KV cache is f32"):
-            _core.cuda_device_plan(f32, 256, cache_type_k=k, cache_type_v=v)
-    _core.cuda_device_plan(f32, 256, cache_type_k="f32", cache_type_v="f32")  # f32 named explicitly
+            _internal.cuda_device_plan(f32, 256, cache_type_k=k, cache_type_v=v)
+    _internal.cuda_device_plan(f32, 256, cache_type_k="f32", cache_type_v="f32")  # f32 named explicitly
 
 
 def test_device_plan_refuses_yarn(plan_files, tmp_path):
@@ -354,7 +354,7 @@ def test_device_plan_refuses_yarn(plan_files, tmp_path):
     )
     sharpi.Session(path).close()  # the CPU runs it
     with pytest.raises(UnsupportedError, match="YaRN"):
-        _core.cuda_device_plan(path, 256)
+        _internal.cuda_device_plan(path, 256)
 
 
 def test_session_device_cuda_refuses_host_only_options_before_the_device(plan_files):
@@ -375,7 +375,7 @@ def test_inspect_device_cuda_reports_the_plan_or_the_refusal(plan_files, tmp_pat
     assert cli.main(["inspect", path, "--device", "cuda"]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("device plan: "))
-    plan = _core.cuda_device_plan(path)  # n_ctx 0: the session default, min(trained context, 4096)
+    plan = _internal.cuda_device_plan(path)  # n_ctx 0: the session default, min(trained context, 4096)
     assert plan["n_ctx"] == 4096
     mib = 1 << 20
     for key in ("dense_bytes", "expert_bytes", "kv_bytes", "buffer_bytes", "total_bytes"):

@@ -20,7 +20,7 @@ at) but the cuFile fill source, which that VM's libcufile refused (docs/cuda.md)
 import numpy as np
 import pytest
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from test_cuda_gpu import e2e_files, prompt_tokens  # noqa: F401  (fixture: tiny files per arch and quant)
 
 pytestmark = [
@@ -39,13 +39,13 @@ def streamed_budgets(path, lookahead):
     Slots are sized for the largest expert of the file, so a budget some slots short of one per expert
     already holds every expert at its own size: the planner keeps them all resident then
     (test_gpu_a_budget_that_holds_every_expert_is_the_resident_path)."""
-    plan = _core.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX, lookahead=lookahead)
+    plan = _internal.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX, lookahead=lookahead)
     low, slot, total = plan["vram_minimum_bytes"], plan["vram_slot_bytes"], plan["n_experts_total"]
     k = sharpi.Session(path, n_ctx=N_CTX).info["n_expert_used"]
     out = []
     for n in range(k, total + 1):
         budget = low + (n - k) * slot
-        p = _core.tier_plan_file(path, budget, 0, n_ctx=N_CTX, lookahead=lookahead)
+        p = _internal.tier_plan_file(path, budget, 0, n_ctx=N_CTX, lookahead=lookahead)
         if p["experts_resident"]:
             break
         assert p["n_vram_slots"] == n, p["summary"]
@@ -96,7 +96,7 @@ def test_gpu_streamed_logits_equal_resident_for_every_budget(e2e_files, arch, ex
 @pytest.mark.parametrize("predictor,lookahead", [("none", 0), ("prev_token", 1), ("next_gate", 2)])
 def test_gpu_a_budget_that_holds_every_expert_is_the_resident_path(e2e_files, predictor, lookahead):  # noqa: F811
     path = e2e_files("qwen3moe", "q4_k_m")
-    every = _core.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX)["vram_bytes"]  # the resident plan's total
+    every = _internal.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX)["vram_bytes"]  # the resident plan's total
     if predictor == "none":
         s = sharpi.Session(path, device="cuda", n_ctx=N_CTX, vram_budget=every)
         assert s.expert_stats()["tier"] != "vram"

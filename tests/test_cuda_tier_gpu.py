@@ -12,7 +12,7 @@ Against the oracles of tests/test_expert_tiers.py:
 
 import pytest
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from test_expert_tiers import COUNTERS, expert_bytes, file_experts, routing, run
 from test_session import models  # noqa: F401  (fixture: tiny files of every plain MoE arch)
 
@@ -24,9 +24,9 @@ pytestmark = [
 
 def vram_run(path, steps, n_slots, policy, prefetch=None, n_staging=0, reader="io_uring"):
     cuda_steps = [
-        _core.CudaTierStep(il, experts, (prefetch or {}).get(i, [])) for i, (il, experts) in enumerate(steps)
+        _internal.CudaTierStep(il, experts, (prefetch or {}).get(i, [])) for i, (il, experts) in enumerate(steps)
     ]
-    return _core.cuda_vram_tier_run(path, n_slots, n_staging=n_staging, policy=policy, steps=cuda_steps,
+    return _internal.cuda_vram_tier_run(path, n_slots, n_staging=n_staging, policy=policy, steps=cuda_steps,
                                     reader=reader)
 
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import sharpi
-from sharpi import UnsupportedError, _core
+from sharpi import UnsupportedError, _internal
 from test_session import models  # noqa: F401  (fixture: tiny files of every plain MoE arch)
 
 
@@ -37,7 +37,7 @@ def stand_in_library(monkeypatch, tmp_path):
 
 
 def test_probe_says_what_is_missing(no_library):
-    probe = _core.cufile_probe()
+    probe = _internal.cufile_probe()
     assert not probe["usable"] and probe["library"] == ""
     if sharpi.cuda_available():
         assert f"libcufile not found ({no_library}" in probe["why"]
@@ -47,7 +47,7 @@ def test_probe_says_what_is_missing(no_library):
 
 
 def test_stand_in_library_is_found_and_only_the_device_is_missing(stand_in_library):
-    probe = _core.cufile_probe()
+    probe = _internal.cufile_probe()
     assert probe["library"] == stand_in_library
     assert "libcufile not found" not in probe["why"]
     if not sharpi.cuda_available():

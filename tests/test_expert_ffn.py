@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from sharpi import _core
+from sharpi import _internal
 from test_quant import oracle_dequantize, random_rows
 
 # (gate/up type, down type) per slot: a Q4_K_M-like mix, Q8_0, a 32-element min type, plain f32.
@@ -55,9 +55,9 @@ def test_fused_equals_unfused_and_reference(exact, rng):
     weights = rng.dirichlet(np.ones(len(experts))).astype(np.float32)
     # random_rows scales reach |w| ~ 10 (Q8_0): small x keeps the gate in SiLU's interesting range.
     x = (0.01 * rng.standard_normal(N_EMBD)).astype(np.float32)
-    unfused = _core.expert_ffn(experts, weights, x, N_FF, threads=1, exact=exact, fused=False)
+    unfused = _internal.expert_ffn(experts, weights, x, N_FF, threads=1, exact=exact, fused=False)
     for threads in (1, 2, 3):
-        fused = _core.expert_ffn(experts, weights, x, N_FF, threads=threads, exact=exact, fused=True)
+        fused = _internal.expert_ffn(experts, weights, x, N_FF, threads=threads, exact=exact, fused=True)
         np.testing.assert_array_equal(
             fused.view(np.uint32), unfused.view(np.uint32), err_msg=f"threads={threads}"
         )
@@ -72,8 +72,8 @@ def test_fused_equals_unfused_and_reference(exact, rng):
 def test_repeated_expert_and_single_slot(rng):
     experts, _ = make_experts(rng)
     x = rng.standard_normal(N_EMBD).astype(np.float32)
-    one = _core.expert_ffn(experts[:1], np.ones(1, np.float32), x, N_FF, threads=2)
-    twice = _core.expert_ffn([experts[0], experts[0]], np.array([0.25, 0.75], np.float32), x, N_FF, threads=2)
+    one = _internal.expert_ffn(experts[:1], np.ones(1, np.float32), x, N_FF, threads=2)
+    twice = _internal.expert_ffn([experts[0], experts[0]], np.array([0.25, 0.75], np.float32), x, N_FF, threads=2)
     np.testing.assert_array_equal(twice, np.float32(0.25) * one + np.float32(0.75) * one)
 
 
@@ -97,7 +97,7 @@ def test_batch_equals_one_token_composition(types, exact, rng):
     counts = [1, 0, 9, 17, 40, 7][: len(experts)]
     members = [np.sort(rng.choice(n_tokens, size=c, replace=False)).astype(np.int64) for c in counts]
     got = {
-        threads: _core.expert_ffn_batch(experts, members, x, N_FF, threads=threads, exact=exact)
+        threads: _internal.expert_ffn_batch(experts, members, x, N_FF, threads=threads, exact=exact)
         for threads in (1, 2, 3)
     }
     assert got[1].shape == (sum(counts), N_EMBD)
@@ -105,7 +105,7 @@ def test_batch_equals_one_token_composition(types, exact, rng):
     for e, toks in enumerate(members):
         for t in toks:
             # One token through the unfused decode composition (router weight 1: y exactly).
-            want = _core.expert_ffn(
+            want = _internal.expert_ffn(
                 [experts[e]], np.ones(1, np.float32), x[t], N_FF, threads=1, exact=exact, fused=False
             )
             for threads, y in got.items():

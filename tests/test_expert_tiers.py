@@ -5,14 +5,14 @@ counters are the same code in both, so on the same access sequence:
 - every expert handed to compute holds the file's bytes (read here from the file with numpy, at the
   offsets the gguf package gives), in both tiers;
 - the counters (docs/design.md §7 names) are equal between the tiers, and the misses equal the engine's
-  offline policy replay (_core.replay_policy, moe/policy_replay.h) of the same steps.
+  offline policy replay (_internal.replay_policy, moe/policy_replay.h) of the same steps.
 The CUDA tier's copies and events run only on a GPU: tests/test_cuda_gpu.py.
 """
 
 import numpy as np
 import pytest
 from gguf import GGUFReader
-from sharpi import InvalidArgument, _core
+from sharpi import InvalidArgument, _internal
 from test_session import models  # noqa: F401  (fixture: tiny files of every plain MoE arch)
 
 COUNTERS = (
@@ -58,7 +58,7 @@ def routing(layers, n_expert, k, n_tokens, seed):
 
 
 def run(path, tier, steps, n_slots, policy, data, parts, prefetch=None, n_staging=0):
-    cache = _core.TierCacheTest(path, tier, n_slots, n_staging=n_staging, policy=policy)
+    cache = _internal.TierCacheTest(path, tier, n_slots, n_staging=n_staging, policy=policy)
     for i, (il, experts) in enumerate(steps):
         got = cache.step(il, experts)
         for e, blob in zip(experts, got):
@@ -93,8 +93,8 @@ def test_ram_and_copy_tiers_share_policy_and_counters(models, policy):  # noqa: 
         layer_of = np.array([il for il, _ in steps], np.int32)
         offsets = np.cumsum([0] + [len(x) for _, x in steps]).astype(np.int64)
         flat = np.array([e for _, x in steps for e in x], np.int32)
-        replay = _core.replay_policy(
-            _core.ReplacementPolicy(policy, n_slots), n_slots, layer_of, offsets, flat
+        replay = _internal.replay_policy(
+            _internal.ReplacementPolicy(policy, n_slots), n_slots, layer_of, offsets, flat
         )
         assert totals(copy)["misses"] == int(replay.sum())
         assert totals(copy)["accesses"] == len(flat)
@@ -124,4 +124,4 @@ def test_copy_tier_staging_adoption_and_waste_match_the_ram_tier(models):  # noq
 
 def test_unknown_tier_is_invalid_argument(models):  # noqa: F811
     with pytest.raises(InvalidArgument, match="tier must be 'ram' or 'copy'"):
-        _core.TierCacheTest(models["qwen3moe", "f32"], "vram-on-host", 4)
+        _internal.TierCacheTest(models["qwen3moe", "f32"], "vram-on-host", 4)

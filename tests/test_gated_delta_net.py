@@ -6,9 +6,9 @@ state. The chunked and recurrent forms must agree to 1e-5 (issue 18)."""
 
 import numpy as np
 import pytest
-from sharpi import _core
+from sharpi import _core, _internal
 
-if not hasattr(_core, "gated_delta_rule"):
+if not hasattr(_internal, "gated_delta_rule"):
     pytest.skip("this build of sharpi has no gated_delta_rule binding", allow_module_level=True)
 
 
@@ -48,7 +48,7 @@ def test_delta_rule_matches_float64_reference(chunk, tiled):
     q, k, v, g, beta, state = _inputs(T=23, nk=2, nv=4, dk=16, dv=8, seed=chunk + 7 * tiled)
     want_out, want_state = reference(q, k, v, g, beta, state, tiled)
     got_state = state.copy()
-    got = _core.gated_delta_rule(q, k, v, g, beta, got_state, chunk_size=chunk, v_heads_tiled=tiled, threads=2)
+    got = _internal.gated_delta_rule(q, k, v, g, beta, got_state, chunk_size=chunk, v_heads_tiled=tiled, threads=2)
     scale = np.abs(want_out).max()
     assert np.abs(got - want_out).max() / scale < 1e-5
     assert np.abs(got_state - want_state).max() / np.abs(want_state).max() < 1e-5
@@ -59,12 +59,12 @@ def test_chunked_and_recurrent_agree_across_calls():
     handed from the chunked form to the recurrent one is the same state."""
     q, k, v, g, beta, state = _inputs(T=50, nk=2, nv=2, dk=32, dv=32, seed=3)
     s_rec = state.copy()
-    rec = _core.gated_delta_rule(q, k, v, g, beta, s_rec, chunk_size=0)
+    rec = _internal.gated_delta_rule(q, k, v, g, beta, s_rec, chunk_size=0)
     s_mix = state.copy()
-    parts = [_core.gated_delta_rule(q[:40], k[:40], v[:40], g[:40], beta[:40], s_mix, chunk_size=16)]
+    parts = [_internal.gated_delta_rule(q[:40], k[:40], v[:40], g[:40], beta[:40], s_mix, chunk_size=16)]
     for t in range(40, 50):
         sl = slice(t, t + 1)
-        parts.append(_core.gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl], s_mix, chunk_size=0))
+        parts.append(_internal.gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl], s_mix, chunk_size=0))
     mixed = np.concatenate(parts)
     assert np.abs(mixed - rec).max() / np.abs(rec).max() < 1e-5
     assert np.abs(s_mix - s_rec).max() / np.abs(s_rec).max() < 1e-5
@@ -81,7 +81,7 @@ def test_conv1d_rolling_state_matches_numpy():
     want = conv / (1 + np.exp(-conv))
     # sharpi: 5 tokens, then 1, then 3, carrying the state.
     state = np.zeros((K - 1, C), np.float32)
-    got = np.concatenate([_core.conv1d_silu(x[a:b], kernel, state) for a, b in [(0, 5), (5, 6), (6, 9)]])
+    got = np.concatenate([_internal.conv1d_silu(x[a:b], kernel, state) for a, b in [(0, 5), (5, 6), (6, 9)]])
     assert np.abs(got - want).max() < 1e-5
     np.testing.assert_array_equal(state, x[-(K - 1) :])
 
@@ -89,6 +89,6 @@ def test_conv1d_rolling_state_matches_numpy():
 def test_bad_shapes_are_typed_errors():
     q, k, v, g, beta, state = _inputs(T=4, nk=2, nv=4, dk=8, dv=8, seed=1)
     with pytest.raises(_core.InvalidArgument):
-        _core.gated_delta_rule(q, k, v, g, beta, state[:2].copy())
+        _internal.gated_delta_rule(q, k, v, g, beta, state[:2].copy())
     with pytest.raises(_core.InvalidArgument):
-        _core.gated_delta_rule(q, k, v[:, :3].copy(), g[:, :3].copy(), beta[:, :3].copy(), state[:3].copy())
+        _internal.gated_delta_rule(q, k, v[:, :3].copy(), g[:, :3].copy(), beta[:, :3].copy(), state[:3].copy())

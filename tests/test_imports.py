@@ -53,9 +53,9 @@ def imported_modules(name: str, path: Path, known: set) -> set:
 
 
 def extension_modules(package_dir: Path = PACKAGE_DIR) -> set:
-    """Dotted names of the compiled modules in the package (sharpi._core, even before it is built):
-    `from . import _core` imports that module, not the package."""
-    names = {f"{package_dir.name}._core"}
+    """Dotted names of the compiled modules in the package (sharpi._core and sharpi._internal, even
+    before they are built): `from . import _core` imports that module, not the package."""
+    names = {f"{package_dir.name}._core", f"{package_dir.name}._internal"}
     for path in package_dir.rglob("*"):
         if path.suffix in (".so", ".pyd"):
             parts = path.relative_to(package_dir.parent).parts

@@ -15,9 +15,9 @@ import attention_f32_model as f32_model
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
-from sharpi import _core
+from sharpi import _core, _internal
 
-ISAS = _core.isa_available()
+ISAS = _internal.isa_available()
 TYPES = ["f32", "f16", "q8_0", "q4_0"]
 GGML = {
     "f32": GGMLQuantizationType.F32,
@@ -54,19 +54,19 @@ def test_store_row_rounds_like_the_model(kind):
     x = (rng.standard_normal(32 * 24) * rng.choice([1e-3, 1.0, 30.0], size=32 * 24)).astype(np.float32)
     x[32:64] = 0.0  # an all-zero block (d = 0)
     x[64] = 70000.0 if kind == "f32" else 3.0  # f16 overflow is not a KV value worth testing
-    got = _core.kv_store_row(kind, x)
+    got = _internal.kv_store_row(kind, x)
     np.testing.assert_array_equal(got, expected_row_bytes(kind, x))
 
 
 def test_store_row_rejects_bad_input():
     with pytest.raises(_core.InvalidArgument, match="q5_k"):
-        _core.kv_store_row("q5_k", np.zeros(32, np.float32))
+        _internal.kv_store_row("q5_k", np.zeros(32, np.float32))
     with pytest.raises(_core.InvalidArgument, match="multiple of 32"):
-        _core.kv_store_row("q8_0", np.zeros(48, np.float32))
+        _internal.kv_store_row("q8_0", np.zeros(48, np.float32))
 
 
 def store(kind: str, rows: np.ndarray) -> np.ndarray:
-    return np.stack([_core.kv_store_row(kind, r) for r in rows])
+    return np.stack([_internal.kv_store_row(kind, r) for r in rows])
 
 
 def decode_rows(kind: str, stored: np.ndarray, width: int) -> np.ndarray:
@@ -123,7 +123,7 @@ def test_attention_matches_float64_model(isa, kind_k, kind_v, shape, exact):
                            pos0, n_head, n_head_kv, hd, scale)
     results = []
     for threads in (1, 2, 3):
-        got = _core.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=threads, isa=isa,
+        got = _internal.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=threads, isa=isa,
                               exact=exact)
         rel = np.abs(got - want).max() / np.abs(want).max()
         assert rel < 1e-5, (threads, rel, seed)
@@ -150,7 +150,7 @@ def test_attention_prefill_equals_token_by_token(kind, heads, exact):
     q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
 
     def attend(rows, pos0):
-        return _core.attention(rows, ks, vs, kind, kind, pos0, n_head, n_head_kv, hd, 0.125, threads=2, exact=exact)
+        return _internal.attention(rows, ks, vs, kind, kind, pos0, n_head, n_head_kv, hd, 0.125, threads=2, exact=exact)
 
     batch = attend(q, 0)
     for t in (0, 255, 256, 519):
@@ -168,8 +168,8 @@ def test_fast_and_exact_mode_take_different_paths():
     ks = store("f16", rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
     vs = store("f16", rng.standard_normal((n, n_head_kv * hd)).astype(np.float32))
     q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
-    fast = _core.attention(q, ks, vs, "f16", "f16", 0, n_head, n_head_kv, hd, 0.125, threads=2)
-    exact = _core.attention(q, ks, vs, "f16", "f16", 0, n_head, n_head_kv, hd, 0.125, threads=2, exact=True)
+    fast = _internal.attention(q, ks, vs, "f16", "f16", 0, n_head, n_head_kv, hd, 0.125, threads=2)
+    exact = _internal.attention(q, ks, vs, "f16", "f16", 0, n_head, n_head_kv, hd, 0.125, threads=2, exact=True)
     assert not np.array_equal(fast, exact)
     assert np.abs(fast - exact).max() < 1e-5 * np.abs(exact).max()
 
@@ -192,7 +192,7 @@ def test_sliding_window_and_sinks_match_float64_model(isa, window, exact):
         ks, vs = store("f32", k), store("f32", v)
         want = attention_model(q, k.astype(np.float64), v.astype(np.float64), pos0, n_head, n_head_kv, hd, 0.2,
                                window, sinks)
-        results = [_core.attention(q, ks, vs, "f32", "f32", pos0, n_head, n_head_kv, hd, 0.2, threads=th, isa=isa,
+        results = [_internal.attention(q, ks, vs, "f32", "f32", pos0, n_head, n_head_kv, hd, 0.2, threads=th, isa=isa,
                                    window=window, sinks=sinks, exact=exact) for th in (1, 2, 3)]
         assert np.abs(results[0] - want).max() / np.abs(want).max() < 1e-5
         for got in results[1:]:
@@ -200,7 +200,7 @@ def test_sliding_window_and_sinks_match_float64_model(isa, window, exact):
         if T > 1:
             for t in (0, window - 1, T - 1):
                 t = min(t, T - 1)
-                one = _core.attention(q[t : t + 1], ks, vs, "f32", "f32", t, n_head, n_head_kv, hd, 0.2, threads=2,
+                one = _internal.attention(q[t : t + 1], ks, vs, "f32", "f32", t, n_head, n_head_kv, hd, 0.2, threads=2,
                                       isa=isa, window=window, sinks=sinks, exact=exact)
                 np.testing.assert_array_equal(one[0], results[1][t])
 
@@ -225,7 +225,7 @@ def fast_attention_vs_f32_model(rng, isa, kind_k, kind_v, shape):
     # gguf decodes f16 exactly and q8_0 / q4_0 as one f32 multiply per element, as the row kernels do
     kd = decode_rows(kind_k, ks, n_head_kv * hd).astype(np.float32)
     vd = decode_rows(kind_v, vs, n_head_kv * hd).astype(np.float32)
-    got = _core.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=2, isa=isa,
+    got = _internal.attention(q, ks, vs, kind_k, kind_v, pos0, n_head, n_head_kv, hd, scale, threads=2, isa=isa,
                           window=window, sinks=sinks)
     want = f32_model.attention(q, kd, vd, pos0, n_head, n_head_kv, hd, scale, simd=isa != "scalar", window=window,
                                sinks=sinks)
@@ -264,7 +264,7 @@ def test_head_dim_off_the_lanes_takes_the_exact_path(kind):
         v = rng.standard_normal((pos0 + T, n_head_kv * hd)).astype(np.float32)
         q = rng.standard_normal((T, n_head * hd)).astype(np.float32)
         ks, vs = store(kind, k), store(kind, v)
-        fast, exact = (_core.attention(q, ks, vs, kind, kind, pos0, n_head, n_head_kv, hd, 0.15, threads=2, exact=e)
+        fast, exact = (_internal.attention(q, ks, vs, kind, kind, pos0, n_head, n_head_kv, hd, 0.15, threads=2, exact=e)
                        for e in (False, True))
         np.testing.assert_array_equal(fast, exact, err_msg=f"seed {seed}")
 
@@ -305,7 +305,7 @@ def test_mla_attention_over_stored_latent_matches_float64_model(isa, kind, shape
     want = mla_attention_model(q_abs, decode_rows(kind, stored, width), pos0, n_head, n_lora_kv, n_rot, scale)
     results = []
     for threads in (1, 2, 3):
-        got = _core.mla_attention(q_abs, stored, kind, pos0, n_head, n_lora_kv, n_rot, scale, threads=threads,
+        got = _internal.mla_attention(q_abs, stored, kind, pos0, n_head, n_lora_kv, n_rot, scale, threads=threads,
                                   isa=isa)
         rel = np.abs(got - want).max() / np.abs(want).max()
         assert rel < 1e-5, (threads, rel)
@@ -323,9 +323,9 @@ def test_mla_attention_prefill_equals_token_by_token(kind):
     rng = np.random.default_rng(11)
     stored = store(kind, rng.standard_normal((n, n_lora_kv + n_rot)).astype(np.float32))
     q_abs = rng.standard_normal((n, n_head * (n_lora_kv + n_rot))).astype(np.float32)
-    batch = _core.mla_attention(q_abs, stored, kind, 0, n_head, n_lora_kv, n_rot, 0.1, threads=2)
+    batch = _internal.mla_attention(q_abs, stored, kind, 0, n_head, n_lora_kv, n_rot, 0.1, threads=2)
     for t in (0, 63, 64, 139):
-        one = _core.mla_attention(q_abs[t : t + 1], stored, kind, t, n_head, n_lora_kv, n_rot, 0.1, threads=2)
+        one = _internal.mla_attention(q_abs[t : t + 1], stored, kind, t, n_head, n_lora_kv, n_rot, 0.1, threads=2)
         np.testing.assert_array_equal(one[0], batch[t])
-    few = _core.mla_attention(q_abs[60:70], stored, kind, 60, n_head, n_lora_kv, n_rot, 0.1, threads=2)
+    few = _internal.mla_attention(q_abs[60:70], stored, kind, 60, n_head, n_lora_kv, n_rot, 0.1, threads=2)
     np.testing.assert_array_equal(few, batch[60:70])

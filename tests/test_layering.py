@@ -351,3 +351,159 @@ def test_citations_are_parsed_with_lists_and_ranges():
     assert parse("Expert streaming (docs/design.md §2-5). 0: resident") == [[2, 3, 4, 5]]
     assert parse("then docs/design.md §7's formulas; docs/design.md §6: recall@2 0.35") == [[7], [6]]
     assert parse("see docs/design.md for the tiers") == []
+
+
+# ---- The bindings stop at the public API (issue 38) ---------------------------------------------------
+#
+# sharpi._core is the public API of cpp/include/sharpi/: the session, its options, the predictor
+# plug-in, the errors, the sampler and GGUF reading. Kernels, readers, caches, tiers, predictors, CUDA
+# ops and the test harnesses live in sharpi._internal (python/sharpi/bindings/internal/). Two rules:
+# - the shipped _core's attributes are exactly the allow-list below (a new name, a harness included,
+#   fails until it is added here on purpose);
+# - the sources CMake builds _core from include only public headers (`sharpi/...`), the bindings'
+#   own headers (checked the same way), pybind11 and standard headers; and the _core target adds no
+#   include directory, so a private header could not even be found.
+
+BINDINGS = ROOT / "python" / "sharpi" / "bindings"
+BINDINGS_CMAKE = BINDINGS / "CMakeLists.txt"
+
+CORE_PUBLIC_NAMES = {
+    # sharpi/errors.h
+    "SharpiError",
+    "FormatError",
+    "UnsupportedError",
+    "MissingTensorError",
+    "IoError",
+    "InvalidArgument",
+    "ContextOverflowError",
+    "CancelledError",
+    "DeviceError",
+    # sharpi/session.h, sharpi/options.h, sharpi/predictor.h (Session.set_predictor's trampoline)
+    "Session",
+    "parse_byte_size",
+    "VRAM_BUDGET_AUTO",
+    "Sampler",
+    # sharpi/gguf.h
+    "GgufFile",
+}
+HARNESSES = ("ExpertReaderTest", "ReadQueueTest", "TierCacheTest")
+
+ANGLE_INCLUDE = re.compile(r"^\s*#\s*include\s+<([^>]+)>", re.MULTILINE)
+# C and POSIX headers the public bindings may use beside the C++ standard library's (which have no
+# extension): SIGINT handling in session_bindings.cpp.
+SYSTEM_C_HEADERS = {"signal.h"}
+
+
+def _public_names(module) -> set[str]:
+    return {name for name in dir(module) if not name.startswith("_")}
+
+
+def _core_name_problems(names: set[str]) -> list[str]:
+    extra, missing = names - CORE_PUBLIC_NAMES, CORE_PUBLIC_NAMES - names
+    out = [f"sharpi._core exposes {name!r}, which is not in the public allow-list" for name in extra]
+    out += [f"sharpi._core lacks the public name {name!r}" for name in missing]
+    return sorted(out)
+
+
+def test_core_exposes_only_the_public_api():
+    from sharpi import _core, _internal
+
+    assert _core_name_problems(_public_names(_core)) == []
+    # The harnesses did not vanish: they are in the internal module.
+    assert set(HARNESSES) <= _public_names(_internal)
+    # An engine error raised under _internal is _core's class (one translator, one engine library).
+    import numpy as np
+
+    with pytest.raises(_core.UnsupportedError, match="no CPU kernel for type"):
+        _internal.dequantize(99999, np.zeros(4, np.uint8), 32)
+
+
+def test_the_core_allow_list_catches_a_harness():
+    found = _core_name_problems(CORE_PUBLIC_NAMES | {"TierCacheTest"})
+    assert found == ["sharpi._core exposes 'TierCacheTest', which is not in the public allow-list"]
+    assert len(_core_name_problems(CORE_PUBLIC_NAMES - {"Sampler"})) == 1
+
+
+def _cmake_arguments(text: str, command: str, first: str) -> list[str]:
+    """The arguments of `command(first ...)` in a CMake file, ${VAR}s of set(VAR ...) expanded."""
+    variables = {m.group(1): m.group(2).split() for m in re.finditer(r"\bset\(\s*(\w+)\s+([^)]*)\)", text)}
+    m = re.search(rf"\b{command}\(\s*{re.escape(first)}\s+([^)]*)\)", text)
+    assert m, f"no {command}({first} ...) in {BINDINGS_CMAKE}"
+    out = []
+    for arg in m.group(1).split():
+        ref = re.fullmatch(r"\$\{(\w+)\}", arg)
+        out.extend(variables.get(ref.group(1), [arg]) if ref else [arg])
+    return out
+
+
+def core_binding_sources(cmake_text: str) -> list[str]:
+    """The .cpp files (relative to python/sharpi/bindings) CMake builds sharpi._core from."""
+    args = _cmake_arguments(cmake_text, "pybind11_add_module", "_core")
+    return [a.replace("${CMAKE_CURRENT_SOURCE_DIR}/", "") for a in args if a.endswith(".cpp")]
+
+
+def _binding_include_problems(files: dict[str, str], roots: list[str]) -> list[str]:
+    """Includes of the _core sources `roots` (and of the bindings headers they include) that are not
+    public: files maps names relative to python/sharpi/bindings to their text."""
+    out, seen, todo = [], set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name not in files:
+            out.append(f"{name}: not found in python/sharpi/bindings")
+            continue
+        text = files[name]
+        for inc in _includes(text):
+            if inc.startswith("sharpi/"):
+                continue
+            if inc in files and "/" not in inc:  # the bindings' own header, checked in turn
+                todo.append(inc)
+                continue
+            out.append(f'{name} (part of _core) includes "{inc}", which is not a public sharpi/ header')
+        for inc in ANGLE_INCLUDE.findall(text):
+            if inc.startswith(("pybind11/", "sharpi/")) or "." not in inc or inc in SYSTEM_C_HEADERS:
+                continue
+            out.append(f"{name} (part of _core) includes <{inc}>, which is neither pybind11 nor standard")
+    return sorted(out)
+
+
+def _binding_files() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(BINDINGS.glob("*")) if p.suffix in (".h", ".cpp")}
+
+
+def test_core_bindings_include_only_public_headers():
+    cmake_text = BINDINGS_CMAKE.read_text()
+    sources = core_binding_sources(cmake_text)
+    # The list was found (a parser that finds nothing could not fail).
+    assert {"module.cpp", "session_bindings.cpp", "sampler_bindings.cpp", "gguf_bindings.cpp"} <= set(sources)
+    assert _binding_include_problems(_binding_files(), sources) == []
+    # No include directory for _core beyond the public one it gets from the engine library.
+    assert re.search(r"\btarget_include_directories\(\s*_core\b", cmake_text) is None
+
+
+@pytest.mark.parametrize(
+    "victim, line, expected",
+    [
+        ("session_bindings.cpp", '#include "cpu/threadpool.h"', '"cpu/threadpool.h"'),
+        ("bindings.h", '#include "cpu/quant/kernels.h"', '"cpu/quant/kernels.h"'),
+        ("gguf_bindings.cpp", '#include "internal/internal.h"', '"internal/internal.h"'),
+        ("module.cpp", "#include <cuda_runtime.h>", "<cuda_runtime.h>"),
+    ],
+)
+def test_the_core_include_rule_catches_a_private_header(victim, line, expected):
+    files = _binding_files()
+    sources = core_binding_sources(BINDINGS_CMAKE.read_text())
+    files[victim] = line + "\n" + files[victim]
+    found = _binding_include_problems(files, sources)
+    assert len(found) == 1 and victim in found[0] and expected in found[0], found
+
+
+def test_core_sources_are_read_from_the_cmake_lists():
+    text = (
+        "set(CORE_SRCS ${CMAKE_CURRENT_SOURCE_DIR}/a.cpp\n    ${CMAKE_CURRENT_SOURCE_DIR}/b.cpp)\n"
+        "pybind11_add_module(_core MODULE ${CORE_SRCS} ${CMAKE_CURRENT_SOURCE_DIR}/c.cpp)\n"
+        "pybind11_add_module(_internal MODULE ${CMAKE_CURRENT_SOURCE_DIR}/internal/d.cpp)\n"
+    )
+    assert core_binding_sources(text) == ["a.cpp", "b.cpp", "c.cpp"]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from sharpi.make_model import write_model
 from sharpi.ram_budget import MARGIN_MIN, auto_ram_budget, cgroup_available
 from subprocess_env import child_env
@@ -52,7 +52,7 @@ def streamed_model(tmp_path_factory):
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])
 def test_peak_memory_within_budget(streamed_model, kv):
-    plan = _core.memory_plan(streamed_model, n_ctx=N_CTX, cache_type_k=kv, cache_type_v=kv)
+    plan = _internal.memory_plan(streamed_model, n_ctx=N_CTX, cache_type_k=kv, cache_type_v=kv)
     total = 4 * 16
     budget = plan["fixed_bytes"] + (total // 4) * plan["slot_bytes"]
     env = child_env()

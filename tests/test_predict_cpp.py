@@ -18,10 +18,10 @@ import math
 import gguf
 import numpy as np
 import pytest
-from sharpi import _core
+from sharpi import _core, _internal
 from sharpi.make_model import write_model
 
-if not hasattr(_core, "load_predictor"):
+if not hasattr(_internal, "load_predictor"):
     pytest.skip(
         "sharpi._core has no load_predictor (bind_predict not called in module.cpp)", allow_module_level=True
     )
@@ -464,7 +464,7 @@ def test_cooc_scores_and_hints(model, tmp_path, m, max_la, lookahead):
     rng = np.random.default_rng(100 + m)
     keys, tensors = cooc_params(rng, m, max_la)
     path = write_sidecar(tmp_path / "cooc.gguf", "cooc", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("cooc", path, model, lookahead)
+    h = _internal.load_predictor("cooc", path, model, lookahead)
     assert h.name == "cooc" and h.lookahead == lookahead
     w = f64(tensors)
 
@@ -483,7 +483,7 @@ def test_depthtime_scores_and_hints(model, tmp_path, max_la, lookahead):
     rng = np.random.default_rng(150 + max_la + lookahead)
     keys, tensors = depthtime_params(rng, max_la)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("depthtime", path, model, lookahead)
+    h = _internal.load_predictor("depthtime", path, model, lookahead)
     assert h.name == "depthtime" and h.lookahead == lookahead
     w = f64(tensors)
 
@@ -518,7 +518,7 @@ def test_depthtime_gate_feature(model, router_gate, tmp_path, max_la, lookahead)
     rng = np.random.default_rng(160 + max_la)
     keys, tensors = depthtime_params(rng, max_la, gate=True)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("depthtime", path, model, lookahead)
+    h = _internal.load_predictor("depthtime", path, model, lookahead)
     w = f64(tensors)
 
     def ref(L, d, hidden, history, prev):
@@ -537,7 +537,7 @@ def test_depthtime_time_features_over_a_decode(model, tmp_path):
     max_la = lookahead = 3
     keys, tensors = depthtime_params(rng, max_la, history=True)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("depthtime", path, model, lookahead)
+    h = _internal.load_predictor("depthtime", path, model, lookahead)
     w = f64(tensors)
     earlier = []
     checked = 0
@@ -581,7 +581,7 @@ def test_depthtime_votes_keep_the_last_window_of_tokens(model, tmp_path):
     rng = np.random.default_rng(173)
     keys, tensors = depthtime_params(rng, 1, history=True)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=1)
-    h = _core.load_predictor("depthtime", path, model, 1)
+    h = _internal.load_predictor("depthtime", path, model, 1)
     w = f64(tensors)
     # The oldest tokens all route alike and differently from the later ones, so dropping them moves
     # the votes: experts 0..1 early, later tokens never choose them at layer 0.
@@ -614,7 +614,7 @@ def test_depthtime_prompt_context_is_history(model, tmp_path):
     that starts a new sequence drops what came before, one that does not extends it."""
     rng = np.random.default_rng(177)
     keys, tensors = depthtime_params(rng, 2, history=True)
-    h = _core.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=2), model, 2)
+    h = _internal.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=2), model, 2)
     w = f64(tensors)
     hidden = rng.normal(size=N_EMBD).astype(np.float32)
     logits = rng.normal(size=N_EXPERT).astype(np.float32)
@@ -692,7 +692,7 @@ def test_depthtime_reference_matches_the_engine_over_a_trace(model, tmp_path, ga
     reference.check_trace(trace)
     idx = np.arange(trace.n_tokens)
     want = [reference.scores_all(trace, idx, L) for L in range(N_LAYER - 1)]
-    h = _core.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors), model, 3)
+    h = _internal.load_predictor("depthtime", write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors), model, 3)
     logits = rng.normal(size=N_EXPERT).astype(np.float32)
     for i in idx:
         prev = experts[i - 1].astype(np.int32) if i not in seq_start else np.full((N_LAYER, TOP_K), -1, np.int32)
@@ -711,27 +711,27 @@ def test_depthtime_wrong_shapes(model, tmp_path):
     keys, tensors = depthtime_params(rng, 2)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)  # stack has 2 rows
     with pytest.raises(_core.FormatError, match=r"'dt.count' has shape \[12, 2, 8, 8\], expected \[12, 3, 8, 8\]"):
-        _core.load_predictor("depthtime", path, model, 1)
+        _internal.load_predictor("depthtime", path, model, 1)
     short = dict(tensors, **{"dt.prev": rng.normal(size=(N_LAYER, 2, N_EXPERT, N_EXPERT))})
     path = write_sidecar(tmp_path / "p.gguf", "depthtime", keys, short, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"'dt.prev' has shape"):
-        _core.load_predictor("depthtime", path, model, 1)
+        _internal.load_predictor("depthtime", path, model, 1)
     # A file of the earlier format (a 4-member mix instead of the stacker) or another feature count.
     old = {n: a for n, a in tensors.items() if n != "dt.stack"} | {"dt.mix": np.zeros((2, N_LAYER, 4))}
     path = write_sidecar(tmp_path / "old.gguf", "depthtime", keys, old, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"dt.stack"):
-        _core.load_predictor("depthtime", path, model, 1)
+        _internal.load_predictor("depthtime", path, model, 1)
     wide = dict(tensors, **{"dt.stack": np.zeros((2, N_LAYER, DT_FEATURES + 1))})
     path = write_sidecar(tmp_path / "wide.gguf", "depthtime", keys, wide, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 34\], expected \[2, 12, 33\]"):
-        _core.load_predictor("depthtime", path, model, 1)
+        _internal.load_predictor("depthtime", path, model, 1)
     # The gate feature: the key says how many columns; it is 0 or 1.
     path = write_sidecar(tmp_path / "gate.gguf", "depthtime", {"depthtime.gate": 1}, tensors, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"'dt.stack' has shape \[2, 12, 33\], expected \[2, 12, 35\]"):
-        _core.load_predictor("depthtime", path, model, 1)
+        _internal.load_predictor("depthtime", path, model, 1)
     path = write_sidecar(tmp_path / "gate2.gguf", "depthtime", {"depthtime.gate": 2}, wide, max_lookahead=2)
     with pytest.raises(_core.FormatError, match=r"depthtime.gate' = 2 is outside \[0, 1\]"):
-        _core.load_predictor("depthtime", path, model, 1)
+        _internal.load_predictor("depthtime", path, model, 1)
 
 
 @pytest.mark.parametrize(
@@ -748,7 +748,7 @@ def test_depthtime_pool_scores_and_hints(
     pool = (random_pool(rng, n_pool), neighbours)
     keys, tensors = depthtime_params(rng, max_la, gate=gate, pool=pool)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("depthtime", path, model, lookahead)
+    h = _internal.load_predictor("depthtime", path, model, lookahead)
     w = f64(tensors)
 
     def ref(L, d, hidden, history, prev):
@@ -775,7 +775,7 @@ def test_depthtime_pool_ties_take_the_lower_index(model, tmp_path):
             stack[d, t, DT_FEATURES + (d + t) % DT_POOL] = 1.0  # each pool feature alone in turn
     tensors["dt.stack"] = stack
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)
-    h = _core.load_predictor("depthtime", path, model, 3)
+    h = _internal.load_predictor("depthtime", path, model, 3)
     w = f64(tensors)
     hidden = rng.normal(size=N_EMBD).astype(np.float32)
     logits = rng.normal(size=N_EXPERT).astype(np.float32)
@@ -806,7 +806,7 @@ def test_depthtime_pool_counts_follow_the_history(model, tmp_path):
     pool = (routes, 16)
     keys, tensors = depthtime_params(rng, 3, pool=pool)
     path = write_sidecar(tmp_path / "dt.gguf", "depthtime", keys, tensors, max_lookahead=3)
-    h = _core.load_predictor("depthtime", path, model, 3)
+    h = _internal.load_predictor("depthtime", path, model, 3)
     w = f64(tensors)
     # Tokens routing like a pool token for their first layers, so the counts single out neighbours.
     tokens = []
@@ -848,7 +848,7 @@ def test_depthtime_pool_bad_files(model, tmp_path):
 
     def load(name, keys, tensors):
         path = write_sidecar(tmp_path / f"{name}.gguf", "depthtime", keys, tensors, max_lookahead=2)
-        return _core.load_predictor("depthtime", path, model, 1)
+        return _internal.load_predictor("depthtime", path, model, 1)
 
     load("good", keys, tensors)
     # Every cell an integer in [-1, E).
@@ -892,7 +892,7 @@ def test_learned_scores_and_hints(model, tmp_path, rank, hidden, max_la, lookahe
     rng = np.random.default_rng(200 + rank)
     keys, tensors = learned_params(rng, hidden, rank, max_la)
     path = write_sidecar(tmp_path / "learned.gguf", "learned", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("learned", path, model, lookahead)
+    h = _internal.load_predictor("learned", path, model, lookahead)
     w = f64(tensors)
 
     def ref(L, d, hidden_, history, prev):
@@ -908,7 +908,7 @@ def test_learned_sees_a_reused_buffer_change(model, tmp_path):
     rng = np.random.default_rng(7)
     keys, tensors = learned_params(rng, 32, 0, 2)
     path = write_sidecar(tmp_path / "learned.gguf", "learned", keys, tensors, max_lookahead=2)
-    h = _core.load_predictor("learned", path, model, 2)
+    h = _internal.load_predictor("learned", path, model, 2)
     w = f64(tensors)
     hidden, logits, history, prev = random_input(rng, 4, False)
     for _ in range(3):
@@ -932,7 +932,7 @@ def test_trajectory_scores_and_hints(model, tmp_path, W, D, n_block, n_head, F, 
     rng = np.random.default_rng(300 + W)
     keys, tensors = trajectory_params(rng, W, D, n_block, n_head, F, max_la)
     path = write_sidecar(tmp_path / "traj.gguf", "trajectory", keys, tensors, max_lookahead=max_la)
-    h = _core.load_predictor("trajectory", path, model, lookahead)
+    h = _internal.load_predictor("trajectory", path, model, lookahead)
     w = f64(tensors)
 
     def ref(L, d, hidden, history, prev):
@@ -949,7 +949,7 @@ def test_trajectory_reads_only_what_the_spec_says(model, tmp_path):
     rng = np.random.default_rng(11)
     keys, tensors = trajectory_params(rng, 3, 16, 2, 2, 32, 2)
     path = write_sidecar(tmp_path / "traj.gguf", "trajectory", keys, tensors, max_lookahead=2)
-    h = _core.load_predictor("trajectory", path, model, 2)
+    h = _internal.load_predictor("trajectory", path, model, 2)
     w = f64(tensors)
     L = 6
     hidden, logits, history, prev = random_input(rng, L, True)
@@ -990,18 +990,18 @@ def test_wrong_kind_and_architecture(model, tmp_path, valid_cooc):
     keys, tensors = valid_cooc
     path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2)
     with pytest.raises(_core.InvalidArgument, match=r"'cooc' predictor, expected 'learned'"):
-        _core.load_predictor("learned", path, model, 1)
+        _internal.load_predictor("learned", path, model, 1)
     other = write_sidecar(tmp_path / "a.gguf", "cooc", keys, tensors, max_lookahead=2, arch="llama")
     with pytest.raises(_core.InvalidArgument, match=r"general.architecture is 'llama'"):
-        _core.load_predictor("cooc", other, model, 1)
+        _internal.load_predictor("cooc", other, model, 1)
     with pytest.raises(_core.InvalidArgument, match=r"kind must be"):
-        _core.load_predictor("bogus", path, model, 1)
+        _internal.load_predictor("bogus", path, model, 1)
     with pytest.raises(_core.InvalidArgument, match=r"does not exist"):
-        _core.load_predictor("cooc", str(tmp_path / "nope.gguf"), model, 1)
+        _internal.load_predictor("cooc", str(tmp_path / "nope.gguf"), model, 1)
     with pytest.raises(_core.InvalidArgument, match=r"needs a sidecar file"):
-        _core.load_predictor("cooc", "", model, 1)
+        _internal.load_predictor("cooc", "", model, 1)
     with pytest.raises(_core.InvalidArgument, match=r"not a sidecar"):
-        _core.load_predictor("cooc", model, model, 1)  # a model file is no sidecar
+        _internal.load_predictor("cooc", model, model, 1)  # a model file is no sidecar
 
 
 @pytest.mark.parametrize("field,value", [("n_layer", 6), ("n_expert", 16), ("top_k", 4)])
@@ -1013,7 +1013,7 @@ def test_shape_mismatch_names_both_shapes(model, tmp_path, field, value):
     mine = f"n_layer={shape['n_layer']}, n_expert={shape['n_expert']}, top_k={shape['top_k']}"
     theirs = f"n_layer={N_LAYER}, n_expert={N_EXPERT}, top_k={TOP_K}"
     with pytest.raises(_core.InvalidArgument) as err:
-        _core.load_predictor("cooc", path, model, 1)
+        _internal.load_predictor("cooc", path, model, 1)
     assert mine in str(err.value) and theirs in str(err.value) and "tiny.gguf" in str(err.value)
 
 
@@ -1022,17 +1022,17 @@ def test_learned_n_embd_mismatch(model, tmp_path):
     keys, tensors = learned_params(rng, 8, 0, 1, n_embd=32)
     path = write_sidecar(tmp_path / "l.gguf", "learned", keys, tensors, max_lookahead=1)
     with pytest.raises(_core.InvalidArgument, match=r"n_embd=32 but the model has n_embd=64"):
-        _core.load_predictor("learned", path, model, 1)
+        _internal.load_predictor("learned", path, model, 1)
 
 
 def test_lookahead_beyond_max_lookahead(model, tmp_path, valid_cooc):
     keys, tensors = valid_cooc
     path = write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2)
-    _core.load_predictor("cooc", path, model, 2)
+    _internal.load_predictor("cooc", path, model, 2)
     with pytest.raises(_core.InvalidArgument, match=r"max_lookahead=2 .* lookahead is 3"):
-        _core.load_predictor("cooc", path, model, 3)
+        _internal.load_predictor("cooc", path, model, 3)
     with pytest.raises(_core.InvalidArgument, match=r"lookahead must be >= 1"):
-        _core.load_predictor("cooc", path, model, 0)
+        _internal.load_predictor("cooc", path, model, 0)
 
 
 def test_missing_wrong_shape_and_non_f32_tensors(model, tmp_path):
@@ -1042,7 +1042,7 @@ def test_missing_wrong_shape_and_non_f32_tensors(model, tmp_path):
     del missing["traj.blk.1.up.b"]
     path = write_sidecar(tmp_path / "m.gguf", "trajectory", keys, missing, max_lookahead=1)
     with pytest.raises(_core.FormatError, match=r"missing tensor 'traj.blk.1.up.b'"):
-        _core.load_predictor("trajectory", path, model, 1)
+        _internal.load_predictor("trajectory", path, model, 1)
 
     reshaped = dict(tensors)
     reshaped["traj.blk.0.qkv.w"] = rng.normal(size=(8, 24))  # transposed
@@ -1050,7 +1050,7 @@ def test_missing_wrong_shape_and_non_f32_tensors(model, tmp_path):
     with pytest.raises(
         _core.FormatError, match=r"'traj.blk.0.qkv.w' has shape \[8, 24\], expected \[24, 8\]"
     ):
-        _core.load_predictor("trajectory", path, model, 1)
+        _internal.load_predictor("trajectory", path, model, 1)
 
     path = write_sidecar(
         tmp_path / "h.gguf",
@@ -1061,17 +1061,17 @@ def test_missing_wrong_shape_and_non_f32_tensors(model, tmp_path):
         dtypes={"traj.head.1.w": np.float16},
     )
     with pytest.raises(_core.FormatError, match=r"'traj.head.1.w' is f16, expected f32"):
-        _core.load_predictor("trajectory", path, model, 1)
+        _internal.load_predictor("trajectory", path, model, 1)
 
     bad_heads = dict(keys, **{"trajectory.n_head": 3})  # 8 % 3 != 0
     path = write_sidecar(tmp_path / "k.gguf", "trajectory", bad_heads, tensors, max_lookahead=1)
     with pytest.raises(_core.FormatError, match=r"not a multiple of trajectory.n_head=3"):
-        _core.load_predictor("trajectory", path, model, 1)
+        _internal.load_predictor("trajectory", path, model, 1)
 
     no_window = {k: v for k, v in keys.items() if k != "trajectory.window"}
     path = write_sidecar(tmp_path / "w.gguf", "trajectory", no_window, tensors, max_lookahead=1)
     with pytest.raises(_core.FormatError, match=r"missing metadata key 'sharpi.predictor.trajectory.window'"):
-        _core.load_predictor("trajectory", path, model, 1)
+        _internal.load_predictor("trajectory", path, model, 1)
 
 
 def test_cooc_wrong_table_shape_and_bad_max_lookahead(model, tmp_path):
@@ -1081,10 +1081,10 @@ def test_cooc_wrong_table_shape_and_bad_max_lookahead(model, tmp_path):
     with pytest.raises(
         _core.FormatError, match=r"'cooc.layer' has shape \[12, 3, 8, 8\], expected \[12, 4, 8, 8\]"
     ):
-        _core.load_predictor("cooc", path, model, 1)
+        _internal.load_predictor("cooc", path, model, 1)
     path = write_sidecar(tmp_path / "d.gguf", "cooc", keys, tensors, max_lookahead=4)
     with pytest.raises(_core.FormatError, match=r"max_lookahead' = 4 is outside \[1, 3\]"):
-        _core.load_predictor("cooc", path, model, 1)
+        _internal.load_predictor("cooc", path, model, 1)
 
 
 def test_truncated_file(model, tmp_path):
@@ -1097,12 +1097,12 @@ def test_truncated_file(model, tmp_path):
         bad = tmp_path / f"cut{cut}.gguf"
         bad.write_bytes(data[:cut])
         with pytest.raises(_core.FormatError):
-            _core.load_predictor("learned", str(bad), model, 1)
+            _internal.load_predictor("learned", str(bad), model, 1)
 
 
 def test_bad_call_arguments(model, tmp_path, valid_cooc):
     keys, tensors = valid_cooc
-    h = _core.load_predictor(
+    h = _internal.load_predictor(
         "cooc", write_sidecar(tmp_path / "c.gguf", "cooc", keys, tensors, max_lookahead=2), model, 2
     )
     rng = np.random.default_rng(13)

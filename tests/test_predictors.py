@@ -13,7 +13,7 @@ import pytest
 import sharpi
 from model_files import rewrite_gguf
 from reader_policy import uring_unavailable
-from sharpi import _core
+from sharpi import _core, _internal
 from sharpi.make_model import write_model
 from test_streaming import run_tokens  # prompt logits, then greedy token-by-token logits
 
@@ -699,7 +699,6 @@ def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models,
     from gguf import GGUFReader
     from gguf.quants import dequantize
     from reference.numpy_forward import ReferenceModel, select_experts
-    from sharpi import _core
 
     path = routing_rule_models[label]
     reader = GGUFReader(path)
@@ -712,7 +711,7 @@ def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models,
     ref = ReferenceModel(path) if arch == "deepseek2" else None
     info = sharpi.Session(path, threads=1, n_ctx=16).info
     n_embd, n_expert, k = info["n_embd"], info["n_expert"], info["n_expert_used"]
-    handle = _core.load_predictor("next_gate", "", path, 1)
+    handle = _internal.load_predictor("next_gate", "", path, 1)
     history = np.full((N_LAYER, k), -1, np.int32)
     rng = np.random.default_rng()
     n_checked = n_differs_from_logits = 0

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from sharpi.make_model import write_model
 from test_predictors import N_LAYER, PROMPT, plan, recorded_routing, streamed
 from test_streaming import run_tokens
@@ -107,7 +107,7 @@ def test_byte_sized_plan_matches_the_numpy_model():
     n_reads = n_skipped = n_short = 0
     for case in range(400):
         args = random_case(rng)
-        got = _core.byte_sized_prefetch(*args)
+        got = _internal.byte_sized_prefetch(*args)
         sets, reads, skipped = numpy_plan(*args)
         what = f"seed {seed} case {case}"
         assert [(t, list(s)) for t, s in got["sets"]] == sets, what
@@ -129,22 +129,22 @@ def test_byte_sized_plan_worked_example():
     hints = [(1, 5, np.log(8.0)), (1, 6, 0.0), (1, 7, 0.0), (2, 3, 0.0), (2, 4, 0.0)]
     present = np.zeros((3, 8), dtype=bool)
     present[2, 4] = True
-    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 0.0, 10.0, True, 4)
+    out = _internal.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 0.0, 10.0, True, 4)
     assert [(t, list(s)) for t, s in out["sets"]] == [(1, [5]), (2, [3, 4])]
     assert [tuple(r) for r in out["reads"]] == [(1, 5), (2, 3)]
     # One slot: only the first.
-    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 0.0, 10.0, True, 1)
+    out = _internal.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 0.0, 10.0, True, 1)
     assert [tuple(r) for r in out["reads"]] == [(1, 5)] and [tuple(r) for r in out["skipped"]] == [(2, 3)]
     # 25 MB queued: both reads would start after their gates (25 ms > 10 ms, 20 ms): skipped. 15 MB:
     # only layer 2's starts in time. Without the timeliness test both go out.
-    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 25e6, 10.0, True, 4)
+    out = _internal.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 25e6, 10.0, True, 4)
     assert out["reads"] == [] and len(out["skipped"]) == 2
-    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 15e6, 10.0, True, 4)
+    out = _internal.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 15e6, 10.0, True, 4)
     assert [tuple(r) for r in out["reads"]] == [(2, 3)] and [tuple(r) for r in out["skipped"]] == [(1, 5)]
     # Bytes order the reads: layer 2's experts are 3 MB, so its read saves more and goes first.
-    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 3e6], 1e6, 0.0, 10.0, True, 4)
+    out = _internal.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 3e6], 1e6, 0.0, 10.0, True, 4)
     assert [tuple(r) for r in out["reads"]] == [(2, 3), (1, 5)]
-    out = _core.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 25e6, 10.0, False, 4)
+    out = _internal.byte_sized_prefetch(0, 2, hints, present, [1e6, 1e6, 1e6], 1e6, 25e6, 10.0, False, 4)
     assert [tuple(r) for r in out["reads"]] == [(1, 5), (2, 3)]
 
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
-from sharpi import InvalidArgument, _core
+from sharpi import InvalidArgument, _internal
 from test_quant import oracle_dequantize, random_rows
 
-ISAS = _core.isa_available()
+ISAS = _internal.isa_available()
 # The 256-element IQ types run the K-quant arithmetic with signed quants (qdot.h).
 IQ_K_TYPES = [Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_S, Q.IQ2_XS, Q.IQ2_XXS, Q.IQ1_S, Q.IQ1_M]
 K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K] + IQ_K_TYPES
@@ -391,13 +391,13 @@ def test_integer_unpacking_matches_gguf(qtype, rng):
 def test_quantize_act_bitwise_equals_numpy(fmt, isa, rng):
     for n in (256, 768, 4096):
         x = random_activations(rng, n)
-        got = _core.quantize_act(fmt, x, isa)
+        got = _internal.quantize_act(fmt, x, isa)
         want = np_quantize(fmt, x)
         assert got.dtype == np.uint8 and got.shape == want.shape
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, f"{fmt} {isa} n={n}: first differing bytes at {bad[:8]}"
     # Rounding ties go to even.
-    blocks = np_act_blocks(fmt, _core.quantize_act(fmt, random_activations(rng, 256), isa))
+    blocks = np_act_blocks(fmt, _internal.quantize_act(fmt, random_activations(rng, 256), isa))
     qs = blocks["qs"].reshape(-1)
     assert list(qs[64:72]) == [127, 0, 2, 2, 0, -2, -2, 4]
 
@@ -406,12 +406,12 @@ def test_quantize_act_bitwise_equals_numpy(fmt, isa, rng):
 @pytest.mark.parametrize("qtype", FAST_TYPES, ids=lambda t: t.name)
 def test_vec_dot_bitwise_equals_numpy_model(qtype, isa, rng):
     fmt = FORMAT[qtype]
-    assert _core.act_format(int(qtype)) == fmt
+    assert _internal.act_format(int(qtype)) == fmt
     for n in (256, 3 * 256, 16 * 256):
         data = random_rows(qtype, 1, n, rng)
         x = random_activations(rng, n)
         xq = np_quantize(fmt, x)
-        got = _core.vec_dot_tile(int(qtype), data, xq, n, 1, isa)[0]
+        got = _internal.vec_dot_tile(int(qtype), data, xq, n, 1, isa)[0]
         want32, exact, scale = model_vec_dot(qtype, data, xq)
         assert bits(got) == bits(want32), f"{qtype.name} {isa} n={n}: {got!r} != model {want32!r}"
         m = 2 * (n // 32) + 8
@@ -425,13 +425,13 @@ def test_tile_gives_each_token_its_vec_dot(qtype, isa, rng):
     n = 5 * 256
     data = random_rows(qtype, 1, n, rng)
     xqs = [np_quantize(fmt, random_activations(rng, n)) for _ in range(8)]
-    single = [_core.vec_dot_tile(int(qtype), data, xq, n, 1, isa)[0] for xq in xqs]
+    single = [_internal.vec_dot_tile(int(qtype), data, xq, n, 1, isa)[0] for xq in xqs]
     # The numpy model directly too: the tile kernels (K-quants: the epilogue vectorized over the
     # tile's tokens) are a separate code path from vec_dot.
     model = [model_vec_dot(qtype, data, xq)[0] for xq in xqs]
     np.testing.assert_array_equal(bits(single), bits(model), err_msg=f"{qtype.name} {isa} vec_dot")
     for nt in range(2, 9):
-        tile = _core.vec_dot_tile(int(qtype), data, np.concatenate(xqs[:nt]), n, nt, isa)
+        tile = _internal.vec_dot_tile(int(qtype), data, np.concatenate(xqs[:nt]), n, nt, isa)
         np.testing.assert_array_equal(
             bits(tile), bits(single[:nt]), err_msg=f"{qtype.name} {isa} tile of {nt}"
         )
@@ -452,7 +452,7 @@ def test_fast_error_vs_exact_dot_is_quantization_sized(qtype, rng):
     if qtype in (Q.Q4_1, Q.Q5_1):  # s is stored as f16: 2^-11 relative on the min term
         m = np.repeat(unpack_b32(qtype, data)["m"].astype(np.float64), 32)
         bound += float(np.sum(np.abs(m * x))) * 2.0**-10
-    got = _core.vec_dot_tile(int(qtype), data, _core.quantize_act(FORMAT[qtype], x), n, 1)[0]
+    got = _internal.vec_dot_tile(int(qtype), data, _internal.quantize_act(FORMAT[qtype], x), n, 1)[0]
     assert abs(float(got) - float(w @ x)) <= bound
 
 
@@ -466,7 +466,7 @@ def test_matmul_fast_equals_vec_dot_and_prefill_equals_decode(qtype, rng):
     want = np.array(
         [
             [
-                _core.vec_dot_tile(
+                _internal.vec_dot_tile(
                     int(qtype), data[r * row_bytes : (r + 1) * row_bytes], np_quantize(fmt, x[t]), n
                 )[0]
                 for r in range(n_rows)
@@ -476,40 +476,40 @@ def test_matmul_fast_equals_vec_dot_and_prefill_equals_decode(qtype, rng):
         F32,
     )
     for threads in (1, 2, 3):
-        y7 = _core.matmul(int(qtype), data, n_rows, n, x, threads=threads, exact=False)
+        y7 = _internal.matmul(int(qtype), data, n_rows, n, x, threads=threads, exact=False)
         np.testing.assert_array_equal(bits(y7), bits(want), err_msg=f"T=7 threads={threads}")
         for t in (0, 3, 6):
-            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads, exact=False)
+            y1 = _internal.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads, exact=False)
             np.testing.assert_array_equal(bits(y1[0]), bits(want[t]), err_msg=f"T=1 token {t}")
     # exact=True is the f32 path: dot_row per row, whatever fast mode would give.
-    y_exact = _core.matmul(int(qtype), data, n_rows, n, x[:1], threads=1, exact=True)
-    ref = [_core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[0]) for r in range(n_rows)]
+    y_exact = _internal.matmul(int(qtype), data, n_rows, n, x[:1], threads=1, exact=True)
+    ref = [_internal.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[0]) for r in range(n_rows)]
     np.testing.assert_array_equal(bits(y_exact[0]), bits(ref))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
 def test_plain_types_keep_f32_activations_in_fast_mode(qtype, rng):
-    assert _core.act_format(int(qtype)) == "f32"
+    assert _internal.act_format(int(qtype)) == "f32"
     n_rows, n = 5, 96
     data = random_rows(qtype, n_rows, n, rng)
     x = rng.standard_normal((3, n)).astype(F32)
-    fast = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=False)
-    exact = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
+    fast = _internal.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=False)
+    exact = _internal.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
     np.testing.assert_array_equal(bits(fast), bits(exact))
     with pytest.raises(InvalidArgument, match="no integer kernel"):
-        _core.vec_dot_tile(int(qtype), data[: data.size // n_rows], np.zeros(4, np.uint8), n)
+        _internal.vec_dot_tile(int(qtype), data[: data.size // n_rows], np.zeros(4, np.uint8), n)
 
 
 def test_bad_arguments(rng):
     data = random_rows(Q.Q4_K, 1, 256, rng)
     with pytest.raises(InvalidArgument, match="unknown activation format"):
-        _core.quantize_act("q8_9", np.zeros(256, F32))
+        _internal.quantize_act("q8_9", np.zeros(256, F32))
     with pytest.raises(InvalidArgument, match="multiple of 256"):
-        _core.quantize_act("q8_K", np.zeros(100, F32))
+        _internal.quantize_act("q8_K", np.zeros(100, F32))
     with pytest.raises(InvalidArgument, match="n_tokens"):
-        _core.vec_dot_tile(int(Q.Q4_K), data, np_quantize("q8_K", np.zeros(256, F32)), 256, 9)
+        _internal.vec_dot_tile(int(Q.Q4_K), data, np_quantize("q8_K", np.zeros(256, F32)), 256, 9)
     with pytest.raises(InvalidArgument, match="need 292"):
-        _core.vec_dot_tile(int(Q.Q4_K), data, np.zeros(291, np.uint8), 256)
+        _internal.vec_dot_tile(int(Q.Q4_K), data, np.zeros(291, np.uint8), 256)
 
 
 # Each ISA in a child process (the active ISA is fixed per process): matmul in fast mode, T=1 and
@@ -523,24 +523,24 @@ _FAST_MATMUL_PER_ISA = textwrap.dedent(
     import numpy as np
     from test_qdot import FAST_TYPES, FORMAT, bits, np_quantize, random_activations
     from test_quant import random_rows
-    from sharpi import _core
+    from sharpi import _internal
     isa = sys.argv[1]
-    assert _core.active_isa() == isa, _core.active_isa()
+    assert _internal.active_isa() == isa, _internal.active_isa()
     rng = np.random.default_rng(int(sys.argv[3]))
     for qtype in FAST_TYPES:
         n_rows, n = 6, 2 * 256
         data = random_rows(qtype, n_rows, n, rng)
         rb = data.size // n_rows
         x = np.stack([random_activations(rng, n) for _ in range(6)])
-        y6 = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=False)
+        y6 = _internal.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=False)
         for t in range(6):
             rows = [data[r * rb:(r + 1) * rb] for r in range(n_rows)]
             if isa == "scalar":
-                ref = [_core.dot(int(qtype), row, x[t], isa) for row in rows]
+                ref = [_internal.dot(int(qtype), row, x[t], isa) for row in rows]
             else:
                 xq = np_quantize(FORMAT[qtype], x[t])
-                ref = [_core.vec_dot_tile(int(qtype), row, xq, n, 1, isa)[0] for row in rows]
-            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t:t + 1], threads=1, exact=False)
+                ref = [_internal.vec_dot_tile(int(qtype), row, xq, n, 1, isa)[0] for row in rows]
+            y1 = _internal.matmul(int(qtype), data, n_rows, n, x[t:t + 1], threads=1, exact=False)
             assert np.array_equal(bits(y1[0]), bits(ref)), (qtype.name, t, "T=1")
             assert np.array_equal(bits(y6[t]), bits(ref)), (qtype.name, t, "T=6")
     print("ok")

@@ -20,9 +20,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
-from sharpi import InvalidArgument, UnsupportedError, _core
+from sharpi import InvalidArgument, UnsupportedError, _internal
 
-ISAS = _core.isa_available()
+ISAS = _internal.isa_available()
 
 # Byte offsets of the f16 scale fields in each block layout (cpp/src/quant/blocks.h).
 F16_FIELDS = {
@@ -140,7 +140,7 @@ def test_dequantize_matches_gguf(qtype, isa):
     rng = np.random.default_rng([int(qtype), len(isa)])
     for n in row_lengths(qtype):
         data = random_rows(qtype, 1, n, rng)
-        got = _core.dequantize(int(qtype), data, n, isa)
+        got = _internal.dequantize(int(qtype), data, n, isa)
         want = oracle_dequantize(qtype, data, 1, n)[0]
         assert got.shape == (n,) and got.dtype == np.float32
         mismatch = np.flatnonzero(bits(got) != bits(want))
@@ -154,9 +154,9 @@ def test_dequantize_half_special_values(isa):
         [0x0000, 0x8000, 0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00], np.uint16
     )
     halves = np.concatenate([halves, np.arange(0, 0x7C00, 97, dtype=np.uint16)])
-    got = _core.dequantize(int(Q.F16), halves.view(np.uint8), halves.size, isa)
+    got = _internal.dequantize(int(Q.F16), halves.view(np.uint8), halves.size, isa)
     np.testing.assert_array_equal(bits(got), bits(halves.view(np.float16).astype(np.float32)))
-    got = _core.dequantize(int(Q.BF16), halves.view(np.uint8), halves.size, isa)
+    got = _internal.dequantize(int(Q.BF16), halves.view(np.uint8), halves.size, isa)
     np.testing.assert_array_equal(bits(got), halves.astype(np.uint32) << 16)
 
 
@@ -174,7 +174,7 @@ def test_dequantize_mxfp4_every_exponent(isa):
     data = raw.reshape(-1)
     with np.errstate(over="ignore"):  # e = 255 times 12 overflows to inf, in numpy as in ggml
         want = oracle_dequantize(Q.MXFP4, data, 1, 256 * 32)[0]
-    got = _core.dequantize(int(Q.MXFP4), data, 256 * 32, isa)
+    got = _internal.dequantize(int(Q.MXFP4), data, 256 * 32, isa)
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
@@ -188,7 +188,7 @@ def test_dot_matches_float64(qtype):
         exact = float(np.dot(w64, x.astype(np.float64)))
         scale = float(np.abs(w64 * x).sum())
         budget = DOT_BUDGET_FACTOR[qtype] * dot_budget(n) * scale
-        results = {isa: _core.dot(int(qtype), data, x, isa) for isa in ISAS}
+        results = {isa: _internal.dot(int(qtype), data, x, isa) for isa in ISAS}
         for isa, got in results.items():
             assert abs(got - exact) <= budget, (
                 f"{qtype.name} n={n} {isa}: {got} vs {exact} (budget {budget:.3g})"
@@ -207,9 +207,9 @@ def test_dot_row_bitwise_equals_dot_f32_of_dequantized(qtype, isa):
     for n in row_lengths(qtype) + [16 * block_size(qtype)]:
         data = random_rows(qtype, 1, n, rng)
         x = rng.standard_normal(n).astype(np.float32)
-        w = _core.dequantize(int(qtype), data, n, isa)
-        via_f32 = _core.dot(int(Q.F32), w.view(np.uint8), x, isa)  # F32's dot_row is dot_f32
-        direct = _core.dot(int(qtype), data, x, isa)
+        w = _internal.dequantize(int(qtype), data, n, isa)
+        via_f32 = _internal.dot(int(Q.F32), w.view(np.uint8), x, isa)  # F32's dot_row is dot_f32
+        direct = _internal.dot(int(qtype), data, x, isa)
         assert bits(direct) == bits(via_f32), f"{qtype.name} n={n} {isa}: {direct!r} != {via_f32!r}"
 
 
@@ -230,17 +230,17 @@ def test_matmul_matches_float64_and_decode_equals_prefill(qtype):
     # What dot_row gives for each (token, row) with the active ISA: matmul must reproduce it exactly.
     per_row = np.array(
         [
-            [_core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t]) for r in range(n_rows)]
+            [_internal.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t]) for r in range(n_rows)]
             for t in range(5)
         ],
         dtype=np.float32,
     )
     for threads in (1, 2, 3):
-        y5 = _core.matmul(int(qtype), data, n_rows, n, x, threads=threads, exact=True)
+        y5 = _internal.matmul(int(qtype), data, n_rows, n, x, threads=threads, exact=True)
         assert y5.shape == (5, n_rows) and y5.dtype == np.float32
         assert np.all(np.abs(y5 - exact) <= budget), f"{qtype.name} threads={threads}"
         for t in range(5):
-            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads, exact=True)
+            y1 = _internal.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=threads, exact=True)
             np.testing.assert_array_equal(bits(y1[0]), bits(y5[t]), err_msg=f"T=1 vs T=5, token {t}")
         np.testing.assert_array_equal(
             bits(y5), bits(per_row), err_msg=f"matmul vs dot_row, threads={threads}"
@@ -254,12 +254,12 @@ def test_matmul_prefill_tiling_many_tokens():
     qtype, n_rows, n, n_tokens = Q.Q4_K, 9, 16 * 256, 70
     data = random_rows(qtype, n_rows, n, rng)
     x = rng.standard_normal((n_tokens, n)).astype(np.float32)
-    y = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
+    y = _internal.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
     row_bytes = data.size // n_rows
     for t in (0, 1, 63, 64, 69):
         for r in range(n_rows):
             assert bits(y[t, r]) == bits(
-                _core.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t])
+                _internal.dot(int(qtype), data[r * row_bytes : (r + 1) * row_bytes], x[t])
             )
 
 
@@ -271,9 +271,9 @@ _MATMUL_PER_ISA = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     import numpy as np
     from test_quant import ALL_TYPES, PLAIN_TYPES, bits, block_size, random_rows
-    from sharpi import _core
+    from sharpi import _core, _internal
     isa = sys.argv[1]
-    assert _core.active_isa() == isa, _core.active_isa()
+    assert _internal.active_isa() == isa, _internal.active_isa()
     rng = np.random.default_rng(7)
     for qtype in ALL_TYPES:
         n_rows = 7
@@ -281,11 +281,11 @@ _MATMUL_PER_ISA = textwrap.dedent(
         data = random_rows(qtype, n_rows, n, rng)
         row_bytes = data.size // n_rows
         x = rng.standard_normal((4, n)).astype(np.float32)
-        y4 = _core.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
+        y4 = _internal.matmul(int(qtype), data, n_rows, n, x, threads=2, exact=True)
         for t in range(4):
-            y1 = _core.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=1, exact=True)
+            y1 = _internal.matmul(int(qtype), data, n_rows, n, x[t : t + 1], threads=1, exact=True)
             rows = [data[r * row_bytes : (r + 1) * row_bytes] for r in range(n_rows)]
-            ref = np.array([_core.dot(int(qtype), row, x[t], isa) for row in rows], dtype=np.float32)
+            ref = np.array([_internal.dot(int(qtype), row, x[t], isa) for row in rows], dtype=np.float32)
             assert np.array_equal(bits(y1[0]), bits(ref)), (qtype.name, t, "T=1")
             assert np.array_equal(bits(y4[t]), bits(ref)), (qtype.name, t, "T=4")
     print("ok")
@@ -311,12 +311,12 @@ def test_matmul_each_isa_equals_its_dot_row(isa):
 
 # ---- (e) SHARPI_ISA and unsupported types ------------------------------------------------------------
 
-_PRINT_ISA = "from sharpi import _core; print(_core.active_isa())"
+_PRINT_ISA = "from sharpi import _internal; print(_internal.active_isa())"
 _BAD_ISA = textwrap.dedent(
     """
     import numpy as np
-    from sharpi import _core, InvalidArgument
-    for call in (_core.active_isa, lambda: _core.dequantize(8, np.zeros(34, np.uint8), 32)):
+    from sharpi import InvalidArgument, _internal
+    for call in (_internal.active_isa, lambda: _internal.dequantize(8, np.zeros(34, np.uint8), 32)):
         try:
             call()
         except InvalidArgument as e:
@@ -350,29 +350,29 @@ def test_unsupported_type_raises(type_id, name):
         with pytest.raises(
             UnsupportedError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
         ):
-            _core.dequantize(type_id, data, 256, isa)
+            _internal.dequantize(type_id, data, 256, isa)
         with pytest.raises(UnsupportedError, match=name.split()[0]):
-            _core.dot(type_id, data, x, isa)
+            _internal.dot(type_id, data, x, isa)
     with pytest.raises(UnsupportedError, match=name.split()[0]):
-        _core.matmul(type_id, data, 1, 256, x.reshape(1, -1))
+        _internal.matmul(type_id, data, 1, 256, x.reshape(1, -1))
 
 
 def test_bad_arguments_raise_invalid_argument():
     data = np.zeros(18 * 2, np.uint8)  # two Q4_0 blocks
     with pytest.raises(InvalidArgument, match="block size 32"):
-        _core.dequantize(int(Q.Q4_0), data, 33)
+        _internal.dequantize(int(Q.Q4_0), data, 33)
     with pytest.raises(InvalidArgument, match="needs a 1-D array of 36"):
-        _core.dequantize(int(Q.Q4_0), data[:35], 64)
+        _internal.dequantize(int(Q.Q4_0), data[:35], 64)
     with pytest.raises(InvalidArgument, match="needs a 1-D array of 18"):
-        _core.dot(int(Q.Q4_0), data, np.zeros(32, np.float32))
+        _internal.dot(int(Q.Q4_0), data, np.zeros(32, np.float32))
     with pytest.raises(InvalidArgument, match="unknown isa 'sse9'"):
-        _core.dot(int(Q.Q4_0), data, np.zeros(64, np.float32), "sse9")
+        _internal.dot(int(Q.Q4_0), data, np.zeros(64, np.float32), "sse9")
     with pytest.raises(InvalidArgument, match=r"x must be \[T, 64\]"):
-        _core.matmul(int(Q.Q4_0), data, 1, 64, np.zeros((2, 32), np.float32))
+        _internal.matmul(int(Q.Q4_0), data, 1, 64, np.zeros((2, 32), np.float32))
     with pytest.raises(InvalidArgument, match=r"a \[2, 64\] matrix of q4_0 needs a 1-D array of 72"):
-        _core.matmul(int(Q.Q4_0), data, 2, 64, np.zeros((1, 64), np.float32))
+        _internal.matmul(int(Q.Q4_0), data, 2, 64, np.zeros((1, 64), np.float32))
     with pytest.raises(InvalidArgument, match="threads"):
-        _core.matmul(int(Q.Q4_0), data, 1, 64, np.zeros((1, 64), np.float32), threads=0)
+        _internal.matmul(int(Q.Q4_0), data, 1, 64, np.zeros((1, 64), np.float32), threads=0)
 
 
 # ---- (f) blocks quantized from real floats by the gguf package ----------------------------------------
@@ -392,11 +392,11 @@ def test_gguf_quantized_real_floats(qtype, max_rel_rms, isa):
     x = rng.standard_normal(n).astype(np.float32)
     for r in range(n_rows):
         row = data[r * row_bytes : (r + 1) * row_bytes]
-        got = _core.dequantize(int(qtype), row, n, isa)
+        got = _internal.dequantize(int(qtype), row, n, isa)
         np.testing.assert_array_equal(bits(got), bits(want[r]))
         # Sanity of the round trip itself: the quantization error is what the format allows.
         rel_rms = np.sqrt(np.mean((got - original[r]) ** 2) / np.mean(original[r] ** 2))
         assert rel_rms < max_rel_rms, rel_rms
         exact = float(np.dot(want[r].astype(np.float64), x.astype(np.float64)))
         budget = dot_budget(n) * float(np.abs(want[r].astype(np.float64) * x).sum())
-        assert abs(_core.dot(int(qtype), row, x, isa) - exact) <= budget
+        assert abs(_internal.dot(int(qtype), row, x, isa) - exact) <= budget

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from sharpi import _core
+from sharpi import _core, _internal
 from sharpi import make_model as mm
 
 
@@ -21,10 +21,10 @@ def tiny_gguf(tmp_path_factory):
 
 
 def open_reader(kind, path, **kwargs):
-    if kind == "uring" and not _core.uring_compiled():
+    if kind == "uring" and not _internal.uring_compiled():
         pytest.skip("io_uring reader not compiled (liburing missing at build time)")
     try:
-        return _core.ExpertReaderTest(kind, str(path), **kwargs)
+        return _internal.ExpertReaderTest(kind, str(path), **kwargs)
     except _core.UnsupportedError as e:
         pytest.skip(f"io_uring unavailable here: {e}")
 

@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 import pytest
 from reader_policy import URING_REQUIRED, uring_unavailable
-from sharpi import _core
+from sharpi import _core, _internal
 from sharpi import make_model as mm
 
 KINDS = ["pread", "uring"]
@@ -32,10 +32,10 @@ ALIGN = 4096
 
 def open_reader(kind, path, **kwargs):
     """A reader of `kind`; fails the test (on Linux) when io_uring cannot be used here."""
-    if kind == "uring" and not _core.uring_compiled():
+    if kind == "uring" and not _internal.uring_compiled():
         uring_unavailable("not compiled into this build")
     try:
-        return _core.ExpertReaderTest(kind, str(path), **kwargs)
+        return _internal.ExpertReaderTest(kind, str(path), **kwargs)
     except _core.UnsupportedError as e:
         uring_unavailable(str(e))
 
@@ -344,21 +344,21 @@ def test_injected_eio(kind, tiny_gguf, monkeypatch):
 
 def test_injected_eio_hex_and_bad_value(tiny_gguf, monkeypatch):
     monkeypatch.setenv("SHARPI_FAULT_EIO_AT", "0x1000")
-    reader = _core.ExpertReaderTest("auto", str(tiny_gguf))
+    reader = _internal.ExpertReaderTest("auto", str(tiny_gguf))
     with pytest.raises(_core.IoError, match="read of \\[0xff0, 0x1010\\)"):
         reader.read([(0xFF0, 0x20, "demand")])
     monkeypatch.setenv("SHARPI_FAULT_EIO_AT", "12abc")
     for kind in ["pread", "auto"]:
         with pytest.raises(_core.InvalidArgument, match="SHARPI_FAULT_EIO_AT: not a byte offset: '12abc'"):
-            _core.ExpertReaderTest(kind, str(tiny_gguf))
+            _internal.ExpertReaderTest(kind, str(tiny_gguf))
 
 
 def test_injected_eio_from_a_fresh_process(tiny_gguf):
     """The variable set in the environment of a new process (as a user would) takes effect."""
     script = textwrap.dedent(
         f"""
-        from sharpi import _core
-        r = _core.ExpertReaderTest("auto", {str(tiny_gguf)!r})
+        from sharpi import _core, _internal
+        r = _internal.ExpertReaderTest("auto", {str(tiny_gguf)!r})
         try:
             r.read([(4000, 200, "demand")])
         except _core.IoError as e:
@@ -400,36 +400,36 @@ def test_tmpfs_auto_falls_back_when_o_direct_is_refused(tmp_path):
     try:
         ranges = [(1, 70_000, "demand"), (300_000, 1, "prefetch"), (4096, 8192, "demand")]
         expected = [data[o : o + n] for o, n, _ in ranges]
-        auto = _core.ExpertReaderTest("auto", path)
+        auto = _internal.ExpertReaderTest("auto", path)
         assert auto.read(ranges) == expected
-        if o_direct_works(path) and _core.uring_compiled():
+        if o_direct_works(path) and _internal.uring_compiled():
             # Newer kernels (6.6+) give tmpfs O_DIRECT; then auto may well use io_uring.
             assert auto.name in ("io_uring", "pread")
         else:
             assert auto.name == "pread", auto.describe
             assert "io_uring unavailable" in auto.describe
             with pytest.raises(_core.UnsupportedError, match=f"\\[io\\] {path}: io_uring reader unavailable"):
-                _core.ExpertReaderTest("uring", path)
+                _internal.ExpertReaderTest("uring", path)
     finally:
         os.unlink(path)
 
 
 def test_refused_o_direct_fallback(random_file):
     """Simulated refusal (test knob): auto falls back to pread and says why; uring raises."""
-    auto = _core.ExpertReaderTest("auto", str(random_file), refuse_o_direct=True)
+    auto = _internal.ExpertReaderTest("auto", str(random_file), refuse_o_direct=True)
     assert auto.name == "pread"
-    assert ("O_DIRECT refused" if _core.uring_compiled() else "not compiled") in auto.describe
+    assert ("O_DIRECT refused" if _internal.uring_compiled() else "not compiled") in auto.describe
     assert auto.read([(5, 10, "demand")]) == [python_read(random_file, 5, 10)]
-    if _core.uring_compiled():
+    if _internal.uring_compiled():
         with pytest.raises(_core.UnsupportedError, match="O_DIRECT refused"):
-            _core.ExpertReaderTest("uring", str(random_file), refuse_o_direct=True)
+            _internal.ExpertReaderTest("uring", str(random_file), refuse_o_direct=True)
 
 
 def test_uring_compiled_matches_reader_availability(random_file):
-    if not _core.uring_compiled():
+    if not _internal.uring_compiled():
         with pytest.raises(_core.UnsupportedError, match="not compiled"):
-            _core.ExpertReaderTest("uring", str(random_file))
-        assert _core.ExpertReaderTest("auto", str(random_file)).name == "pread"
+            _internal.ExpertReaderTest("uring", str(random_file))
+        assert _internal.ExpertReaderTest("auto", str(random_file)).name == "pread"
     else:
         reader = open_reader("uring", random_file)
         assert reader.name == "io_uring"
@@ -456,9 +456,9 @@ def test_uring_reader_is_built_and_reads_through_io_uring(random_file):
     """Linux builds always have the io_uring reader (raw system calls, no liburing); "uring" and
     "auto" both run it on this test directory; and its reads really go through an io_uring: the
     kernel's own counters for the reader's ring (/proc/self/fdinfo) count one CQE per chunk."""
-    assert _core.uring_compiled(), "Linux build without the io_uring reader"
-    assert _core.reader_choice(str(random_file))["reader"] == "io_uring"
-    assert _core.ExpertReaderTest("auto", str(random_file)).name == "io_uring"
+    assert _internal.uring_compiled(), "Linux build without the io_uring reader"
+    assert _internal.reader_choice(str(random_file))["reader"] == "io_uring"
+    assert _internal.ExpertReaderTest("auto", str(random_file)).name == "io_uring"
     before = set(_io_uring_fds())
     reader = open_reader("uring", random_file, chunk_bytes=4096)
     assert reader.name == "io_uring"
@@ -484,22 +484,22 @@ def test_refused_io_uring_setup_falls_back_and_says_why(err, random_file, monkey
     """SHARPI_FAULT_URING_SETUP (read at construction) makes io_uring_setup fail as a seccomp filter
     (EPERM, ENOSYS), kernel.io_uring_disabled (EPERM) or an old kernel (EINVAL) would: "auto" reads
     with pread and its description says why; "uring" raises; reader_choice reports the same."""
-    if not _core.uring_compiled():
+    if not _internal.uring_compiled():
         uring_unavailable("not compiled into this build")
     monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", err)
     why = f"io_uring_setup: {os.strerror(getattr(errno, err))}"
-    auto = _core.ExpertReaderTest("auto", str(random_file))
+    auto = _internal.ExpertReaderTest("auto", str(random_file))
     assert auto.name == "pread"
     assert auto.describe.endswith(f"(io_uring unavailable: {why})"), auto.describe
     assert auto.read([(4090, 20, "demand")]) == [python_read(random_file, 4090, 20)]
     with pytest.raises(_core.UnsupportedError, match=re.escape(f"io_uring reader unavailable: {why}")):
-        _core.ExpertReaderTest("uring", str(random_file))
-    assert _core.reader_choice(str(random_file)) == {"reader": "pread", "why": f"io_uring unavailable: {why}"}
+        _internal.ExpertReaderTest("uring", str(random_file))
+    assert _internal.reader_choice(str(random_file)) == {"reader": "pread", "why": f"io_uring unavailable: {why}"}
     monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", "EPRM")
     with pytest.raises(
         _core.InvalidArgument, match="SHARPI_FAULT_URING_SETUP: not an errno name or number: 'EPRM'"
     ):
-        _core.ExpertReaderTest("auto", str(random_file))
+        _internal.ExpertReaderTest("auto", str(random_file))
     monkeypatch.delenv("SHARPI_FAULT_URING_SETUP")
     assert open_reader("uring", random_file).name == "io_uring"
 
@@ -514,7 +514,7 @@ def test_inspect_names_the_reader_and_why(tiny_gguf, monkeypatch):
             "expert reader (--reader auto): io_uring (io_uring_setup and O_DIRECT reads through the ring work"
         )
         assert line in inspect_report(tiny_gguf)
-    if _core.uring_compiled():
+    if _internal.uring_compiled():
         monkeypatch.setenv("SHARPI_FAULT_URING_SETUP", "ENOSYS")
         assert inspect_summary(tiny_gguf)["expert_reader"] == {
             "reader": "pread",
@@ -553,15 +553,15 @@ def test_file_shrunk_after_open_is_a_typed_error(kind, tmp_path):
 def test_missing_file_is_io_error(kind, tmp_path):
     missing = tmp_path / "nope.gguf"
     with pytest.raises(_core.IoError, match=f"\\[io\\] {missing}: cannot open: No such file"):
-        _core.ExpertReaderTest(kind, str(missing))
+        _internal.ExpertReaderTest(kind, str(missing))
 
 
 def test_bad_arguments(random_file):
     with pytest.raises(_core.InvalidArgument, match="unknown reader kind 'mmap'"):
-        _core.ExpertReaderTest("mmap", str(random_file))
+        _internal.ExpertReaderTest("mmap", str(random_file))
     with pytest.raises(_core.InvalidArgument, match="queue_depth"):
-        _core.ExpertReaderTest("pread", str(random_file), queue_depth=-1)
-    reader = _core.ExpertReaderTest("auto", str(random_file))
+        _internal.ExpertReaderTest("pread", str(random_file), queue_depth=-1)
+    reader = _internal.ExpertReaderTest("auto", str(random_file))
     with pytest.raises(_core.InvalidArgument, match="length is 0"):
         reader.read([(10, 0, "demand")])
     with pytest.raises(_core.InvalidArgument, match="overflows 64 bits"):
@@ -586,9 +586,9 @@ def test_destroy_with_reads_outstanding(kind, random_file):
     script = textwrap.dedent(
         f"""
         import gc
-        from sharpi import _core
+        from sharpi import _internal
         for round in range(20):
-            r = _core.ExpertReaderTest({kind!r}, {str(random_file)!r}, arena_bytes=64 << 20,
+            r = _internal.ExpertReaderTest({kind!r}, {str(random_file)!r}, arena_bytes=64 << 20,
                                        queue_depth=2, pread_threads=2, chunk_bytes=16384)
             if round % 2:
                 r.plug()
@@ -638,7 +638,7 @@ def drain_chunks(queue):
 
 
 def test_queue_chunks_cover_the_aligned_superset():
-    q = _core.ReadQueueTest(chunk_bytes=8192, depth=64)
+    q = _internal.ReadQueueTest(chunk_bytes=8192, depth=64)
     q.add(1, 5000, 20_000, "demand")  # span [4096, 28672): 3 chunks of 8192
     q.add(2, 40_960, 4096, "prefetch")  # aligned already: one block
     q.add(3, 100_000, 1, "prefetch")  # one byte: its block
@@ -658,13 +658,13 @@ def test_queue_chunks_cover_the_aligned_superset():
 
 
 def test_queue_chunk_size_rounds_up_to_blocks():
-    q = _core.ReadQueueTest(chunk_bytes=5000, depth=8)  # -> 8192
+    q = _internal.ReadQueueTest(chunk_bytes=5000, depth=8)  # -> 8192
     q.add(1, 0, 20_000)
     assert drain_chunks(q) == [(1, 0, 8192), (1, 8192, 16384), (1, 16384, 20480)]
 
 
 def test_queue_depth_and_demand_first_at_chunk_granularity():
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=2)
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=2)
     q.add(1, 0, 4 * 4096, "prefetch")  # 4 chunks
     q.add(2, 10 * 4096, 4096, "prefetch")
     assert drain_chunks(q) == [(1, 0, 4096)]  # prefetch: at most max(1, depth // 4) = 1 in flight
@@ -683,7 +683,7 @@ def test_queue_depth_and_demand_first_at_chunk_granularity():
 
 
 def test_queue_prefetch_keeps_most_of_the_depth_for_demand():
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=8)
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=8)
     for tag in range(20):
         q.add(tag, tag * 4096, 4096, "prefetch")
     assert len(drain_chunks(q)) == 2  # max(1, 8 // 4)
@@ -697,7 +697,7 @@ def test_queue_prefetch_keeps_most_of_the_depth_for_demand():
 
 
 def test_queue_cancel_promote_and_plug():
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=1)
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=1)
     q.set_plugged(True)
     for tag in range(4):
         q.add(tag, tag * 8192, 8192, "prefetch")  # 2 chunks each
@@ -729,7 +729,7 @@ def test_queue_cancel_promote_and_plug():
 
 
 def test_queue_partly_started_prefetch_promoted():
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=1)
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=1)
     q.add(1, 0, 3 * 4096, "prefetch")
     q.add(2, 1 << 20, 4096, "demand")
     assert q.next_chunk() == (2, 1 << 20, (1 << 20) + 4096)
@@ -747,7 +747,7 @@ def test_queue_partly_started_prefetch_promoted():
 
 
 def test_queue_error_waits_for_chunks_in_flight_and_stops_the_rest():
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=2, path="/models/x.gguf")
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=2, path="/models/x.gguf")
     q.add(1, 100, 5 * 4096, "demand")  # span [0, 24576): 6 chunks
     assert drain_chunks(q) == [(1, 0, 4096), (1, 4096, 8192)]
     q.finish_chunk(1, 4096, 5, 4096)  # EIO
@@ -762,7 +762,7 @@ def test_queue_error_waits_for_chunks_in_flight_and_stops_the_rest():
 
 
 def test_queue_end_of_file_rules():
-    q = _core.ReadQueueTest(chunk_bytes=8192, depth=8, path="f.bin")
+    q = _internal.ReadQueueTest(chunk_bytes=8192, depth=8, path="f.bin")
     # File of 10_000 bytes. Range inside it: the last chunk stops early at 10_000 and that is fine.
     q.add(1, 9000, 1000, "demand")  # span [8192, 12288), wanted up to 10_000
     q.add(2, 9000, 1001, "demand")  # wants one byte past the end
@@ -777,7 +777,7 @@ def test_queue_end_of_file_rules():
 
 def test_queue_fault_hook_fails_covering_chunks_only(monkeypatch):
     monkeypatch.setenv("SHARPI_FAULT_EIO_AT", str(3 * 4096 + 10))
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=8, path="g")
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=8, path="g")
     q.add(1, 0, 3 * 4096 + 10, "demand")  # ends just before the fault, same block: fine
     q.add(2, 3 * 4096 + 10, 1, "demand")  # the faulty byte
     q.add(3, 2 * 4096, 2 * 4096, "demand")  # covers it in its second chunk
@@ -793,7 +793,7 @@ def test_queue_fault_hook_fails_covering_chunks_only(monkeypatch):
 
 
 def test_queue_shutdown_drops_queued_and_finishes_started():
-    q = _core.ReadQueueTest(chunk_bytes=4096, depth=1, path="h")
+    q = _internal.ReadQueueTest(chunk_bytes=4096, depth=1, path="h")
     q.add(1, 0, 2 * 4096, "demand")
     q.add(2, 1 << 20, 10, "prefetch")
     assert q.next_chunk() == (1, 0, 4096)
@@ -806,7 +806,7 @@ def test_queue_shutdown_drops_queued_and_finishes_started():
 
 
 def test_queue_rejects_bad_requests():
-    q = _core.ReadQueueTest(chunk_bytes=0, depth=0)
+    q = _internal.ReadQueueTest(chunk_bytes=0, depth=0)
     q.add(1, 0, 10)
     with pytest.raises(_core.InvalidArgument, match="tag 1.*already outstanding"):
         q.add(1, 0, 10)
@@ -824,13 +824,13 @@ def test_queue_rejects_bad_requests():
 _PRIORITY_SCRIPT = textwrap.dedent(
     """
     import os, re, sys
-    from sharpi import _core
+    from sharpi import _core, _internal
     if sys.argv[3] != "0":
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(sys.argv[3])))
         except PermissionError:
             print("no permission"); sys.exit(0)
-    r = _core.ExpertReaderTest(sys.argv[1], sys.argv[2])
+    r = _internal.ExpertReaderTest(sys.argv[1], sys.argv[2])
     m = re.search(r"I/O threads? (SCHED_FIFO \\d+|normal priority \\([^)]*\\))", r.describe)
     print(m.group(1) if m else r.describe)
     print(r.name)

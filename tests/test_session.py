@@ -180,3 +180,23 @@ def test_generate_streams_text(models):
         ids.append(int(np.argmax(logits)))
         logits = s.decode([ids[-1]])
     assert text == s.tokenizer.decode(ids, skip_special=True)
+
+
+def test_name_and_file_shorthands_are_checked_in_cpp(tmp_path):
+    """predictor / cache_policy "NAME:FILE" are resolved and checked by the C++ options
+    (resolve_session_options), before the model file is opened: a missing model still gets the
+    option's InvalidArgument, through sharpi.Session and through the bare core alike."""
+    from sharpi import _core
+
+    missing = str(tmp_path / "absent.gguf")
+    with pytest.raises(sharpi.InvalidArgument, match="predictor file given twice: 'a.gguf' and 'b.gguf'"):
+        sharpi.Session(missing, predictor="cooc:a.gguf", predictor_file="b.gguf")
+    with pytest.raises(sharpi.InvalidArgument, match="predictor file given twice: 'a.gguf' and 'b.gguf'"):
+        _core.Session(missing, predictor="cooc:a.gguf", predictor_file="b.gguf")
+    with pytest.raises(sharpi.InvalidArgument, match="cache policy file given twice: 'p1' and 'p2'"):
+        _core.Session(missing, cache_policy="prior:p1", cache_policy_file="p2")
+    # The same file named twice, or once: the options pass and opening the model fails.
+    with pytest.raises(sharpi.IoError, match="absent.gguf"):
+        sharpi.Session(missing, predictor="cooc:a.gguf", predictor_file="a.gguf")
+    with pytest.raises(sharpi.IoError, match="absent.gguf"):
+        sharpi.Session(missing, cache_policy="prior:p1")

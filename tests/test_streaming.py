@@ -19,7 +19,7 @@ import pytest
 import sharpi
 from reader_policy import URING_REQUIRED, uring_unavailable
 from reference.engine_checks import greedy_logits
-from sharpi import _core
+from sharpi import _core, _internal
 from sharpi.cache_eval import write_prior
 from sharpi.make_model import write_model
 
@@ -367,7 +367,7 @@ def test_cli_run_says_which_reader_runs_and_why(models, tmp_path):
         assert doc["reader"] == "io_uring", doc
         assert "(io_uring: O_DIRECT, registered buffers" in auto.stderr, auto.stderr
     assert doc["reader_detail"] in auto.stderr
-    if not _core.uring_compiled():
+    if not _internal.uring_compiled():
         return  # nothing to refuse
     refused = subprocess.run(cmd, check=True, capture_output=True, text=True,
                              env=dict(env, SHARPI_FAULT_URING_SETUP="EPERM"))

@@ -20,20 +20,20 @@ CHILD = r"""
 import hashlib, json, time
 import numpy as np
 import sharpi
-from sharpi import _core
+from sharpi import _internal
 from sharpi.models import default_model_path
 
 s = sharpi.Session(str(default_model_path()), threads=2, n_ctx=64)
 token = int(np.argmax(s.decode(list(range(1, 40)))))  # a prompt long enough for parallel attention
-_core.thread_pool_stats(reset=True)
+_internal.thread_pool_stats(reset=True)
 logits = []
 t0 = time.perf_counter()
 for _ in range(4):
     logits.append(s.decode([token]))
     token = int(np.argmax(logits[-1]))
 wall_ns = (time.perf_counter() - t0) * 1e9
-stats = _core.thread_pool_stats(reset=True)
-print(json.dumps({"stats": stats, "wall_ns": wall_ns, "after_reset": _core.thread_pool_stats(),
+stats = _internal.thread_pool_stats(reset=True)
+print(json.dumps({"stats": stats, "wall_ns": wall_ns, "after_reset": _internal.thread_pool_stats(),
                   "sha": hashlib.sha256(b"".join(x.tobytes() for x in logits)).hexdigest()}))
 """
 

@@ -2,7 +2,7 @@
 the typed errors, all before anything is allocated on a device.
 
 The planner itself is checked against hand arithmetic in test_tier_plan.py; here its minimum (read from
-_core.tier_plan_file, the `sharpi inspect --plan` entry) is the boundary the session must enforce: one byte
+_internal.tier_plan_file, the `sharpi inspect --plan` entry) is the boundary the session must enforce: one byte
 below it is an InvalidArgument naming the minimum, at it the session goes on to open the device, which
 without one is a DeviceError (a CUDA build) or UnsupportedError (a build without CUDA). `auto` needs a
 device's free VRAM: DeviceError. The device-side behaviour (streamed logits equal resident ones) is
@@ -12,7 +12,7 @@ tests/test_cuda_stream_gpu.py's.
 
 import pytest
 import sharpi
-from sharpi import DeviceError, InvalidArgument, UnsupportedError, _core
+from sharpi import DeviceError, InvalidArgument, UnsupportedError, _internal
 from test_cli import sharpi_cli
 from test_session import models  # noqa: F401  (fixture: tiny files of every plain MoE arch)
 
@@ -23,7 +23,7 @@ N_CTX = 256
 
 
 def minimum(path, lookahead=0):
-    return _core.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX, lookahead=lookahead)["vram_minimum_bytes"]
+    return _internal.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX, lookahead=lookahead)["vram_minimum_bytes"]
 
 
 def no_device_error(excinfo):
@@ -63,7 +63,7 @@ def test_a_predictor_raises_the_minimum_by_its_staging_slots(models):  # noqa: F
 def test_a_predictor_with_every_expert_fitting_is_refused(models):  # noqa: F811
     # Nothing streams when the budget holds every expert: a predictor would have nothing to prefetch.
     path = models["qwen3moe", "q4_k_m"]
-    plan = _core.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX, lookahead=1)
+    plan = _internal.tier_plan_file(path, 1 << 40, 0, n_ctx=N_CTX, lookahead=1)
     assert plan["experts_resident"]
     with pytest.raises(InvalidArgument, match="nothing to prefetch"):
         sharpi.Session(path, device="cuda", n_ctx=N_CTX, vram_budget="1TiB", predictor="prev_token")

@@ -87,7 +87,7 @@ def run_side(model_dir: Path, out_path: Path) -> None:
     """Runs every configuration on every model under this process's sharpi; writes digests + raw."""
     import numpy as np
     import sharpi
-    from sharpi import _core
+    from sharpi import _core, _internal
 
     results = {}
     raw = {}
@@ -123,7 +123,7 @@ def run_side(model_dir: Path, out_path: Path) -> None:
             kw = {}
             if cfg["budget"]:
                 kw["ram_budget"] = budgets[bool(cfg.get("exact"))][cfg["budget"]]
-                kw["reader"] = cfg["reader"] if cfg["reader"] != "uring" or _core.uring_compiled() else "auto"
+                kw["reader"] = cfg["reader"] if cfg["reader"] != "uring" or _internal.uring_compiled() else "auto"
             for key in ("predictor", "lookahead", "slru_probation", "dump_activations", "exact"):
                 if key in cfg:
                     kw[key] = cfg[key]

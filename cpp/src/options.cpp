@@ -8,6 +8,29 @@
 
 namespace sharpi {
 
+namespace {
+
+// "NAME:FILE" -> name = NAME, file = FILE; `what` names the pair in the error ("predictor").
+void split_name_and_file(std::string& name, std::string& file, const std::string& what) {
+    const size_t colon = name.find(':');
+    if (colon == std::string::npos) return;
+    const std::string file_part = name.substr(colon + 1);
+    if (!file.empty() && file != file_part) {
+        throw InvalidArgument(what + " file given twice: '" + file_part + "' and '" + file + "'");
+    }
+    name.resize(colon);
+    file = file_part;
+}
+
+}  // namespace
+
+SessionOptions resolve_session_options(const SessionOptions& options) {
+    SessionOptions o = options;
+    split_name_and_file(o.predictor, o.predictor_file, "predictor");
+    split_name_and_file(o.cache_policy, o.cache_policy_file, "cache policy");
+    return o;
+}
+
 uint64_t parse_byte_size(const std::string& text) {
     size_t i = 0;
     while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;

@@ -7,7 +7,7 @@
 namespace sharpi {
 
 Session::Session(const std::string& model_path, const SessionOptions& options)
-    : engine_(std::make_unique<Engine>(model_path, options)) {}
+    : engine_(std::make_unique<Engine>(model_path, resolve_session_options(options))) {}
 
 Session::~Session() = default;
 

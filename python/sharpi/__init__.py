@@ -1,6 +1,7 @@
 """sharpi: run Mixture-of-Experts LLMs from GGUF files with experts streamed from fast memory tiers.
 
-The engine is C++ (sharpi._core); this package adds the tokenizer, generation loop and CLI.
+The engine is C++ (sharpi._core: its public API; sharpi._internal: the internals the package's
+planners, the tests and the benchmarks use); this package adds the tokenizer, generation loop and CLI.
 """
 
 import os as _os
@@ -36,9 +37,8 @@ from ._core import (  # noqa: F401
     MissingTensorError,
     SharpiError,
     UnsupportedError,
-    cuda_available,
-    cuda_describe,
 )
+from ._internal import cuda_available, cuda_describe  # noqa: F401
 from .plugin import Predictor  # noqa: F401
 from .session import Session  # noqa: F401
 
@@ -47,14 +47,14 @@ __version__ = "0.1.0"
 
 def cache_policies() -> list:
     """Names of the expert cache's replacement policies (Session(cache_policy=...))."""
-    from ._core import replacement_policy_names
+    from ._internal import replacement_policy_names
 
     return list(replacement_policy_names())
 
 
 def default_cache_policy() -> str:
     """The policy a streaming session uses unless told otherwise (docs/cache_policies.md)."""
-    from ._core import default_replacement_policy
+    from ._internal import default_replacement_policy
 
     return default_replacement_policy()
 

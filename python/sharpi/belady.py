@@ -32,7 +32,7 @@ import heapq
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from . import _core
+from . import _internal
 
 _NEVER = float("inf")
 
@@ -196,7 +196,7 @@ def lru(steps: Iterable[Iterable[Hashable]], capacity: int, count_from: int = 0)
     first, skipping the step's experts), then its experts touched or inserted in key order.
     """
     seq = _as_steps(steps, capacity)
-    policy = _core.ReplacementPolicy("slru", capacity, probation=1.0)
+    policy = _internal.ReplacementPolicy("slru", capacity, probation=1.0)
     cache = _SlotMap(capacity)
     misses_per_step = []
     total = 0
@@ -231,7 +231,7 @@ def slru(
     full and is inserted. Raises ValueError when a step needs more than `capacity`.
     """
     seq = _as_steps(steps, capacity)
-    policy = _core.ReplacementPolicy("slru", capacity, probation=probation)
+    policy = _internal.ReplacementPolicy("slru", capacity, probation=probation)
     cache = _SlotMap(capacity)
     misses_per_step = []
     total = 0

@@ -119,11 +119,11 @@ def cooc_hints(trace, train_idx: np.ndarray, eval_idx: np.ndarray, lookahead: in
 
 def replay(name: str, steps: Steps, capacity: int, prior=None, hints=None, **knobs) -> np.ndarray:
     """Misses per step of policy `name` (the engine's code) on `steps` with `capacity` slots."""
-    from . import _core
+    from . import _internal
 
-    policy = _core.ReplacementPolicy(name, capacity, prior=prior, **knobs)
+    policy = _internal.ReplacementPolicy(name, capacity, prior=prior, **knobs)
     h = hints if hints is not None else (None, None, None)
-    return _core.replay_policy(policy, capacity, steps.layer, steps.offsets, steps.experts, *h)
+    return _internal.replay_policy(policy, capacity, steps.layer, steps.offsets, steps.experts, *h)
 
 
 def capacity_for(share: float, n_layer: int, n_expert: int, top_k: int) -> int:
@@ -143,14 +143,14 @@ def evaluate(
     """Every policy's misses and misses / Belady's at each budget, on the held-out sequences.
     horizons: token counts h; for each, Belady's rule knowing only the next h tokens' routing
     (h x n_layer steps; sharpi.belady.belady_horizon) is scored too, as row "belady@h"."""
-    from . import _core
+    from . import _internal
     from .belady import belady, belady_horizon
     from .predict.traces import load_trace, split_by_sequences
 
     trace = load_trace(trace_path)
     split = split_by_sequences(trace, train_fraction)
     eval_idx = split.eval if max_eval_tokens is None else split.eval[:max_eval_tokens]
-    names = list(policies) if policies else list(_core.replacement_policy_names())
+    names = list(policies) if policies else list(_internal.replacement_policy_names())
     steps = Steps(trace.experts[eval_idx])
     sets = steps.key_sets(trace.n_expert)
     prior = fit_prior(trace, split.train) if "prior" in names else None

@@ -401,7 +401,8 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
 def _device_plan_line(path: str) -> str:
     """What Session(path, device="cuda") would put in VRAM at the default n_ctx, or why it refuses
     (the planner runs on the host: no device needed)."""
-    from ._core import UnsupportedError, cuda_device_plan
+    from ._core import UnsupportedError
+    from ._internal import cuda_device_plan
 
     try:
         p = cuda_device_plan(path)

@@ -379,11 +379,11 @@ def _gpu_layers_refusal(value: str):
     except ValueError:
         pass
     try:
-        from . import _core
+        from . import _internal
     except ImportError:  # no built extension: nothing runs anywhere, but the advice still holds
         has_cuda = False
     else:
-        has_cuda = bool(_core.cuda_available())  # False, never an error, without a build or a device
+        has_cuda = bool(_internal.cuda_available())  # False, never an error, without a build or a device
     advice = ("sharpi does not offload layers: --device cuda runs the whole forward pass on the GPU, and "
               "--vram-budget SIZE keeps the dense weights there and streams the experts that do not fit "
               "(`sharpi inspect --plan` shows the split)")

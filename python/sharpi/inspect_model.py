@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import gguf
 
-from . import _core
+from . import _core, _internal
 
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -143,10 +143,10 @@ def inspect_summary(path) -> dict:
         expert_layers=[layers[k] for k in sorted(layers)],
         nextn=nextn,
         layer_kinds=layer_kinds,
-        expert_reader=_core.reader_choice(f.path),  # what --reader auto runs on this file, and why
+        expert_reader=_internal.reader_choice(f.path),  # what --reader auto runs on this file, and why
         # The CUDA device here (cuda::describe: "no CUDA device (no NVIDIA driver)" on a machine without one).
-        device=OrderedDict(present=_core.cuda_available(), describe=_core.cuda_describe()),
-        cufile_reader=_core.cufile_probe(),  # whether --reader cufile could run here, and what is missing
+        device=OrderedDict(present=_internal.cuda_available(), describe=_internal.cuda_describe()),
+        cufile_reader=_internal.cufile_probe(),  # whether --reader cufile could run here, and what is missing
         tensors=[
             OrderedDict(
                 name=t["name"],

@@ -2,7 +2,7 @@
 
 What it owns: the one Python list of the keys Session.expert_stats() returns (the engine's
 ExpertCacheStats and LayerExpertStats, cpp/include/sharpi/types.h, turned into a dict by
-python/sharpi/bindings/session_bindings.cpp) and the one definition of each derived metric.
+python/sharpi/bindings/expert_stats.cpp) and the one definition of each derived metric.
 sharpi.moe_trace (the tracing report), sharpi.cli (the cache summary line and --expert-stats JSON)
 and sharpi.bench (the streaming benchmark) import it; none of them spells a counter name or a
 ratio of its own. tests/test_metrics.py checks these names against the keys the engine returns, so

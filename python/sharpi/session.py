@@ -189,12 +189,7 @@ class Session:
         elif not isinstance(predictor, str):
             raise _core.InvalidArgument(
                 f"predictor must be a name or a sharpi.Predictor instance, got {type(predictor).__name__}")
-        elif ":" in predictor:
-            predictor, _, file_part = predictor.partition(":")
-            if predictor_file is not None and os.fspath(predictor_file) != file_part:
-                raise _core.InvalidArgument(f"predictor file given twice: {file_part!r} and {os.fspath(predictor_file)!r}")
-            predictor_file = file_part
-        policy_name, _, policy_file = (cache_policy or "").partition(":")
+        # "NAME:FILE" (predictor, cache_policy) is resolved and checked in C++ (resolve_session_options).
         env_trace = os.environ.get("SHARPI_TRACE_MOE", "")
         if trace is None and env_trace not in ("", "0"):
             trace = True if env_trace == "1" else env_trace
@@ -227,8 +222,7 @@ class Session:
             lookahead=lookahead,
             skip_late_prefetch=skip_late_prefetch,
             prefetch_sizing=prefetch_sizing,
-            cache_policy=policy_name,
-            cache_policy_file=policy_file,
+            cache_policy=cache_policy or "",
             cache_type_k=cache_type_k or "",
             cache_type_v=cache_type_v or "",
             allow_long_context=allow_long_context,

@@ -1,6 +1,6 @@
 """`sharpi inspect --plan`: where a GPU session would keep each part of a model (the tier planner).
 
-The decisions are C++ (cpp/src/tier_plan.h, reached through _core.tier_plan_file): VRAM holds the dense
+The decisions are C++ (cpp/src/tier_plan.h, reached through _internal.tier_plan_file): VRAM holds the dense
 weights, KV cache and buffers, then every expert if they fit, else a pool of expert slots (plus staging
 slots for a predictor and, given a cache prior, the hottest experts pinned); RAM holds what VRAM does
 not pin (all of it, or slots within --ram-budget); the rest stays on disk. This module only resolves the
@@ -9,14 +9,14 @@ budgets the user typed (bytes with units, or `auto`) and renders the plan.
 
 from __future__ import annotations
 
-from . import _core
+from . import _core, _internal
 
 
 def resolve_vram_budget(text: str) -> tuple[int, str]:
     """(bytes, how it was chosen) for --vram-budget: a size with units, or auto = free VRAM minus a margin
     (DeviceError without a CUDA device)."""
     if text.strip().lower() == "auto":
-        a = _core.vram_budget_auto()
+        a = _internal.vram_budget_auto()
         return a["budget"], a["summary"]
     return _core.parse_byte_size(text), f"--vram-budget {text}"
 
@@ -41,10 +41,10 @@ def plan(
     lookahead: int = 0,
     cache_prior: str | None = None,
 ) -> dict:
-    """The tier plan of `path` as a dict (_core.tier_plan_file's), with the budgets' provenance."""
+    """The tier plan of `path` as a dict (_internal.tier_plan_file's), with the budgets' provenance."""
     vram, vram_why = resolve_vram_budget(vram_budget)
     ram, ram_why = resolve_ram_budget(ram_budget)
-    p = _core.tier_plan_file(path, vram, ram, n_ctx=n_ctx, lookahead=lookahead, prior_path=cache_prior or "")
+    p = _internal.tier_plan_file(path, vram, ram, n_ctx=n_ctx, lookahead=lookahead, prior_path=cache_prior or "")
     p["vram_budget_source"] = vram_why
     p["ram_budget_source"] = ram_why
     return p

@@ -76,6 +76,13 @@ struct SessionOptions {
     bool timeline = false;
 };
 
+// The options as the engine takes them, with the shorthands a host may write resolved (Session's
+// constructor calls it, before any file is opened): predictor "NAME:FILE" is predictor NAME with
+// predictor_file FILE; cache_policy "NAME:FILE" is cache_policy NAME with cache_policy_file FILE.
+// Throws InvalidArgument when a shorthand's FILE and the *_file field both name a file and differ.
+// The other options (sizes, names, budgets, types) are checked when the session opens the model.
+SessionOptions resolve_session_options(const SessionOptions& options);
+
 // Parses a byte size with an optional unit: "6GiB", "512MiB", "1.5GB", "4096", "2G" (K/M/G/T are
 // binary, KB/MB/GB/TB decimal, KiB/MiB/GiB/TiB binary). Throws InvalidArgument.
 uint64_t parse_byte_size(const std::string& text);

@@ -28,46 +28,9 @@
 #include <vector>
 
 #include "quant/ggml_type.h"
+#include "sharpi/gguf.h"  // GgufValueType, GgufValue (the public side of the reader)
 
 namespace sharpi {
-
-enum class GgufValueType : uint32_t {
-    UINT8 = 0,
-    INT8 = 1,
-    UINT16 = 2,
-    INT16 = 3,
-    UINT32 = 4,
-    INT32 = 5,
-    FLOAT32 = 6,
-    BOOL = 7,
-    STRING = 8,
-    ARRAY = 9,
-    UINT64 = 10,
-    INT64 = 11,
-    FLOAT64 = 12,
-};
-
-const char* gguf_value_type_name(GgufValueType type);
-
-// One metadata value. Scalars: integer kinds in `i` (u64 stored bit-for-bit; use `u()`), floats in
-// `f`, BOOL in `i` (0/1), STRING in `str`. ARRAY: `array_type` and one of `arr_int`, `arr_float`,
-// `arr_str` (by element kind), or `arr_nested` for arrays of arrays.
-struct GgufValue {
-    GgufValueType type = GgufValueType::UINT8;
-    int64_t i = 0;
-    double f = 0.0;
-    std::string str;
-    GgufValueType array_type = GgufValueType::UINT8;
-    std::vector<int64_t> arr_int;
-    std::vector<double> arr_float;
-    std::vector<std::string> arr_str;
-    std::vector<GgufValue> arr_nested;
-
-    uint64_t u() const { return static_cast<uint64_t>(i); }
-    bool is_integer() const;  // any of the integer scalar kinds or BOOL
-    bool is_float() const;    // FLOAT32 / FLOAT64
-    size_t array_size() const;
-};
 
 struct GgufTensor {
     std::string name;

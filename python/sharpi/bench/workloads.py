@@ -109,7 +109,7 @@ def measure_sequential_bandwidth(
 ) -> dict:
     """Bandwidth of this session's reader kind on this file: expert-sized reads back to back through
     the expert tensors (in file order), page cache dropped before each pass; the best pass counts."""
-    from .. import _core
+    from .. import _internal
 
     ranges, total = [], 0
     for offset, per_expert in layout["tensors"]:
@@ -118,7 +118,7 @@ def measure_sequential_bandwidth(
                 break
             ranges.append((offset + e * per_expert, per_expert, "demand"))
             total += per_expert
-    reader = _core.ExpertReaderTest(reader_kind, path, arena_bytes=64 * MiB)
+    reader = _internal.ExpertReaderTest(reader_kind, path, arena_bytes=64 * MiB)
     best = None
     how = ""
     for _ in range(repeats):

@@ -1,23 +1,19 @@
-// sharpi._core.GgufFile: the C++ GGUF reader seen from Python. Type conversion only; all validation
-// (and every error message) lives in cpp/src/gguf/gguf_file.cpp.
+// sharpi._core.GgufFile: the C++ GGUF reader (sharpi/gguf.h GgufReader) seen from Python. Type
+// conversion only; all validation (and every error message) lives in cpp/src/gguf/gguf_file.cpp.
 //
 // Metadata values become Python ints / floats / bools / str; arrays of strings become list[str],
 // arrays of numbers become 1-D numpy arrays of the file's element type (uint8 ... float64, bool),
 // and arrays of arrays become lists of those. Strings that are not valid UTF-8 are decoded with
 // U+FFFD replacement characters rather than raising.
-#include <fcntl.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
+#include <memory>
+#include <string>
 
 #include "bindings.h"
-#include "gguf/gguf_file.h"
-#include "model/model.h"
-#include "sharpi/errors.h"
+#include "sharpi/gguf.h"
 
 namespace py = pybind11;
 
@@ -109,13 +105,13 @@ std::string type_description(const GgufValue& v) {
     return std::string("array[") + gguf_value_type_name(v.array_type) + "]";
 }
 
-py::dict tensor_to_py(const GgufTensor& t) {
+py::dict tensor_to_py(const GgufTensorInfo& t) {
     py::dict d;
     d["name"] = to_py_str(t.name);
-    d["type"] = static_cast<uint32_t>(t.type);
-    d["type_name"] = ggml_type_traits(t.type).name;
+    d["type"] = t.type;
+    d["type_name"] = t.type_name;
     py::list shape;
-    for (int64_t ne : t.ne) shape.append(ne);
+    for (int64_t ne : t.shape) shape.append(ne);
     d["shape"] = shape;
     d["n_elements"] = t.n_elements;
     d["offset"] = t.offset;
@@ -125,31 +121,10 @@ py::dict tensor_to_py(const GgufTensor& t) {
     return d;
 }
 
-const GgufTensor& tensor_or_throw(const GgufFile& f, const std::string& name) {
-    const GgufTensor* t = f.find_tensor(name);
-    if (!t) throw MissingTensorError("[gguf] " + f.path() + ": no tensor named '" + name + "'");
-    return *t;
-}
-
-// Reads [offset, offset + n) with pread (used when the file was opened without a mapping).
-void pread_exact(const GgufFile& f, uint8_t* dst, uint64_t offset, uint64_t n) {
-    uint64_t got = 0;
-    while (got < n) {
-        const ssize_t r = ::pread(f.fd(), dst + got, n - got, static_cast<off_t>(offset + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            throw IoError("[gguf] " + f.path() + ": read of " + std::to_string(n) + " bytes at offset " +
-                          std::to_string(offset + got) +
-                          " failed: " + (r < 0 ? std::strerror(errno) : "end of file"));
-        }
-        got += static_cast<uint64_t>(r);
-    }
-}
-
 }  // namespace
 
 void bind_gguf(py::module_& m) {
-    py::class_<GgufFile, std::unique_ptr<GgufFile>>(m, "GgufFile", R"doc(
+    py::class_<GgufReader>(m, "GgufFile", R"doc(
 A GGUF v2/v3 file: metadata, tensor directory and (by default) a read-only mapping of the data.
 `path` may name any shard of a split model (NAME-0000i-of-0000K.gguf): all shards are opened and
 checked; `shards` lists them and each tensor names its shard. path/file_size/data_offset/version are
@@ -161,28 +136,25 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
         .def(py::init([](const py::object& path, bool map_data) {
                  const std::string p = py::str(py::module_::import("os").attr("fspath")(path));
                  py::gil_scoped_release release;
-                 return GgufFile::open(p, map_data);
+                 return std::make_unique<GgufReader>(p, map_data);
              }),
              py::arg("path"), py::arg("map_data") = true)
-        .def_property_readonly("path", &GgufFile::path)
-        .def_property_readonly("version", &GgufFile::version)
-        .def_property_readonly("alignment", &GgufFile::alignment)
-        .def_property_readonly("data_offset", &GgufFile::data_offset)
-        .def_property_readonly("file_size", &GgufFile::file_size)
-        .def_property_readonly("is_mapped", &GgufFile::is_mapped)
+        .def_property_readonly("path", &GgufReader::path)
+        .def_property_readonly("version", &GgufReader::version)
+        .def_property_readonly("alignment", &GgufReader::alignment)
+        .def_property_readonly("data_offset", &GgufReader::data_offset)
+        .def_property_readonly("file_size", &GgufReader::file_size)
+        .def_property_readonly("is_mapped", &GgufReader::is_mapped)
         .def_property_readonly(
             "shards",
-            [](const GgufFile& f) {
+            [](const GgufReader& f) {
                 py::list out;
-                for (size_t i = 0; i < f.n_shards(); ++i) {
-                    const GgufFile& s = f.shard(i);
+                for (const GgufShardInfo& s : f.shards()) {
                     py::dict d;
-                    d["path"] = s.path();
-                    d["file_size"] = s.file_size();
-                    d["data_offset"] = s.data_offset();
-                    size_t n_tensors = 0;  // shard(0).tensors() lists every shard's: count by index
-                    for (const GgufTensor& t : f.tensors()) n_tensors += t.shard == i;
-                    d["n_tensors"] = n_tensors;
+                    d["path"] = s.path;
+                    d["file_size"] = s.file_size;
+                    d["data_offset"] = s.data_offset;
+                    d["n_tensors"] = s.n_tensors;
                     out.append(d);
                 }
                 return out;
@@ -191,7 +163,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
             "data_offset, n_tensors}")
         .def(
             "metadata",
-            [](const GgufFile& f) {
+            [](const GgufReader& f) {
                 py::dict d;
                 for (const auto& [key, value] : f.metadata()) d[to_py_str(key)] = value_to_py(value);
                 return d;
@@ -199,7 +171,7 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
             "All metadata as a dict in file order (numeric arrays as numpy arrays, string arrays as lists)")
         .def(
             "metadata_types",
-            [](const GgufFile& f) {
+            [](const GgufReader& f) {
                 py::dict d;
                 for (const auto& [key, value] : f.metadata()) d[to_py_str(key)] = type_description(value);
                 return d;
@@ -207,26 +179,26 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
             "GGUF value type of each key: 'uint32', 'string', 'array[string]', ...")
         .def(
             "tensors",
-            [](const GgufFile& f) {
+            [](const GgufReader& f) {
                 py::list out;
-                for (const GgufTensor& t : f.tensors()) out.append(tensor_to_py(t));
+                for (const GgufTensorInfo& t : f.tensors()) out.append(tensor_to_py(t));
                 return out;
             },
             "Tensor directory in file order: dicts {name, type, type_name, shape (ggml order, ne[0] first), "
             "n_elements, offset (in the data section), file_offset (in its shard's file), nbytes, shard}")
         .def(
             "tensor",
-            [](const GgufFile& f, const std::string& name) { return tensor_to_py(tensor_or_throw(f, name)); },
+            [](const GgufReader& f, const std::string& name) { return tensor_to_py(f.tensor(name)); },
             py::arg("name"), "One tensor's directory entry; MissingTensorError when absent")
         .def(
             "has_tensor",
-            [](const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; },
+            [](const GgufReader& f, const std::string& name) { return f.find_tensor(name) != nullptr; },
             py::arg("name"))
         .def(
             "tensor_bytes",
             [](const py::object& self, const std::string& name, bool copy) -> py::array {
-                const GgufFile& f = self.cast<const GgufFile&>();
-                const GgufTensor& t = tensor_or_throw(f, name);
+                const GgufReader& f = self.cast<const GgufReader&>();
+                const GgufTensorInfo& t = f.tensor(name);
                 const auto n = static_cast<py::ssize_t>(t.nbytes);
                 if (!copy && f.is_mapped()) {
                     // Read-only view into the mapping; the array keeps the GgufFile alive.
@@ -236,34 +208,29 @@ UnsupportedError (GGUF v1, big-endian, unknown tensor type id) or IoError (canno
                 }
                 py::array_t<uint8_t> out(n);
                 uint8_t* dst = out.mutable_data();
-                if (f.is_mapped()) {
-                    std::memcpy(dst, f.tensor_data(t), t.nbytes);
-                    f.check_mapping();  // IoError, not zeros, when the file shrank under the mapping
-                } else {
-                    py::gil_scoped_release release;
-                    pread_exact(f.shard(t.shard), dst, t.file_offset, t.nbytes);
-                }
+                py::gil_scoped_release release;
+                f.read_tensor(t, dst);
                 return std::move(out);
             },
             py::arg("name"), py::arg("copy") = true,
             "The tensor's raw bytes as a uint8 numpy array (copy=False: a read-only view of the mapping)")
         .def(
             "expert_range",
-            [](const GgufFile& f, const std::string& name, int64_t expert) {
-                const FileRange r = expert_range(tensor_or_throw(f, name), expert);
-                return py::make_tuple(r.offset, r.bytes);
+            [](const GgufReader& f, const std::string& name, int64_t expert) {
+                const auto [offset, bytes] = f.expert_range(f.tensor(name), expert);
+                return py::make_tuple(offset, bytes);
             },
             py::arg("name"), py::arg("expert"),
             "(file_offset, nbytes) of one expert's slice of an expert-stacked (3-D) tensor, in the file "
             "of the tensor's shard")
-        .def("get_uint_per_layer", &GgufFile::get_uint_per_layer, py::arg("key"), py::arg("n_layer"),
+        .def("get_uint_per_layer", &GgufReader::get_uint_per_layer, py::arg("key"), py::arg("n_layer"),
              py::arg("default") = 0,
              "A scalar or per-layer integer key as n_layer values (llama.cpp get_key_or_arr)")
-        .def("__repr__", [](const GgufFile& f) {
+        .def("__repr__", [](const GgufReader& f) {
+            const size_t n_shards = f.shards().size();
             return "<GgufFile '" + f.path() + "' v" + std::to_string(f.version()) + ", " +
                    std::to_string(f.metadata().size()) + " keys, " + std::to_string(f.tensors().size()) +
-                   " tensors" + (f.n_shards() > 1 ? ", " + std::to_string(f.n_shards()) + " shards" : "") +
-                   ">";
+                   " tensors" + (n_shards > 1 ? ", " + std::to_string(n_shards) + " shards" : "") + ">";
         });
 }
 

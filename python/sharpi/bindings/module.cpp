@@ -1,4 +1,6 @@
-// sharpi._core: the C++ engine. Error classes map one-to-one to sharpi/errors.h.
+// sharpi._core: the C++ engine's public API (cpp/include/sharpi/). Error classes map one-to-one to
+// sharpi/errors.h; their translators are process-wide, so sharpi._internal (which imports this module
+// first) raises the same classes.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
@@ -71,17 +73,11 @@ void bind_errors(py::module_& m) {
 }  // namespace sharpi::py_bindings
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "sharpi C++ engine";
+    m.doc() =
+        "sharpi C++ engine: the public API (session, options, predictor plug-in, errors, sampler, GGUF "
+        "reading)";
     sharpi::py_bindings::bind_errors(m);
     sharpi::py_bindings::bind_gguf(m);
-    sharpi::py_bindings::bind_quant(m);
     sharpi::py_bindings::bind_session(m);
     sharpi::py_bindings::bind_sampler(m);
-    sharpi::py_bindings::bind_io(m);
-    sharpi::py_bindings::bind_predict(m);
-    sharpi::py_bindings::bind_cache(m);
-    sharpi::py_bindings::bind_gdn(m);
-    sharpi::py_bindings::bind_kv(m);
-    sharpi::py_bindings::bind_cuda(m);
-    sharpi::py_bindings::bind_tiers(m);
 }

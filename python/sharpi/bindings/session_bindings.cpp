@@ -147,58 +147,6 @@ py::dict info_dict(const ModelInfo& i) {
     return d;
 }
 
-}  // namespace
-
-// Declared in bindings.h: the cache bindings (cache_bindings.cpp, cuda_bindings.cpp) return the same dict.
-py::dict stats_dict(const ExpertCacheStats& st) {
-    py::dict d;
-    d["tier"] = st.tier;
-    d["cpu_experts"] = st.cpu_experts;
-    d["miss_copy_bytes_per_s"] = st.miss_copy_bytes_per_s;
-    d["miss_copy_latency_s"] = st.miss_copy_latency_s;
-    d["miss_cpu_bytes_per_s"] = st.miss_cpu_bytes_per_s;
-    d["reader"] = st.reader;
-    d["reader_detail"] = st.reader_detail;
-    d["reader_note"] = st.reader_note;
-    d["n_slots"] = st.n_slots;
-    d["n_staging"] = st.n_staging;
-    d["slot_bytes"] = st.slot_bytes;
-    d["budget_bytes"] = st.budget_bytes;
-    d["fixed_bytes"] = st.fixed_bytes;
-    py::list layers;
-    for (const LayerExpertStats& l : st.layers) {
-        py::dict ld;
-        ld["accesses"] = l.accesses;
-        ld["hits"] = l.hits;
-        ld["misses"] = l.misses;
-        ld["evictions"] = l.evictions;
-        ld["bytes_read"] = l.bytes_read;
-        ld["stall_ms"] = l.stall_ms;
-        ld["prefetch_issued"] = l.prefetch_issued;
-        ld["prefetch_used"] = l.prefetch_used;
-        ld["prefetch_timely"] = l.prefetch_timely;
-        ld["prefetch_late"] = l.prefetch_late;
-        ld["prefetch_wasted_bytes"] = l.prefetch_wasted_bytes;
-        ld["prefetch_skipped"] = l.prefetch_skipped;
-        ld["predictions"] = l.predictions;
-        ld["predicted_correct"] = l.predicted_correct;
-        ld["predicted_experts"] = l.predicted_experts;
-        ld["hints_dropped"] = l.hints_dropped;
-        layers.append(ld);
-    }
-    d["layers"] = layers;
-    d["expert_accesses"] = py::array_t<uint64_t>(st.expert_accesses.size(), st.expert_accesses.data());
-    d["expert_misses"] = py::array_t<uint64_t>(st.expert_misses.size(), st.expert_misses.data());
-    d["io_busy_ms"] = st.io_busy_ms;
-    d["decode_ms"] = st.decode_ms;
-    d["predict_ms"] = st.predict_ms;
-    d["predictor_calls"] = st.predictor_calls;
-    d["predictor_failures"] = st.predictor_failures;
-    return d;
-}
-
-namespace {
-
 // A read-only numpy view of engine memory, valid only during the Python call it is passed to (the
 // engine keeps owning it; no copy).
 template <typename T>
@@ -296,29 +244,6 @@ class PyPredictor final : public Predictor {
 void bind_session(py::module_& m) {
     m.def("parse_byte_size", &parse_byte_size, py::arg("text"),
           "\"6GiB\" -> 6442450944 (InvalidArgument if malformed)");
-    m.def(
-        "thread_pool_stats",
-        [](bool reset) {
-            const cpu::ThreadPoolStats s = cpu::thread_pool_stats();
-            if (reset) cpu::reset_thread_pool_stats();
-            py::dict d;
-            d["regions"] = s.regions;
-            d["inline_regions"] = s.inline_regions;
-            d["thread_slots"] = s.thread_slots;
-            d["region_ns"] = s.region_ns;
-            d["busy_ns"] = s.busy_ns;
-            d["wake_ns"] = s.wake_ns;
-            d["workers_joined"] = s.workers_joined;
-            d["workers_late"] = s.workers_late;
-            d["workers_missed"] = s.workers_missed;
-            d["worker_sleeps"] = s.worker_sleeps;
-            d["caller_wait_ns"] = s.caller_wait_ns;
-            return d;
-        },
-        py::arg("reset") = false,
-        "Process-wide thread-pool cost counters (threads/thread_pool.h ThreadPoolStats), counted only by "
-        "pools "
-        "built with SHARPI_POOL_STATS=1; reset: zero them after reading");
     // Session(vram_budget=VRAM_BUDGET_AUTO): free VRAM minus a margin (SessionOptions::kVramBudgetAuto).
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "bindings.h"
+#include "threads/thread_pool.h"
 #include "backend/cuda_interface.h"
 #include "gguf/cache_prior_file.h"
+#include "internal.h"
 #include "model/model.h"
 #include "moe/cpu_miss.h"
 #include "moe/miss_cost.h"

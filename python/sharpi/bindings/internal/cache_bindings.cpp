@@ -1,4 +1,4 @@
-// sharpi._core.ReplacementPolicy and replay_policy: the expert cache's replacement policies
+// sharpi._internal.ReplacementPolicy and replay_policy: the expert cache's replacement policies
 // (cpp/src/moe/replacement_policy.h, moe/policy_replay.h) seen from Python, so trace replay and
 // Belady comparisons (python/sharpi/belady.py, python/sharpi/cache_eval.py) run the engine's own
 // policy code. Type conversion only.
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "bindings.h"
 #include "cpu/ops/matmul.h"
 #include "gguf/cache_prior_file.h"
+#include "internal.h"
 #include "model/model.h"
 #include "moe/expert_cache.h"
 #include "moe/expert_tier.h"

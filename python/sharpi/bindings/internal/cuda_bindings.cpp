@@ -13,8 +13,8 @@
 
 #include "backend/cuda_interface.h"
 #include "backend/op_trace.h"
-#include "bindings.h"
 #include "block_math_host.h"
+#include "internal.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sharpi/errors.h"

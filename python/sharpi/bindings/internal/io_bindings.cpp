@@ -1,4 +1,4 @@
-// sharpi._core.ExpertReaderTest, uring_compiled() and reader_choice(): the expert readers
+// sharpi._internal.ExpertReaderTest, uring_compiled() and reader_choice(): the expert readers
 // (cpp/src/io/) seen from Python, for tests, benchmarks and `sharpi inspect`; the engine drives the
 // readers from C++.
 //
@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "bindings.h"
+#include "internal.h"
 #include "io/cufile_probe.h"
 #include "io/expert_reader.h"
 #include "io/reader_common.h"

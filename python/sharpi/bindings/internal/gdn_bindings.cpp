@@ -5,8 +5,9 @@
 
 #include <string>
 
-#include "bindings.h"
 #include "cpu/ops/gated_delta_net.h"
+#include "threads/thread_pool.h"
+#include "internal.h"
 #include "sharpi/errors.h"
 #include "threads/thread_pool.h"
 

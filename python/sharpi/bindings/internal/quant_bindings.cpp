@@ -11,12 +11,13 @@
 #include <tuple>
 #include <vector>
 
-#include "bindings.h"
 #include "cpu/ops/activation.h"
 #include "cpu/ops/expert_ffn.h"
 #include "cpu/ops/matmul.h"
 #include "cpu/quant/kernels.h"
 #include "cpu/quant/qdot.h"
+#include "threads/thread_pool.h"
+#include "internal.h"
 #include "quant/ggml_type.h"
 #include "sharpi/errors.h"
 #include "threads/thread_pool.h"

@@ -1,4 +1,4 @@
-// sharpi._core.load_predictor / PredictorHandle: the sidecar predictors (cpp/src/predict/) seen from
+// sharpi._internal.load_predictor / PredictorHandle: the sidecar predictors (cpp/src/predict/) seen from
 // Python, for tests and benchmarks only; the engine builds its predictor with make_predictor.
 //
 // A PredictorHandle owns the Model it was validated against (loaded streaming: dense tensors only)
@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "bindings.h"
+#include "internal.h"
 #include "model/model.h"
 #include "moe/prefetch_sizing.h"
 #include "predict/predictor.h"

@@ -9,10 +9,10 @@
 #include <optional>
 #include <string>
 
-#include "bindings.h"
 #include "cpu/ops/attention.h"
 #include "cpu/ops/mla_attention.h"
 #include "engine.h"
+#include "internal.h"
 #include "memory_plan.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
