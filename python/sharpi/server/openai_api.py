@@ -26,7 +26,7 @@ from . import agents
 from .body import read_json, require_unicode
 from .errors import ApiError
 from .logprobs import completion_logprobs
-from .prompt import RESERVED_TEMPLATE_KWARGS, encode_rendered_chat, render_chat
+from .prompt import RESERVED_TEMPLATE_KWARGS, encode_rendered_chat, fit_tool_calls, render_chat
 from .scheduler import Job
 from .served import ServedModel
 from .stops import stream_until_stop
@@ -208,6 +208,7 @@ def _refuse_if_surely_too_long(served: ServedModel, text: str, param: str) -> No
 
 def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict) -> list:
     tok = served.engine.tokenizer
+    messages = fit_tool_calls(tok, served.chat_template, messages)
     text = render_chat(tok, messages, served.chat_template, **template_kwargs)
     require_unicode(text, "messages")
     _refuse_if_surely_too_long(served, text, "messages")

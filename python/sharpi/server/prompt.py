@@ -24,6 +24,87 @@ def render_chat(tok, messages: list, /, template: str | None = None, **template_
     return tok.apply_chat_template(messages, add_generation_prompt=True, template=template, **template_kwargs)
 
 
+# What a template is shown to learn how it writes an assistant turn's tool calls (see
+# tool_call_form): one call whose argument value shows in the text, unescaped where the arguments
+# were written as a JSON object, escaped (\\") where a JSON string was written as JSON again.
+_PROBE_ARGUMENTS = {"sharpi_probe_argument": "sharpi_probe_value"}
+_TOOL_CALL_FORMS: dict = {}  # template source -> (content of a calls-only turn, arguments as "string"/"object")
+
+
+def _render_or_none(tok, messages: list, template: str) -> str | None:
+    from .. import _core
+
+    try:
+        return tok.apply_chat_template(messages, add_generation_prompt=False, template=template)
+    except _core.InvalidArgument:  # the template failed on these messages (the tokenizer wraps its error)
+        return None
+
+
+def tool_call_form(tok, template: str) -> tuple:
+    """How `template` must be given an assistant turn's tool calls to write them: (the content of
+    a turn with calls and no text: None or "", the arguments: "string" (OpenAI's JSON text) or
+    "object" (parsed)). Templates differ: DeepSeek-R1's write a calls-only turn only when content is
+    None and concatenate the arguments as text; Qwen3-Coder's iterate them as a mapping (`|items`);
+    Qwen2.5's and Llama 3's print them with `tojson`, which would write a string as an escaped one.
+    Found as llama.cpp's minja finds it: the first form whose rendering shows the probe argument's
+    value, not inside an escaped JSON string; ("", "string") when none does (a template that ignores tool calls). Cached per
+    template source."""
+    form = _TOOL_CALL_FORMS.get(template)
+    if form is not None:
+        return form
+    import json
+
+    form = ("", "string")
+    for content in (None, ""):
+        for args_form in ("string", "object"):
+            args = json.dumps(_PROBE_ARGUMENTS) if args_form == "string" else dict(_PROBE_ARGUMENTS)
+            messages = [{"role": "user", "content": "probe"},
+                        {"role": "assistant", "content": content, "tool_calls": [{
+                            "id": "call00001", "type": "function",
+                            "function": {"name": "sharpi_probe", "arguments": args}}]},
+                        {"role": "tool", "tool_call_id": "call00001", "content": "ok"}]
+            text = _render_or_none(tok, messages, template)  # None: a form this template cannot take
+            if text is not None and "sharpi_probe_value" in text and '\\"sharpi_probe_value' not in text:
+                form = (content, args_form)
+                break
+        if form != ("", "string"):
+            break
+    _TOOL_CALL_FORMS[template] = form
+    return form
+
+
+def fit_tool_calls(tok, template: str | None, messages: list) -> list:
+    """`messages` (OpenAI's shapes: a calls-only assistant turn has content None or "", arguments
+    are JSON text) with each assistant turn's tool calls in the form `template` (default: the
+    model's) writes them (tool_call_form). Arguments that are not JSON text stay as given."""
+    import json
+
+    template = template if template is not None else tok.chat_template
+    if not template or not any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages):
+        return messages
+    content_form, args_form = tool_call_form(tok, template)
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if not calls or not isinstance(calls, list):
+            out.append(m)
+            continue
+        fitted = []
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and args_form == "object" and isinstance(fn.get("arguments"), str):
+                try:
+                    call = {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+                except ValueError:
+                    pass
+            elif isinstance(fn, dict) and args_form == "string" and isinstance(fn.get("arguments"), dict):
+                call = {**call, "function": {**fn, "arguments": json.dumps(fn["arguments"], ensure_ascii=False)}}
+            fitted.append(call)
+        content = m.get("content")
+        out.append({**m, "content": content_form if not content else content, "tool_calls": fitted})
+    return out
+
+
 def encode_rendered_chat(tok, text: str) -> list:
     """Prompt ids of render_chat's text: control tokens encoded as text and no second BOS when
     the template writes one."""
