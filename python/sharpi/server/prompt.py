@@ -118,6 +118,44 @@ def encode_chat(tok, messages: list, /, template: str | None = None, **template_
     return encode_rendered_chat(tok, render_chat(tok, messages, template, **template_kwargs))
 
 
+# Fill-in-the-middle tokens by their text where the GGUF names none (tokenizer.ggml.fim_*_token_id):
+# (prefix, suffix, middle) as Qwen2.5-Coder / Qwen3, StarCoder and DeepSeek-Coder spell them.
+FIM_TOKEN_TEXTS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+                   ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+                   ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"))
+
+
+def fim_token_ids(tok, metadata: dict) -> tuple | None:
+    """(prefix, suffix, middle) ids of the model's fill-in-the-middle tokens: the GGUF's
+    tokenizer.ggml.fim_pre_token_id / fim_suf_token_id / fim_mid_token_id (llama.cpp's names), else
+    the first of FIM_TOKEN_TEXTS whose three texts are all in the vocabulary; None without them.
+    One pass over the vocabulary when the metadata names none."""
+    keys = ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id")
+    ids = [metadata.get(k) for k in keys]
+    if all(isinstance(i, int) and 0 <= i < tok.n_vocab for i in ids):
+        return tuple(ids)
+    wanted = {text for texts in FIM_TOKEN_TEXTS for text in texts}
+    found = {}
+    for i in range(tok.n_vocab):
+        text = tok.id_to_token(i)
+        if text in wanted:
+            found.setdefault(text, i)
+    for texts in FIM_TOKEN_TEXTS:
+        if all(t in found for t in texts):
+            return tuple(found[t] for t in texts)
+    return None
+
+
+def fim_prompt_ids(tok, fim_ids: tuple, prefix: str, suffix: str) -> list:
+    """The prompt of a fill-in-the-middle request in llama.cpp's PSM order (llama-server's /infill):
+    [BOS where the model adds one] <fim_pre> prefix <fim_suf> suffix <fim_mid>; the model writes the
+    middle. Prefix and suffix are tokenized as text (control-token texts in them are not tokens)."""
+    pre, suf, mid = fim_ids
+    bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+    return [*bos, pre, *tok.encode(prefix, add_bos=False, add_eos=False), suf,
+            *tok.encode(suffix, add_bos=False, add_eos=False), mid]
+
+
 def max_token_bytes(tok) -> int | None:
     """The most bytes of text one token of `tok` can stand for (its piece as text, or its bytes,
     whichever is longer), so a text of B bytes is at least B / max_token_bytes tokens; None where no
