@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 
+import numpy as np
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -107,10 +108,11 @@ def sampling_options(body: dict, n_prompt: int, n_ctx: int, defaults: dict | Non
         "repeat_penalty": float(_number(body, "repeat_penalty", defaults["repeat_penalty"], 0.0, 10.0)),
         "seed": defaults["seed"] if seed is None else seed & 0xFFFFFFFF,
     }
-    if options["repeat_penalty"] <= 0:
+    # The sampler takes float32: a value that rounds to 0 there is 0 (1e-300 must not reach it).
+    if np.float32(options["repeat_penalty"]) <= 0:
         raise ApiError(400, f"'repeat_penalty' must be above 0 (1 is off), got {body['repeat_penalty']!r}",
                        param="repeat_penalty")
-    if options["top_p"] == 0:
+    if np.float32(options["top_p"]) == 0:
         # OpenAI allows top_p 0: the nucleus keeps only the most likely token (llama.cpp keeps at
         # least one), which is top_k 1; the sampler itself takes top_p in (0, 1].
         options.update(top_p=1.0, top_k=1)
