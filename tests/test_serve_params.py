@@ -297,3 +297,20 @@ def test_suffix_fills_in_the_middle(fim_model):
         assert_openai_error(status, got, 400)
     finally:
         server.stop()
+
+
+def test_n_constrained_choices_each_follow_the_grammar(plain):
+    """Each choice has its own grammar mask (a mask follows one generation's tokens): n seeded
+    json_object replies are each JSON, and choice k equals the single request with seed + k."""
+    body = {"messages": [{"role": "user", "content": "A JSON object, please."}], "max_tokens": 40, "temperature": 1.0,
+            "response_format": {"type": "json_object"}, "seed": 11}
+    status, got = plain.json("POST", "/v1/chat/completions", {**body, "n": 3})
+    assert status == 200, got
+    texts = [c["message"]["content"] for c in got["choices"]]
+    for k, text in enumerate(texts):
+        if got["choices"][k]["finish_reason"] == "stop":
+            assert isinstance(json.loads(text), dict), text
+        single = plain.json("POST", "/v1/chat/completions", {**body, "seed": 11 + k})[1]
+        assert single["choices"][0]["message"]["content"] == text
+    assert len(set(texts)) > 1
+    assert any(c["finish_reason"] == "stop" for c in got["choices"]), "no reply was complete: nothing was checked"

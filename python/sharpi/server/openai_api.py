@@ -2,7 +2,11 @@
 "stream": true) and GET /v1/models. Request bodies are checked and turned into Session.generate
 options here (OpenAI's names, limits and defaults); a bad one is an ApiError naming the field.
 Chat messages are rendered with the served chat template (prompt.render_chat) with the request's
-`tools`, `documents` and `chat_template_kwargs`. A request's sampling fields override the server's
+`tools`, `documents` and `chat_template_kwargs`, earlier tool calls in the form the template writes
+them (prompt.fit_tool_calls). A request is n choices per prompt (completions take several prompts,
+as strings or token ids), one Job each, queued together; `echo` puts the prompt before each choice,
+`suffix` makes a fill-in-the-middle prompt (prompt.fim_prompt_ids). An OpenAI field whose effect
+sharpi lacks is a 400 naming it (refuse_unsupported). A request's sampling fields override the server's
 defaults (ServedModel.sampling_defaults, `sharpi serve`'s sampling flags), which are OpenAI's when
 no flag is given. Responses carry `usage`, and `timings` as llama.cpp's server reports them.
 
