@@ -254,10 +254,14 @@ def test_suffix_needs_fim_tokens(plain):
 
 @pytest.fixture(scope="module")
 def fim_model(tmp_path_factory):
-    from sharpi.make_model import write_model
+    import subprocess
+    import sys
+
+    from subprocess_env import child_env
 
     path = tmp_path_factory.mktemp("fim") / "fim.gguf"
-    write_model(path, fim=True, seed=3)
+    subprocess.run([sys.executable, "-m", "sharpi.cli", "make-model", "--fim", "--seed", "3", str(path)], check=True,
+                   env=child_env(), stdout=subprocess.DEVNULL, timeout=300)
     return path
 
 
@@ -314,3 +318,13 @@ def test_n_constrained_choices_each_follow_the_grammar(plain):
         assert single["choices"][0]["message"]["content"] == text
     assert len(set(texts)) > 1
     assert any(c["finish_reason"] == "stop" for c in got["choices"]), "no reply was complete: nothing was checked"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    from sharpi.server.openai_api import _single_call
+
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": f"f{i}", "arguments": "{}"}} for i in range(3)]
+    msg, finish = _single_call({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls")
+    assert (msg["tool_calls"], finish) == (calls[:1], "tool_calls")
+    plain_reply = {"role": "assistant", "content": "hi"}
+    assert _single_call(plain_reply, "stop") == (plain_reply, "stop")
