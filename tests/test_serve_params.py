@@ -179,6 +179,17 @@ def test_echo_logprobs_are_the_prompts_own(plain, session):
     for off, token, token_id in zip(lp["text_offset"], lp["tokens"], full):
         if token_id is None or not tok.is_special(token_id):
             assert text[off:off + len(token)] == token
+    # Token ids echo as their text with control tokens written (as /detokenize writes them), and
+    # every token, the BOS too, sits at its offset.
+    got_ids = plain.json("POST", "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 0, "max_tokens": 4,
+                                                     "temperature": 0})[1]
+    id_text, id_lp = got_ids["choices"][0]["text"], got_ids["choices"][0]["logprobs"]
+    assert id_text == session.detokenize(ids) + text[len(prompt):]
+    assert id_lp["token_logprobs"][0] is None
+    assert id_lp["token_logprobs"][1:] == pytest.approx(lp["token_logprobs"][1:], abs=1e-9)
+    for off, token, token_id in zip(id_lp["text_offset"], id_lp["tokens"], full):
+        if token_id is not None:
+            assert id_text[off:off + len(token)] == token
     streamed, events = stream_choices(plain, "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 2,
                                                                  "max_tokens": 4, "temperature": 0})
     assert streamed == {0: text}

@@ -457,7 +457,7 @@ async def complete(request: Request, served: ServedModel, chat: bool):
             template = served.chat_template or tok.chat_template
             chat_plan, messages = await run_in_threadpool(agents.plan, body, tok, template, messages)
             prompts = [await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs)]
-            echo_texts = [None]
+            echo_texts, echo_from_ids = [None], [False]
         else:
             for name in ("tools", "tool_choice", "response_format", "grammar"):
                 if body.get(name) is not None:
@@ -471,8 +471,11 @@ async def complete(request: Request, served: ServedModel, chat: bool):
                 raise ApiError(400, f"{len(given)} prompts times n = {n} is {len(given) * n} choices; at most "
                                f"{MAX_N} a request", param="n")
             prompts = [await run_in_threadpool(_completion_prompt_ids, served, p, suffix) for p in given]
+            # A string prompt echoes as given; token ids as their text, control tokens written (as
+            # /detokenize writes them): echoed() offsets its tokens the same way.
             echo_texts = [(p if isinstance(p, str) else await run_in_threadpool(tok.decode, p)) if echo else None
                           for p in given]
+            echo_from_ids = [not isinstance(p, str) for p in given]
         bias = logit_bias(body, tok.n_vocab, served.sampling_defaults.get("logit_bias"))
         options = []
         for ids in prompts:
@@ -526,7 +529,8 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         text = echo_texts[index // n]
         if n_top is None:
             return text, []
-        entries, offset, stream = [], 0, tok.stream()
+        # A string prompt's BOS (added by the tokenizer, not in the text) is at offset 0 and writes nothing.
+        entries, offset, stream = [], 0, tok.stream(skip_special=not echo_from_ids[index // n])
         for e, token in zip(jobs[index].prompt_entries, jobs[index].prompt_ids):
             entries.append((offset, e))
             offset += len(stream.push(token))
