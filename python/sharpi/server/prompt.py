@@ -47,14 +47,15 @@ def tool_call_form(tok, template: str) -> tuple:
     None and concatenate the arguments as text; Qwen3-Coder's iterate them as a mapping (`|items`);
     Qwen2.5's and Llama 3's print them with `tojson`, which would write a string as an escaped one.
     Found as llama.cpp's minja finds it: the first form whose rendering shows the probe argument's
-    value, not inside an escaped JSON string; ("", "string") when none does (a template that ignores tool calls). Cached per
-    template source."""
+    value, not inside an escaped JSON string; ("", "content") when none does: the template ignores
+    an assistant turn's tool_calls (SmolLM3's, LFM2's, Granite's expect the model's raw text), so
+    fit_tool_calls writes them into the content. Cached per template source."""
     form = _TOOL_CALL_FORMS.get(template)
     if form is not None:
         return form
     import json
 
-    form = ("", "string")
+    form = ("", "content")
     for content in (None, ""):
         for args_form in ("string", "object"):
             args = json.dumps(_PROBE_ARGUMENTS) if args_form == "string" else dict(_PROBE_ARGUMENTS)
@@ -67,7 +68,7 @@ def tool_call_form(tok, template: str) -> tuple:
             if text is not None and "sharpi_probe_value" in text and '\\"sharpi_probe_value' not in text:
                 form = (content, args_form)
                 break
-        if form != ("", "string"):
+        if form != ("", "content"):
             break
     _TOOL_CALL_FORMS[template] = form
     return form
@@ -76,7 +77,8 @@ def tool_call_form(tok, template: str) -> tuple:
 def fit_tool_calls(tok, template: str | None, messages: list) -> list:
     """`messages` (OpenAI's shapes: a calls-only assistant turn has content None or "", arguments
     are JSON text) with each assistant turn's tool calls in the form `template` (default: the
-    model's) writes them (tool_call_form). Arguments that are not JSON text stay as given."""
+    model's) writes them (tool_call_form), or written into the content where it writes none.
+    Arguments that are not JSON text stay as given."""
     import json
 
     template = template if template is not None else tok.chat_template
@@ -88,6 +90,9 @@ def fit_tool_calls(tok, template: str | None, messages: list) -> list:
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
         if not calls or not isinstance(calls, list):
             out.append(m)
+            continue
+        if args_form == "content":
+            out.append(_calls_in_content(m))
             continue
         fitted = []
         for call in calls:
@@ -103,6 +108,31 @@ def fit_tool_calls(tok, template: str | None, messages: list) -> list:
         content = m.get("content")
         out.append({**m, "content": content_form if not content else content, "tool_calls": fitted})
     return out
+
+
+def _calls_in_content(message: dict) -> dict:
+    """An assistant turn whose tool_calls the template would drop, with them written into its
+    content as minja's polyfill writes them: {"tool_calls": [{"name", "arguments" (an object),
+    "id"}], "content"} as JSON with an indent of 2."""
+    import json
+
+    calls = []
+    for call in message["tool_calls"]:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            continue
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        calls.append({"name": fn.get("name"), "arguments": args, **({"id": call["id"]} if call.get("id") else {})})
+    obj: dict = {"tool_calls": calls}
+    if message.get("content"):
+        obj["content"] = message["content"]
+    rest = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**rest, "content": json.dumps(obj, indent=2, ensure_ascii=False)}
 
 
 def encode_rendered_chat(tok, text: str) -> list:
