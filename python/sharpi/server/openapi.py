@@ -69,6 +69,7 @@ _SAMPLING = {
 _IGNORED = {"metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "ignored"},
             "safety_identifier": {"type": "string", "description": "ignored"},
             "prompt_cache_key": {"type": "string", "description": "ignored: the cache is reused for every request"},
+            "prompt_cache_options": {"type": "object", "description": "ignored"},
             "prompt_cache_retention": {"type": "string", "description": "ignored"}}
 
 _TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
@@ -161,7 +162,7 @@ _SCHEMAS = {
     "CompletionRequest": {
         "type": "object", "required": ["prompt"],
         "properties": {
-            **_SAMPLING,
+            **_SAMPLING, **_IGNORED,
             "prompt": {"oneOf": [
                 {"type": "string", "minLength": 1},
                 {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0},
