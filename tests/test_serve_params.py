@@ -228,7 +228,6 @@ MSG = [{"role": "user", "content": "x"}]
     ("/v1/chat/completions", "prediction", {"type": "content", "content": "x"}),
     ("/v1/chat/completions", "service_tier", "priority"),
     ("/v1/chat/completions", "parallel_tool_calls", "no"),
-    ("/v1/chat/completions", "reasoning_effort", "low"),
     ("/v1/chat/completions", "verbosity", "low"),
     ("/v1/chat/completions", "web_search_options", {}),
     ("/v1/chat/completions", "functions", [{"name": "f"}]),

@@ -3,7 +3,7 @@ requests from /openapi.json, valid ones (positive) and ones that break the docum
 (negative), a bounded number per operation, and sends them to the live server.
 
 Oracles: HTTP itself and the document: no answer is a 5xx; every 4xx is OpenAI's error shape
-{"error": {"message", "type", "param", "code"}}; every status the server gives is one the document
+{"error": {"message", "type", "param", "code"}} (Anthropic's on /v1/messages); every status the server gives is one the document
 lists for that operation, in a documented content type, and a JSON answer matches its schema
 (schemathesis' status_code_conformance, content_type_conformance, response_schema_conformance).
 A schema-valid request may still be refused (the model named wrong, a prompt longer than the
@@ -32,16 +32,26 @@ def server():
     s.stop()
 
 
-def check_openai_error(response) -> None:
+def error_shape_problem(path: str, body) -> str | None:
+    """Why `body` is not the error shape of `path`'s protocol (None when it is): OpenAI's
+    {"error": {"message", "type", "param", "code"}}, or Anthropic's {"type": "error", "error":
+    {"type", "message"}} on /v1/messages."""
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        return f"no error object: {body!r}"
+    err = body["error"]
+    if not (isinstance(err.get("message"), str) and err["message"] and isinstance(err.get("type"), str)):
+        return f"no message and type: {body!r}"
+    if path.startswith("/v1/messages"):
+        return None if body.get("type") == "error" and set(body) == {"type", "error"} else f"not Anthropic's: {body!r}"
+    return None if set(body) == {"error"} and "param" in err and "code" in err else f"not OpenAI's: {body!r}"
+
+
+def check_error(path: str, response) -> None:
     status = response.status_code
     assert status < 500, f"{status}: {response.text[:500]}"
     if 400 <= status < 500:
-        body = json.loads(response.text)
-        assert set(body) == {"error"}, body
-        err = body["error"]
-        assert isinstance(err.get("message"), str) and err["message"], body
-        assert isinstance(err.get("type"), str) and err["type"], body
-        assert "param" in err and "code" in err, body
+        problem = error_shape_problem(path, json.loads(response.text))
+        assert problem is None, problem
 
 
 def test_live_server_conforms_to_its_openapi_document(server):
@@ -73,7 +83,7 @@ def test_live_server_conforms_to_its_openapi_document(server):
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case):
                 response = case.call(base_url=base_url, timeout=60)
-                check_openai_error(response)
+                check_error(case.operation.path, response)
                 case.validate_response(response, checks=checks)
 
             try:
@@ -89,7 +99,9 @@ def test_live_server_conforms_to_its_openapi_document(server):
 # A valid body per operation, and JSON values of every type to put in one field of it.
 BASE_BODIES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
                "/v1/completions": {"prompt": "x", "max_tokens": 1},
-               "/tokenize": {"content": "x"}, "/detokenize": {"tokens": [1]}}
+               "/tokenize": {"content": "x"}, "/detokenize": {"tokens": [1]},
+               "/v1/messages": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+               "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "x"}]}}
 ODD_VALUES = [None, True, False, 0, -1, 1, 1.5, 2**70, -(2**70), 1e-300, "", "x", [], [None], [1, "a"], [[]], {},
               {"type": None}, {"a": [1]}]
 
@@ -103,6 +115,15 @@ def documented_bounds(schema: dict) -> list:
     return out
 
 
+def documented_properties(doc: dict, ref: str) -> dict:
+    """The top-level properties of a request schema, through its allOf parts."""
+    schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    props = dict(schema.get("properties", {}))
+    for part in schema.get("allOf", []):
+        props.update(documented_properties(doc, part["$ref"]) if "$ref" in part else part.get("properties", {}))
+    return props
+
+
 def test_every_documented_field_with_odd_values(server):
     """Fuzzing draws fields jointly, so a field it rarely draws can hide a crash: here each
     documented top-level field of each request body gets each kind of JSON value, alone."""
@@ -111,17 +132,14 @@ def test_every_documented_field_with_odd_values(server):
     failures = []
     for path, base in BASE_BODIES.items():
         ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-        props = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+        props = documented_properties(doc, ref)
         for name, schema in props.items():
             for value in ODD_VALUES + documented_bounds(schema):
                 status, _, data = server.request("POST", path, {**base, name: value})
                 sent += 1
-                body = json.loads(data) if status >= 400 and data else None
                 if status >= 500:
                     failures.append(f"{path} {name}={value!r}: {status} {data[:300]!r}")
-                elif status >= 400 and not (isinstance(body, dict) and set(body) == {"error"}
-                                            and isinstance(body["error"].get("message"), str)
-                                            and isinstance(body["error"].get("type"), str)):
-                    failures.append(f"{path} {name}={value!r}: {status} not OpenAI's error shape: {data[:300]!r}")
+                elif status >= 400 and (problem := error_shape_problem(path, json.loads(data))):
+                    failures.append(f"{path} {name}={value!r}: {status} {problem[:300]}")
     assert not failures, "\n".join(failures)
     assert sent > 500

@@ -75,6 +75,8 @@ def test_tool_round_trip_renders(tokenizer, name, arguments):
         with pytest.raises(sharpi.InvalidArgument, match=CANNOT_RENDER[name]):
             served_prompt(tokenizer, source, arguments)
         return
+    if name in REAL_TEMPLATES:  # templates that write calls themselves: never the content fallback
+        assert tool_call_form(tokenizer, source)[1] != "content"
     text = served_prompt(tokenizer, source, arguments)
     after = text[text.index(USER) + len(USER):]
     assert "get_weather" in after, after

@@ -17,7 +17,7 @@ import sharpi
 from reference import hf_export
 from sharpi import InvalidArgument
 from sharpi.models import default_model_path
-from sharpi.tool_calls import FAMILIES, detect_family, parse_tool_calls, tool_call_grammar
+from sharpi.tool_calls import FAMILIES, ToolCallStream, detect_family, parse_tool_calls, tool_call_grammar
 
 
 def calls_of(reply) -> list:
@@ -34,6 +34,9 @@ HAND_WRITTEN = [
     ("hermes", '<tool_call>\n{"name": "a", "arguments": "{\\"x\\": [1, 2]}"}\n</tool_call>',  # arguments as a string
      "", [("a", {"x": [1, 2]})]),
     ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}', "", [("a", {"x": 1})]),  # cut at EOS
+    # Brackets and quotes inside strings do not end the arguments (a streamed call's scan).
+    ("hermes", '<tool_call>\n{"name": "w", "arguments": {"s": "a}\\"]{[\\\\", "n": [1, {"k": "}"}]}}\n</tool_call>',
+     "", [("w", {"s": 'a}"]{[\\', "n": [1, {"k": "}"}]})]),
     ("qwen3_xml", ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
                   "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
      "", [("get_weather", {"city": "San Francisco", "days": 3})]),
@@ -194,3 +197,66 @@ def test_real_template_round_trip(tokenizer, name):
                         "<|return|>"):
             leftover = leftover.replace(framing, "")
         assert leftover.strip() == "", reply_text
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+
+def streamed(text: str, family: str, step: int, tools=None) -> tuple[str, list, list]:
+    """(content, calls, events) of `text` pushed `step` characters at a time through a ToolCallStream,
+    the calls put together from their events as a client does."""
+    stream = ToolCallStream(family, tools)
+    events = []
+    for i in range(0, len(text), step):
+        events += stream.push(text[i:i + step])
+    events += stream.flush()
+    calls: dict = {}
+    for event in events:
+        if event[0] == "call":
+            assert event[1] == len(calls) and event[2].startswith("call_")
+            calls[event[1]] = [event[3], ""]
+        elif event[0] == "arguments":
+            calls[event[1]][1] += event[2]
+    content = "".join(e[1] for e in events if e[0] == "content")
+    return content, [(name, json.loads(args)) for name, args in calls.values()], events
+
+
+@pytest.mark.parametrize("family,text,content,calls", HAND_WRITTEN,
+                         ids=[f"{f}-{i}" for i, (f, *_rest) in enumerate(HAND_WRITTEN)])
+def test_streamed_replies_give_the_whole_replies_calls(family, text, content, calls):
+    """Pushed a character at a time (the worst split of a marker) or in larger pieces, a reply gives
+    the calls written out above, and the content around them."""
+    for step in (1, 2, 5, len(text)):
+        got_content, got_calls, events = streamed(text, family, step)
+        assert got_calls == calls, (step, events)
+        assert got_content.replace("<｜end▁of▁sentence｜>", "").replace("</s>", "").strip() == content, (step, events)
+        if step == 1 and family != "llama3" and '"arguments": "' not in text:
+            # Token by token: each call's name comes before its arguments are complete (arguments
+            # written as a JSON string go out whole: their text is not the arguments' JSON).
+            first_args = [e for e in events if e[0] == "arguments"]
+            assert len(first_args) > len(calls), events
+
+
+@pytest.mark.parametrize("family,text", [
+    ("hermes", "def f():\n    return 1  # <tool_ is not a call\n"),
+    ("hermes", "<tool_call>\nnot json\n</tool_call> after"),
+    ("llama3", "The answer is {not a call}."),
+    ("llama3", '{"name": "f", "parameters": [1]}'),
+    ("mistral", "[TOOL_CALLS] nonsense"),
+    ("harmony", "<|channel|>final<|message|>Just text."),
+])
+def test_streamed_text_that_is_no_call_stays_content(family, text):
+    for step in (1, 3, len(text)):
+        content, calls, _ = streamed(text, family, step)
+        assert (content, calls) == (text, [])
+
+
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_real_template_replies_streamed(tokenizer, name):
+    """What each real template writes for a turn with calls, streamed a character at a time,
+    gives the calls it was rendered with."""
+    source = (Path(_template_dir()) / f"{name}.jinja").read_text(encoding="utf-8")
+    family, args_form, parallel = REAL_TEMPLATES[name]
+    for calls in (CALLS[:1], CALLS) if parallel else (CALLS[:1],):
+        reply_text = emitted_reply(tokenizer, source, calls, args_form)
+        assert streamed(reply_text, family, 1, TOOLS)[1] == calls, reply_text

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._core import InvalidArgument
+from .stop_text import held_prefix_len
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,6 @@ class ReasoningSplitter:
         self._in_reasoning = start_in_reasoning
         self._held = ""
 
-    def _prefix_len(self, text: str, markers) -> int:
-        """Length of the longest tail of `text` that is a proper prefix of one of `markers`."""
-        best = 0
-        for marker in markers:
-            for n in range(min(len(marker) - 1, len(text)), best, -1):
-                if text.endswith(marker[:n]):
-                    best = n
-                    break
-        return best
-
     def push(self, piece: str) -> tuple[str, str]:
         """(reasoning, content) now certain; either may be ""."""
         text = self._held + piece
@@ -82,7 +73,7 @@ class ReasoningSplitter:
                     text = text[at + len(self._m.close):]
                     self._in_reasoning = False
                     continue
-                keep = self._prefix_len(text, (self._m.close,))
+                keep = held_prefix_len(text, (self._m.close,))
                 reasoning.append(text[: len(text) - keep])
                 self._held = text[len(text) - keep:]
                 break
@@ -94,7 +85,7 @@ class ReasoningSplitter:
                 text = text[at + len(marker):]
                 self._in_reasoning = marker == self._m.open
                 continue
-            keep = self._prefix_len(text, markers)
+            keep = held_prefix_len(text, markers)
             content.append(text[: len(text) - keep])
             self._held = text[len(text) - keep:]
             break

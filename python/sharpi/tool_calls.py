@@ -33,6 +33,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from ._core import InvalidArgument
+from .stop_text import held_prefix_len
 
 FAMILIES = ("hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony")
 
@@ -148,21 +149,30 @@ def _xml_value(text: str, schema) -> object:
         return text
 
 
-def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
+def _parameter_schemas(tools) -> dict:
+    """function name -> its parameters' schemas ({} when it declares none)."""
     params_of = {}
     for tool in tools or []:
         fn = tool.get("function", {}) if isinstance(tool, dict) else {}
         props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
         params_of[fn.get("name")] = props if isinstance(props, dict) else {}
+    return params_of
+
+
+def _xml_arguments(params_text: str, props: dict) -> dict:
+    """The arguments of a qwen3_xml call's complete <parameter=...> elements."""
+    return {k.strip(): _xml_value(v, props.get(k.strip())) for k, v in _XML_PARAMETER.findall(params_text)}
+
+
+def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
+    params_of = _parameter_schemas(tools)
 
     def call_of(body: str):
         m = _XML_FUNCTION.match(body)
         if not m:
             return None
         name = m.group(1).strip()
-        props = params_of.get(name, {})
-        args = {k.strip(): _xml_value(v, props.get(k.strip())) for k, v in _XML_PARAMETER.findall(m.group(2))}
-        return _call(name, args)
+        return _call(name, _xml_arguments(m.group(2), params_of.get(name, {})))
 
     return _parse_tagged_blocks(text, call_of)
 
@@ -287,6 +297,253 @@ def parse_tool_calls(text: str, family: str, tools: list | None = None) -> Parse
     if family == "qwen3_xml":
         return _parse_qwen3_xml(text, tools)
     return _PARSERS[family](text)
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+# The texts a call section of each family begins with (those parse_tool_calls looks for). llama3
+# has none: its reply is a call only as a whole.
+_CALL_STARTS = {
+    "hermes": ("<tool_call>",), "qwen3_xml": ("<tool_call>",), "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN),
+    "mistral": (_MISTRAL_CALLS,),
+    "harmony": ("<|start|>assistant<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.",
+                "to=functions."),
+}
+_JSON_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_XML_FUNCTION_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
+_HARMONY_HEAD = re.compile(r"to=functions\.([^\s<]+)[\s<]")
+
+
+# What decides where a JSON value ends: strings (skipped whole, so their brackets do not count; an
+# unterminated one runs to the end of the text) and brackets. A regex, so the scan runs at C speed:
+# a streamed call's section is scanned again at every token.
+_JSON_SCAN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}\[\]]')
+
+
+def _json_value_end(text: str, start: int) -> int | None:
+    """Index just past the JSON object or array that opens at text[start], None while it is open."""
+    depth = 0
+    for m in _JSON_SCAN.finditer(text, start):
+        c = text[m.start()]
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return None
+
+
+def _json_head(text: str, pos: int = 0) -> tuple | None:
+    """(name, arguments so far, end of the object or None) of a {"name": ..., "arguments": {...}}
+    object at text[pos:] whose name comes first; None until its name and the '{' of its arguments
+    have arrived (or when it is not such an object)."""
+    m = _JSON_CALL_HEAD.match(text, pos)
+    if not m:
+        return None
+    try:
+        name = json.loads(f'"{m.group(1)}"')
+    except ValueError:
+        return None
+    end = _json_value_end(text, m.end())
+    return name, text[m.end():end], None if end is None else _json_value_end(text, text.index("{", pos))
+
+
+def _partial_calls(section: str, family: str, params_of: dict) -> list:
+    """(name, arguments so far) of each call in the call section `section` (from its start marker
+    on) whose name is known. The arguments only ever grow as the section does, and are JSON once
+    the call is complete: what a stream sends as argument fragments."""
+    if family in ("hermes", "qwen3_xml"):
+        body = section[len("<tool_call>"):]
+        if family == "hermes":
+            head = _json_head(body)
+            return [] if head is None else [head[:2]]
+        m = _XML_FUNCTION_HEAD.match(body)
+        if not m:
+            return []
+        name = m.group(1).strip()
+        params = body[m.end():]
+        closed = params.find("</function>")
+        args = _xml_arguments(params if closed < 0 else params[:closed], params_of.get(name, {}))
+        text = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
+                               for k, v in args.items())
+        return [(name, text + ("}" if closed >= 0 else ""))]
+    if family == "harmony":
+        m = _HARMONY_HEAD.search(section)
+        if not m:
+            return []
+        at = section.find("<|message|>", m.end())
+        args = "" if at < 0 else section[at + len("<|message|>"):].split("<|call|>")[0]
+        if "<|call|>" not in section:
+            args = args[:len(args) - held_prefix_len(args, ("<|call|>",))]
+        return [(m.group(1), args)]
+    if family == "deepseek":
+        calls = []
+        for chunk in section.split(_DS_CALL_BEGIN)[1:]:
+            body, closed = chunk.split(_DS_CALL_END)[0], _DS_CALL_END in chunk
+            if _DS_SEP not in body:
+                break
+            left, right = body.split(_DS_SEP, 1)
+            ends = (_DS_CALL_END,)
+            if left.strip() == "function":  # V3 / R1: NAME, a newline, then fenced JSON
+                if "\n" not in right:
+                    break
+                name, args = right.split("\n", 1)
+                if args.startswith("```"):
+                    args = args.split("\n", 1)[1] if "\n" in args else ""
+                elif "```".startswith(args):
+                    args = ""
+                args, ends = args.split("\n```")[0], ("\n```", _DS_CALL_END)
+            else:  # V3.1: NAME<sep>ARGS
+                name, args = left, right
+            if not closed:
+                args = args[:len(args) - held_prefix_len(args, ends)]
+            calls.append((name.strip(), args))
+            if not closed:
+                break
+        return calls
+    # mistral: [TOOL_CALLS] then a JSON array of calls, or NAME[ARGS]{...} per call
+    rest = section[len(_MISTRAL_CALLS):].lstrip()
+    calls = []
+    if rest.startswith("["):
+        pos = 1
+        while True:
+            while pos < len(rest) and rest[pos] in " \t\n,":
+                pos += 1
+            head = _json_head(rest, pos)
+            if head is None:
+                return calls
+            calls.append(head[:2])
+            if head[2] is None:
+                return calls
+            pos = head[2]
+    for part in rest.split(_MISTRAL_CALLS):
+        name, sep, after = part.partition(_MISTRAL_ARGS)
+        after = after.lstrip()
+        if not sep or not after.startswith("{"):
+            break
+        end = _json_value_end(after, 0)
+        calls.append((name.split(_MISTRAL_CALL_ID)[0].strip(), after[:end]))
+    return calls
+
+
+def _section_end(section: str, family: str) -> int | None:
+    """Where the call section `section` ends (the index just past it), None while it goes on."""
+    closing = {"hermes": "</tool_call>", "qwen3_xml": "</tool_call>", "deepseek": _DS_CALLS_END,
+               "harmony": "<|call|>"}.get(family)
+    if closing is None:  # mistral's calls (and llama3's whole reply) go on to the end
+        return None
+    at = section.find(closing)
+    return None if at < 0 else at + len(closing)
+
+
+class ToolCallStream:
+    """parse_tool_calls for a reply that arrives in pieces, giving events as soon as they are
+    known: ("content", text), ("call", index, id, name) when a call's name is complete, then
+    ("arguments", index, fragment) as its arguments arrive (their concatenation is the call's
+    arguments as JSON text, as the model wrote them). Text that may begin a call's marker is held
+    back until the next piece tells, as StopText holds back a stop string's start.
+
+    Invariant: the calls and their arguments (as JSON values) are those parse_tool_calls finds in
+    the whole text. Each call section is parsed by parse_tool_calls once it is complete; a call it
+    finds that was not streamed (its name came after its arguments, or its arguments were a JSON
+    string) goes out whole then. The exception: a section whose streamed call turns out malformed
+    cannot be taken back (the whole-text parse would keep it as content). llama3's reply is a call
+    only as a whole, so a reply that may be one (it begins with '{', '[' or <|python_tag|>) is held
+    to the end.
+
+    Cost: each push scans the open call section again (regexes, at C speed): about 1 s in all for
+    a call with 24 KB of arguments arriving 4 characters at a time, a small part of the time a
+    model takes to write them."""
+
+    def __init__(self, family: str, tools: list | None = None):
+        if family not in _PARSERS:
+            raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
+        self.family, self.tools = family, tools
+        self._params_of = _parameter_schemas(tools)
+        self._pending = ""  # held-back text, or the call section so far
+        self._in_section = False
+        self._whole = False  # llama3: the reply may be a call, held to the end
+        self._undecided = family == "llama3"  # llama3: nothing but whitespace seen yet
+        self.calls: list = []  # [id, name, arguments sent] of each call announced
+        self._section_first = 0  # index in self.calls of the current section's first call
+
+    def push(self, text: str) -> list:
+        self._pending += text
+        events: list = []
+        while True:
+            if self._undecided:
+                head = self._pending.lstrip()
+                if not head:
+                    return events
+                self._undecided = False
+                self._whole = head.startswith(("{", "[", _LLAMA_PYTHON_TAG[:len(head)]))
+            if self._whole:
+                return events
+            if self._in_section:
+                end = _section_end(self._pending, self.family)
+                if end is None:
+                    self._stream(self._pending, events)
+                    return events
+                section, self._pending = self._pending[:end], self._pending[end:]
+                self._finish(section, events)
+                self._in_section = False
+                continue
+            starts = _CALL_STARTS.get(self.family, ())
+            hits = [self._pending.find(s) for s in starts if s in self._pending]
+            if hits:
+                at = min(hits)
+                if at:
+                    events.append(("content", self._pending[:at]))
+                self._pending, self._in_section, self._section_first = self._pending[at:], True, len(self.calls)
+                continue
+            out = self._pending[:len(self._pending) - held_prefix_len(self._pending, starts)]
+            if out:
+                events.append(("content", out))
+            self._pending = self._pending[len(out):]
+            return events
+
+    def flush(self) -> list:
+        """The events of what was held back, at the end of the reply."""
+        events: list = []
+        rest, self._pending = self._pending, ""
+        if self._in_section or self._whole:
+            self._section_first = len(self.calls) if self._whole else self._section_first
+            self._finish(rest, events)
+        elif rest:
+            events.append(("content", rest))
+        self._in_section = self._whole = False
+        return events
+
+    def _announce(self, name: str, events: list) -> None:
+        self.calls.append([new_call_id(), name, ""])
+        events.append(("call", len(self.calls) - 1, self.calls[-1][0], name))
+
+    def _stream(self, section: str, events: list) -> None:
+        for k, (name, args) in enumerate(_partial_calls(section, self.family, self._params_of)):
+            i = self._section_first + k
+            if i == len(self.calls):
+                self._announce(name, events)
+            sent = self.calls[i][2]
+            if len(args) > len(sent) and args.startswith(sent):
+                events.append(("arguments", i, args[len(sent):]))
+                self.calls[i][2] = args
+
+    def _finish(self, section: str, events: list) -> None:
+        if self.family != "llama3":
+            self._stream(section, events)
+        reply = parse_tool_calls(section, self.family, self.tools)
+        if not reply.tool_calls and len(self.calls) > self._section_first:
+            return  # announced, then malformed: see the class docstring
+        for k, call in enumerate(reply.tool_calls):
+            i = self._section_first + k
+            if i == len(self.calls):
+                self._announce(call["function"]["name"], events)
+            if not self.calls[i][2]:
+                self.calls[i][2] = call["function"]["arguments"]
+                events.append(("arguments", i, self.calls[i][2]))
+        if reply.content:
+            events.append(("content", reply.content))
 
 
 # -- forcing a call -----------------------------------------------------------------------------

@@ -7,8 +7,10 @@ compiles the grammar into a GrammarMask (sharpi.constrained) that the job sample
 a Hermes tool prompt when the template cannot render tools itself (sharpi's ChatML fallback).
 message(...) turns the finished text into the OpenAI message: tool_calls (finish_reason
 "tool_calls") parsed in the template's family syntax (sharpi.tool_calls) and reasoning_content
-(sharpi.reasoning). A streamed request with tools gets its reply in one delta at the end (its
-text, then its calls with their index), since a call is known only once its block is complete.
+(sharpi.reasoning). ReplyStream gives the same reply as it streams, as protocol-neutral events
+(reasoning, content, a call's start, its argument fragments) that each protocol adapter
+(openai_api, anthropic_api) writes in its own shape. A reply parsed for calls is generated with
+control tokens kept (Engine.submit keep_special), streamed or not, so both parse the same text.
 """
 
 from __future__ import annotations
@@ -150,19 +152,17 @@ def plan(body: dict, tok, template: str | None, messages: list) -> tuple[ChatPla
     return ChatPlan(tools if choice != "none" else None, family, markers, mask=mask), messages
 
 
-def message(chat_plan: ChatPlan, text: str, tok, token_ids: list, finish_reason: str) -> tuple[dict, str]:
-    """The assistant message of a finished reply and its finish_reason."""
+def message(chat_plan: ChatPlan, text: str, tok, finish_reason: str) -> tuple[dict, str]:
+    """The assistant message of a finished reply and its finish_reason. `text`: the reply, with
+    control tokens kept when it is parsed for calls (DeepSeek's and Mistral's markers are control
+    tokens; Engine.submit keep_special)."""
     msg: dict = {"role": "assistant"}
     if chat_plan.markers is not None:
         reasoning_text, text = reasoning.split_reasoning(text, chat_plan.markers, chat_plan.start_in_reasoning)
         if reasoning_text:
             msg["reasoning_content"] = reasoning_text
     if chat_plan.tools:
-        # Parse the text with control tokens kept: DeepSeek's and Mistral's markers are control tokens.
-        raw = tok.decode(token_ids) if token_ids else text
-        if chat_plan.markers is not None:
-            raw = reasoning.split_reasoning(raw, chat_plan.markers, chat_plan.start_in_reasoning)[1]
-        reply = tool_calls.parse_tool_calls(raw, chat_plan.family, chat_plan.tools)
+        reply = tool_calls.parse_tool_calls(text, chat_plan.family, chat_plan.tools)
         if reply.tool_calls:
             for eog in (tok.id_to_token(i) for i in tok.eog_ids):
                 reply.content = reply.content.replace(eog, "")
@@ -171,3 +171,34 @@ def message(chat_plan: ChatPlan, text: str, tok, token_ids: list, finish_reason:
             return msg, "tool_calls"
     msg["content"] = text
     return msg, finish_reason
+
+
+class ReplyStream:
+    """message() for a reply that arrives in pieces: push(piece) and flush() give events in the
+    order the reply says them, ("reasoning", text), ("content", text), ("call", index, id, name) and
+    ("arguments", index, JSON fragment) (tool_calls.ToolCallStream); `n_calls` counts the calls, so
+    the finish reason is "tool_calls" when there are any, as message() gives it."""
+
+    def __init__(self, chat_plan: ChatPlan):
+        self._splitter = None
+        if chat_plan.markers is not None:
+            self._splitter = reasoning.ReasoningSplitter(chat_plan.markers, chat_plan.start_in_reasoning)
+        self._calls = tool_calls.ToolCallStream(chat_plan.family, chat_plan.tools) if chat_plan.tools else None
+
+    @property
+    def n_calls(self) -> int:
+        return 0 if self._calls is None else len(self._calls.calls)
+
+    def _events(self, thought: str, said: str, last: bool) -> list:
+        events = [("reasoning", thought)] if thought else []
+        if self._calls is None:
+            return events + ([("content", said)] if said else [])
+        return events + self._calls.push(said) + (self._calls.flush() if last else [])
+
+    def push(self, piece: str) -> list:
+        thought, said = self._splitter.push(piece) if self._splitter is not None else ("", piece)
+        return self._events(thought, said, last=False)
+
+    def flush(self) -> list:
+        thought, said = self._splitter.flush() if self._splitter is not None else ("", "")
+        return self._events(thought, said, last=True)

@@ -1,10 +1,12 @@
 """The Starlette application of `sharpi serve`: which path goes to which handler, the middleware
-around them, and the error handlers that keep every failure in OpenAI's error shape, with 400 for a
+around them, and the error handlers that keep every failure in OpenAI's error shape (Anthropic's on
+/v1/messages, errors.error_body), with 400 for a
 bad request (malformed JSON, bad sampling values, a prompt longer than the context), 401 without a
 valid key (--api-key), 404 for an unknown model or path, 405 for a wrong method and 413 for a body
 over --max-body.
 
-Endpoints: POST /v1/chat/completions and /v1/completions (openai_api), GET /v1/models, GET /health,
+Endpoints: POST /v1/chat/completions and /v1/completions (openai_api), POST /v1/messages and
+/v1/messages/count_tokens (anthropic_api), GET /v1/models, GET /health,
 GET /v1/sharpi/stats (request counts and the live expert-cache view, live.py), GET / (web/index.html:
 a chat box beside small plots of that view), POST /tokenize, POST /detokenize and GET /props
 (llama_api), GET /metrics (prometheus), GET /openapi.json (openapi).
@@ -28,11 +30,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from . import llama_api, openai_api
+from . import anthropic_api, llama_api, openai_api
 from .access import AccessLog
 from .auth import ApiKeyAuth
 from .body import read_json
-from .errors import ApiError
+from .errors import ApiError, error_body
 from .openapi import openapi_document
 from .prometheus import ServerMetrics
 from .served import ServedModel
@@ -57,6 +59,12 @@ def create_app(served: ServedModel, log: TextIO | None = None, api_keys: list | 
 
     async def completions(request: Request):
         return await openai_api.complete(request, served, chat=False)
+
+    async def messages(request: Request):
+        return await anthropic_api.messages(request, served)
+
+    async def count_tokens(request: Request):
+        return await anthropic_api.count_tokens(request, served)
 
     async def models(request: Request):
         return JSONResponse(openai_api.models(served, created))
@@ -92,16 +100,22 @@ def create_app(served: ServedModel, log: TextIO | None = None, api_keys: list | 
     async def health(request: Request):
         return JSONResponse({"status": "ok"})
 
+    def path_error_response(request: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(e, request.url.path), status_code=e.status)
+
     async def http_error(request: Request, exc: HTTPException):
-        return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+        return path_error_response(request, ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                     f"{exc.detail}"))
 
     async def server_error(request: Request, exc: Exception):
-        # A bug, not a bad request: still OpenAI's shape, so clients show the message.
-        return error_response(ApiError(500, f"{type(exc).__name__}: {exc}"))
+        # A bug, not a bad request: still the protocol's error shape, so clients show the message.
+        return path_error_response(request, ApiError(500, f"{type(exc).__name__}: {exc}"))
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/sharpi/stats", stats, methods=["GET"]),

@@ -173,8 +173,6 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
                       ("moderation", "is not supported"),
                       ("functions", "is deprecated and not supported: use 'tools'"),
                       ("function_call", "is deprecated and not supported: use 'tool_choice'"),
-                      ("reasoning_effort", ("is not supported; a thinking template takes "
-                                           "chat_template_kwargs {\"enable_thinking\": false}")),
                       ("verbosity", "is not supported")):
         if body.get(name) is not None:
             refuse(name, why)
@@ -225,9 +223,17 @@ def _chat_messages(body: dict) -> list:
     return out
 
 
+# Template variables whose type the templates that read them assume: Qwen3's `enable_thinking is
+# false`, gpt-oss's "Reasoning: " + reasoning_effort (a number there would fail the render).
+TEMPLATE_KWARG_TYPES = {"enable_thinking": bool, "reasoning_effort": str}
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
 def _template_kwargs(body: dict) -> dict:
     """What a chat request hands the template besides messages: `tools` and `documents` when given
-    (templates test `tools is defined`), and `chat_template_kwargs` (enable_thinking, ...)."""
+    (templates test `tools is defined`), `reasoning_effort` (gpt-oss's "Reasoning: low|medium|high"
+    system line) and `chat_template_kwargs` (enable_thinking, ...; a request's reasoning_effort
+    wins over one given there)."""
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
@@ -235,6 +241,16 @@ def _template_kwargs(body: dict) -> dict:
     if reserved:
         raise ApiError(400, f"'chat_template_kwargs' may not set {', '.join(reserved)}",
                        param="chat_template_kwargs")
+    for name, kind in TEMPLATE_KWARG_TYPES.items():
+        if name in extra and not isinstance(extra[name], kind):
+            raise ApiError(400, f"chat_template_kwargs '{name}' must be a {kind.__name__}, got {extra[name]!r}",
+                           param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+                           param="reasoning_effort")
+        extra = {**extra, "reasoning_effort": effort}
     for name in ("tools", "documents"):
         if body.get(name) is not None:
             if not isinstance(body[name], list):
@@ -317,10 +333,10 @@ def _refuse_if_surely_too_long(served: ServedModel, text: str, param: str) -> No
                        code="context_length_exceeded")
 
 
-def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict) -> list:
+def _chat_prompt_ids(served: ServedModel, messages: list, template_kwargs: dict, prefill: str = "") -> list:
     tok = served.engine.tokenizer
     messages = fit_tool_calls(tok, served.chat_template, messages)
-    text = render_chat(tok, messages, served.chat_template, **template_kwargs)
+    text = render_chat(tok, messages, served.chat_template, **template_kwargs) + prefill
     require_unicode(text, "messages")
     _refuse_if_surely_too_long(served, text, "messages")
     return encode_rendered_chat(tok, text)
@@ -339,6 +355,34 @@ def _completion_prompt_ids(served: ServedModel, prompt, suffix: str | None) -> l
     require_unicode(prompt, "prompt")
     _refuse_if_surely_too_long(served, prompt, "prompt")
     return tok.encode(prompt)
+
+
+async def chat_prompt(served: ServedModel, body: dict, messages: list, template_kwargs: dict | None = None,
+                      prefill: str = "") -> tuple[agents.ChatPlan, list]:
+    """The ChatPlan and prompt ids of chat `messages` under a request body in OpenAI's shape (its
+    tools, tool_choice, response_format, grammar: agents.plan), rendered with the served template
+    and the body's template variables (_template_kwargs) on top of the server's, and
+    `template_kwargs` on top of those; `prefill` (Anthropic's final assistant text) is written
+    after the generation prompt, for the reply to continue."""
+    engine = served.engine
+    template = served.chat_template or engine.tokenizer.chat_template
+    kwargs = {**served.template_kwargs, **_template_kwargs(body), **(template_kwargs or {})}
+    plan, messages = await run_in_threadpool(agents.plan, body, engine.tokenizer, template, messages)
+    prompt_ids = await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs, prefill)
+    if served.reasoning_format == "none":
+        plan.markers = None
+    if plan.markers is not None:  # a prompt that opened a think block
+        plan.start_in_reasoning = agents.reasoning.starts_in_reasoning(
+            engine.tokenizer.decode(prompt_ids[-16:]), plan.markers)
+    return plan, prompt_ids
+
+
+def chat_options(served: ServedModel, body: dict, plan: agents.ChatPlan, prompt_ids: list) -> dict:
+    """Session.generate options of a chat request (sampling_options) with its grammar's mask."""
+    options = sampling_options(body, len(prompt_ids), served.engine.n_ctx, served.sampling_defaults)
+    if plan.mask is not None:
+        options["logits_processor"] = plan.mask
+    return options
 
 
 # ------------------------------------------------------------------ responses
@@ -379,6 +423,41 @@ def timings(job: Job) -> dict:
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def gather_unless_gone(request: Request, engine, job: Job, stops: list) -> tuple[str, list] | None:
+    """A Job's whole text (cut at the first stop string) and its logprob entries, or None when the
+    client went away first (the job is cancelled then). Leaves the Job's timings for the access log."""
+    async def gather() -> tuple[str, list]:
+        parts = [p async for p in stream_until_stop(engine, job, stops)]
+        return "".join(t for t, _ in parts), [e for _, entries in parts for e in entries]
+
+    gather_task = asyncio.ensure_future(gather())
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    await asyncio.wait({gather_task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not gather_task.done():
+        gather_task.cancel()
+        engine.cancel(job)
+        return None
+    gone.cancel()
+    result = gather_task.result()
+    request.state.generation = timings(job)  # for the access log line
+    return result
+
+
+def reply_delta(event: tuple) -> dict:
+    """The chat.completion.chunk delta of one agents.ReplyStream event: tool calls as OpenAI streams
+    them, the first chunk of a call with its index, id, type, name and empty arguments, then its
+    argument fragments under the same index."""
+    kind = event[0]
+    if kind == "reasoning":
+        return {"reasoning_content": event[1]}
+    if kind == "content":
+        return {"content": event[1]}
+    if kind == "call":
+        return {"tool_calls": [{"index": event[1], "id": event[2], "type": "function",
+                                "function": {"name": event[3], "arguments": ""}}]}
+    return {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
 
 
 # ------------------------------------------------------------------ handlers
@@ -453,10 +532,8 @@ async def complete(request: Request, served: ServedModel, chat: bool):
         chat_plan = None
         echo = False
         if chat:
-            messages, kwargs = _chat_messages(body), {**served.template_kwargs, **_template_kwargs(body)}
-            template = served.chat_template or tok.chat_template
-            chat_plan, messages = await run_in_threadpool(agents.plan, body, tok, template, messages)
-            prompts = [await run_in_threadpool(_chat_prompt_ids, served, messages, kwargs)]
+            chat_plan, prompt_ids = await chat_prompt(served, body, _chat_messages(body))
+            prompts = [prompt_ids]
             echo_texts, echo_from_ids = [None], [False]
         else:
             for name in ("tools", "tool_choice", "response_format", "grammar"):
@@ -485,11 +562,6 @@ async def complete(request: Request, served: ServedModel, chat: bool):
             else:
                 o.pop("logit_bias", None)
             options.append(o)
-        if chat_plan is not None and served.reasoning_format == "none":
-            chat_plan.markers = None
-        if chat_plan is not None and chat_plan.markers is not None:  # a prompt that opened a think block
-            chat_plan.start_in_reasoning = agents.reasoning.starts_in_reasoning(
-                tok.decode(prompts[0][-16:]), chat_plan.markers)
         stops = _stop_strings(body)
         n_top = _logprob_request(body, chat)
         if not isinstance(body.get("stream", False), bool):
@@ -505,7 +577,8 @@ async def complete(request: Request, served: ServedModel, chat: bool):
             o = {**options[p], "seed": choice_seed(options[p]["seed"], k)}
             if chat_plan is not None and chat_plan.mask is not None:
                 o["logits_processor"] = chat_plan.mask if not jobs else chat_plan.mask.fresh_copy()
-            jobs.append(engine.submit(ids, o, n_top, prompt_logprobs=echo and n_top is not None))
+            jobs.append(engine.submit(ids, o, n_top, keep_special=chat_plan is not None and bool(chat_plan.tools),
+                                     prompt_logprobs=echo and n_top is not None))
     single_call = chat and body.get("parallel_tool_calls") is False
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion",
@@ -550,17 +623,19 @@ async def complete(request: Request, served: ServedModel, chat: bool):
             """One choice's chunks, ending with its finish_reason."""
             if chat:
                 yield event({**chunk_head, "choices": [choice(index, "", None, [], first=True)]})
-            buffered = chat_plan is not None and chat_plan.tools is not None
-            splitter = None
-            if chat_plan is not None and chat_plan.markers is not None:
-                splitter = agents.reasoning.ReasoningSplitter(chat_plan.markers, chat_plan.start_in_reasoning)
+            reply = agents.ReplyStream(chat_plan) if chat_plan is not None else None
 
-            def reasoning_delta(thought: str, said: str, entries: list) -> dict:
-                out = choice(index, said, None, entries)
-                out["delta"] = {**({"reasoning_content": thought} if thought else {}),
-                                **({"content": said} if said else {})}
-                return out
-            parts, offset, echo_sent = [], 0, not echo
+            def chunks(reply_events: list, entries: list):
+                """The chunks of one piece's events; its logprob entries ride on the first.
+                parallel_tool_calls false: the events of calls after the first are dropped."""
+                if single_call:
+                    reply_events = [e for e in reply_events if e[0] not in ("call", "arguments") or e[1] == 0]
+                deltas = [reply_delta(e) for e in reply_events] or ([{}] if entries else [])
+                for k, delta in enumerate(deltas):
+                    out = choice(index, None, None, entries if k == 0 else [])
+                    out["delta"] = delta
+                    yield event({**chunk_head, "choices": [out]})
+            offset, echo_sent = 0, not echo
 
             def echo_event() -> str:
                 # The prompt goes first, with its tokens' entries (the worker has them by the time
@@ -571,30 +646,18 @@ async def complete(request: Request, served: ServedModel, chat: bool):
                 if not echo_sent:
                     yield echo_event()
                     offset, echo_sent = len(echo_texts[index // n]), True
-                if buffered:  # a reply that may hold calls is parsed whole (module docstring of agents)
-                    parts.append(text)
-                elif splitter is not None:
-                    thought, said = splitter.push(text)
-                    yield event({**chunk_head, "choices": [reasoning_delta(thought, said, entries)]})
-                else:
+                if reply is None:
                     yield event({**chunk_head, "choices": [choice(index, text, None, shifted(entries, offset))]})
+                else:
+                    for chunk in chunks(reply.push(text), entries):
+                        yield chunk
             if not echo_sent:  # nothing generated: the prompt alone
                 yield echo_event()
             finish = job.finish_reason
-            if splitter is not None and not buffered:
-                thought, said = splitter.flush()
-                if thought or said:
-                    yield event({**chunk_head, "choices": [reasoning_delta(thought, said, [])]})
-            if buffered:
-                msg, finish = agents.message(chat_plan, "".join(parts), tok, job.tokens, finish)
-                if single_call:
-                    msg, finish = _single_call(msg, finish)
-                delta = {k: v for k, v in msg.items() if k in ("content", "reasoning_content") and v}
-                if msg.get("tool_calls"):
-                    delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
-                if delta:
-                    yield event({**chunk_head, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                                            "finish_reason": None}]})
+            if reply is not None:
+                for chunk in chunks(reply.flush(), []):
+                    yield chunk
+                finish = "tool_calls" if reply.n_calls else finish
             yield event({**chunk_head, "choices": [choice(index, None, finish, [])]})
 
         async def events():
@@ -648,8 +711,7 @@ async def complete(request: Request, served: ServedModel, chat: bool):
             text, entries = prompt_text + text, prompt_entries + shifted(entries, len(prompt_text))
         answer = choice(index, text, job.finish_reason, entries)
         if chat:
-            answer["message"], answer["finish_reason"] = agents.message(chat_plan, text, tok, job.tokens,
-                                                                        job.finish_reason)
+            answer["message"], answer["finish_reason"] = agents.message(chat_plan, text, tok, job.finish_reason)
             if single_call:
                 answer["message"], answer["finish_reason"] = _single_call(answer["message"], answer["finish_reason"])
         choices.append(answer)

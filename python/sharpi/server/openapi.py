@@ -1,6 +1,7 @@
 """GET /openapi.json: the OpenAPI 3.1 document of every endpoint `sharpi serve` answers, written
-by hand beside the code that parses each body (openai_api, llama_api): the request schemas state
-the same types and limits those parsers enforce, and every error response is OpenAI's shape.
+by hand beside the code that parses each body (openai_api, anthropic_api, llama_api): the request
+schemas state the same types and limits those parsers enforce, and every error response is OpenAI's
+shape (Anthropic's on /v1/messages).
 tests/test_serve_api.py checks that the document's paths and methods are exactly the
 application's routes, and that its references resolve.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from .. import __version__
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
 
 
 def _json(schema: dict) -> dict:
@@ -17,18 +19,19 @@ def _json(schema: dict) -> dict:
 
 
 def _operation(summary: str, ok: dict, errors: tuple = (), body: str | None = None, secured: bool = False,
-               ok_type: str = "application/json", streams: bool = False) -> dict:
+               ok_type: str = "application/json", error: dict = _ERROR, streams: bool = False) -> dict:
     """One operation: its 200 answer (`ok`, a schema, in `ok_type`; with `streams` also server-sent
-    events), the error statuses it can give, and its request body's schema name under components."""
+    events), the error statuses it can give (in the `error` schema), and its request body's schema
+    name under components."""
     codes = {"400": "a bad request", "401": "no valid API key (--api-key)", "404": "an unknown model",
              "413": "a body over --max-body", "500": "a failure while generating"}
     content = {ok_type: {"schema": ok}}
     if streams:
-        content["text/event-stream"] = {"schema": {"type": "string", "description": "stream: true: chunks as "
-                                                   "`data: {json}` events, then `data: [DONE]`"}}
+        content["text/event-stream"] = {"schema": {"type": "string", "description": "stream: true: the answer "
+                                                   "as server-sent events"}}
     responses = {"200": {"description": "success", "content": content}}
     for code in (*errors, *(("401",) if secured else ())):
-        responses[code] = {"description": codes[code], **_json(_ERROR)}
+        responses[code] = {"description": codes[code], **_json(error)}
     op = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, **_json({"$ref": f"#/components/schemas/{body}"})}
@@ -153,7 +156,10 @@ _SCHEMAS = {
                 "description": "constrained decoding; one of response_format, grammar and a forced tool_choice"},
             "grammar": {"type": "string", "description": "llama-server's GBNF grammar the reply must match"},
             "documents": {"type": "array", "description": "handed to the chat template"},
-            "chat_template_kwargs": {"type": "object", "description": "extra template variables (enable_thinking, ...)"},
+            "chat_template_kwargs": {"type": "object", "description": "extra template variables",
+                                     "properties": {"enable_thinking": {"type": "boolean"},
+                                                    "reasoning_effort": {"type": "string"}}},
+            "reasoning_effort": {"enum": ["low", "medium", "high"]},
             "store": {"const": False, "description": "sharpi keeps no completions"},
             "service_tier": {"enum": ["auto", "default"]},
             "modalities": {"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1},
@@ -179,6 +185,52 @@ _SCHEMAS = {
             "best_of": {"type": "integer", "minimum": 1, "maximum": 1},
         },
     },
+    "AnthropicError": {
+        "type": "object", "required": ["type", "error"],
+        "properties": {"type": {"const": "error"}, "error": {
+            "type": "object", "required": ["type", "message"],
+            "properties": {"type": {"enum": ["invalid_request_error", "authentication_error", "permission_error",
+                                             "not_found_error", "request_too_large", "rate_limit_error",
+                                             "api_error", "overloaded_error"]},
+                           "message": {"type": "string"}}}},
+    },
+    "AnthropicMessage": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"enum": ["user", "assistant"]},
+                       "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+                           "type": "object", "required": ["type"],
+                           "properties": {"type": {"enum": ["text", "tool_use", "tool_result", "thinking",
+                                                            "redacted_thinking"]}}}}]}},
+    },
+    "AnthropicCountTokensRequest": {
+        "type": "object", "required": ["messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/AnthropicMessage"}},
+            "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+            "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"], "properties": {
+                "name": {"type": "string", "minLength": 1}, "description": {"type": "string"},
+                "input_schema": {"type": "object"}}}},
+            "tool_choice": {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},
+                "disable_parallel_tool_use": {"type": "boolean"}}},
+            "thinking": {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["enabled", "disabled"]}, "budget_tokens": {"type": "integer", "minimum": 1}}},
+        },
+    },
+    "AnthropicMessagesRequest": {
+        "allOf": [{"$ref": "#/components/schemas/AnthropicCountTokensRequest"}, {
+            "type": "object", "required": ["max_tokens"],
+            "properties": {
+                "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+                "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+                "top_k": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+                "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                "stream": {"type": "boolean"},
+                "metadata": {"type": "object"},
+            }}],
+    },
     "TokenizeRequest": {
         "type": "object", "required": ["content"],
         "properties": {"content": {"type": "string"}, "add_special": {"type": "boolean"},
@@ -195,7 +247,7 @@ _OBJECT = {"type": "object"}
 
 def openapi_document(api_key: bool = False) -> dict:
     """The document (a fresh dict each call); `api_key`: the server takes --api-key, so every
-    operation but /health, / and this document needs a bearer token and can answer 401."""
+    operation but /health, / and this document needs a key (bearer or x-api-key) and can answer 401."""
     secured = api_key
     completion_errors = ("400", "404", "413", "500")
     paths = {
@@ -207,6 +259,13 @@ def openapi_document(api_key: bool = False) -> dict:
             "OpenAI (legacy) text completion, whole or as server-sent events",
             {"$ref": "#/components/schemas/TextCompletion"}, completion_errors, body="CompletionRequest",
             secured=secured, streams=True)},
+        "/v1/messages": {"post": _operation(
+            "Anthropic Messages, whole or as Anthropic's server-sent events (stream: true)", _OBJECT,
+            completion_errors, body="AnthropicMessagesRequest", secured=secured, error=_ANTHROPIC_ERROR,
+            streams=True)},
+        "/v1/messages/count_tokens": {"post": _operation(
+            "Anthropic's token count of a Messages request's prompt", _OBJECT, ("400", "404", "413"),
+            body="AnthropicCountTokensRequest", secured=secured, error=_ANTHROPIC_ERROR)},
         "/v1/models": {"get": _operation("the served model", _OBJECT, secured=secured)},
         "/v1/sharpi/stats": {"get": _operation("request counts and the live expert-cache view", _OBJECT, secured=secured)},
         "/tokenize": {"post": _operation("llama-server's /tokenize", _OBJECT, ("400", "413"),
@@ -225,11 +284,13 @@ def openapi_document(api_key: bool = False) -> dict:
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "sharpi serve", "version": __version__,
-                 "description": "OpenAI-compatible and llama-server-compatible HTTP API of one sharpi model."},
+                 "description": "OpenAI-, Anthropic- and llama-server-compatible HTTP API of one sharpi model."},
         "paths": paths,
         "components": {"schemas": _SCHEMAS},
     }
     if api_key:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        doc["security"] = [{"bearer": []}]
+        # Either header carries the key: Bearer (OpenAI's clients) or x-api-key (Anthropic's).
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+        doc["security"] = [{"bearer": []}, {"apiKey": []}]
     return doc

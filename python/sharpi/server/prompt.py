@@ -28,6 +28,11 @@ def render_chat(tok, messages: list, /, template: str | None = None, **template_
 # tool_call_form): one call whose argument value shows in the text, unescaped where the arguments
 # were written as a JSON object, escaped (\\") where a JSON string was written as JSON again.
 _PROBE_ARGUMENTS = {"sharpi_probe_argument": "sharpi_probe_value"}
+# ...offered as a tool, as a request with calls in its history offers its tools (Hermes 2 Pro's
+# template iterates `tools` and fails without them).
+_PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "sharpi_probe", "description": "probe",
+    "parameters": {"type": "object", "properties": {"sharpi_probe_argument": {"type": "string"}}}}}]
 _TOOL_CALL_FORMS: dict = {}  # template source -> (content of a calls-only turn, arguments as "string"/"object")
 
 
@@ -35,7 +40,7 @@ def _render_or_none(tok, messages: list, template: str) -> str | None:
     from .. import _core
 
     try:
-        return tok.apply_chat_template(messages, add_generation_prompt=False, template=template)
+        return tok.apply_chat_template(messages, add_generation_prompt=False, template=template, tools=_PROBE_TOOLS)
     except _core.InvalidArgument:  # the template failed on these messages (the tokenizer wraps its error)
         return None
 

@@ -36,9 +36,12 @@ class Job:
     (none unless n_top is set); its counts are written by the worker before END is queued."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, prompt_ids: list, options: dict,
-                 n_top: int | None = None, prompt_logprobs: bool = False):
+                 n_top: int | None = None, keep_special: bool = False, prompt_logprobs: bool = False):
         self.loop, self.prompt_ids, self.options = loop, prompt_ids, options
         self.n_top = n_top  # alternatives per logprob entry; None: no entries
+        # Pieces keep control tokens' text (a reply parsed for tool calls: DeepSeek's, Mistral's and
+        # gpt-oss's markers are control tokens), else they are the text a plain decode gives.
+        self.keep_special = keep_special
         # The prompt's own tokens' entries too (completions' echo with logprobs): the whole prompt is
         # decoded again for their logits (no cache reuse), and prompt_entries holds one entry per
         # prompt token, the first with logprob and top_logprobs None (nothing predicts it), by the
@@ -51,6 +54,7 @@ class Job:
         self.tokens: list = []  # the generated ids, set when the job ends
         self.n_reused = 0  # prompt tokens the KV cache already held (not decoded again)
         self.finish_reason = "stop"
+        self.stop_sequence: str | None = None  # the stop string that ended it (stops.stream_until_stop)
         self.error: BaseException | None = None
         # Worker-side clock (time.perf_counter): start of the request's turn, first text, end.
         self.t_start = self.t_first = self.t_end = 0.0
@@ -102,8 +106,9 @@ class Engine:
         with self._state:
             return {**self.counts, "busy": self._current is not None, "waiting": self._n_waiting}
 
-    def submit(self, prompt_ids: list, options: dict, n_top: int | None = None, prompt_logprobs: bool = False) -> Job:
-        job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top, prompt_logprobs)
+    def submit(self, prompt_ids: list, options: dict, n_top: int | None = None, keep_special: bool = False,
+               prompt_logprobs: bool = False) -> Job:
+        job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top, keep_special, prompt_logprobs)
         with self._state:
             self._n_waiting += 1
         self._pool.submit(self._run, job)
@@ -162,8 +167,15 @@ class Engine:
 
             gen = s.generate(ids[n_held:], history=ids[:n_held],
                              on_token=None if job.n_top is None else on_token, **job.options)
+            # keep_special: each piece is the text, control tokens included, of the tokens sampled
+            # since the last one (a control token's text goes out with the next piece or the tail).
+            raw = s.tokenizer.stream(skip_special=False) if job.keep_special else None
+            n_raw = 0
             try:
                 for piece in gen:
+                    if raw is not None:
+                        piece = "".join(raw.push(t) for t in s.last_tokens[n_raw:])
+                        n_raw = len(s.last_tokens)
                     job.t_first = job.t_first or time.perf_counter()
                     job.put((piece, [(produced, e) for e in pending]))
                     pending.clear()
@@ -173,6 +185,11 @@ class Engine:
                         break
             finally:
                 gen.close()
+            if raw is not None:
+                tail = "".join(raw.push(t) for t in s.last_tokens[n_raw:]) + raw.flush()
+                if tail or pending:
+                    job.put((tail, [(produced, e) for e in pending]))
+                    pending.clear()
             if pending:  # tokens that wrote no text (a control token before the end)
                 job.put(("", [(produced, e) for e in pending]))
             self._sample(force=True)
@@ -184,7 +201,7 @@ class Engine:
             job.error = e
         finally:
             job.n_generated = len(s.last_tokens)
-            job.tokens = list(s.last_tokens)  # with control tokens: tool-call markers (server.agents)
+            job.tokens = list(s.last_tokens)
             # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
             self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
             job.t_end = time.perf_counter()

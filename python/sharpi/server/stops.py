@@ -39,6 +39,7 @@ async def stream_until_stop(engine: Engine, job: Job, stops: list):
             if hit:
                 engine.cancel(job)
                 job.finish_reason = "stop"
+                job.stop_sequence = scan.matched
                 while await job.queue.get() is not END:
                     pass
                 finished = True
