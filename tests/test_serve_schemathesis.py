@@ -18,10 +18,10 @@ import pytest
 import schemathesis  # tests/requirements.txt: a missing one fails, never skips
 from test_serve_api import Server
 
-# Examples per generation mode: the two completion endpoints, whose bodies have dozens of fields,
+# Examples per generation mode: the completion endpoints, whose bodies have dozens of fields,
 # get most; the rest have small bodies or none. About 30 s on the 2-core machine (the server's
 # context is small, so no answer is long).
-MAX_EXAMPLES = {"/v1/chat/completions": 40, "/v1/completions": 40}
+MAX_EXAMPLES = {"/v1/chat/completions": 40, "/v1/completions": 40, "/v1/messages": 30}
 MAX_EXAMPLES_OTHER = 10
 
 

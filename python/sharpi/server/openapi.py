@@ -27,8 +27,11 @@ def _operation(summary: str, ok: dict, errors: tuple = (), body: str | None = No
              "413": "a body over --max-body", "500": "a failure while generating"}
     content = {ok_type: {"schema": ok}}
     if streams:
-        content["text/event-stream"] = {"schema": {"type": "string", "description": "stream: true: the answer "
-                                                   "as server-sent events"}}
+        # One server-sent event (as a reader parses it): its data a JSON chunk (then "[DONE]" on
+        # OpenAI's endpoints), its event type on Anthropic's.
+        content["text/event-stream"] = {"schema": {
+            "type": "object", "required": ["data"], "description": "stream: true: the answer as server-sent events",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}}
     responses = {"200": {"description": "success", "content": content}}
     for code in (*errors, *(("401",) if secured else ())):
         responses[code] = {"description": codes[code], **_json(error)}
