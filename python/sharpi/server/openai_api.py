@@ -211,7 +211,15 @@ def _chat_messages(body: dict) -> list:
             raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is understood
-            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    # No model sharpi runs can see or hear: refused, never silently dropped.
+                    what = f"a '{kind}' part" if isinstance(kind, str) else "a part without a string 'type'"
+                    raise ApiError(400, f"messages[{i}].content[{j}] is {what}: sharpi's models take text "
+                                   "parts only (no image, audio or file input)",
+                                   param=f"messages[{i}].content[{j}]")
+            texts = [p.get("text") for p in content]
             if not all(isinstance(t, str) for t in texts):
                 raise ApiError(400, f"messages[{i}].content: a text part's 'text' must be a string",
                                param=f"messages[{i}].content")
