@@ -38,8 +38,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cpu/ops/expert_ffn.h"
 #include "backend/cuda_interface.h"
+#include "cpu/ops/expert_ffn.h"
 #include "device_memory.cuh"
 #include "device_plan.h"
 #include "device_tier.cuh"
