@@ -15,9 +15,11 @@ output shape a JSON producer can meet, in that order, take the file's first case
 suite lists at least one valid instance for it and llguidance compiles a grammar for it. llguidance
 refuses the first case of oneOf.json and defs.json (REFUSED, with its error); the remaining 20 are
 PINNED. It refuses the first cases of uniqueItems.json, dependentRequired.json, not.json and
-boolean_schema.json too (REFUSED_ELSEWHERE). Most suite schemas carry no "type" (the suite tests each keyword where it applies and that
-it is ignored elsewhere), so the grammar also allows JSON the keyword does not constrain: a producer
-may meet {"minimum": 1.1} with a string. test_constrained.py therefore also checks each pinned
+boolean_schema.json too (REFUSED_ELSEWHERE).
+
+Most suite schemas carry no "type" (the suite tests each keyword where it applies and that it is
+ignored elsewhere), so the grammar also allows JSON the keyword does not constrain: a producer may
+meet {"minimum": 1.1} with a string. test_constrained.py therefore also checks each pinned
 grammar against the suite's own instances, the valid and the invalid ones.
 """
 
