@@ -5,6 +5,10 @@ Oracles: the `jsonschema` package validates each json_schema output against its 
 `json` and `re` check json_object and GBNF outputs; tool_calls.parse_tool_calls plus jsonschema
 check forced tool calls. Each generation must end because the grammar was complete (the model
 sampled end-of-generation, the only token the mask then allows) before max_tokens.
+
+Two sets of schemas: SCHEMAS, written here for the shapes structured output is asked for, and 20
+cases of the official JSON-Schema-Test-Suite (schema_suite.py says how they were chosen and which
+ones llguidance refuses), whose own valid and invalid instances are a second oracle for the grammar.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 
 import numpy as np
 import pytest
+import schema_suite
 import sharpi
 from sharpi import InvalidArgument
 from sharpi.constrained import (
@@ -136,6 +141,90 @@ def test_json_schema_output_validates(session, name):
         text, _ = constrained(session, json_schema_grammar(schema), seed=seed)
         value = json.loads(text)
         jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+
+
+# ------------------------------------------------ the public set: JSON-Schema-Test-Suite cases
+
+
+@pytest.fixture(scope="module")
+def suite():
+    """draft2020-12 of the official JSON-Schema-Test-Suite (schema_suite.py: fetched from PyPI)."""
+    return schema_suite.suite_dir()
+
+
+def grammar_accepts(tok, grammar: str, text: str) -> bool:
+    """Whether `grammar` allows `text` whole: every token of it in turn, and complete at its end."""
+    mask = GrammarMask(tok, grammar)
+    try:
+        mask.allowed(tok.encode(text, add_bos=False, add_eos=False))
+    except InvalidArgument:
+        return False
+    return mask.accepting
+
+
+def test_pinned_suite_cases_follow_the_rule(session, suite):
+    """The rule of schema_suite.py applied to the suite at hand gives exactly PINNED and REFUSED (and
+    REFUSED_ELSEWHERE stays refused): a suite whose files changed, or an llguidance that compiles or
+    refuses other schemas, fails here. llguidance refuses the first case of oneOf.json ("oneOf
+    constraints are not supported") and of defs.json (the metaschema's "$dynamicAnchor"), and of
+    uniqueItems.json, dependentRequired.json, not.json and boolean_schema.json."""
+    kept, refused = [], {}
+    for file in schema_suite.KEYWORD_FILES:
+        case = schema_suite.first_case(suite, file)
+        assert any(t["valid"] for t in case["tests"]), (file, case["description"])
+        try:
+            GrammarMask(session.tokenizer, json_schema_grammar(case["schema"]))
+        except InvalidArgument as error:
+            refused[(file, case["description"])] = str(error)
+            continue
+        kept.append((file, case["description"]))
+    assert kept == list(schema_suite.PINNED)
+    assert len(kept) == 20
+    assert sorted(refused) == sorted(schema_suite.REFUSED)
+    for key, fragment in schema_suite.REFUSED.items():
+        assert fragment in refused[key], (key, refused[key])
+    for (file, description), fragment in schema_suite.REFUSED_ELSEWHERE.items():
+        case = schema_suite.first_case(suite, file)
+        assert case["description"] == description, (file, case["description"])
+        with pytest.raises(InvalidArgument, match=re.escape(fragment)):
+            GrammarMask(session.tokenizer, json_schema_grammar(case["schema"]))
+
+
+@pytest.mark.parametrize("file,description", schema_suite.PINNED)
+def test_suite_schema_output_validates(session, suite, file, description):
+    """Generations under a suite schema validate against it (format checked too). The suite's
+    schemas mostly leave numbers and strings unbounded, and the shipped model, which writes Python,
+    may go on writing digits until max_tokens: such a reply is cut (finish_reason "length"), not
+    wrong. Every reply that ends before validates, and each schema has one that does."""
+    schema = schema_suite.pinned_case(suite, file, description)["schema"]
+    grammar = json_schema_grammar(schema)
+    complete = 0
+    for seed in (1, 2, 3):
+        session.reset()
+        mask = GrammarMask(session.tokenizer, grammar)
+        for _ in session.generate("import os\n", max_tokens=MAX_TOKENS, seed=seed, logits_processor=mask):
+            pass
+        ids = list(session.last_tokens)
+        if len(ids) == MAX_TOKENS:
+            continue
+        assert mask.accepting
+        value = json.loads(session.tokenizer.decode(ids))
+        jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+        complete += 1
+    assert complete >= 1, "no generation completed before max_tokens"
+
+
+@pytest.mark.parametrize("file,description", schema_suite.PINNED)
+def test_suite_schema_grammar_agrees_with_the_suite(session, suite, file, description):
+    """The suite's own instances, spelled compactly: the grammar refuses every one the suite calls
+    invalid, and allows every valid one except STRICTER's (where llguidance is stricter than the
+    schema; those must stay refused, so a change of llguidance shows here)."""
+    case = schema_suite.pinned_case(suite, file, description)
+    grammar = json_schema_grammar(case["schema"])
+    for test in case["tests"]:
+        text = schema_suite.compact(test["data"])
+        expected = test["valid"] and (file, description, test["description"]) not in schema_suite.STRICTER
+        assert grammar_accepts(session.tokenizer, grammar, text) == expected, (test["description"], text)
 
 
 def test_json_object(session):

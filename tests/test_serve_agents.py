@@ -14,6 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import schema_suite
 from reference import hf_export
 from sharpi.tool_calls import detect_family
 from test_serve import MODEL_ID, client, start_server
@@ -113,6 +114,45 @@ def test_json_schema_response_format(server):
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
         assert r.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+# The pinned JSON-Schema-Test-Suite cases (schema_suite.py) whose schemas name object properties,
+# the shape structured output is most often asked for (test_suite_cases_name_properties checks it).
+SUITE_CASES = [("properties.json", "object properties validation"), ("required.json", "required validation"),
+               ("allOf.json", "allOf"), ("ref.json", "root pointer ref"),
+               ("additionalProperties.json", "additionalProperties being false does not allow other properties")]
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return schema_suite.suite_dir()
+
+
+def test_suite_cases_name_properties(suite):
+    named = [key for key in schema_suite.PINNED
+             if "properties" in json.dumps(schema_suite.pinned_case(suite, *key)["schema"])]
+    assert named == SUITE_CASES
+
+
+def strict_wrapper(schema) -> dict:
+    """OpenAI's strict structured output wants an object at the root, every property required and
+    no other allowed: the suite's schema (mostly no "type", so a bare number would meet it, and the
+    shipped model then writes digits until max_tokens) becomes the value of the one property."""
+    return {"type": "object", "properties": {"value": schema}, "required": ["value"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("file,description", SUITE_CASES)
+def test_suite_schema_response_format(server, suite, file, description):
+    schema = schema_suite.pinned_case(suite, file, description)["schema"]
+    wrapped = strict_wrapper(schema)
+    for seed in (1, 2, 3):
+        r = client(server).chat.completions.create(
+            model=MODEL_ID, messages=MESSAGES, max_tokens=200, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "suite", "schema": wrapped, "strict": True}})
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
+        reply = json.loads(r.choices[0].message.content)
+        jsonschema.validate(reply, wrapped, format_checker=jsonschema.FormatChecker())
+        jsonschema.validate(reply["value"], schema, format_checker=jsonschema.FormatChecker())
 
 
 def test_gbnf_grammar(server):
