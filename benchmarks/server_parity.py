@@ -27,13 +27,16 @@ record; docs/server_parity.md is such a record with the reasons.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import http.client
+import io
 import json
 import socket
 import subprocess
 import sys
 import time
+import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +59,13 @@ WEATHER = [{"role": "user", "content": "Weather in Bern for 2 days?"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 9}},
           "required": ["name", "n"], "additionalProperties": False}
+# A minimal one-page PDF (a real document, so a refusal is about the part's kind; the WAV is
+# wav_silence()).
+PDF_PAGE = base64.b64encode(b"%PDF-1.1\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n"
+                            b"2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n"
+                            b"3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 612 792]>>endobj\n"
+                            b"trailer<</Root 1 0 R>>\n%%EOF\n").decode()
+FIM_PREFIX, FIM_SUFFIX = "def add(a, b):\n", "\n    return c\n"
 # A 1x1 PNG: a real image, so a refusal is about images, not about a malformed data URL.
 PNG_1X1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
@@ -72,7 +82,10 @@ class Case:
     body: object = None
     headers: dict = field(default_factory=dict)
     greedy: bool = False
-    pair: str = "main"  # "main" or "auth" (the servers started with an API key)
+    pair: str = "main"  # "main", "auth" (the servers started with an API key) or "fim" (a model with FIM tokens)
+    # (path, body) sent to llama-server instead, where it has the same feature at another endpoint
+    # (fill-in-the-middle: /infill); None: the same request to both.
+    llama: tuple | None = None
 
 
 def chat(**kw) -> dict:
@@ -89,6 +102,17 @@ def anthropic(**kw) -> dict:
 
 ANTHROPIC_HEADERS = {"anthropic-version": "2023-06-01"}
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def wav_silence(seconds: float = 0.1, rate: int = 8000) -> str:
+    """Base64 of a mono 16-bit WAV file of `seconds` of silence."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def big_chat(size: int) -> bytes:
@@ -157,6 +181,40 @@ def suite() -> list[Case]:
              lambda ctx: completion(prompt=ctx["fib_ids"]), **g),
         Case("completions, list of 2 prompts", "POST", "/v1/completions",
              completion(prompt=["def fib(n):", "import os"], max_tokens=8), **g),
+        # Added after n, prompt lists, echo, suffix, logit_bias and the 400s for unimplemented fields landed.
+        Case("chat n=3, temperature 0", "POST", "/v1/chat/completions", chat(n=3, max_tokens=8), **g),
+        Case("completions n=3, seed 7, temperature 0.8", "POST", "/v1/completions",
+             completion(n=3, seed=7, temperature=0.8, max_tokens=8)),
+        Case("completions, list of 2 token-id prompts", "POST", "/v1/completions",
+             lambda ctx: completion(prompt=[ctx["fib_ids"], ctx["os_ids"]], max_tokens=8), **g),
+        Case("completions echo + logprobs 2", "POST", "/v1/completions",
+             completion(echo=True, logprobs=2, max_tokens=4), **g),
+        Case("completions echo, token-id prompt", "POST", "/v1/completions",
+             lambda ctx: completion(prompt=ctx["fib_ids"], echo=True, max_tokens=4), **g),
+        Case("logit_bias +100 on ' pass'", "POST", "/v1/completions",
+             lambda ctx: completion(logit_bias={str(ctx["pass_id"]): 100}, max_tokens=4), **g),
+        Case("chat logit_bias -100 on the greedy first token", "POST", "/v1/chat/completions",
+             lambda ctx: chat(logit_bias={str(ctx["chat_first_id"]): -100}, max_tokens=8), **g),
+        Case("tools, required, parallel_tool_calls false", "POST", "/v1/chat/completions",
+             chat(messages=WEATHER, tools=TOOLS, tool_choice="required", max_tokens=96, parallel_tool_calls=False)),
+        Case("store true", "POST", "/v1/chat/completions", chat(store=True, max_tokens=4)),
+        Case("modalities [text, audio] + audio", "POST", "/v1/chat/completions",
+             chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}, max_tokens=4)),
+        Case("prediction (predicted outputs)", "POST", "/v1/chat/completions",
+             chat(prediction={"type": "content", "content": "def add(a, b):"}, max_tokens=4)),
+        Case("service_tier flex", "POST", "/v1/chat/completions", chat(service_tier="flex", max_tokens=4)),
+        Case("input_audio part", "POST", "/v1/chat/completions", chat(max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "input_audio", "input_audio": {"data": wav_silence(), "format": "wav"}}]}])),
+        Case("file part", "POST", "/v1/chat/completions", chat(max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{PDF_PAGE}"}}]}])),
+        Case("Anthropic image block", "POST", "/v1/messages", anthropic(max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1X1}}]}]),
+             ANTHROPIC_HEADERS),
+        Case("Anthropic system + stop_sequences", "POST", "/v1/messages",
+             anthropic(system="You write Python.", stop_sequences=[">"]), ANTHROPIC_HEADERS, greedy=True),
         Case("presence 1.5 + frequency 1.0 penalty", "POST", "/v1/chat/completions",
              chat(presence_penalty=1.5, frequency_penalty=1.0, max_tokens=32), **g),
         Case("logit_bias -100 on the greedy first token", "POST", "/v1/completions",
@@ -195,6 +253,19 @@ def suite() -> list[Case]:
              {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS),
         Case("Anthropic count_tokens", "POST", "/v1/messages/count_tokens",
              {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS, greedy=True),
+        # A model with fill-in-the-middle tokens (make-model --fim), on a third pair of servers.
+        Case("FIM model: completions suffix", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=8), pair="fim"),
+        Case("FIM model: the same prompt without suffix", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, max_tokens=8), greedy=True, pair="fim"),
+        Case("FIM model: suffix, llama-server at /infill", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=8), greedy=True, pair="fim",
+             llama=("/infill", {"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX, "n_predict": 8,
+                                "temperature": 0})),
+        Case("FIM model: POST /infill", "POST", "/infill",
+             {"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX, "n_predict": 8, "temperature": 0}, pair="fim"),
+        Case("FIM model: suffix + echo", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, echo=True, max_tokens=8), pair="fim"),
         # With --api-key on both (and sharpi --cors-origin '*', llama-server's default).
         Case("api key: none sent", "POST", "/v1/chat/completions", chat(max_tokens=4), pair="auth"),
         Case("api key: wrong", "POST", "/v1/chat/completions", chat(max_tokens=4),
@@ -355,6 +426,11 @@ def anthropic_summary(obj: dict, seen: Seen) -> None:
     seen.finish = str(obj.get("stop_reason", ""))
 
 
+def number(x) -> str:
+    """A log-probability as three decimals (None: the first prompt token of an echo has none)."""
+    return f"{x:.3f}" if isinstance(x, (int, float)) else repr(x)
+
+
 def summarize_json(obj, seen: Seen) -> None:
     seen.fields = key_paths(obj)
     seen.error, msg = error_shape(obj)
@@ -375,10 +451,10 @@ def summarize_json(obj, seen: Seen) -> None:
             if lp.get("content"):
                 first = lp["content"][0]
                 tops = [t.get("token") for t in first.get("top_logprobs") or []]
-                seen.extra = f"first token {first.get('token')!r} logprob {first.get('logprob'):.3f}, top {tops}"
+                seen.extra = f"first token {first.get('token')!r} logprob {number(first.get('logprob'))}, top {tops}"
             elif lp.get("tokens"):
-                seen.extra = (f"first token {lp['tokens'][0]!r} logprob {lp['token_logprobs'][0]:.3f}, "
-                              f"top {list((lp.get('top_logprobs') or [{}])[0])}")
+                seen.extra = (f"{len(lp['tokens'])} tokens, first {lp['tokens'][0]!r} logprob "
+                              f"{number(lp['token_logprobs'][0])}, top {list((lp.get('top_logprobs') or [{}])[0] or {})}")
     elif isinstance(obj, dict) and "input_tokens" in obj:
         seen.text = str(obj["input_tokens"])
     elif isinstance(obj, dict) and "tokens" in obj:
@@ -542,33 +618,56 @@ def render(rows: list[tuple[Case, Seen, Seen]], meta: dict) -> str:
 
 
 def learn_context(port: int) -> dict:
-    """Token ids both servers' requests use, from llama-server's tokenizer (the oracle here):
-    the ids of the completion prompt, and the first token its greedy continuation starts with."""
-    _, _, body, _ = request(port, "POST", "/tokenize", json.dumps({"content": "def fib(n):"}).encode())
-    fib_ids = json.loads(body)["tokens"]
-    _, _, body, _ = request(port, "POST", "/v1/completions", json.dumps(completion(max_tokens=1)).encode())
-    first_text = json.loads(body)["choices"][0]["text"]
-    _, _, body, _ = request(port, "POST", "/tokenize", json.dumps({"content": "def fib(n):" + first_text}).encode())
-    whole = json.loads(body)["tokens"]
-    return {"fib_ids": fib_ids, "first_id": whole[len(fib_ids)] if len(whole) > len(fib_ids) else whole[-1]}
+    """Token ids both servers' requests use, from llama-server's tokenizer (the oracle here): the
+    ids of the completion prompt and of "import os"; the first token the greedy continuation of the
+    completion prompt and of the chat request start with; the id of " pass" (one token)."""
+    def tokenize(text: str) -> list:
+        return json.loads(request(port, "POST", "/tokenize", json.dumps({"content": text}).encode())[2])["tokens"]
+
+    def first_token(path: str, body: dict, before: str) -> int:
+        obj = json.loads(request(port, "POST", path, json.dumps(body).encode())[2])
+        text = choice_text(obj["choices"][0]) or ""
+        ids = tokenize(text)
+        return ids[0] if not before else tokenize(before + text)[len(tokenize(before))]
+
+    fib_ids = tokenize("def fib(n):")
+    return {"fib_ids": fib_ids, "os_ids": tokenize("import os"),
+            "first_id": first_token("/v1/completions", completion(max_tokens=1), "def fib(n):"),
+            "chat_first_id": first_token("/v1/chat/completions", chat(max_tokens=1), ""),
+            "pass_id": tokenize(" pass")[0]}
+
+
+def fim_model(log_dir: Path) -> Path:
+    """A small model whose vocabulary has fill-in-the-middle tokens (sharpi make-model --fim; random
+    weights, so its text means nothing, but both servers must pick the same greedy tokens)."""
+    path = log_dir / "fim-model.gguf"
+    if not path.exists():
+        subprocess.run([sys.executable, "-m", "sharpi.cli", "make-model", str(path), "--fim", "--quant", "q8_0"],
+                       check=True, capture_output=True)
+    return path
 
 
 def run_pair(args, pair: str, cases: list[Case], ctx: dict, log_dir: Path) -> list[tuple[Case, Seen, Seen]]:
     auth = pair == "auth"
+    if pair == "fim":
+        args = argparse.Namespace(**{**vars(args), "model": fim_model(log_dir)})
     s_port, l_port = free_port(), free_port()
     out = []
     with open(log_dir / "responses.jsonl", "a", encoding="utf-8") as responses, \
             started("sharpi serve", sharpi_cmd(args, s_port, auth), s_port, log_dir / f"sharpi-{pair}.log"), \
             started("llama-server", llama_cmd(args, l_port, auth), l_port, log_dir / f"llama-server-{pair}.log"):
-        if not ctx:
+        if not ctx:  # learnt on the first pair, which loads the suite's model
             ctx.update(learn_context(l_port))
         for case in cases:
             body = case.body(ctx) if callable(case.body) else case.body
             data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
             seen = []
             for who, port in (("sharpi", s_port), ("llama-server", l_port)):
+                path = case.path
+                if who == "llama-server" and case.llama:
+                    path, data = case.llama[0], json.dumps(case.llama[1]).encode()
                 try:
-                    status, headers, raw, secs = request(port, case.method, case.path, data, case.headers)
+                    status, headers, raw, secs = request(port, case.method, path, data, case.headers)
                     seen.append(summarize(status, headers, raw))
                     seen[-1].seconds = secs
                     record = {"case": case.name, "server": who, "status": status, "seconds": round(secs, 3),
@@ -615,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     (log_dir / "responses.jsonl").unlink(missing_ok=True)
     ctx: dict = {}
     rows = []
-    for pair in ("main", "auth"):
+    for pair in ("main", "fim", "auth"):
         chosen = [c for c in cases if c.pair == pair]
         if chosen:
             rows += run_pair(args, pair, chosen, ctx, log_dir)
