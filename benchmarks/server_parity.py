@@ -5,12 +5,14 @@ Both servers load the same GGUF file (default: the shipped model) with the same 
 (default: llama.cpp's own Qwen3-0.6B fixture, which renders tools), one thread, the same context,
 and the same model alias, so a request is sent to both as the same bytes. llama-server is the one
 tools/build_llama_tools.sh --server builds from the llama.cpp vendored in the llama-cpp-python
-source package (or --llama-server PATH). A second pair of servers runs with an API key (and, for
-sharpi, a CORS origin) for the requests about access.
+source package (or --llama-server PATH). A second pair of servers loads a model with fill-in-the-middle
+tokens (sharpi make-model --fim), for `suffix`; one of its requests goes to llama-server's /infill
+instead (the one request not sent as the same bytes: llama-server does fill-in-the-middle only there).
+A third pair runs with an API key (and, for sharpi, a CORS origin) for the requests about access.
 
 For every request the table shows, for sharpi and llama-server: the HTTP status; the error's shape
 (the keys of its error object and its type); finish_reason (or Anthropic's stop_reason); how many
-tool calls came back; for a stream, the events' shape (count, object/event kinds, the [DONE]
+tool calls came back; the prompt and completion tokens its usage counts; for a stream, the events' shape (count, object/event kinds, the [DONE]
 terminator); the response fields only one of them sent; and, for greedy requests both answered with
 200, whether the generated text (or token ids) is the same ("sampled/constrained" where sampling or
 a different constraint engine may rightly pick other tokens). Fields one server adds to nearly every
@@ -255,7 +257,7 @@ def suite() -> list[Case]:
              {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS, greedy=True),
         # A model with fill-in-the-middle tokens (make-model --fim), on a third pair of servers.
         Case("FIM model: completions suffix", "POST", "/v1/completions",
-             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=8), pair="fim"),
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=8), greedy=True, pair="fim"),
         Case("FIM model: the same prompt without suffix", "POST", "/v1/completions",
              completion(prompt=FIM_PREFIX, max_tokens=8), greedy=True, pair="fim"),
         Case("FIM model: suffix, llama-server at /infill", "POST", "/v1/completions",
@@ -397,6 +399,7 @@ class Seen:
     text: str | None = None
     extra: str = ""  # a line of case-specific detail (first logprob, CORS headers...)
     seconds: float = 0.0
+    usage: str = ""  # "prompt/completion" tokens as the answer's usage counts them
 
 
 def error_shape(obj) -> tuple[str, str]:
@@ -431,8 +434,23 @@ def number(x) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else repr(x)
 
 
+def usage_text(usage) -> str:
+    """"prompt/completion" from OpenAI's usage or Anthropic's (whose input_tokens leave out the
+    tokens read from or written to a prompt cache: they are added back, so both count the prompt)."""
+    if not isinstance(usage, dict):
+        return ""
+    if "input_tokens" in usage:
+        prompt = sum(usage.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens",
+                                                  "cache_creation_input_tokens"))
+        return f"{prompt}/{usage.get('output_tokens', '?')}"
+    return f"{usage.get('prompt_tokens', '?')}/{usage.get('completion_tokens', '?')}"
+
+
 def summarize_json(obj, seen: Seen) -> None:
     seen.fields = key_paths(obj)
+    seen.usage = usage_text(obj.get("usage")) if isinstance(obj, dict) else ""
+    if isinstance(obj, dict) and "tokens_evaluated" in obj:  # llama-server's /infill, /completion
+        seen.usage = f"{obj['tokens_evaluated']}/{obj.get('tokens_predicted', '?')}"
     seen.error, msg = error_shape(obj)
     if seen.error:
         seen.message = msg
@@ -457,10 +475,18 @@ def summarize_json(obj, seen: Seen) -> None:
                               f"{number(lp['token_logprobs'][0])}, top {list((lp.get('top_logprobs') or [{}])[0] or {})}")
     elif isinstance(obj, dict) and "input_tokens" in obj:
         seen.text = str(obj["input_tokens"])
+    elif isinstance(obj, dict) and "content" in obj and isinstance(obj["content"], str):  # /detokenize, /infill
+        seen.text = obj["content"]
     elif isinstance(obj, dict) and "tokens" in obj:
         seen.text = json.dumps(obj["tokens"])
-    elif isinstance(obj, dict) and "content" in obj and isinstance(obj["content"], str):
-        seen.text = obj["content"]
+
+
+def _anthropic_start_usage(datas: list) -> dict:
+    """The usage of an Anthropic stream's message_start (input tokens), which message_delta may leave out."""
+    for obj in datas:
+        if obj.get("type") == "message_start":
+            return dict((obj.get("message") or {}).get("usage") or {})
+    return {}
 
 
 def summarize_stream(body: str, seen: Seen) -> None:
@@ -478,6 +504,11 @@ def summarize_stream(body: str, seen: Seen) -> None:
         except ValueError:
             continue
         datas.append(obj)
+        for usage in (obj.get("usage"), (obj.get("message") or {}).get("usage")):
+            if isinstance(usage, dict):  # the last one wins: Anthropic's message_delta, OpenAI's usage chunk
+                if "output_tokens" in usage:  # Anthropic's message_delta may leave out the input tokens
+                    usage = {**_anthropic_start_usage(datas), **usage}
+                seen.usage = usage_text(usage)
         if error_shape(obj)[0]:
             seen.error, seen.message = error_shape(obj)
             seen.error = "in-stream " + seen.error
@@ -593,19 +624,23 @@ def text_cell(case: Case, s: Seen, ll: Seen) -> str:
 
 def render(rows: list[tuple[Case, Seen, Seen]], meta: dict) -> str:
     lines = [(f"Model `{meta['model']}`, chat template `{meta['template']}`, {meta['threads']} thread(s), "
-              f"context {CTX}; llama-server {meta['llama_version']}. A cell with one value: both sent it; "
-              "`sharpi / llama-server` otherwise."), "",
-             "| # | request | status | error shape | finish | tool calls | stream | fields only one sent | same text |",
-             "|---|---|---|---|---|---|---|---|---|"]
+              f"context {CTX}; llama-server {meta['llama_version']}. Rows marked FIM servers: both load "
+              "`sharpi make-model --fim --quant q8_0` (tiny qwen3moe, random weights, fill-in-the-middle tokens). "
+              "usage: prompt/completion tokens as the answer counts them (Anthropic's cache tokens added to "
+              "the prompt). A cell with one value: both sent it; `sharpi / llama-server` otherwise."), "",
+             ("| # | request | status | error shape | finish | tool calls | usage | stream | fields only one sent "
+              "| same text |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     common = common_differences(rows)
     lines[1:1] = ["", "Fields left out of the table's field column because one server sends them in most generation "
                   "answers: sharpi only: " + (", ".join(sorted(common[0])) or "none") + "; llama-server only: "
                   + (", ".join(sorted(common[1])) or "none") + "."]
     for i, (case, s, ll) in enumerate(rows, 1):
         lines.append("| " + " | ".join([
-            str(i), cell(case.name + (" (api-key servers)" if case.pair == "auth" else "")),
+            str(i), cell(case.name + {"auth": " (api-key servers)", "fim": " (FIM servers)"}.get(case.pair, "")),
             pair_cell(s.status, ll.status), pair_cell(s.error, ll.error), pair_cell(s.finish, ll.finish),
-            pair_cell(s.tool_calls, ll.tool_calls), pair_cell(s.stream, ll.stream), fields_cell(s, ll, common),
+            pair_cell(s.tool_calls, ll.tool_calls), pair_cell(s.usage or None, ll.usage or None),
+            pair_cell(s.stream, ll.stream), fields_cell(s, ll, common),
             text_cell(case, s, ll)]) + " |")
     lines += ["", "## What each sent", ""]
     for i, (case, s, ll) in enumerate(rows, 1):
