@@ -12,8 +12,8 @@ A third pair runs with an API key (and, for sharpi, a CORS origin) for the reque
 
 For every request the table shows, for sharpi and llama-server: the HTTP status; the error's shape
 (the keys of its error object and its type); finish_reason (or Anthropic's stop_reason); how many
-tool calls came back; the prompt and completion tokens its usage counts; for a stream, the events' shape (count, object/event kinds, the [DONE]
-terminator); the response fields only one of them sent; and, for greedy requests both answered with
+tool calls came back; the prompt and completion tokens its usage counts; for a stream, the events'
+shape (count, object/event kinds, the [DONE] terminator); the response fields only one of them sent; and, for greedy requests both answered with
 200, whether the generated text (or token ids) is the same ("sampled/constrained" where sampling or
 a different constraint engine may rightly pick other tokens). Fields one server adds to nearly every
 generation answer (timings...) are listed once above the table. Below it: each side's status,
