@@ -5,13 +5,15 @@ Both servers load the same GGUF file (default: the shipped model) with the same 
 (default: llama.cpp's own Qwen3-0.6B fixture, which renders tools), one thread, the same context,
 and the same model alias, so a request is sent to both as the same bytes. llama-server is the one
 tools/build_llama_tools.sh --server builds from the llama.cpp vendored in the llama-cpp-python
-source package (or --llama-server PATH). A second pair of servers runs with an API key (and, for
-sharpi, a CORS origin) for the requests about access.
+source package (or --llama-server PATH). A second pair of servers loads a model with fill-in-the-middle
+tokens (sharpi make-model --fim), for `suffix`; one of its requests goes to llama-server's /infill
+instead (the one request not sent as the same bytes: llama-server does fill-in-the-middle only there).
+A third pair runs with an API key (and, for sharpi, a CORS origin) for the requests about access.
 
 For every request the table shows, for sharpi and llama-server: the HTTP status; the error's shape
 (the keys of its error object and its type); finish_reason (or Anthropic's stop_reason); how many
-tool calls came back; for a stream, the events' shape (count, object/event kinds, the [DONE]
-terminator); the response fields only one of them sent; and, for greedy requests both answered with
+tool calls came back; the prompt and completion tokens its usage counts; for a stream, the events'
+shape (count, object/event kinds, the [DONE] terminator); the response fields only one of them sent; and, for greedy requests both answered with
 200, whether the generated text (or token ids) is the same ("sampled/constrained" where sampling or
 a different constraint engine may rightly pick other tokens). Fields one server adds to nearly every
 generation answer (timings...) are listed once above the table. Below it: each side's status,
@@ -27,13 +29,16 @@ record; docs/server_parity.md is such a record with the reasons.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import http.client
+import io
 import json
 import socket
 import subprocess
 import sys
 import time
+import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +61,13 @@ WEATHER = [{"role": "user", "content": "Weather in Bern for 2 days?"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 9}},
           "required": ["name", "n"], "additionalProperties": False}
+# A minimal one-page PDF (a real document, so a refusal is about the part's kind; the WAV is
+# wav_silence()).
+PDF_PAGE = base64.b64encode(b"%PDF-1.1\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n"
+                            b"2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n"
+                            b"3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 612 792]>>endobj\n"
+                            b"trailer<</Root 1 0 R>>\n%%EOF\n").decode()
+FIM_PREFIX, FIM_SUFFIX = "def add(a, b):\n", "\n    return c\n"
 # A 1x1 PNG: a real image, so a refusal is about images, not about a malformed data URL.
 PNG_1X1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
@@ -72,7 +84,10 @@ class Case:
     body: object = None
     headers: dict = field(default_factory=dict)
     greedy: bool = False
-    pair: str = "main"  # "main" or "auth" (the servers started with an API key)
+    pair: str = "main"  # "main", "auth" (the servers started with an API key) or "fim" (a model with FIM tokens)
+    # (path, body) sent to llama-server instead, where it has the same feature at another endpoint
+    # (fill-in-the-middle: /infill); None: the same request to both.
+    llama: tuple | None = None
 
 
 def chat(**kw) -> dict:
@@ -89,6 +104,17 @@ def anthropic(**kw) -> dict:
 
 ANTHROPIC_HEADERS = {"anthropic-version": "2023-06-01"}
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def wav_silence(seconds: float = 0.1, rate: int = 8000) -> str:
+    """Base64 of a mono 16-bit WAV file of `seconds` of silence."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def big_chat(size: int) -> bytes:
@@ -157,6 +183,40 @@ def suite() -> list[Case]:
              lambda ctx: completion(prompt=ctx["fib_ids"]), **g),
         Case("completions, list of 2 prompts", "POST", "/v1/completions",
              completion(prompt=["def fib(n):", "import os"], max_tokens=8), **g),
+        # Added after n, prompt lists, echo, suffix, logit_bias and the 400s for unimplemented fields landed.
+        Case("chat n=3, temperature 0", "POST", "/v1/chat/completions", chat(n=3, max_tokens=8), **g),
+        Case("completions n=3, seed 7, temperature 0.8", "POST", "/v1/completions",
+             completion(n=3, seed=7, temperature=0.8, max_tokens=8)),
+        Case("completions, list of 2 token-id prompts", "POST", "/v1/completions",
+             lambda ctx: completion(prompt=[ctx["fib_ids"], ctx["os_ids"]], max_tokens=8), **g),
+        Case("completions echo + logprobs 2", "POST", "/v1/completions",
+             completion(echo=True, logprobs=2, max_tokens=4), **g),
+        Case("completions echo, token-id prompt", "POST", "/v1/completions",
+             lambda ctx: completion(prompt=ctx["fib_ids"], echo=True, max_tokens=4), **g),
+        Case("logit_bias +100 on ' pass'", "POST", "/v1/completions",
+             lambda ctx: completion(logit_bias={str(ctx["pass_id"]): 100}, max_tokens=4), **g),
+        Case("chat logit_bias -100 on the greedy first token", "POST", "/v1/chat/completions",
+             lambda ctx: chat(logit_bias={str(ctx["chat_first_id"]): -100}, max_tokens=8), **g),
+        Case("tools, required, parallel_tool_calls false", "POST", "/v1/chat/completions",
+             chat(messages=WEATHER, tools=TOOLS, tool_choice="required", max_tokens=96, parallel_tool_calls=False)),
+        Case("store true", "POST", "/v1/chat/completions", chat(store=True, max_tokens=4)),
+        Case("modalities [text, audio] + audio", "POST", "/v1/chat/completions",
+             chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}, max_tokens=4)),
+        Case("prediction (predicted outputs)", "POST", "/v1/chat/completions",
+             chat(prediction={"type": "content", "content": "def add(a, b):"}, max_tokens=4)),
+        Case("service_tier flex", "POST", "/v1/chat/completions", chat(service_tier="flex", max_tokens=4)),
+        Case("input_audio part", "POST", "/v1/chat/completions", chat(max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "input_audio", "input_audio": {"data": wav_silence(), "format": "wav"}}]}])),
+        Case("file part", "POST", "/v1/chat/completions", chat(max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{PDF_PAGE}"}}]}])),
+        Case("Anthropic image block", "POST", "/v1/messages", anthropic(max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1X1}}]}]),
+             ANTHROPIC_HEADERS),
+        Case("Anthropic system + stop_sequences", "POST", "/v1/messages",
+             anthropic(system="You write Python.", stop_sequences=[">"]), ANTHROPIC_HEADERS, greedy=True),
         Case("presence 1.5 + frequency 1.0 penalty", "POST", "/v1/chat/completions",
              chat(presence_penalty=1.5, frequency_penalty=1.0, max_tokens=32), **g),
         Case("logit_bias -100 on the greedy first token", "POST", "/v1/completions",
@@ -195,6 +255,19 @@ def suite() -> list[Case]:
              {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS),
         Case("Anthropic count_tokens", "POST", "/v1/messages/count_tokens",
              {"model": ALIAS, "messages": MESSAGES}, ANTHROPIC_HEADERS, greedy=True),
+        # A model with fill-in-the-middle tokens (make-model --fim), on a third pair of servers.
+        Case("FIM model: completions suffix", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=8), greedy=True, pair="fim"),
+        Case("FIM model: the same prompt without suffix", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, max_tokens=8), greedy=True, pair="fim"),
+        Case("FIM model: suffix, llama-server at /infill", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=8), greedy=True, pair="fim",
+             llama=("/infill", {"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX, "n_predict": 8,
+                                "temperature": 0})),
+        Case("FIM model: POST /infill", "POST", "/infill",
+             {"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX, "n_predict": 8, "temperature": 0}, pair="fim"),
+        Case("FIM model: suffix + echo", "POST", "/v1/completions",
+             completion(prompt=FIM_PREFIX, suffix=FIM_SUFFIX, echo=True, max_tokens=8), pair="fim"),
         # With --api-key on both (and sharpi --cors-origin '*', llama-server's default).
         Case("api key: none sent", "POST", "/v1/chat/completions", chat(max_tokens=4), pair="auth"),
         Case("api key: wrong", "POST", "/v1/chat/completions", chat(max_tokens=4),
@@ -326,6 +399,7 @@ class Seen:
     text: str | None = None
     extra: str = ""  # a line of case-specific detail (first logprob, CORS headers...)
     seconds: float = 0.0
+    usage: str = ""  # "prompt/completion" tokens as the answer's usage counts them
 
 
 def error_shape(obj) -> tuple[str, str]:
@@ -355,8 +429,28 @@ def anthropic_summary(obj: dict, seen: Seen) -> None:
     seen.finish = str(obj.get("stop_reason", ""))
 
 
+def number(x) -> str:
+    """A log-probability as three decimals (None: the first prompt token of an echo has none)."""
+    return f"{x:.3f}" if isinstance(x, (int, float)) else repr(x)
+
+
+def usage_text(usage) -> str:
+    """"prompt/completion" from OpenAI's usage or Anthropic's (whose input_tokens leave out the
+    tokens read from or written to a prompt cache: they are added back, so both count the prompt)."""
+    if not isinstance(usage, dict):
+        return ""
+    if "input_tokens" in usage:
+        prompt = sum(usage.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens",
+                                                  "cache_creation_input_tokens"))
+        return f"{prompt}/{usage.get('output_tokens', '?')}"
+    return f"{usage.get('prompt_tokens', '?')}/{usage.get('completion_tokens', '?')}"
+
+
 def summarize_json(obj, seen: Seen) -> None:
     seen.fields = key_paths(obj)
+    seen.usage = usage_text(obj.get("usage")) if isinstance(obj, dict) else ""
+    if isinstance(obj, dict) and "tokens_evaluated" in obj:  # llama-server's /infill, /completion
+        seen.usage = f"{obj['tokens_evaluated']}/{obj.get('tokens_predicted', '?')}"
     seen.error, msg = error_shape(obj)
     if seen.error:
         seen.message = msg
@@ -375,16 +469,24 @@ def summarize_json(obj, seen: Seen) -> None:
             if lp.get("content"):
                 first = lp["content"][0]
                 tops = [t.get("token") for t in first.get("top_logprobs") or []]
-                seen.extra = f"first token {first.get('token')!r} logprob {first.get('logprob'):.3f}, top {tops}"
+                seen.extra = f"first token {first.get('token')!r} logprob {number(first.get('logprob'))}, top {tops}"
             elif lp.get("tokens"):
-                seen.extra = (f"first token {lp['tokens'][0]!r} logprob {lp['token_logprobs'][0]:.3f}, "
-                              f"top {list((lp.get('top_logprobs') or [{}])[0])}")
+                seen.extra = (f"{len(lp['tokens'])} tokens, first {lp['tokens'][0]!r} logprob "
+                              f"{number(lp['token_logprobs'][0])}, top {list((lp.get('top_logprobs') or [{}])[0] or {})}")
     elif isinstance(obj, dict) and "input_tokens" in obj:
         seen.text = str(obj["input_tokens"])
+    elif isinstance(obj, dict) and "content" in obj and isinstance(obj["content"], str):  # /detokenize, /infill
+        seen.text = obj["content"]
     elif isinstance(obj, dict) and "tokens" in obj:
         seen.text = json.dumps(obj["tokens"])
-    elif isinstance(obj, dict) and "content" in obj and isinstance(obj["content"], str):
-        seen.text = obj["content"]
+
+
+def _anthropic_start_usage(datas: list) -> dict:
+    """The usage of an Anthropic stream's message_start (input tokens), which message_delta may leave out."""
+    for obj in datas:
+        if obj.get("type") == "message_start":
+            return dict((obj.get("message") or {}).get("usage") or {})
+    return {}
 
 
 def summarize_stream(body: str, seen: Seen) -> None:
@@ -402,6 +504,11 @@ def summarize_stream(body: str, seen: Seen) -> None:
         except ValueError:
             continue
         datas.append(obj)
+        for usage in (obj.get("usage"), (obj.get("message") or {}).get("usage")):
+            if isinstance(usage, dict):  # the last one wins: Anthropic's message_delta, OpenAI's usage chunk
+                if "output_tokens" in usage:  # Anthropic's message_delta may leave out the input tokens
+                    usage = {**_anthropic_start_usage(datas), **usage}
+                seen.usage = usage_text(usage)
         if error_shape(obj)[0]:
             seen.error, seen.message = error_shape(obj)
             seen.error = "in-stream " + seen.error
@@ -517,19 +624,23 @@ def text_cell(case: Case, s: Seen, ll: Seen) -> str:
 
 def render(rows: list[tuple[Case, Seen, Seen]], meta: dict) -> str:
     lines = [(f"Model `{meta['model']}`, chat template `{meta['template']}`, {meta['threads']} thread(s), "
-              f"context {CTX}; llama-server {meta['llama_version']}. A cell with one value: both sent it; "
-              "`sharpi / llama-server` otherwise."), "",
-             "| # | request | status | error shape | finish | tool calls | stream | fields only one sent | same text |",
-             "|---|---|---|---|---|---|---|---|---|"]
+              f"context {CTX}; llama-server {meta['llama_version']}. Rows marked FIM servers: both load "
+              "`sharpi make-model --fim --quant q8_0` (tiny qwen3moe, random weights, fill-in-the-middle tokens). "
+              "usage: prompt/completion tokens as the answer counts them (Anthropic's cache tokens added to "
+              "the prompt). A cell with one value: both sent it; `sharpi / llama-server` otherwise."), "",
+             ("| # | request | status | error shape | finish | tool calls | usage | stream | fields only one sent "
+              "| same text |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     common = common_differences(rows)
     lines[1:1] = ["", "Fields left out of the table's field column because one server sends them in most generation "
                   "answers: sharpi only: " + (", ".join(sorted(common[0])) or "none") + "; llama-server only: "
                   + (", ".join(sorted(common[1])) or "none") + "."]
     for i, (case, s, ll) in enumerate(rows, 1):
         lines.append("| " + " | ".join([
-            str(i), cell(case.name + (" (api-key servers)" if case.pair == "auth" else "")),
+            str(i), cell(case.name + {"auth": " (api-key servers)", "fim": " (FIM servers)"}.get(case.pair, "")),
             pair_cell(s.status, ll.status), pair_cell(s.error, ll.error), pair_cell(s.finish, ll.finish),
-            pair_cell(s.tool_calls, ll.tool_calls), pair_cell(s.stream, ll.stream), fields_cell(s, ll, common),
+            pair_cell(s.tool_calls, ll.tool_calls), pair_cell(s.usage or None, ll.usage or None),
+            pair_cell(s.stream, ll.stream), fields_cell(s, ll, common),
             text_cell(case, s, ll)]) + " |")
     lines += ["", "## What each sent", ""]
     for i, (case, s, ll) in enumerate(rows, 1):
@@ -542,33 +653,56 @@ def render(rows: list[tuple[Case, Seen, Seen]], meta: dict) -> str:
 
 
 def learn_context(port: int) -> dict:
-    """Token ids both servers' requests use, from llama-server's tokenizer (the oracle here):
-    the ids of the completion prompt, and the first token its greedy continuation starts with."""
-    _, _, body, _ = request(port, "POST", "/tokenize", json.dumps({"content": "def fib(n):"}).encode())
-    fib_ids = json.loads(body)["tokens"]
-    _, _, body, _ = request(port, "POST", "/v1/completions", json.dumps(completion(max_tokens=1)).encode())
-    first_text = json.loads(body)["choices"][0]["text"]
-    _, _, body, _ = request(port, "POST", "/tokenize", json.dumps({"content": "def fib(n):" + first_text}).encode())
-    whole = json.loads(body)["tokens"]
-    return {"fib_ids": fib_ids, "first_id": whole[len(fib_ids)] if len(whole) > len(fib_ids) else whole[-1]}
+    """Token ids both servers' requests use, from llama-server's tokenizer (the oracle here): the
+    ids of the completion prompt and of "import os"; the first token the greedy continuation of the
+    completion prompt and of the chat request start with; the id of " pass" (one token)."""
+    def tokenize(text: str) -> list:
+        return json.loads(request(port, "POST", "/tokenize", json.dumps({"content": text}).encode())[2])["tokens"]
+
+    def first_token(path: str, body: dict, before: str) -> int:
+        obj = json.loads(request(port, "POST", path, json.dumps(body).encode())[2])
+        text = choice_text(obj["choices"][0]) or ""
+        ids = tokenize(text)
+        return ids[0] if not before else tokenize(before + text)[len(tokenize(before))]
+
+    fib_ids = tokenize("def fib(n):")
+    return {"fib_ids": fib_ids, "os_ids": tokenize("import os"),
+            "first_id": first_token("/v1/completions", completion(max_tokens=1), "def fib(n):"),
+            "chat_first_id": first_token("/v1/chat/completions", chat(max_tokens=1), ""),
+            "pass_id": tokenize(" pass")[0]}
+
+
+def fim_model(log_dir: Path) -> Path:
+    """A small model whose vocabulary has fill-in-the-middle tokens (sharpi make-model --fim; random
+    weights, so its text means nothing, but both servers must pick the same greedy tokens)."""
+    path = log_dir / "fim-model.gguf"
+    if not path.exists():
+        subprocess.run([sys.executable, "-m", "sharpi.cli", "make-model", str(path), "--fim", "--quant", "q8_0"],
+                       check=True, capture_output=True)
+    return path
 
 
 def run_pair(args, pair: str, cases: list[Case], ctx: dict, log_dir: Path) -> list[tuple[Case, Seen, Seen]]:
     auth = pair == "auth"
+    if pair == "fim":
+        args = argparse.Namespace(**{**vars(args), "model": fim_model(log_dir)})
     s_port, l_port = free_port(), free_port()
     out = []
     with open(log_dir / "responses.jsonl", "a", encoding="utf-8") as responses, \
             started("sharpi serve", sharpi_cmd(args, s_port, auth), s_port, log_dir / f"sharpi-{pair}.log"), \
             started("llama-server", llama_cmd(args, l_port, auth), l_port, log_dir / f"llama-server-{pair}.log"):
-        if not ctx:
+        if not ctx:  # learnt on the first pair, which loads the suite's model
             ctx.update(learn_context(l_port))
         for case in cases:
             body = case.body(ctx) if callable(case.body) else case.body
             data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
             seen = []
             for who, port in (("sharpi", s_port), ("llama-server", l_port)):
+                path = case.path
+                if who == "llama-server" and case.llama:
+                    path, data = case.llama[0], json.dumps(case.llama[1]).encode()
                 try:
-                    status, headers, raw, secs = request(port, case.method, case.path, data, case.headers)
+                    status, headers, raw, secs = request(port, case.method, path, data, case.headers)
                     seen.append(summarize(status, headers, raw))
                     seen[-1].seconds = secs
                     record = {"case": case.name, "server": who, "status": status, "seconds": round(secs, 3),
@@ -615,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     (log_dir / "responses.jsonl").unlink(missing_ok=True)
     ctx: dict = {}
     rows = []
-    for pair in ("main", "auth"):
+    for pair in ("main", "fim", "auth"):
         chosen = [c for c in cases if c.pair == pair]
         if chosen:
             rows += run_pair(args, pair, chosen, ctx, log_dir)
