@@ -172,6 +172,21 @@ def test_stop_string_cuts_the_text(server, session):
     assert "".join(ch.choices[0].text for ch in streamed) == want
 
 
+def test_a_stop_string_counts_the_tokens_up_to_it_only(server, session):
+    # The answer is the tokens whose text reaches the stop string; tokens the worker sampled before
+    # the cancel reached it are not counted (server_parity found 8 or 9 where 7 was right, by race).
+    prompt = "def fibonacci(n):"
+    ids = session.tokenize(prompt)
+    full, _ = expected(session, ids, max_tokens=24, temperature=0.0)
+    stop = full.strip().split()[1]
+    tokens = list(session.last_tokens)
+    n_want = next(n for n in range(1, len(tokens) + 1) if stop in session.detokenize(tokens[:n]))
+    c = client(server)
+    for _ in range(4):  # the race went either way: every repeat must count exactly
+        r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0, stop=[stop])
+        assert r.usage.completion_tokens == n_want, (r.usage, n_want)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
@@ -492,3 +507,29 @@ def test_streamed_experts_answer_as_resident(session):
     for port in start_server("--ram-budget", str(budget), "--reader", "pread"):
         r = client(port).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0)
         assert (r.choices[0].text, r.usage.completion_tokens) == (want, n_gen)
+
+
+def test_stream_until_stop_trims_the_tokens_sampled_past_the_stop():
+    # Deterministic form of the race above: the worker put two more pieces (and counted their
+    # tokens) before the cancel reached it; the answer and the counts keep the first 3 tokens.
+    import asyncio
+
+    from sharpi.server.scheduler import END, Engine, Job
+    from sharpi.server.stops import stream_until_stop
+
+    async def run():
+        engine = Engine.__new__(Engine)  # no Session: trim and cancel touch only the state below
+        engine._state, engine._current = threading.Lock(), None
+        engine.counts = {"completion_tokens": 5}
+        job = Job(asyncio.get_running_loop(), [1, 2], {"max_tokens": 16})
+        for item in [("ab", [], 1), ("c", [], 2), ("dSTOPe", [], 3), ("f", [], 4), ("g", [], 5)]:
+            job.queue.put_nowait(item)
+        job.n_generated, job.tokens = 5, [10, 11, 12, 13, 14]
+        job.queue.put_nowait(END)
+        text = "".join([t async for t, _ in stream_until_stop(engine, job, ["STOP"])])
+        return text, job, engine
+
+    text, job, engine = asyncio.run(run())
+    assert text == "abcd" and job.stop_sequence == "STOP" and job.stopped.is_set()
+    assert job.n_generated == 3 and job.tokens == [10, 11, 12]
+    assert engine.counts["completion_tokens"] == 3

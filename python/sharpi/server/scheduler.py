@@ -32,8 +32,10 @@ END = object()
 
 class Job:
     """One request's generation: its pieces arrive on `queue` (the event loop's side) as (text,
-    [(text offset, logprob entry)]) pairs, the entries of the tokens whose text begins the piece
-    (none unless n_top is set); its counts are written by the worker before END is queued."""
+    [(text offset, logprob entry)], tokens so far) triples: the entries of the tokens whose text
+    begins the piece (none unless n_top is set), and how many tokens had been sampled when the piece
+    was put (so a stop string found in it knows how many tokens the answer used: Engine.trim). Its
+    counts are written by the worker before END is queued."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, prompt_ids: list, options: dict,
                  n_top: int | None = None, keep_special: bool = False, prompt_logprobs: bool = False):
@@ -114,6 +116,18 @@ class Engine:
         self._pool.submit(self._run, job)
         return job
 
+    def trim(self, job: Job, n_tokens: int) -> None:
+        """A stop string ended the answer at its first n_tokens tokens (event loop, after END): the
+        tokens the worker sampled past it, before the cancel reached it, are not the answer's, so
+        they leave its counts (usage, timings, /metrics) too."""
+        with self._state:
+            excess = job.n_generated - n_tokens
+            if excess <= 0:
+                return
+            job.n_generated = n_tokens
+            job.tokens = job.tokens[:n_tokens]
+            self.counts["completion_tokens"] -= excess
+
     def cancel(self, job: Job) -> None:
         with self._state:
             job.stopped.set()
@@ -177,7 +191,7 @@ class Engine:
                         piece = "".join(raw.push(t) for t in s.last_tokens[n_raw:])
                         n_raw = len(s.last_tokens)
                     job.t_first = job.t_first or time.perf_counter()
-                    job.put((piece, [(produced, e) for e in pending]))
+                    job.put((piece, [(produced, e) for e in pending], len(s.last_tokens)))
                     pending.clear()
                     produced += len(piece)
                     self._sample()
@@ -188,10 +202,10 @@ class Engine:
             if raw is not None:
                 tail = "".join(raw.push(t) for t in s.last_tokens[n_raw:]) + raw.flush()
                 if tail or pending:
-                    job.put((tail, [(produced, e) for e in pending]))
+                    job.put((tail, [(produced, e) for e in pending], len(s.last_tokens)))
                     pending.clear()
             if pending:  # tokens that wrote no text (a control token before the end)
-                job.put(("", [(produced, e) for e in pending]))
+                job.put(("", [(produced, e) for e in pending], len(s.last_tokens)))
             self._sample(force=True)
         except _core.CancelledError:
             # The client left or a stop string matched: nothing more to say. (A failure here

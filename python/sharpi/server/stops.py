@@ -29,7 +29,7 @@ async def stream_until_stop(engine: Engine, job: Job, stops: list):
             if item is END:
                 finished = True
                 break
-            text, entries = item
+            text, entries, n_tokens = item
             waiting += entries
             text, hit = scan.push(text)
             emitted += len(text)
@@ -43,6 +43,8 @@ async def stream_until_stop(engine: Engine, job: Job, stops: list):
                 while await job.queue.get() is not END:
                     pass
                 finished = True
+                # The worker may have sampled more tokens before the cancel reached it.
+                engine.trim(job, n_tokens)
                 return
         tail = scan.flush()
         out = release(everything=True)
