@@ -324,3 +324,22 @@ def test_reasoning_effort_and_chat_template_kwargs_reach_the_template(tmp_path):
                                                          extra_body=extra)
                 assert e.value.body["param"] == param, e.value.body
     session.close()
+
+
+def test_a_forced_call_or_format_closes_an_open_think_block_first(thinking_server):
+    # The prompt ends inside <think>: without closing it the call (or the JSON) would be reasoning,
+    # never tool_calls or content. The constrained reply writes </think> first, then the part.
+    c = client(thinking_server)
+    r = c.chat.completions.create(model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                  parallel_tool_calls=False, max_tokens=300, seed=1)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    assert not choice.message.model_dump().get("reasoning_content")
+    r = c.chat.completions.create(model=MODEL_ID, messages=MESSAGES, response_format={"type": "json_object"},
+                                  max_tokens=200, seed=2)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(msg.content), dict), msg
+    assert not msg.model_dump().get("reasoning_content")

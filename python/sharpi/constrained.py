@@ -106,6 +106,21 @@ def lark_grammar(text: str) -> str:
     return _llguidance().LLMatcher.grammar_from_lark(text)
 
 
+def after_marker(grammar: str, marker: str) -> str:
+    """`grammar` (any of the forms above) preceded by `marker` (a spelling marker_spelling gives)
+    and at most two newlines: what a constrained reply must write when its prompt left a think block
+    open, so the block is closed (empty) before the constrained part, which then lands in the
+    answer, not in reasoning_content. The inner grammar is referenced by name (llguidance's @name)."""
+    if grammar.lstrip().startswith("{"):
+        inner = json.loads(grammar)["grammars"]
+    else:
+        inner = [{"lark_grammar": grammar}]
+    inner = [dict(g) for g in inner]
+    inner[0]["name"] = "constrained"
+    outer = {"name": "after_marker", "lark_grammar": f"start: {marker} /\\n{{0,2}}/ @constrained"}
+    return json.dumps({"grammars": [outer, *inner]})
+
+
 def marker_spelling(tok):
     """marker(text) for tool_calls.tool_call_grammar: `<[id]>` where `text` is exactly one control
     token of this vocabulary (DeepSeek's tool markers, Mistral's [TOOL_CALLS]), else a quoted

@@ -28,6 +28,7 @@ class ChatPlan:
     markers: reasoning.ReasoningMarkers | None
     start_in_reasoning: bool = False
     mask: constrained.GrammarMask | None = None
+    grammar: tuple | None = None  # (the request parameter it came from, the grammar) behind mask
 
 
 def _tool_choice(body: dict, tools: list | None):
@@ -149,7 +150,24 @@ def plan(body: dict, tok, template: str | None, messages: list) -> tuple[ChatPla
             messages = [{**messages[0], "content": messages[0]["content"] + "\n\n" + prompt}, *messages[1:]]
         else:
             messages = [{"role": "system", "content": prompt}, *messages]
-    return ChatPlan(tools if choice != "none" else None, family, markers, mask=mask), messages
+    return ChatPlan(tools if choice != "none" else None, family, markers, mask=mask,
+                    grammar=grammars[0] if grammars else None), messages
+
+
+def close_reasoning_first(chat_plan: ChatPlan, tok) -> None:
+    """A constrained reply (a forced tool call, response_format, grammar) whose prompt left a think
+    block open (DeepSeek-R1's templates, Qwen3's with thinking on): the mask makes the reply close
+    the block first, empty, so the call or the JSON is the answer (tool_calls, content), never
+    swallowed into reasoning_content as an unclosed block would make it. The model gives up its
+    reasoning for such a reply: a constrained part is enforced from the first token."""
+    if chat_plan.mask is None or not chat_plan.start_in_reasoning or chat_plan.markers is None:
+        return
+    param, grammar = chat_plan.grammar
+    wrapped = constrained.after_marker(grammar, constrained.marker_spelling(tok)(chat_plan.markers.close))
+    try:
+        chat_plan.mask = constrained.GrammarMask(tok, wrapped)
+    except (_core.InvalidArgument, _core.UnsupportedError) as e:
+        raise ApiError(400, str(e), param=param) from None
 
 
 def message(chat_plan: ChatPlan, text: str, tok, finish_reason: str) -> tuple[dict, str]:

@@ -382,6 +382,7 @@ async def chat_prompt(served: ServedModel, body: dict, messages: list, template_
     if plan.markers is not None:  # a prompt that opened a think block
         plan.start_in_reasoning = agents.reasoning.starts_in_reasoning(
             engine.tokenizer.decode(prompt_ids[-16:]), plan.markers)
+        await run_in_threadpool(agents.close_reasoning_first, plan, engine.tokenizer)
     return plan, prompt_ids
 
 
