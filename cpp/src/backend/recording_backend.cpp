@@ -1,18 +1,8 @@
 #include "backend/recording_backend.h"
 
-#include <algorithm>
+#include <utility>
 
 namespace sharpi {
-
-namespace {
-
-std::string join(const std::vector<std::string>& parts) {
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
-    return out;
-}
-
-}  // namespace
 
 void RecordingBackend::record(const char* op, GgmlType type, std::string variant) {
     calls_.push_back(OpCall{op, type, std::move(variant)});
@@ -20,21 +10,7 @@ void RecordingBackend::record(const char* op, GgmlType type, std::string variant
 
 void RecordingBackend::record_experts(const char* op, const ExpertFfnWeights* experts, int64_t n,
                                       bool exact) {
-    std::vector<std::pair<GgmlType, std::string>> seen;
-    for (int64_t i = 0; i < n; ++i) {
-        const ExpertFfnWeights& e = experts[i];
-        std::vector<std::string> v;
-        if (e.gate_b || e.up_b || e.down_b) v.push_back("bias");
-        if (e.swiglu_limit > 0.0f) v.push_back("clamped_swiglu");
-        if (exact) v.push_back("exact");
-        const std::string variant = join(v);
-        for (GgmlType t : {e.gate.type, e.up.type, e.down.type}) {
-            const auto key = std::make_pair(t, variant);
-            if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-            seen.push_back(key);
-            record(op, t, variant);
-        }
-    }
+    for (OpCall& c : expert_calls(op, experts, n, exact)) calls_.push_back(std::move(c));
 }
 
 Act RecordingBackend::alloc(int64_t n_tokens, int64_t width) {
@@ -42,6 +18,9 @@ Act RecordingBackend::alloc(int64_t n_tokens, int64_t width) {
 }
 void RecordingBackend::reset_activations() {
     inner_.reset_activations();
+}
+Act RecordingBackend::residual(int64_t n_tokens, int64_t width) {
+    return inner_.residual(n_tokens, width);
 }
 void RecordingBackend::read(const Act& x, float* host) {
     inner_.read(x, host);
@@ -67,7 +46,7 @@ void RecordingBackend::rms_norm(const float* x, int64_t ldx, float* y, int64_t l
 }
 void RecordingBackend::matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                               int64_t ldy, bool exact) {
-    record("matmul", w.type, exact ? "exact" : "");
+    calls_.push_back(matmul_call(w, exact));
     inner_.matmul(w, x, ldx, n_tokens, y, ldy, exact);
 }
 void RecordingBackend::add_bias(const Act& y, const float* bias) {
@@ -96,22 +75,17 @@ void RecordingBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
 }
 void RecordingBackend::rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                             int64_t pos0, const RopeParams& p) {
-    record("rope", GgmlType::F32, p.ext_factor != 0.0f || p.mscale != 1.0f ? "yarn" : "");
+    calls_.push_back(rope_call(p));
     inner_.rope(x, ld, n_tokens, n_heads, head_dim, pos0, p);
 }
 
 void RecordingBackend::kv_store(KvCache& kv, int il, int64_t pos0, const Act& k, const Act* v) {
-    record("kv_store", kv.type_k());
-    if (v && kv.type_v() != kv.type_k()) record("kv_store", kv.type_v());
+    for (OpCall& c : kv_store_calls(kv.type_k(), kv.type_v(), v != nullptr)) calls_.push_back(std::move(c));
     inner_.kv_store(kv, il, pos0, k, v);
 }
 void RecordingBackend::attention(const float* q, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
                                  int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo) {
-    std::vector<std::string> v;
-    if (shape.sinks) v.push_back("sinks");
-    if (shape.window > 0) v.push_back("window");
-    v.push_back("head_dim=" + std::to_string(shape.head_dim));
-    record("attention", kv.type_k(), join(v));
+    calls_.push_back(attention_call(kv.type_k(), shape));
     inner_.attention(q, ldq, kv, il, n_tokens, pos0, shape, out, ldo);
 }
 void RecordingBackend::mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il,
@@ -145,13 +119,7 @@ void RecordingBackend::gated_delta_rule(const GdnInputs& in, int64_t n_tokens, c
 
 void RecordingBackend::route_topk(const Act& logits, int64_t k, const RouterParams& params, const Act& probs,
                                   int32_t* ids, float* weights) {
-    std::vector<std::string> v;
-    if (params.gating == Gating::sigmoid) v.push_back("sigmoid");
-    if (params.n_group > 1) v.push_back("groups");
-    if (params.weights_scale != 1.0f) v.push_back("scale");
-    if (params.selection_bias) v.push_back("selection_bias");
-    v.push_back("n_expert=" + std::to_string(logits.width));
-    record("route_topk", GgmlType::F32, join(v));
+    calls_.push_back(route_topk_call(params, logits.width));
     inner_.route_topk(logits, k, params, probs, ids, weights);
 }
 void RecordingBackend::topk_weights(const float* probs, const int32_t* ids, int64_t k,

@@ -23,6 +23,7 @@ class RecordingBackend final : public Backend {
 
     Act alloc(int64_t n_tokens, int64_t width) override;
     void reset_activations() override;
+    Act residual(int64_t n_tokens, int64_t width) override;
     void read(const Act& x, float* host) override;
     void copy(const Act& src, const Act& dst) override;
     void copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t n_rows,

@@ -205,6 +205,23 @@ void bind_cuda(py::module_& m) {
         },
         py::arg("path"), py::arg("tokens"), py::arg("exact") = false);
     m.def(
+        "forward_logits",
+        [](const std::string& path, const std::vector<token_t>& tokens, const std::string& backend,
+           bool exact, int64_t batch) {
+            std::vector<float> logits;
+            {
+                py::gil_scoped_release release;
+                logits = forward_logits(path, tokens, backend, exact, batch);
+            }
+            const int64_t n = static_cast<int64_t>(tokens.size());
+            py::array_t<float> out = to_array(logits);
+            return out.reshape({n, n > 0 ? static_cast<int64_t>(logits.size()) / n : int64_t{0}});
+        },
+        py::arg("path"), py::arg("tokens"), py::arg("backend") = "cpu", py::arg("exact") = true,
+        py::arg("batch") = 0,
+        "Every token's logits [n, n_vocab] of `tokens` run through the layer builders on `backend` ('cpu' or "
+        "'cuda') in batches of `batch` tokens (0: one prefill batch; 1: token by token)");
+    m.def(
         "cuda_unsupported_op",
         [](const std::string& op, int type, const std::string& variant) {
             return cuda::unsupported_op(OpCall{op, type_arg(type), variant});
