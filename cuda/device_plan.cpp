@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <string>
 
-#include "block_math_host.h"
 #include "backend/cuda_interface.h"
+#include "block_math_host.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
 

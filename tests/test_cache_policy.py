@@ -1,4 +1,4 @@
-"""The expert cache's replacement policy as bound to Python (sharpi._core.ReplacementPolicy), against
+"""The expert cache's replacement policy as bound to Python (sharpi._internal.ReplacementPolicy), against
 an independent list-based SLRU written here, and the engine's own cache against an offline replay
 of the same policy (sharpi.belady.slru): one policy code, used by the engine and by trace replay.
 """

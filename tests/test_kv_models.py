@@ -151,7 +151,7 @@ def test_streamed_equals_resident_for_each_kv_type(arch, kv_type, model_dir):
     prompt = list(range(30, 70))
     opts = {"threads": 2, "n_ctx": 128, "cache_type_k": kv_type, "cache_type_v": kv_type}
     resident = greedy_logits(sharpi.Session(path, **opts), prompt, 24)
-    plan = sharpi._core.memory_plan(path, n_ctx=128, cache_type_k=kv_type, cache_type_v=kv_type)
+    plan = sharpi._internal.memory_plan(path, n_ctx=128, cache_type_k=kv_type, cache_type_v=kv_type)
     s = sharpi.Session(path, ram_budget=plan["minimum_bytes"] + plan["slot_bytes"], **opts)
     st = s.expert_stats()
     assert st["fixed_bytes"] == plan["fixed_bytes"] and st["n_slots"] == plan["n_min_slots"] + 1
@@ -164,7 +164,7 @@ def test_olmoe_minimum_budget_falls_by_the_kv_bytes_saved(tmp_path):
     write_model(path, preset="olmoe-1b-7b", quant="q4_k", weights="sparse")
     n_layer, n_ctx, width = 16, 4096, 16 * 128
     row_bytes = {"f32": width * 4, "f16": width * 2, "q8_0": width // 32 * 34, "q4_0": width // 32 * 18}
-    plans = {t: sharpi._core.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t)
+    plans = {t: sharpi._internal.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t)
              for t in row_bytes}
     assert plans["f32"]["kv_bytes"] == 1024 * 2**20  # the number
     for t, rb in row_bytes.items():
@@ -172,8 +172,8 @@ def test_olmoe_minimum_budget_falls_by_the_kv_bytes_saved(tmp_path):
         assert plans[t]["kv_bytes"] == kv
         assert plans["f32"]["minimum_bytes"] - plans[t]["minimum_bytes"] == plans["f32"]["kv_bytes"] - kv
     # The default (fast mode) is f16, and exact mode keeps f32.
-    assert sharpi._core.memory_plan(path, n_ctx=n_ctx)["kv_bytes"] == plans["f16"]["kv_bytes"]
-    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, exact=True)["kv_bytes"] == plans["f32"]["kv_bytes"]
+    assert sharpi._internal.memory_plan(path, n_ctx=n_ctx)["kv_bytes"] == plans["f16"]["kv_bytes"]
+    assert sharpi._internal.memory_plan(path, n_ctx=n_ctx, exact=True)["kv_bytes"] == plans["f32"]["kv_bytes"]
     # End to end: the f16 minimum opens a session that f32 KV would not fit.
     budget = plans["f16"]["minimum_bytes"]
     s = sharpi.Session(path, threads=2, n_ctx=n_ctx, ram_budget=budget)
@@ -214,7 +214,7 @@ def test_deepseek2_latent_type_rules(model_dir):
     with pytest.raises(sharpi.InvalidArgument, match=r"got K q8_0, V f16"):
         sharpi.Session(path, n_ctx=64, cache_type_k="q8_0")
     with pytest.raises(sharpi.InvalidArgument, match=r"got K f32, V q4_0"):
-        sharpi._core.memory_plan(path, n_ctx=64, cache_type_v="q4_0", exact=True)
+        sharpi._internal.memory_plan(path, n_ctx=64, cache_type_v="q4_0", exact=True)
     # `sharpi inspect` names the rule and the latent row's bytes in each type (288 elements).
     report = inspect_report(path)
     assert "latent cache type: cache_type_k (f16; exact mode f32); cache_type_v must match" in report
@@ -237,15 +237,15 @@ def test_deepseek_v2_lite_kv_bytes_fall_by_the_latent_bytes_saved(tmp_path):
     write_model(path, preset="deepseek-v2-lite", quant="q4_k", weights="sparse")
     n_layer, n_ctx, width = 27, 4096, 576
     row_bytes = {"f32": width * 4, "f16": width * 2, "q8_0": width // 32 * 34, "q4_0": width // 32 * 18}
-    plans = {t: sharpi._core.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t) for t in row_bytes}
+    plans = {t: sharpi._internal.memory_plan(path, n_ctx=n_ctx, cache_type_k=t, cache_type_v=t) for t in row_bytes}
     assert plans["f32"]["kv_bytes"] == 27 * 4096 * 576 * 4  # 243 MiB
     for t, rb in row_bytes.items():
         assert plans[t]["latent_kv"] and plans[t]["cache_type_k"] == t
         assert plans[t]["kv_bytes"] == n_layer * n_ctx * rb  # one latent row, no separate V
         assert plans["f32"]["minimum_bytes"] - plans[t]["minimum_bytes"] == (row_bytes["f32"] - rb) * n_layer * n_ctx
         assert f"MLA latent {t})" in plans[t]["summary"]
-    assert sharpi._core.memory_plan(path, n_ctx=n_ctx)["kv_bytes"] == plans["f16"]["kv_bytes"]
-    assert sharpi._core.memory_plan(path, n_ctx=n_ctx, exact=True)["kv_bytes"] == plans["f32"]["kv_bytes"]
+    assert sharpi._internal.memory_plan(path, n_ctx=n_ctx)["kv_bytes"] == plans["f16"]["kv_bytes"]
+    assert sharpi._internal.memory_plan(path, n_ctx=n_ctx, exact=True)["kv_bytes"] == plans["f32"]["kv_bytes"]
     # The session allocates and reports what the planner charged.
     s = sharpi.Session(path, threads=2, n_ctx=n_ctx, ram_budget=plans["q8_0"]["minimum_bytes"],
                        cache_type_k="q8_0", cache_type_v="q8_0")

@@ -186,7 +186,7 @@ def test_stop_string_cuts_the_text(server, session):
         (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
         (json.dumps({"prompt": "x", "seed": 1.5}).encode(), 400, "seed"),
         (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400, "stop"),
-        (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n"),
+        (json.dumps({"prompt": "x", "n": 17}).encode(), 400, "n"),
         (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
         (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "stream"),
         (json.dumps({"prompt": "x", "stream": True, "stream_options": "all"}).encode(), 400, "stream_options"),
@@ -406,7 +406,7 @@ def test_logprobs_stop_at_a_stop_string(server, session):
         ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
         ("/v1/completions", {"logprobs": 6}, "logprobs"),
         ("/v1/completions", {"logprobs": True}, "logprobs"),
-        ("/v1/completions", {"echo": True}, "echo"),
+        ("/v1/completions", {"echo": "yes"}, "echo"),
     ],
 )
 def test_bad_logprob_requests(server, path, body, param):

@@ -6,7 +6,7 @@ sequence the decode thread would acquire — token by token, layer by layer, eac
 distinct experts in increasing id order — on the trace's held-out sequences (the repo's split:
 the first 70% of sequences train, the rest are scored; sharpi.predict.traces.split_by_sequences,
 as `sharpi bench` and `sharpi predictor` use it), and replaying it through every policy with the
-engine's own code (sharpi._core.replay_policy: the calls ExpertCache::acquire makes on a demand
+engine's own code (sharpi._internal.replay_policy: the calls ExpertCache::acquire makes on a demand
 cache, moe/policy_replay.h). Belady's misses (sharpi.belady.belady) on the same steps and capacity
 are the bound; each policy's misses are reported as a multiple of them. Every run starts cold.
 

@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--quant", default=None, choices=list(QUANTS), metavar="QUANT",
                       help=f"quantization, one of: {', '.join(QUANTS)} (default: f32)")
     make.add_argument("--seed", type=int, default=None, help="weight seed")
+    make.add_argument("--fim", action="store_true", default=None,
+                      help="add fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|> <|fim_middle|>) to the vocabulary")
     make.add_argument("out", metavar="OUT", help="output GGUF path")
 
     from . import bench
@@ -419,7 +421,7 @@ def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
 
     # Only what the user gave: write_model's own defaults apply to the rest.
     options = {
-        k: getattr(args, k) for k in ("arch", "preset", "quant", "seed") if getattr(args, k) is not None
+        k: getattr(args, k) for k in ("arch", "preset", "quant", "seed", "fim") if getattr(args, k) is not None
     }
     write_model(args.out, progress_bar=True, **options)
     size = os.path.getsize(args.out)

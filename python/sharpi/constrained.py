@@ -149,6 +149,17 @@ class GrammarMask:
         self.n_masks = 0  # masks computed, and the seconds spent in __call__ (the cost per token)
         self.seconds = 0.0
 
+    def fresh_copy(self) -> GrammarMask:
+        """A mask for another generation under the same grammar, at the grammar's start (a server
+        request's n choices each need their own: a mask follows one generation's tokens)."""
+        other = object.__new__(GrammarMask)
+        other.__dict__.update(self.__dict__)
+        other._matcher = self._matcher.deep_copy()
+        other._matcher.reset()
+        other._bitmask = np.zeros_like(self._bitmask)
+        other._seen, other.n_masks, other.seconds = 0, 0, 0.0
+        return other
+
     @property
     def accepting(self) -> bool:
         """The text so far is a complete sentence of the grammar."""

@@ -49,7 +49,7 @@ from ._core import InvalidArgument
 from .presets import HYBRID_ARCHES, HParams
 from .progress import bar
 from .progress import write as progress_write
-from .synthetic_tokenizer import SPECIAL_TOKENS, tokenizer_metadata
+from .synthetic_tokenizer import FIM_TOKENS, SPECIAL_TOKENS, tokenizer_metadata
 from .synthetic_weights import tensor_data
 from .tensor_plan import QUANTS, QuantRecipe, plan_tensors, quant_recipe
 
@@ -137,6 +137,10 @@ def _write_metadata(
     w.add_pad_token_id(tok["padding_token_id"])
     w.add_add_bos_token(False)
     w.add_chat_template(tok["chat_template"])
+    if tok["fim_ids"] is not None:  # as convert_hf_to_gguf.py writes a coder model's FIM tokens
+        for key, token_id in zip((gguf.Keys.Tokenizer.FIM_PRE_ID, gguf.Keys.Tokenizer.FIM_SUF_ID,
+                                  gguf.Keys.Tokenizer.FIM_MID_ID), tok["fim_ids"]):
+            w.add_uint32(key, token_id)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # sharpi's own provenance keys (ignored by other readers).
     w.add_bool("sharpi.synthetic", True)
@@ -270,6 +274,7 @@ def write_model(
     *,
     weights: str = "auto",
     pure: bool = False,
+    fim: bool = False,
     progress: Callable[[str], None] | None = None,
     progress_bar: bool = False,
     **overrides,
@@ -282,7 +287,9 @@ def write_model(
     "random" (random blocks with calibrated scales, streamed), "auto" (float below 64 MiB, else random)
     or "sparse" (no data written: the file is extended with a hole, every weight reads as zero; full
     size shapes in no time and no disk, for tests of readers, planners and inspect).
-    pure: every weight matrix in the quant's base type (llama-quantize --pure). progress: called
+    pure: every weight matrix in the quant's base type (llama-quantize --pure). fim: the vocabulary
+    has fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|> <|fim_middle|>, named by
+    tokenizer.ggml.fim_pre/suf/mid_token_id), as a coder model's has. progress: called
     with a line after each large tensor; progress_bar: a bar of the bytes written on stderr
     (sharpi.progress: shown on a terminal only). overrides: any
     presets.HParams field (n_layer=4, n_expert=16, ...). Raises InvalidArgument on bad arguments.
@@ -299,7 +306,7 @@ def write_model(
     if weights == "auto":
         weights = "float" if total < FLOAT_WEIGHTS_LIMIT else "random"
 
-    tok = tokenizer_metadata(hp.n_vocab)
+    tok = tokenizer_metadata(hp.n_vocab, fim=fim)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     w = gguf.GGUFWriter(str(tmp), hp.arch)
@@ -383,7 +390,7 @@ def write_model(
             "bos_token_id": tok["bos_token_id"],
             "eos_token_id": tok["eos_token_id"],
             "padding_token_id": tok["padding_token_id"],
-            "special_tokens": list(SPECIAL_TOKENS),
+            "special_tokens": list(SPECIAL_TOKENS) + (list(FIM_TOKENS) if fim else []),
         },
     }
 
@@ -407,6 +414,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--weights", choices=["auto", "float", "random", "sparse"], default="auto")
     p.add_argument("--pure", action="store_true", help="every weight matrix in the quant's base type")
+    p.add_argument("--fim", action="store_true",
+                   help="add fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|> <|fim_middle|>) to the vocabulary")
     p.add_argument(
         "--set",
         action="append",
@@ -447,6 +456,7 @@ def run(args: argparse.Namespace) -> dict:
         vocab_size=args.vocab_size,
         weights=args.weights,
         pure=args.pure,
+        fim=args.fim,
         progress=None if args.json else lambda msg: progress_write("  " + msg),
         progress_bar=True,
         **_parse_overrides(args.set),

@@ -111,7 +111,7 @@ def open_session(path: str, **options):
     total = None
     if options.get("ram_budget") and enabled():
         try:  # the file is only mapped; a file the plan refuses gets the Session's own error below
-            total = sharpi._core.memory_plan(path, allow_long_context=True)["dense_bytes"]
+            total = sharpi._internal.memory_plan(path, allow_long_context=True)["dense_bytes"]
         except sharpi._core.SharpiError:
             pass
     with loading(path, total=total):

@@ -5,7 +5,8 @@ $SHARPI_CACHE_DIR, written atomically) a byte-level BPE ("gpt2" model; pre-token
 llama.cpp's name for the regex the `tokenizers` ByteLevel pre-tokenizer implements) on Python
 standard-library sources, at most 8192 learned tokens; then the GGUF tokenizer metadata of a
 vocabulary of exactly n_vocab entries: the learned tokens, the special tokens <|endoftext|> (bos,
-padding), <|im_start|>, <|im_end|> (eos), then "[PAD<id>]" tokens of type UNUSED (as
+padding), <|im_start|>, <|im_end|> (eos), optionally the fill-in-the-middle tokens <|fim_prefix|>,
+<|fim_suffix|>, <|fim_middle|>, then "[PAD<id>]" tokens of type UNUSED (as
 convert_hf_to_gguf.py pads), with a ChatML chat template. It reads the standard library and its
 cache only.
 """
@@ -19,6 +20,8 @@ import sysconfig
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Fill-in-the-middle control tokens (make-model --fim), spelled as Qwen2.5-Coder and Qwen3 spell them.
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 MAX_TRAINED_VOCAB = 8192
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -75,9 +78,11 @@ def trained_tokenizer(n_trained: int):
     return tok
 
 
-def tokenizer_metadata(n_vocab: int) -> dict:
-    """tokens, token types, merges and special ids for a vocabulary of exactly n_vocab entries."""
-    n_trained = min(n_vocab - len(SPECIAL_TOKENS), MAX_TRAINED_VOCAB)
+def tokenizer_metadata(n_vocab: int, fim: bool = False) -> dict:
+    """tokens, token types, merges and special ids for a vocabulary of exactly n_vocab entries;
+    fim: FIM_TOKENS follow the special tokens, their ids under "fim_ids" (prefix, suffix, middle)."""
+    specials = SPECIAL_TOKENS + (FIM_TOKENS if fim else [])
+    n_trained = min(n_vocab - len(specials), MAX_TRAINED_VOCAB)
     tok = trained_tokenizer(n_trained)
     model = json.loads(tok.to_str())["model"]
     by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
@@ -86,8 +91,8 @@ def tokenizer_metadata(n_vocab: int) -> dict:
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     types = [TOKEN_NORMAL] * len(tokens)
     first_special = len(tokens)
-    tokens += SPECIAL_TOKENS
-    types += [TOKEN_CONTROL] * len(SPECIAL_TOKENS)
+    tokens += specials
+    types += [TOKEN_CONTROL] * len(specials)
     tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
     types += [TOKEN_UNUSED] * (n_vocab - len(types))
     return {
@@ -99,4 +104,5 @@ def tokenizer_metadata(n_vocab: int) -> dict:
         "padding_token_id": first_special,
         "eos_token_id": first_special + 2,
         "chat_template": CHAT_TEMPLATE,
+        "fim_ids": tuple(range(first_special + len(SPECIAL_TOKENS), first_special + len(specials))) or None,
     }

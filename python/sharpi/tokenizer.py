@@ -430,9 +430,17 @@ def _chat_environment():
     def raise_exception(message):
         raise InvalidArgument(f"[tokenizer] chat template: {message}")
 
+    def as_json_value(value):
+        # Jinja's map, select and friends give generators (llama.cpp's deepseek-r1 template writes
+        # `tools | map(attribute='function') | tojson`): written as the list they yield, as
+        # llama.cpp's minja (whose filters give lists) renders them; anything else is an error.
+        if isinstance(value, Iterator):
+            return list(value)
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+                          sort_keys=sort_keys, default=as_json_value)
 
     def strftime_now(fmt):
         return datetime.datetime.now().strftime(fmt)

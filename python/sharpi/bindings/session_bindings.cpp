@@ -20,7 +20,6 @@
 
 #include "bindings.h"
 #include "sharpi/session.h"
-#include "threads/thread_pool.h"
 
 namespace py = pybind11;
 

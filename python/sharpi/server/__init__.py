@@ -2,8 +2,9 @@
 `serve` extra), one module per concept, as the C++ core is split:
 
 - prompt.py: what the Session is given: chat messages rendered with the model's template
-  (render_chat, encode_chat), a lower bound on a text's tokens (max_token_bytes), and the prefix
-  of a prompt the KV cache already holds (reuse_prefix); `sharpi chat` uses them too.
+  (render_chat, encode_chat; fit_tool_calls for earlier tool calls), fill-in-the-middle prompts
+  (fim_token_ids, fim_prompt_ids), a lower bound on a text's tokens (max_token_bytes), and the
+  prefix of a prompt the KV cache already holds (reuse_prefix); `sharpi chat` uses them too.
 - scheduler.py: the Engine, which owns the Session and the one worker thread that calls it, and the
   Job each request queues on it.
 - stops.py: stop strings found in streamed text, and the stream of a Job's pieces cut at the first.

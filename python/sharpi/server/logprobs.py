@@ -32,8 +32,10 @@ def token_logprobs(tok, token: int, logits, n_top: int) -> dict:
 
 
 def completion_logprobs(entries: list) -> dict:
-    """The legacy completions shape of (text offset, chat-shaped entry) pairs."""
+    """The legacy completions shape of (text offset, chat-shaped entry) pairs. An echoed prompt's
+    first token has logprob and top_logprobs None (nothing predicts it), as OpenAI writes it."""
     return {"tokens": [e["token"] for _, e in entries], "token_logprobs": [e["logprob"] for _, e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for _, e in entries],
+            "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for _, e in entries],
             "text_offset": [off for off, _ in entries]}
 

@@ -19,12 +19,20 @@ def _json(schema: dict) -> dict:
 
 
 def _operation(summary: str, ok: dict, errors: tuple = (), body: str | None = None, secured: bool = False,
-               ok_type: str = "application/json", error: dict = _ERROR) -> dict:
-    """One operation: its 200 answer (`ok`, a schema, in `ok_type`), the error statuses it can
-    give (in the `error` schema), and its request body's schema name under components."""
+               ok_type: str = "application/json", error: dict = _ERROR, streams: bool = False) -> dict:
+    """One operation: its 200 answer (`ok`, a schema, in `ok_type`; with `streams` also server-sent
+    events), the error statuses it can give (in the `error` schema), and its request body's schema
+    name under components."""
     codes = {"400": "a bad request", "401": "no valid API key (--api-key)", "404": "an unknown model",
              "413": "a body over --max-body", "500": "a failure while generating"}
-    responses = {"200": {"description": "success", "content": {ok_type: {"schema": ok}}}}
+    content = {ok_type: {"schema": ok}}
+    if streams:
+        # One server-sent event (as a reader parses it): its data a JSON chunk (then "[DONE]" on
+        # OpenAI's endpoints), its event type on Anthropic's.
+        content["text/event-stream"] = {"schema": {
+            "type": "object", "required": ["data"], "description": "stream: true: the answer as server-sent events",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}}
+    responses = {"200": {"description": "success", "content": content}}
     for code in (*errors, *(("401",) if secured else ())):
         responses[code] = {"description": codes[code], **_json(error)}
     op = {"summary": summary, "responses": responses}
@@ -35,11 +43,13 @@ def _operation(summary: str, ok: dict, errors: tuple = (), body: str | None = No
 
 _STOP = {"oneOf": [{"type": "string", "minLength": 1},
                    {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}}]}
+_MAX_TOKENS = {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
 
-# The sampling fields both completion endpoints take (openai_api.sampling_options' limits).
+# The sampling fields both completion endpoints take (openai_api.sampling_options' limits, MAX_N,
+# logit_bias, refuse_unsupported and IGNORED_FIELDS).
 _SAMPLING = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+    "model": {"type": "string", "description": "the served model's name (GET /v1/models); another is a 404"},
+    "max_tokens": _MAX_TOKENS,
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
@@ -47,14 +57,57 @@ _SAMPLING = {
     "repeat_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 10},
     "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
-    "n": {"type": "integer", "minimum": 1, "maximum": 1},
+    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1,
+             "description": "choice k of n is sampled with seed + k (mod 2**32): the single-choice request "
+                            "with that seed"},
+    "n": {"type": "integer", "minimum": 1, "maximum": 16,
+          "description": "choices per prompt, each an independent sample; prompts times n at most 16"},
+    "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+                   "description": "token id (as a string) -> bias added to its logit; -100 bans it"},
     "stop": _STOP,
     "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "stream_options": {"type": "object", "additionalProperties": False,
+                       "properties": {"include_usage": {"type": "boolean"}, "include_obfuscation": {"type": "boolean"}},
+                       "description": "only with stream: true"},
+    "user": {"type": "string", "description": "accepted and ignored"},
 }
+_IGNORED = {"metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "ignored"},
+            "safety_identifier": {"type": "string", "description": "ignored"},
+            "prompt_cache_key": {"type": "string", "description": "ignored: the cache is reused for every request"},
+            "prompt_cache_options": {"type": "object", "description": "ignored"},
+            "prompt_cache_retention": {"type": "string", "description": "ignored"}}
+
+_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"},
+        "arguments": {"oneOf": [{"type": "string", "description": "JSON text, as OpenAI writes it"},
+                                {"type": "object"}]}}}}}
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+
+_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
+    "prompt_tokens": {"type": "integer", "minimum": 0}, "completion_tokens": {"type": "integer", "minimum": 0},
+    "total_tokens": {"type": "integer", "minimum": 0}}}
+_FINISH = {"enum": ["stop", "length", "tool_calls"]}
+
+
+def _completion_object(kind: str, choice: dict) -> dict:
+    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "id": {"type": "string"}, "object": {"const": kind}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": _USAGE,
+        "choices": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["index", "finish_reason", *choice], "properties": {
+                "index": {"type": "integer", "minimum": 0}, "finish_reason": _FINISH, **choice}}}}}
+
 
 _SCHEMAS = {
+    "ChatCompletion": _completion_object("chat.completion", {"message": {
+        "type": "object", "required": ["role"], "properties": {
+            "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+            "reasoning_content": {"type": "string"}, "tool_calls": {"type": "array", "items": _TOOL_CALL}}}}),
+    "TextCompletion": _completion_object("text_completion", {"text": {"type": "string"}}),
     "Error": {
         "type": "object", "required": ["error"],
         "properties": {"error": {
@@ -64,34 +117,75 @@ _SCHEMAS = {
     },
     "ChatMessage": {
         "type": "object", "required": ["role"],
-        "properties": {"role": {"type": "string"},
-                       "content": {"oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-                           "type": "object", "properties": {"type": {"type": "string"}, "text": {"type": "string"}}}}]}},
+        "properties": {"role": {"type": "string", "description": "system, developer, user, assistant, tool, ..."},
+                       "content": {"oneOf": [{"type": "string"}, {"type": "null"},
+                                             {"type": "array", "items": _TEXT_PART}]},
+                       "name": {"type": "string"},
+                       "tool_calls": {"type": "array", "items": _TOOL_CALL},
+                       "tool_call_id": {"type": "string"},
+                       "reasoning_content": {"type": "string"}},
+    },
+    "Tool": {
+        "type": "object", "required": ["type", "function"],
+        "properties": {"type": {"const": "function"},
+                       "function": {"type": "object", "required": ["name"], "properties": {
+                           "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                           "description": {"type": "string"},
+                           "parameters": {"type": "object", "description": "a JSON Schema of the arguments"},
+                           "strict": {"type": "boolean"}}}},
     },
     "ChatCompletionRequest": {
         "type": "object", "required": ["messages"],
         "properties": {
-            **_SAMPLING,
+            **_SAMPLING, **_IGNORED,
             "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
-            "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+            "max_completion_tokens": _MAX_TOKENS,
             "logprobs": {"type": "boolean"},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "documents": {"type": "array"},
-            "chat_template_kwargs": {"type": "object", "properties": {"enable_thinking": {"type": "boolean"},
-                                                                      "reasoning_effort": {"type": "string"}}},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "description": "needs logprobs: true"},
+            "tools": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Tool"}},
+            "tool_choice": {"oneOf": [
+                {"enum": ["none", "auto", "required"]},
+                {"type": "object", "required": ["type", "function"], "properties": {
+                    "type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}],
+                "description": "auto or required need tools; a named function must be one of them"},
+            "parallel_tool_calls": {"type": "boolean", "description": "false: at most one call"},
+            "response_format": {"oneOf": [
+                {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+                {"type": "object", "required": ["type", "json_schema"], "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {"type": "object", "required": ["schema"], "properties": {
+                        "name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}}],
+                "description": "constrained decoding; one of response_format, grammar and a forced tool_choice"},
+            "grammar": {"type": "string", "description": "llama-server's GBNF grammar the reply must match"},
+            "documents": {"type": "array", "description": "handed to the chat template"},
+            "chat_template_kwargs": {"type": "object", "description": "extra template variables",
+                                     "properties": {"enable_thinking": {"type": "boolean"},
+                                                    "reasoning_effort": {"type": "string"}}},
             "reasoning_effort": {"enum": ["low", "medium", "high"]},
+            "store": {"const": False, "description": "sharpi keeps no completions"},
+            "service_tier": {"enum": ["auto", "default"]},
+            "modalities": {"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1},
         },
     },
     "CompletionRequest": {
         "type": "object", "required": ["prompt"],
         "properties": {
-            **_SAMPLING,
-            "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                 {"type": "array", "minItems": 1, "maxItems": 1,
-                                  "items": {"type": "string", "minLength": 1}}]},
+            **_SAMPLING, **_IGNORED,
+            "prompt": {"oneOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0},
+                 "description": "token ids, each in the vocabulary (0..n_vocab-1)"},
+                {"type": "array", "minItems": 1, "maxItems": 16, "items": {"oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+                 "description": "several prompts: choice index = prompt index * n + sample"}]},
             "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
-            "echo": {"const": False},
+            "echo": {"type": "boolean", "description": "the prompt's text (and, with logprobs, its tokens' "
+                                                       "entries, the first null) goes before each choice's"},
+            "suffix": {"type": "string", "description": "fill-in-the-middle: the text after the hole (a model with "
+                                                        "FIM tokens; not with echo)"},
+            "best_of": {"type": "integer", "minimum": 1, "maximum": 1},
         },
     },
     "AnthropicError": {
@@ -161,14 +255,17 @@ def openapi_document(api_key: bool = False) -> dict:
     completion_errors = ("400", "404", "413", "500")
     paths = {
         "/v1/chat/completions": {"post": _operation(
-            "OpenAI chat completion, whole or as server-sent events (stream: true)", _OBJECT, completion_errors,
-            body="ChatCompletionRequest", secured=secured)},
+            "OpenAI chat completion, whole or as server-sent events (stream: true)",
+            {"$ref": "#/components/schemas/ChatCompletion"}, completion_errors, body="ChatCompletionRequest",
+            secured=secured, streams=True)},
         "/v1/completions": {"post": _operation(
-            "OpenAI (legacy) text completion, whole or as server-sent events", _OBJECT, completion_errors,
-            body="CompletionRequest", secured=secured)},
+            "OpenAI (legacy) text completion, whole or as server-sent events",
+            {"$ref": "#/components/schemas/TextCompletion"}, completion_errors, body="CompletionRequest",
+            secured=secured, streams=True)},
         "/v1/messages": {"post": _operation(
             "Anthropic Messages, whole or as Anthropic's server-sent events (stream: true)", _OBJECT,
-            completion_errors, body="AnthropicMessagesRequest", secured=secured, error=_ANTHROPIC_ERROR)},
+            completion_errors, body="AnthropicMessagesRequest", secured=secured, error=_ANTHROPIC_ERROR,
+            streams=True)},
         "/v1/messages/count_tokens": {"post": _operation(
             "Anthropic's token count of a Messages request's prompt", _OBJECT, ("400", "404", "413"),
             body="AnthropicCountTokensRequest", secured=secured, error=_ANTHROPIC_ERROR)},

@@ -20,9 +20,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from .live import LiveStats
 from .logprobs import token_logprobs
-from .prompt import reuse_prefix
+from .prompt import fim_token_ids, reuse_prefix
 
 # The last item on a Job's queue.
 END = object()
@@ -34,12 +36,18 @@ class Job:
     (none unless n_top is set); its counts are written by the worker before END is queued."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, prompt_ids: list, options: dict,
-                 n_top: int | None = None, keep_special: bool = False):
+                 n_top: int | None = None, keep_special: bool = False, prompt_logprobs: bool = False):
         self.loop, self.prompt_ids, self.options = loop, prompt_ids, options
         self.n_top = n_top  # alternatives per logprob entry; None: no entries
         # Pieces keep control tokens' text (a reply parsed for tool calls: DeepSeek's, Mistral's and
         # gpt-oss's markers are control tokens), else they are the text a plain decode gives.
         self.keep_special = keep_special
+        # The prompt's own tokens' entries too (completions' echo with logprobs): the whole prompt is
+        # decoded again for their logits (no cache reuse), and prompt_entries holds one entry per
+        # prompt token, the first with logprob and top_logprobs None (nothing predicts it), by the
+        # time the first piece is queued.
+        self.prompt_logprobs = prompt_logprobs
+        self.prompt_entries: list = []
         self.queue: asyncio.Queue = asyncio.Queue()
         self.stopped = threading.Event()
         self.n_generated = 0
@@ -65,6 +73,8 @@ class Engine:
         self.info = dict(session.info)
         self.n_ctx = self.info["n_ctx"]
         self.tokenizer = session.tokenizer
+        # (prefix, suffix, middle) fill-in-the-middle token ids, None when the vocabulary has none.
+        self.fim_ids = fim_token_ids(self.tokenizer, session.metadata)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharpi-serve")
         self._state = threading.Lock()
         self._current: Job | None = None
@@ -96,8 +106,9 @@ class Engine:
         with self._state:
             return {**self.counts, "busy": self._current is not None, "waiting": self._n_waiting}
 
-    def submit(self, prompt_ids: list, options: dict, n_top: int | None = None, keep_special: bool = False) -> Job:
-        job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top, keep_special)
+    def submit(self, prompt_ids: list, options: dict, n_top: int | None = None, keep_special: bool = False,
+               prompt_logprobs: bool = False) -> Job:
+        job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top, keep_special, prompt_logprobs)
         with self._state:
             self._n_waiting += 1
         self._pool.submit(self._run, job)
@@ -108,6 +119,23 @@ class Engine:
             job.stopped.set()
             if self._current is job:
                 self.session.cancel()
+
+    # Prompt positions decoded per call when their logits are kept: [chunk, n_vocab] float32 at a time.
+    PROMPT_LOGITS_CHUNK = 256
+
+    def _prompt_entries(self, job: Job) -> list:
+        """The prompt's logprob entries (Job.prompt_logprobs), decoding all of the prompt but its
+        last token from a reset cache (worker thread). Token i's entry comes from the logits at
+        position i - 1, as a generated token's from the logits it was sampled from."""
+        s, ids = self.session, job.prompt_ids
+        first = token_logprobs(s.tokenizer, ids[0], np.zeros(s.info["n_vocab"], dtype=np.float32), 0)
+        entries = [{**first, "logprob": None, "top_logprobs": None}]
+        for start in range(0, len(ids) - 1, self.PROMPT_LOGITS_CHUNK):
+            chunk = ids[start : min(start + self.PROMPT_LOGITS_CHUNK, len(ids) - 1)]
+            rows = s.decode(chunk, all_logits=True)
+            for k, row in enumerate(rows):
+                entries.append(token_logprobs(s.tokenizer, ids[start + k + 1], row, job.n_top or 0))
+        return entries
 
     def _run(self, job: Job) -> None:
         from .. import _core
@@ -124,16 +152,20 @@ class Engine:
         try:
             job.t_start = time.perf_counter()
             ids = job.prompt_ids
-            job.n_reused = reuse_prefix(s, self._history, ids)
+            job.n_reused = reuse_prefix(s, [] if job.prompt_logprobs else self._history, ids)
             self._counted = job.n_reused
             self.live.begin_request(s.expert_stats())
+            n_held = job.n_reused
+            if job.prompt_logprobs:
+                job.prompt_entries = self._prompt_entries(job)
+                n_held = len(ids) - 1
             pending: list = []  # logprob entries of tokens whose text has not been put yet
             produced = 0  # characters put so far: the next piece's offset
 
             def on_token(token, logits):
                 pending.append(token_logprobs(s.tokenizer, token, logits, job.n_top))
 
-            gen = s.generate(ids[job.n_reused :], history=ids[: job.n_reused],
+            gen = s.generate(ids[n_held:], history=ids[:n_held],
                              on_token=None if job.n_top is None else on_token, **job.options)
             # keep_special: each piece is the text, control tokens included, of the tokens sampled
             # since the last one (a control token's text goes out with the next piece or the tail).

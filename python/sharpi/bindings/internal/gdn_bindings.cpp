@@ -6,7 +6,6 @@
 #include <string>
 
 #include "cpu/ops/gated_delta_net.h"
-#include "threads/thread_pool.h"
 #include "internal.h"
 #include "sharpi/errors.h"
 #include "threads/thread_pool.h"

@@ -16,7 +16,6 @@
 #include "cpu/ops/matmul.h"
 #include "cpu/quant/kernels.h"
 #include "cpu/quant/qdot.h"
-#include "threads/thread_pool.h"
 #include "internal.h"
 #include "quant/ggml_type.h"
 #include "sharpi/errors.h"

@@ -3,8 +3,8 @@
 // counters include the pools of every Session made through sharpi._core.
 #include <pybind11/pybind11.h>
 
-#include "threads/thread_pool.h"
 #include "internal.h"
+#include "threads/thread_pool.h"
 
 namespace py = pybind11;
 
@@ -31,7 +31,8 @@ void bind_threadpool(py::module_& m) {
             return d;
         },
         py::arg("reset") = false,
-        "Process-wide thread-pool cost counters (threads/thread_pool.h ThreadPoolStats), counted only by pools "
+        "Process-wide thread-pool cost counters (threads/thread_pool.h ThreadPoolStats), counted only by "
+        "pools "
         "built with SHARPI_POOL_STATS=1; reset: zero them after reading");
 }
 

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "threads/thread_pool.h"
 #include "backend/cuda_interface.h"
 #include "gguf/cache_prior_file.h"
 #include "internal.h"
