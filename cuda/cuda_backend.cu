@@ -85,8 +85,6 @@ void require_same_shape(const ExpertFfnWeights* experts, int64_t n, const char* 
 // ---- the backend --------------------------------------------------------------------------------
 
 CudaBackend::CudaBackend(const Model& model) : model_(model) {
-    const std::string what = "the CUDA backend for " + model.hp.arch;
-    require_device(what);
     weights_ = DeviceWeights(device_weights(model), stream_, "weights of " + model.hp.arch);
     one_ = DeviceBuffer(sizeof(float), "unit expert weight");
     const float one = 1.0f;
@@ -471,6 +469,8 @@ void CudaBackend::moe_combine(const Act& y, const int64_t* member_of, const floa
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model) {
+    // Before the backend's stream exists, so a missing device is reported as such.
+    require_device("the CUDA backend for " + model.hp.arch);
     return std::make_unique<CudaBackend>(model);
 }
 

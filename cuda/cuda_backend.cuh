@@ -67,7 +67,8 @@ class DeviceWeights {
 
 class CudaBackend final : public Backend {
   public:
-    // DeviceError without a usable device; uploads device_weights(model) and waits for the copies.
+    // Uploads device_weights(model) and waits for the copies. The caller checked for a device
+    // (make_cuda_backend: require_device), as the stream is created first.
     explicit CudaBackend(const Model& model);
 
     const char* name() const override { return "cuda"; }
