@@ -168,14 +168,14 @@ void CudaBackend::copy_2d(const float* src, int64_t ld_src, float* dst, int64_t 
     const size_t f = sizeof(float);
     cuda_check(cudaMemcpy2DAsync(dst, f * ld_dst, src, f * ld_src, f * width, static_cast<size_t>(n_rows),
                                  cudaMemcpyDeviceToDevice, stream_.get()),
-               std::string("[cuda] ") + what);
+               what);
 }
 
 void CudaBackend::read(const Act& x, float* host) {
     const size_t bytes = sizeof(float) * static_cast<size_t>(x.n_tokens * x.width);
     // cudaMemcpyDefault: x may also be host memory the builders name (the router's weights in a dump).
-    cuda_check(cudaMemcpyAsync(host, x.data, bytes, cudaMemcpyDefault, stream_.get()), "[cuda] read");
-    stream_.synchronize("[cuda] read of " + std::to_string(x.n_tokens) + " rows");
+    cuda_check(cudaMemcpyAsync(host, x.data, bytes, cudaMemcpyDefault, stream_.get()), "read");
+    stream_.synchronize("read of " + std::to_string(x.n_tokens) + " rows");
 }
 
 void CudaBackend::copy(const Act& src, const Act& dst) {
@@ -363,7 +363,7 @@ void CudaBackend::route_topk(const Act& logits, int64_t k, const RouterParams& p
                                stream_.get(), probs.data);
     copy_to_host(ids, ids_dev, sizeof(int32_t) * static_cast<size_t>(n), stream_, "expert ids");
     copy_to_host(weights, weights_dev, sizeof(float) * static_cast<size_t>(n), stream_, "expert weights");
-    stream_.synchronize("[cuda] route_topk of " + std::to_string(T) + " tokens");
+    stream_.synchronize("route_topk of " + std::to_string(T) + " tokens");
 }
 
 // Host arithmetic on host memory (route-trace replay): the CPU's rule, which the device router's

@@ -157,3 +157,12 @@ def test_the_forward_harness_names_its_errors(models):
             (_core.DeviceError, _core.UnsupportedError), match=r"^\[cuda\].*(CUDA device|without)"
         ):
             _internal.forward_logits(path, [1, 2], backend="cuda")
+
+
+@pytest.mark.parametrize("arch", presets.ARCHES)
+def test_every_weight_the_builders_read_is_one_the_cuda_backend_uploads(models, arch):
+    # The CUDA backend finds a weight by its host address among device_weights()' uploads (an
+    # expert's bytes inside its stacked tensor included); one outside them would stop a device run
+    # with "not uploaded" instead of the table's refusal naming the op.
+    for exact in (True, False):
+        assert _internal.cuda_weights_not_uploaded(str(models[arch]), [1, 7, 3, 9, 4], exact=exact) == []

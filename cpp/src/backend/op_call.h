@@ -23,6 +23,12 @@ struct OpCall {
     std::string variant;
 };
 
+// A weight an op reads, named by its host address (RecordingBackend::weight_reads).
+struct WeightRead {
+    std::string op;
+    const void* data = nullptr;
+};
+
 // The OpCall of each op whose type or variant depends on its arguments, built in one place so that
 // RecordingBackend records exactly what a device backend judges (cuda/cuda_backend.cu checks every
 // call through backend/cuda_interface.h unsupported_op before it launches anything).

@@ -17,14 +17,19 @@ namespace sharpi {
 
 namespace {
 
+void check_tokens(const Model& model, const std::vector<token_t>& tokens, const char* who) {
+    if (tokens.empty()) throw InvalidArgument(std::string("[backend] ") + who + " needs at least one token");
+    for (token_t t : tokens) {
+        if (t < 0 || t >= model.hp.n_vocab)
+            throw InvalidArgument("[backend] token " + std::to_string(t) + " is out of the vocabulary");
+    }
+}
+
 std::unique_ptr<Model> load_checked(const std::string& path, const std::vector<token_t>& tokens,
                                     const char* who) {
     if (tokens.empty()) throw InvalidArgument(std::string("[backend] ") + who + " needs at least one token");
     std::unique_ptr<Model> model = load_model(path);
-    for (token_t t : tokens) {
-        if (t < 0 || t >= model->hp.n_vocab)
-            throw InvalidArgument("[backend] token " + std::to_string(t) + " is out of the vocabulary");
-    }
+    check_tokens(*model, tokens, who);
     return model;
 }
 
@@ -73,9 +78,12 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
     return logits;
 }
 
-std::vector<OpCall> record_forward_ops(const std::string& path, const std::vector<token_t>& tokens,
-                                       bool exact) {
-    std::unique_ptr<Model> model = load_checked(path, tokens, "record_forward_ops");
+namespace {
+
+// The recorded pass of record_forward_ops on `model`: tokens as one prefill, then tokens[0] decoded.
+template <typename Out>
+Out record_pass(const Model& model, const std::vector<token_t>& tokens, bool exact,
+                Out (*take)(const RecordingBackend&)) {
     ThreadPool pool(1);
     Scratch scratch;
     CpuBackend cpu(pool, scratch);
@@ -83,8 +91,24 @@ std::vector<OpCall> record_forward_ops(const std::string& path, const std::vecto
     std::vector<token_t> run = tokens;
     run.push_back(tokens[0]);
     const int64_t n = static_cast<int64_t>(tokens.size());
-    run_forward(*model, recorder, run, {n, 1}, exact);
-    return recorder.calls();
+    run_forward(model, recorder, run, {n, 1}, exact);
+    return take(recorder);
+}
+
+}  // namespace
+
+std::vector<OpCall> record_forward_ops(const std::string& path, const std::vector<token_t>& tokens,
+                                       bool exact) {
+    std::unique_ptr<Model> model = load_checked(path, tokens, "record_forward_ops");
+    return record_pass<std::vector<OpCall>>(*model, tokens, exact,
+                                            [](const RecordingBackend& r) { return r.calls(); });
+}
+
+std::vector<WeightRead> record_weight_reads(const Model& model, const std::vector<token_t>& tokens,
+                                            bool exact) {
+    check_tokens(model, tokens, "record_weight_reads");
+    return record_pass<std::vector<WeightRead>>(model, tokens, exact,
+                                                [](const RecordingBackend& r) { return r.weight_reads(); });
 }
 
 std::vector<float> forward_logits(const std::string& path, const std::vector<token_t>& tokens,

@@ -32,6 +32,11 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
 std::vector<OpCall> record_forward_ops(const std::string& path, const std::vector<token_t>& tokens,
                                        bool exact);
 
+// The weights (host addresses) the same pass as record_forward_ops names, on `model` (so the
+// addresses are that Model's): what a device backend must have uploaded.
+std::vector<WeightRead> record_weight_reads(const Model& model, const std::vector<token_t>& tokens,
+                                            bool exact);
+
 // Every token's logits [n, n_vocab] of `tokens` on `backend` ("cpu": one thread; "cuda": the CUDA
 // backend, backend/cuda_interface.h make_cuda_backend), in batches of at most `batch` tokens (0 or n:
 // one prefill; 1: token by token).

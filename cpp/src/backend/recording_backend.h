@@ -17,6 +17,9 @@ class RecordingBackend final : public Backend {
   public:
     explicit RecordingBackend(Backend& inner) : inner_(inner) {}
     const std::vector<OpCall>& calls() const { return calls_; }
+    // Every weight an op named by its host address (WeightView.data, an f32 vector's data, an
+    // expert's bytes), in call order: what a device backend must find uploaded.
+    const std::vector<WeightRead>& weight_reads() const { return weight_reads_; }
 
     const char* name() const override { return inner_.name(); }
     bool host_memory() const override { return inner_.host_memory(); }
@@ -77,8 +80,12 @@ class RecordingBackend final : public Backend {
     // One call per distinct (projection type, variant) of the given experts.
     void record_experts(const char* op, const ExpertFfnWeights* experts, int64_t n, bool exact);
 
+    void read_weight(const char* op, const void* data);
+    void read_experts(const char* op, const ExpertFfnWeights* experts, int64_t n);
+
     Backend& inner_;
     std::vector<OpCall> calls_;
+    std::vector<WeightRead> weight_reads_;
 };
 
 }  // namespace sharpi

@@ -14,6 +14,7 @@
 #include "backend/cuda_interface.h"
 #include "backend/op_trace.h"
 #include "block_math_host.h"
+#include "device_plan.h"
 #include "internal.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -221,6 +222,27 @@ void bind_cuda(py::module_& m) {
         py::arg("batch") = 0,
         "Every token's logits [n, n_vocab] of `tokens` run through the layer builders on `backend` ('cpu' or "
         "'cuda') in batches of `batch` tokens (0: one prefill batch; 1: token by token)");
+    m.def(
+        "cuda_weights_not_uploaded",
+        [](const std::string& path, const std::vector<token_t>& tokens, bool exact) {
+            const std::unique_ptr<Model> model = load_model(path);
+            std::vector<std::pair<const uint8_t*, const uint8_t*>> uploads;
+            for (const cuda::HostWeight& w : cuda::device_weights(*model)) {
+                const auto* begin = static_cast<const uint8_t*>(w.data);
+                uploads.emplace_back(begin, begin + w.bytes);
+            }
+            std::vector<std::string> missing;
+            for (const WeightRead& r : record_weight_reads(*model, tokens, exact)) {
+                const auto* p = static_cast<const uint8_t*>(r.data);
+                const bool found = std::any_of(uploads.begin(), uploads.end(),
+                                               [&](const auto& u) { return p >= u.first && p < u.second; });
+                if (!found) missing.push_back(r.op);
+            }
+            return missing;
+        },
+        py::arg("path"), py::arg("tokens"), py::arg("exact") = true,
+        "The ops of the recorded forward pass that name a weight outside device_weights() (what the CUDA "
+        "backend uploads): empty when the device finds every weight the builders read");
     m.def(
         "cuda_unsupported_op",
         [](const std::string& op, int type, const std::string& variant) {
