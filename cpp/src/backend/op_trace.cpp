@@ -80,35 +80,37 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
 
 namespace {
 
-// The recorded pass of record_forward_ops on `model`: tokens as one prefill, then tokens[0] decoded.
-template <typename Out>
-Out record_pass(const Model& model, const std::vector<token_t>& tokens, bool exact,
-                Out (*take)(const RecordingBackend&)) {
-    ThreadPool pool(1);
+// The CPU backend on one thread, recorded.
+struct CpuRecorder {
+    ThreadPool pool{1};
     Scratch scratch;
-    CpuBackend cpu(pool, scratch);
-    RecordingBackend recorder(cpu);
-    std::vector<token_t> run = tokens;
-    run.push_back(tokens[0]);
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    run_forward(model, recorder, run, {n, 1}, exact);
-    return take(recorder);
-}
+    CpuBackend cpu{pool, scratch};
+    RecordingBackend recorder{cpu};
+
+    // The pass record_forward_ops records: tokens as one prefill, then tokens[0] decoded.
+    void run(const Model& model, const std::vector<token_t>& tokens, bool exact) {
+        std::vector<token_t> run = tokens;
+        run.push_back(tokens[0]);
+        run_forward(model, recorder, run, {static_cast<int64_t>(tokens.size()), 1}, exact);
+    }
+};
 
 }  // namespace
 
 std::vector<OpCall> record_forward_ops(const std::string& path, const std::vector<token_t>& tokens,
                                        bool exact) {
     std::unique_ptr<Model> model = load_checked(path, tokens, "record_forward_ops");
-    return record_pass<std::vector<OpCall>>(*model, tokens, exact,
-                                            [](const RecordingBackend& r) { return r.calls(); });
+    CpuRecorder r;
+    r.run(*model, tokens, exact);
+    return r.recorder.calls();
 }
 
 std::vector<WeightRead> record_weight_reads(const Model& model, const std::vector<token_t>& tokens,
                                             bool exact) {
     check_tokens(model, tokens, "record_weight_reads");
-    return record_pass<std::vector<WeightRead>>(model, tokens, exact,
-                                                [](const RecordingBackend& r) { return r.weight_reads(); });
+    CpuRecorder r;
+    r.run(model, tokens, exact);
+    return r.recorder.weight_reads();
 }
 
 std::vector<float> forward_logits(const std::string& path, const std::vector<token_t>& tokens,
