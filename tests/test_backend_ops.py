@@ -150,6 +150,8 @@ def test_the_forward_harness_names_its_errors(models):
         _internal.forward_logits(path, [1, 2], backend="tpu")
     with pytest.raises(_core.InvalidArgument, match="out of the vocabulary"):
         _internal.forward_logits(path, [10**6], backend="cpu")
+    with pytest.raises(_core.InvalidArgument, match="q9_9"):
+        _internal.forward_logits(path, [1, 2], backend="cpu", cache_type="q9_9")
     if not _internal.cuda_available():
         # No device (or a build without CUDA): a typed error before anything runs.
         # Without a device: require_device's "no (usable) CUDA device"; without CUDA: the stub's reason.

@@ -8,7 +8,8 @@ backend interface, the one forward pass of issue 38 (marker `gpu`; skipped witho
 - every architecture the table refuses raises UnsupportedError whose text is "[cuda] " + the
   table's reason for the first refused call, and that call is one of the ops test_backend_ops
   expects to block the architecture (written there from what the architecture computes);
-- prefill == token by token on the device, bit for bit (exact and fast mode);
+- prefill == token by token on the device, bit for bit (exact and fast mode, an f32 KV cache; fast
+  mode's default f16 cache is refused by name);
 - for the plain MoE architectures the old device forward pass (Session(device="cuda"),
   cuda/device_forward.cu) also runs: the same kernels in the same order, so the same bits.
 
@@ -96,25 +97,29 @@ def test_gpu_backend_matches_the_cpu_backend_or_names_the_op_it_lacks(model_file
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
 @pytest.mark.parametrize("arch", [a for a in presets.ARCHES if not EXPECTED_BLOCKERS[a]])
 def test_gpu_backend_prefill_equals_token_by_token(model_file, arch, exact):
+    # An f32 KV cache in both modes: the device cache is f32 (fast mode's default f16 is refused, below).
     path = model_file(arch, "q8_0")
-    if first_refusal(path, exact) is not None:
-        # Fast mode's KV cache is f16, which the device cache does not hold: the refusal is the test.
-        assert not exact
-        with pytest.raises(sharpi.UnsupportedError, match=r"^\[cuda\] kv_store \(f16\)"):
-            _internal.forward_logits(path, PROMPT, backend="cuda", exact=exact)
-        return
-    prefill = _internal.forward_logits(path, PROMPT, backend="cuda", exact=exact, batch=0)
-    by_token = _internal.forward_logits(path, PROMPT, backend="cuda", exact=exact, batch=1)
-    in_threes = _internal.forward_logits(path, PROMPT, backend="cuda", exact=exact, batch=3)
-    assert np.array_equal(prefill.view(np.uint32), by_token.view(np.uint32))
-    assert np.array_equal(prefill.view(np.uint32), in_threes.view(np.uint32))
+    run = {b: _internal.forward_logits(path, PROMPT, "cuda", exact, b, cache_type="f32") for b in (0, 1, 3)}
+    assert np.isfinite(run[0]).all()
+    assert np.array_equal(run[0].view(np.uint32), run[1].view(np.uint32))
+    assert np.array_equal(run[0].view(np.uint32), run[3].view(np.uint32))
 
 
+def test_gpu_backend_refuses_fast_modes_f16_cache_by_name(model_file):
+    path = model_file("qwen3moe", "q8_0")
+    op, why = first_refusal(path, exact=False)  # recorded with the session default: f16 in fast mode
+    assert op == "kv_store" and why.startswith("kv_store (f16)"), why
+    with pytest.raises(sharpi.UnsupportedError) as e:
+        _internal.forward_logits(path, PROMPT, backend="cuda", exact=False)
+    assert str(e.value) == "[cuda] " + why
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
 @pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("arch", PLAIN_MOE)
-def test_gpu_backend_equals_the_old_device_forward_pass(model_file, arch, quant):
+def test_gpu_backend_equals_the_old_device_forward_pass(model_file, arch, quant, exact):
     path = model_file(arch, quant)
-    old = sharpi.Session(path, exact=True, device="cuda", n_ctx=64)
-    want = np.asarray(old.decode(PROMPT, all_logits=True)).reshape(len(PROMPT), -1)
-    got = _internal.forward_logits(path, PROMPT, backend="cuda", exact=True)
-    assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32)), rel_err(got, want)
+    old = sharpi.Session(path, exact=exact, device="cuda", n_ctx=64)  # its KV cache is f32 in both modes
+    want = np.asarray(old.decode(PROMPT, all_logits=True), np.float32).reshape(len(PROMPT), -1)
+    got = _internal.forward_logits(path, PROMPT, backend="cuda", exact=exact, cache_type="f32")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), rel_err(got, want)

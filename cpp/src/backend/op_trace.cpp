@@ -36,7 +36,8 @@ std::unique_ptr<Model> load_checked(const std::string& path, const std::vector<t
 }  // namespace
 
 std::vector<float> run_forward(const Model& model, Backend& backend, const std::vector<token_t>& tokens,
-                               const std::vector<int64_t>& batches, bool exact) {
+                               const std::vector<int64_t>& batches, bool exact,
+                               const std::string& cache_type) {
     const HParams& h = model.hp;
     const int64_t n = static_cast<int64_t>(tokens.size());
     int64_t total = 0;
@@ -49,7 +50,7 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
         throw InvalidArgument("[backend] run_forward: batches of " + std::to_string(total) + " tokens for " +
                               std::to_string(n) + " tokens");
     }
-    const GgmlType type_k = kv_type_for("", exact), type_v = kv_type_for("", exact);
+    const GgmlType type_k = kv_type_for(cache_type, exact), type_v = kv_type_for(cache_type, exact);
     const KvLayout shape = kv_layout(h, type_k, type_v);
     KvCache kv(h.n_layer, n, shape.width, shape.head_dim, shape.type_k, shape.type_v, shape.with_v);
     RecurrentState recurrent(h);
@@ -114,7 +115,8 @@ std::vector<WeightRead> record_weight_reads(const Model& model, const std::vecto
 }
 
 std::vector<float> forward_logits(const std::string& path, const std::vector<token_t>& tokens,
-                                  const std::string& backend, bool exact, int64_t batch) {
+                                  const std::string& backend, bool exact, int64_t batch,
+                                  const std::string& cache_type) {
     std::unique_ptr<Model> model = load_checked(path, tokens, "forward_logits");
     if (batch < 0) throw InvalidArgument("[backend] forward_logits: batch must be at least 0");
     const int64_t n = static_cast<int64_t>(tokens.size());
@@ -125,11 +127,11 @@ std::vector<float> forward_logits(const std::string& path, const std::vector<tok
         ThreadPool pool(1);
         Scratch scratch;
         CpuBackend cpu(pool, scratch);
-        return run_forward(*model, cpu, tokens, batches, exact);
+        return run_forward(*model, cpu, tokens, batches, exact, cache_type);
     }
     if (backend == "cuda") {
         const std::unique_ptr<Backend> cuda_backend = cuda::make_cuda_backend(*model);
-        return run_forward(*model, *cuda_backend, tokens, batches, exact);
+        return run_forward(*model, *cuda_backend, tokens, batches, exact, cache_type);
     }
     throw InvalidArgument("[backend] forward_logits: unknown backend '" + backend + "' (cpu, cuda)");
 }

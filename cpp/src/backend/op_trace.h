@@ -21,10 +21,12 @@ struct Model;
 // Runs `tokens` through every layer on `backend` at positions 0 .. n - 1, as consecutive batches of
 // the given sizes (summing to n), each batch like Engine::forward_batch: embed into the backend's
 // residual, reset / build_layer / copy back per layer, the output head. Returns every token's
-// logits [n, n_vocab] (host). The KV cache holds n positions, of the session's types for `exact`
-// (f32 exact, f16 fast). A backend that cannot run an op throws its UnsupportedError.
+// logits [n, n_vocab] (host). The KV cache holds n positions of `cache_type` (a session's
+// cache_type_k/v names; "": the session's default, f32 exact and f16 fast). A backend that cannot run
+// an op throws its UnsupportedError.
 std::vector<float> run_forward(const Model& model, Backend& backend, const std::vector<token_t>& tokens,
-                               const std::vector<int64_t>& batches, bool exact);
+                               const std::vector<int64_t>& batches, bool exact,
+                               const std::string& cache_type = "");
 
 // Runs `tokens` as one prefill batch and then `tokens[0]` again as a single decoded token (both
 // paths: the grouped and the one-token expert FFN), and returns every op call in order. exact:
@@ -39,8 +41,9 @@ std::vector<WeightRead> record_weight_reads(const Model& model, const std::vecto
 
 // Every token's logits [n, n_vocab] of `tokens` on `backend` ("cpu": one thread; "cuda": the CUDA
 // backend, backend/cuda_interface.h make_cuda_backend), in batches of at most `batch` tokens (0 or n:
-// one prefill; 1: token by token).
+// one prefill; 1: token by token), with a KV cache of `cache_type` (as run_forward).
 std::vector<float> forward_logits(const std::string& path, const std::vector<token_t>& tokens,
-                                  const std::string& backend, bool exact, int64_t batch);
+                                  const std::string& backend, bool exact, int64_t batch,
+                                  const std::string& cache_type = "");
 
 }  // namespace sharpi

@@ -208,20 +208,21 @@ void bind_cuda(py::module_& m) {
     m.def(
         "forward_logits",
         [](const std::string& path, const std::vector<token_t>& tokens, const std::string& backend,
-           bool exact, int64_t batch) {
+           bool exact, int64_t batch, const std::string& cache_type) {
             std::vector<float> logits;
             {
                 py::gil_scoped_release release;
-                logits = forward_logits(path, tokens, backend, exact, batch);
+                logits = forward_logits(path, tokens, backend, exact, batch, cache_type);
             }
             const int64_t n = static_cast<int64_t>(tokens.size());
             py::array_t<float> out = to_array(logits);
             return out.reshape({n, n > 0 ? static_cast<int64_t>(logits.size()) / n : int64_t{0}});
         },
         py::arg("path"), py::arg("tokens"), py::arg("backend") = "cpu", py::arg("exact") = true,
-        py::arg("batch") = 0,
+        py::arg("batch") = 0, py::arg("cache_type") = "",
         "Every token's logits [n, n_vocab] of `tokens` run through the layer builders on `backend` ('cpu' or "
-        "'cuda') in batches of `batch` tokens (0: one prefill batch; 1: token by token)");
+        "'cuda') in batches of `batch` tokens (0: one prefill batch; 1: token by token), the KV cache of "
+        "`cache_type` ('': the session default, f32 exact / f16 fast)");
     m.def(
         "cuda_weights_not_uploaded",
         [](const std::string& path, const std::vector<token_t>& tokens, bool exact) {
