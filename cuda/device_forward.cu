@@ -35,11 +35,11 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/cuda_interface.h"
 #include "cpu/ops/expert_ffn.h"
+#include "cuda_backend.cuh"
 #include "device_memory.cuh"
 #include "device_plan.h"
 #include "device_tier.cuh"
@@ -136,8 +136,7 @@ class CudaForward final : public DeviceForward {
     DeviceArena layout_;
     int64_t kv_layer_floats_ = 0;  // n_ctx * n_embd_kv
     Stream stream_;
-    DeviceBuffer weights_;  // every upload, 256-byte aligned
-    std::unordered_map<const void*, const void*> device_of_;
+    DeviceWeights weights_;  // every upload, 256-byte aligned
     DeviceBuffer kv_;
     DeviceBuffer arena_;
     PinnedBuffer ids_host_;     // [max_batch, k] int32
@@ -171,24 +170,13 @@ CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact, const 
     layout_ = device_arena(h, plan_.max_batch, plan_.n_ff_dense);
     kv_layer_floats_ = plan_.n_ctx * h.n_embd_kv();
 
-    // Weights: one allocation, each tensor at a 256-byte aligned offset, copied from the mapping
-    // (streamed: every tensor but the stacked experts, which the VRAM tier's slots hold).
+    // Weights: one allocation in the file's types (cuda_backend.cuh DeviceWeights; streamed: every
+    // tensor but the stacked experts, which the VRAM tier's slots hold).
     std::vector<HostWeight> host = device_weights(model);
     if (streamed != nullptr)
         host.erase(std::remove_if(host.begin(), host.end(), [](const HostWeight& w) { return w.expert; }),
                    host.end());
-    size_t total = 0;
-    std::vector<size_t> offsets;
-    for (const HostWeight& w : host) {
-        offsets.push_back(total);
-        total += (w.bytes + 255) / 256 * 256;
-    }
-    weights_ = DeviceBuffer(total, "weights of " + h.arch);
-    for (size_t i = 0; i < host.size(); ++i) {
-        void* dst = weights_.as<unsigned char>() + offsets[i];
-        copy_to_device(dst, host[i].data, host[i].bytes, stream_, host[i].name);
-        device_of_[host[i].data] = dst;
-    }
+    weights_ = DeviceWeights(host, stream_, "weights of " + h.arch);
     kv_ = DeviceBuffer(plan_.kv_bytes, "KV cache");
     arena_ = DeviceBuffer(layout_.total, "activations");
     ids_host_ = PinnedBuffer(sizeof(int32_t) * plan_.max_batch * h.n_expert_used, "expert ids");
@@ -257,10 +245,7 @@ CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact, const 
 }
 
 const void* CudaForward::device_of(const void* host) const {
-    if (host == nullptr) return nullptr;
-    const auto it = device_of_.find(host);
-    if (it == device_of_.end()) throw DeviceError("[cuda] a tensor the layer loop reads was not uploaded");
-    return it->second;
+    return weights_.device_of(host, "a tensor the layer loop reads");
 }
 
 DeviceLinear CudaForward::linear_of(const WeightView& w, const std::vector<float>* bias) const {

@@ -29,7 +29,8 @@ struct HostWeight {
     bool expert = false;
 };
 
-// Every tensor the layer loop reads, each once (a tied output head is token_embd), in upload order.
+// Every tensor the layer builders read, each once (a tied output head is token_embd), in upload
+// order: what device_forward.cu and the CUDA backend (cuda_backend.cuh) upload.
 std::vector<HostWeight> device_weights(const Model& model);
 
 struct DeviceArena {

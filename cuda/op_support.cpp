@@ -1,7 +1,8 @@
 // The CUDA backend's support table (backend/cuda_interface.h unsupported_op): which OpCalls the
 // kernels of cuda/ops run, judged on the host in every build (with or without nvcc), so the host
 // test of the one forward pass (tests/test_backend_ops.py) shows for every architecture which op,
-// if any, keeps it off the GPU. Keep it in step with cuda/ops: a kernel added there is a row here.
+// if any, keeps it off the GPU. Keep it in step with cuda/ops and the CUDA backend: a kernel added
+// there is a row here and its launch in cuda_backend.cu, which checks every call through this table.
 #include <cstdlib>
 #include <string>
 #include <vector>

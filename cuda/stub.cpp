@@ -1,6 +1,7 @@
 // CPU-only build: CUDA is never available; every device entry is an UnsupportedError.
 #include <string>
 
+#include "backend/backend.h"
 #include "backend/cuda_interface.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
@@ -27,6 +28,10 @@ DeviceInfo device_info() {
 
 std::string describe() {
     return "CUDA unavailable: sharpi was built without the CUDA backend";
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model) {
+    no_cuda("the CUDA backend for " + model.hp.arch);
 }
 
 std::unique_ptr<DeviceForward> open_device_forward(const Model& model, int64_t, int64_t, GgmlType, GgmlType,

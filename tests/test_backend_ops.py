@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import sharpi
 from sharpi import _core, _internal, presets
 from sharpi.make_model import write_model
 
@@ -47,6 +49,7 @@ def _interface_ops() -> set[str]:
         "host_memory",
         "alloc",
         "reset_activations",
+        "residual",
         "read",
     }
 
@@ -124,3 +127,44 @@ def test_recording_runs_the_forward_it_records(models):
     assert {t for op, t, _ in calls if op == "kv_store"} == {GGML_F16}  # fast mode's f16 cache
     with pytest.raises(_core.InvalidArgument, match="out of the vocabulary"):
         _internal.record_forward_ops(str(models["qwen3moe"]), [10**6])
+
+
+def test_the_forward_harness_on_the_cpu_backend_is_a_session_forward_and_batch_independent(models):
+    # forward_logits drives the builders as the engine does (backend/op_trace.h run_forward), so its
+    # rows are a Session's logits bit for bit, whatever the batching (docs/design.md §8).
+    path = str(models["qwen3moe"])
+    tokens = [1, 7, 3, 9, 4]
+    prefill = _internal.forward_logits(path, tokens, backend="cpu", exact=True)
+    assert prefill.shape == (len(tokens), presets.resolve("qwen3moe", "tiny").n_vocab)
+    for batch in (1, 2):
+        rows = _internal.forward_logits(path, tokens, backend="cpu", exact=True, batch=batch)
+        assert rows.tobytes() == prefill.tobytes(), batch
+    session = sharpi.Session(path, threads=1, exact=True, n_ctx=16)
+    want = np.asarray(session.decode(tokens, all_logits=True), dtype=np.float32).reshape(prefill.shape)
+    assert prefill.tobytes() == want.tobytes()
+
+
+def test_the_forward_harness_names_its_errors(models):
+    path = str(models["qwen3moe"])
+    with pytest.raises(_core.InvalidArgument, match="unknown backend 'tpu'"):
+        _internal.forward_logits(path, [1, 2], backend="tpu")
+    with pytest.raises(_core.InvalidArgument, match="out of the vocabulary"):
+        _internal.forward_logits(path, [10**6], backend="cpu")
+    with pytest.raises(_core.InvalidArgument, match="q9_9"):
+        _internal.forward_logits(path, [1, 2], backend="cpu", cache_type="q9_9")
+    if not _internal.cuda_available():
+        # No device (or a build without CUDA): a typed error before anything runs.
+        # Without a device: require_device's "no (usable) CUDA device"; without CUDA: the stub's reason.
+        with pytest.raises(
+            (_core.DeviceError, _core.UnsupportedError), match=r"^\[cuda\].*(CUDA device|without)"
+        ):
+            _internal.forward_logits(path, [1, 2], backend="cuda")
+
+
+@pytest.mark.parametrize("arch", presets.ARCHES)
+def test_every_weight_the_builders_read_is_one_the_cuda_backend_uploads(models, arch):
+    # The CUDA backend finds a weight by its host address among device_weights()' uploads (an
+    # expert's bytes inside its stacked tensor included); one outside them would stop a device run
+    # with "not uploaded" instead of the table's refusal naming the op.
+    for exact in (True, False):
+        assert _internal.cuda_weights_not_uploaded(str(models[arch]), [1, 7, 3, 9, 4], exact=exact) == []

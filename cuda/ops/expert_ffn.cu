@@ -294,15 +294,20 @@ GroupedExpertFfn::GroupedExpertFfn(const ExpertWeights& w, const float* x, int64
     SHARPI_CUDA_CHECK_LAUNCH("expert gather");
 }
 
+void launch_expert_rows(const ExpertWeights& w, const void* gate, const void* up, const void* down,
+                        const float* x, int64_t n_rows, bool int8, float* g, float* u, float* h, void* xq,
+                        void* hq, float* y, cudaStream_t stream) {
+    launch_linear(w.gate_type, gate, w.n_ff, w.n_embd, x, n_rows, int8, xq, g, stream);
+    launch_linear(w.up_type, up, w.n_ff, w.n_embd, x, n_rows, int8, xq, u, stream);
+    launch_silu_mul(g, u, n_rows * w.n_ff, h, stream);
+    launch_linear(w.down_type, down, w.n_embd, w.n_ff, h, n_rows, int8, hq, y, stream);
+}
+
 void GroupedExpertFfn::run_expert(int32_t e, const void* gate, const void* up, const void* down) {
     const Pieces p = carve(w_, n_tokens_, k_, int8_, scratch_, nullptr);
     const int64_t o = start_[static_cast<size_t>(e)], c = start_[static_cast<size_t>(e) + 1] - o;
-    const float* xe = p.xg + o * w_.n_embd;
-    launch_linear(w_.gate_type, gate, w_.n_ff, w_.n_embd, xe, c, int8_, p.xq, p.g + o * w_.n_ff, stream_);
-    launch_linear(w_.up_type, up, w_.n_ff, w_.n_embd, xe, c, int8_, p.xq, p.u + o * w_.n_ff, stream_);
-    launch_silu_mul(p.g + o * w_.n_ff, p.u + o * w_.n_ff, c * w_.n_ff, p.h + o * w_.n_ff, stream_);
-    launch_linear(w_.down_type, down, w_.n_embd, w_.n_ff, p.h + o * w_.n_ff, c, int8_, p.hq,
-                  p.partial + o * w_.n_embd, stream_);
+    launch_expert_rows(w_, gate, up, down, p.xg + o * w_.n_embd, c, int8_, p.g + o * w_.n_ff,
+                       p.u + o * w_.n_ff, p.h + o * w_.n_ff, p.xq, p.hq, p.partial + o * w_.n_embd, stream_);
 }
 
 void GroupedExpertFfn::combine(const float* weights_dev, float* out) {
@@ -327,6 +332,21 @@ void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n
                            static_cast<const unsigned char*>(w.down) + e * down_bytes);
     }
     grouped.combine(weights_dev, out);
+}
+
+void launch_gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t n, float* out,
+                        cudaStream_t stream) {
+    if (n_rows <= 0) return;
+    gather_kernel<<<div_up(n_rows * n, 256), 256, 0, stream>>>(x, rows, 1, n, n_rows, out);
+    SHARPI_CUDA_CHECK_LAUNCH("gather rows");
+}
+
+void launch_expert_combine(const float* partial, const float* weights, const int32_t* order, int64_t n_tokens,
+                           int64_t k, int64_t n_embd, float* out, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    combine_kernel<<<dim3(div_up(n_embd, 256), static_cast<unsigned int>(n_tokens)), 256, 0, stream>>>(
+        partial, weights, order, k, n_embd, out);
+    SHARPI_CUDA_CHECK_LAUNCH("expert combine");
 }
 
 }  // namespace sharpi::cuda

@@ -95,4 +95,21 @@ void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n
                                const int32_t* ids_host, const float* weights_dev, int64_t k, bool int8,
                                void* scratch, float* out, cudaStream_t stream);
 
+// One expert over n_rows contiguous activation rows x [n_rows, n_embd] -> y [n_rows, n_embd]: gate
+// and up products, silu·mul, down product through launch_linear (the grouped path's arithmetic,
+// GroupedExpertFfn::run_expert). Scratch: g, u, h [n_rows, n_ff] f32; xq, hq: q8 rows of n_embd and
+// n_ff for the int8 path (q8_act_row_bytes each, n_rows of them).
+void launch_expert_rows(const ExpertWeights& w, const void* gate, const void* up, const void* down,
+                        const float* x, int64_t n_rows, bool int8, float* g, float* u, float* h, void* xq,
+                        void* hq, float* y, cudaStream_t stream);
+
+// out[i] = x[rows[i]], rows of n floats (rows: device int32 [n_rows]).
+void launch_gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t n, float* out,
+                        cudaStream_t stream);
+
+// out[t] = sum over s = 0..k-1 in order of weights[t * k + s] * partial[order[t * k + s]] (rows of
+// n_embd; order: device int32, null: the identity): the combine the fused and grouped FFNs end with.
+void launch_expert_combine(const float* partial, const float* weights, const int32_t* order, int64_t n_tokens,
+                           int64_t k, int64_t n_embd, float* out, cudaStream_t stream);
+
 }  // namespace sharpi::cuda

@@ -9,7 +9,8 @@ namespace {
 constexpr int kMaxExperts = 512;
 
 __global__ void router_kernel(const float* __restrict__ logits, int64_t n_expert, int64_t k, bool normalize,
-                              int32_t* __restrict__ ids, float* __restrict__ weights) {
+                              int32_t* __restrict__ ids, float* __restrict__ weights,
+                              float* __restrict__ probs_out) {
     __shared__ float probs[kMaxExperts];
     const int lane = threadIdx.x;
     const float* lt = logits + static_cast<int64_t>(blockIdx.x) * n_expert;
@@ -23,6 +24,9 @@ __global__ void router_kernel(const float* __restrict__ logits, int64_t n_expert
     }
     sum = warp_sum(sum);
     for (int64_t e = lane; e < n_expert; e += kWarp) probs[e] /= sum;
+    if (probs_out != nullptr) {
+        for (int64_t e = lane; e < n_expert; e += kWarp) probs_out[blockIdx.x * n_expert + e] = probs[e];
+    }
     __syncwarp();
     float picked_sum = 0.0f;
     for (int64_t slot = 0; slot < k; ++slot) {
@@ -58,7 +62,8 @@ __global__ void router_kernel(const float* __restrict__ logits, int64_t n_expert
 }  // namespace
 
 void launch_router_softmax_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
-                                bool normalize, int32_t* ids, float* weights, cudaStream_t stream) {
+                                bool normalize, int32_t* ids, float* weights, cudaStream_t stream,
+                                float* probs) {
     if (n_expert > kMaxExperts || k > n_expert || k <= 0) {
         throw UnsupportedError(
             "[cuda] router: n_expert=" + std::to_string(n_expert) + ", k=" + std::to_string(k) +
@@ -66,7 +71,7 @@ void launch_router_softmax_topk(const float* logits, int64_t n_tokens, int64_t n
     }
     if (n_tokens <= 0) return;
     router_kernel<<<static_cast<unsigned int>(n_tokens), kWarp, 0, stream>>>(logits, n_expert, k, normalize,
-                                                                             ids, weights);
+                                                                             ids, weights, probs);
     SHARPI_CUDA_CHECK_LAUNCH("router");
 }
 

@@ -10,8 +10,11 @@
 
 namespace sharpi::cuda {
 
-// logits: [n_tokens, n_expert] -> ids, weights: [n_tokens, k] (slots in rank order).
+// logits: [n_tokens, n_expert] -> ids, weights: [n_tokens, k] (slots in rank order); probs (null:
+// not written): the softmax [n_tokens, n_expert] the top-k chose from (the CUDA backend's route_topk
+// output, which dumps and route-trace replay read).
 void launch_router_softmax_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
-                                bool normalize, int32_t* ids, float* weights, cudaStream_t stream);
+                                bool normalize, int32_t* ids, float* weights, cudaStream_t stream,
+                                float* probs = nullptr);
 
 }  // namespace sharpi::cuda

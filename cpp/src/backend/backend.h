@@ -38,6 +38,10 @@ class Backend {
     // [n_tokens, width] f32 rows, valid until reset_activations().
     virtual Act alloc(int64_t n_tokens, int64_t width) = 0;
     virtual void reset_activations() = 0;
+    // The residual stream between layers: [n_tokens, width] f32 rows that outlive reset_activations(),
+    // the backend's one such buffer, grown as needed (contents not kept), valid until the next call.
+    // A device backend's residual must live in its memory, so the driver of the layers asks for it here.
+    virtual Act residual(int64_t n_tokens, int64_t width) = 0;
     // host[0 .. n_tokens * width) = x (for dumps and logits).
     virtual void read(const Act& x, float* host) = 0;
     // dst = src (same shape).

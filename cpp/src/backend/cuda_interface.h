@@ -15,6 +15,7 @@
 #include "sharpi/types.h"
 
 namespace sharpi {
+class Backend;
 struct Model;
 class ExpertCache;
 struct ExpertCacheOptions;
@@ -52,6 +53,16 @@ std::string describe();
 std::string unsupported_op(const OpCall& call);
 // The Backend ops cuda/ops has kernels for (some variants and types excepted: unsupported_op).
 std::vector<std::string> implemented_ops();
+
+// ---- the CUDA backend (cuda/cuda_backend.cuh) -------------------------------------------------------
+//
+// backend/backend.h's ops on the device, so the layer builders run there: uploads every tensor of
+// the model's layers to VRAM (one allocation, the file's types) before returning, and keeps its own
+// f32 KV cache on the device (the KvCache the ops are handed gives only its shape; its host buffers
+// are never read or written). Every op the support table (unsupported_op) refuses throws
+// UnsupportedError "[cuda] <op> (<type>[, <variant>]): <reason>" before anything is queued.
+// DeviceError without a usable device. The model must outlive the backend. The stub: UnsupportedError.
+std::unique_ptr<Backend> make_cuda_backend(const Model& model);
 
 // ---- the device forward pass (device="cuda") -------------------------------------------------------
 //

@@ -1,18 +1,8 @@
 #include "backend/recording_backend.h"
 
-#include <algorithm>
+#include <utility>
 
 namespace sharpi {
-
-namespace {
-
-std::string join(const std::vector<std::string>& parts) {
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
-    return out;
-}
-
-}  // namespace
 
 void RecordingBackend::record(const char* op, GgmlType type, std::string variant) {
     calls_.push_back(OpCall{op, type, std::move(variant)});
@@ -20,19 +10,20 @@ void RecordingBackend::record(const char* op, GgmlType type, std::string variant
 
 void RecordingBackend::record_experts(const char* op, const ExpertFfnWeights* experts, int64_t n,
                                       bool exact) {
-    std::vector<std::pair<GgmlType, std::string>> seen;
+    for (OpCall& c : expert_calls(op, experts, n, exact)) calls_.push_back(std::move(c));
+}
+
+void RecordingBackend::read_weight(const char* op, const void* data) {
+    if (data != nullptr) weight_reads_.push_back(WeightRead{op, data});
+}
+
+void RecordingBackend::read_experts(const char* op, const ExpertFfnWeights* experts, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         const ExpertFfnWeights& e = experts[i];
-        std::vector<std::string> v;
-        if (e.gate_b || e.up_b || e.down_b) v.push_back("bias");
-        if (e.swiglu_limit > 0.0f) v.push_back("clamped_swiglu");
-        if (exact) v.push_back("exact");
-        const std::string variant = join(v);
-        for (GgmlType t : {e.gate.type, e.up.type, e.down.type}) {
-            const auto key = std::make_pair(t, variant);
-            if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-            seen.push_back(key);
-            record(op, t, variant);
+        for (const void* p : {static_cast<const void*>(e.gate.data), static_cast<const void*>(e.up.data),
+                              static_cast<const void*>(e.down.data), static_cast<const void*>(e.gate_b),
+                              static_cast<const void*>(e.up_b), static_cast<const void*>(e.down_b)}) {
+            read_weight(op, p);
         }
     }
 }
@@ -42,6 +33,9 @@ Act RecordingBackend::alloc(int64_t n_tokens, int64_t width) {
 }
 void RecordingBackend::reset_activations() {
     inner_.reset_activations();
+}
+Act RecordingBackend::residual(int64_t n_tokens, int64_t width) {
+    return inner_.residual(n_tokens, width);
 }
 void RecordingBackend::read(const Act& x, float* host) {
     inner_.read(x, host);
@@ -58,20 +52,24 @@ void RecordingBackend::copy_rows(const float* src, int64_t ld_src, float* dst, i
 
 void RecordingBackend::get_rows(const WeightView& table, const token_t* tokens, const Act& x) {
     record("get_rows", table.type);
+    read_weight("get_rows", table.data);
     inner_.get_rows(table, tokens, x);
 }
 void RecordingBackend::rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows,
                                 int64_t width, const float* weight, float eps) {
     record("rms_norm");
+    read_weight("rms_norm", weight);
     inner_.rms_norm(x, ldx, y, ldy, n_rows, width, weight, eps);
 }
 void RecordingBackend::matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                               int64_t ldy, bool exact) {
-    record("matmul", w.type, exact ? "exact" : "");
+    calls_.push_back(matmul_call(w, exact));
+    read_weight("matmul", w.data);
     inner_.matmul(w, x, ldx, n_tokens, y, ldy, exact);
 }
 void RecordingBackend::add_bias(const Act& y, const float* bias) {
     record("add_bias");
+    read_weight("add_bias", bias);
     inner_.add_bias(y, bias);
 }
 void RecordingBackend::add(const Act& a, const Act& b, const Act& y) {
@@ -96,22 +94,18 @@ void RecordingBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
 }
 void RecordingBackend::rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                             int64_t pos0, const RopeParams& p) {
-    record("rope", GgmlType::F32, p.ext_factor != 0.0f || p.mscale != 1.0f ? "yarn" : "");
+    calls_.push_back(rope_call(p));
     inner_.rope(x, ld, n_tokens, n_heads, head_dim, pos0, p);
 }
 
 void RecordingBackend::kv_store(KvCache& kv, int il, int64_t pos0, const Act& k, const Act* v) {
-    record("kv_store", kv.type_k());
-    if (v && kv.type_v() != kv.type_k()) record("kv_store", kv.type_v());
+    for (OpCall& c : kv_store_calls(kv.type_k(), kv.type_v(), v != nullptr)) calls_.push_back(std::move(c));
     inner_.kv_store(kv, il, pos0, k, v);
 }
 void RecordingBackend::attention(const float* q, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
                                  int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo) {
-    std::vector<std::string> v;
-    if (shape.sinks) v.push_back("sinks");
-    if (shape.window > 0) v.push_back("window");
-    v.push_back("head_dim=" + std::to_string(shape.head_dim));
-    record("attention", kv.type_k(), join(v));
+    calls_.push_back(attention_call(kv.type_k(), shape));
+    read_weight("attention", shape.sinks);
     inner_.attention(q, ldq, kv, il, n_tokens, pos0, shape, out, ldo);
 }
 void RecordingBackend::mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il,
@@ -124,12 +118,15 @@ void RecordingBackend::mla_attention(const float* q_abs, int64_t ldq, const KvCa
 void RecordingBackend::gdn_gates(const Act& b, const Act& a, const float* ssm_a, const float* dt_bias,
                                  const Act& beta, const Act& g) {
     record("gdn_gates");
+    read_weight("gdn_gates", ssm_a);
+    read_weight("gdn_gates", dt_bias);
     inner_.gdn_gates(b, a, ssm_a, dt_bias, beta, g);
 }
 void RecordingBackend::conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens,
                                    int64_t channels, int64_t kernel_size, const float* kernel, float* y,
                                    int64_t ldy) {
     record("conv1d_silu");
+    read_weight("conv1d_silu", kernel);
     inner_.conv1d_silu(state, x, ldx, n_tokens, channels, kernel_size, kernel, y, ldy);
 }
 void RecordingBackend::l2_norm_heads(const Act& x, int64_t n_heads, int64_t head_dim, int64_t n_scaled,
@@ -145,13 +142,8 @@ void RecordingBackend::gated_delta_rule(const GdnInputs& in, int64_t n_tokens, c
 
 void RecordingBackend::route_topk(const Act& logits, int64_t k, const RouterParams& params, const Act& probs,
                                   int32_t* ids, float* weights) {
-    std::vector<std::string> v;
-    if (params.gating == Gating::sigmoid) v.push_back("sigmoid");
-    if (params.n_group > 1) v.push_back("groups");
-    if (params.weights_scale != 1.0f) v.push_back("scale");
-    if (params.selection_bias) v.push_back("selection_bias");
-    v.push_back("n_expert=" + std::to_string(logits.width));
-    record("route_topk", GgmlType::F32, join(v));
+    calls_.push_back(route_topk_call(params, logits.width));
+    read_weight("route_topk", params.selection_bias);
     inner_.route_topk(logits, k, params, probs, ids, weights);
 }
 void RecordingBackend::topk_weights(const float* probs, const int32_t* ids, int64_t k,
@@ -162,17 +154,20 @@ void RecordingBackend::topk_weights(const float* probs, const int32_t* ids, int6
 void RecordingBackend::expert_ffn_one_token(const ExpertFfnWeights* experts, const float* weights, int k,
                                             const float* x, float* out, bool exact) {
     record_experts("expert_ffn_one_token", experts, k, exact);
+    read_experts("expert_ffn_one_token", experts, k);
     inner_.expert_ffn_one_token(experts, weights, k, x, out, exact);
 }
 void RecordingBackend::expert_ffn_slots(const ExpertFfnWeights* experts, const int64_t* slots,
                                         int64_t n_slots, const float* x, const Act& y, bool exact) {
     record_experts("expert_ffn_slots", experts, n_slots, exact);
+    read_experts("expert_ffn_slots", experts, n_slots);
     inner_.expert_ffn_slots(experts, slots, n_slots, x, y, exact);
 }
 void RecordingBackend::expert_ffn_batch(const ExpertFfnWeights* experts, const int64_t* member_begin,
                                         const int64_t* member_end, int n_experts, const int64_t* tokens,
                                         const float* x, int64_t ldx, float* y, int64_t ldy, bool exact) {
     record_experts("expert_ffn_batch", experts, n_experts, exact);
+    read_experts("expert_ffn_batch", experts, n_experts);
     inner_.expert_ffn_batch(experts, member_begin, member_end, n_experts, tokens, x, ldx, y, ldy, exact);
 }
 void RecordingBackend::moe_combine(const Act& y, const int64_t* member_of, const float* weights, int64_t k,

@@ -17,12 +17,16 @@ class RecordingBackend final : public Backend {
   public:
     explicit RecordingBackend(Backend& inner) : inner_(inner) {}
     const std::vector<OpCall>& calls() const { return calls_; }
+    // Every weight an op named by its host address (WeightView.data, an f32 vector's data, an
+    // expert's bytes), in call order: what a device backend must find uploaded.
+    const std::vector<WeightRead>& weight_reads() const { return weight_reads_; }
 
     const char* name() const override { return inner_.name(); }
     bool host_memory() const override { return inner_.host_memory(); }
 
     Act alloc(int64_t n_tokens, int64_t width) override;
     void reset_activations() override;
+    Act residual(int64_t n_tokens, int64_t width) override;
     void read(const Act& x, float* host) override;
     void copy(const Act& src, const Act& dst) override;
     void copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t n_rows,
@@ -76,8 +80,12 @@ class RecordingBackend final : public Backend {
     // One call per distinct (projection type, variant) of the given experts.
     void record_experts(const char* op, const ExpertFfnWeights* experts, int64_t n, bool exact);
 
+    void read_weight(const char* op, const void* data);
+    void read_experts(const char* op, const ExpertFfnWeights* experts, int64_t n);
+
     Backend& inner_;
     std::vector<OpCall> calls_;
+    std::vector<WeightRead> weight_reads_;
 };
 
 }  // namespace sharpi

@@ -34,6 +34,11 @@ void CpuBackend::reset_activations() {
     scratch_.reset();
 }
 
+Act CpuBackend::residual(int64_t n_tokens, int64_t width) {
+    residual_.resize(static_cast<size_t>(n_tokens * width));
+    return Act{residual_.data(), n_tokens, width};
+}
+
 void CpuBackend::read(const Act& x, float* host) {
     std::memcpy(host, x.data, sizeof(float) * static_cast<size_t>(x.n_tokens * x.width));
 }

@@ -4,6 +4,8 @@
 // what it was (tools/compare_logits.py checks that against an older build).
 #pragma once
 
+#include <vector>
+
 #include "backend/backend.h"
 #include "threads/thread_pool.h"
 
@@ -18,6 +20,7 @@ class CpuBackend final : public Backend {
 
     Act alloc(int64_t n_tokens, int64_t width) override;
     void reset_activations() override;
+    Act residual(int64_t n_tokens, int64_t width) override;
     void read(const Act& x, float* host) override;
     void copy(const Act& src, const Act& dst) override;
     void copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t n_rows,
@@ -69,6 +72,7 @@ class CpuBackend final : public Backend {
   private:
     ThreadPool& pool_;
     Scratch& scratch_;
+    std::vector<float> residual_;
 };
 
 }  // namespace sharpi

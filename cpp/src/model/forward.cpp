@@ -32,9 +32,14 @@ Act Forward::norm(const Act& x, const std::vector<float>& weight, const char* na
 }
 
 Act Forward::linear(const Act& x, const Linear& w, const char* name, int il) {
-    Act y = alloc(x.n_tokens, w.w.n_rows);
-    backend_.matmul(w.w, x.data, x.width, x.n_tokens, y.data, y.width, exact_);
-    if (!w.bias.empty()) backend_.add_bias(y, w.bias.data());
+    return linear(x, w.w, w.bias, name, il);
+}
+
+Act Forward::linear(const Act& x, const WeightView& w, const std::vector<float>& bias, const char* name,
+                    int il) {
+    Act y = alloc(x.n_tokens, w.n_rows);
+    backend_.matmul(w, x.data, x.width, x.n_tokens, y.data, y.width, exact_);
+    if (!bias.empty()) backend_.add_bias(y, bias.data());
     this->name(y, name, il);
     return y;
 }

@@ -67,6 +67,9 @@ class Forward {
 
     Act norm(const Act& x, const std::vector<float>& weight, const char* name, int il);
     Act linear(const Act& x, const Linear& w, const char* name, int il);
+    // The same for a matrix and bias the model holds apart (the router's ffn_gate_inp and, gpt-oss,
+    // its bias): the bias is read where the model keeps it, so a device backend finds its upload.
+    Act linear(const Act& x, const WeightView& w, const std::vector<float>& bias, const char* name, int il);
     Act add(const Act& a, const Act& b, const char* name, int il);
 
     // Self-attention from the normalised input: q/k/v projections (+ biases), optional q/k RMSNorm

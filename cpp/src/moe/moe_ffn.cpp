@@ -186,16 +186,13 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
 std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il_next) const {
     const HParams& h = f.hp();
     const int64_t T = cur.n_tokens, k = h.n_expert_used;
-    Linear router;
-    router.w = f.layer(il_next).ffn_gate_inp;
-    router.bias = f.layer(il_next).ffn_gate_inp_b;
-    Act logits = f.linear(cur, router, "ffn_moe_ahead_logits", il_next);
+    const LayerWeights& L = f.layer(il_next);
+    Act logits = f.linear(cur, L.ffn_gate_inp, L.ffn_gate_inp_b, "ffn_moe_ahead_logits", il_next);
     Act probs = f.alloc(T, h.n_expert);
     std::vector<int32_t> ids(static_cast<size_t>(T * k));
     std::vector<float> weights(static_cast<size_t>(T * k));
     RouterParams router_params = h.router;
-    const LayerWeights& next = f.layer(il_next);
-    if (!next.exp_probs_b.empty()) router_params.selection_bias = next.exp_probs_b.data();
+    if (!L.exp_probs_b.empty()) router_params.selection_bias = L.exp_probs_b.data();
     f.backend().route_topk(logits, k, router_params, probs, ids.data(), weights.data());
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -238,10 +235,7 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     const LayerWeights& L = f.layer(il);
     const int64_t T = cur.n_tokens, k = h.n_expert_used;
 
-    Linear router;
-    router.w = L.ffn_gate_inp;
-    router.bias = L.ffn_gate_inp_b;  // gpt-oss; empty elsewhere
-    Act logits = f.linear(cur, router, "ffn_moe_logits", il);
+    Act logits = f.linear(cur, L.ffn_gate_inp, L.ffn_gate_inp_b, "ffn_moe_logits", il);  // bias: gpt-oss
     Act probs = f.alloc(T, h.n_expert);
     Routing& r = routing_[static_cast<size_t>(il)];
     r.ids.resize(static_cast<size_t>(T * k));

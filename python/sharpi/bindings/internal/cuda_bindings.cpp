@@ -14,6 +14,7 @@
 #include "backend/cuda_interface.h"
 #include "backend/op_trace.h"
 #include "block_math_host.h"
+#include "device_plan.h"
 #include "internal.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -204,6 +205,45 @@ void bind_cuda(py::module_& m) {
             return out;
         },
         py::arg("path"), py::arg("tokens"), py::arg("exact") = false);
+    m.def(
+        "forward_logits",
+        [](const std::string& path, const std::vector<token_t>& tokens, const std::string& backend,
+           bool exact, int64_t batch, const std::string& cache_type) {
+            std::vector<float> logits;
+            {
+                py::gil_scoped_release release;
+                logits = forward_logits(path, tokens, backend, exact, batch, cache_type);
+            }
+            const int64_t n = static_cast<int64_t>(tokens.size());
+            py::array_t<float> out = to_array(logits);
+            return out.reshape({n, n > 0 ? static_cast<int64_t>(logits.size()) / n : int64_t{0}});
+        },
+        py::arg("path"), py::arg("tokens"), py::arg("backend") = "cpu", py::arg("exact") = true,
+        py::arg("batch") = 0, py::arg("cache_type") = "",
+        "Every token's logits [n, n_vocab] of `tokens` run through the layer builders on `backend` ('cpu' or "
+        "'cuda') in batches of `batch` tokens (0: one prefill batch; 1: token by token), the KV cache of "
+        "`cache_type` ('': the session default, f32 exact / f16 fast)");
+    m.def(
+        "cuda_weights_not_uploaded",
+        [](const std::string& path, const std::vector<token_t>& tokens, bool exact) {
+            const std::unique_ptr<Model> model = load_model(path);
+            std::vector<std::pair<const uint8_t*, const uint8_t*>> uploads;
+            for (const cuda::HostWeight& w : cuda::device_weights(*model)) {
+                const auto* begin = static_cast<const uint8_t*>(w.data);
+                uploads.emplace_back(begin, begin + w.bytes);
+            }
+            std::vector<std::string> missing;
+            for (const WeightRead& r : record_weight_reads(*model, tokens, exact)) {
+                const auto* p = static_cast<const uint8_t*>(r.data);
+                const bool found = std::any_of(uploads.begin(), uploads.end(),
+                                               [&](const auto& u) { return p >= u.first && p < u.second; });
+                if (!found) missing.push_back(r.op);
+            }
+            return missing;
+        },
+        py::arg("path"), py::arg("tokens"), py::arg("exact") = true,
+        "The ops of the recorded forward pass that name a weight outside device_weights() (what the CUDA "
+        "backend uploads): empty when the device finds every weight the builders read");
     m.def(
         "cuda_unsupported_op",
         [](const std::string& op, int type, const std::string& variant) {
