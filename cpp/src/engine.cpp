@@ -20,6 +20,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     timeline_.set_enabled(options.timeline);
     model_ = load_model(path, /*streaming=*/ram.bytes > 0);
     const HParams& h = model_->hp;
+    check_options_for_model(options_, ram, *model_);
     // Built before any memory is planned, so a bad name or predictor file fails fast ("custom": the
     // host installs one later, set_predictor).
     std::shared_ptr<Predictor> predictor;

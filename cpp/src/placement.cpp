@@ -150,6 +150,13 @@ void check_session_options(const SessionOptions& options) {
         throw InvalidArgument("threads must be >= 0 (0 = one per core), got " +
                               std::to_string(options.n_threads));
     }
+}
+
+void check_options_for_model(const SessionOptions& options, const RamBudget& ram, const Model& model) {
+    if (ram.bytes > 0 && !model.hp.is_moe()) {
+        throw InvalidArgument("ram_budget: " + model.file->path() +
+                              " is a dense model (no routed experts to stream)");
+    }
     if (options.device != "cpu" && options.device != "cuda") {
         throw InvalidArgument("device must be \"cpu\" or \"cuda\", got \"" + options.device + "\"");
     }
@@ -166,11 +173,6 @@ void check_session_options(const SessionOptions& options) {
     if (!options.cache_policy.empty()) check_replacement_policy_name(options.cache_policy);
     parse_prefetch_sizing(options.prefetch_sizing);  // a bad name fails here, predictor or not
     if (options.predictor == "custom") check_lookahead(options.lookahead);  // installed later by the host
-    const MissMode misses = parse_miss_mode(cpu_moe_forced() ? "cpu" : options.miss_route);
-    if (misses != MissMode::copy && !cpu_moe_forced() && options.device != "cuda") {
-        throw InvalidArgument("miss_route \"" + options.miss_route +
-                              "\" is for device=\"cuda\" with a vram_budget (experts missing from VRAM)");
-    }
 }
 
 RamBudget resolve_ram_budget(const SessionOptions& options, const MachineProbe& probe) {
@@ -199,10 +201,6 @@ Placement plan_placement(const SessionOptions& options, const RamBudget& ram, co
                          int64_t max_batch, const MachineProbe& probe) {
     const HParams& h = model.hp;
     const std::string& path = model.file->path();
-    const bool streaming = ram.bytes > 0;
-    if (streaming && !h.is_moe()) {
-        throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
-    }
     Placement p;
     p.exact = exact_mode(options);
     p.n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
@@ -214,6 +212,10 @@ Placement plan_placement(const SessionOptions& options, const RamBudget& ram, co
     p.misses.copy_bytes_per_s = options.miss_copy_bytes_per_s;
     p.misses.copy_latency_s = options.miss_copy_latency_s;
     p.misses.cpu_bytes_per_s = options.miss_cpu_bytes_per_s;
+    if (p.misses.mode != MissMode::copy && !cpu_moe_forced() && options.device != "cuda") {
+        throw InvalidArgument("miss_route \"" + options.miss_route +
+                              "\" is for device=\"cuda\" with a vram_budget (experts missing from VRAM)");
+    }
     if (options.device == "cuda") {
         // The device is the CUDA backend's decision (backend/cuda_interface.h): it checks the device,
         // the model and the VRAM before it allocates. Its KV cache is f32 in both modes (a type named
@@ -236,7 +238,7 @@ Placement plan_placement(const SessionOptions& options, const RamBudget& ram, co
         }
     }
     // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
-    if (streaming) plan_ram_tier(options, ram.bytes, model, max_batch, p);
+    if (ram.bytes > 0) plan_ram_tier(options, ram.bytes, model, max_batch, p);
     return p;
 }
 

@@ -3,10 +3,12 @@
 // (engine.h) checks the options, plans, then builds what the Placement says; it makes none of these
 // decisions itself.
 //
-//   check_session_options: every option that needs no model (sizes, names, combinations).
+//   check_session_options: n_ctx and threads, before anything is read.
 //   resolve_ram_budget:    ram_budget "auto" to bytes (ram_budget.h). It runs before the model is
 //                          loaded: the budget is what the process may still take, and the dense weights
 //                          the session reads are charged inside it, not measured out of it.
+//   check_options_for_model: the names and combinations of the other options, once the model is
+//                          open (a missing model file is reported before a bad option, as ever).
 //   plan_placement:        the KV cache types and context, the RAM tier (memory_plan.h: dense, KV cache
 //                          and buffers charged first, the rest expert slots), the device and its VRAM
 //                          tier (tier_plan.h, vram_budget "auto" from the device's free VRAM), CPU
@@ -44,10 +46,7 @@ struct MachineProbe {
 // allow_long_context (llama.cpp only warns; sharpi refuses, since the output is garbage).
 void check_context_size(int64_t n_ctx, int64_t n_ctx_train, bool allow_long_context, const std::string& path);
 
-// The options that need no model: n_ctx and threads >= 0, the device's name, vram_budget only with
-// device "cuda", a predictor only with a budget, the cache policy, prefetch sizing and miss route
-// names (and a miss route other than "copy" only on the device), a custom predictor's lookahead.
-// Throws InvalidArgument.
+// n_ctx and threads >= 0. Throws InvalidArgument.
 void check_session_options(const SessionOptions& options);
 
 // ram_budget in bytes (0: every expert resident), with how "auto" was chosen when it was asked for.
@@ -56,6 +55,11 @@ struct RamBudget {
     std::optional<AutoRamBudget> auto_choice;
 };
 RamBudget resolve_ram_budget(const SessionOptions& options, const MachineProbe& probe);
+
+// A RAM budget only for a model with routed experts, the device's name, vram_budget only with device
+// "cuda", a predictor only with a budget, the cache policy and prefetch sizing names, a custom
+// predictor's lookahead. Throws InvalidArgument.
+void check_options_for_model(const SessionOptions& options, const RamBudget& ram, const Model& model);
 
 struct Placement {
     // Exact mode: SessionOptions::exact, or SHARPI_EXACT=1 in the environment.
@@ -86,8 +90,8 @@ struct Placement {
     bool prefetches() const { return ram_streams || vram_streams; }
 };
 
-// The plan of a session of `options` on `model` (loaded with streaming = ram.bytes > 0), in batches
-// of max_batch tokens.
+// The plan of a session of `options` (checked above) on `model` (loaded with streaming = ram.bytes > 0),
+// in batches of max_batch tokens.
 Placement plan_placement(const SessionOptions& options, const RamBudget& ram, const Model& model,
                          int64_t max_batch, const MachineProbe& probe);
 
