@@ -38,9 +38,9 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     if (plan.on_device) {
         CpuMissOptions misses = plan.misses;
         misses.pool = pool_.get();
-        device_ = cuda::open_device_forward(*model_, plan.n_ctx, kMaxBatch, plan.device_type_k,
-                                            plan.device_type_v, exact_,
-                                            plan.vram_streams ? &plan.vram_cache : nullptr, &misses);
+        device_ =
+            cuda::open_device_forward(*model_, plan.n_ctx, kMaxBatch, plan.device_type_k, plan.device_type_v,
+                                      exact_, plan.vram_streams ? &plan.vram_cache : nullptr, &misses);
         cache_ = device_->expert_cache();
         if (cache_ != nullptr) cache_->set_timeline(&timeline_);
         device_->set_timeline(&timeline_);

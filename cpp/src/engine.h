@@ -121,8 +121,8 @@ class Engine final : private GateObserver {
     std::unique_ptr<cuda::DeviceForward> device_;
     std::unique_ptr<RecurrentState> recurrent_;  // DeltaNet layers' state (hybrid archs)
     std::unique_ptr<ExpertSource> experts_;
-    ExpertCache* cache_ = nullptr;      // experts_ when streaming, else nullptr
-    ExpertCacheStats plan_;             // budget, fixed bytes, slots (streaming only)
+    ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
+    ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)
     std::optional<AutoRamBudget> auto_ram_budget_;
     Scratch scratch_;                   // the CPU backend's activations
     std::unique_ptr<Backend> backend_;  // computes forward_batch's layers (device="cpu")

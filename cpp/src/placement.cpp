@@ -58,7 +58,8 @@ void set_cache_policy(const SessionOptions& options, const HParams& h, ExpertCac
     if (!options.cache_policy_file.empty() && o.policy != "prior") {
         throw InvalidArgument("[cache] policy '" + o.policy + "' reads no file (only 'prior' does)");
     }
-    if (o.policy == "prior") o.policy_prior = read_cache_prior(options.cache_policy_file, h.n_layer, h.n_expert);
+    if (o.policy == "prior")
+        o.policy_prior = read_cache_prior(options.cache_policy_file, h.n_layer, h.n_expert);
 }
 
 // device="cuda": options the device path does not take, refused before anything is allocated.
@@ -89,8 +90,8 @@ void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& 
                               model.file->path() + ": " + plan.describe(p.n_ctx, p.type_k, p.type_v));
     }
     ExpertCacheOptions& o = p.ram_cache;
-    o.n_slots = std::min<uint64_t>((budget - plan.fixed_bytes) / plan.slot_bytes - request.n_staging,
-                                   total_experts);
+    o.n_slots =
+        std::min<uint64_t>((budget - plan.fixed_bytes) / plan.slot_bytes - request.n_staging, total_experts);
     o.n_staging = request.n_staging;
     set_cache_policy(options, h, o);
     o.reader = options.reader;
@@ -226,7 +227,8 @@ Placement plan_placement(const SessionOptions& options, const RamBudget& ram, co
         p.device_type_v = options.cache_type_v.empty() ? GgmlType::F32 : p.type_v;
         if (options.vram_budget > 0) plan_vram_tier(options, model, max_batch, probe, p);
         if (options.vram_budget > 0 && !p.vram_streams && options.predictor != "none") {
-            throw InvalidArgument("predictor '" + options.predictor + "': every expert fits the vram_budget (" +
+            throw InvalidArgument("predictor '" + options.predictor +
+                                  "': every expert fits the vram_budget (" +
                                   std::to_string(options.vram_budget) +
                                   " B), so nothing streams and there is nothing to prefetch");
         }

@@ -37,7 +37,7 @@ namespace sharpi {
 
 // What the planner reads from the machine, only for "auto" budgets (the real probes by default).
 struct MachineProbe {
-    std::function<AutoRamBudget()> ram_auto;       // ram_budget.h auto_ram_budget()
+    std::function<AutoRamBudget()> ram_auto;        // ram_budget.h auto_ram_budget()
     std::function<cuda::DeviceInfo()> device_info;  // cuda::device_info()
     MachineProbe();
 };

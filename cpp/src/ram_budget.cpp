@@ -112,8 +112,8 @@ std::vector<CgroupDir> cgroup_dirs(const std::string& proc_cgroup, const std::st
 }  // namespace
 
 std::string AutoRamBudget::describe() const {
-    return "--ram-budget auto: " + mib(static_cast<double>(budget)) + " MiB = " +
-           mib(static_cast<double>(available)) + " MiB available (" + source + ") - margin " +
+    return "--ram-budget auto: " + mib(static_cast<double>(budget)) +
+           " MiB = " + mib(static_cast<double>(available)) + " MiB available (" + source + ") - margin " +
            mib(static_cast<double>(margin)) + " MiB";
 }
 
@@ -132,7 +132,8 @@ std::optional<uint64_t> mem_available(const std::string& meminfo) {
     return std::nullopt;
 }
 
-std::optional<CgroupAvailable> cgroup_available(const std::string& proc_cgroup, const std::string& cgroup_root) {
+std::optional<CgroupAvailable> cgroup_available(const std::string& proc_cgroup,
+                                                const std::string& cgroup_root) {
     std::optional<CgroupAvailable> best;
     for (const CgroupDir& g : cgroup_dirs(proc_cgroup, cgroup_root)) {
         const bool v2 = g.version == "v2";
@@ -168,8 +169,9 @@ AutoRamBudget auto_ram_budget(const MemoryProbePaths& paths) {
     if (candidates.empty())
         throw InvalidArgument("--ram-budget auto: found neither /proc/meminfo nor a cgroup memory limit");
     const auto& [available, source] = *std::min_element(candidates.begin(), candidates.end());
-    const uint64_t margin = std::max<uint64_t>(
-        kRamBudgetMarginMin, static_cast<uint64_t>(static_cast<double>(available) * kRamBudgetMarginFraction));
+    const uint64_t margin =
+        std::max<uint64_t>(kRamBudgetMarginMin,
+                           static_cast<uint64_t>(static_cast<double>(available) * kRamBudgetMarginFraction));
     if (available <= margin) {
         throw InvalidArgument("--ram-budget auto: only " + mib(static_cast<double>(available)) +
                               " MiB available (" + source + "), less than the " +

@@ -40,7 +40,8 @@ struct CgroupAvailable {
     uint64_t bytes = 0;
     std::string source;
 };
-std::optional<CgroupAvailable> cgroup_available(const std::string& proc_cgroup, const std::string& cgroup_root);
+std::optional<CgroupAvailable> cgroup_available(const std::string& proc_cgroup,
+                                                const std::string& cgroup_root);
 
 // The budget "auto" stands for. Throws InvalidArgument when neither source is readable, or when what is
 // available does not exceed the margin.

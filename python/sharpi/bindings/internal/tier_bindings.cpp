@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "threads/thread_pool.h"
 #include "backend/cuda_interface.h"
 #include "gguf/cache_prior_file.h"
 #include "internal.h"
@@ -141,7 +140,8 @@ py::dict auto_budget(std::optional<uint64_t> vram_free) {
 }
 
 // ram_budget "auto" (ram_budget.h) read from the given files (the process's own by default).
-py::dict ram_auto_budget(const std::string& proc_cgroup, const std::string& cgroup_root, const std::string& meminfo) {
+py::dict ram_auto_budget(const std::string& proc_cgroup, const std::string& cgroup_root,
+                         const std::string& meminfo) {
     const AutoRamBudget a = auto_ram_budget(MemoryProbePaths{proc_cgroup, cgroup_root, meminfo});
     py::dict d;
     d["budget"] = a.budget;
