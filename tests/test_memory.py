@@ -110,6 +110,46 @@ def test_auto_budget_reads_fake_v1_and_v2_trees(tmp_path):
         auto_ram_budget(str(tmp_path / "cg2"), str(root2), str(meminfo))
 
 
+def test_auto_budget_messages_and_sources(tmp_path):
+    # The probe is C++ (cpp/src/ram_budget.h): its texts, read against the numbers the fake tree holds.
+    meminfo = tmp_path / "meminfo"
+    _write(str(meminfo), "MemTotal: 4000000 kB\nMemAvailable: 1048576 kB\n")  # 1 GiB
+    b = auto_ram_budget(str(tmp_path / "none"), str(tmp_path / "none"), str(meminfo))
+    assert (b.available, b.margin, b.source) == (1024 * MIB, MARGIN_MIN, "MemAvailable")
+    assert b.describe() == "--ram-budget auto: 768.0 MiB = 1024.0 MiB available (MemAvailable) - margin 256.0 MiB"
+    # v2 at the mount root ("0::/"): the root group's own limit, named "/".
+    root = tmp_path / "v2"
+    _write(str(root / "memory.max"), str(512 * MIB))
+    _write(str(root / "memory.current"), str(64 * MIB + 512 * 1024))
+    _write(str(tmp_path / "cg"), "0::/\n")
+    assert cgroup_available(str(tmp_path / "cg"), str(root)) == (
+        448 * MIB - 512 * 1024, "cgroup v2 /: limit 512.0 MiB - usage 64.5 MiB")
+    # A group the mount does not show (a container's own view): its limits are read at the mount.
+    _write(str(tmp_path / "cg_hidden"), "0::/not/here\n")
+    assert cgroup_available(str(tmp_path / "cg_hidden"), str(root))[0] == 448 * MIB - 512 * 1024
+    with pytest.raises(sharpi.InvalidArgument, match="found neither /proc/meminfo nor a cgroup memory limit"):
+        auto_ram_budget(str(tmp_path / "none"), str(tmp_path / "none"), str(tmp_path / "none"))
+    _write(str(meminfo), "MemAvailable: 204800 kB\n")  # 200 MiB
+    with pytest.raises(sharpi.InvalidArgument) as excinfo:
+        auto_ram_budget(str(tmp_path / "none"), str(tmp_path / "none"), str(meminfo))
+    assert str(excinfo.value).endswith(
+        "--ram-budget auto: only 200.0 MiB available (MemAvailable), less than the 256 MiB margin")
+
+
+def test_session_resolves_auto_in_the_planner(streamed_model):
+    # "auto" in any case reaches the C++ planner as it is: the session reports the choice, and the
+    # expert cache was sized from exactly that budget.
+    s = sharpi.Session(streamed_model, threads=1, n_ctx=256, ram_budget=" Auto ")
+    a = s.auto_budget
+    assert a is not None and a.budget == a.available - a.margin
+    assert a.margin == max(MARGIN_MIN, int(a.available * 0.1))
+    assert s.expert_stats()["budget_bytes"] == a.budget
+    assert a.describe().startswith(f"--ram-budget auto: {a.budget / MIB:.1f} MiB = {a.available / MIB:.1f} MiB")
+    assert sharpi.Session(streamed_model, threads=1, n_ctx=256, ram_budget=0).auto_budget is None
+    with pytest.raises(sharpi.InvalidArgument, match="ram_budget must be bytes >= 0"):
+        sharpi.Session(streamed_model, threads=1, n_ctx=256, ram_budget=-1)
+
+
 def _own_v1_memory_group():
     if os.geteuid() != 0:
         return None

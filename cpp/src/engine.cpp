@@ -2,143 +2,64 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
 
 #include "cpu/cpu_backend.h"
-#include "gguf/cache_prior_file.h"
-#include "memory_plan.h"
 #include "model/forward.h"
 #include "moe/cpu_miss.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
-#include "tier_plan.h"
 
 namespace sharpi {
 
-namespace {
-
-// Exact mode: SessionOptions::exact, or SHARPI_EXACT=1 in the environment when the session is made.
-bool exact_mode(const SessionOptions& options) {
-    const char* env = std::getenv("SHARPI_EXACT");
-    return options.exact || (env != nullptr && std::strcmp(env, "1") == 0);
-}
-
-// SHARPI_READ_TIMEOUT_MS: how long compute waits for an expert read before IoError (default 60 s).
-double read_timeout_ms() {
-    const char* env = std::getenv("SHARPI_READ_TIMEOUT_MS");
-    if (env == nullptr || *env == '\0') return 60000.0;
-    char* end = nullptr;
-    const double ms = std::strtod(env, &end);
-    if (end == env || *end != '\0' || !(ms > 0.0)) {
-        throw InvalidArgument(std::string("SHARPI_READ_TIMEOUT_MS: not a positive number of ms: '") + env +
-                              "'");
-    }
-    return ms;
-}
-
-}  // namespace
-
-Engine::Engine(const std::string& path, const SessionOptions& options)
-    : options_(options), exact_(exact_mode(options)) {
-    if (options.n_ctx < 0)
-        throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
-    if (options.n_threads < 0) {
-        throw InvalidArgument("threads must be >= 0 (0 = one per core), got " +
-                              std::to_string(options.n_threads));
-    }
-    const bool streaming = options.ram_budget > 0;
+Engine::Engine(const std::string& path, const SessionOptions& options) : options_(options) {
+    check_session_options(options_);
+    const MachineProbe probe;
+    // "auto" is measured before the model is loaded: the dense weights are charged inside the budget.
+    const RamBudget ram = resolve_ram_budget(options_, probe);
     timeline_.set_enabled(options.timeline);
-    model_ = load_model(path, streaming);
+    model_ = load_model(path, /*streaming=*/ram.bytes > 0);
     const HParams& h = model_->hp;
-    if (streaming && !h.is_moe()) {
-        throw InvalidArgument("ram_budget: " + path + " is a dense model (no routed experts to stream)");
-    }
-    if (options.device != "cpu" && options.device != "cuda") {
-        throw InvalidArgument("device must be \"cpu\" or \"cuda\", got \"" + options.device + "\"");
-    }
-    if (options.vram_budget > 0 && options.device != "cuda") {
-        throw InvalidArgument("vram_budget is for device=\"cuda\" (this session computes on \"" +
-                              options.device + "\"; use ram_budget to stream experts into RAM)");
-    }
-    // With a vram_budget, whether the experts stream is the tier plan's decision (below).
-    if (options.predictor != "none" && !streaming && options.vram_budget == 0) {
-        throw InvalidArgument("predictor '" + options.predictor +
-                              "' needs a RAM budget (ram_budget / --ram-budget): with every expert resident "
-                              "there is nothing to prefetch");
-    }
-    if (!options.cache_policy.empty()) check_replacement_policy_name(options.cache_policy);
-    parse_prefetch_sizing(options.prefetch_sizing);  // a bad name fails here, predictor or not
-    // Built before any memory is planned, so a bad name or predictor file fails fast.
+    check_options_for_model(options_, ram, *model_);
+    // Built before any memory is planned, so a bad name or predictor file fails fast ("custom": the
+    // host installs one later, set_predictor).
     std::shared_ptr<Predictor> predictor;
-    if (options.predictor == "custom") {
-        check_lookahead(options.lookahead);  // the host installs the predictor later (set_predictor)
-    } else {
+    if (options.predictor != "custom")
         predictor = make_predictor(options.predictor, options.predictor_file, *model_, options.lookahead);
-    }
+    const Placement plan = plan_placement(options_, ram, *model_, kMaxBatch, probe);
 
-    const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
-    check_context_size(n_ctx, h.n_ctx_train, options.allow_long_context, path);
-    const GgmlType type_k = kv_type_for(options.cache_type_k, exact_);
-    const GgmlType type_v = kv_type_for(options.cache_type_v, exact_);
-    // The device is the CUDA backend's decision (backend/cuda_interface.h): it checks the device, the model
-    // and the VRAM before it allocates, then uploads; a CPU-only build's stub refuses. The device
-    // KV cache is f32 in both modes (a type named by the user is checked by the plan).
+    // Build what the plan says.
+    exact_ = plan.exact;
+    auto_ram_budget_ = ram.auto_choice;
+    plan_.budget_bytes = plan.budget_bytes;
+    plan_.fixed_bytes = plan.fixed_bytes;
     pool_ = std::make_unique<ThreadPool>(options.n_threads > 0 ? options.n_threads : hardware_threads());
     backend_ = std::make_unique<CpuBackend>(*pool_, scratch_);
-    // CPU compute of VRAM misses: the mode is checked here, before any device is touched.
-    const char* cpu_moe_env = std::getenv("SHARPI_CPU_MOE");
-    const bool cpu_moe_forced = cpu_moe_env != nullptr && std::string(cpu_moe_env) == "1";
-    CpuMissOptions misses;
-    misses.mode = parse_miss_mode(cpu_moe_forced ? "cpu" : options.miss_route);
-    misses.copy_bytes_per_s = options.miss_copy_bytes_per_s;
-    misses.copy_latency_s = options.miss_copy_latency_s;
-    misses.cpu_bytes_per_s = options.miss_cpu_bytes_per_s;
-    misses.pool = pool_.get();
-    if (misses.mode != MissMode::copy && !cpu_moe_forced && options.device != "cuda") {
-        throw InvalidArgument("miss_route \"" + options.miss_route +
-                              "\" is for device=\"cuda\" with a vram_budget (experts missing from VRAM)");
-    }
-    if (options.device == "cuda") {
-        check_device_options(path);
-        const GgmlType dev_k = options.cache_type_k.empty() ? GgmlType::F32 : type_k;
-        const GgmlType dev_v = options.cache_type_v.empty() ? GgmlType::F32 : type_v;
-        ExpertCacheOptions vram_cache;
-        const bool streamed = options.vram_budget > 0 && plan_vram_tiers(n_ctx, dev_k, dev_v, &vram_cache);
-        if (options.vram_budget > 0 && !streamed && options.predictor != "none") {
-            throw InvalidArgument("predictor '" + options.predictor +
-                                  "': every expert fits the vram_budget (" +
-                                  std::to_string(options.vram_budget) +
-                                  " B), so nothing streams and there is nothing to prefetch");
-        }
-        if (!streamed && misses.mode != MissMode::copy && !cpu_moe_forced) {
-            throw InvalidArgument(
-                "miss_route \"" + options.miss_route +
-                "\" serves experts missing from VRAM: it needs a vram_budget under which the "
-                "experts stream (every expert is resident here)");
-        }
-        device_ = cuda::open_device_forward(*model_, n_ctx, kMaxBatch, dev_k, dev_v, exact_,
-                                            streamed ? &vram_cache : nullptr, &misses);
+    if (plan.on_device) {
+        CpuMissOptions misses = plan.misses;
+        misses.pool = pool_.get();
+        device_ =
+            cuda::open_device_forward(*model_, plan.n_ctx, kMaxBatch, plan.device_type_k, plan.device_type_v,
+                                      exact_, plan.vram_streams ? &plan.vram_cache : nullptr, &misses);
         cache_ = device_->expert_cache();
         if (cache_ != nullptr) cache_->set_timeline(&timeline_);
         device_->set_timeline(&timeline_);
     }
-    // Planned (and a too-small budget refused) before the KV cache or any slot is allocated.
-    if (streaming) plan_expert_cache(n_ctx, type_k, type_v);
-    const KvLayout kv_shape = kv_layout(h, type_k, type_v);
-    if (!device_) {
-        kv_ = std::make_unique<KvCache>(h.n_layer, n_ctx, kv_shape.width, kv_shape.head_dim, kv_shape.type_k,
-                                        kv_shape.type_v, kv_shape.with_v);
-    }
-    recurrent_ = std::make_unique<RecurrentState>(h);
-    if (streaming) {
-        install_predictor(std::move(predictor));
+    if (plan.ram_streams) {
+        auto cache = std::make_unique<ExpertCache>(model_->experts, plan.ram_cache);
+        cache->set_timeline(&timeline_);
+        cache_ = cache.get();
+        experts_ = std::move(cache);
     } else {
         experts_ = std::make_unique<ResidentExperts>(model_->experts);
-        if (cache_ != nullptr) install_predictor(std::move(predictor));  // the VRAM tier streams
     }
+    const KvLayout kv_shape = kv_layout(h, plan.type_k, plan.type_v);
+    if (!device_) {
+        kv_ = std::make_unique<KvCache>(h.n_layer, plan.n_ctx, kv_shape.width, kv_shape.head_dim,
+                                        kv_shape.type_k, kv_shape.type_v, kv_shape.with_v);
+    }
+    recurrent_ = std::make_unique<RecurrentState>(h);
+    if (plan.prefetches() && cache_ != nullptr) install_predictor(std::move(predictor));
     routing_.resize(static_cast<size_t>(h.n_layer));
 
     info_.path = path;
@@ -157,116 +78,13 @@ Engine::Engine(const std::string& path, const SessionOptions& options)
     info_.n_expert_used = h.n_expert_used;
     info_.n_layer_dense_lead = h.n_layer_dense_lead;
     info_.n_ctx_train = h.n_ctx_train;
-    info_.n_ctx = n_ctx;
+    info_.n_ctx = plan.n_ctx;
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
-    info_.cache_type_k = ggml_type_traits(type_k).name;
-    info_.cache_type_v = ggml_type_traits(type_v).name;
-    info_.bytes_kv = device_ ? device_->plan().kv_bytes : KvCache::bytes(kv_layout(h, type_k, type_v), n_ctx);
+    info_.cache_type_k = ggml_type_traits(plan.type_k).name;
+    info_.cache_type_v = ggml_type_traits(plan.type_v).name;
+    info_.bytes_kv = device_ ? device_->plan().kv_bytes : KvCache::bytes(kv_shape, plan.n_ctx);
     if (device_) info_.cache_type_k = info_.cache_type_v = "f32";
-}
-
-void Engine::check_device_options(const std::string& path) const {
-    const auto refuse = [&](const std::string& what) {
-        throw UnsupportedError("[cuda] device=\"cuda\" for " + path + ": " + what +
-                               " is not on the device path yet (use device=\"cpu\")");
-    };
-    if (options_.ram_budget > 0) refuse("ram_budget (streaming experts to the device is part 2)");
-    if (options_.dump_activations) refuse("dump_activations");
-}
-
-void check_context_size(int64_t n_ctx, int64_t n_ctx_train, bool allow_long_context,
-                        const std::string& path) {
-    if (n_ctx > n_ctx_train && !allow_long_context) {
-        throw InvalidArgument("n_ctx " + std::to_string(n_ctx) + " is beyond the " +
-                              std::to_string(n_ctx_train) + " tokens " + path +
-                              " was trained on (<arch>.context_length); positions past it are "
-                              "untrained and usually give garbage. Allow it with allow_long_context "
-                              "(--allow-long-context) or use a smaller n_ctx");
-    }
-}
-
-void Engine::plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v) {
-    const HParams& h = model_->hp;
-    const int64_t k = h.n_expert_used;
-    const uint64_t total_experts = static_cast<uint64_t>((h.n_layer - h.n_layer_dense_lead) * h.n_expert);
-    const uint64_t budget = options_.ram_budget;
-    // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots of
-    // their own (prefetch never evicts).
-    MemoryPlanRequest request;
-    request.n_ctx = n_ctx;
-    request.type_k = type_k;
-    request.type_v = type_v;
-    request.max_batch = kMaxBatch;
-    request.n_staging = options_.predictor != "none"
-                            ? static_cast<uint64_t>(k) * static_cast<uint64_t>(options_.lookahead)
-                            : 0;
-    const MemoryPlan plan = plan_memory(*model_, request);
-    if (budget < plan.minimum_bytes) {
-        throw InvalidArgument("ram_budget " + std::to_string(budget) + " B is too small for " +
-                              model_->file->path() + ": " + plan.describe(n_ctx, type_k, type_v));
-    }
-    const uint64_t fixed = plan.fixed_bytes, slot = plan.slot_bytes, n_staging = request.n_staging;
-    ExpertCacheOptions o;
-    o.n_slots = std::min<uint64_t>((budget - fixed) / slot - n_staging, total_experts);
-    o.n_staging = n_staging;
-    set_cache_policy(o);
-    o.reader = options_.reader;
-    o.read_timeout_ms = read_timeout_ms();
-    auto cache = std::make_unique<ExpertCache>(model_->experts, o);
-    cache->set_timeline(&timeline_);
-    cache_ = cache.get();
-    experts_ = std::move(cache);
-    plan_.budget_bytes = budget;
-    plan_.fixed_bytes = fixed;
-}
-
-void Engine::set_cache_policy(ExpertCacheOptions& o) const {
-    const HParams& h = model_->hp;
-    o.probation = options_.slru_probation;
-    if (!options_.cache_policy.empty()) o.policy = options_.cache_policy;
-    if (!options_.cache_policy_file.empty() && o.policy != "prior") {
-        throw InvalidArgument("[cache] policy '" + o.policy + "' reads no file (only 'prior' does)");
-    }
-    if (o.policy == "prior")
-        o.policy_prior = read_cache_prior(options_.cache_policy_file, h.n_layer, h.n_expert);
-}
-
-bool Engine::plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, ExpertCacheOptions* o) {
-    const HParams& h = model_->hp;
-    const std::string& path = model_->file->path();
-    if (!h.is_moe()) {
-        throw InvalidArgument("vram_budget: " + path +
-                              " is a dense model (no routed experts to stream; drop vram_budget)");
-    }
-    // The same sizes the device path charges (and its UnsupportedError for what it does not compute).
-    const TierSizes sizes = tier_sizes(*model_, n_ctx, kMaxBatch, type_k, type_v);
-    TierRequest request;
-    if (options_.vram_budget == SessionOptions::kVramBudgetAuto) {
-        const cuda::DeviceInfo info = cuda::device_info();
-        if (!info.present) throw DeviceError("vram_budget \"auto\" for " + path + ": " + cuda::describe());
-        request.vram_budget = auto_vram_budget(info.vram_free).budget;
-    } else {
-        request.vram_budget = options_.vram_budget;
-    }
-    // A predictor reads up to k experts for each of the next `lookahead` layers into staging slots.
-    if (options_.predictor != "none")
-        request.n_staging =
-            static_cast<uint64_t>(h.n_expert_used) * static_cast<uint64_t>(options_.lookahead);
-    TierPlan plan;
-    try {
-        plan = plan_tiers(sizes, request);
-    } catch (const InvalidArgument& e) {
-        throw InvalidArgument("vram_budget for " + path + ": " + e.what());
-    }
-    if (plan.experts_resident) return false;
-    o->n_slots = plan.n_vram_slots;
-    o->n_staging = plan.n_vram_staging;
-    set_cache_policy(*o);
-    o->reader = options_.reader;  // the VRAM tier's fill source (cuda/device_tier.cuh)
-    plan_.budget_bytes = request.vram_budget;
-    plan_.fixed_bytes = plan.device_dense_bytes + plan.device_kv_bytes + plan.device_buffer_bytes;
-    return true;
 }
 
 void Engine::set_route_trace(RouteTrace trace) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "moe/expert_source.h"
 #include "moe/moe_ffn.h"
 #include "moe/prefetcher.h"
+#include "placement.h"
 #include "sharpi/options.h"
 #include "sharpi/predictor.h"
 #include "sharpi/types.h"
@@ -34,12 +36,9 @@
 
 namespace sharpi {
 
-// n_ctx beyond the trained context (GGUF <arch>.context_length) is an InvalidArgument unless
-// allow_long_context (llama.cpp only warns; sharpi refuses, since the output is garbage).
-void check_context_size(int64_t n_ctx, int64_t n_ctx_train, bool allow_long_context, const std::string& path);
-
 class Engine final : private GateObserver {
   public:
+    // Checks the options, plans the placement (placement.h), then builds what the plan says.
     Engine(const std::string& path, const SessionOptions& options);
 
     const ModelInfo& info() const { return info_; }
@@ -75,10 +74,10 @@ class Engine final : private GateObserver {
     void set_predictor(std::shared_ptr<Predictor> predictor);
     std::vector<std::string> predictor_errors() const;
 
+    // How ram_budget "auto" was resolved; nothing when the session was given bytes.
+    const std::optional<AutoRamBudget>& auto_ram_budget() const { return auto_ram_budget_; }
+
   private:
-    // Sizes the expert cache from options_.ram_budget (docs/design.md §2: dense weights, KV cache and
-    // buffers are charged first; the rest becomes slots). Throws InvalidArgument naming the minimum budget.
-    void plan_expert_cache(int64_t n_ctx, GgmlType type_k, GgmlType type_v);
     // Replaces the prefetcher (streaming only); nullptr: no prediction.
     void install_predictor(std::shared_ptr<Predictor> predictor);
 
@@ -92,14 +91,6 @@ class Engine final : private GateObserver {
     // CancelledError naming where decode() stopped, when cancel() was called.
     void throw_if_cancelled(int il) const;
 
-    // device="cuda": options the device path does not take, refused before anything is allocated.
-    void check_device_options(const std::string& path) const;
-    // device="cuda" with a vram_budget: the tier plan (InvalidArgument below its minimum, DeviceError
-    // for "auto" without a device); true and the VRAM tier's options in *o when the experts stream,
-    // false when they all fit.
-    bool plan_vram_tiers(int64_t n_ctx, GgmlType type_k, GgmlType type_v, ExpertCacheOptions* o);
-    // The replacement policy options of either tier's cache.
-    void set_cache_policy(ExpertCacheOptions& o) const;
     // Single-token decoding with a prefetcher: the previous token is the last row of
     // sequence_selection_ (none at the start of a sequence); after a truncate() the kept tokens
     // before it are replayed first (Predictor::observe_context), so the predictor's history is the
@@ -130,8 +121,9 @@ class Engine final : private GateObserver {
     std::unique_ptr<cuda::DeviceForward> device_;
     std::unique_ptr<RecurrentState> recurrent_;  // DeltaNet layers' state (hybrid archs)
     std::unique_ptr<ExpertSource> experts_;
-    ExpertCache* cache_ = nullptr;      // experts_ when streaming, else nullptr
-    ExpertCacheStats plan_;             // budget, fixed bytes, slots (streaming only)
+    ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
+    ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)
+    std::optional<AutoRamBudget> auto_ram_budget_;
     Scratch scratch_;                   // the CPU backend's activations
     std::unique_ptr<Backend> backend_;  // computes forward_batch's layers (device="cpu")
     std::vector<float> residual_;

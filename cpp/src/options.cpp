@@ -31,6 +31,14 @@ SessionOptions resolve_session_options(const SessionOptions& options) {
     return o;
 }
 
+uint64_t parse_budget(const std::string& text) {
+    const size_t first = text.find_first_not_of(" \t\n\r\f\v");
+    const size_t last = text.find_last_not_of(" \t\n\r\f\v");
+    std::string word = first == std::string::npos ? "" : text.substr(first, last - first + 1);
+    for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return word == "auto" ? SessionOptions::kBudgetAuto : parse_byte_size(text);
+}
+
 uint64_t parse_byte_size(const std::string& text) {
     size_t i = 0;
     while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;

@@ -69,6 +69,10 @@ void Session::clear_timeline() {
     engine_->timeline().clear();
 }
 
+std::optional<AutoRamBudget> Session::auto_ram_budget() const {
+    return engine_->auto_ram_budget();
+}
+
 ExpertCacheStats Session::expert_stats() const {
     return engine_->expert_stats();
 }

@@ -14,19 +14,6 @@ from . import _core
 from .plugin import Predictor
 
 
-def _vram_budget_bytes(vram_budget: Union[int, str, None]) -> int:
-    """Session's vram_budget as the core takes it: bytes, 0 (none) or _core.VRAM_BUDGET_AUTO."""
-    if vram_budget is None:
-        return 0
-    if isinstance(vram_budget, str):
-        if vram_budget.strip().lower() == "auto":
-            return _core.VRAM_BUDGET_AUTO
-        return _core.parse_byte_size(vram_budget)
-    if isinstance(vram_budget, bool) or not isinstance(vram_budget, int) or vram_budget < 0:
-        raise _core.InvalidArgument(f"vram_budget must be bytes >= 0, a size with units or 'auto', got {vram_budget!r}")
-    return vram_budget
-
-
 def _miss_bandwidths(given: Optional[dict]) -> dict:
     """Session's miss_bandwidths as the core's keywords (0 / -1: measure)."""
     out = {"miss_copy_bytes_per_s": 0.0, "miss_copy_latency_s": -1.0, "miss_cpu_bytes_per_s": 0.0}
@@ -136,7 +123,7 @@ class Session:
 
         ram_budget: bytes (int) or a size with units ("6GiB"); None or 0 keeps every expert
         resident; "auto": the memory the machine or its cgroup has available minus a margin
-        (sharpi.ram_budget; the choice is in self.auto_budget). With a budget, dense weights, KV cache and buffers are charged first and the rest
+        (resolved by the C++ planner; the choice is in self.auto_budget). With a budget, dense weights, KV cache and buffers are charged first and the rest
         becomes expert slots streamed from the file (reader: "auto", "io_uring" (or "uring"), "pread", or "cufile",
         an UnsupportedError saying why where it cannot run).
 
@@ -195,25 +182,17 @@ class Session:
             trace = True if env_trace == "1" else env_trace
         if trace:
             timeline = True
-        budget = 0
-        self.auto_budget = None  # ram_budget.AutoBudget when ram_budget="auto"
-        if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto":
-            from .ram_budget import auto_ram_budget
-
-            self.auto_budget = auto_ram_budget()
-            budget = self.auto_budget.budget
-        elif ram_budget:
-            budget = ram_budget if isinstance(ram_budget, int) else _core.parse_byte_size(str(ram_budget))
+        # Budgets ("auto" included) are parsed, checked and resolved in C++ (placement.h).
         self._core = _core.Session(
             self.path,
-            vram_budget=_vram_budget_bytes(vram_budget),
+            vram_budget=vram_budget,
             miss_route=miss_route,
             **_miss_bandwidths(miss_bandwidths),
             threads=threads,
             n_ctx=n_ctx,
             exact=exact,
             dump_activations=dump_activations,
-            ram_budget=budget,
+            ram_budget=ram_budget,
             slru_probation=slru_probation,
             reader=reader,
             timeline=timeline,
@@ -228,6 +207,11 @@ class Session:
             allow_long_context=allow_long_context,
             device=device,
         )
+        self.auto_budget = None  # ram_budget.AutoBudget when ram_budget="auto"
+        if self._core.auto_ram_budget is not None:
+            from .ram_budget import AutoBudget
+
+            self.auto_budget = AutoBudget.from_dict(self._core.auto_ram_budget)
         if plugin is not None:
             self._core.set_predictor(plugin)
         self._tracer = None

@@ -32,7 +32,8 @@ struct SessionOptions {
     // logits, bit for bit). kVramBudgetAuto: free VRAM minus a margin. Below the minimum (dense + KV +
     // buffers + top-k slots, + staging with a predictor) is an InvalidArgument naming it.
     uint64_t vram_budget = 0;
-    static constexpr uint64_t kVramBudgetAuto = ~uint64_t{0};
+    static constexpr uint64_t kBudgetAuto = ~uint64_t{0};
+    static constexpr uint64_t kVramBudgetAuto = kBudgetAuto;
     // Experts streamed through VRAM: how a decode step serves a selected expert that is not in VRAM
     // (moe/cpu_miss.h). "copy" (default): copied, then computed by the device kernels (logits equal the
     // resident ones bit for bit). "cpu": computed on the CPU from the mapping, one activation row down
@@ -48,7 +49,10 @@ struct SessionOptions {
     // Otherwise the bytes this session may hold: dense weights, KV cache and buffers are charged
     // first and the rest becomes expert slots read from the file on demand. Too small a budget
     // (fewer slots than experts one token uses in a layer) is an InvalidArgument naming the minimum.
+    // kRamBudgetAuto: what the process may still take (MemAvailable and its memory cgroups' limits)
+    // minus a margin, measured when the session opens (AutoRamBudget, Session::auto_ram_budget).
     uint64_t ram_budget = 0;
+    static constexpr uint64_t kRamBudgetAuto = kBudgetAuto;
     double slru_probation = 0.25;  // share of the cache slots in the SLRU probation segment
     // Expert-cache replacement policy (docs/cache_policies.md): "lru", "slru", "lfu", "arc", "s3fifo",
     // "prior" (reads cache_policy_file, fitted by `sharpi cache-prior`), "predictive" (keeps what the
@@ -82,6 +86,21 @@ struct SessionOptions {
 // Throws InvalidArgument when a shorthand's FILE and the *_file field both name a file and differ.
 // The other options (sizes, names, budgets, types) are checked when the session opens the model.
 SessionOptions resolve_session_options(const SessionOptions& options);
+
+// How ram_budget "auto" was resolved when the session opened: budget = available - margin, measured
+// before the model was loaded (Session::auto_ram_budget).
+struct AutoRamBudget {
+    uint64_t budget = 0;  // bytes
+    uint64_t available = 0;
+    uint64_t margin = 0;
+    std::string source;  // what bounded `available`: "MemAvailable", or "cgroup v1 /a: limit .. - usage .."
+    // "--ram-budget auto: B MiB = A MiB available (source) - margin M MiB"
+    std::string describe() const;
+};
+
+// A budget option as a host writes it (ram_budget, vram_budget): "auto" in any case and with spaces
+// around it is SessionOptions::kBudgetAuto, anything else a byte size (parse_byte_size's errors).
+uint64_t parse_budget(const std::string& text);
 
 // Parses a byte size with an optional unit: "6GiB", "512MiB", "1.5GB", "4096", "2G" (K/M/G/T are
 // binary, KB/MB/GB/TB decimal, KiB/MiB/GiB/TiB binary). Throws InvalidArgument.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,10 @@ class Session {
     void set_predictor(std::shared_ptr<Predictor> predictor);
     // The last few messages of predictor calls that threw (their hints were dropped).
     std::vector<std::string> predictor_errors() const;
+
+    // How ram_budget "auto" (SessionOptions::kRamBudgetAuto) was resolved when the session opened;
+    // nothing when the session was given bytes.
+    std::optional<AutoRamBudget> auto_ram_budget() const;
 
     // GGUF metadata as strings (arrays rendered as "[n items]") for hosts without the Python side.
     std::string metadata_string(const std::string& key) const;

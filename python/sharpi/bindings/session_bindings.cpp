@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "bindings.h"
@@ -238,6 +239,39 @@ class PyPredictor final : public Predictor {
     bool has_context_ = false;
 };
 
+// A non-negative Python int as bytes; InvalidArgument naming `what` otherwise.
+uint64_t non_negative_bytes(const py::object& value, const char* what) {
+    if (PyObject_RichCompareBool(value.ptr(), py::int_(0).ptr(), Py_LT) == 1) {
+        throw InvalidArgument(std::string(what) + " must be bytes >= 0, a size with units or 'auto', got " +
+                              py::repr(value).cast<std::string>());
+    }
+    return value.cast<uint64_t>();
+}
+
+// vram_budget as a host writes it: None (none), bytes, or a size with units or "auto" (parse_budget).
+uint64_t vram_budget_bytes(const py::object& value) {
+    if (value.is_none()) return 0;
+    if (py::isinstance<py::str>(value)) return parse_budget(value.cast<std::string>());
+    if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value)) {
+        throw InvalidArgument("vram_budget must be bytes >= 0, a size with units or 'auto', got " +
+                              py::repr(value).cast<std::string>());
+    }
+    return non_negative_bytes(value, "vram_budget");
+}
+
+// ram_budget as a host writes it: anything false (None, 0, "") is none, bytes, a size with units or
+// "auto" (parse_budget; any other object by its str()).
+uint64_t ram_budget_bytes(const py::object& value) {
+    if (py::isinstance<py::str>(value)) {
+        const std::string text = value.cast<std::string>();
+        return text.empty() ? 0 : parse_budget(text);
+    }
+    if (!PyObject_IsTrue(value.ptr())) return 0;
+    if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value))
+        return non_negative_bytes(value, "ram_budget");
+    return parse_byte_size(py::str(value).cast<std::string>());
+}
+
 }  // namespace
 
 void bind_session(py::module_& m) {
@@ -247,12 +281,12 @@ void bind_session(py::module_& m) {
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
-                         uint64_t ram_budget, double slru_probation, const std::string& reader, bool timeline,
+                         const py::object& ram_budget, double slru_probation, const std::string& reader, bool timeline,
                          const std::string& predictor, const std::string& predictor_file, int lookahead,
                          bool skip_late_prefetch, const std::string& prefetch_sizing,
                          const std::string& cache_policy, const std::string& cache_policy_file,
                          const std::string& cache_type_k, const std::string& cache_type_v,
-                         bool allow_long_context, const std::string& device, uint64_t vram_budget,
+                         bool allow_long_context, const std::string& device, const py::object& vram_budget,
                          const std::string& miss_route, double miss_copy_bytes_per_s,
                          double miss_copy_latency_s, double miss_cpu_bytes_per_s) {
                  SessionOptions o;
@@ -260,7 +294,7 @@ void bind_session(py::module_& m) {
                  o.n_ctx = n_ctx;
                  o.exact = exact;
                  o.dump_activations = dump_activations;
-                 o.ram_budget = ram_budget;
+                 o.ram_budget = ram_budget_bytes(ram_budget);
                  o.slru_probation = slru_probation;
                  o.reader = reader;
                  o.timeline = timeline;
@@ -275,7 +309,7 @@ void bind_session(py::module_& m) {
                  o.cache_type_v = cache_type_v;
                  o.allow_long_context = allow_long_context;
                  o.device = device;
-                 o.vram_budget = vram_budget;
+                 o.vram_budget = vram_budget_bytes(vram_budget);
                  o.miss_route = miss_route;
                  o.miss_copy_bytes_per_s = miss_copy_bytes_per_s;
                  o.miss_copy_latency_s = miss_copy_latency_s;
@@ -286,15 +320,29 @@ void bind_session(py::module_& m) {
                  return s;
              }),
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
-             py::arg("dump_activations") = false, py::arg("ram_budget") = 0, py::arg("slru_probation") = 0.25,
+             py::arg("dump_activations") = false, py::arg("ram_budget") = py::none(), py::arg("slru_probation") = 0.25,
              py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
              py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
              py::arg("prefetch_sizing") = "topk", py::arg("cache_policy") = "",
              py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
-             py::arg("allow_long_context") = false, py::arg("device") = "cpu", py::arg("vram_budget") = 0,
+             py::arg("allow_long_context") = false, py::arg("device") = "cpu", py::arg("vram_budget") = py::none(),
              py::arg("miss_route") = "copy", py::arg("miss_copy_bytes_per_s") = 0.0,
              py::arg("miss_copy_latency_s") = -1.0, py::arg("miss_cpu_bytes_per_s") = 0.0)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
+        .def_property_readonly(
+            "auto_ram_budget",
+            [](PySession& s) -> py::object {
+                const std::optional<AutoRamBudget> a = s.session->auto_ram_budget();
+                if (!a) return py::none();
+                py::dict d;
+                d["budget"] = a->budget;
+                d["available"] = a->available;
+                d["margin"] = a->margin;
+                d["source"] = a->source;
+                d["summary"] = a->describe();
+                return std::move(d);
+            },
+            "How ram_budget=\"auto\" was resolved (budget, available, margin, source, summary), or None")
         .def_property_readonly("n_past",
                                [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })
         .def(

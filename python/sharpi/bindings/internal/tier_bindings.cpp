@@ -1,5 +1,5 @@
-// The tier planner (tier_plan.h) and the miss cost model (moe/miss_cost.h): host arithmetic, present in
-// every build. Type conversion only.
+// The tier planner (tier_plan.h), ram_budget "auto" (ram_budget.h) and the miss cost model
+// (moe/miss_cost.h): host arithmetic, present in every build. Type conversion only.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "moe/cpu_miss.h"
 #include "moe/miss_cost.h"
+#include "ram_budget.h"
 #include "sharpi/errors.h"
 #include "threads/thread_pool.h"
 #include "tier_plan.h"
@@ -138,6 +139,25 @@ py::dict auto_budget(std::optional<uint64_t> vram_free) {
     return d;
 }
 
+// ram_budget "auto" (ram_budget.h) read from the given files (the process's own by default).
+py::dict ram_auto_budget(const std::string& proc_cgroup, const std::string& cgroup_root,
+                         const std::string& meminfo) {
+    const AutoRamBudget a = auto_ram_budget(MemoryProbePaths{proc_cgroup, cgroup_root, meminfo});
+    py::dict d;
+    d["budget"] = a.budget;
+    d["available"] = a.available;
+    d["margin"] = a.margin;
+    d["source"] = a.source;
+    d["summary"] = a.describe();
+    return d;
+}
+
+py::object ram_cgroup_available(const std::string& proc_cgroup, const std::string& cgroup_root) {
+    const std::optional<CgroupAvailable> c = cgroup_available(proc_cgroup, cgroup_root);
+    if (!c) return py::none();
+    return py::make_tuple(c->bytes, c->source);
+}
+
 py::dict miss_route(uint64_t expert_bytes, int64_t n_embd, int64_t n_tokens, double copy_bytes_per_s,
                     double copy_latency_s, double cpu_bytes_per_s) {
     const MissCost c = choose_miss_route(
@@ -181,6 +201,16 @@ void bind_tiers(py::module_& m) {
     m.def("vram_budget_auto", &auto_budget, py::arg("vram_free") = py::none(),
           "--vram-budget auto: free VRAM (device 0's, or the given bytes) minus the margin; DeviceError "
           "without a device");
+    const MemoryProbePaths probe;
+    m.def("ram_budget_auto", &ram_auto_budget, py::arg("proc_cgroup") = probe.proc_cgroup,
+          py::arg("cgroup_root") = probe.cgroup_root, py::arg("meminfo") = probe.meminfo,
+          "--ram-budget auto (ram_budget.h): dict(budget, available, margin, source, summary) from "
+          "MemAvailable and the memory cgroups' limits; InvalidArgument when nothing is left");
+    m.def("ram_cgroup_available", &ram_cgroup_available, py::arg("proc_cgroup") = probe.proc_cgroup,
+          py::arg("cgroup_root") = probe.cgroup_root,
+          "(bytes, description) of the tightest memory cgroup limit - usage, or None without a limit");
+    m.attr("RAM_BUDGET_MARGIN_MIN") = kRamBudgetMarginMin;
+    m.attr("RAM_BUDGET_MARGIN_FRACTION") = kRamBudgetMarginFraction;
     m.def("miss_route", &miss_route, py::arg("expert_bytes"), py::arg("n_embd"), py::arg("n_tokens"),
           py::arg("copy_bytes_per_s"), py::arg("copy_latency_s"), py::arg("cpu_bytes_per_s"),
           "The miss cost model (moe/miss_cost.h): dict(route='copy'|'cpu', copy_s, cpu_s)");
