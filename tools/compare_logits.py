@@ -87,7 +87,12 @@ def run_side(model_dir: Path, out_path: Path) -> None:
     """Runs every configuration on every model under this process's sharpi; writes digests + raw."""
     import numpy as np
     import sharpi
-    from sharpi import _core, _internal
+    from sharpi import _core
+
+    try:
+        from sharpi import _internal
+    except ImportError:  # a build from before the bindings split: the internals were in _core
+        _internal = _core
 
     results = {}
     raw = {}
