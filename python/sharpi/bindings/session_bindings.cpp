@@ -281,9 +281,9 @@ void bind_session(py::module_& m) {
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")
         .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
-                         const py::object& ram_budget, double slru_probation, const std::string& reader, bool timeline,
-                         const std::string& predictor, const std::string& predictor_file, int lookahead,
-                         bool skip_late_prefetch, const std::string& prefetch_sizing,
+                         const py::object& ram_budget, double slru_probation, const std::string& reader,
+                         bool timeline, const std::string& predictor, const std::string& predictor_file,
+                         int lookahead, bool skip_late_prefetch, const std::string& prefetch_sizing,
                          const std::string& cache_policy, const std::string& cache_policy_file,
                          const std::string& cache_type_k, const std::string& cache_type_v,
                          bool allow_long_context, const std::string& device, const py::object& vram_budget,
@@ -320,14 +320,15 @@ void bind_session(py::module_& m) {
                  return s;
              }),
              py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
-             py::arg("dump_activations") = false, py::arg("ram_budget") = py::none(), py::arg("slru_probation") = 0.25,
-             py::arg("reader") = "auto", py::arg("timeline") = false, py::arg("predictor") = "none",
-             py::arg("predictor_file") = "", py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
-             py::arg("prefetch_sizing") = "topk", py::arg("cache_policy") = "",
-             py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
-             py::arg("allow_long_context") = false, py::arg("device") = "cpu", py::arg("vram_budget") = py::none(),
-             py::arg("miss_route") = "copy", py::arg("miss_copy_bytes_per_s") = 0.0,
-             py::arg("miss_copy_latency_s") = -1.0, py::arg("miss_cpu_bytes_per_s") = 0.0)
+             py::arg("dump_activations") = false, py::arg("ram_budget") = py::none(),
+             py::arg("slru_probation") = 0.25, py::arg("reader") = "auto", py::arg("timeline") = false,
+             py::arg("predictor") = "none", py::arg("predictor_file") = "", py::arg("lookahead") = 1,
+             py::arg("skip_late_prefetch") = true, py::arg("prefetch_sizing") = "topk",
+             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
+             py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu",
+             py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
+             py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
+             py::arg("miss_cpu_bytes_per_s") = 0.0)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly(
             "auto_ram_budget",
