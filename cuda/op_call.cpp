@@ -1,3 +1,8 @@
+// The OpCall builders of backend/op_call.h. Declared in the core, compiled into the CUDA target's
+// host sources (beside op_support.cpp, in every build): the CUDA backend calls them, and a static
+// link puts the core's archive before the backend's, so the backend's archive must resolve them
+// itself (a C++ host that links the installed libsharpi.a and libsharpi_cuda_backend.a failed on
+// them when they lived in the core). The core's RecordingBackend finds them in the backend's archive.
 #include "backend/op_call.h"
 
 #include <algorithm>
