@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import sharpi
 from sharpi import InvalidArgument, _core
+from sharpi.generation import _penalized_sampler
 from sharpi.models import default_model_path
-from sharpi.session import _penalized_sampler
 from test_sampler import chi2_pvalue, reference_distribution
 
 

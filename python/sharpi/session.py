@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import os
-import time
-from collections import Counter, abc
 from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
+from .generation import Generation
 from .plugin import Predictor
 
 
@@ -23,56 +21,6 @@ def _miss_bandwidths(given: Optional[dict]) -> dict:
                                         "copy_latency_s, cpu_bytes_per_s)")
         out["miss_" + key] = float(value)
     return out
-
-
-def _penalized_sampler(sampler, n_vocab: int, repeat_penalty: float, repeat_last_n: int,
-                       presence_penalty: float, frequency_penalty: float,
-                       logit_bias: Optional[Mapping[int, float]]) -> Callable[[np.ndarray, list], int]:
-    """sampler.sample, or with presence/frequency penalties and a logit bias in front of it.
-
-    Those three are applied here, in Python, on a float32 copy of the logits, in llama.cpp's order
-    (llama_sampler_logit_bias, then llama_sampler_penalties): bias, then repeat_penalty over the
-    distinct tokens of the window, then - (presence + count * frequency). repeat_penalty moves here
-    too so the order holds (the C++ sampler gets no recent ids and so skips it); every step is the
-    same float32 operation the C++ one does. With all three off the C++ sampler runs alone, so the
-    output is what it was before these options existed, bit for bit."""
-    def real(value) -> bool:
-        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
-        if not (real(value) and -2.0 <= value <= 2.0):  # NaN fails the comparison
-            raise _core.InvalidArgument(f"{name} must be a finite number in [-2, 2] (0 = off), got {value!r}")
-    if logit_bias is not None and not isinstance(logit_bias, abc.Mapping):
-        raise _core.InvalidArgument(f"logit_bias must map token ids to biases, got {type(logit_bias).__name__}")
-    bias_ids, bias_values = [], []
-    for key, value in (logit_bias or {}).items():
-        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not 0 <= key < n_vocab:
-            raise _core.InvalidArgument(f"logit_bias: token id {key!r} is not in the vocabulary [0, {n_vocab})")
-        if not (real(value) and (-100.0 <= value <= 100.0 or value == -math.inf)):
-            raise _core.InvalidArgument(f"logit_bias: the bias of token {key} must be in [-100, 100] "
-                                        f"(-100 bans it), got {value!r}")
-        bias_ids.append(int(key))
-        bias_values.append(-math.inf if value <= -100.0 else float(value))
-    if presence_penalty == 0.0 and frequency_penalty == 0.0 and not bias_ids:
-        return sampler.sample
-    bias_ids_a = np.array(bias_ids, dtype=np.int64)
-    bias_values_a = np.array(bias_values, dtype=np.float32)
-    repeat = np.float32(repeat_penalty)
-    presence, frequency = np.float32(presence_penalty), np.float32(frequency_penalty)
-
-    def sample(logits: np.ndarray, window: list) -> int:
-        work = np.array(logits, dtype=np.float32)  # a copy: on_token sees the logits untouched
-        work[bias_ids_a] += bias_values_a
-        if repeat_last_n != 0:
-            for token, count in Counter(window).items():
-                if not 0 <= token < n_vocab:
-                    raise _core.InvalidArgument(f"recent token {token} is outside the vocabulary [0, {n_vocab})")
-                logit = work[token]
-                logit = logit * repeat if logit <= 0 else logit / repeat
-                work[token] = logit - (np.float32(count) * frequency + presence)
-        return sampler.sample(work, [])
-
-    return sample
 
 
 class Session:
@@ -384,80 +332,35 @@ class Session:
         its argument (on_token sees the model's own). A constrained-decoding mask
         (sharpi.constrained.GrammarMask) sets disallowed tokens to -inf here.
         """
-        if max_tokens < -1:
-            raise _core.InvalidArgument(f"max_tokens must be >= 0, or -1 for no limit, got {max_tokens}")
-        sampler = _core.Sampler(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n,
-            seed=int(time.time_ns() & 0xFFFFFFFF) if seed is None else int(seed),
-        )
-        tok = self.tokenizer
         prompt_ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt)
-        if not prompt_ids:
-            raise _core.InvalidArgument("generate: empty prompt")
-        stop_ids = set(tok.eog_ids)
-        n_ctx = self.info["n_ctx"]
-        sample = _penalized_sampler(sampler, self.info["n_vocab"], repeat_penalty, repeat_last_n,
-                                    presence_penalty, frequency_penalty, logit_bias)
-
-        t0 = time.perf_counter()
+        gen = Generation(self.tokenizer, self.info["n_vocab"], self.info["n_ctx"], prompt_ids,
+                         max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
+                         stop_at_eos=stop_at_eos, history=history, on_token=on_token,
+                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                         logit_bias=logit_bias, logits_processor=logits_processor)
         logits = self.decode(prompt_ids)
-        t_prefill = time.perf_counter() - t0
-        recent = [*history, *prompt_ids]
-        generated: list = []
+        gen.prefilled()
         # The ids sampled so far, live while the iterator runs: a caller that closes it early (a
         # server's stop string, a cancel()) still knows how many tokens it produced.
-        self.last_tokens = generated
-        # The stream decoder emits text only once it is complete UTF-8 (a byte-level token can end
-        # inside a character) and keeps SentencePiece's leading space of the first piece.
-        stream = tok.stream()
-        t_first = None
-        t1 = time.perf_counter()
+        self.last_tokens = gen.generated
         try:
-            while max_tokens < 0 or len(generated) < max_tokens:
-                shaped = logits if logits_processor is None else logits_processor(generated, logits)
-                token = sample(shaped, recent[-repeat_last_n:] if repeat_last_n > 0 else recent)
-                if t_first is None:
-                    t_first = time.perf_counter() - t0
-                if stop_at_eos and token in stop_ids:
-                    break
-                generated.append(token)
-                recent.append(token)
-                if on_token is not None:
-                    on_token(token, logits)
-                piece = stream.push(token)
+            while gen.finished is None:
+                piece = gen.step(logits, self.n_past)
                 if piece:
                     yield piece
-                if len(generated) == max_tokens or self.n_past >= n_ctx:
-                    break
-                logits = self.decode([token])
-            t_decode = time.perf_counter() - t1
-            tail = stream.flush()
+                if gen.finished is None:
+                    logits = self.decode([gen.next_token])
+            tail = gen.flush()
             if tail:
                 yield tail
         except GeneratorExit:  # closed early: the stats still describe what was generated
-            t_decode = time.perf_counter() - t1
-            self._record_stats(len(prompt_ids), len(generated), t_prefill, t_decode, t_first)
+            self._record_stats(gen.stats())
             raise
-        self._record_stats(len(prompt_ids), len(generated), t_prefill, t_decode, t_first)
+        self._record_stats(gen.stats())
 
-    def _record_stats(self, n_prompt: int, n_generated: int, t_prefill: float, t_decode: float,
-                      t_first: Optional[float]) -> None:
-        """self.last_stats of a generate() call (and the tracer's request record)."""
-        n_steps = max(n_generated - 1, 0)
-        self.last_stats = {
-            "n_prompt": n_prompt,
-            "n_generated": n_generated,
-            "prefill_s": t_prefill,
-            "decode_s": t_decode,
-            "ttft_s": t_first if t_first is not None else t_prefill,
-            "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
-            "decode_tok_s": n_steps / t_decode if t_decode > 0 and n_steps else 0.0,
-            "tpot_s": t_decode / n_steps if n_steps else 0.0,
-        }
+    def _record_stats(self, stats: dict) -> None:
+        """self.last_stats of a generate() call (Generation.stats) and the tracer's request record."""
+        self.last_stats = stats
         if self._tracer is not None:
             self._tracer.add_request(self.last_stats)
