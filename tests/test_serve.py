@@ -8,6 +8,7 @@ the chat prompt is the ChatML text written out here by hand (the shipped model h
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import socket
@@ -519,7 +520,7 @@ def test_stream_until_stop_trims_the_tokens_sampled_past_the_stop():
 
     async def run():
         engine = Engine.__new__(Engine)  # no Session: trim and cancel touch only the state below
-        engine._state, engine._current = threading.Lock(), None
+        engine._state, engine._waiting = threading.Lock(), collections.deque()
         engine.counts = {"completion_tokens": 5}
         job = Job(asyncio.get_running_loop(), [1, 2], {"max_tokens": 16})
         for item in [("ab", [], 1), ("c", [], 2), ("dSTOPe", [], 3), ("f", [], 4), ("g", [], 5)]:

@@ -401,10 +401,11 @@ def _on_off_auto(text: str) -> str:
     raise argparse.ArgumentTypeError(f"-fa/--flash-attn takes on, off or auto, got {text!r}")
 
 
-def add_llama_compat_arguments(parser: argparse.ArgumentParser):
+def add_llama_compat_arguments(parser: argparse.ArgumentParser, batch_size_help: str | None = None):
     """The llama-cli / llama-server loader and hardware flags, in their own --help section (returned,
     for a command's own llama.cpp flags): accepted where they change nothing in sharpi (said so in
-    --help), refused (exit 2, a message naming the flag) where sharpi cannot do what they ask."""
+    --help), refused (exit 2, a message naming the flag) where sharpi cannot do what they ask.
+    batch_size_help: -b's help for a command where it does something (serve's tokens per step)."""
     p = parser.add_argument_group("llama.cpp flags", "what llama-cli / llama-server flags do in sharpi")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", action=Refused, nargs=None, metavar="N",
                    why=_gpu_layers_refusal,
@@ -415,7 +416,8 @@ def add_llama_compat_arguments(parser: argparse.ArgumentParser):
                    help="accepted for llama.cpp compatibility; sharpi chooses its attention kernels itself "
                    "(the same output either way)")
     p.add_argument("-b", "--batch-size", type=positive_int("-b"), default=None, metavar="N",
-                   help="accepted for llama.cpp compatibility; sharpi prefills the whole prompt in one pass")
+                   help=batch_size_help or "accepted for llama.cpp compatibility; sharpi prefills the whole "
+                   "prompt in one pass")
     p.add_argument("-ub", "--ubatch-size", type=positive_int("-ub"), default=None, metavar="N",
                    help="accepted for llama.cpp compatibility; sharpi prefills the whole prompt in one pass")
     p.add_argument("--jinja", action="store_true",

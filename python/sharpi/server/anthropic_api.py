@@ -34,13 +34,14 @@ from starlette.responses import JSONResponse, StreamingResponse
 from .. import _core
 from . import agents
 from .errors import ApiError
-from .openai_api import chat_options, chat_prompt, gather_unless_gone, read_body, timings
+from .openai_api import chat_options, chat_prompt, gather_unless_gone, read_body, submit_all, timings
 from .served import ServedModel
 from .stops import stream_until_stop
 
 
 def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.anthropic_body(), status_code=e.status)
+    headers = {"Retry-After": "1"} if e.status == 503 else None  # a full queue: try again
+    return JSONResponse(e.anthropic_body(), status_code=e.status, headers=headers)
 
 
 # ------------------------------------------------------------------ requests
@@ -392,7 +393,10 @@ async def messages(request: Request, served: ServedModel):
     except _core.SharpiError as e:  # a template that refuses these messages
         return error_response(ApiError(400, str(e)))
 
-    job = engine.submit(prompt_ids, options, keep_special=bool(plan.tools))
+    try:
+        job, = submit_all(engine, [(prompt_ids, options, {"keep_special": bool(plan.tools)})])
+    except ApiError as e:
+        return error_response(e)
     head = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": served.model_id}
 
     if body.get("stream"):

@@ -22,6 +22,10 @@ from ..cli_args import (
 )
 from .prompt import CHATML_TEMPLATE, RESERVED_TEMPLATE_KWARGS
 
+# scheduler.MAX_SLOTS and DEFAULT_BATCH_SIZE (scheduler imports numpy: not at --help time).
+MAX_SLOTS = 256
+DEFAULT_BATCH_SIZE = 512
+
 # --max-body's default, 8 MiB (body.DEFAULT_MAX_BODY, which imports Starlette: not at --help time).
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 _SIZE_UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
@@ -52,6 +56,18 @@ def byte_size(text: str) -> int:
     if not number.isdigit() or unit not in _SIZE_UNITS or int(number) == 0:
         raise argparse.ArgumentTypeError(f"a size in bytes, e.g. 8MiB or 1048576, got {text!r}")
     return int(number) * _SIZE_UNITS[unit]
+
+
+def _slot_count(text: str) -> int:
+    """An argparse type for --parallel: 1 to MAX_SLOTS slots."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-np/--parallel must be an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_SLOTS:
+        raise argparse.ArgumentTypeError(f"-np/--parallel must be 1 to {MAX_SLOTS} (the requests decoded at "
+                                         f"once, each with its own KV cache), got {value}")
+    return value
 
 
 def api_keys(text: str) -> list:
@@ -98,9 +114,10 @@ def add_model_arguments(p: argparse.ArgumentParser, hf_repo: bool = False) -> No
     add_streaming_arguments(p)
 
 
-def load_model(args):
-    """(Session, chat template) from add_model_arguments' options: the template is the file's
-    text, None for the model's own, or ChatML when the model has none."""
+def load_model(args, **session_extra):
+    """(Session, chat template) from add_model_arguments' options (and `session_extra`, more
+    Session keywords): the template is the file's text, None for the model's own, or ChatML when
+    the model has none."""
     from ..progress import open_session
 
     if args.model is None:
@@ -109,7 +126,7 @@ def load_model(args):
         args.model = default_model_path()
     if not os.path.isfile(args.model):
         raise FileNotFoundError(f"{args.model}: no such file")
-    session = open_session(args.model, **session_options(args))
+    session = open_session(args.model, **session_options(args), **session_extra)
     template = None if session.tokenizer.chat_template else CHATML_TEMPLATE
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:
@@ -138,12 +155,18 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
                    help="a browser origin allowed to call the API, e.g. http://localhost:3000, or * for any; "
                    "repeatable (default: none, only the page at / itself)")
+    p.add_argument("-np", "--parallel", type=_slot_count, default=1, metavar="N",
+                   help="requests decoded at once, each on its own slot with its own KV cache of -c tokens "
+                   f"(continuous batching; llama-server's -np; 1 to {MAX_SLOTS}, default: 1)")
+    p.add_argument("--queue-size", type=positive_int("--queue-size"), default=None, metavar="N",
+                   help="requests that may wait for a free slot; more get 503 (default: 4 per slot, at least 16)")
     add_model_arguments(p)
     # llama-server's sampling flags: the defaults of a request, whose own fields override them.
     # Left out, a request gets OpenAI's defaults (the values below), not llama.cpp's.
     add_sampling_arguments(p, n_predict_default=-1)
     p.set_defaults(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    add_llama_compat_arguments(p)
+    add_llama_compat_arguments(p, batch_size_help="the most tokens one step decodes over all slots: prompt "
+                               f"chunks and one token per decoding slot (default: {DEFAULT_BATCH_SIZE})")
     return p
 
 
@@ -160,16 +183,19 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
 
     sock = bind_listening_socket(args.host, args.port)
     try:
-        session, template = load_model(args)
+        session, template = load_model(args, **({"n_seq": args.parallel} if args.parallel > 1 else {}))
         model_id = args.alias or os.path.basename(args.model)
-        served = ServedModel(Engine(session), model_id, args.model, template, args.chat_template_kwargs,
+        engine = Engine(session, batch_size=args.batch_size or DEFAULT_BATCH_SIZE, queue_size=args.queue_size)
+        served = ServedModel(engine, model_id, args.model, template, args.chat_template_kwargs,
                              sampling_defaults=sampling_options(args), max_body=args.max_body,
                              reasoning_format=args.reasoning_format,
                              max_token_bytes=max_token_bytes(session.tokenizer))
         app = create_app(served, log=err, api_keys=args.api_key, cors_origins=args.cors_origin)
-        err.write(f"sharpi: serving {model_id} on http://{args.host}:{args.port}/v1\n")
+        slots = f" ({args.parallel} slots)" if args.parallel > 1 else ""
+        err.write(f"sharpi: serving {model_id}{slots} on http://{args.host}:{args.port}/v1\n")
         err.flush()
         uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+        engine.close()
         session.close()
     finally:
         sock.close()

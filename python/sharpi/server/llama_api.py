@@ -107,7 +107,7 @@ def props(served: ServedModel) -> dict:
     return {
         "default_generation_settings": {"id": 0, "n_ctx": n_ctx, "is_processing": snap["busy"],
                                         "params": _generation_params(served)},
-        "total_slots": 1,
+        "total_slots": served.engine.n_slots,
         "model_alias": served.model_id,
         "model_path": served.model_path,
         "n_ctx": n_ctx,

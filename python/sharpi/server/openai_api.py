@@ -38,7 +38,7 @@ from .prompt import (
     fit_tool_calls,
     render_chat,
 )
-from .scheduler import Job
+from .scheduler import Job, QueueFull
 from .served import ServedModel
 from .stops import stream_until_stop
 
@@ -398,7 +398,23 @@ def chat_options(served: ServedModel, body: dict, plan: agents.ChatPlan, prompt_
 
 
 def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    # A full queue (503) says when to try again, as llama-server and OpenAI's overloaded answers do.
+    headers = {"Retry-After": "1"} if e.status == 503 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def submit_all(engine, specs: list) -> list:
+    """Jobs for the (prompt ids, options, Engine.submit keywords) of one request, all or none:
+    when the queue cannot take them all, the ones queued are cancelled and it is ApiError 503."""
+    jobs = []
+    try:
+        for ids, options, kwargs in specs:
+            jobs.append(engine.submit(ids, options, **kwargs))
+    except QueueFull as e:
+        for job in jobs:
+            engine.cancel(job)
+        raise ApiError(503, str(e), code="queue_full") from None
+    return jobs
 
 
 async def read_body(request: Request, served: ServedModel) -> dict:
@@ -580,14 +596,18 @@ async def complete(request: Request, served: ServedModel, chat: bool):
     except _core.SharpiError as e:  # a template that refuses these messages, a bad token
         return error_response(ApiError(400, str(e)))
 
-    jobs = []
+    specs = []
     for p, ids in enumerate(prompts):
         for k in range(n):
             o = {**options[p], "seed": choice_seed(options[p]["seed"], k)}
             if chat_plan is not None and chat_plan.mask is not None:
-                o["logits_processor"] = chat_plan.mask if not jobs else chat_plan.mask.fresh_copy()
-            jobs.append(engine.submit(ids, o, n_top, keep_special=chat_plan is not None and bool(chat_plan.tools),
-                                     prompt_logprobs=echo and n_top is not None))
+                o["logits_processor"] = chat_plan.mask if not specs else chat_plan.mask.fresh_copy()
+            specs.append((ids, o, {"n_top": n_top, "keep_special": chat_plan is not None and bool(chat_plan.tools),
+                                   "prompt_logprobs": echo and n_top is not None}))
+    try:
+        jobs = submit_all(engine, specs)
+    except ApiError as e:
+        return error_response(e)
     single_call = chat and body.get("parallel_tool_calls") is False
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion",

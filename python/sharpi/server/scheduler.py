@@ -1,16 +1,30 @@
-"""The Engine: the one Session and the one worker thread that calls it, and the Job each request
-queues on it.
+"""The Engine: the one Session, its slots (one sequence each) and the one worker thread that runs
+them in steps, and the Job each request queues on it.
 
-Who owns what: the Engine owns the Session and one worker thread; every request is a Job queued on
-that thread (the thread pool of one is the request queue), so requests run one after the other.
-The event loop never calls the Session except Session.cancel() (lock-free). Text flows one way:
-worker thread -> Job.queue (asyncio, via call_soon_threadsafe) -> response; the end of a Job is
-END on its queue, after the worker has written the Job's counts. A client that goes away, or a stop
-string that matched, cancels its Job: a queued Job is skipped, a running one gets Session.cancel()
-and stops within one layer. Engine._state guards which Job is running, so a cancel never reaches
-the next request's decode. A prompt that extends the ids the cache holds decodes only its new
-tokens (the next turn of a chat), one that shares a prefix with them cuts the cache back to that
-prefix first (prompt.reuse_prefix). Nothing here knows about HTTP.
+Who owns what: the Engine owns the Session and one worker thread; the Session holds `n_slots`
+sequences (Session(n_seq=...): `sharpi serve --parallel N`), each bound to one Slot. A request is a
+Job: submit() puts it on a bounded FIFO queue (QueueFull beyond `queue_size` waiting Jobs, on top
+of the free slots); the worker loops steps (continuous batching):
+
+1. admission, at the step boundary: each waiting Job goes to a free slot, the one whose sequence
+   holds the longest prefix of the Job's prompt (least recently used on a tie), which is cut back to
+   that prefix (prompt.reuse_prefix), so the next turn of a chat decodes only its new tokens;
+2. one Session.decode_batch over every busy slot: one token from each slot that is decoding, and
+   prompt chunks of the slots that are prefilling, at most `batch_size` tokens in all (decoding
+   slots first; a long prompt is prefilled over several steps while the others keep decoding);
+3. each slot's Generation samples from its logits; its text goes to the Job; a finished Job's slot
+   is free for the next step.
+
+The event loop never calls the Session except Sequence.cancel() (lock-free). Text flows one way:
+worker thread -> Job.queue (asyncio, via call_soon_threadsafe) -> response; the end of a Job is END
+on its queue, after the worker has written the Job's counts. A client that goes away, or a stop
+string that matched, cancels its Job: a queued Job leaves the queue at once (counted as cancelled),
+a running one is dropped at the next step boundary, and when its slot is in the step running now
+its Sequence.cancel() keeps that step from appending its tokens (the others' are appended).
+Engine._state guards the queue, the slots' Jobs and the step in flight, so a cancel never reaches
+another Job's sequence. Sampling is each Job's own (generation.Generation), and a greedy Job's
+answer is what Session.generate gives alone: decode_batch's logits do not depend on what else is in
+the step. Nothing here knows about HTTP.
 """
 
 from __future__ import annotations
@@ -18,16 +32,29 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 
 import numpy as np
 
+from ..generation import CONTEXT, LENGTH, Generation
+from .cli import DEFAULT_BATCH_SIZE
 from .live import LiveStats
 from .logprobs import token_logprobs
 from .prompt import fim_token_ids, reuse_prefix
 
 # The last item on a Job's queue.
 END = object()
+
+
+
+def default_queue_size(n_slots: int) -> int:
+    """Jobs that may wait for a slot: 4 per slot, and at least 16 (a request's n choices, up to
+    openai_api.MAX_N, queue together)."""
+    return max(4 * n_slots, 16)
+
+
+class QueueFull(Exception):
+    """submit() found the queue full: the server answers 503."""
 
 
 class Job:
@@ -60,60 +87,119 @@ class Job:
         self.error: BaseException | None = None
         # Worker-side clock (time.perf_counter): start of the request's turn, first text, end.
         self.t_start = self.t_first = self.t_end = 0.0
+        # The Slot running it (under Engine._state; None while queued or after it ended), and
+        # whether that slot's tokens are in the decode_batch running now.
+        self.slot: Slot | None = None
+        self.in_step = False
 
     def put(self, item) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-class Engine:
-    """The one Session and the one thread that calls it (see the module docstring)."""
+class Slot:
+    """One sequence of the Session and the Job it runs (worker thread; `job` under Engine._state).
 
-    def __init__(self, session):
+    `held` is what the sequence's KV cache holds, in order; [] after an error (the next Job starts
+    from reset()). While a Job runs: `gen` samples it, `todo` is the part of its prompt not decoded
+    yet (prefill), and the rest is how its text goes out (Engine._emit)."""
+
+    def __init__(self, index: int, sequence):
+        self.index, self.sequence = index, sequence
+        self.held: list = []
+        self.last_used = 0  # the step its last Job ended in: least recently used first on a tie
+        self.job: Job | None = None
+        self.gen: Generation | None = None
+        self.todo: list = []
+        self.n_prompt_done = 0  # prompt positions decoded for this Job (from n_reused)
+        self.pending: list = []  # logprob entries of tokens whose text has not been put yet
+        self.produced = 0  # characters put so far: the next piece's offset
+        self.raw = None  # keep_special: a stream decoder that keeps control tokens' text
+        self.n_raw = 0  # generated ids pushed to `raw`
+        self.cancel_sent = False  # Sequence.cancel() was called for the step in flight
+
+
+def _shared_prefix(held: list, ids: list) -> int:
+    """How many leading ids of `held` the prompt `ids` shares, its last id left out (reuse_prefix)."""
+    n = 0
+    for a, b in zip(held, ids[:-1]):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+class Engine:
+    """The one Session, its slots and the worker thread that steps them (see the module docstring)."""
+
+    def __init__(self, session, batch_size: int = DEFAULT_BATCH_SIZE, queue_size: int | None = None):
         self.session = session
         # Read once here, so the event loop never calls the Session for them: the model's facts
         # and its Tokenizer (immutable; built on first use, so built now, before any thread runs).
         self.info = dict(session.info)
-        self.n_ctx = self.info["n_ctx"]
+        self.n_ctx = self.info["n_ctx"]  # per slot: each sequence has its own n_ctx positions
+        self.n_slots = int(self.info.get("n_seq", 1))
+        self.batch_size = int(batch_size)
+        self.queue_size = default_queue_size(self.n_slots) if queue_size is None else int(queue_size)
         self.tokenizer = session.tokenizer
         # (prefix, suffix, middle) fill-in-the-middle token ids, None when the vocabulary has none.
         self.fim_ids = fim_token_ids(self.tokenizer, session.metadata)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharpi-serve")
+        self.slots = [Slot(0, session.sequence(0) if self.n_slots > 1 else None)]
+        for i in range(1, self.n_slots):
+            self.slots.append(Slot(i, session.add_sequence()))
         self._state = threading.Lock()
-        self._current: Job | None = None
-        # Finished requests, those of them stopped early by cancel() (a client that left, a stop
-        # string), their tokens, and the worker's seconds to the first text of each (prefill) and
-        # after it (decode): GET /v1/sharpi/stats and /metrics. Written by the worker under _state.
-        self.counts = {"requests": 0, "cancelled": 0, "completion_tokens": 0, "prompt_tokens_reused": 0,
-                       "prompt_tokens_prefilled": 0, "prompt_seconds": 0.0, "decode_seconds": 0.0}
-        self._n_waiting = 0  # Jobs submitted and not started yet (under _state)
-        # The ids the KV cache holds, in order (worker thread only); [] after an error, so the
-        # next request starts from reset().
-        self._history: list = []
-        # The expert-cache view the page at / plots: sampled by the worker between tokens.
+        self._wake = threading.Condition(self._state)  # new work or shutdown (worker waits on it)
+        self._waiting: deque = deque()  # Jobs submitted and not on a slot yet (under _state)
+        self._closing = False
+        # Finished requests, those of them stopped early (a client that left, a stop string; queued
+        # ones that never started among them), their tokens, the worker's seconds to the first text
+        # of each (prefill) and after it (decode), the steps and what they decoded, and the expert
+        # cache's totals (sampled by the worker): GET /v1/sharpi/stats and /metrics. Under _state.
+        self.counts = {"requests": 0, "cancelled": 0, "cancelled_queued": 0, "rejected": 0, "completion_tokens": 0,
+                       "prompt_tokens_reused": 0, "prompt_tokens_prefilled": 0, "prompt_seconds": 0.0,
+                       "decode_seconds": 0.0, "steps": 0, "step_tokens": 0, "step_sequences": 0,
+                       "expert_accesses": 0, "expert_hits": 0, "expert_bytes_read": 0}
+        # The last steps' (tokens, sequences) for /metrics' histograms: taken by the collector.
+        self._step_sizes: list = []
+        self._step = 0  # steps run (worker thread)
+        # The expert-cache view the page at / plots: sampled by the worker between steps.
         self.live = LiveStats(session.info["n_expert_used"])
-        self._counted = 0  # session.n_past when positions were last counted into `live`
+        self._expert_base = self._expert_totals(session.expert_stats())
+        self._worker = threading.Thread(target=self._loop, name="sharpi-serve", daemon=True)
+        self._worker.start()
 
-    def _sample(self, force: bool = False) -> None:
-        """Counts the positions decoded since the last call into the live view and samples the
-        expert cache when due (worker thread, between decodes)."""
-        n_past = self.session.n_past
-        self.live.add_tokens(n_past - self._counted)
-        self._counted = n_past
-        if force or self.live.due():
-            self.live.observe(self.session.expert_stats())
+    # ---------------------------------------------------------------- event loop side
 
     def snapshot(self) -> dict:
-        """The counts, "busy" (whether a Job runs now) and "waiting" (Jobs queued behind it), read
-        together."""
+        """The counts, "busy" (whether a Job runs now), "waiting" (Jobs queued for a slot), the
+        slots, which of them run a Job ("active") and the queue's bound, read together."""
         with self._state:
-            return {**self.counts, "busy": self._current is not None, "waiting": self._n_waiting}
+            active = sum(slot.job is not None for slot in self.slots)
+            return {**self.counts, "busy": active > 0, "waiting": len(self._waiting), "slots": self.n_slots,
+                    "active": active, "queue_size": self.queue_size, "batch_size": self.batch_size,
+                    "slot_jobs": [None if s.job is None else {"prompt_tokens": len(s.job.prompt_ids),
+                                                              "prefilling": bool(s.todo),
+                                                              "generated": len(s.gen.generated) if s.gen else 0}
+                                  for s in self.slots]}
+
+    def take_step_sizes(self) -> list:
+        """The (tokens, sequences) of each step since the last call (/metrics' histograms)."""
+        with self._state:
+            sizes, self._step_sizes = self._step_sizes, []
+            return sizes
 
     def submit(self, prompt_ids: list, options: dict, n_top: int | None = None, keep_special: bool = False,
                prompt_logprobs: bool = False) -> Job:
+        """Queues a Job for the next free slot; QueueFull when queue_size Jobs wait already on top
+        of the slots that are free."""
         job = Job(asyncio.get_running_loop(), prompt_ids, options, n_top, keep_special, prompt_logprobs)
         with self._state:
-            self._n_waiting += 1
-        self._pool.submit(self._run, job)
+            free = sum(slot.job is None for slot in self.slots)
+            if len(self._waiting) >= self.queue_size + free:
+                self.counts["rejected"] += 1
+                raise QueueFull(f"the server is busy: {self.n_slots} slots run and {len(self._waiting)} requests "
+                                f"wait (--queue-size {self.queue_size}); retry later")
+            self._waiting.append(job)
+            self._wake.notify()
         return job
 
     def trim(self, job: Job, n_tokens: int) -> None:
@@ -129,108 +215,270 @@ class Engine:
             self.counts["completion_tokens"] -= excess
 
     def cancel(self, job: Job) -> None:
+        """Stops `job`: a queued one ends now (END, counted), a running one at the next step
+        boundary, and the step in flight does not append its tokens."""
         with self._state:
+            if job.stopped.is_set():
+                return
             job.stopped.set()
-            if self._current is job:
-                self.session.cancel()
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self.counts["requests"] += 1
+                self.counts["cancelled"] += 1
+                self.counts["cancelled_queued"] += 1
+                job.put(END)
+            elif job.in_step and job.slot is not None and job.slot.sequence is not None:
+                job.slot.sequence.cancel()
+                job.slot.cancel_sent = True
+            elif job.in_step:
+                self.session.cancel()  # one slot: the Session's own sequence, nothing else in the step
 
-    # Prompt positions decoded per call when their logits are kept: [chunk, n_vocab] float32 at a time.
+    def close(self) -> None:
+        """Stops the worker after the step in flight (the Session stays open)."""
+        with self._state:
+            self._closing = True
+            self._wake.notify()
+        self._worker.join(timeout=60)
+
+    # ---------------------------------------------------------------- worker thread
+
+    # Prompt positions whose logits a step keeps (prompt_logprobs): [chunk, n_vocab] float32 at a time.
     PROMPT_LOGITS_CHUNK = 256
 
-    def _prompt_entries(self, job: Job) -> list:
-        """The prompt's logprob entries (Job.prompt_logprobs), decoding all of the prompt but its
-        last token from a reset cache (worker thread). Token i's entry comes from the logits at
-        position i - 1, as a generated token's from the logits it was sampled from."""
-        s, ids = self.session, job.prompt_ids
-        first = token_logprobs(s.tokenizer, ids[0], np.zeros(s.info["n_vocab"], dtype=np.float32), 0)
-        entries = [{**first, "logprob": None, "top_logprobs": None}]
-        for start in range(0, len(ids) - 1, self.PROMPT_LOGITS_CHUNK):
-            chunk = ids[start : min(start + self.PROMPT_LOGITS_CHUNK, len(ids) - 1)]
-            rows = s.decode(chunk, all_logits=True)
-            for k, row in enumerate(rows):
-                entries.append(token_logprobs(s.tokenizer, ids[start + k + 1], row, job.n_top or 0))
-        return entries
+    def _loop(self) -> None:
+        while True:
+            with self._state:
+                while not self._closing and not self._waiting and all(s.job is None for s in self.slots):
+                    self._wake.wait()
+                if self._closing:
+                    return
+                admitted = self._admit()
+            for slot in admitted:
+                self._start(slot)
+            for slot in self.slots:
+                if slot.job is not None and slot.job.stopped.is_set():
+                    self._finish(slot)
+            self._run_step()
 
-    def _run(self, job: Job) -> None:
-        from .. import _core
-
-        s = self.session
-        with self._state:
-            self._n_waiting -= 1
-            if job.stopped.is_set():
-                job.put(END)
-                return
-            self._current = job
-            s.clear_cancel()
-        s.last_tokens = []
-        try:
-            job.t_start = time.perf_counter()
+    def _admit(self) -> list:
+        """Binds waiting Jobs to free slots, first come first served (under _state): the slot whose
+        cache holds the longest prefix of the prompt, least recently used on a tie."""
+        admitted = []
+        while self._waiting:
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                break
+            job = self._waiting.popleft()
             ids = job.prompt_ids
-            job.n_reused = reuse_prefix(s, [] if job.prompt_logprobs else self._history, ids)
-            self._counted = job.n_reused
-            self.live.begin_request(s.expert_stats())
-            n_held = job.n_reused
+            slot = max(free, key=lambda s: (0 if job.prompt_logprobs else _shared_prefix(s.held, ids), -s.last_used))
+            slot.job, job.slot = job, slot
+            admitted.append(slot)
+        return admitted
+
+    def _sequence(self, slot: Slot):
+        """What prompt.reuse_prefix readies: the slot's Sequence, or the Session (one slot)."""
+        return self.session if slot.sequence is None else slot.sequence
+
+    def _n_past(self, slot: Slot) -> int:
+        return self._sequence(slot).n_past
+
+    def _start(self, slot: Slot) -> None:
+        """Readies a slot for its new Job: the cache cut back to the prompt's longest held prefix,
+        the Generation built from the Job's options (a bad option ends the Job with its error)."""
+        job = slot.job
+        job.t_start = time.perf_counter()
+        ids = job.prompt_ids
+        slot.gen, slot.pending, slot.produced, slot.n_raw, slot.cancel_sent = None, [], 0, 0, False
+        slot.raw = self.tokenizer.stream(skip_special=False) if job.keep_special else None
+        try:
+            if self.n_slots == 1:
+                self.session.clear_cancel()
+            job.n_reused = reuse_prefix(self._sequence(slot), [] if job.prompt_logprobs else slot.held, ids)
+            slot.held = slot.held[: job.n_reused]
+            on_token = None
+            if job.n_top is not None:
+                def on_token(token, logits, slot=slot):
+                    slot.pending.append(token_logprobs(self.tokenizer, token, logits, slot.job.n_top))
+            slot.gen = Generation(self.tokenizer, self.info["n_vocab"], self.n_ctx, ids[job.n_reused:],
+                                  history=ids[: job.n_reused], on_token=on_token, **job.options)
             if job.prompt_logprobs:
-                job.prompt_entries = self._prompt_entries(job)
-                n_held = len(ids) - 1
-            pending: list = []  # logprob entries of tokens whose text has not been put yet
-            produced = 0  # characters put so far: the next piece's offset
-
-            def on_token(token, logits):
-                pending.append(token_logprobs(s.tokenizer, token, logits, job.n_top))
-
-            gen = s.generate(ids[n_held:], history=ids[:n_held],
-                             on_token=None if job.n_top is None else on_token, **job.options)
-            # keep_special: each piece is the text, control tokens included, of the tokens sampled
-            # since the last one (a control token's text goes out with the next piece or the tail).
-            raw = s.tokenizer.stream(skip_special=False) if job.keep_special else None
-            n_raw = 0
-            try:
-                for piece in gen:
-                    if raw is not None:
-                        piece = "".join(raw.push(t) for t in s.last_tokens[n_raw:])
-                        n_raw = len(s.last_tokens)
-                    job.t_first = job.t_first or time.perf_counter()
-                    job.put((piece, [(produced, e) for e in pending], len(s.last_tokens)))
-                    pending.clear()
-                    produced += len(piece)
-                    self._sample()
-                    if job.stopped.is_set():
-                        break
-            finally:
-                gen.close()
-            if raw is not None:
-                tail = "".join(raw.push(t) for t in s.last_tokens[n_raw:]) + raw.flush()
-                if tail or pending:
-                    job.put((tail, [(produced, e) for e in pending], len(s.last_tokens)))
-                    pending.clear()
-            if pending:  # tokens that wrote no text (a control token before the end)
-                job.put(("", [(produced, e) for e in pending], len(s.last_tokens)))
-            self._sample(force=True)
-        except _core.CancelledError:
-            # The client left or a stop string matched: nothing more to say. (A failure here
-            # leaves through the finally below, which still ends the request.)
-            self._sample(force=True)
+                first = token_logprobs(self.tokenizer, ids[0], np.zeros(self.info["n_vocab"], dtype=np.float32), 0)
+                job.prompt_entries = [{**first, "logprob": None, "top_logprobs": None}]
+            slot.todo = list(ids[job.n_reused:])
+            slot.n_prompt_done = job.n_reused
+            if not any(s.gen is not None for s in self.slots if s is not slot):
+                # A busy period begins: the page's per-layer rates count from here.
+                self.live.begin_request(self.session.expert_stats())
         except BaseException as e:  # noqa: BLE001 - handed to the request, which answers it
             job.error = e
-        finally:
-            job.n_generated = len(s.last_tokens)
-            job.tokens = list(s.last_tokens)
-            # A cancelled decode appended nothing, so the cache holds a prefix of prompt + sampled.
-            self._history = [] if job.error else (job.prompt_ids + s.last_tokens)[: s.n_past]
-            job.t_end = time.perf_counter()
-            with self._state:
-                self._current = None
-                s.clear_cancel()
-                self.counts["requests"] += 1
-                self.counts["cancelled"] += job.stopped.is_set()
-                self.counts["completion_tokens"] += job.n_generated
-                self.counts["prompt_tokens_reused"] += job.n_reused
-                self.counts["prompt_tokens_prefilled"] += len(job.prompt_ids) - job.n_reused
-                t_first = job.t_first or job.t_end
-                self.counts["prompt_seconds"] += t_first - job.t_start
-                self.counts["decode_seconds"] += job.t_end - t_first
-            full = job.n_generated >= job.options["max_tokens"] or s.n_past >= self.n_ctx
-            job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
-            job.put(END)
+            self._finish(slot)
 
+    def _plan_step(self) -> list:
+        """The step's (slot, tokens): one token from each decoding slot, then prompt chunks in the
+        order the slots' Jobs started, within batch_size tokens (a prefill always gets some)."""
+        decoding = [s for s in self.slots if s.job is not None and s.gen is not None and not s.todo]
+        prefilling = sorted((s for s in self.slots if s.job is not None and s.gen is not None and s.todo),
+                            key=lambda s: s.job.t_start)
+        entries = [(s, [s.gen.next_token]) for s in decoding]
+        room = self.batch_size - len(entries)
+        for s in prefilling:
+            if room <= 0 and entries:
+                break
+            limit = max(room, 1)
+            if s.job.prompt_logprobs:
+                limit = min(limit, self.PROMPT_LOGITS_CHUNK)
+            chunk = s.todo[:limit]
+            entries.append((s, chunk))
+            room -= len(chunk)
+        return entries
+
+    def _run_step(self) -> None:
+        from .. import _core
+
+        entries = self._plan_step()
+        if not entries:
+            return
+        all_logits = any(s.job.prompt_logprobs and s.todo for s, _ in entries)
+        with self._state:
+            for s, _ in entries:
+                s.job.in_step = True
+        before = [self._n_past(s) for s, _ in entries]
+        error = None
+        try:
+            if self.n_slots == 1:
+                outputs = [self.session.decode(entries[0][1], all_logits=all_logits)]
+            else:
+                outputs = self.session.decode_batch([(s.sequence, tokens) for s, tokens in entries],
+                                                    all_logits=all_logits)
+        except _core.CancelledError:  # one slot, its Job cancelled: nothing appended
+            outputs = [None] * len(entries)
+        except BaseException as e:  # noqa: BLE001 - every Job of the step is answered with it
+            outputs, error = [None] * len(entries), e
+        with self._state:
+            for s, _ in entries:
+                s.job.in_step = False
+        self._step += 1
+        n_tokens = sum(len(tokens) for _, tokens in entries)
+        with self._state:
+            self.counts["steps"] += 1
+            self.counts["step_tokens"] += n_tokens
+            self.counts["step_sequences"] += len(entries)
+            self._step_sizes.append((n_tokens, len(entries)))
+            if len(self._step_sizes) > 100000:  # no scraper: keep the memory bounded
+                del self._step_sizes[: len(self._step_sizes) // 2]
+        self.live.add_tokens(sum(self._n_past(s) - n for (s, _), n in zip(entries, before)))
+        for (slot, tokens), out, n_before in zip(entries, outputs, before):
+            job = slot.job
+            if error is not None:
+                job.error = error
+                self._finish(slot)
+                continue
+            appended = self._n_past(slot) - n_before
+            if job.stopped.is_set() or out is None:
+                if slot.cancel_sent and appended:
+                    # The cancel came after the step had appended: it is still pending and would
+                    # stop this sequence's next step, so the sequence starts over.
+                    self._sequence(slot).reset()
+                    self._finish(slot, keep_cache=False)
+                else:
+                    self._finish(slot)
+                continue
+            slot.held += tokens
+            try:
+                self._advance(slot, tokens, out)
+            except BaseException as e:  # noqa: BLE001 - a logits processor, a sampler error
+                job.error = e
+                self._finish(slot)
+        if self.live.due():
+            self._observe(self.session.expert_stats())
+
+    def _advance(self, slot: Slot, tokens: list, out: np.ndarray) -> None:
+        """A slot's step is decoded: `out` is its logits ([n_vocab], or [len(tokens), n_vocab] when
+        the step kept every row). Prefill moves on; a finished prompt or a decoded token samples."""
+        job, gen = slot.job, slot.gen
+        if slot.todo:
+            if out.ndim == 2 and job.prompt_logprobs:
+                ids = job.prompt_ids
+                for k, row in enumerate(out):
+                    i = slot.n_prompt_done + k + 1  # the prompt position this row predicts
+                    if i < len(ids):
+                        job.prompt_entries.append(token_logprobs(self.tokenizer, ids[i], row, job.n_top or 0))
+            slot.todo = slot.todo[len(tokens):]
+            slot.n_prompt_done += len(tokens)
+            if slot.todo:
+                return
+            gen.prefilled()
+        if gen.finished is None:  # max_tokens 0: finished before its first sample
+            piece = gen.step(out[-1] if out.ndim == 2 else out, self._n_past(slot))
+            if piece:
+                self._emit(slot, piece)
+        if gen.finished is not None:
+            tail = gen.flush()
+            if tail:
+                self._emit(slot, tail)
+            n = len(gen.generated)
+            if slot.raw is not None:
+                tail = "".join(slot.raw.push(t) for t in gen.generated[slot.n_raw:]) + slot.raw.flush()
+                slot.n_raw = n
+                if tail or slot.pending:
+                    job.put((tail, [(slot.produced, e) for e in slot.pending], n))
+                    slot.pending.clear()
+            if slot.pending:  # tokens that wrote no text (a control token before the end)
+                job.put(("", [(slot.produced, e) for e in slot.pending], n))
+                slot.pending.clear()
+            self._finish(slot)
+
+    def _emit(self, slot: Slot, piece: str) -> None:
+        """Puts a piece of the Job's text (with keep_special: the text, control tokens included, of
+        the tokens sampled since the last piece) with the logprob entries of its tokens."""
+        job, generated = slot.job, slot.gen.generated
+        if slot.raw is not None:
+            piece = "".join(slot.raw.push(t) for t in generated[slot.n_raw:])
+            slot.n_raw = len(generated)
+        job.t_first = job.t_first or time.perf_counter()
+        job.put((piece, [(slot.produced, e) for e in slot.pending], len(generated)))
+        slot.pending.clear()
+        slot.produced += len(piece)
+
+    def _finish(self, slot: Slot, keep_cache: bool = True) -> None:
+        """Ends the slot's Job (its counts, its finish reason, END) and frees the slot. The cache
+        holds a prefix of prompt + sampled (a cancelled step appended nothing), kept for the next
+        Job unless `keep_cache` is False or the Job failed ([] held: the next Job resets it)."""
+        job, gen = slot.job, slot.gen
+        generated = list(gen.generated) if gen is not None else []
+        keep_cache = keep_cache and job.error is None
+        slot.held = (job.prompt_ids + generated)[: self._n_past(slot)] if keep_cache else []
+        job.n_generated, job.tokens = len(generated), generated
+        job.t_end = time.perf_counter()
+        full = gen is not None and gen.finished in (LENGTH, CONTEXT)
+        job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
+        slot.gen, slot.todo, slot.raw, slot.pending, slot.cancel_sent = None, [], None, [], False
+        slot.last_used = self._step
+        with self._state:
+            slot.job, job.slot = None, None
+            self.counts["requests"] += 1
+            self.counts["cancelled"] += job.stopped.is_set()
+            self.counts["completion_tokens"] += job.n_generated
+            self.counts["prompt_tokens_reused"] += job.n_reused
+            self.counts["prompt_tokens_prefilled"] += len(job.prompt_ids) - job.n_reused
+            t_first = job.t_first or job.t_end
+            self.counts["prompt_seconds"] += t_first - job.t_start
+            self.counts["decode_seconds"] += job.t_end - t_first
+        if all(s.gen is None for s in self.slots):
+            self._observe(self.session.expert_stats())  # the end of a busy period always samples
+        job.put(END)
+
+    @staticmethod
+    def _expert_totals(stats: dict) -> tuple:
+        layers = stats["layers"]
+        return (sum(int(la["accesses"]) for la in layers), sum(int(la["hits"]) for la in layers),
+                sum(int(la["bytes_read"]) for la in layers))
+
+    def _observe(self, stats: dict) -> None:
+        """A sample of the expert cache: the page's view and the totals /metrics reports."""
+        self.live.observe(stats)
+        accesses, hits, bytes_read = (a - b for a, b in zip(self._expert_totals(stats), self._expert_base))
+        with self._state:
+            self.counts["expert_accesses"] = accesses
+            self.counts["expert_hits"] = hits
+            self.counts["expert_bytes_read"] = bytes_read
