@@ -359,6 +359,53 @@ class Session:
             raise
         self._record_stats(gen.stats())
 
+    def generate_batch(self, prompts: Sequence[Union[str, Sequence[int]]], **generate_kwargs) -> list:
+        """The answers to several prompts, decoded together: each prompt on its own sequence
+        (sequence 0, reset first, and sequences added for the others, removed at the end), one
+        decode_batch per step over every sequence still generating (all prompts in the first step,
+        then one token each). generate_kwargs are generate()'s, each prompt sampled on its own
+        (with the same seed when one is given); a callable among them (on_token,
+        logits_processor) is shared by all prompts. Since decode_batch's logits do not depend on
+        the rest of the step, each answer is the text generate() gives for its prompt alone from
+        an empty cache. At most info["n_seq"] prompts (InvalidArgument)."""
+        if "history" in generate_kwargs:
+            raise _core.InvalidArgument("generate_batch: every prompt starts from an empty cache (no history)")
+        prompt_ids = [list(p) if not isinstance(p, str) else self.tokenize(p) for p in prompts]
+        if len(prompt_ids) > self.info.get("n_seq", 1):
+            raise _core.InvalidArgument(f"generate_batch: {len(prompt_ids)} prompts, but the session holds at most "
+                                        f"n_seq = {self.info.get('n_seq', 1)} sequences")
+        if not prompt_ids:
+            return []
+        gens = [Generation(self.tokenizer, self.info["n_vocab"], self.info["n_ctx"], ids, **generate_kwargs)
+                for ids in prompt_ids]
+        sequences = [self.sequence(0)]
+        try:
+            sequences[0].reset()
+            for _ in prompt_ids[1:]:
+                sequences.append(self.add_sequence())
+            texts = [""] * len(gens)
+            entries = list(zip(sequences, prompt_ids))
+            live = list(range(len(gens)))
+            first = True
+            while live:
+                outputs = self.decode_batch([entries[i] for i in live])
+                for i, logits in zip(list(live), outputs):
+                    gen = gens[i]
+                    if first:
+                        gen.prefilled()
+                    if gen.finished is None:
+                        texts[i] += gen.step(logits, sequences[i].n_past)
+                    if gen.finished is not None:
+                        texts[i] += gen.flush()
+                        live.remove(i)
+                    else:
+                        entries[i] = (sequences[i], [gen.next_token])
+                first = False
+            return texts
+        finally:
+            for seq in sequences[1:]:
+                seq.remove()
+
     def _record_stats(self, stats: dict) -> None:
         """self.last_stats of a generate() call (Generation.stats) and the tracer's request record."""
         self.last_stats = stats

@@ -3,10 +3,12 @@ counters (Session.expert_stats, docs/design.md §7 names) turned into what the p
 stream, per layer (hit rate, prefetch recall@k, stall and bytes read per token, since the current
 request began) and over time (one point per sample: the same four totals and tokens/s).
 
-Who calls what: the serve worker thread samples the Session between tokens (observe(), at most
-every `interval_s`, and always at the end of a request), since only that thread may call the
+Who calls what: the serve worker thread samples the Session between steps (observe(), at most
+every `interval_s`, and always at the end of a busy period), since only that thread may call the
 Session; the event loop reads view(). Both under one lock; view() copies. Never touches a Session.
-A "token" here is a position decoded (prompt tokens prefilled and answer tokens decoded alike).
+A "token" here is a position decoded (prompt tokens prefilled and answer tokens decoded alike, of
+every slot). A "request" of begin_request is a busy period of the scheduler: from a Job starting
+on an idle server to the moment no slot runs one (with --parallel 1, exactly one request).
 """
 
 from __future__ import annotations

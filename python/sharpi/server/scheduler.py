@@ -53,6 +53,30 @@ def default_queue_size(n_slots: int) -> int:
     return max(4 * n_slots, 16)
 
 
+# Upper bounds of /metrics' histograms of the tokens and the sequences one step decodes.
+STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+STEP_SEQUENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class StepHistogram:
+    """Counts of observed values by upper bound (Prometheus' cumulative buckets) and their sum."""
+
+    def __init__(self, bounds: tuple):
+        self.bounds, self.counts, self.sum = bounds, [0] * (len(bounds) + 1), 0
+
+    def observe(self, value: int) -> None:
+        self.counts[next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))] += 1
+        self.sum += value
+
+    def values(self) -> tuple:
+        """([(str upper bound, cumulative count)] ending with "+Inf", sum)."""
+        out, total = [], 0
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts):
+            total += count
+            out.append((bound, total))
+        return out, self.sum
+
+
 class QueueFull(Exception):
     """submit() found the queue full: the server answers 503."""
 
@@ -158,8 +182,9 @@ class Engine:
                        "prompt_tokens_reused": 0, "prompt_tokens_prefilled": 0, "prompt_seconds": 0.0,
                        "decode_seconds": 0.0, "steps": 0, "step_tokens": 0, "step_sequences": 0,
                        "expert_accesses": 0, "expert_hits": 0, "expert_bytes_read": 0}
-        # The last steps' (tokens, sequences) for /metrics' histograms: taken by the collector.
-        self._step_sizes: list = []
+        # Steps by tokens and by sequences decoded, cumulative Prometheus buckets (/metrics; under _state).
+        self.step_histograms = {"tokens": StepHistogram(STEP_TOKEN_BUCKETS),
+                                "sequences": StepHistogram(STEP_SEQUENCE_BUCKETS)}
         self._step = 0  # steps run (worker thread)
         # The expert-cache view the page at / plots: sampled by the worker between steps.
         self.live = LiveStats(session.info["n_expert_used"])
@@ -181,11 +206,10 @@ class Engine:
                                                               "generated": len(s.gen.generated) if s.gen else 0}
                                   for s in self.slots]}
 
-    def take_step_sizes(self) -> list:
-        """The (tokens, sequences) of each step since the last call (/metrics' histograms)."""
+    def step_histogram_values(self) -> dict:
+        """{"tokens"|"sequences": ([(upper bound, cumulative count)], sum)}, read together."""
         with self._state:
-            sizes, self._step_sizes = self._step_sizes, []
-            return sizes
+            return {k: h.values() for k, h in self.step_histograms.items()}
 
     def submit(self, prompt_ids: list, options: dict, n_top: int | None = None, keep_special: bool = False,
                prompt_logprobs: bool = False) -> Job:
@@ -363,9 +387,8 @@ class Engine:
             self.counts["steps"] += 1
             self.counts["step_tokens"] += n_tokens
             self.counts["step_sequences"] += len(entries)
-            self._step_sizes.append((n_tokens, len(entries)))
-            if len(self._step_sizes) > 100000:  # no scraper: keep the memory bounded
-                del self._step_sizes[: len(self._step_sizes) // 2]
+            self.step_histograms["tokens"].observe(n_tokens)
+            self.step_histograms["sequences"].observe(len(entries))
         self.live.add_tokens(sum(self._n_past(s) - n for (s, _), n in zip(entries, before)))
         for (slot, tokens), out, n_before in zip(entries, outputs, before):
             job = slot.job
