@@ -53,12 +53,9 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     } else {
         experts_ = std::make_unique<ResidentExperts>(model_->experts);
     }
-    const KvLayout kv_shape = kv_layout(h, plan.type_k, plan.type_v);
-    if (!device_) {
-        kv_ = std::make_unique<KvCache>(h.n_layer, plan.n_ctx, kv_shape.width, kv_shape.head_dim,
-                                        kv_shape.type_k, kv_shape.type_v, kv_shape.with_v);
-    }
-    recurrent_ = std::make_unique<RecurrentState>(h);
+    kv_shape_ = kv_layout(h, plan.type_k, plan.type_v);
+    n_ctx_ = plan.n_ctx;
+    sequences_ = std::make_unique<SequenceTable>(options.n_seq, [this] { return make_sequence(); });
     if (plan.prefetches() && cache_ != nullptr) install_predictor(std::move(predictor));
     routing_.resize(static_cast<size_t>(h.n_layer));
 
@@ -79,11 +76,13 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     info_.n_layer_dense_lead = h.n_layer_dense_lead;
     info_.n_ctx_train = h.n_ctx_train;
     info_.n_ctx = plan.n_ctx;
+    info_.n_seq = options.n_seq;
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
     info_.cache_type_k = ggml_type_traits(plan.type_k).name;
     info_.cache_type_v = ggml_type_traits(plan.type_v).name;
-    info_.bytes_kv = device_ ? device_->plan().kv_bytes : KvCache::bytes(kv_shape, plan.n_ctx);
+    info_.bytes_kv = device_ ? device_->plan().kv_bytes
+                             : static_cast<uint64_t>(options.n_seq) * KvCache::bytes(kv_shape_, plan.n_ctx);
     if (device_) info_.cache_type_k = info_.cache_type_v = "f32";
 }
 
@@ -135,31 +134,44 @@ void Engine::reset_stats() {
     decode_ms_ = 0.0;
 }
 
-void Engine::reset() {
-    n_past_ = 0;
-    clear_cancel();
-    recurrent_->clear();
+std::unique_ptr<Sequence> Engine::make_sequence() const {
+    auto s = std::make_unique<Sequence>();
+    if (!device_) {
+        s->kv = std::make_unique<KvCache>(model_->hp.n_layer, n_ctx_, kv_shape_.width, kv_shape_.head_dim,
+                                          kv_shape_.type_k, kv_shape_.type_v, kv_shape_.with_v);
+    }
+    s->recurrent = std::make_unique<RecurrentState>(model_->hp);
+    return s;
+}
+
+void Engine::reset(int32_t seq) {
+    Sequence& s = sequences_->at(seq);
+    s.n_past = 0;
+    if (seq == 0) clear_cancel();
+    sequences_->consume_cancel(seq);
+    s.recurrent->clear();
     // The next token has no previous token (prev-token history starts over).
     for (Routing& r : routing_) {
         r.ids.clear();
         r.weights.clear();
     }
-    sequence_selection_.clear();
-    replay_history_ = false;
+    s.selections.clear();
+    s.replay_history = false;
 }
 
-void Engine::truncate(int64_t n_keep) {
-    if (n_keep < 0 || n_keep > n_past_) {
+void Engine::truncate(int64_t n_keep, int32_t seq) {
+    Sequence& s = sequences_->at(seq);
+    if (n_keep < 0 || n_keep > s.n_past) {
         throw InvalidArgument("truncate: " + std::to_string(n_keep) +
-                              " positions to keep, the session holds " + std::to_string(n_past_));
+                              " positions to keep, the sequence holds " + std::to_string(s.n_past));
     }
-    if (n_keep == n_past_) return;
-    if (!recurrent_->empty()) {
+    if (n_keep == s.n_past) return;
+    if (!s.recurrent->empty()) {
         throw UnsupportedError("truncate: " + info_.arch +
                                " keeps a recurrent (DeltaNet) state that cannot be rewound to position " +
                                std::to_string(n_keep) + "; reset() and decode the prefix again");
     }
-    n_past_ = n_keep;
+    s.n_past = n_keep;
     // The last routing belongs to a dropped position. The predictor's history is rebuilt from the
     // kept tokens at the next decode (their previous token is the last kept one).
     for (Routing& r : routing_) {
@@ -167,10 +179,52 @@ void Engine::truncate(int64_t n_keep) {
         r.weights.clear();
     }
     if (prefetcher_) {
-        sequence_selection_.resize(
-            static_cast<size_t>(n_keep * model_->hp.n_layer * model_->hp.n_expert_used));
-        replay_history_ = true;
+        s.selections.resize(static_cast<size_t>(n_keep * model_->hp.n_layer * model_->hp.n_expert_used));
+        s.replay_history = true;
     }
+}
+
+int32_t Engine::add_sequence() {
+    if (device_) throw UnsupportedError("add_sequence: batched sequences are not on the device path yet");
+    return sequences_->add().id;
+}
+
+int32_t Engine::fork_sequence(int32_t src, int64_t n_keep) {
+    const Sequence& from = sequences_->at(src);
+    if (n_keep < 0 || n_keep > from.n_past) {
+        throw InvalidArgument("fork_sequence: " + std::to_string(n_keep) + " positions to keep, sequence " +
+                              std::to_string(src) + " holds " + std::to_string(from.n_past));
+    }
+    if (!from.recurrent->empty() && n_keep != from.n_past) {
+        throw UnsupportedError("fork_sequence: " + info_.arch +
+                               " keeps a recurrent (DeltaNet) state that holds all of sequence " +
+                               std::to_string(src) + "'s " + std::to_string(from.n_past) +
+                               " positions; fork it whole (n_keep = n_past) or decode the prefix again");
+    }
+    if (!from.recurrent->empty() && from.recurrent->n_past != from.n_past) {
+        throw InvalidArgument("fork_sequence: sequence " + std::to_string(src) +
+                              "'s recurrent state was left mid-update by a failed decode; reset it first");
+    }
+    if (device_) throw UnsupportedError("fork_sequence: batched sequences are not on the device path yet");
+    Sequence& s = sequences_->add();
+    std::vector<bool> written(static_cast<size_t>(model_->hp.n_layer));
+    for (int il = 0; il < model_->hp.n_layer; ++il)
+        written[static_cast<size_t>(il)] = !model_->hp.is_recurrent(il);
+    s.kv->copy_prefix(*from.kv, n_keep, written);
+    if (!from.recurrent->empty()) *s.recurrent = *from.recurrent;
+    s.n_past = n_keep;
+    if (prefetcher_) {
+        const size_t row = static_cast<size_t>(model_->hp.n_layer * model_->hp.n_expert_used);
+        s.selections.assign(from.selections.begin(),
+                            from.selections.begin() + static_cast<ptrdiff_t>(n_keep * row));
+        s.replay_history = true;
+    }
+    return s.id;
+}
+
+void Engine::remove_sequence(int32_t seq) {
+    if (predictor_seq_ == seq) predictor_seq_ = -1;
+    sequences_->remove(seq);
 }
 
 void Engine::set_predictor(std::shared_ptr<Predictor> predictor) {
@@ -201,26 +255,65 @@ std::vector<std::string> Engine::predictor_errors() const {
 }
 
 std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_logits) {
+    std::vector<SequenceTokens> step(1);
+    step[0].tokens = tokens;
+    step[0].all_logits = all_logits;
+    std::vector<std::vector<float>> logits = decode_batch(step);
+    if (logits[0].empty()) {
+        throw CancelledError("decode cancelled (cancel_sequence(0)) at position " + std::to_string(n_past()) +
+                             " (nothing of the call was appended)");
+    }
+    return std::move(logits[0]);
+}
+
+void Engine::check_step(const std::vector<SequenceTokens>& entries) const {
     const HParams& h = model_->hp;
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    if (n == 0) throw InvalidArgument("decode: no tokens");
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || tokens[i] >= h.n_vocab) {
-            throw InvalidArgument("decode: token " + std::to_string(tokens[i]) + " at index " +
-                                  std::to_string(i) + " is outside the vocabulary [0, " +
-                                  std::to_string(h.n_vocab) + ")");
+    const bool single = entries.size() == 1;
+    if (entries.empty()) throw InvalidArgument("decode_batch: no sequences");
+    if (device_ && (!single || entries[0].seq != 0))
+        throw UnsupportedError(
+            "decode_batch: batched sequences are not on the device path yet (device=\"cuda\")");
+    std::vector<int32_t> seen;
+    int64_t total = 0;
+    for (const SequenceTokens& e : entries) {
+        const Sequence& s = sequences_->at(e.seq);
+        const std::string which = single && e.seq == 0 ? "" : " of sequence " + std::to_string(e.seq);
+        if (std::find(seen.begin(), seen.end(), e.seq) != seen.end())
+            throw InvalidArgument("decode_batch: sequence " + std::to_string(e.seq) +
+                                  " appears twice in one step");
+        seen.push_back(e.seq);
+        const int64_t n = static_cast<int64_t>(e.tokens.size());
+        if (n == 0) throw InvalidArgument("decode: no tokens" + which);
+        for (size_t i = 0; i < e.tokens.size(); ++i) {
+            if (e.tokens[i] < 0 || e.tokens[i] >= h.n_vocab) {
+                throw InvalidArgument("decode: token " + std::to_string(e.tokens[i]) + " at index " +
+                                      std::to_string(i) + which + " is outside the vocabulary [0, " +
+                                      std::to_string(h.n_vocab) + ")");
+            }
         }
+        if (s.n_past + n > info_.n_ctx) {
+            throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " +
+                                       std::to_string(s.n_past) + which + " exceed the context of " +
+                                       std::to_string(info_.n_ctx) +
+                                       " tokens (use a larger n_ctx or reset())");
+        }
+        if (!s.recurrent->empty() && s.recurrent->n_past != s.n_past) {
+            throw InvalidArgument("decode: the recurrent (DeltaNet) state" + which +
+                                  " was left mid-update by a failed or cancelled decode; "
+                                  "call reset() to start the sequence again");
+        }
+        total += n;
     }
-    if (n_past_ + n > info_.n_ctx) {
-        throw ContextOverflowError("decode: " + std::to_string(n) + " tokens at position " +
-                                   std::to_string(n_past_) + " exceed the context of " +
-                                   std::to_string(info_.n_ctx) + " tokens (use a larger n_ctx or reset())");
+    // The residual rows of a step are live at once; the budget charged n_ctx of them.
+    if (total > n_ctx_) {
+        throw InvalidArgument("decode_batch: " + std::to_string(total) +
+                              " tokens in one step; at most n_ctx (" + std::to_string(n_ctx_) + ") per step");
     }
-    if (!recurrent_->empty() && recurrent_->n_past != n_past_) {
-        throw InvalidArgument(
-            "decode: the recurrent (DeltaNet) state was left mid-update by a failed decode; "
-            "call reset() to start the sequence again");
-    }
+}
+
+std::vector<std::vector<float>> Engine::decode_batch(const std::vector<SequenceTokens>& entries) {
+    const HParams& h = model_->hp;
+    check_step(entries);
     const auto t_start = std::chrono::steady_clock::now();
     struct AddElapsed {  // decode_ms_ counts failed calls too
         std::chrono::steady_clock::time_point t0;
@@ -230,86 +323,120 @@ std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_l
         }
     } add_elapsed{t_start, decode_ms_};
     dump_.clear();
-    const int64_t n_logit_rows = all_logits ? n : 1;
-    std::vector<float> logits(static_cast<size_t>(n_logit_rows * h.n_vocab));
+    std::vector<Sequence*> seqs;
+    std::vector<std::vector<float>> logits(entries.size());
+    for (size_t e = 0; e < entries.size(); ++e) {
+        seqs.push_back(&sequences_->at(entries[e].seq));
+        const int64_t rows = entries[e].all_logits ? static_cast<int64_t>(entries[e].tokens.size()) : 1;
+        logits[e].resize(static_cast<size_t>(rows * h.n_vocab));
+    }
+    const bool single = entries.size() == 1;
+    const auto forget = [&] {
+        if (single) forget_failed_token(*seqs[0], static_cast<int64_t>(entries[0].tokens.size()));
+    };
     try {
         if (device_) {
-            std::vector<std::vector<int32_t>> ids;
-            GateObserver* observer = nullptr;
-            if (prefetcher_ && n == 1) {
-                begin_prefetch_token();
-                observer = this;
-            }
-            device_->forward(
-                tokens.data(), n, n_past_, all_logits, logits.data(), ids,
-                [this](int il) { throw_if_cancelled(il); }, observer);
-            for (size_t il = 0; il < routing_.size(); ++il) {
-                routing_[il].ids = std::move(ids[il]);
-                routing_[il].weights.clear();
-            }
+            forward_device(entries[0], logits[0]);
         } else {
-            forward_batch(tokens.data(), n, all_logits, logits.data());
+            forward_step(entries, logits);
         }
         model_->file->check_mapping();  // resident: no result computed from a lost page
     } catch (const CancelledError&) {
         clear_cancel();  // this call consumed the request
-        forget_failed_token(n);
+        forget();
         throw;
     } catch (...) {
-        forget_failed_token(n);
+        forget();
         throw;
     }
-    if (prefetcher_) {
-        record_selections(n);
-        if (n > 1) pass_batch_context(n);
+    int64_t step_rows = 0;
+    for (const SequenceTokens& e : entries) step_rows += static_cast<int64_t>(e.tokens.size());
+    int64_t row0 = 0;
+    for (size_t e = 0; e < entries.size(); ++e) {
+        Sequence& s = *seqs[e];
+        const int64_t n = static_cast<int64_t>(entries[e].tokens.size());
+        if (sequences_->consume_cancel(s.id)) {
+            // Not appended. A recurrent state that absorbed the tokens stays marked mid-update.
+            logits[e].clear();
+            forget_failed_token(s, n);
+        } else {
+            if (prefetcher_) {
+                record_selections(s, row0, n, step_rows);
+                if (single && n > 1) pass_batch_context(s, n);
+            }
+            s.n_past += n;  // only once the whole step succeeded
+            if (!s.recurrent->empty()) s.recurrent->n_past = s.n_past;
+        }
+        row0 += n;
     }
-    n_past_ += n;  // only once the whole batch succeeded
+    if (prefetcher_ && !single) predictor_seq_ = -1;  // it saw none of these tokens
     return logits;
 }
 
-void Engine::pass_batch_context(int64_t n) {
-    const HParams& h = model_->hp;
-    const int64_t row = h.n_layer * h.n_expert_used;
-    // The tokens no observe() has seen, oldest first: after a truncate() the whole kept sequence
-    // (the predictor starts over), else the token decoded just before the batch (no single-token
-    // decode showed it as `prev`), then batch tokens 0..n-2 (the last is the next token's `prev`).
-    const int64_t lead = replay_history_ ? n_past_ : std::min<int64_t>(n_past_, 1);
-    const bool new_sequence = replay_history_ || n_past_ == 0;
-    replay_history_ = false;
-    // record_selections() already appended the batch: the context is rows [n_past_ - lead, n_past_ + n - 1).
-    prefetcher_->observe_context(sequence_selection_.data() + (n_past_ - lead) * row, lead + n - 1,
-                                 new_sequence);
-}
-
-void Engine::record_selections(int64_t n) {
-    const HParams& h = model_->hp;
-    const int64_t k = h.n_expert_used, row = h.n_layer * k;
-    const size_t first = sequence_selection_.size();
-    sequence_selection_.resize(first + static_cast<size_t>(n * row), -1);
-    for (int il = 0; il < h.n_layer; ++il) {
-        const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
-        if (ids.size() != static_cast<size_t>(n * k)) continue;
-        for (int64_t i = 0; i < n; ++i)
-            std::copy(ids.begin() + i * k, ids.begin() + (i + 1) * k,
-                      sequence_selection_.begin() + static_cast<ptrdiff_t>(first) + i * row + il * k);
+void Engine::forward_device(const SequenceTokens& entry, std::vector<float>& logits) {
+    Sequence& s = sequences_->at(entry.seq);
+    const int64_t n = static_cast<int64_t>(entry.tokens.size());
+    std::vector<std::vector<int32_t>> ids;
+    GateObserver* observer = nullptr;
+    if (prefetcher_ && n == 1) {
+        begin_prefetch_token(s);
+        observer = this;
+    }
+    device_->forward(
+        entry.tokens.data(), n, s.n_past, entry.all_logits, logits.data(), ids,
+        [this](int il) { throw_if_cancelled(il); }, observer);
+    for (size_t il = 0; il < routing_.size(); ++il) {
+        routing_[il].ids = std::move(ids[il]);
+        routing_[il].weights.clear();
     }
 }
 
-void Engine::forget_failed_token(int64_t n) {
+void Engine::pass_batch_context(Sequence& s, int64_t n) {
+    const HParams& h = model_->hp;
+    const int64_t row = h.n_layer * h.n_expert_used;
+    // The tokens no observe() has seen, oldest first: when the predictor's history is not this
+    // sequence's (a truncate(), a failed token, another sequence in between) the whole kept sequence
+    // (the predictor starts over), else the token decoded just before the batch (no single-token
+    // decode showed it as `prev`), then batch tokens 0..n-2 (the last is the next token's `prev`).
+    const bool replay = s.replay_history || predictor_seq_ != s.id;
+    const int64_t lead = replay ? s.n_past : std::min<int64_t>(s.n_past, 1);
+    const bool new_sequence = replay || s.n_past == 0;
+    s.replay_history = false;
+    predictor_seq_ = s.id;
+    // record_selections() already appended the batch: the context is rows [n_past - lead, n_past + n - 1).
+    prefetcher_->observe_context(s.selections.data() + (s.n_past - lead) * row, lead + n - 1, new_sequence);
+}
+
+void Engine::record_selections(Sequence& s, int64_t row0, int64_t n, int64_t step_rows) {
+    const HParams& h = model_->hp;
+    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    const size_t first = s.selections.size();
+    s.selections.resize(first + static_cast<size_t>(n * row), -1);
+    for (int il = 0; il < h.n_layer; ++il) {
+        const std::vector<int32_t>& ids = routing_[static_cast<size_t>(il)].ids;
+        if (ids.size() != static_cast<size_t>(step_rows * k)) continue;
+        for (int64_t i = 0; i < n; ++i)
+            std::copy(ids.begin() + (row0 + i) * k, ids.begin() + (row0 + i + 1) * k,
+                      s.selections.begin() + static_cast<ptrdiff_t>(first) + i * row + il * k);
+    }
+}
+
+void Engine::forget_failed_token(Sequence& s, int64_t n) {
     // A single-token decode shows the predictor its gates as it goes (a stateful one folds `prev` in
     // at the first), and nothing of a failed call is appended: the next decode hands the kept tokens
     // over again as a new sequence, as after truncate(), so the failed token leaves no trace there.
-    if (prefetcher_ && n == 1) replay_history_ = true;
+    if (prefetcher_ && n == 1) s.replay_history = true;
 }
 
-void Engine::begin_prefetch_token() {
+void Engine::begin_prefetch_token(Sequence& s) {
     const HParams& h = model_->hp;
     const int64_t row = h.n_layer * h.n_expert_used;
-    if (replay_history_) {  // after a truncate(): the kept tokens but the last (which is `prev`)
-        replay_history_ = false;
-        prefetcher_->observe_context(sequence_selection_.data(), std::max<int64_t>(n_past_ - 1, 0), true);
+    if (s.replay_history || predictor_seq_ != s.id) {  // the kept tokens but the last (which is `prev`)
+        s.replay_history = false;
+        prefetcher_->observe_context(s.selections.data(), std::max<int64_t>(s.n_past - 1, 0), true);
     }
-    prefetcher_->begin_token(n_past_ > 0 ? sequence_selection_.data() + (n_past_ - 1) * row : nullptr);
+    predictor_seq_ = s.id;
+    prefetcher_->begin_token(s.n_past > 0 ? s.selections.data() + (s.n_past - 1) * row : nullptr);
 }
 
 void Engine::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {
@@ -318,8 +445,8 @@ void Engine::on_gate(int il, const float* hidden, const float* router_logits, co
 
 void Engine::throw_if_cancelled(int il) const {
     if (!cancel_requested_.load(std::memory_order_relaxed)) return;
-    throw CancelledError("decode cancelled at position " + std::to_string(n_past_) + ", layer " +
-                         std::to_string(il) + " (nothing of the call was appended)");
+    throw CancelledError("decode cancelled at layer " + std::to_string(il) +
+                         " (nothing of the call was appended)");
 }
 
 namespace {
@@ -356,45 +483,82 @@ void merge_chunk_dumps(std::deque<ActivationDump>& chunks, const std::vector<Act
 
 }  // namespace
 
-// Layer-major over chunks of at most kMaxBatch tokens: every chunk runs layer il before any chunk
-// runs layer il + 1. A chunk's attention at layer il reads the KV rows that the earlier chunks wrote
-// at il, so this order is exact; and a layer's experts are read once for the whole batch whenever
-// the cache holds the layer's experts (chunk c + 1 finds what chunk c read), where chunk-major order
-// re-read every expert once per chunk. Each row is computed by the same code as before, so the
-// output does not depend on the order.
-void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, float* logits) {
+// Layer-major over chunks of at most kMaxBatch rows: every chunk runs layer il before any chunk runs
+// layer il + 1. A chunk's attention at layer il reads the KV rows that the earlier chunks wrote at
+// il, so this order is exact; and a layer's experts are read once for the whole step whenever the
+// cache holds the layer's experts (chunk c + 1 finds what chunk c read), where chunk-major order
+// re-read every expert once per chunk.
+//
+// Batch invariance: each entry is cut into pieces of kMaxBatch tokens from its start, exactly as a
+// lone decode of it is, and a piece never straddles two chunks (one that does not fit the current
+// chunk starts the next), so every sequence meets the span-wise ops (attention, the DeltaNet
+// recurrence) in the same groups as alone; every other op computes each row by the same code
+// whatever shares the step.
+void Engine::forward_step(const std::vector<SequenceTokens>& entries,
+                          std::vector<std::vector<float>>& logits) {
     const Model& m = *model_;
     const HParams& h = m.hp;
-    const int64_t start_pos = n_past_, n_chunks = (n + kMaxBatch - 1) / kMaxBatch;
-    recurrent_->n_past = -1;  // mid-update until the whole batch completes
+    struct Piece {
+        size_t entry;
+        int64_t offset, n_tokens;  // tokens [offset, offset + n_tokens) of the entry
+    };
+    std::vector<std::vector<Piece>> chunks;
+    std::vector<token_t> tokens;  // the step's rows, in order
+    int64_t rows_in_chunk = 0;
+    for (size_t e = 0; e < entries.size(); ++e) {
+        const int64_t n = static_cast<int64_t>(entries[e].tokens.size());
+        for (int64_t off = 0; off < n; off += kMaxBatch) {
+            const int64_t len = std::min(kMaxBatch, n - off);
+            if (chunks.empty() || rows_in_chunk + len > kMaxBatch) {
+                chunks.emplace_back();
+                rows_in_chunk = 0;
+            }
+            chunks.back().push_back(Piece{e, off, len});
+            rows_in_chunk += len;
+        }
+        tokens.insert(tokens.end(), entries[e].tokens.begin(), entries[e].tokens.end());
+    }
+    const int64_t n = static_cast<int64_t>(tokens.size()), n_chunks = static_cast<int64_t>(chunks.size());
+    std::vector<Sequence*> seqs;
+    for (const SequenceTokens& e : entries) {
+        seqs.push_back(&sequences_->at(e.seq));
+        seqs.back()->recurrent->n_past = -1;  // mid-update until the whole step completes
+    }
     residual_.resize(static_cast<size_t>(n * h.n_embd));
-    // One MoE FFN (its routing) and one Forward (its position) per chunk; deques keep addresses.
-    // With dumping on, a batch of several chunks records each chunk apart (merged after the batch).
+    // One MoE FFN (its routing) and one Forward (its spans) per chunk; deques keep addresses.
+    // With dumping on, a step of several chunks records each chunk apart (merged after the step).
     std::deque<MoeFfn> moes;
     std::deque<Forward> fs;
     std::deque<ActivationDump> chunk_dumps;
     std::vector<Act> xs;
+    int64_t c0 = 0;
     for (int64_t c = 0; c < n_chunks; ++c) {
-        const int64_t c0 = c * kMaxBatch, rows = std::min(kMaxBatch, n - c0);
+        std::vector<SeqSpan> spans;
+        int64_t rows = 0;
+        for (const Piece& p : chunks[static_cast<size_t>(c)]) {
+            Sequence& s = *seqs[p.entry];
+            spans.push_back(SeqSpan{s.kv.get(), s.recurrent.get(), s.n_past + p.offset, rows, p.n_tokens});
+            rows += p.n_tokens;
+        }
         MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
         moe.set_cancel_flag(&cancel_requested_);
         if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
         moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
         ActivationDump* dump = nullptr;
         if (options_.dump_activations) dump = n_chunks == 1 ? &dump_ : &chunk_dumps.emplace_back();
-        Forward& f = fs.emplace_back(m, *kv_, *backend_, moe, dump);
+        Forward& f = fs.emplace_back(m, *backend_, moe, dump);
         f.set_timeline(&timeline_);
         f.set_exact(exact_);
-        f.set_pos0(start_pos + c0);
-        f.set_recurrent_state(recurrent_.get());
+        f.set_spans(std::move(spans));
         xs.push_back(Act{residual_.data() + c0 * h.n_embd, rows, h.n_embd});
         backend_->reset_activations();
-        f.embed(tokens + c0, xs.back());
+        f.embed(tokens.data() + c0, xs.back());
+        c0 += rows;
     }
 
     if (prefetcher_ && n == 1) {
         // Single-token decoding: the predictor sees every layer's gate.
-        begin_prefetch_token();
+        begin_prefetch_token(*seqs[0]);
         moes.front().set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {
@@ -420,17 +584,51 @@ void Engine::forward_batch(const token_t* tokens, int64_t n, bool all_logits, fl
         }
     }
     for (int64_t c = 0; c < n_chunks; ++c) {
-        // Rows of this chunk whose logits are wanted, and where they go in `logits`.
         const Act& x = xs[static_cast<size_t>(c)];
-        const bool last = c + 1 == n_chunks;
-        if (!all_logits && !last) continue;
+        Forward& f = fs[static_cast<size_t>(c)];
+        // The rows of this chunk whose logits are wanted: every row of an all_logits entry, else an
+        // entry's last row; where each goes in its entry's logits.
+        std::vector<int64_t> rows;
+        std::vector<float*> dst;
+        int64_t row = 0;
+        for (const Piece& p : chunks[static_cast<size_t>(c)]) {
+            const SequenceTokens& e = entries[p.entry];
+            float* out = logits[p.entry].data();
+            if (e.all_logits) {
+                for (int64_t i = 0; i < p.n_tokens; ++i) {
+                    rows.push_back(row + i);
+                    dst.push_back(out + (p.offset + i) * h.n_vocab);
+                }
+            } else if (p.offset + p.n_tokens == static_cast<int64_t>(e.tokens.size())) {
+                rows.push_back(row + p.n_tokens - 1);
+                dst.push_back(out);
+            }
+            row += p.n_tokens;
+        }
+        if (rows.empty()) continue;
         backend_->reset_activations();
-        const int64_t first = all_logits ? 0 : x.n_tokens - 1;
-        fs[static_cast<size_t>(c)].output_head(x, first,
-                                               logits + (all_logits ? c * kMaxBatch * h.n_vocab : 0));
+        const bool contiguous_tail = rows.back() == x.n_tokens - 1 &&
+                                     rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size());
+        bool in_order = contiguous_tail;
+        for (size_t i = 1; in_order && i < dst.size(); ++i) in_order = dst[i] == dst[i - 1] + h.n_vocab;
+        if (in_order) {
+            // The wanted rows end the chunk and land back to back (every one-sequence step): the head
+            // writes them in place.
+            f.output_head(x, rows.front(), dst.front());
+            continue;
+        }
+        // Gather the wanted rows, one head for all of them (the lm_head's weights are read once per
+        // chunk, not once per sequence), and scatter the logits.
+        Act picked = f.alloc(static_cast<int64_t>(rows.size()), h.n_embd);
+        for (size_t i = 0; i < rows.size(); ++i)
+            backend_->copy_rows(x.row(rows[i]), h.n_embd, picked.row(static_cast<int64_t>(i)), h.n_embd, 1,
+                                h.n_embd);
+        std::vector<float> head(rows.size() * static_cast<size_t>(h.n_vocab));
+        f.output_head(picked, 0, head.data());
+        for (size_t i = 0; i < rows.size(); ++i)
+            std::copy_n(head.data() + i * static_cast<size_t>(h.n_vocab), h.n_vocab, dst[i]);
     }
     if (!chunk_dumps.empty()) merge_chunk_dumps(chunk_dumps, xs, dump_);
-    recurrent_->n_past = start_pos + n;
 }
 
 }  // namespace sharpi

@@ -1,14 +1,18 @@
-// The engine behind sharpi::Session: owns the model, the KV cache, the thread pool, the expert
-// source (resident, or the streaming ExpertCache), the prefetcher and the scratch arena, and runs
-// the decode loop: embed, every layer, output head (model/forward.h), in chunks of kMaxBatch
-// tokens. It orchestrates and never calls a kernel. It is the GateObserver of the MoE FFN and
+// The engine behind sharpi::Session: owns the model, the sequences (each with its KV cache:
+// sequence_table.h), the thread pool, the expert source (resident, or the streaming ExpertCache),
+// the prefetcher and the scratch arena, and runs the decode loop: embed, every layer, output head
+// (model/forward.h), in chunks of kMaxBatch tokens. A step (decode_batch) may hold tokens of several
+// sequences: the dense matmuls and the MoE FFN run once on the whole step, so each expert is read
+// and multiplied once for every token of every sequence that routed to it; attention runs per
+// sequence. It orchestrates and never calls a kernel. It is the GateObserver of the MoE FFN and
 // hands every gate event to the prefetcher (the layer code never sees the prefetcher).
 //
 // Single-threaded API: one caller at a time drives decode(); parallelism is inside (the pool).
-// The one exception is cancel(), callable from any thread or a signal handler while decode() runs.
-// Failure atomicity: decode() validates everything before it touches state, and advances n_past
-// only after the whole batch succeeded, so an exception (CancelledError included) leaves the
-// session usable at the old position (positions beyond n_past in the KV cache are never read).
+// The exceptions are cancel() and cancel_sequence(), callable from any thread or a signal handler
+// while decode() runs. Failure atomicity: decode() validates everything before it touches state,
+// and advances a sequence's n_past only after the whole step succeeded, so an exception
+// (CancelledError included) leaves every sequence usable at its old position (positions beyond
+// n_past in a KV cache are never read).
 #pragma once
 
 #include <atomic>
@@ -28,6 +32,7 @@
 #include "moe/moe_ffn.h"
 #include "moe/prefetcher.h"
 #include "placement.h"
+#include "sequence_table.h"
 #include "sharpi/options.h"
 #include "sharpi/predictor.h"
 #include "sharpi/types.h"
@@ -43,17 +48,33 @@ class Engine final : private GateObserver {
 
     const ModelInfo& info() const { return info_; }
     const Model& model() const { return *model_; }
-    int64_t n_past() const { return n_past_; }
+    int64_t n_past(int32_t seq = 0) const { return sequences_->at(seq).n_past; }
     // Exact mode (SessionOptions::exact or SHARPI_EXACT=1): f32 activations in every matmul.
     bool exact() const { return exact_; }
-    void reset();
+    // Forgets sequence `seq`'s positions (and, for sequence 0, a pending cancel()).
+    void reset(int32_t seq = 0);
     // Keeps the first n_keep positions and forgets the rest (prompt-prefix reuse). Attention rows
     // beyond n_past are never read, so this only moves n_past. Throws InvalidArgument unless
     // 0 <= n_keep <= n_past, UnsupportedError when the model keeps recurrent (DeltaNet) state and
     // n_keep < n_past: that state has absorbed every position and cannot be rewound.
-    void truncate(int64_t n_keep);
+    void truncate(int64_t n_keep, int32_t seq = 0);
+
+    // Sequences (sequence_table.h). add: a new empty one; fork: a new one holding the first n_keep
+    // positions of `src` (its KV rows copied; a recurrent state only as a whole: n_keep must equal
+    // src's n_past on a hybrid arch, UnsupportedError otherwise); remove: frees one (not 0).
+    int32_t add_sequence();
+    int32_t fork_sequence(int32_t src, int64_t n_keep);
+    void remove_sequence(int32_t seq);
+    std::vector<int32_t> sequence_ids() const { return sequences_->ids(); }
+    // The tokens of `seq` in the running (or next) step that holds it are not appended; the step's
+    // other sequences go on, and its entry's logits come back empty. Lock-free, async-signal-safe.
+    void cancel_sequence(int32_t seq) noexcept { sequences_->request_cancel(seq); }
 
     std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
+    // One step over several sequences (each at most once): entry i's logits ([n_tokens, n_vocab] with
+    // all_logits, else its last token's [n_vocab]; empty when cancel_sequence() dropped it). A
+    // sequence's logits are bit-identical to decoding it alone with the same token groups.
+    std::vector<std::vector<float>> decode_batch(const std::vector<SequenceTokens>& entries);
     // Asks the running decode(), or the next one, to stop: it throws CancelledError at its next
     // check (before each prefill chunk, each layer and each expert wave of a batch) and appends
     // nothing; the request is then consumed. reset() drops a request no decode has seen yet.
@@ -84,28 +105,35 @@ class Engine final : private GateObserver {
     // The MoE FFN's gate event (single-token decoding with a prefetcher): passed to the prefetcher.
     void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) override;
 
-    // The n tokens at positions n_past_.. in chunks of at most kMaxBatch, layer-major; writes the
-    // logits of every row (all_logits) or of the last row to `logits`. Leaves n_past_ alone.
-    void forward_batch(const token_t* tokens, int64_t n, bool all_logits, float* logits);
+    // Checks a step before anything is touched (InvalidArgument / ContextOverflowError).
+    void check_step(const std::vector<SequenceTokens>& entries) const;
+    // The step's tokens in chunks of at most kMaxBatch rows, layer-major; writes each entry's wanted
+    // logits rows. Leaves every n_past alone.
+    void forward_step(const std::vector<SequenceTokens>& entries, std::vector<std::vector<float>>& logits);
+    // The device path (device="cuda"): one sequence.
+    void forward_device(const SequenceTokens& entry, std::vector<float>& logits);
 
     // CancelledError naming where decode() stopped, when cancel() was called.
     void throw_if_cancelled(int il) const;
 
-    // Single-token decoding with a prefetcher: the previous token is the last row of
-    // sequence_selection_ (none at the start of a sequence); after a truncate() the kept tokens
-    // before it are replayed first (Predictor::observe_context), so the predictor's history is the
-    // kept sequence.
-    void begin_prefetch_token();
-    // A decode of n tokens failed or was cancelled (nothing appended): after a single token, whose
-    // gates the predictor saw, the next decode replays the kept sequence (replay_history_).
-    void forget_failed_token(int64_t n);
-    // After a batched decode of n > 1 tokens, once record_selections(n) has run: the first n - 1
-    // tokens' selections to the predictor (Predictor::observe_context), led by the token decoded just
-    // before the batch (every kept token after a truncate()), so history-keeping predictors see a
-    // prompt as if decoded token by token.
-    void pass_batch_context(int64_t n);
-    // After a successful decode of n tokens: their rows from routing_ join sequence_selection_.
-    void record_selections(int64_t n);
+    // The predictor keeps one history: the sequence it belongs to (predictor_seq_) is the one whose
+    // tokens it saw last. Single-token decoding of `s` with a prefetcher: the previous token is the
+    // last row of s.selections (none at the start); when the predictor's history is not s's (another
+    // sequence ran, a truncate(), a failed token) s's kept tokens are replayed first
+    // (Predictor::observe_context), so the predictor's history is s's.
+    void begin_prefetch_token(Sequence& s);
+    // A decode of n tokens of `s` failed or was cancelled (nothing appended): after a single token,
+    // whose gates the predictor saw, the next decode replays the kept sequence.
+    void forget_failed_token(Sequence& s, int64_t n);
+    // After a one-sequence batched decode of n > 1 tokens, once record_selections has run: the first
+    // n - 1 tokens' selections to the predictor (Predictor::observe_context), led by the token decoded
+    // just before the batch (every kept token when its history is not s's), so history-keeping
+    // predictors see a prompt as if decoded token by token.
+    void pass_batch_context(Sequence& s, int64_t n);
+    // After a successful step of step_rows rows: rows [row0, row0 + n) of routing_ join s.selections.
+    void record_selections(Sequence& s, int64_t row0, int64_t n, int64_t step_rows);
+    // A new Sequence with its KV cache and recurrent state (sequence_table.h's factory).
+    std::unique_ptr<Sequence> make_sequence() const;
 
     static constexpr int64_t kMaxBatch = 256;
     static_assert(std::atomic<bool>::is_always_lock_free, "cancel() must be async-signal-safe");
@@ -115,11 +143,12 @@ class Engine final : private GateObserver {
     std::unique_ptr<Model> model_;
     ModelInfo info_;
     std::unique_ptr<ThreadPool> pool_;
-    std::unique_ptr<KvCache> kv_;  // device="cpu" only
+    KvLayout kv_shape_;
+    int64_t n_ctx_ = 0;
+    std::unique_ptr<SequenceTable> sequences_;
     // device="cuda": the forward pass on the device (weights, KV cache and activations in VRAM);
     // decode() hands it the tokens instead of running forward_batch.
     std::unique_ptr<cuda::DeviceForward> device_;
-    std::unique_ptr<RecurrentState> recurrent_;  // DeltaNet layers' state (hybrid archs)
     std::unique_ptr<ExpertSource> experts_;
     ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
     ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)
@@ -127,19 +156,11 @@ class Engine final : private GateObserver {
     Scratch scratch_;                   // the CPU backend's activations
     std::unique_ptr<Backend> backend_;  // computes forward_batch's layers (device="cpu")
     std::vector<float> residual_;
-    int64_t n_past_ = 0;
     ActivationDump dump_;
     std::vector<Routing> routing_;
     RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
-    // With a prefetcher: the experts of every token of the sequence, [n_past, n_layer * top_k]
-    // (-1 where a layer has no routing), so a truncate() rewinds the predictor's history instead of
-    // losing it. Invariant: n_past_ rows.
-    std::vector<int32_t> sequence_selection_;
-    // truncate() dropped tokens the predictor had folded in, or a failed single-token decode showed
-    // it gates of a token that was not appended: the next decode hands it the kept sequence again,
-    // as a new sequence.
-    bool replay_history_ = false;
+    int32_t predictor_seq_ = 0;               // whose history the predictor holds; -1: nobody's
     double decode_ms_ = 0.0;
     Timeline timeline_;
     std::atomic<bool> cancel_requested_{false};

@@ -25,7 +25,10 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     MemoryPlan p;
     p.dense_bytes = model.bytes_dense;
     // KV rows of the attention layers (MLA: the latent), plus the DeltaNet layers' fixed-size state.
-    p.kv_bytes = KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) + RecurrentState::bytes_for(h);
+    // Every sequence the session may hold is charged up front (its pages are faulted in only as it fills).
+    p.n_seq = std::max<int64_t>(r.n_seq, 1);
+    p.kv_bytes = static_cast<uint64_t>(p.n_seq) *
+                 (KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) + RecurrentState::bytes_for(h));
     p.latent_kv = h.is_mla();
     // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.
     const int64_t T = r.max_batch, k = h.n_expert_used;
@@ -48,7 +51,8 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
 
 std::string MemoryPlan::describe(int64_t n_ctx, GgmlType type_k, GgmlType type_v) const {
     return "dense weights " + mib(dense_bytes) + " + KV cache " + mib(kv_bytes) + " (n_ctx " +
-           std::to_string(n_ctx) + ", " +
+           std::to_string(n_ctx) +
+           (n_seq > 1 ? " per sequence x " + std::to_string(n_seq) + " sequences" : "") + ", " +
            (latent_kv ? std::string("MLA latent ") + ggml_type_traits(type_k).name
                       : std::string("K ") + ggml_type_traits(type_k).name + ", V " +
                             ggml_type_traits(type_v).name) +

@@ -20,6 +20,7 @@ namespace sharpi {
 
 struct MemoryPlanRequest {
     int64_t n_ctx = 0;
+    int64_t n_seq = 1;  // sequences held at once: each has its own KV cache and recurrent state
     GgmlType type_k = GgmlType::F32;
     GgmlType type_v = GgmlType::F32;
     int64_t max_batch = 256;
@@ -28,7 +29,8 @@ struct MemoryPlanRequest {
 
 struct MemoryPlan {
     uint64_t dense_bytes = 0;
-    uint64_t kv_bytes = 0;
+    uint64_t kv_bytes = 0;  // all n_seq sequences
+    int64_t n_seq = 1;
     uint64_t buffer_bytes = 0;
     uint64_t fixed_bytes = 0;  // dense + kv + buffers
     uint64_t slot_bytes = 0;   // one expert slot (0 for a dense model)

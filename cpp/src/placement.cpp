@@ -70,6 +70,7 @@ void check_device_options(const SessionOptions& options, const std::string& path
     };
     if (options.ram_budget > 0) refuse("ram_budget (streaming experts to the device is part 2)");
     if (options.dump_activations) refuse("dump_activations");
+    if (options.n_seq > 1) refuse("n_seq > 1 (batched sequences)");
 }
 
 // The RAM tier (docs/design.md §2): dense weights, KV cache and buffers are charged first; the rest
@@ -80,6 +81,7 @@ void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& 
     const uint64_t total_experts = static_cast<uint64_t>((h.n_layer - h.n_layer_dense_lead) * h.n_expert);
     MemoryPlanRequest request;
     request.n_ctx = p.n_ctx;
+    request.n_seq = options.n_seq;
     request.type_k = p.type_k;
     request.type_v = p.type_v;
     request.max_batch = max_batch;
@@ -147,6 +149,10 @@ MachineProbe::MachineProbe()
 void check_session_options(const SessionOptions& options) {
     if (options.n_ctx < 0)
         throw InvalidArgument("n_ctx must be >= 0 (0 = default), got " + std::to_string(options.n_ctx));
+    if (options.n_seq < 1 || options.n_seq > SessionOptions::kMaxSequences) {
+        throw InvalidArgument("n_seq must be in [1, " + std::to_string(SessionOptions::kMaxSequences) +
+                              "] (the most sequences held at once), got " + std::to_string(options.n_seq));
+    }
     if (options.n_threads < 0) {
         throw InvalidArgument("threads must be >= 0 (0 = one per core), got " +
                               std::to_string(options.n_threads));

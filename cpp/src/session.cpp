@@ -39,6 +39,42 @@ void Session::truncate(int64_t n_keep) {
     engine_->truncate(n_keep);
 }
 
+int32_t Session::add_sequence() {
+    return engine_->add_sequence();
+}
+
+int32_t Session::fork_sequence(int32_t src, int64_t n_keep) {
+    return engine_->fork_sequence(src, n_keep);
+}
+
+void Session::remove_sequence(int32_t seq) {
+    engine_->remove_sequence(seq);
+}
+
+std::vector<int32_t> Session::sequences() const {
+    return engine_->sequence_ids();
+}
+
+int64_t Session::n_past(int32_t seq) const {
+    return engine_->n_past(seq);
+}
+
+void Session::reset(int32_t seq) {
+    engine_->reset(seq);
+}
+
+void Session::truncate(int32_t seq, int64_t n_keep) {
+    engine_->truncate(n_keep, seq);
+}
+
+std::vector<std::vector<float>> Session::decode_batch(const std::vector<SequenceTokens>& entries) {
+    return engine_->decode_batch(entries);
+}
+
+void Session::cancel_sequence(int32_t seq) noexcept {
+    engine_->cancel_sequence(seq);
+}
+
 const ActivationDump& Session::dump() const {
     return engine_->dump();
 }

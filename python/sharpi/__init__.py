@@ -40,7 +40,7 @@ from ._core import (  # noqa: F401
 )
 from ._internal import cuda_available, cuda_describe  # noqa: F401
 from .plugin import Predictor  # noqa: F401
-from .session import Session  # noqa: F401
+from .session import Sequence, Session  # noqa: F401
 
 __version__ = "0.1.0"
 

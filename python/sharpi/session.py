@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
+from collections import abc
+from typing import Callable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
@@ -21,6 +22,52 @@ def _miss_bandwidths(given: Optional[dict]) -> dict:
                                         "copy_latency_s, cpu_bytes_per_s)")
         out["miss_" + key] = float(value)
     return out
+
+
+class Sequence:
+    """A handle on one sequence of a Session (Session.add_sequence, Session.sequence): its own
+    positions and KV cache, decoded with others in one step by Session.decode_batch. Ids are never
+    reused, so a handle of a removed sequence raises InvalidArgument instead of reaching another."""
+
+    def __init__(self, session: "Session", seq_id: int):
+        self.session, self.id = session, seq_id
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.id})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and other.session is self.session and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash((id(self.session), self.id))
+
+    @property
+    def n_past(self) -> int:
+        return self.session._core.sequence_n_past(self.id)
+
+    def fork(self, n_keep: Optional[int] = None) -> "Sequence":
+        """A new sequence holding this one's first n_keep positions (None: all), its KV rows
+        copied: requests sharing a prompt prefix decode it once. A model with recurrent state
+        (qwen3next, qwen35moe) forks only whole (UnsupportedError otherwise)."""
+        n = self.n_past if n_keep is None else int(n_keep)
+        return Sequence(self.session, self.session._core.fork_sequence(self.id, n))
+
+    def remove(self) -> None:
+        """Free the sequence and its KV cache (InvalidArgument for sequence 0)."""
+        self.session._core.remove_sequence(self.id)
+
+    def reset(self) -> None:
+        self.session._core.reset_sequence(self.id)
+
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first n_keep positions (as Session.truncate)."""
+        self.session._core.truncate_sequence(self.id, int(n_keep))
+
+    def cancel(self) -> None:
+        """This sequence's tokens in the running (or next) decode_batch are not appended; the other
+        sequences of the step go on. Lock-free: any thread. A model with recurrent state then needs
+        reset()."""
+        self.session._core.cancel_sequence(self.id)
 
 
 class Session:
@@ -41,6 +88,7 @@ class Session:
         path: Union[str, os.PathLike],
         threads: int = 0,
         n_ctx: int = 0,
+        n_seq: int = 1,
         exact: bool = False,
         dump_activations: bool = False,
         ram_budget: Union[int, str, None] = None,
@@ -94,6 +142,8 @@ class Session:
         deepseek2 (MLA) caches one latent row per position in cache_type_k that also serves as V
         (as in llama.cpp), so cache_type_v must resolve to the same type (InvalidArgument otherwise).
         allow_long_context: accept an n_ctx beyond the model's trained context (refused otherwise).
+        n_seq: the most sequences the session holds at once (1..256; add_sequence, decode_batch), each
+        with its own KV cache of n_ctx positions; a ram_budget charges all n_seq caches.
         device: "cpu", or "cuda": the whole forward pass on CUDA device 0 (qwen3moe, qwen2moe,
         olmoe, Mixtral; every weight resident in VRAM, an f32 KV cache). A typed error names why it
         cannot run, before anything is allocated: a build without CUDA, another arch or a type
@@ -138,6 +188,7 @@ class Session:
             **_miss_bandwidths(miss_bandwidths),
             threads=threads,
             n_ctx=n_ctx,
+            n_seq=n_seq,
             exact=exact,
             dump_activations=dump_activations,
             ram_budget=ram_budget,
@@ -198,7 +249,7 @@ class Session:
     def tokenize(self, text: str, add_bos: Optional[bool] = None, special: bool = False) -> list:
         return self.tokenizer.encode(text, add_bos=add_bos, special=special)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
+    def detokenize(self, tokens: abc.Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens))
 
     # -- compute -----------------------------------------------------------------------------
@@ -206,9 +257,47 @@ class Session:
     def n_past(self) -> int:
         return self._core.n_past
 
-    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def decode(self, tokens: abc.Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens at n_past; f32 logits [n_vocab] (last token) or [n_tokens, n_vocab]."""
         return self._core.decode([int(t) for t in tokens], all_logits)
+
+    # -- several sequences (continuous batching) ----------------------------------------------
+    def sequence(self, seq_id: int = 0) -> "Sequence":
+        """The handle of a sequence the session holds (0: the one decode() and generate() use)."""
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)):
+            raise _core.InvalidArgument(f"a sequence id is an int, got {type(seq_id).__name__}")
+        self._core.sequence_n_past(int(seq_id))  # InvalidArgument for an id the session does not hold
+        return Sequence(self, int(seq_id))
+
+    def add_sequence(self) -> "Sequence":
+        """A new empty sequence with its own KV cache (InvalidArgument when n_seq sequences exist)."""
+        return Sequence(self, self._core.add_sequence())
+
+    def sequences(self) -> list:
+        """Handles of every sequence the session holds, sequence 0 first."""
+        return [Sequence(self, i) for i in self._core.sequences()]
+
+    def decode_batch(self, entries, all_logits: bool = False) -> list:
+        """One forward step over several sequences: entries are (sequence or id, tokens) pairs, each
+        sequence at most once. The dense matmuls and every selected expert run once for all the
+        step's tokens; attention per sequence. Returns per entry f32 logits [n_vocab] (its last
+        token) or [n_tokens, n_vocab] (all_logits), bit for bit what decoding that sequence alone
+        with the same tokens gives; an entry whose sequence was cancel()ed during the step gets an
+        empty [0, n_vocab] array and appends nothing. Errors come before anything is appended;
+        Session.cancel() stops the whole step (CancelledError)."""
+        step = []
+        for entry in entries:
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise _core.InvalidArgument("decode_batch: each entry is a (sequence, tokens) pair")
+            seq, tokens = entry
+            seq_id = seq.id if isinstance(seq, Sequence) else seq
+            if isinstance(seq, Sequence) and seq.session is not self:
+                raise _core.InvalidArgument("decode_batch: a sequence of another session")
+            if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)):
+                raise _core.InvalidArgument(f"decode_batch: a sequence is a Sequence or an id, got "
+                                            f"{type(seq_id).__name__}")
+            step.append((int(seq_id), [int(t) for t in tokens], bool(all_logits)))
+        return self._core.decode_batch(step)
 
     def reset(self) -> None:
         """Forget the KV cache (n_past = 0) and any cancel() no decode has seen yet."""
@@ -292,7 +381,7 @@ class Session:
 
     def generate(
         self,
-        prompt: Union[str, Sequence[int]],
+        prompt: Union[str, abc.Sequence[int]],
         max_tokens: int = 64,
         temperature: float = 0.8,
         top_k: int = 40,
@@ -302,7 +391,7 @@ class Session:
         repeat_last_n: int = 64,
         seed: Optional[int] = None,
         stop_at_eos: bool = True,
-        history: Sequence[int] = (),
+        history: abc.Sequence[int] = (),
         on_token: Optional[Callable[[int, np.ndarray], None]] = None,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
@@ -359,7 +448,7 @@ class Session:
             raise
         self._record_stats(gen.stats())
 
-    def generate_batch(self, prompts: Sequence[Union[str, Sequence[int]]], **generate_kwargs) -> list:
+    def generate_batch(self, prompts: list, **generate_kwargs) -> list:
         """The answers to several prompts, decoded together: each prompt on its own sequence
         (sequence 0, reset first, and sequences added for the others, removed at the end), one
         decode_batch per step over every sequence still generating (all prompts in the first step,

@@ -9,6 +9,11 @@ namespace sharpi {
 struct SessionOptions {
     int n_threads = 0;  // 0: one per online core
     int n_ctx = 0;      // 0: min(n_ctx_train, 4096)
+    // The most sequences the session holds at once (continuous batching: Session::add_sequence,
+    // decode_batch), each with its own KV cache of n_ctx positions; the RAM budget charges all n_seq.
+    // 1..kMaxSequences.
+    int n_seq = 1;
+    static constexpr int kMaxSequences = 256;
     // Exact mode (docs/design.md §8): every matmul computes in f32 on dequantized weights (f32 activations,
     // f32 KV cache). false (default): fast mode, where activations are quantized once per matmul
     // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as

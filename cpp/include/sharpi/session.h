@@ -52,6 +52,33 @@ class Session {
     // UnsupportedError for a model with recurrent state (qwen3next, qwen35moe) when n_keep < n_past().
     void truncate(int64_t n_keep);
 
+    // ---- Several sequences at once (continuous batching) -------------------------------------
+    // A session holds up to SessionOptions::n_seq sequences, each with its own positions and KV
+    // cache. Sequence 0 always exists and is the one decode(), n_past(), reset() and truncate()
+    // use. Ids are handles that are never reused (a removed sequence's id is InvalidArgument).
+    //
+    // A new empty sequence (InvalidArgument when n_seq exist).
+    int32_t add_sequence();
+    // A new sequence holding the first n_keep positions of `src` (its KV rows copied). On a model
+    // with recurrent state only a whole fork (n_keep == n_past of src) is possible (UnsupportedError).
+    int32_t fork_sequence(int32_t src, int64_t n_keep);
+    // Frees a sequence and its KV cache (InvalidArgument for 0 or an unknown id).
+    void remove_sequence(int32_t seq);
+    std::vector<int32_t> sequences() const;
+    int64_t n_past(int32_t seq) const;
+    void reset(int32_t seq);
+    void truncate(int32_t seq, int64_t n_keep);
+    // One forward step over several sequences, each at most once: the dense matmuls and every
+    // expert run once for all their tokens, attention per sequence. Returns, per entry, the logits
+    // of its last token [n_vocab] or of all its tokens [n_tokens * n_vocab] (all_logits), bit for
+    // bit what decoding that sequence alone gives; an entry dropped by cancel_sequence() gets an
+    // empty vector and appends nothing. Validation (InvalidArgument, ContextOverflowError) happens
+    // before anything is appended; cancel() stops the whole step (CancelledError, nothing appended).
+    std::vector<std::vector<float>> decode_batch(const std::vector<SequenceTokens>& entries);
+    // The tokens of `seq` in the running (or next) decode_batch that holds it are not appended;
+    // the others are. On a model with recurrent state the sequence must then be reset. Lock-free.
+    void cancel_sequence(int32_t seq) noexcept;
+
     // Activations recorded by the last decode() (empty unless dump_activations).
     const ActivationDump& dump() const;
 

@@ -60,10 +60,9 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
     int64_t pos = 0;
     for (const int64_t batch : batches) {
         MoeFfn moe(experts, h.n_layer);
-        Forward f(model, kv, backend, moe, nullptr);
+        Forward f(model, backend, moe, nullptr);
         f.set_exact(exact);
-        f.set_pos0(pos);
-        f.set_recurrent_state(&recurrent);
+        f.set_spans({SeqSpan{&kv, &recurrent, pos, 0, batch}});
         Act x = backend.residual(batch, h.n_embd);
         backend.reset_activations();
         f.embed(tokens.data() + pos, x);

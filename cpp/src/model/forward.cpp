@@ -5,11 +5,19 @@
 #include <cstring>
 
 #include "moe/moe_ffn.h"
+#include "sharpi/errors.h"
 
 namespace sharpi {
 
 // ---------------------------------------------------------------------------------------------
 // Basic builders
+
+int64_t Forward::position(int64_t row) const {
+    for (const SeqSpan& s : spans_) {
+        if (row >= s.row0 && row < s.row0 + s.n_tokens) return s.pos0 + (row - s.row0);
+    }
+    throw InvalidArgument("[forward] row " + std::to_string(row) + " belongs to no sequence of the step");
+}
 
 Act Forward::alloc(int64_t n_tokens, int64_t width) {
     return backend_.alloc(n_tokens, width);
@@ -78,18 +86,23 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
         name(q, "Qcur_normed", il);
         name(k, "Kcur_normed", il);
     }
-    backend_.rope(q.data, q.width, T, h.n_head, h.head_dim, pos0_, h.rope);
-    backend_.rope(k.data, k.width, T, h.n_head_kv, h.head_dim, pos0_, h.rope);
-    name(q, "Qcur_rope", il);
-    name(k, "Kcur_rope", il);
-
-    backend_.kv_store(kv_, il, pos0_, k, &v);
     Act kqv = alloc(T, h.n_embd_q());
     AttentionShape shape{h.n_head, h.n_head_kv, h.head_dim, 1.0f / std::sqrt(static_cast<float>(h.head_dim))};
     shape.window = L.attn_window;
     shape.exact = exact_;
     if (!L.attn_sinks.empty()) shape.sinks = L.attn_sinks.data();
-    backend_.attention(q.data, q.width, kv_, il, T, pos0_, shape, kqv.data, kqv.width);
+    // RoPE, the KV append and attention per sequence: each span's rows at its own positions against
+    // its own cache (the rows are laid out identically whatever else shares the step).
+    for (const SeqSpan& s : spans_) {
+        backend_.rope(q.row(s.row0), q.width, s.n_tokens, h.n_head, h.head_dim, s.pos0, h.rope);
+        backend_.rope(k.row(s.row0), k.width, s.n_tokens, h.n_head_kv, h.head_dim, s.pos0, h.rope);
+        const Act k_rows{k.row(s.row0), s.n_tokens, k.width}, v_rows{v.row(s.row0), s.n_tokens, v.width};
+        backend_.kv_store(*s.kv, il, s.pos0, k_rows, &v_rows);
+        backend_.attention(q.row(s.row0), q.width, *s.kv, il, s.n_tokens, s.pos0, shape, kqv.row(s.row0),
+                           kqv.width);
+    }
+    name(q, "Qcur_rope", il);
+    name(k, "Kcur_rope", il);
     name(kqv, "kqv_out", il);
     if (L.attn_output_gate) output_gate(kqv, gate, il);
     return linear(kqv, L.wo, "attn_out", il);

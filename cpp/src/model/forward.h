@@ -13,14 +13,21 @@
 // The MoE FFN's scheduling (routing, expert leases, trace replay, gate events) lives in
 // moe/moe_ffn.h; moe_ffn() here is the builder that hands a layer to it.
 //
+// A step may hold rows of several sequences (continuous batching): its SeqSpans say which rows
+// belong to which sequence, at which positions, with which KV cache and recurrent state. Attention,
+// RoPE, the KV append and the DeltaNet recurrence run span by span; everything else (norms, every
+// matmul, the MoE FFN) runs on the whole step at once.
+//
 // Determinism: every builder computes each token's row with the same code whatever the batch
-// size, so prefill and token-by-token decoding give bit-identical results.
+// size and whatever other rows (of this or other sequences) share the step, so prefill,
+// token-by-token decoding and a sequence batched with others give bit-identical results.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/kv_cache.h"
@@ -35,20 +42,29 @@ class RecurrentState;
 
 enum class QkNorm { none, per_head, full };
 
+// One sequence's rows in a step: rows [row0, row0 + n_tokens) of every activation are positions
+// pos0 .. pos0 + n_tokens - 1 of the sequence that owns `kv` and `recurrent`. Invariant: a step's
+// spans are disjoint, in row order, and cover its rows; one sequence appears at most once.
+struct SeqSpan {
+    KvCache* kv = nullptr;                // nullptr only where no layer writes a KV row
+    RecurrentState* recurrent = nullptr;  // hybrid archs' DeltaNet state; nullptr otherwise
+    int64_t pos0 = 0, row0 = 0, n_tokens = 0;
+};
+
 class Forward {
   public:
-    Forward(const Model& model, KvCache& kv, Backend& backend, MoeFfn& moe, ActivationDump* dump)
-        : model_(model), kv_(kv), backend_(backend), moe_(moe), dump_(dump) {}
+    Forward(const Model& model, Backend& backend, MoeFfn& moe, ActivationDump* dump)
+        : model_(model), backend_(backend), moe_(moe), dump_(dump) {}
 
     const HParams& hp() const { return model_.hp; }
     const LayerWeights& layer(int il) const { return model_.layers[static_cast<size_t>(il)]; }
     Backend& backend() { return backend_; }
-    KvCache& kv() { return kv_; }
-    int64_t pos0() const { return pos0_; }
-    void set_pos0(int64_t pos0) { pos0_ = pos0; }
+    // The step's sequences (see SeqSpan). A single-sequence step is one span from row 0.
+    void set_spans(std::vector<SeqSpan> spans) { spans_ = std::move(spans); }
+    const std::vector<SeqSpan>& spans() const { return spans_; }
+    // The position of row `row` in its sequence.
+    int64_t position(int64_t row) const;
     void set_timeline(Timeline* timeline) { timeline_ = timeline; }
-    // The DeltaNet layers' per-sequence state (hybrid archs only; model/recurrent_state.h).
-    void set_recurrent_state(RecurrentState* state) { recurrent_ = state; }
     bool dumping() const { return dump_ != nullptr; }
     // Exact mode (SessionOptions::exact): every matmul and expert dot in f32 on dequantized
     // weights; otherwise fast mode quantizes activations (backend/backend.h matmul).
@@ -106,14 +122,12 @@ class Forward {
 
   private:
     const Model& model_;
-    KvCache& kv_;
     Backend& backend_;
     MoeFfn& moe_;
     ActivationDump* dump_;
 
-    int64_t pos0_ = 0;
+    std::vector<SeqSpan> spans_;
     Timeline* timeline_ = nullptr;
-    RecurrentState* recurrent_ = nullptr;
     bool exact_ = false;
 };
 

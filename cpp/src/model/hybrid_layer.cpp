@@ -76,8 +76,10 @@ void Forward::output_gate(const Act& kqv, const Act& gate, int il) {
 Act Forward::gated_delta_net(const Act& cur, int il) {
     const HParams& h = hp();
     const LayerWeights& L = layer(il);
-    if (!recurrent_)
-        throw InvalidArgument("[forward] layer " + std::to_string(il) + " needs a recurrent state");
+    for (const SeqSpan& s : spans_) {
+        if (!s.recurrent)
+            throw InvalidArgument("[forward] layer " + std::to_string(il) + " needs a recurrent state");
+    }
     const int64_t T = cur.n_tokens;
     const int64_t nk = h.ssm_n_group, nv = h.ssm_dt_rank, dk = h.ssm_d_state, dv = h.ssm_head_v_dim();
     const int64_t key_dim = nk * dk, channels = h.ssm_conv_channels();
@@ -120,9 +122,12 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
     backend_.gdn_gates(b, a, L.ssm_a.data(), L.ssm_dt_bias.data(), beta, g);
     name(g, "gate", il);
 
+    // The conv and the delta rule carry state along a sequence: span by span, each with its own.
     Act conv = alloc(T, channels);
-    backend_.conv1d_silu(recurrent_->conv(il), qkv.data, qkv.width, T, channels, h.ssm_d_conv,
-                         L.ssm_conv1d.data(), conv.data, conv.width);
+    for (const SeqSpan& s : spans_) {
+        backend_.conv1d_silu(s.recurrent->conv(il), qkv.row(s.row0), qkv.width, s.n_tokens, channels,
+                             h.ssm_d_conv, L.ssm_conv1d.data(), conv.row(s.row0), conv.width);
+    }
     name(conv, "conv_output_silu", il);
     // L2-normalise every q and k head (eps as transformers / FLA: x / sqrt(sum x^2 + 1e-6)); q also
     // takes the 1/sqrt(head_k_dim) attention scale.
@@ -130,10 +135,14 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
     backend_.l2_norm_heads(conv, 2 * nk, dk, nk, q_scale);
 
     GdnShape shape{nk, nv, dk, dv, L.ssm_v_heads_tiled};
-    GdnInputs in{conv.data, channels, conv.data + key_dim, channels, conv.data + 2 * key_dim, channels,
-                 g.data,    beta.data};
     Act o = alloc(T, nv * dv);
-    backend_.gated_delta_rule(in, T, shape, kGdnChunkSize, recurrent_->ssm(il), o.data, o.width);
+    for (const SeqSpan& s : spans_) {
+        const float* c = conv.row(s.row0);
+        GdnInputs in{c,        channels,      c + key_dim,     channels, c + 2 * key_dim,
+                     channels, g.row(s.row0), beta.row(s.row0)};
+        backend_.gated_delta_rule(in, s.n_tokens, shape, kGdnChunkSize, s.recurrent->ssm(il), o.row(s.row0),
+                                  o.width);
+    }
     name(o, "core_attn_out", il);
     // Gated RMSNorm per value head: rms_norm(o_h) * ssm_norm * silu(z_h).
     backend_.rms_norm(o.data, dv, o.data, dv, T * nv, dv, L.ssm_norm.data(), h.rms_eps);

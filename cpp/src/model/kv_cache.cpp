@@ -161,4 +161,17 @@ void KvCache::store(int il, int64_t pos, const float* k_row, const float* v_row)
                  n_embd_kv_);
 }
 
+void KvCache::copy_prefix(const KvCache& src, int64_t n, const std::vector<bool>& layers) {
+    if (src.n_ctx_ != n_ctx_ || src.n_embd_kv_ != n_embd_kv_ || src.type_k_ != type_k_ ||
+        src.type_v_ != type_v_ || src.k_.size() != k_.size() || n < 0 || n > n_ctx_) {
+        throw InvalidArgument("[kv] copy_prefix: the caches differ in shape or " + std::to_string(n) +
+                              " positions do not fit");
+    }
+    for (size_t il = 0; il < k_.size() && il < layers.size(); ++il) {
+        if (!layers[il]) continue;
+        std::memcpy(k_[il].get(), src.k_[il].get(), static_cast<size_t>(n) * row_bytes_k_);
+        if (v_[il]) std::memcpy(v_[il].get(), src.v_[il].get(), static_cast<size_t>(n) * row_bytes_v_);
+    }
+}
+
 }  // namespace sharpi

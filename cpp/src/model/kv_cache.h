@@ -87,6 +87,9 @@ class KvCache {
     void store(int il, int64_t pos, const float* k_row, const float* v_row);
     // Rounds and stores the K row only (MLA's latent row; with_v = false).
     void store_k(int il, int64_t pos, const float* k_row);
+    // Copies positions [0, n) of the layers marked in `layers` from `src` (same shape and types):
+    // a forked sequence starts from its parent's prefix. Other layers are left untouched (no pages).
+    void copy_prefix(const KvCache& src, int64_t n, const std::vector<bool>& layers);
     const uint8_t* k(int il) const { return k_[static_cast<size_t>(il)].get(); }
     const uint8_t* v(int il) const { return v_[static_cast<size_t>(il)].get(); }
     GgmlType type_k() const { return type_k_; }

@@ -202,13 +202,15 @@ std::vector<int32_t> MoeFfn::guess_next_layer(Forward& f, const Act& cur, int il
 // Replaces each token's top-k with the trace's row for its position: the recorded ids as a set
 // (duplicates and -1 entries filled with the router's best remaining experts), ordered like the
 // router orders (probability descending, then id), weighted by the router's own probabilities.
-void MoeFfn::apply_route_trace(Backend& b, const HParams& h, int64_t pos0, const float* probs,
-                               int64_t n_tokens, int il, int32_t* ids, float* weights) const {
+void MoeFfn::apply_route_trace(Forward& f, const float* probs, int64_t n_tokens, int il, int32_t* ids,
+                               float* weights) const {
+    const HParams& h = f.hp();
+    Backend& b = f.backend();
     const int64_t k = h.n_expert_used, E = h.n_expert;
     std::vector<int32_t> chosen;
     for (int64_t t = 0; t < n_tokens; ++t) {
         const float* p = probs + t * E;
-        const int32_t* rec = route_trace_->row(pos0 + t, il);
+        const int32_t* rec = route_trace_->row(f.position(t), il);
         chosen.clear();
         for (int64_t j = 0; j < k; ++j) {
             if (rec[j] >= 0 && std::find(chosen.begin(), chosen.end(), rec[j]) == chosen.end())
@@ -247,7 +249,7 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
         // The replay ranks by the router's probabilities on the host.
         std::vector<float> host_probs(static_cast<size_t>(T * h.n_expert));
         f.backend().read(probs, host_probs.data());
-        apply_route_trace(f.backend(), h, f.pos0(), host_probs.data(), T, il, r.ids.data(), r.weights.data());
+        apply_route_trace(f, host_probs.data(), T, il, r.ids.data(), r.weights.data());
     }
     f.name(probs, "ffn_moe_probs", il);
     if (f.dumping()) {

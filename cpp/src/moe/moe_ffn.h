@@ -85,8 +85,9 @@ class MoeFfn {
     // The unique experts that layer il_next's router picks (top-k per token) for `cur`, the
     // normalised input of the current layer: its guess of what il_next will select.
     std::vector<int32_t> guess_next_layer(Forward& f, const Act& cur, int il_next) const;
-    void apply_route_trace(Backend& b, const HParams& h, int64_t pos0, const float* probs, int64_t n_tokens,
-                           int il, int32_t* ids, float* weights) const;
+    // Row t's trace row is the one of its position in its sequence (Forward::position).
+    void apply_route_trace(Forward& f, const float* probs, int64_t n_tokens, int il, int32_t* ids,
+                           float* weights) const;
 
     ExpertSource& experts_;
     const RouteTrace* route_trace_ = nullptr;

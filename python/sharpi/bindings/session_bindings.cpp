@@ -139,6 +139,7 @@ py::dict info_dict(const ModelInfo& i) {
     d["n_expert_used"] = i.n_expert_used;
     d["n_ctx_train"] = i.n_ctx_train;
     d["n_ctx"] = i.n_ctx;
+    d["n_seq"] = i.n_seq;
     d["cache_type_k"] = i.cache_type_k;
     d["cache_type_v"] = i.cache_type_v;
     d["bytes_kv"] = i.bytes_kv;
@@ -154,6 +155,27 @@ py::array_t<T> borrowed_view(const T* p, std::vector<py::ssize_t> shape) {
     py::array_t<T> a(std::move(shape), p, py::none());
     py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
     return a;
+}
+
+// Runs a decode (decode or decode_batch) under the session's lock with Ctrl-C bridged to cancel():
+// a Python error raised inside (a predictor's) is re-raised as itself; a Ctrl-C that cancelled the
+// decode lets Python's handler speak (KeyboardInterrupt unless the script installed its own), while
+// a cancel() from another thread stays CancelledError.
+template <typename F>
+auto decode_interruptibly(PySession& s, F&& f) {
+    SigintBridge sigint(*s.session);
+    try {
+        auto result = locked(s, std::forward<F>(f));
+        // A Ctrl-C after the last check: the call completed, Python raises the KeyboardInterrupt on
+        // its own, and the next decode must not be cancelled.
+        if (sigint.fired()) s.session->clear_cancel();
+        return result;
+    } catch (PythonInterrupt& e) {
+        throw py::error_already_set(e.error);
+    } catch (const CancelledError&) {
+        if (sigint.fired() && PyErr_CheckSignals() != 0) throw py::error_already_set();
+        throw;
+    }
 }
 
 // A Python object with an observe() method as a sharpi::Predictor (docs/predictors.md). The decode
@@ -280,18 +302,20 @@ void bind_session(py::module_& m) {
     // Session(vram_budget=VRAM_BUDGET_AUTO): free VRAM minus a margin (SessionOptions::kVramBudgetAuto).
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")
-        .def(py::init([](const std::string& path, int threads, int n_ctx, bool exact, bool dump_activations,
-                         const py::object& ram_budget, double slru_probation, const std::string& reader,
-                         bool timeline, const std::string& predictor, const std::string& predictor_file,
-                         int lookahead, bool skip_late_prefetch, const std::string& prefetch_sizing,
-                         const std::string& cache_policy, const std::string& cache_policy_file,
-                         const std::string& cache_type_k, const std::string& cache_type_v,
-                         bool allow_long_context, const std::string& device, const py::object& vram_budget,
-                         const std::string& miss_route, double miss_copy_bytes_per_s,
-                         double miss_copy_latency_s, double miss_cpu_bytes_per_s) {
+        .def(py::init([](const std::string& path, int threads, int n_ctx, int n_seq, bool exact,
+                         bool dump_activations, const py::object& ram_budget, double slru_probation,
+                         const std::string& reader, bool timeline, const std::string& predictor,
+                         const std::string& predictor_file, int lookahead, bool skip_late_prefetch,
+                         const std::string& prefetch_sizing, const std::string& cache_policy,
+                         const std::string& cache_policy_file, const std::string& cache_type_k,
+                         const std::string& cache_type_v, bool allow_long_context, const std::string& device,
+                         const py::object& vram_budget, const std::string& miss_route,
+                         double miss_copy_bytes_per_s, double miss_copy_latency_s,
+                         double miss_cpu_bytes_per_s) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
+                 o.n_seq = n_seq;
                  o.exact = exact;
                  o.dump_activations = dump_activations;
                  o.ram_budget = ram_budget_bytes(ram_budget);
@@ -319,13 +343,14 @@ void bind_session(py::module_& m) {
                  s->session = std::make_unique<Session>(path, o);
                  return s;
              }),
-             py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("exact") = false,
-             py::arg("dump_activations") = false, py::arg("ram_budget") = py::none(),
-             py::arg("slru_probation") = 0.25, py::arg("reader") = "auto", py::arg("timeline") = false,
-             py::arg("predictor") = "none", py::arg("predictor_file") = "", py::arg("lookahead") = 1,
-             py::arg("skip_late_prefetch") = true, py::arg("prefetch_sizing") = "topk",
-             py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
-             py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu",
+             py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("n_seq") = 1,
+             py::arg("exact") = false, py::arg("dump_activations") = false,
+             py::arg("ram_budget") = py::none(), py::arg("slru_probation") = 0.25, py::arg("reader") = "auto",
+             py::arg("timeline") = false, py::arg("predictor") = "none", py::arg("predictor_file") = "",
+             py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
+             py::arg("prefetch_sizing") = "topk", py::arg("cache_policy") = "",
+             py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
+             py::arg("allow_long_context") = false, py::arg("device") = "cpu",
              py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
              py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
              py::arg("miss_cpu_bytes_per_s") = 0.0)
@@ -349,24 +374,9 @@ void bind_session(py::module_& m) {
         .def(
             "decode",
             [](PySession& s, std::vector<token_t> tokens, bool all_logits) {
-                std::vector<float> logits;
                 const int64_t n_vocab = s.session->info().n_vocab;
-                {
-                    SigintBridge sigint(*s.session);
-                    try {
-                        logits = locked(s, [&](Session& x) { return x.decode(tokens, all_logits); });
-                    } catch (PythonInterrupt& e) {
-                        throw py::error_already_set(e.error);
-                    } catch (const CancelledError&) {
-                        // Ctrl-C: let Python's handler speak (KeyboardInterrupt unless the script
-                        // installed its own); a cancel() from another thread stays CancelledError.
-                        if (sigint.fired() && PyErr_CheckSignals() != 0) throw py::error_already_set();
-                        throw;
-                    }
-                    // A Ctrl-C after the last check: the call completed, Python raises the
-                    // KeyboardInterrupt on its own, and the next decode must not be cancelled.
-                    if (sigint.fired()) s.session->clear_cancel();
-                }
+                std::vector<float> logits =
+                    decode_interruptibly(s, [&](Session& x) { return x.decode(tokens, all_logits); });
                 if (all_logits) {
                     return to_numpy(std::move(logits), {static_cast<py::ssize_t>(tokens.size()), n_vocab});
                 }
@@ -374,6 +384,60 @@ void bind_session(py::module_& m) {
             },
             py::arg("tokens"), py::arg("all_logits") = false,
             "Append tokens and return f32 logits: [n_vocab] for the last token or [n_tokens, n_vocab].")
+        .def(
+            "decode_batch",
+            [](PySession& s, const std::vector<std::tuple<int32_t, std::vector<token_t>, bool>>& entries) {
+                const int64_t n_vocab = s.session->info().n_vocab;
+                std::vector<SequenceTokens> step;
+                for (const auto& [seq, tokens, all_logits] : entries)
+                    step.push_back({seq, tokens, all_logits});
+                std::vector<std::vector<float>> logits =
+                    decode_interruptibly(s, [&](Session& x) { return x.decode_batch(step); });
+                py::list out;
+                for (size_t e = 0; e < step.size(); ++e) {
+                    const py::ssize_t rows = static_cast<py::ssize_t>(logits[e].size()) / n_vocab;
+                    if (step[e].all_logits || logits[e].empty())
+                        out.append(to_numpy(std::move(logits[e]), {rows, n_vocab}));
+                    else
+                        out.append(to_numpy(std::move(logits[e]), {n_vocab}));
+                }
+                return out;
+            },
+            py::arg("entries"),
+            "One step over several sequences: entries [(seq, tokens, all_logits)]; per entry f32 logits "
+            "[n_vocab] or [n_tokens, n_vocab], [0, n_vocab] when cancel_sequence() dropped it.")
+        .def(
+            "add_sequence",
+            [](PySession& s) { return locked(s, [](Session& x) { return x.add_sequence(); }); },
+            "A new empty sequence's id (InvalidArgument when n_seq sequences exist).")
+        .def(
+            "fork_sequence",
+            [](PySession& s, int32_t src, int64_t n_keep) {
+                return locked(s, [&](Session& x) { return x.fork_sequence(src, n_keep); });
+            },
+            py::arg("src"), py::arg("n_keep"), "A new sequence holding the first n_keep positions of src.")
+        .def(
+            "remove_sequence",
+            [](PySession& s, int32_t seq) { locked(s, [&](Session& x) { x.remove_sequence(seq); }); },
+            py::arg("seq"))
+        .def("sequences", [](PySession& s) { return locked(s, [](Session& x) { return x.sequences(); }); })
+        .def(
+            "sequence_n_past",
+            [](PySession& s, int32_t seq) { return locked(s, [&](Session& x) { return x.n_past(seq); }); },
+            py::arg("seq"))
+        .def(
+            "reset_sequence", [](PySession& s, int32_t seq) { locked(s, [&](Session& x) { x.reset(seq); }); },
+            py::arg("seq"))
+        .def(
+            "truncate_sequence",
+            [](PySession& s, int32_t seq, int64_t n_keep) {
+                locked(s, [&](Session& x) { x.truncate(seq, n_keep); });
+            },
+            py::arg("seq"), py::arg("n_keep"))
+        .def(
+            "cancel_sequence", [](PySession& s, int32_t seq) { s.session->cancel_sequence(seq); },
+            py::arg("seq"),
+            "The tokens of seq in the running (or next) decode_batch are not appended; any thread, no lock.")
         .def(
             "cancel", [](PySession& s) { s.session->cancel(); },
             "Stop the running decode (or the next one) within one layer with CancelledError; any thread, "

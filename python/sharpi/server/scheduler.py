@@ -366,7 +366,6 @@ class Engine:
         with self._state:
             for s, _ in entries:
                 s.job.in_step = True
-        before = [self._n_past(s) for s, _ in entries]
         error = None
         try:
             if self.n_slots == 1:
@@ -389,18 +388,19 @@ class Engine:
             self.counts["step_sequences"] += len(entries)
             self.step_histograms["tokens"].observe(n_tokens)
             self.step_histograms["sequences"].observe(len(entries))
-        self.live.add_tokens(sum(self._n_past(s) - n for (s, _), n in zip(entries, before)))
-        for (slot, tokens), out, n_before in zip(entries, outputs, before):
+        self.live.add_tokens(sum(len(tokens) for (_, tokens), out in zip(entries, outputs)
+                                 if out is not None and out.size))
+        for (slot, tokens), out in zip(entries, outputs):
             job = slot.job
             if error is not None:
                 job.error = error
                 self._finish(slot)
                 continue
-            appended = self._n_past(slot) - n_before
-            if job.stopped.is_set() or out is None:
-                if slot.cancel_sent and appended:
-                    # The cancel came after the step had appended: it is still pending and would
-                    # stop this sequence's next step, so the sequence starts over.
+            if job.stopped.is_set() or out is None or out.size == 0:  # empty: its Sequence.cancel() hit
+                if slot.cancel_sent:
+                    # Either the cancel dropped this step's tokens (a recurrent state then needs a
+                    # reset) or it came after the step and is still pending, to drop the sequence's
+                    # next step: the sequence starts over (Sequence.reset consumes a pending cancel).
                     self._sequence(slot).reset()
                     self._finish(slot, keep_cache=False)
                 else:

@@ -91,13 +91,15 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     Backend& b = f.backend();
     Act kv = f.linear(cur, L.wkv_a_mqa, "kv_cmpr_pe", il);  // [T, kv_lora_rank + n_rot]
     b.rms_norm(kv.data, kv.width, kv.data, kv.width, T, n_lora_kv, L.attn_kv_a_norm.data(), h.rms_eps);
-    b.rope(q.data + qk_nope, q.width, T, n_head, head_k, f.pos0(), h.rope);
-    b.rope(kv.data + n_lora_kv, kv.width, T, 1, key_width, f.pos0(), h.rope);
+    // RoPE and the latent rows, rounded to the cache's type (kv_layout: cache_type_k; f32 is a plain
+    // copy), per sequence of the step.
+    for (const SeqSpan& s : f.spans()) {
+        b.rope(q.row(s.row0) + qk_nope, q.width, s.n_tokens, n_head, head_k, s.pos0, h.rope);
+        b.rope(kv.row(s.row0) + n_lora_kv, kv.width, s.n_tokens, 1, key_width, s.pos0, h.rope);
+        b.kv_store(*s.kv, il, s.pos0, Act{kv.row(s.row0), s.n_tokens, kv.width}, nullptr);
+    }
     f.name(q, "Qcur_rope", il);
     f.name(kv, "kv_cmpr_pe_rope", il);
-
-    // The latent rows, rounded to the cache's type (kv_layout: cache_type_k; f32 is a plain copy).
-    b.kv_store(f.kv(), il, f.pos0(), kv, nullptr);
 
     // Absorb each head's key up-projection into its query; the RoPE part is copied beside it.
     Act q_abs = f.alloc(T, n_head * key_width);
@@ -109,7 +111,10 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     }
     Act lat = f.alloc(T, n_head * n_lora_kv);
     MlaShape shape{n_head, n_lora_kv, n_rot, h.attn_scale};
-    b.mla_attention(q_abs.data, q_abs.width, f.kv(), il, T, f.pos0(), shape, lat.data, lat.width);
+    for (const SeqSpan& s : f.spans()) {
+        b.mla_attention(q_abs.row(s.row0), q_abs.width, *s.kv, il, s.n_tokens, s.pos0, shape, lat.row(s.row0),
+                        lat.width);
+    }
     f.name(lat, "kqv_latent", il);
 
     Act v = f.alloc(T, n_head * head_v);
