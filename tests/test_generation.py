@@ -87,3 +87,20 @@ def test_bad_values(session, kw, match):
     args = {"prompt_ids": [1, 2], **kw}
     with pytest.raises(InvalidArgument, match=match):
         Generation(session.tokenizer, session.info["n_vocab"], N_CTX, **args)
+
+
+def test_generate_batch_equals_generate_one_at_a_time():
+    """Prompts of different lengths decoded together, greedy and seeded: each answer is what
+    generate() gives for its prompt alone from an empty cache; the added sequences are removed."""
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=128, n_seq=4)
+    prompts = ["def fib(n):", "import os\n", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "class Stack:"]
+    for options in ({"temperature": 0.0}, {"temperature": 0.9, "seed": 5, "repeat_penalty": 1.2}):
+        got = s.generate_batch(prompts, max_tokens=24, **options)
+        want = []
+        for p in prompts:
+            s.reset()
+            want.append("".join(s.generate(p, max_tokens=24, **options)))
+        assert got == want
+        assert [q.id for q in s.sequences()] == [0]
+    with pytest.raises(InvalidArgument, match="n_seq"):
+        s.generate_batch(prompts + ["x"])

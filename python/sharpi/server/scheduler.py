@@ -71,7 +71,7 @@ class StepHistogram:
     def values(self) -> tuple:
         """([(str upper bound, cumulative count)] ending with "+Inf", sum)."""
         out, total = [], 0
-        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts):
+        for bound, count in zip([*(str(float(b)) for b in self.bounds), "+Inf"], self.counts):
             total += count
             out.append((bound, total))
         return out, self.sum
@@ -285,19 +285,32 @@ class Engine:
             self._run_step()
 
     def _admit(self) -> list:
-        """Binds waiting Jobs to free slots, first come first served (under _state): the slot whose
-        cache holds the longest prefix of the prompt, least recently used on a tie."""
+        """Binds waiting Jobs to free slots, first come first served (under _state), each to
+        _choose_slot's slot."""
         admitted = []
         while self._waiting:
             free = [s for s in self.slots if s.job is None]
             if not free:
                 break
             job = self._waiting.popleft()
-            ids = job.prompt_ids
-            slot = max(free, key=lambda s: (0 if job.prompt_logprobs else _shared_prefix(s.held, ids), -s.last_used))
+            slot = self._choose_slot(free, job)
             slot.job, job.slot = job, slot
             admitted.append(slot)
         return admitted
+
+    @staticmethod
+    def _choose_slot(free: list, job: Job) -> Slot:
+        """The free slot whose cache holds the longest prefix of the prompt, when that keeps at
+        least half of what the slot holds (the next turn of its conversation, an edit of its
+        prompt); else the least recently used one, so a new conversation does not take the cache of
+        another that shares only a template's first tokens (llama-server's --slot-prompt-similarity
+        0.5 in spirit). A Job that wants its prompt's logprobs decodes all of it: any slot."""
+        if not job.prompt_logprobs:
+            shared = [(_shared_prefix(s.held, job.prompt_ids), s) for s in free]
+            n, slot = max(shared, key=lambda p: (p[0], -p[1].last_used))
+            if n and 2 * n >= len(slot.held):
+                return slot
+        return min(free, key=lambda s: s.last_used)
 
     def _sequence(self, slot: Slot):
         """What prompt.reuse_prefix readies: the slot's Sequence, or the Session (one slot)."""

@@ -1,0 +1,279 @@
+"""`sharpi serve --parallel N` (issue 39): the slot scheduler's continuous batching, driven by the
+official `openai` client and raw HTTP against a server subprocess on the shipped model, and the
+Engine in-process where a property needs the worker's own counts.
+
+Oracles: Session.generate in this process, one prompt at a time from an empty cache (a greedy
+answer must not depend on what else the step held); the scheduler's contract (a full queue is a
+503 in the protocol's error shape, a cancelled Job frees its slot at the next step boundary); the
+requests' own usage for the step counts /metrics reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import sharpi
+from prometheus_client.parser import text_string_to_metric_families
+from sharpi.models import default_model_path
+from test_serve import MODEL_ID, N_CTX, chatml_ids, client, expected, raw, start_server
+
+# Prompts of different lengths (the steps mix prefill chunks and single tokens).
+PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def __init__(self):", "# sort a list of numbers\n",
+           "def parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"\n", "for i in range(10):",
+           "with open(path) as f:", "import json\n\n\ndef load(path):\n    with open(path) as f:\n        return"]
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def server8():
+    yield from start_server("--parallel", "8")
+
+
+def stats(port: int) -> dict:
+    return raw("GET", port, "/v1/sharpi/stats")[1]
+
+
+def wait_for(port: int, condition, what: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while not condition(st := stats(port)):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {st}"
+        time.sleep(0.02)
+    return st
+
+
+def metrics(port: int) -> dict:
+    """/metrics parsed by prometheus_client's own text parser: {family name: family}."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, name: str, **labels) -> float:
+    base = name.removesuffix("_total").removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+    for s in families[base].samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError(name)
+
+
+def open_stream(port: int, body: dict) -> socket.socket:
+    """A streamed completion sent over a raw socket, returned once its first event arrived."""
+    data = json.dumps({**body, "stream": True})
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
+    seen = b""
+    while b"data: " not in seen:
+        seen += sock.recv(4096)
+    return sock
+
+
+def test_eight_streaming_clients_equal_sequential_greedy_runs(server8, session):
+    want = [expected(session, session.tokenize(p), max_tokens=32, temperature=0.0) for p in PROMPTS]
+    c = client(server8)
+    before = metrics(server8)
+    got: list = [None] * len(PROMPTS)
+    start = threading.Barrier(len(PROMPTS))
+
+    def run(i: int) -> None:
+        start.wait()
+        chunks = list(c.completions.create(model=MODEL_ID, prompt=PROMPTS[i], max_tokens=32, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        got[i] = (text, chunks[-1].usage.completion_tokens)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == want
+    after = metrics(server8)
+    # They were decoded together: some step held more than one sequence.
+    steps = sample(after, "sharpi_steps_total") - sample(before, "sharpi_steps_total")
+    single = (sample(after, "sharpi_step_sequences_bucket", le="1.0")
+              - sample(before, "sharpi_step_sequences_bucket", le="1.0"))
+    assert single < steps
+    st = stats(server8)
+    assert st["slots"] == 8 and st["active"] == 0 and st["waiting"] == 0
+
+
+def test_metrics_parse_and_count_the_steps(server8, session):
+    """Every family parses; the step histograms agree with what the answers report: a greedy
+    answer cut by max_tokens is one step per token (its prompt's step samples the first, its last
+    is never decoded), and the steps decoded each prompt's uncached tokens and all but the last
+    generated token."""
+    before = metrics(server8)
+    c = client(server8)
+    answers = []
+
+    def run(prompt: str) -> None:
+        answers.append(c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0,
+                                            logit_bias={str(session.tokenizer.eos_id): -100}))
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS[:4]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    after = metrics(server8)
+    for name in ("sharpi_slots", "sharpi_requests_waiting", "sharpi_requests_processing", "sharpi_queue_size",
+                 "sharpi_steps", "sharpi_step_tokens", "sharpi_step_sequences", "sharpi_expert_read_bytes",
+                 "sharpi_expert_hit_rate", "sharpi_expert_read_bytes_per_step", "sharpi_expert_read_bytes_per_token",
+                 "sharpi_generations_cancelled_queued", "sharpi_requests_rejected"):
+        assert name in after, name
+    assert after["sharpi_step_sequences"].type == "histogram"
+    assert sample(after, "sharpi_slots") == 8
+
+    def delta(name: str, **labels) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    assert all(a.choices[0].finish_reason == "length" for a in answers)
+    generated = sum(a.usage.completion_tokens for a in answers)
+    uncached = sum(a.usage.prompt_tokens - a.usage.prompt_tokens_details.cached_tokens for a in answers)
+    assert delta("sharpi_step_sequences_sum") == generated
+    assert delta("sharpi_step_tokens_sum") == uncached + generated - len(answers)
+    assert delta("sharpi_step_sequences_count") == delta("sharpi_steps_total")
+    assert delta("sharpi_step_tokens_bucket", le="+Inf") == delta("sharpi_steps_total")
+    assert sample(after, "sharpi_expert_hit_rate") == 1.0  # every expert resident
+    assert sample(after, "sharpi_expert_read_bytes_total") == 0
+
+
+def test_queue_full_is_503_in_each_protocols_shape(session):
+    for port in start_server("--parallel", "1", "--queue-size", "1"):
+        # One running (its client never reads; it holds the slot), one waiting: the queue is full.
+        body = {"prompt": "def ", "max_tokens": N_CTX - 8, "temperature": 0,
+                "logit_bias": {str(session.tokenizer.eos_id): -100}}
+        running = open_stream(port, body)
+        waiting = socket.create_connection(("127.0.0.1", port), timeout=60)
+        data = json.dumps(body)
+        waiting.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
+        wait_for(port, lambda st: st["active"] == 1 and st["waiting"] == 1, "one running and one waiting")
+        with pytest.raises(openai.APIStatusError) as refused:
+            client(port).completions.create(model=MODEL_ID, prompt="x", max_tokens=4)
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["retry-after"] == "1"
+        error = refused.value.response.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "queue_full" and "--queue-size 1" in error["message"]
+        status, got = raw("POST", port, "/v1/messages", json.dumps({
+            "model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).encode())
+        assert status == 503 and got["type"] == "error" and got["error"]["type"] == "overloaded_error"
+        # A request is taken whole or not at all: its queued choices leave the queue with it.
+        status, got = raw("POST", port, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 4, "n": 2}).encode())
+        assert status == 503
+        running.close()
+        waiting.close()
+        st = wait_for(port, lambda st: st["active"] == 0 and st["waiting"] == 0, "the slot and the queue to empty")
+        assert st["rejected"] == 3
+        # The waiting request left before a slot took it: counted among the cancelled.
+        assert st["cancelled"] == 2 and st["cancelled_queued"] in (0, 1)
+        assert sample(metrics(port), "sharpi_requests_rejected_total") == 3
+        # Serving goes on.
+        want = expected(session, session.tokenize("import "), max_tokens=8, temperature=0.0)[0]
+        assert client(port).completions.create(model=MODEL_ID, prompt="import ", max_tokens=8,
+                                               temperature=0).choices[0].text == want
+
+
+def test_disconnect_frees_the_slot_and_others_go_on(server8, session):
+    """A streamed client that leaves frees its slot (the stats show it) while another slot's answer
+    streams on, unchanged."""
+    body = {"prompt": "def ", "max_tokens": N_CTX - 8, "temperature": 0,
+            "logit_bias": {str(session.tokenizer.eos_id): -100}}
+    wait_for(server8, lambda st: st["active"] == 0, "an idle server")
+    before = stats(server8)
+    leaving = open_stream(server8, body)
+    wait_for(server8, lambda st: st["active"] == 1, "the request to run")
+    want = expected(session, session.tokenize(PROMPTS[0]), max_tokens=64, temperature=0.0)
+    other: list = []
+    t = threading.Thread(target=lambda: other.append(client(server8).completions.create(
+        model=MODEL_ID, prompt=PROMPTS[0], max_tokens=64, temperature=0)))
+    t.start()
+    leaving.close()
+    st = wait_for(server8, lambda st: st["cancelled"] == before["cancelled"] + 1, "the cancel")
+    assert st["completion_tokens"] - before["completion_tokens"] < N_CTX - 8
+    t.join(timeout=300)
+    assert (other[0].choices[0].text, other[0].usage.completion_tokens) == want
+    wait_for(server8, lambda st: st["active"] == 0, "every slot free")
+
+
+def test_cancel_frees_the_slot_within_one_step():
+    """In-process: Engine.cancel of a running Job ends it at the next step boundary (at most the
+    step in flight runs on), and the other slot's answer is the one it gives alone."""
+    from sharpi.server.scheduler import END, Engine
+
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=256, n_seq=2)
+    want = expected(s, s.tokenize(PROMPTS[1]), max_tokens=40, temperature=0.0)
+    engine = Engine(s)
+    options = {"max_tokens": 200, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+    async def run():
+        eos = s.tokenizer.eos_id
+        doomed = engine.submit(s.tokenize(PROMPTS[0]), {**options, "logit_bias": {eos: -100.0}})
+        kept = engine.submit(s.tokenize(PROMPTS[1]), {**options, "max_tokens": 40})
+        for _ in range(3):  # a few of its pieces: it is decoding
+            assert await doomed.queue.get() is not END
+        steps_at_cancel = engine.snapshot()["steps"]
+        engine.cancel(doomed)
+        while await doomed.queue.get() is not END:
+            pass
+        steps_at_end = engine.snapshot()["steps"]
+        text = ""
+        while (item := await kept.queue.get()) is not END:
+            text += item[0]
+        return steps_at_cancel, steps_at_end, doomed, kept, text
+
+    try:
+        steps_at_cancel, steps_at_end, doomed, kept, text = asyncio.run(run())
+    finally:
+        engine.close()
+    assert steps_at_end - steps_at_cancel <= 1
+    assert doomed.n_generated < 200 and engine.snapshot()["cancelled"] == 1
+    assert (text, kept.n_generated) == want
+
+
+def test_each_conversation_keeps_its_slot(session):
+    """Two conversations on two slots: each next turn goes to the slot that holds its first turn
+    (its prompt and answer are cached), though both share the template's first tokens."""
+    for port in start_server("--parallel", "2"):
+        c = client(port)
+        turns = {}
+        for name, question in (("a", "Write a function that reverses a list."), ("b", "Explain decorators.")):
+            messages = [{"role": "user", "content": question}]
+            r = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0)
+            turns[name] = (messages, r)
+        for name, (messages, r1) in turns.items():
+            more = [*messages, {"role": "assistant", "content": r1.choices[0].message.content},
+                    {"role": "user", "content": "Shorter."}]
+            r2 = c.chat.completions.create(model=MODEL_ID, messages=more, max_tokens=12, temperature=0)
+            cached = r2.usage.prompt_tokens_details.cached_tokens
+            assert cached >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1, name
+            ids = chatml_ids(session, messages[0]["content"])
+            assert cached >= len(ids)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "257", "1000", "two"])
+def test_bad_parallel_is_a_cli_error(value, capsys):
+    from sharpi.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--parallel", value])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "-np/--parallel" in err and ("1 to 256" in err or "integer" in err)
