@@ -277,3 +277,57 @@ def test_bad_parallel_is_a_cli_error(value, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "-np/--parallel" in err and ("1 to 256" in err or "integer" in err)
+
+
+def _answers(port: int, requests: list, together: bool) -> list:
+    """The choices and usage of each (path, body) request, sent all at once or one by one."""
+    out: list = [None] * len(requests)
+
+    def run(i: int) -> None:
+        path, body = requests[i]
+        status, got = raw("POST", port, path, json.dumps(body).encode())
+        assert status == 200, got
+        out[i] = (got["choices"], got["usage"]["completion_tokens"], got["usage"]["prompt_tokens"])
+
+    if not together:
+        for i in range(len(requests)):
+            run(i)
+        return out
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return out
+
+
+def test_chunked_prefill_logprobs_and_stops_match_one_slot(session):
+    """-b 16: a long prompt is prefilled 16 tokens a step (fewer while others decode) beside
+    requests that decode; echo with logprobs (the prompt's own entries from rows of several steps),
+    top logprobs, a stop string and a streamed-experts cache each answer exactly what the one-slot
+    server gives them one at a time, and the experts' reads show in /metrics."""
+    long_prompt = PROMPTS[7] + " json.load(f)\n\n\ndef save(path, data):\n    with open(path, 'w') as f:"
+    assert len(session.tokenize(long_prompt)) > 40
+    stop = expected(session, session.tokenize(PROMPTS[0]), max_tokens=24, temperature=0.0)[0].split()[1]
+    requests = [
+        ("/v1/completions", {"prompt": long_prompt, "max_tokens": 16, "temperature": 0, "echo": True, "logprobs": 2}),
+        ("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stop": [stop]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write hello world."}], "max_tokens": 12,
+                                  "temperature": 0, "logprobs": True, "top_logprobs": 2}),
+        ("/v1/completions", {"prompt": PROMPTS[4], "max_tokens": 20, "temperature": 0.8, "seed": 7}),
+    ]
+    probe = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX, ram_budget="8GiB", reader="pread")
+    st, k = probe.expert_stats(), probe.info["n_expert_used"]
+    probe.close()
+    budget = str(st["fixed_bytes"] + 6 * k * st["slot_bytes"] + 4 * N_CTX * 4096)
+    for port in start_server("--parallel", "1"):
+        want = _answers(port, requests, together=False)
+    for port in start_server("--parallel", "4", "-b", "16", "--ram-budget", budget, "--reader", "pread"):
+        got = _answers(port, requests, together=True)
+        m = metrics(port)
+    assert got == want
+    assert want[1][0][0]["finish_reason"] == "stop" and stop not in want[1][0][0]["text"]
+    assert sample(m, "sharpi_step_tokens_bucket", le="16.0") == sample(m, "sharpi_steps_total")
+    assert sample(m, "sharpi_expert_read_bytes_total") > 0
+    assert 0 <= sample(m, "sharpi_expert_hit_rate") < 1
+    assert sample(m, "sharpi_expert_read_bytes_per_token") > 0
