@@ -331,3 +331,9 @@ def test_chunked_prefill_logprobs_and_stops_match_one_slot(session):
     assert sample(m, "sharpi_expert_read_bytes_total") > 0
     assert 0 <= sample(m, "sharpi_expert_hit_rate") < 1
     assert sample(m, "sharpi_expert_read_bytes_per_token") > 0
+
+
+def test_cli_repeats_the_schedulers_default():
+    from sharpi.server import cli, scheduler
+
+    assert cli.DEFAULT_BATCH_SIZE == scheduler.DEFAULT_BATCH_SIZE

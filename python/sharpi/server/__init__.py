@@ -5,8 +5,8 @@
   (render_chat, encode_chat; fit_tool_calls for earlier tool calls), fill-in-the-middle prompts
   (fim_token_ids, fim_prompt_ids), a lower bound on a text's tokens (max_token_bytes), and the
   prefix of a prompt the KV cache already holds (reuse_prefix); `sharpi chat` uses them too.
-- scheduler.py: the Engine, which owns the Session and the one worker thread that calls it, and the
-  Job each request queues on it.
+- scheduler.py: the Engine, which owns the Session, its slots (one sequence each, --parallel) and
+  the one worker thread that steps them (continuous batching), and the Job each request queues on it.
 - stops.py: stop strings found in streamed text, and the stream of a Job's pieces cut at the first.
 - logprobs.py: log-probabilities of generated tokens in OpenAI's shapes.
 - errors.py: ApiError, a refused request in OpenAI's error shape (Anthropic's on its paths).

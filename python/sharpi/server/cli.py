@@ -22,8 +22,9 @@ from ..cli_args import (
 )
 from .prompt import CHATML_TEMPLATE, RESERVED_TEMPLATE_KWARGS
 
-# scheduler.MAX_SLOTS and DEFAULT_BATCH_SIZE (scheduler imports numpy: not at --help time).
+# --parallel's bound: the slots are sequences of one Session, each with its own KV cache.
 MAX_SLOTS = 256
+# scheduler.DEFAULT_BATCH_SIZE, repeated: the scheduler imports the core, not at --help time.
 DEFAULT_BATCH_SIZE = 512
 
 # --max-body's default, 8 MiB (body.DEFAULT_MAX_BODY, which imports Starlette: not at --help time).

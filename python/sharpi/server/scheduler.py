@@ -37,13 +37,15 @@ from collections import deque
 import numpy as np
 
 from ..generation import CONTEXT, LENGTH, Generation
-from .cli import DEFAULT_BATCH_SIZE
 from .live import LiveStats
 from .logprobs import token_logprobs
 from .prompt import fim_token_ids, reuse_prefix
 
 # The last item on a Job's queue.
 END = object()
+
+# Tokens one step decodes over all slots by default (-b/--batch-size; cli.py repeats it for --help).
+DEFAULT_BATCH_SIZE = 512
 
 
 
@@ -258,9 +260,12 @@ class Engine:
                 self.session.cancel()  # one slot: the Session's own sequence, nothing else in the step
 
     def close(self) -> None:
-        """Stops the worker after the step in flight (the Session stays open)."""
+        """Stops the worker (the server is shutting down): the step in flight is cancelled and no
+        other runs; the Session stays open."""
         with self._state:
             self._closing = True
+            if any(slot.job is not None and slot.job.in_step for slot in self.slots):
+                self.session.cancel()  # the whole step: CancelledError, nothing appended
             self._wake.notify()
         self._worker.join(timeout=60)
 
