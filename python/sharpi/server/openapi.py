@@ -24,7 +24,8 @@ def _operation(summary: str, ok: dict, errors: tuple = (), body: str | None = No
     events), the error statuses it can give (in the `error` schema), and its request body's schema
     name under components."""
     codes = {"400": "a bad request", "401": "no valid API key (--api-key)", "404": "an unknown model",
-             "413": "a body over --max-body", "500": "a failure while generating"}
+             "413": "a body over --max-body", "500": "a failure while generating",
+             "503": "the queue of requests waiting for a slot is full (--queue-size); retry after Retry-After seconds"}
     content = {ok_type: {"schema": ok}}
     if streams:
         # One server-sent event (as a reader parses it): its data a JSON chunk (then "[DONE]" on
@@ -252,7 +253,7 @@ def openapi_document(api_key: bool = False) -> dict:
     """The document (a fresh dict each call); `api_key`: the server takes --api-key, so every
     operation but /health, / and this document needs a key (bearer or x-api-key) and can answer 401."""
     secured = api_key
-    completion_errors = ("400", "404", "413", "500")
+    completion_errors = ("400", "404", "413", "500", "503")
     paths = {
         "/v1/chat/completions": {"post": _operation(
             "OpenAI chat completion, whole or as server-sent events (stream: true)",
