@@ -203,10 +203,17 @@ class Engine:
             active = sum(slot.job is not None for slot in self.slots)
             return {**self.counts, "busy": active > 0, "waiting": len(self._waiting), "slots": self.n_slots,
                     "active": active, "queue_size": self.queue_size, "batch_size": self.batch_size,
-                    "slot_jobs": [None if s.job is None else {"prompt_tokens": len(s.job.prompt_ids),
-                                                              "prefilling": bool(s.todo),
-                                                              "generated": len(s.gen.generated) if s.gen else 0}
-                                  for s in self.slots]}
+                    "slot_jobs": [self._slot_view(s) for s in self.slots]}
+
+    @staticmethod
+    def _slot_view(slot: Slot) -> dict | None:
+        """A slot's Job for snapshot() (under _state, which guards `job`; the worker swaps `gen` and
+        `todo` outside it, so each is read once)."""
+        job, gen, todo = slot.job, slot.gen, slot.todo
+        if job is None:
+            return None
+        return {"prompt_tokens": len(job.prompt_ids), "prefilling": gen is None or bool(todo),
+                "generated": len(gen.generated) if gen is not None else 0}
 
     def step_histogram_values(self) -> dict:
         """{"tokens"|"sequences": ([(upper bound, cumulative count)], sum)}, read together."""
