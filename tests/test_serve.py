@@ -53,6 +53,10 @@ def start_server(*extra: str):
             child.kill()
             pytest.fail("sharpi serve did not answer /health within 300 s")
         time.sleep(0.2)
+    # Drain its stderr (one access-log line per request): a pipe nobody reads fills up after ~64 KiB
+    # of lines and then blocks the server's event loop on its next log write.
+    log: collections.deque = collections.deque(maxlen=200)
+    threading.Thread(target=lambda: log.extend(child.stderr), daemon=True).start()
     try:
         yield port
     finally:
@@ -61,7 +65,7 @@ def start_server(*extra: str):
             child.wait(timeout=30)
         except subprocess.TimeoutExpired:
             child.kill()
-            pytest.fail("sharpi serve did not stop on SIGTERM")
+            pytest.fail("sharpi serve did not stop on SIGTERM; its last log lines:\n" + "".join(log))
 
 
 @pytest.fixture(scope="module")
