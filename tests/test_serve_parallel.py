@@ -375,3 +375,35 @@ def test_churn_leaks_no_slot_and_answers_stay_right(server8, session):
     st = wait_for(server8, lambda st: st["requests"] - before["requests"] == len(plan), "every request to end")
     assert st["active"] == 0 and st["waiting"] == 0, seed
     assert st["cancelled"] - before["cancelled"] == sum(how == "leave" for _, how in plan), seed
+
+
+def test_a_tiny_batch_size_still_prefills_and_answers_right():
+    """In-process, -b 2 with 4 slots: the decoding slots alone fill each step, yet the waiting
+    prompt is prefilled (a token a step) and every answer is its sequential run's."""
+    from sharpi.server.scheduler import END, Engine
+
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=256, n_seq=4)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[5], PROMPTS[7]]
+    want = [expected(s, s.tokenize(p), max_tokens=12, temperature=0.0) for p in prompts]
+    engine = Engine(s, batch_size=2)
+    options = {"max_tokens": 12, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+    async def run():
+        jobs = [engine.submit(s.tokenize(p), dict(options)) for p in prompts]
+        texts = []
+        for job in jobs:
+            text = ""
+            while (item := await job.queue.get()) is not END:
+                text += item[0]
+            texts.append((text, job.n_generated))
+        return texts
+
+    try:
+        got = asyncio.run(run())
+        snap = engine.snapshot()
+    finally:
+        engine.close()
+    assert got == want
+    # A step held at most the 3 other slots' tokens and one prompt token beyond -b.
+    buckets, _ = engine.step_histogram_values()["tokens"]
+    assert dict(buckets)["4.0"] == snap["steps"]

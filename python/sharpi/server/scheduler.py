@@ -125,8 +125,9 @@ class Job:
 class Slot:
     """One sequence of the Session and the Job it runs (worker thread; `job` under Engine._state).
 
-    `held` is what the sequence's KV cache holds, in order; [] after an error (the next Job starts
-    from reset()). While a Job runs: `gen` samples it, `todo` is the part of its prompt not decoded
+    `held` is what the sequence's KV cache holds, in order, as of the last Job's end (its prompt
+    and answer up to the sequence's n_past); [] after an error or a cancel (the next Job starts from
+    reset()). While a Job runs: `gen` samples it, `todo` is the part of its prompt not decoded
     yet (prefill), and the rest is how its text goes out (Engine._emit)."""
 
     def __init__(self, index: int, sequence):
@@ -364,14 +365,15 @@ class Engine:
 
     def _plan_step(self) -> list:
         """The step's (slot, tokens): one token from each decoding slot, then prompt chunks in the
-        order the slots' Jobs started, within batch_size tokens (a prefill always gets some)."""
+        order the slots' Jobs started, within batch_size tokens; the oldest prefill gets at least
+        one token even when the decoding slots fill batch_size, so no prompt waits forever."""
         decoding = [s for s in self.slots if s.job is not None and s.gen is not None and not s.todo]
         prefilling = sorted((s for s in self.slots if s.job is not None and s.gen is not None and s.todo),
                             key=lambda s: s.job.t_start)
         entries = [(s, [s.gen.next_token]) for s in decoding]
         room = self.batch_size - len(entries)
-        for s in prefilling:
-            if room <= 0 and entries:
+        for i, s in enumerate(prefilling):
+            if room <= 0 and i > 0:
                 break
             limit = max(room, 1)
             if s.job.prompt_logprobs:
@@ -402,12 +404,11 @@ class Engine:
             outputs = [None] * len(entries)
         except BaseException as e:  # noqa: BLE001 - every Job of the step is answered with it
             outputs, error = [None] * len(entries), e
-        with self._state:
-            for s, _ in entries:
-                s.job.in_step = False
         self._step += 1
         n_tokens = sum(len(tokens) for _, tokens in entries)
         with self._state:
+            for s, _ in entries:
+                s.job.in_step = False
             self.counts["steps"] += 1
             self.counts["step_tokens"] += n_tokens
             self.counts["step_sequences"] += len(entries)
@@ -431,7 +432,6 @@ class Engine:
                 else:
                     self._finish(slot)
                 continue
-            slot.held += tokens
             try:
                 self._advance(slot, tokens, out)
             except BaseException as e:  # noqa: BLE001 - a logits processor, a sampler error
