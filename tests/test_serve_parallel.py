@@ -407,3 +407,10 @@ def test_a_tiny_batch_size_still_prefills_and_answers_right():
     # A step held at most the 3 other slots' tokens and one prompt token beyond -b.
     buckets, _ = engine.step_histogram_values()["tokens"]
     assert dict(buckets)["4.0"] == snap["steps"]
+
+
+def test_parallel_on_the_device_path_is_refused_up_front(capsys):
+    from sharpi.cli import main
+
+    assert main(["serve", "--parallel", "2", "--device", "cuda"]) == 1
+    assert "--parallel 2 with --device cuda" in capsys.readouterr().err

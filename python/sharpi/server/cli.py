@@ -182,6 +182,13 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     from .scheduler import Engine
     from .served import ServedModel
 
+    if args.parallel > 1 and args.device == "cuda":
+        # The engine's decode_batch takes one sequence a step on the device path (Engine::check_step
+        # refuses more): say so now rather than fail every request. Drop this when it batches there.
+        from .. import _core
+
+        raise _core.UnsupportedError(f"--parallel {args.parallel} with --device cuda: batched sequences are not on "
+                                     "the device path yet; use --parallel 1 or --device cpu")
     sock = bind_listening_socket(args.host, args.port)
     try:
         session, template = load_model(args, **({"n_seq": args.parallel} if args.parallel > 1 else {}))
