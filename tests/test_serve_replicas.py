@@ -291,29 +291,40 @@ def owner_of(client: openai.OpenAI, replicas) -> int:
     return moved.index(1)
 
 
-def test_a_replica_that_dies_mid_stream_cuts_that_stream_and_the_rest_move_over(router, replicas, session):
+def test_a_replica_that_dies_cuts_its_stream_and_moves_its_queued_request(router, replicas, session):
     """Last in this file: it kills a replica. A stream that already began is not retried (the
-    client sees the stream cut); everything after, that session's requests included, succeeds on
-    the surviving replica."""
+    client sees the stream cut); a non-streamed request waiting in the dead replica's queue had
+    received nothing, so nginx sends it to the other replica and its client never notices; every
+    request after, that session's included, succeeds on the survivor."""
     client = router.client(**{"X-Session-Id": "chat-failover"})
     victim_index = owner_of(client, replicas)
     victim, survivor = replicas[victim_index], replicas[1 - victim_index]
+    want = {p: expected(session, chatml_ids(session, p), **GREEDY)[0] for p in PROMPTS[:2]}
 
     stream = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": PROMPTS[2]}],
                                             max_tokens=N_CTX - 64, temperature=0, stream=True)
     pieces = iter(stream)
     while not (chunk := next(pieces)).choices or not chunk.choices[0].delta.content:
         pass
+    queued: list = []
+    waiter = threading.Thread(target=lambda: queued.append(chat(client, PROMPTS[1]).choices[0].message.content))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while raw("GET", victim.port, "/v1/sharpi/stats")[1]["waiting"] == 0:
+        assert time.monotonic() < deadline, "the second request never reached the busy replica's queue"
+        time.sleep(0.01)
+    before = survivor.served()
     victim.child.kill()  # dies mid-answer: SIGTERM would let uvicorn finish the stream first
     victim.child.wait()
     with pytest.raises((httpx.RemoteProtocolError, openai.APIConnectionError)):
         for chunk in pieces:
             assert not (chunk.choices and chunk.choices[0].finish_reason), "the stream finished after its replica died"
+    waiter.join(timeout=60)
+    assert queued == [want[PROMPTS[1]]]
+    assert survivor.served() - before == 1
 
-    want = {p: expected(session, chatml_ids(session, p), **GREEDY)[0] for p in PROMPTS[:2]}
-    before = survivor.served()
     for p in PROMPTS[:2]:
         assert chat(client, p).choices[0].message.content == want[p]  # the dead replica's session
         assert chat(router.client(), p).choices[0].message.content == want[p]  # round-robin
     assert streamed_text(client, PROMPTS[0]) == want[PROMPTS[0]]
-    assert survivor.served() - before == 5
+    assert survivor.served() - before == 6
