@@ -237,7 +237,8 @@ def test_a_session_id_keeps_a_chat_on_one_replica_that_reuses_its_prefix(router,
 
 
 class FullQueueHandler(http.server.BaseHTTPRequestHandler):
-    """A replica whose queue is full: every request gets the 503 `sharpi serve` answers then."""
+    """A replica whose queue is full: every request gets a 503 in OpenAI's error shape, as a full
+    `sharpi serve` queue answers (nginx decides on the status alone, not the body)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as nginx's upstream connections are
     hits: list
