@@ -290,3 +290,21 @@ def test_the_budget_charges_every_sequence(models):
     sharpi.Session(path, n_ctx=256, n_seq=1, ram_budget=fits_one, reader="pread")
     with pytest.raises(sharpi.InvalidArgument, match="4 sequences.*need at least"):
         sharpi.Session(path, n_ctx=256, n_seq=4, ram_budget=fits_one, reader="pread")
+
+
+def test_a_step_may_hold_more_sequences_than_one_context(models):
+    # One token each from more sequences than n_ctx positions: a step takes up to max(n_ctx, 256)
+    # tokens (the residual rows the budget charges), whatever each sequence's context is.
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    s = sharpi.Session(models["olmoe"], threads=2, n_ctx=8, n_seq=20)
+    assert s.info["max_step_tokens"] == 256
+    seqs = [s.sequence(0)] + [s.add_sequence() for _ in range(19)]
+    tokens = [[int(t)] for t in rng.integers(0, s.info["n_vocab"], 20)]
+    got = s.decode_batch(list(zip(seqs, tokens)))
+    for t, g in zip(tokens, got):
+        s.reset()
+        np.testing.assert_array_equal(g, s.decode(t), err_msg=f"seed {seed}")
+    with pytest.raises(sharpi.InvalidArgument, match="at most 256 per step"):
+        big = sharpi.Session(models["olmoe"], threads=2, n_ctx=200, n_seq=2)
+        big.decode_batch([(big.sequence(0), [1] * 150), (big.add_sequence(), [1] * 150)])
