@@ -1,5 +1,5 @@
-"""Bounded load test of `sharpi serve` (issue 20, not in CI): concurrent clients send short requests
-until enough have completed or the time is up.
+"""Bounded load test and soak of `sharpi serve` (issues 20 and 39, not in CI): concurrent clients send
+requests until enough have completed or the time is up.
 
 Starts `sharpi serve` on 127.0.0.1 with the model and any extra serve flags (e.g. a RAM budget),
 then --clients threads each send chat requests of at most --max-tokens generated tokens (greedy,
@@ -9,8 +9,16 @@ or --minutes have passed. Records each request's latency and the server's VmHWM 
 --slack-mib (the interpreter, uvicorn and the client-facing buffers). Prints a table, writes
 serve_load.json into --out, exits 1 if a check fails.
 
+The soak of issue 39 (continuous batching): --parallel N serves N requests at once; --mixed makes
+prompt lengths vary (the prompt repeated 1..8 times); --disconnect-rate F streams a fraction F of
+the requests and closes each of those after its first few chunks, as a client that goes away.
+Then, once the clients are done, the server must show no leaked slot: /v1/sharpi/stats reports no
+active slot and an empty queue within a few seconds.
+
     python benchmarks/serve_load.py --model q3.gguf --ram-budget 6GiB --out load-out
     python benchmarks/serve_load.py --requests 40 --out load-out     # the shipped model, a short run
+    python benchmarks/serve_load.py --parallel 16 --clients 16 --requests 1000 --minutes 10 \
+        --mixed --disconnect-rate 0.1 --out soak-out                   # issue 39's soak
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -90,17 +99,23 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--slack-mib", type=int, default=256)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--parallel", type=int, default=1, help="sharpi serve --parallel (slots)")
+    p.add_argument("--mixed", action="store_true", help="prompt lengths vary (the prompt 1..8 times)")
+    p.add_argument("--disconnect-rate", type=float, default=0.0,
+                   help="fraction of requests streamed and abandoned after a few chunks")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
     import openai
 
-    with serve(args.model, args.ram_budget, args.threads) as (port, server):
+    extra = ("--parallel", str(args.parallel)) if args.parallel != 1 else ()
+    with serve(args.model, args.ram_budget, args.threads, extra) as (port, server):
         model_id = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x").models.list().data[0].id
 
         lock = threading.Lock()
         latencies: list = []
         errors: list = []
+        disconnected = [0]
         started = [0]
         t_end = time.monotonic() + args.minutes * 60
 
@@ -112,10 +127,23 @@ def main(argv: list | None = None) -> int:
                         return
                     i = started[0]
                     started[0] += 1
+                rng = random.Random(i)
+                prompt = " ".join([PROMPTS[i % len(PROMPTS)]] * (rng.randint(1, 8) if args.mixed else 1))
+                messages = [{"role": "user", "content": prompt}]
                 t0 = time.perf_counter()
                 try:
+                    if rng.random() < args.disconnect_rate:
+                        stream = c.chat.completions.create(model=model_id, max_tokens=args.max_tokens,
+                                                           temperature=0, messages=messages, stream=True)
+                        for n, _ in enumerate(stream):
+                            if n >= 2:
+                                break
+                        stream.close()  # the client goes away mid-answer
+                        with lock:
+                            disconnected[0] += 1
+                        continue
                     c.chat.completions.create(model=model_id, max_tokens=args.max_tokens, temperature=0,
-                                              messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+                                              messages=messages)
                     with lock:
                         latencies.append(time.perf_counter() - t0)
                 except Exception as e:  # noqa: BLE001 - every failure is counted and reported
@@ -129,15 +157,27 @@ def main(argv: list | None = None) -> int:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
+        # No leaked slot: once the clients are gone every slot is free and nothing waits (a
+        # disconnect is noticed at the next step, so give the worker a moment).
+        stats: dict = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/sharpi/stats", timeout=10) as r:
+                stats = json.load(r)
+            if not stats.get("busy") and stats.get("waiting", 0) == 0:
+                break
+            time.sleep(0.2)
         mem = proc_status(server.pid)
 
     result = {
-        "clients": args.clients, "completed": len(latencies), "errors": errors, "wall_s": wall,
+        "clients": args.clients, "parallel": args.parallel, "completed": len(latencies),
+        "disconnected": disconnected[0], "errors": errors, "wall_s": wall,
         "latency_s": {q: percentile(latencies, v) for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
         "max_latency_s": max(latencies, default=0.0), "requests_per_s": len(latencies) / wall if wall else 0.0,
         "server_vmhwm": mem.get("VmHWM"), "server_vmrss": mem.get("VmRSS"), "ram_budget": args.ram_budget,
     }
-    checks = {"no errors": not errors}
+    checks = {"no errors": not errors,
+              "no leaked slot": not stats.get("busy") and stats.get("waiting", 0) == 0 and stats.get("active", 0) == 0}
     if args.ram_budget:
         from sharpi._core import parse_byte_size
 

@@ -41,10 +41,14 @@ def test_cpp_host_via_find_package(tmp_path):
         expected.append(int(np.argmax(logits)))
         logits = s.decode([expected[-1]])
     assert host_tokens == expected
+    # The same prompt on two sequences in one decode_batch step each: the same ids, both.
+    for b in (0, 1):
+        batched = [int(t) for t in re.search(rf"batched sequence {b}:((?: \d+)+)", out).group(1).split()]
+        assert batched == expected, f"sequence {b}"
 
     # Streamed, with the host's own C++ predictor (sharpi/predictor.h): same tokens, and its hints
     # were called for every layer of every decoded token and turned into reads.
-    st = sharpi.Session(model, ram_budget="1GiB").expert_stats()  # the host's n_ctx: the default
+    st = sharpi.Session(model, ram_budget="1GiB", n_seq=2).expert_stats()  # the host's n_ctx and n_seq
     budget = st["fixed_bytes"] + (2 + 2) * st["slot_bytes"]  # top-2 cache slots + top-2 staging
     done = subprocess.run([str(build / "sharpi_host"), model, "5,6,7", "8", str(budget)], check=False,
                           capture_output=True, text=True)

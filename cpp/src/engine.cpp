@@ -77,6 +77,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     info_.n_ctx_train = h.n_ctx_train;
     info_.n_ctx = plan.n_ctx;
     info_.n_seq = options.n_seq;
+    info_.max_step_tokens = std::max<int64_t>(plan.n_ctx, kMaxBatch);
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
     info_.cache_type_k = ggml_type_traits(plan.type_k).name;
@@ -304,10 +305,11 @@ void Engine::check_step(const std::vector<SequenceTokens>& entries) const {
         }
         total += n;
     }
-    // The residual rows of a step are live at once; the budget charged n_ctx of them.
-    if (total > n_ctx_) {
-        throw InvalidArgument("decode_batch: " + std::to_string(total) +
-                              " tokens in one step; at most n_ctx (" + std::to_string(n_ctx_) + ") per step");
+    // The residual rows of a step are live at once; the budget charged max_step_tokens of them.
+    if (total > info_.max_step_tokens) {
+        throw InvalidArgument("decode_batch: " + std::to_string(total) + " tokens in one step; at most " +
+                              std::to_string(info_.max_step_tokens) + " per step (max(n_ctx, " +
+                              std::to_string(kMaxBatch) + "))");
     }
 }
 

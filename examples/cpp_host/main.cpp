@@ -1,8 +1,9 @@
 // sharpi_host MODEL.gguf [PROMPT_TOKENS] [N] [RAM_BUDGET]: decode comma-separated token ids
 // (default "1") and greedily generate N tokens (default 16) with the public C++ API only. Prints
 // the generated ids and the top logit of each step. With RAM_BUDGET (e.g. 64MiB) experts stream from
-// the file and a host-written predictor (below) prefetches them. Exit status 1 with the error
-// message on any sharpi::Error.
+// the file and a host-written predictor (below) prefetches them. Then the same prompt twice at once,
+// on two sequences decoded in one step each (Session::decode_batch), which must generate the same ids.
+// Exit status 1 with the error message on any sharpi::Error.
 #include <sharpi/predictor.h>
 #include <sharpi/session.h>
 
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     try {
         sharpi::SessionOptions options;
         options.n_threads = 2;
+        options.n_seq = 2;
         auto predictor = std::make_shared<SameAsThisLayer>();
         if (argc > 4) {
             options.ram_budget = sharpi::parse_byte_size(argv[4]);
@@ -75,6 +77,28 @@ int main(int argc, char** argv) {
             }
             std::printf("predictor calls %ld, prefetch issued %llu, used %llu\n", predictor->calls,
                         static_cast<unsigned long long>(issued), static_cast<unsigned long long>(used));
+        }
+
+        // Two sequences in one step: each gets the logits it gets alone, so the same greedy ids.
+        session.reset();
+        const int32_t second = session.add_sequence();
+        std::vector<std::vector<float>> step =
+            session.decode_batch({{0, prompt, false}, {second, prompt, false}});
+        std::vector<std::vector<sharpi::token_t>> batched(2), histories(2, prompt);
+        for (int i = 0; i < n_generate; ++i) {
+            std::vector<sharpi::SequenceTokens> next(2);
+            for (size_t b = 0; b < 2; ++b) {
+                const sharpi::token_t t = sampler.sample(step[b].data(), info.n_vocab, histories[b]);
+                batched[b].push_back(t);
+                histories[b].push_back(t);
+                next[b] = {b == 0 ? 0 : second, {t}, false};
+            }
+            step = session.decode_batch(next);
+        }
+        for (size_t b = 0; b < 2; ++b) {
+            std::printf("batched sequence %zu:", b);
+            for (sharpi::token_t t : batched[b]) std::printf(" %d", t);
+            std::printf("\n");
         }
     } catch (const sharpi::Error& e) {
         std::fprintf(stderr, "sharpi_host: %s\n", e.what());

@@ -140,6 +140,7 @@ py::dict info_dict(const ModelInfo& i) {
     d["n_ctx_train"] = i.n_ctx_train;
     d["n_ctx"] = i.n_ctx;
     d["n_seq"] = i.n_seq;
+    d["max_step_tokens"] = i.max_step_tokens;
     d["cache_type_k"] = i.cache_type_k;
     d["cache_type_v"] = i.cache_type_v;
     d["bytes_kv"] = i.bytes_kv;

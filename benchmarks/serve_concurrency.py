@@ -1,0 +1,181 @@
+"""Concurrent clients against `sharpi serve --parallel N` and `llama-server -np N` (issue 39, not in
+CI): aggregate output tokens/s and time to first token at several concurrencies.
+
+For each concurrency c (default 1 2 4 8 16) both servers are started with c slots on the same GGUF
+file and the same thread count, and c clients each send --requests-per-client streaming chat
+requests one after the other (greedy, --max-tokens, prompts cycled from a fixed list so clients
+differ). The load generator is this file's bounded asyncio client (httpx, already a dependency of
+the `openai` client): every request is a streaming /v1/chat/completions with
+stream_options.include_usage, TTFT is the time to the first content or reasoning delta, and the
+tokens are the usage's completion_tokens. Aggregate = all completion tokens / wall time from the
+first request to the last answer. Engines alternate per repetition and the table gives the median
+of --repeats (default 3). Writes serve_concurrency.json into --out.
+
+    python benchmarks/serve_concurrency.py --model /tmp/bench/olmoe-q4km.gguf --threads 2 --out conc
+    python benchmarks/serve_concurrency.py --model M --llama-server PATH --concurrency 1 8 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+
+PROMPTS = [
+    "Write a function that reverses a list.",
+    "What does a context manager do?",
+    "Name three sorting algorithms.",
+    "How do I read a file line by line?",
+    "Explain list comprehensions briefly.",
+    "What is the difference between a tuple and a list?",
+    "Describe how a hash map works.",
+    "Give an example of recursion.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def started(cmd: list, port: int, log: Path):
+    with open(log, "wb") as out:
+        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 900
+            while True:
+                if child.poll() is not None:
+                    raise SystemExit(f"{cmd[0]} exited with {child.returncode}: {log.read_text()[-2000:]}")
+                with contextlib.suppress(OSError), urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{cmd[0]} did not come up; log {log}")
+                time.sleep(0.3)
+            yield
+        finally:
+            child.terminate()
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+async def one_request(client: httpx.AsyncClient, port: int, prompt: str, max_tokens: int) -> tuple:
+    """(ttft seconds, completion tokens) of one streaming chat request."""
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    async with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if ttft is None and (delta.get("content") or delta.get("reasoning_content")):
+                    ttft = time.perf_counter() - t0
+            if event.get("usage"):
+                tokens = event["usage"].get("completion_tokens", 0)
+    return (ttft if ttft is not None else time.perf_counter() - t0), tokens
+
+
+async def load(port: int, clients: int, per_client: int, max_tokens: int) -> dict:
+    ttfts, tokens = [], 0
+
+    async def client_loop(k: int):
+        nonlocal tokens
+        async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0)) as client:
+            for i in range(per_client):
+                ttft, n = await one_request(client, port, PROMPTS[(k + i) % len(PROMPTS)], max_tokens)
+                ttfts.append(ttft)
+                tokens += n
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client_loop(k) for k in range(clients)))
+    wall = time.perf_counter() - t0
+    ttfts.sort()
+    return {"tok_s": tokens / wall, "ttft_p50_ms": 1e3 * ttfts[len(ttfts) // 2],
+            "ttft_p95_ms": 1e3 * ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            "tokens": tokens, "wall_s": wall}
+
+
+def sharpi_cmd(args, port: int, slots: int) -> list:
+    cmd = [sys.executable, "-m", "sharpi.cli", "serve", "-m", args.model, "--host", "127.0.0.1", "--port",
+           str(port), "-t", str(args.threads), "-c", str(args.ctx), "--parallel", str(slots)]
+    return cmd + list(args.sharpi_args)
+
+
+def llama_cmd(args, port: int, slots: int) -> list:
+    # llama-server's -c is the total context shared by its slots: -c ctx * slots gives each slot ctx.
+    return [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-t",
+            str(args.threads), "-tb", str(args.threads), "-c", str(args.ctx * slots), "-np", str(slots),
+            "--jinja", "--no-webui", *args.llama_args]
+
+
+def main(argv: list | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--llama-server", default=str(Path.home() / ".cache/sharpi/converter/llama-tools-0.3.36/bin"
+                                                  / "llama-server"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engines", nargs="+", default=["sharpi", "llama"], choices=["sharpi", "llama"])
+    ap.add_argument("--sharpi-args", nargs=argparse.REMAINDER, default=[])
+    ap.add_argument("--llama-args", nargs="*", default=[])
+    ap.add_argument("--out", default="serve-concurrency")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for c in args.concurrency:
+        for rep in range(args.repeats):
+            order = args.engines if rep % 2 == 0 else list(reversed(args.engines))
+            for engine in order:
+                port = free_port()
+                cmd = sharpi_cmd(args, port, c) if engine == "sharpi" else llama_cmd(args, port, c)
+                with started(cmd, port, out / f"{engine}-{c}-{rep}.log"):
+                    asyncio.run(load(port, 1, 1, 8))  # warm-up: page in the weights
+                    r = asyncio.run(load(port, c, args.requests_per_client, args.max_tokens))
+                results.setdefault(f"{engine}/{c}", []).append(r)
+                print(f"c={c} rep={rep} {engine}: {r['tok_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms "
+                      f"p95 {r['ttft_p95_ms']:.0f} ms ({r['tokens']} tokens)", flush=True)
+    (out / "serve_concurrency.json").write_text(json.dumps(results, indent=1))
+    print("\n| clients | " + " | ".join(f"{e} tok/s | {e} TTFT p50/p95 ms" for e in args.engines) + " | ratio |")
+    print("|---" * (2 * len(args.engines) + 2) + "|")
+    for c in args.concurrency:
+        cells, rates = [], {}
+        for e in args.engines:
+            runs = results[f"{e}/{c}"]
+            rates[e] = statistics.median(r["tok_s"] for r in runs)
+            p50 = statistics.median(r["ttft_p50_ms"] for r in runs)
+            p95 = statistics.median(r["ttft_p95_ms"] for r in runs)
+            cells += [f"{rates[e]:.1f}", f"{p50:.0f} / {p95:.0f}"]
+        ratio = rates["sharpi"] / rates["llama"] if len(rates) == 2 and rates["llama"] else float("nan")
+        print(f"| {c} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
