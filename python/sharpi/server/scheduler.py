@@ -165,7 +165,9 @@ class Engine:
         self.info = dict(session.info)
         self.n_ctx = self.info["n_ctx"]  # per slot: each sequence has its own n_ctx positions
         self.n_slots = int(self.info.get("n_seq", 1))
-        self.batch_size = int(batch_size)
+        # A step takes at most info["max_step_tokens"] tokens (max(n_ctx, 256): what the engine's
+        # buffers are planned for), so -b is capped there.
+        self.batch_size = min(int(batch_size), int(self.info.get("max_step_tokens") or batch_size))
         self.queue_size = default_queue_size(self.n_slots) if queue_size is None else int(queue_size)
         self.tokenizer = session.tokenizer
         # (prefix, suffix, middle) fill-in-the-middle token ids, None when the vocabulary has none.
