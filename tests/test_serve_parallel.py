@@ -308,8 +308,9 @@ def _answers(port: int, requests: list, together: bool) -> list:
 def test_chunked_prefill_logprobs_and_stops_match_one_slot(session):
     """-b 16: a long prompt is prefilled 16 tokens a step (fewer while others decode) beside
     requests that decode; echo with logprobs (the prompt's own entries from rows of several steps),
-    top logprobs, a stop string and a streamed-experts cache each answer exactly what the one-slot
-    server gives them one at a time, and the experts' reads show in /metrics."""
+    top logprobs, a stop string, seeded sampling, a JSON schema's grammar on two choices at once
+    and a streamed-experts cache each answer exactly what the one-slot server gives them one at a
+    time, and the experts' reads show in /metrics."""
     long_prompt = PROMPTS[7] + " json.load(f)\n\n\ndef save(path, data):\n    with open(path, 'w') as f:"
     assert len(session.tokenize(long_prompt)) > 40
     stop = expected(session, session.tokenize(PROMPTS[0]), max_tokens=24, temperature=0.0)[0].split()[1]
@@ -319,6 +320,11 @@ def test_chunked_prefill_logprobs_and_stops_match_one_slot(session):
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write hello world."}], "max_tokens": 12,
                                   "temperature": 0, "logprobs": True, "top_logprobs": 2}),
         ("/v1/completions", {"prompt": PROMPTS[4], "max_tokens": 20, "temperature": 0.8, "seed": 7}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "A point as JSON."}], "max_tokens": 24,
+                                  "temperature": 0, "n": 2, "response_format": {"type": "json_schema", "json_schema": {
+                                      "name": "point", "schema": {"type": "object", "properties": {
+                                          "x": {"type": "integer"}, "y": {"type": "integer"}},
+                                          "required": ["x", "y"]}}}}),
     ]
     probe = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX, ram_budget="8GiB", reader="pread")
     st, k = probe.expert_stats(), probe.info["n_expert_used"]
