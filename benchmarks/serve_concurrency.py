@@ -75,9 +75,9 @@ def started(cmd: list, port: int, log: Path):
                 child.wait()
 
 
-async def one_request(client: httpx.AsyncClient, port: int, prompt: str, max_tokens: int) -> tuple:
+async def one_request(client: httpx.AsyncClient, port: int, model: str, prompt: str, max_tokens: int) -> tuple:
     """(ttft seconds, completion tokens) of one streaming chat request."""
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, tokens = None, 0
@@ -97,14 +97,14 @@ async def one_request(client: httpx.AsyncClient, port: int, prompt: str, max_tok
     return (ttft if ttft is not None else time.perf_counter() - t0), tokens
 
 
-async def load(port: int, clients: int, per_client: int, max_tokens: int) -> dict:
+async def load(port: int, model: str, clients: int, per_client: int, max_tokens: int) -> dict:
     ttfts, tokens = [], 0
 
     async def client_loop(k: int):
         nonlocal tokens
         async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0)) as client:
             for i in range(per_client):
-                ttft, n = await one_request(client, port, PROMPTS[(k + i) % len(PROMPTS)], max_tokens)
+                ttft, n = await one_request(client, port, model, PROMPTS[(k + i) % len(PROMPTS)], max_tokens)
                 ttfts.append(ttft)
                 tokens += n
 
@@ -156,8 +156,10 @@ def main(argv: list | None = None) -> int:
                 port = free_port()
                 cmd = sharpi_cmd(args, port, c) if engine == "sharpi" else llama_cmd(args, port, c)
                 with started(cmd, port, out / f"{engine}-{c}-{rep}.log"):
-                    asyncio.run(load(port, 1, 1, 8))  # warm-up: page in the weights
-                    r = asyncio.run(load(port, c, args.requests_per_client, args.max_tokens))
+                    # The model id sharpi serves (the file's name); llama-server takes any.
+                    model = Path(args.model).name
+                    asyncio.run(load(port, model, 1, 1, 8))  # warm-up: page in the weights
+                    r = asyncio.run(load(port, model, c, args.requests_per_client, args.max_tokens))
                 results.setdefault(f"{engine}/{c}", []).append(r)
                 print(f"c={c} rep={rep} {engine}: {r['tok_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms "
                       f"p95 {r['ttft_p95_ms']:.0f} ms ({r['tokens']} tokens)", flush=True)
