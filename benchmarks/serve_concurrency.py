@@ -19,60 +19,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import httpx
 
-PROMPTS = [
-    "Write a function that reverses a list.",
-    "What does a context manager do?",
-    "Name three sorting algorithms.",
-    "How do I read a file line by line?",
-    "Explain list comprehensions briefly.",
-    "What is the difference between a tuple and a list?",
-    "Describe how a hash map works.",
-    "Give an example of recursion.",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def started(cmd: list, port: int, log: Path):
-    with open(log, "wb") as out:
-        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 900
-            while True:
-                if child.poll() is not None:
-                    raise SystemExit(f"{cmd[0]} exited with {child.returncode}: {log.read_text()[-2000:]}")
-                with contextlib.suppress(OSError), urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{cmd[0]} did not come up; log {log}")
-                time.sleep(0.3)
-            yield
-        finally:
-            child.terminate()
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The benchmarks' shared prompts and server start-up.
+from serve_load import PROMPTS
+from server_parity import free_port, started
 
 
 async def one_request(client: httpx.AsyncClient, port: int, model: str, prompt: str, max_tokens: int) -> tuple:
@@ -155,7 +113,7 @@ def main(argv: list | None = None) -> int:
             for engine in order:
                 port = free_port()
                 cmd = sharpi_cmd(args, port, c) if engine == "sharpi" else llama_cmd(args, port, c)
-                with started(cmd, port, out / f"{engine}-{c}-{rep}.log"):
+                with started(engine, cmd, port, out / f"{engine}-{c}-{rep}.log"):
                     # The model id sharpi serves (the file's name); llama-server takes any.
                     model = Path(args.model).name
                     asyncio.run(load(port, model, 1, 1, 8))  # warm-up: page in the weights
