@@ -13,6 +13,11 @@ of --repeats (default 3). Writes serve_concurrency.json into --out.
 
     python benchmarks/serve_concurrency.py --model /tmp/bench/olmoe-q4km.gguf --threads 2 --out conc
     python benchmarks/serve_concurrency.py --model M --llama-server PATH --concurrency 1 8 --repeats 1
+
+Under a memory cap (issue 39's streamed case): --cgroup DIR runs each server inside that cgroup v1
+memory cgroup (made and sized beforehand, e.g. memory.limit_in_bytes), --drop-caches empties the
+page cache before each server starts (root), and --sharpi-args passes e.g. --ram-budget to sharpi.
+sharpi's expert bytes read per generated token (/metrics) are recorded for each run.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -75,6 +82,25 @@ async def load(port: int, model: str, clients: int, per_client: int, max_tokens:
             "tokens": tokens, "wall_s": wall}
 
 
+def in_cgroup(cgroup: str | None, cmd: list) -> list:
+    """cmd, started inside the cgroup v1 directory `cgroup` (the shell joins it, then execs cmd)."""
+    if not cgroup:
+        return cmd
+    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *cmd]
+
+
+def expert_bytes_per_token(port: int) -> float | None:
+    """sharpi's sharpi_expert_read_bytes_per_token gauge (None when absent: llama-server)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("sharpi_expert_read_bytes_per_token "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def sharpi_cmd(args, port: int, slots: int) -> list:
     cmd = [sys.executable, "-m", "sharpi.cli", "serve", "-m", args.model, "--host", "127.0.0.1", "--port",
            str(port), "-t", str(args.threads), "-c", str(args.ctx), "--parallel", str(slots)]
@@ -102,6 +128,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--engines", nargs="+", default=["sharpi", "llama"], choices=["sharpi", "llama"])
     ap.add_argument("--sharpi-args", nargs=argparse.REMAINDER, default=[])
     ap.add_argument("--llama-args", nargs="*", default=[])
+    ap.add_argument("--cgroup", default=None, help="a cgroup v1 memory directory to run the servers in")
+    ap.add_argument("--drop-caches", action="store_true", help="drop the page cache before each server")
     ap.add_argument("--out", default="serve-concurrency")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -112,15 +140,20 @@ def main(argv: list | None = None) -> int:
             order = args.engines if rep % 2 == 0 else list(reversed(args.engines))
             for engine in order:
                 port = free_port()
-                cmd = sharpi_cmd(args, port, c) if engine == "sharpi" else llama_cmd(args, port, c)
+                cmd = in_cgroup(args.cgroup, sharpi_cmd(args, port, c) if engine == "sharpi" else llama_cmd(args, port, c))
+                if args.drop_caches:
+                    subprocess.run(["sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"], check=True)
                 with started(engine, cmd, port, out / f"{engine}-{c}-{rep}.log"):
                     # The model id sharpi serves (the file's name); llama-server takes any.
                     model = Path(args.model).name
                     asyncio.run(load(port, model, 1, 1, 8))  # warm-up: page in the weights
                     r = asyncio.run(load(port, model, c, args.requests_per_client, args.max_tokens))
+                    r["expert_bytes_per_token"] = expert_bytes_per_token(port)
                 results.setdefault(f"{engine}/{c}", []).append(r)
+                per_token = r["expert_bytes_per_token"]
+                read = f", {per_token / 2**20:.1f} MiB of experts read per token" if per_token else ""
                 print(f"c={c} rep={rep} {engine}: {r['tok_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms "
-                      f"p95 {r['ttft_p95_ms']:.0f} ms ({r['tokens']} tokens)", flush=True)
+                      f"p95 {r['ttft_p95_ms']:.0f} ms ({r['tokens']} tokens{read})", flush=True)
     (out / "serve_concurrency.json").write_text(json.dumps(results, indent=1))
     print("\n| clients | " + " | ".join(f"{e} tok/s | {e} TTFT p50/p95 ms" for e in args.engines) + " | ratio |")
     print("|---" * (2 * len(args.engines) + 2) + "|")
