@@ -64,8 +64,10 @@ AGREEMENT_MIN = 0.85  # measured >= 0.896
 # near-ties that a quantized activation flips: measured over 25 random prompts each of q2_k, q3_k and
 # q4_k, agreement min 0.833, 10th percentile 0.883, median 0.9375 (qwen3moe: min 0.896, olmoe 0.9375).
 # Over 300 random prompts x 12 quant types (2026-11-28) deepseek2's lowest agreement was 0.771 (11 of 48
-# tokens flipped): the floor leaves two more flips.
-AGREEMENT_MIN_BY_ARCH = {"deepseek2": 0.70}
+# tokens flipped): the floor leaves two more flips. llama (the tiny Mixtral-style MoE) gave 0.833 (40 of
+# 48) on q5_k in CI (2026-12-07); re-measured then over 150 random prompts x 12 quant types: lowest
+# 0.833 (q2_k), 1st percentile 0.875 to 0.917, mean 0.963 to 0.977: its floor also leaves two more flips.
+AGREEMENT_MIN_BY_ARCH = {"deepseek2": 0.70, "llama": 0.79}
 DENSE_WORST_BUDGET = 5e-2  # measured <= 1.7e-2
 
 N_TOKENS = 48
