@@ -78,6 +78,8 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     info_.n_ctx = plan.n_ctx;
     info_.n_seq = options.n_seq;
     info_.max_step_tokens = std::max<int64_t>(plan.n_ctx, kMaxBatch);
+    info_.max_draft_tokens = options.max_draft_tokens;
+    info_.recurrent = RecurrentState::bytes_for(h) > 0;
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
     info_.cache_type_k = ggml_type_traits(plan.type_k).name;
@@ -168,9 +170,14 @@ void Engine::truncate(int64_t n_keep, int32_t seq) {
     }
     if (n_keep == s.n_past) return;
     if (!s.recurrent->empty()) {
-        throw UnsupportedError("truncate: " + info_.arch +
-                               " keeps a recurrent (DeltaNet) state that cannot be rewound to position " +
-                               std::to_string(n_keep) + "; reset() and decode the prefix again");
+        if (s.recurrent->n_past != s.n_past || !s.recurrent->can_rewind_to(n_keep)) {
+            throw UnsupportedError(
+                "truncate: " + info_.arch +
+                " keeps a recurrent (DeltaNet) state that cannot be rewound to position " +
+                std::to_string(n_keep) +
+                " (only inside the last rewindable step); reset() and decode the prefix again");
+        }
+        s.recurrent->rewind_to(n_keep);
     }
     s.n_past = n_keep;
     // The last routing belongs to a dropped position. The predictor's history is rebuilt from the
@@ -212,7 +219,10 @@ int32_t Engine::fork_sequence(int32_t src, int64_t n_keep) {
     for (int il = 0; il < model_->hp.n_layer; ++il)
         written[static_cast<size_t>(il)] = !model_->hp.is_recurrent(il);
     s.kv->copy_prefix(*from.kv, n_keep, written);
-    if (!from.recurrent->empty()) *s.recurrent = *from.recurrent;
+    if (!from.recurrent->empty()) {
+        *s.recurrent = *from.recurrent;
+        s.recurrent->drop_rewind_points();  // they describe the source's last step
+    }
     s.n_past = n_keep;
     if (prefetcher_) {
         const size_t row = static_cast<size_t>(model_->hp.n_layer * model_->hp.n_expert_used);
@@ -255,10 +265,11 @@ std::vector<std::string> Engine::predictor_errors() const {
     return prefetcher_ ? prefetcher_->errors() : std::vector<std::string>{};
 }
 
-std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_logits) {
+std::vector<float> Engine::decode(const std::vector<token_t>& tokens, bool all_logits, bool rewindable) {
     std::vector<SequenceTokens> step(1);
     step[0].tokens = tokens;
     step[0].all_logits = all_logits;
+    step[0].rewindable = rewindable;
     std::vector<std::vector<float>> logits = decode_batch(step);
     if (logits[0].empty()) {
         throw CancelledError("decode cancelled (cancel_sequence(0)) at position " + std::to_string(n_past()) +
@@ -298,6 +309,17 @@ void Engine::check_step(const std::vector<SequenceTokens>& entries) const {
                                        std::to_string(info_.n_ctx) +
                                        " tokens (use a larger n_ctx or reset())");
         }
+        if (e.rewindable && !s.recurrent->empty() && n - 1 > options_.max_draft_tokens) {
+            throw InvalidArgument(
+                "decode: a rewindable step of " + std::to_string(n) + " tokens" + which + " on " +
+                info_.arch + " keeps its recurrent state after each token; the session holds " +
+                std::to_string(options_.max_draft_tokens) + " such copies (max_draft_tokens), so at most " +
+                std::to_string(options_.max_draft_tokens + 1) + " tokens");
+        }
+        if (e.rewindable && device_ && !s.recurrent->empty())
+            throw UnsupportedError(
+                "decode: rewindable steps of a model with recurrent state are not on the "
+                "device path yet (device=\"cuda\")");
         if (!s.recurrent->empty() && s.recurrent->n_past != s.n_past) {
             throw InvalidArgument("decode: the recurrent (DeltaNet) state" + which +
                                   " was left mid-update by a failed or cancelled decode; "
@@ -524,7 +546,14 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
     std::vector<Sequence*> seqs;
     for (const SequenceTokens& e : entries) {
         seqs.push_back(&sequences_->at(e.seq));
-        seqs.back()->recurrent->n_past = -1;  // mid-update until the whole step completes
+        RecurrentState& r = *seqs.back()->recurrent;
+        // The step replaces the rewind points of the sequence's last step.
+        if (e.rewindable && !r.empty()) {
+            r.begin_rewind_points(seqs.back()->n_past, static_cast<int64_t>(e.tokens.size()));
+        } else {
+            r.drop_rewind_points();
+        }
+        r.n_past = -1;  // mid-update until the whole step completes
     }
     residual_.resize(static_cast<size_t>(n * h.n_embd));
     // One MoE FFN (its routing) and one Forward (its spans) per chunk; deques keep addresses.
@@ -539,7 +568,9 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         int64_t rows = 0;
         for (const Piece& p : chunks[static_cast<size_t>(c)]) {
             Sequence& s = *seqs[p.entry];
-            spans.push_back(SeqSpan{s.kv.get(), s.recurrent.get(), s.n_past + p.offset, rows, p.n_tokens});
+            const bool rewindable = entries[p.entry].rewindable && !s.recurrent->empty();
+            spans.push_back(
+                SeqSpan{s.kv.get(), s.recurrent.get(), s.n_past + p.offset, rows, p.n_tokens, rewindable});
             rows += p.n_tokens;
         }
         MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);

@@ -70,7 +70,7 @@ class Engine final : private GateObserver {
     // other sequences go on, and its entry's logits come back empty. Lock-free, async-signal-safe.
     void cancel_sequence(int32_t seq) noexcept { sequences_->request_cancel(seq); }
 
-    std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits);
+    std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits, bool rewindable = false);
     // One step over several sequences (each at most once): entry i's logits ([n_tokens, n_vocab] with
     // all_logits, else its last token's [n_vocab]; empty when cancel_sequence() dropped it). A
     // sequence's logits are bit-identical to decoding it alone with the same token groups.

@@ -27,8 +27,11 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     // KV rows of the attention layers (MLA: the latent), plus the DeltaNet layers' fixed-size state.
     // Every sequence the session may hold is charged up front (its pages are faulted in only as it fills).
     p.n_seq = std::max<int64_t>(r.n_seq, 1);
-    p.kv_bytes = static_cast<uint64_t>(p.n_seq) *
-                 (KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) + RecurrentState::bytes_for(h));
+    // A recurrent state also keeps max_draft_tokens rewind points (RecurrentState) per sequence.
+    p.kv_bytes =
+        static_cast<uint64_t>(p.n_seq) *
+        (KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) +
+         static_cast<uint64_t>(1 + std::max<int64_t>(r.max_draft_tokens, 0)) * RecurrentState::bytes_for(h));
     p.latent_kv = h.is_mla();
     // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.
     const int64_t T = r.max_batch, k = h.n_expert_used;

@@ -20,7 +20,8 @@ namespace sharpi {
 
 struct MemoryPlanRequest {
     int64_t n_ctx = 0;
-    int64_t n_seq = 1;  // sequences held at once: each has its own KV cache and recurrent state
+    int64_t n_seq = 1;             // sequences held at once: each has its own KV cache and recurrent state
+    int64_t max_draft_tokens = 0;  // recurrent state copies per sequence for speculative rewinds
     GgmlType type_k = GgmlType::F32;
     GgmlType type_v = GgmlType::F32;
     int64_t max_batch = 256;

@@ -82,6 +82,7 @@ void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& 
     MemoryPlanRequest request;
     request.n_ctx = p.n_ctx;
     request.n_seq = options.n_seq;
+    request.max_draft_tokens = options.max_draft_tokens;
     request.type_k = p.type_k;
     request.type_v = p.type_v;
     request.max_batch = max_batch;
@@ -152,6 +153,12 @@ void check_session_options(const SessionOptions& options) {
     if (options.n_seq < 1 || options.n_seq > SessionOptions::kMaxSequences) {
         throw InvalidArgument("n_seq must be in [1, " + std::to_string(SessionOptions::kMaxSequences) +
                               "] (the most sequences held at once), got " + std::to_string(options.n_seq));
+    }
+    if (options.max_draft_tokens < 0 || options.max_draft_tokens > SessionOptions::kMaxDraftTokens) {
+        throw InvalidArgument("max_draft_tokens must be in [0, " +
+                              std::to_string(SessionOptions::kMaxDraftTokens) +
+                              "] (the most draft tokens of a speculative verify step), got " +
+                              std::to_string(options.max_draft_tokens));
     }
     if (options.n_threads < 0) {
         throw InvalidArgument("threads must be >= 0 (0 = one per core), got " +

@@ -15,8 +15,8 @@ const ModelInfo& Session::info() const {
     return engine_->info();
 }
 
-std::vector<float> Session::decode(const std::vector<token_t>& tokens, bool all_logits) {
-    return engine_->decode(tokens, all_logits);
+std::vector<float> Session::decode(const std::vector<token_t>& tokens, bool all_logits, bool rewindable) {
+    return engine_->decode(tokens, all_logits, rewindable);
 }
 
 void Session::cancel() noexcept {

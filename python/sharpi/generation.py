@@ -149,6 +149,22 @@ class Generation:
         self.t_prefilled: float | None = None
         self.t_first: float | None = None
         self.t_last: float | None = None
+        # sharpi.speculative.SpecStats when the generation speculates (the driver sets it).
+        self.spec_stats = None
+
+    @property
+    def context(self) -> list:
+        """The ids of the sequence so far: history, prompt, then the generated ids (the last one,
+        next_token, not decoded yet). A draft source reads it; do not change it."""
+        return self._recent
+
+    def room(self, n_past: int) -> int:
+        """How many draft tokens may follow next_token in one verify step: the answer's remaining
+        tokens after it (max_tokens) and the context's free positions after it (n_ctx)."""
+        room = self.n_ctx - n_past - 1
+        if self.max_tokens >= 0:
+            room = min(room, self.max_tokens - len(self.generated) - 1)
+        return max(room, 0)
 
     @property
     def next_token(self) -> int:
@@ -187,6 +203,28 @@ class Generation:
             self.finished = CONTEXT
         return self._stream.push(token)
 
+    def verify(self, rows: np.ndarray, draft: Sequence[int], n_past: int) -> tuple:
+        """One speculative verify step (sharpi.speculative): `rows` are the logits of the k + 1
+        tokens [next_token, *draft] decoded in one step ([k + 1, n_vocab]) and n_past the positions
+        the sequence holds after it. Samples from the rows in order, as step() would from one-token
+        decodes, until a sampled token is not the next draft token (or the answer finishes).
+        Returns (text, n_keep): the text step() produced and the positions to keep, those whose
+        logits were used (the caller truncates the sequence to n_keep when it holds more)."""
+        k = len(draft)
+        if rows.shape[0] != k + 1:
+            raise _core.InvalidArgument(f"Generation.verify: {rows.shape[0]} logit rows for {k} draft tokens")
+        n0 = n_past - (k + 1)  # positions before the verify step
+        text = []
+        i = 0
+        while True:
+            text.append(self.step(rows[i], n0 + i + 1))
+            if self.finished is not None or i == k or self.next_token != draft[i]:
+                break
+            i += 1
+        if self.spec_stats is not None:
+            self.spec_stats.record(k, i)
+        return "".join(text), n0 + i + 1
+
     def flush(self) -> str:
         """The text of an incomplete trailing character (as U+FFFD), at the end."""
         return self._stream.flush()
@@ -199,7 +237,7 @@ class Generation:
         t_prefill, t_decode = t_prefilled - self.t_start, t_end - t_prefilled
         n_prompt, n_generated = len(self.prompt_ids), len(self.generated)
         n_steps = max(n_generated - 1, 0)
-        return {
+        out = {
             "n_prompt": n_prompt,
             "n_generated": n_generated,
             "prefill_s": t_prefill,
@@ -209,3 +247,6 @@ class Generation:
             "decode_tok_s": n_steps / t_decode if t_decode > 0 and n_steps else 0.0,
             "tpot_s": t_decode / n_steps if n_steps else 0.0,
         }
+        if self.spec_stats is not None:
+            out.update(self.spec_stats.as_dict())
+        return out

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _core
 from .generation import Generation
+from .speculative import Speculation, SpecStats
 from .plugin import Predictor
 
 
@@ -89,6 +90,7 @@ class Session:
         threads: int = 0,
         n_ctx: int = 0,
         n_seq: int = 1,
+        max_draft_tokens: int = 0,
         exact: bool = False,
         dump_activations: bool = False,
         ram_budget: Union[int, str, None] = None,
@@ -144,6 +146,9 @@ class Session:
         allow_long_context: accept an n_ctx beyond the model's trained context (refused otherwise).
         n_seq: the most sequences the session holds at once (1..256; add_sequence, decode_batch), each
         with its own KV cache of n_ctx positions; a ram_budget charges all n_seq caches.
+        max_draft_tokens: the longest speculative draft (0..64) a model with recurrent state
+        (qwen3next, qwen35moe) can verify and cut back: it keeps that many extra copies of its
+        DeltaNet state per sequence (charged to ram_budget). Attention-only models need none.
         device: "cpu", or "cuda": the whole forward pass on CUDA device 0 (qwen3moe, qwen2moe,
         olmoe, Mixtral; every weight resident in VRAM, an f32 KV cache). A typed error names why it
         cannot run, before anything is allocated: a build without CUDA, another arch or a type
@@ -189,6 +194,7 @@ class Session:
             threads=threads,
             n_ctx=n_ctx,
             n_seq=n_seq,
+            max_draft_tokens=max_draft_tokens,
             exact=exact,
             dump_activations=dump_activations,
             ram_budget=ram_budget,
@@ -257,9 +263,12 @@ class Session:
     def n_past(self) -> int:
         return self._core.n_past
 
-    def decode(self, tokens: abc.Sequence[int], all_logits: bool = False) -> np.ndarray:
-        """Append tokens at n_past; f32 logits [n_vocab] (last token) or [n_tokens, n_vocab]."""
-        return self._core.decode([int(t) for t in tokens], all_logits)
+    def decode(self, tokens: abc.Sequence[int], all_logits: bool = False, rewindable: bool = False) -> np.ndarray:
+        """Append tokens at n_past; f32 logits [n_vocab] (last token) or [n_tokens, n_vocab].
+        rewindable: truncate() may afterwards cut the sequence back to any position inside these
+        tokens (a speculative verify step); a model with recurrent state (qwen3next, qwen35moe)
+        then keeps its state after each token, for at most max_draft_tokens + 1 tokens."""
+        return self._core.decode([int(t) for t in tokens], all_logits, rewindable)
 
     # -- several sequences (continuous batching) ----------------------------------------------
     def sequence(self, seq_id: int = 0) -> "Sequence":
@@ -278,7 +287,8 @@ class Session:
         return [Sequence(self, i) for i in self._core.sequences()]
 
     def decode_batch(self, entries, all_logits: bool = False) -> list:
-        """One forward step over several sequences: entries are (sequence or id, tokens) pairs, each
+        """One forward step over several sequences: entries are (sequence or id, tokens) pairs, or
+        (sequence or id, tokens, all_logits, rewindable) to set those per entry (see decode()), each
         sequence at most once. The dense matmuls and every selected expert run once for all the
         step's tokens; attention per sequence. Returns per entry f32 logits [n_vocab] (its last
         token) or [n_tokens, n_vocab] (all_logits), bit for bit what decoding that sequence alone
@@ -287,16 +297,18 @@ class Session:
         Session.cancel() stops the whole step (CancelledError)."""
         step = []
         for entry in entries:
-            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-                raise _core.InvalidArgument("decode_batch: each entry is a (sequence, tokens) pair")
-            seq, tokens = entry
+            if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 4):
+                raise _core.InvalidArgument("decode_batch: each entry is a (sequence, tokens) pair or a "
+                                            "(sequence, tokens, all_logits, rewindable) tuple")
+            seq, tokens = entry[0], entry[1]
+            entry_all, rewindable = (all_logits, False) if len(entry) == 2 else (entry[2], entry[3])
             seq_id = seq.id if isinstance(seq, Sequence) else seq
             if isinstance(seq, Sequence) and seq.session is not self:
                 raise _core.InvalidArgument("decode_batch: a sequence of another session")
             if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)):
                 raise _core.InvalidArgument(f"decode_batch: a sequence is a Sequence or an id, got "
                                             f"{type(seq_id).__name__}")
-            step.append((int(seq_id), [int(t) for t in tokens], bool(all_logits)))
+            step.append((int(seq_id), [int(t) for t in tokens], bool(entry_all), bool(rewindable)))
         return self._core.decode_batch(step)
 
     def reset(self) -> None:
@@ -307,7 +319,8 @@ class Session:
         """Keep the first n_keep positions and forget the rest, so a prompt that shares them
         decodes only what follows (sharpi.server.prompt.reuse_prefix). InvalidArgument unless
         0 <= n_keep <= n_past; UnsupportedError for a hybrid arch (qwen3next, qwen35moe) when
-        n_keep < n_past: its recurrent state cannot be rewound (reset() and decode again)."""
+        n_keep < n_past: its recurrent state cannot be rewound (reset() and decode again), except
+        to a position inside the last decode when that was rewindable."""
         self._core.truncate(int(n_keep))
 
     def cancel(self) -> None:
@@ -397,6 +410,7 @@ class Session:
         frequency_penalty: float = 0.0,
         logit_bias: Optional[Mapping[int, float]] = None,
         logits_processor: Optional[Callable[[list, np.ndarray], np.ndarray]] = None,
+        speculative: Optional[Speculation] = None,
     ) -> Iterator[str]:
         """Decode `prompt` after what the session already holds and stream sampled text.
 
@@ -420,6 +434,11 @@ class Session:
         before the bias and penalties; it returns the logits to sample from and must not change
         its argument (on_token sees the model's own). A constrained-decoding mask
         (sharpi.constrained.GrammarMask) sets disallowed tokens to -inf here.
+
+        speculative: a sharpi.speculative.Speculation (open_speculation: prompt lookup or a draft
+        model). Each step then decodes the next token with the draft after it in one multi-token
+        step and keeps what sampling accepts; the output is the same as without it (token for
+        token, and with a seed under sampling too). last_stats gains the spec_* counts.
         """
         prompt_ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt)
         gen = Generation(self.tokenizer, self.info["n_vocab"], self.info["n_ctx"], prompt_ids,
@@ -433,13 +452,24 @@ class Session:
         # The ids sampled so far, live while the iterator runs: a caller that closes it early (a
         # server's stop string, a cancel()) still knows how many tokens it produced.
         self.last_tokens = gen.generated
+        if speculative is not None:
+            gen.spec_stats = SpecStats()
         try:
+            piece = gen.step(logits, self.n_past)
+            if piece:
+                yield piece
             while gen.finished is None:
-                piece = gen.step(logits, self.n_past)
+                n_past = self.n_past
+                draft = speculative.draft(gen.context, gen.room(n_past)) if speculative is not None else []
+                if draft:
+                    rows = self.decode([gen.next_token, *draft], all_logits=True, rewindable=True)
+                    piece, n_keep = gen.verify(rows.reshape(len(draft) + 1, -1), draft, self.n_past)
+                    if n_keep < self.n_past:
+                        self.truncate(n_keep)
+                else:
+                    piece = gen.step(self.decode([gen.next_token]), n_past + 1)
                 if piece:
                     yield piece
-                if gen.finished is None:
-                    logits = self.decode([gen.next_token])
             tail = gen.flush()
             if tail:
                 yield tail

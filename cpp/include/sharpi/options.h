@@ -14,6 +14,12 @@ struct SessionOptions {
     // 1..kMaxSequences.
     int n_seq = 1;
     static constexpr int kMaxSequences = 256;
+    // Speculative decoding: the most draft tokens one verify step holds after the next token
+    // (SequenceTokens::rewindable). A model with recurrent state (qwen3next, qwen35moe) keeps that
+    // many extra copies of its DeltaNet state per sequence to cut a rejected draft back, and the
+    // RAM budget charges them; 0 (default): no rewindable step on such a model. 0..kMaxDraftTokens.
+    int max_draft_tokens = 0;
+    static constexpr int kMaxDraftTokens = 64;
     // Exact mode (docs/design.md §8): every matmul computes in f32 on dequantized weights (f32 activations,
     // f32 KV cache). false (default): fast mode, where activations are quantized once per matmul
     // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as

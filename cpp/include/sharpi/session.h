@@ -34,8 +34,10 @@ class Session {
 
     // Appends tokens at position n_past() and returns logits: [n_vocab] for the last token, or
     // [n_tokens * n_vocab] (row-major) when all_logits. Throws ContextOverflowError if the tokens
-    // do not fit; in that case nothing is appended and the session is unchanged.
-    std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits = false);
+    // do not fit; in that case nothing is appended and the session is unchanged. rewindable: see
+    // SequenceTokens (a speculative verify step that truncate() may cut back inside).
+    std::vector<float> decode(const std::vector<token_t>& tokens, bool all_logits = false,
+                              bool rewindable = false);
 
     // Stops the running decode(), or the next one if none runs, within one layer: it throws
     // CancelledError and appends nothing (n_past and the KV cache are as before the call). The
@@ -49,7 +51,8 @@ class Session {
     void reset();  // forget the KV cache (and a pending cancel())
     // Keeps the first n_keep positions of the sequence and forgets the rest, so a prompt sharing a
     // prefix with them decodes only the rest. Throws InvalidArgument unless 0 <= n_keep <= n_past(),
-    // UnsupportedError for a model with recurrent state (qwen3next, qwen35moe) when n_keep < n_past().
+    // UnsupportedError for a model with recurrent state (qwen3next, qwen35moe) when n_keep < n_past(),
+    // unless n_keep lies inside the last step and that step was rewindable.
     void truncate(int64_t n_keep);
 
     // ---- Several sequences at once (continuous batching) -------------------------------------

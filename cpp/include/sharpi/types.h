@@ -28,12 +28,14 @@ struct ModelInfo {
     int64_t n_expert_used = 0;
     int64_t n_layer_dense_lead = 0;  // leading layers with a dense FFN instead of experts (deepseek2)
     int64_t n_ctx_train = 0;
-    int64_t n_ctx = 0;            // the session's context size (of each sequence)
-    int64_t n_seq = 1;            // the most sequences it holds at once (SessionOptions::n_seq)
-    int64_t max_step_tokens = 0;  // the most tokens one decode_batch step takes: max(n_ctx, 256)
-    uint64_t bytes_dense = 0;     // tensor bytes outside the routed experts
-    uint64_t bytes_experts = 0;   // tensor bytes of ffn_{gate,up,down}_exps
-    std::string cache_type_k;     // the KV cache's stored types ("f32", "f16", "q8_0", "q4_0")
+    int64_t n_ctx = 0;             // the session's context size (of each sequence)
+    int64_t n_seq = 1;             // the most sequences it holds at once (SessionOptions::n_seq)
+    int64_t max_step_tokens = 0;   // the most tokens one decode_batch step takes: max(n_ctx, 256)
+    int64_t max_draft_tokens = 0;  // SessionOptions::max_draft_tokens
+    bool recurrent = false;        // the model keeps recurrent (DeltaNet) state (qwen3next, qwen35moe)
+    uint64_t bytes_dense = 0;      // tensor bytes outside the routed experts
+    uint64_t bytes_experts = 0;    // tensor bytes of ffn_{gate,up,down}_exps
+    std::string cache_type_k;      // the KV cache's stored types ("f32", "f16", "q8_0", "q4_0")
     std::string cache_type_v;
     uint64_t bytes_kv = 0;  // the KV caches' allocation at n_ctx, all n_seq sequences
 };
@@ -44,6 +46,11 @@ struct SequenceTokens {
     int32_t seq = 0;
     std::vector<token_t> tokens;
     bool all_logits = false;
+    // The sequence may afterwards be truncated back to any position inside these tokens (a
+    // speculative verify step dropping a rejected draft). Attention-only models can always; a model
+    // with recurrent state keeps its DeltaNet state after each token, at most
+    // SessionOptions::max_draft_tokens + 1 tokens (InvalidArgument otherwise).
+    bool rewindable = false;
 };
 
 // One named activation captured during decode() when SessionOptions::dump_activations is set.

@@ -49,6 +49,9 @@ struct SeqSpan {
     KvCache* kv = nullptr;                // nullptr only where no layer writes a KV row
     RecurrentState* recurrent = nullptr;  // hybrid archs' DeltaNet state; nullptr otherwise
     int64_t pos0 = 0, row0 = 0, n_tokens = 0;
+    // Keep the recurrent state after each token (RecurrentState rewind points): the DeltaNet
+    // layers then take the span's tokens one at a time, as one-token decodes do, bit for bit.
+    bool rewindable = false;
 };
 
 class Forward {

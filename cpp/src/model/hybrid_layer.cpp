@@ -124,9 +124,16 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
 
     // The conv and the delta rule carry state along a sequence: span by span, each with its own.
     Act conv = alloc(T, channels);
+    // A rewindable span runs the conv and the delta rule token by token (exactly what one-token
+    // decodes compute) so that the state after each token can be kept.
     for (const SeqSpan& s : spans_) {
-        backend_.conv1d_silu(s.recurrent->conv(il), qkv.row(s.row0), qkv.width, s.n_tokens, channels,
-                             h.ssm_d_conv, L.ssm_conv1d.data(), conv.row(s.row0), conv.width);
+        const int64_t steps = s.rewindable ? s.n_tokens : 1, per = s.rewindable ? 1 : s.n_tokens;
+        for (int64_t t = 0; t < steps; ++t) {
+            const int64_t r = s.row0 + t;
+            backend_.conv1d_silu(s.recurrent->conv(il), qkv.row(r), qkv.width, per, channels, h.ssm_d_conv,
+                                 L.ssm_conv1d.data(), conv.row(r), conv.width);
+            if (s.rewindable) s.recurrent->save_conv_point(il, s.pos0 + t + 1);
+        }
     }
     name(conv, "conv_output_silu", il);
     // L2-normalise every q and k head (eps as transformers / FLA: x / sqrt(sum x^2 + 1e-6)); q also
@@ -137,11 +144,15 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
     GdnShape shape{nk, nv, dk, dv, L.ssm_v_heads_tiled};
     Act o = alloc(T, nv * dv);
     for (const SeqSpan& s : spans_) {
-        const float* c = conv.row(s.row0);
-        GdnInputs in{c,        channels,      c + key_dim,     channels, c + 2 * key_dim,
-                     channels, g.row(s.row0), beta.row(s.row0)};
-        backend_.gated_delta_rule(in, s.n_tokens, shape, kGdnChunkSize, s.recurrent->ssm(il), o.row(s.row0),
-                                  o.width);
+        const int64_t steps = s.rewindable ? s.n_tokens : 1, per = s.rewindable ? 1 : s.n_tokens;
+        for (int64_t t = 0; t < steps; ++t) {
+            const int64_t r = s.row0 + t;
+            const float* c = conv.row(r);
+            GdnInputs in{c,        channels, c + key_dim, channels, c + 2 * key_dim,
+                         channels, g.row(r), beta.row(r)};
+            backend_.gated_delta_rule(in, per, shape, kGdnChunkSize, s.recurrent->ssm(il), o.row(r), o.width);
+            if (s.rewindable) s.recurrent->save_ssm_point(il, s.pos0 + t + 1);
+        }
     }
     name(o, "core_attn_out", il);
     // Gated RMSNorm per value head: rms_norm(o_h) * ssm_norm * silu(z_h).

@@ -141,6 +141,8 @@ py::dict info_dict(const ModelInfo& i) {
     d["n_ctx"] = i.n_ctx;
     d["n_seq"] = i.n_seq;
     d["max_step_tokens"] = i.max_step_tokens;
+    d["max_draft_tokens"] = i.max_draft_tokens;
+    d["recurrent"] = i.recurrent;
     d["cache_type_k"] = i.cache_type_k;
     d["cache_type_v"] = i.cache_type_v;
     d["bytes_kv"] = i.bytes_kv;
@@ -312,11 +314,12 @@ void bind_session(py::module_& m) {
                          const std::string& cache_type_v, bool allow_long_context, const std::string& device,
                          const py::object& vram_budget, const std::string& miss_route,
                          double miss_copy_bytes_per_s, double miss_copy_latency_s,
-                         double miss_cpu_bytes_per_s) {
+                         double miss_cpu_bytes_per_s, int max_draft_tokens) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
                  o.n_seq = n_seq;
+                 o.max_draft_tokens = max_draft_tokens;
                  o.exact = exact;
                  o.dump_activations = dump_activations;
                  o.ram_budget = ram_budget_bytes(ram_budget);
@@ -354,7 +357,7 @@ void bind_session(py::module_& m) {
              py::arg("allow_long_context") = false, py::arg("device") = "cpu",
              py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
              py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
-             py::arg("miss_cpu_bytes_per_s") = 0.0)
+             py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly(
             "auto_ram_budget",
@@ -374,24 +377,26 @@ void bind_session(py::module_& m) {
                                [](PySession& s) { return locked(s, [](Session& x) { return x.n_past(); }); })
         .def(
             "decode",
-            [](PySession& s, std::vector<token_t> tokens, bool all_logits) {
+            [](PySession& s, std::vector<token_t> tokens, bool all_logits, bool rewindable) {
                 const int64_t n_vocab = s.session->info().n_vocab;
-                std::vector<float> logits =
-                    decode_interruptibly(s, [&](Session& x) { return x.decode(tokens, all_logits); });
+                std::vector<float> logits = decode_interruptibly(
+                    s, [&](Session& x) { return x.decode(tokens, all_logits, rewindable); });
                 if (all_logits) {
                     return to_numpy(std::move(logits), {static_cast<py::ssize_t>(tokens.size()), n_vocab});
                 }
                 return to_numpy(std::move(logits), {n_vocab});
             },
-            py::arg("tokens"), py::arg("all_logits") = false,
-            "Append tokens and return f32 logits: [n_vocab] for the last token or [n_tokens, n_vocab].")
+            py::arg("tokens"), py::arg("all_logits") = false, py::arg("rewindable") = false,
+            "Append tokens and return f32 logits: [n_vocab] for the last token or [n_tokens, n_vocab]. "
+            "rewindable: truncate() may cut back inside these tokens (a speculative verify step).")
         .def(
             "decode_batch",
-            [](PySession& s, const std::vector<std::tuple<int32_t, std::vector<token_t>, bool>>& entries) {
+            [](PySession& s,
+               const std::vector<std::tuple<int32_t, std::vector<token_t>, bool, bool>>& entries) {
                 const int64_t n_vocab = s.session->info().n_vocab;
                 std::vector<SequenceTokens> step;
-                for (const auto& [seq, tokens, all_logits] : entries)
-                    step.push_back({seq, tokens, all_logits});
+                for (const auto& [seq, tokens, all_logits, rewindable] : entries)
+                    step.push_back({seq, tokens, all_logits, rewindable});
                 std::vector<std::vector<float>> logits =
                     decode_interruptibly(s, [&](Session& x) { return x.decode_batch(step); });
                 py::list out;
@@ -405,7 +410,8 @@ void bind_session(py::module_& m) {
                 return out;
             },
             py::arg("entries"),
-            "One step over several sequences: entries [(seq, tokens, all_logits)]; per entry f32 logits "
+            "One step over several sequences: entries [(seq, tokens, all_logits, rewindable)]; per entry f32 "
+            "logits "
             "[n_vocab] or [n_tokens, n_vocab], [0, n_vocab] when cancel_sequence() dropped it.")
         .def(
             "add_sequence",

@@ -1,0 +1,243 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them in one multi-token step.
+
+A verify step decodes [next token, d_1 .. d_k] as one step (each expert read once for all k + 1
+rows, the same grouped MoE FFN as prefill) with the logits of every row, and Generation.verify
+samples from those rows in order, as plain decoding would from one row at a time: it stops at the
+first row whose sampled token is not the next draft token, and the sequence is truncated to the
+tokens whose logits were used. So:
+
+- greedy output is token for token plain decoding's, and since the engine's multi-token step gives
+  each row the logits a one-token decode gives it (prefill == token by token, bit for bit), the
+  logits of every accepted token are plain decoding's bit for bit;
+- with sampling, every draft here is one token, not a distribution (a point mass q = 1 on d_i),
+  and "sample t from the target's p, accept iff t == d_i" is then exactly the standard rejection
+  rule (accept with min(1, p(d_i) / q(d_i)) = p(d_i); on rejection the residual
+  max(0, p - q) normalised is p without d_i, which is what t is, given t != d_i). The sampler also
+  draws its random numbers in the same order as plain decoding, so with a seed the text is the
+  same as without speculation.
+
+Draft sources (llama.cpp's --spec-type names):
+- "ngram-simple": prompt lookup: the continuation of the latest earlier occurrence of the last
+  `size_n` tokens in the context (prompt and answer), no extra weights;
+- "draft-simple": a separate small model with the same vocabulary (`-md`), decoded greedily on its
+  own session, kept in step with the accepted tokens.
+
+A model with recurrent state (qwen3next, qwen35moe) verifies with a rewindable step: its DeltaNet
+layers take the step's tokens one at a time (as one-token decodes do, bit for bit) and keep the
+state after each, so truncate() can cut a rejected tail back. The session holds max_draft_tokens
+such copies per sequence (Session(max_draft_tokens=...)), and the draft may not be longer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from . import _core
+
+SPEC_TYPES = ("none", "ngram-simple", "draft-simple")
+DEFAULT_DRAFT_N_MAX = 4
+DEFAULT_NGRAM_SIZE_N = 3
+
+
+class NgramDraft:
+    """Prompt lookup (llama.cpp's "ngram-simple"): the last `size_n` tokens of the context are
+    searched for, latest earlier occurrence first; the tokens that followed it are the draft
+    (at most size_m). Nothing found: no draft (the step decodes one token)."""
+
+    name = "ngram-simple"
+
+    def __init__(self, size_n: int = DEFAULT_NGRAM_SIZE_N, size_m: int = 48):
+        for key, value in (("size_n", size_n), ("size_m", size_m)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+                raise _core.InvalidArgument(f"ngram-simple: {key} must be an integer in [1, 1024], got {value!r}")
+        self.size_n, self.size_m = size_n, size_m
+
+    def draft(self, context: list, n_max: int) -> list:
+        n = self.size_n
+        if n_max <= 0 or len(context) <= n:
+            return []
+        pattern = context[-n:]
+        first = pattern[0]
+        # Latest start j < len - n whose n tokens equal the pattern (the pattern itself excluded).
+        for j in range(len(context) - n - 1, -1, -1):
+            if context[j] == first and context[j:j + n] == pattern:
+                start = j + n
+                return list(context[start:start + min(n_max, self.size_m)])
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class ModelDraft:
+    """A separate draft model (`-md`, llama.cpp's "draft-simple") with the target's vocabulary,
+    decoded greedily on its own Session. Its cache follows the target's context: before each draft
+    it keeps the longest common prefix of what it holds and the context, and decodes the rest."""
+
+    name = "draft-simple"
+
+    def __init__(self, path: Union[str, os.PathLike], target, threads: int = 0, n_ctx: int = 0):
+        from .session import Session  # here: session.py imports this module
+
+        if not os.path.exists(path):
+            raise _core.IoError(f"draft model {os.fspath(path)!r}: no such file")
+        self.session = Session(path, threads=threads, n_ctx=n_ctx or target.info["n_ctx"])
+        try:
+            check_same_vocabulary(target, self.session, os.fspath(path))
+            if self.session.info["recurrent"]:
+                raise _core.UnsupportedError(
+                    f"draft model {os.fspath(path)!r}: a {self.session.info['arch']} model keeps recurrent state "
+                    "and cannot rewind a rejected draft; use an attention-only draft model")
+        except Exception:
+            self.session.close()
+            raise
+        self.held: list = []  # the ids the draft session's cache holds, in order
+
+    def draft(self, context: list, n_max: int) -> list:
+        if n_max <= 0:
+            return []
+        n_ctx = self.session.info["n_ctx"]
+        if len(context) + n_max > n_ctx:  # the draft model's context is full: no draft
+            return []
+        keep = 0
+        limit = min(len(self.held), len(context) - 1)  # the last context token is decoded below
+        while keep < limit and self.held[keep] == context[keep]:
+            keep += 1
+        self.session.truncate(keep)
+        del self.held[keep:]
+        logits = self.session.decode(context[keep:])
+        self.held.extend(context[keep:])
+        out = []
+        for i in range(n_max):
+            token = int(logits.argmax())
+            out.append(token)
+            if i + 1 < n_max:
+                logits = self.session.decode([token])
+                self.held.append(token)
+        return out
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def check_same_vocabulary(target, draft, draft_name: str) -> None:
+    """A draft model's token ids must mean the target's tokens: the same vocabulary size and the
+    same token strings (InvalidArgument naming the first difference)."""
+    t_vocab, d_vocab = target.info["n_vocab"], draft.info["n_vocab"]
+    if t_vocab != d_vocab:
+        raise _core.InvalidArgument(f"draft model {draft_name!r} has a vocabulary of {d_vocab} tokens, the target "
+                                    f"{t_vocab}: a draft model must share the target's vocabulary")
+    t_tokens = target.metadata.get("tokenizer.ggml.tokens")
+    d_tokens = draft.metadata.get("tokenizer.ggml.tokens")
+    if t_tokens is not None and d_tokens is not None:
+        for i, (a, b) in enumerate(zip(t_tokens, d_tokens)):
+            if a != b:
+                raise _core.InvalidArgument(f"draft model {draft_name!r}: token {i} is {b!r}, the target's is {a!r}: "
+                                            "a draft model must share the target's vocabulary")
+
+
+@dataclass
+class SpecStats:
+    """What speculation did for one generation: verify steps, tokens drafted and accepted, and per
+    draft position how often a draft reached it and was accepted there."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list = field(default_factory=list)
+    accepted_at: list = field(default_factory=list)
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        self.steps += 1
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        while len(self.drafted_at) < n_drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(n_drafted):
+            self.drafted_at[i] += 1
+            if i < n_accepted:
+                self.accepted_at[i] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "spec_steps": self.steps,
+            "spec_drafted": self.drafted,
+            "spec_accepted": self.accepted,
+            "spec_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "spec_acceptance_at": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+        }
+
+
+class Speculation:
+    """A draft source and the draft length for Session.generate(speculative=...), the CLI and the
+    server: draft(context, room) returns at most n_max tokens (fewer when `room`, the tokens the
+    answer and the context can still take after the next one, is smaller), or none when the
+    source has nothing (plain one-token decoding then). n_min: a shorter draft is dropped."""
+
+    def __init__(self, source, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0):
+        if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
+            raise _core.InvalidArgument(f"speculative draft length n_max must be an integer >= 1, got {n_max!r}")
+        if isinstance(n_min, bool) or not isinstance(n_min, int) or not 0 <= n_min <= n_max:
+            raise _core.InvalidArgument(f"speculative n_min must be an integer in [0, n_max = {n_max}], got {n_min!r}")
+        self.source, self.n_max, self.n_min = source, n_max, n_min
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def draft(self, context: list, room: int) -> list:
+        n = min(self.n_max, room)
+        if n < max(self.n_min, 1):
+            return []
+        out = self.source.draft(context, n)[:n]
+        return out if len(out) >= max(self.n_min, 1) else []
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def open_speculation(target, spec_type: Optional[str], n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0,
+                     draft_model: Union[str, os.PathLike, None] = None, ngram_size_n: int = DEFAULT_NGRAM_SIZE_N,
+                     ngram_size_m: int = 48, threads: int = 0) -> Optional[Speculation]:
+    """The Speculation that --spec-type / -md / --spec-draft-n-max ask for on `target` (a Session),
+    or None for "none" (and for no type and no draft model). A draft model alone means
+    draft-simple, as in llama.cpp. Bad combinations raise InvalidArgument / UnsupportedError."""
+    if spec_type is None:
+        spec_type = "draft-simple" if draft_model else "none"
+    if spec_type not in SPEC_TYPES and spec_type != "draft-mtp":
+        raise _core.InvalidArgument(f"unknown speculative type {spec_type!r} (known: {', '.join(SPEC_TYPES)}, draft-mtp)")
+    if spec_type == "none":
+        if draft_model:
+            raise _core.InvalidArgument("a draft model (-md) was given with --spec-type none")
+        return None
+    n_ctx = target.info["n_ctx"]
+    if isinstance(n_max, int) and not isinstance(n_max, bool) and n_max >= n_ctx:
+        raise _core.InvalidArgument(f"speculative draft length {n_max} does not fit the context ({n_ctx} positions)")
+    if spec_type == "draft-mtp":
+        n_mtp = int(target.metadata.get(f"{target.info['arch']}.nextn_predict_layers", 0) or 0)
+        if n_mtp == 0:
+            raise _core.InvalidArgument(f"--spec-type draft-mtp: {target.info['arch']} file has no MTP layers "
+                                        "(nextn_predict_layers = 0); use ngram-simple or a draft model (-md)")
+        raise _core.UnsupportedError("--spec-type draft-mtp: drafting with the file's MTP layers is not "
+                                     "implemented yet; use ngram-simple or a draft model (-md)")
+    if target.info.get("recurrent") and n_max > target.info.get("max_draft_tokens", 0):
+        raise _core.InvalidArgument(
+            f"speculative draft length {n_max}: {target.info['arch']} keeps recurrent (DeltaNet) state, and the "
+            f"session holds {target.info.get('max_draft_tokens', 0)} copies of it to cut a rejected draft back; "
+            f"open it with max_draft_tokens >= {n_max}")
+    if spec_type == "ngram-simple":
+        if draft_model:
+            raise _core.InvalidArgument("a draft model (-md) was given with --spec-type ngram-simple")
+        source = NgramDraft(ngram_size_n, ngram_size_m)
+    else:
+        if not draft_model:
+            raise _core.InvalidArgument("--spec-type draft-simple needs a draft model (-md FILE)")
+        source = ModelDraft(draft_model, target, threads=threads)
+    try:
+        return Speculation(source, n_max, n_min)
+    except Exception:
+        source.close()
+        raise
