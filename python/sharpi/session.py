@@ -10,8 +10,8 @@ import numpy as np
 
 from . import _core
 from .generation import Generation
-from .speculative import Speculation, SpecStats
 from .plugin import Predictor
+from .speculative import SpecStats, Speculation
 
 
 def _miss_bandwidths(given: Optional[dict]) -> dict:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 from . import _core
 
@@ -78,7 +77,7 @@ class ModelDraft:
 
     name = "draft-simple"
 
-    def __init__(self, path: Union[str, os.PathLike], target, threads: int = 0, n_ctx: int = 0):
+    def __init__(self, path: str | os.PathLike, target, threads: int = 0, n_ctx: int = 0):
         from .session import Session  # here: session.py imports this module
 
         if not os.path.exists(path):
@@ -199,9 +198,9 @@ class Speculation:
         self.source.close()
 
 
-def open_speculation(target, spec_type: Optional[str], n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0,
-                     draft_model: Union[str, os.PathLike, None] = None, ngram_size_n: int = DEFAULT_NGRAM_SIZE_N,
-                     ngram_size_m: int = 48, threads: int = 0) -> Optional[Speculation]:
+def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0,
+                     draft_model: str | os.PathLike | None = None, ngram_size_n: int = DEFAULT_NGRAM_SIZE_N,
+                     ngram_size_m: int = 48, threads: int = 0) -> Speculation | None:
     """The Speculation that --spec-type / -md / --spec-draft-n-max ask for on `target` (a Session),
     or None for "none" (and for no type and no draft model). A draft model alone means
     draft-simple, as in llama.cpp. Bad combinations raise InvalidArgument / UnsupportedError."""
