@@ -190,7 +190,7 @@ def test_a_recurrent_state_rewinds_only_inside_its_last_rewindable_step(models):
 def recurrent_state_bytes(meta: dict, arch: str, n_layer: int) -> int:
     """Bytes of one DeltaNet state, from the file's hyper-parameters (docs: conv state of
     d_conv - 1 rows of the conv channels, delta-rule state [dt_rank, d_state, head_v_dim])."""
-    key = lambda name: meta[f"{arch}.ssm.{name}"]  # noqa: E731
+    key = lambda name: meta[f"{arch}.ssm.{name}"]
     d_conv, d_state, n_group = key("conv_kernel"), key("state_size"), key("group_count")
     dt_rank, d_inner = key("time_step_rank"), key("inner_size")
     interval = meta[f"{arch}.full_attention_interval"]
@@ -236,7 +236,7 @@ def test_sampling_with_a_seed_gives_plain_decodings_text(models, arch):
     s = sharpi.Session(models[arch], threads=2, max_draft_tokens=N_DRAFT)
     prompt = prompt_for(np.random.default_rng(8), s.info["n_vocab"])
     for seed in (1, 2, 3):
-        kw = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=seed, repeat_penalty=1.1)
+        kw = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": seed, "repeat_penalty": 1.1}
         want = generate(s, prompt, **kw)
         got = generate(s, prompt, Speculation(NgramDraft(size_n=1), n_max=N_DRAFT), **kw)
         assert_same_run(got, want, f"{arch} seed {seed}")
