@@ -49,7 +49,7 @@ class OracleDraft:
     def __init__(self, n_prompt: int, continuation: list, wrong_at: int | None, n_vocab: int):
         self.n_prompt, self.continuation, self.wrong_at, self.n_vocab = n_prompt, continuation, wrong_at, n_vocab
 
-    def draft(self, context: list, n: int) -> list:
+    def draft(self, context: list, n: int, key: int = 0) -> list:
         i = len(context) - self.n_prompt  # context ends with the next token, continuation[i - 1]
         out = list(self.continuation[i:i + n])
         if self.wrong_at is not None and self.wrong_at < len(out):
@@ -268,7 +268,7 @@ def test_sampled_tokens_follow_the_targets_distribution(models):
     class FixedDraft:
         name = "fixed"
 
-        def draft(self, context, n):
+        def draft(self, context, n, key=0):
             return [d, 1][:n]
 
         def close(self):
@@ -283,9 +283,10 @@ def test_sampled_tokens_follow_the_targets_distribution(models):
 
     second, third = [], []
     base = secrets.randbits(30)
+    ids: list = []
     for i in range(3000):
         s.reset()
-        ids = []
+        ids.clear()
         for _ in s.generate(prompt, max_tokens=3, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
                             seed=base + i, stop_at_eos=False, logits_processor=force_first,
                             speculative=Speculation(FixedDraft(), n_max=2),
@@ -340,3 +341,70 @@ def test_bad_speculation_is_a_clear_error(models, tmp_path):
         open_speculation(hybrid, "ngram-simple", n_max=3)
     with pytest.raises(sharpi.InvalidArgument, match="max_draft_tokens must be in"):
         sharpi.Session(models["qwen3moe"], max_draft_tokens=65)
+
+
+# ---- the CLI and the server, on the shipped model (trained on code: prompt lookup finds n-grams) ----
+
+CODE_PROMPTS = ["import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Entry point.\"\"\"\n    args = parse(argv)\n",
+                "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+                ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\n"
+                 "def factorial(n):\n")]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from sharpi.models import default_model_path
+
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=1024)
+    yield s
+    s.close()
+
+
+def test_run_with_prompt_lookup_prints_plain_decodings_text(shipped):
+    import subprocess
+    import sys
+
+    from subprocess_env import child_env
+
+    prompt = CODE_PROMPTS[2]
+    shipped.reset()
+    want = "".join(shipped.generate(prompt, max_tokens=48, temperature=0.0))
+    cmd = [sys.executable, "-m", "sharpi.cli", "run", "-t", "1", "-c", "1024", "-n", "48", "--temp", "0",
+           "--no-escape", "-p", prompt, "--spec-type", "ngram-simple", "--spec-draft-n-max", "6",
+           "--spec-ngram-simple-size-n", "2"]
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == want + "\n"
+    accepted = re.search(r"draft accepted (\d+)/(\d+)", out.stderr)
+    assert accepted and int(accepted.group(2)) > 0, out.stderr
+    bad = subprocess.run([*cmd[:-6], "--spec-type", "draft-mtp"], env=child_env(), capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert bad.returncode != 0 and "no MTP layers" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("parallel", ["1", "3"])
+def test_serve_speculates_per_slot_and_answers_as_plain_decoding(shipped, parallel):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_serve import MODEL_ID, client, raw, start_server
+
+    server = start_server("--parallel", parallel, "--spec-type", "ngram-simple", "--spec-draft-n-max", "5",
+                          "--spec-ngram-simple-size-n", "2")
+    port = next(server)
+    try:
+        wants = []
+        for prompt in CODE_PROMPTS:
+            shipped.reset()
+            wants.append("".join(shipped.generate(prompt, max_tokens=40, temperature=0.0)))
+
+        def ask(prompt):
+            r = client(port).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=40, temperature=0)
+            return r.choices[0].text
+
+        with ThreadPoolExecutor(len(CODE_PROMPTS)) as pool:
+            got = list(pool.map(ask, CODE_PROMPTS))
+        assert got == wants
+        st = raw("GET", port, "/v1/sharpi/stats")[1]
+        assert 0 < st["draft_tokens_accepted"] <= st["draft_tokens"], st
+    finally:
+        server.close()

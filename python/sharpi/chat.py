@@ -32,6 +32,7 @@ from .cli_args import (
     add_sampling_arguments,
     model_from_hub,
     sampling_options,
+    speculation_from_args,
 )
 from .server.cli import add_model_arguments
 
@@ -255,6 +256,9 @@ def _converse(args, session, template, reader: LineReader, inp: TextIO, out: Tex
     messages = list(opening)
     held: list = []  # the ids the KV cache holds, in order
     options = sampling_options(args)
+    speculation = speculation_from_args(session, args)
+    if speculation is not None:
+        options["speculative"] = speculation
     interrupted = False  # the last prompt ended in Ctrl-C
     while True:
         try:

@@ -38,11 +38,14 @@ from .cli_args import (
     add_hf_argument,
     add_llama_compat_arguments,
     add_sampling_arguments,
+    add_speculative_arguments,
     add_streaming_arguments,
     model_from_hub,
     non_negative_int,
     sampling_options,
     session_options,
+    speculation_from_args,
+    speculative_session_options,
 )
 from .stop_text import StopText
 
@@ -120,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     llama.add_argument("-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first",
                        action=Refused, why=chat_instead, help="refused: use `sharpi chat`")
     add_streaming_arguments(run)
+    add_speculative_arguments(run)
     run.add_argument(
         "--expert-stats", default=None, metavar="FILE", help="write per-layer/per-expert cache stats as JSON"
     )
@@ -248,7 +252,9 @@ def format_timing(stats: dict) -> str:
         f"sharpi: prompt {n_prompt} tokens, generated {n_gen} tokens | "
         f"prefill {prefill_rate:.1f} tok/s | decode {decode_rate:.1f} tok/s | "
         f"TTFT {ttft_s * 1e3:.1f} ms | TPOT {tpot_s * 1e3:.1f} ms"
-    )
+    ) + (f" | draft accepted {stats['spec_accepted']}/{stats['spec_drafted']} "
+         f"({100 * stats['spec_acceptance']:.0f}%) in {stats['spec_steps']} verify steps"
+         if stats.get("spec_steps") else "")
 
 
 def process_escapes(text: str) -> str:
@@ -298,7 +304,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         _require_file(args.chat_template_file)
         with open(args.chat_template_file, encoding="utf-8") as f:
             template = f.read()
-    session = open_session(args.model, **session_options(args))
+    session = open_session(args.model, **session_options(args), **speculative_session_options(args))
     auto_budget = getattr(session, "auto_budget", None)
     if auto_budget is not None:
         print(f"sharpi: {auto_budget.describe()}", file=err)
@@ -311,6 +317,9 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     else:
         prompt_input = prompt
     options = sampling_options(args)
+    speculation = speculation_from_args(session, args)
+    if speculation is not None:
+        options["speculative"] = speculation
     if args.verbose:
         if isinstance(prompt_input, str):
             prompt_input = session.tokenize(prompt_input)  # what generate() would do; now shown

@@ -431,3 +431,49 @@ def add_llama_compat_arguments(parser: argparse.ArgumentParser, batch_size_help:
                    "streaming the rest from the file",
                    help="refused: sharpi does not lock memory")
     return p
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding with llama.cpp's flag names (sharpi.speculative): --spec-type,
+    --spec-draft-n-max / -n-min, -md, --spec-ngram-simple-size-n / -m. Open it with
+    speculation_from_args(session, args) on a session made with speculative_session_options."""
+    from .speculative import DEFAULT_DRAFT_N_MAX, DEFAULT_NGRAM_SIZE_N, SPEC_TYPES
+
+    g = p.add_argument_group("speculative decoding", "draft tokens cheaply and verify them in one step; the "
+                             "output is the same as without it")
+    g.add_argument("--spec-type", choices=(*SPEC_TYPES, "draft-mtp"), default=None,
+                   help="draft source: ngram-simple (prompt lookup), draft-simple (a draft model, -md), "
+                   "draft-mtp (the file's MTP layers) or none (default: draft-simple with -md, else none)")
+    g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="spec_draft_n_max",
+                   type=int_at_least("--spec-draft-n-max", 1), default=DEFAULT_DRAFT_N_MAX, metavar="N",
+                   help="most draft tokens per step (default: %(default)s)")
+    g.add_argument("--spec-draft-n-min", "--draft-min", dest="spec_draft_n_min",
+                   type=non_negative_int("--spec-draft-n-min"), default=0, metavar="N",
+                   help="fewer draft tokens than this: decode one token instead (default: %(default)s)")
+    g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", default=None,
+                   metavar="FILE", help="draft model GGUF with the target's vocabulary (implies draft-simple)")
+    g.add_argument("--spec-ngram-simple-size-n", type=int_at_least("--spec-ngram-simple-size-n", 1),
+                   default=DEFAULT_NGRAM_SIZE_N, metavar="N",
+                   help="ngram-simple: tokens of the n-gram looked up in the context (default: %(default)s)")
+    g.add_argument("--spec-ngram-simple-size-m", type=int_at_least("--spec-ngram-simple-size-m", 1), default=48,
+                   metavar="M", help="ngram-simple: most tokens copied after a match (default: %(default)s)")
+
+
+def speculation_enabled(args: argparse.Namespace) -> bool:
+    return (args.spec_type or ("draft-simple" if args.spec_draft_model else "none")) != "none"
+
+
+def speculative_session_options(args: argparse.Namespace) -> dict:
+    """The Session keywords speculation needs: room for the draft's recurrent-state copies (none
+    without speculation, so the session is opened as before)."""
+    return {"max_draft_tokens": args.spec_draft_n_max} if speculation_enabled(args) else {}
+
+
+def speculation_from_args(session, args: argparse.Namespace):
+    """sharpi.speculative.Speculation for add_speculative_arguments' options, or None."""
+    from .speculative import open_speculation
+
+    return open_speculation(session, args.spec_type, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
+                            draft_model=args.spec_draft_model, ngram_size_n=args.spec_ngram_simple_size_n,
+                            ngram_size_m=args.spec_ngram_simple_size_m, threads=getattr(args, "threads", 0),
+                            n_seq=getattr(args, "parallel", 1))

@@ -53,7 +53,7 @@ class NgramDraft:
                 raise _core.InvalidArgument(f"ngram-simple: {key} must be an integer in [1, 1024], got {value!r}")
         self.size_n, self.size_m = size_n, size_m
 
-    def draft(self, context: list, n_max: int) -> list:
+    def draft(self, context: list, n_max: int, key: int = 0) -> list:
         n = self.size_n
         if n_max <= 0 or len(context) <= n:
             return []
@@ -73,16 +73,17 @@ class NgramDraft:
 class ModelDraft:
     """A separate draft model (`-md`, llama.cpp's "draft-simple") with the target's vocabulary,
     decoded greedily on its own Session. Its cache follows the target's context: before each draft
-    it keeps the longest common prefix of what it holds and the context, and decodes the rest."""
+    it keeps the longest common prefix of what it holds and the context, and decodes the rest. One
+    draft sequence per `key` (a server slot), up to n_seq of them."""
 
     name = "draft-simple"
 
-    def __init__(self, path: str | os.PathLike, target, threads: int = 0, n_ctx: int = 0):
+    def __init__(self, path: str | os.PathLike, target, threads: int = 0, n_ctx: int = 0, n_seq: int = 1):
         from .session import Session  # here: session.py imports this module
 
         if not os.path.exists(path):
             raise _core.IoError(f"draft model {os.fspath(path)!r}: no such file")
-        self.session = Session(path, threads=threads, n_ctx=n_ctx or target.info["n_ctx"])
+        self.session = Session(path, threads=threads, n_ctx=n_ctx or target.info["n_ctx"], n_seq=n_seq)
         try:
             check_same_vocabulary(target, self.session, os.fspath(path))
             if self.session.info["recurrent"]:
@@ -92,29 +93,33 @@ class ModelDraft:
         except Exception:
             self.session.close()
             raise
-        self.held: list = []  # the ids the draft session's cache holds, in order
+        # Per key: (its draft Sequence, the ids that sequence's cache holds, in order).
+        self.sequences: dict = {0: (self.session.sequence(0), [])}
 
-    def draft(self, context: list, n_max: int) -> list:
+    def draft(self, context: list, n_max: int, key: int = 0) -> list:
         if n_max <= 0:
             return []
         n_ctx = self.session.info["n_ctx"]
         if len(context) + n_max > n_ctx:  # the draft model's context is full: no draft
             return []
+        if key not in self.sequences:
+            self.sequences[key] = (self.session.add_sequence(), [])
+        seq, held = self.sequences[key]
         keep = 0
-        limit = min(len(self.held), len(context) - 1)  # the last context token is decoded below
-        while keep < limit and self.held[keep] == context[keep]:
+        limit = min(len(held), len(context) - 1)  # the last context token is decoded below
+        while keep < limit and held[keep] == context[keep]:
             keep += 1
-        self.session.truncate(keep)
-        del self.held[keep:]
-        logits = self.session.decode(context[keep:])
-        self.held.extend(context[keep:])
+        seq.truncate(keep)
+        del held[keep:]
+        logits = self.session.decode_batch([(seq, context[keep:])])[0]
+        held.extend(context[keep:])
         out = []
         for i in range(n_max):
             token = int(logits.argmax())
             out.append(token)
             if i + 1 < n_max:
-                logits = self.session.decode([token])
-                self.held.append(token)
+                logits = self.session.decode_batch([(seq, [token])])[0]
+                held.append(token)
         return out
 
     def close(self) -> None:
@@ -187,11 +192,16 @@ class Speculation:
     def name(self) -> str:
         return self.source.name
 
-    def draft(self, context: list, room: int) -> list:
+    def __repr__(self) -> str:
+        return f"{self.name}(n_max={self.n_max}, n_min={self.n_min})"
+
+    def draft(self, context: list, room: int, key: int = 0) -> list:
+        """At most min(n_max, room) draft tokens after `context` (whose last id is the next token,
+        not decoded yet); `key` tells a stateful source which sequence it drafts for (a slot)."""
         n = min(self.n_max, room)
         if n < max(self.n_min, 1):
             return []
-        out = self.source.draft(context, n)[:n]
+        out = self.source.draft(context, n, key)[:n]
         return out if len(out) >= max(self.n_min, 1) else []
 
     def close(self) -> None:
@@ -200,7 +210,7 @@ class Speculation:
 
 def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0,
                      draft_model: str | os.PathLike | None = None, ngram_size_n: int = DEFAULT_NGRAM_SIZE_N,
-                     ngram_size_m: int = 48, threads: int = 0) -> Speculation | None:
+                     ngram_size_m: int = 48, threads: int = 0, n_seq: int = 1) -> Speculation | None:
     """The Speculation that --spec-type / -md / --spec-draft-n-max ask for on `target` (a Session),
     or None for "none" (and for no type and no draft model). A draft model alone means
     draft-simple, as in llama.cpp. Bad combinations raise InvalidArgument / UnsupportedError."""
@@ -234,7 +244,7 @@ def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N
     else:
         if not draft_model:
             raise _core.InvalidArgument("--spec-type draft-simple needs a draft model (-md FILE)")
-        source = ModelDraft(draft_model, target, threads=threads)
+        source = ModelDraft(draft_model, target, threads=threads, n_seq=n_seq)
     try:
         return Speculation(source, n_max, n_min)
     except Exception:

@@ -15,10 +15,13 @@ from ..cli_args import (
     add_hf_argument,
     add_llama_compat_arguments,
     add_sampling_arguments,
+    add_speculative_arguments,
     add_streaming_arguments,
     positive_int,
     sampling_options,
     session_options,
+    speculation_from_args,
+    speculative_session_options,
 )
 from .prompt import CHATML_TEMPLATE, RESERVED_TEMPLATE_KWARGS
 
@@ -113,6 +116,7 @@ def add_model_arguments(p: argparse.ArgumentParser, hf_repo: bool = False) -> No
                         "(serve: a request's chat_template_kwargs go on top)")
     add_compute_arguments(p)
     add_streaming_arguments(p)
+    add_speculative_arguments(p)
 
 
 def load_model(args, **session_extra):
@@ -127,7 +131,8 @@ def load_model(args, **session_extra):
         args.model = default_model_path()
     if not os.path.isfile(args.model):
         raise FileNotFoundError(f"{args.model}: no such file")
-    session = open_session(args.model, **session_options(args), **session_extra)
+    session = open_session(args.model, **session_options(args), **speculative_session_options(args),
+                           **session_extra)
     template = None if session.tokenizer.chat_template else CHATML_TEMPLATE
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:
@@ -193,7 +198,8 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     try:
         session, template = load_model(args, **({"n_seq": args.parallel} if args.parallel > 1 else {}))
         model_id = args.alias or os.path.basename(args.model)
-        engine = Engine(session, batch_size=args.batch_size or DEFAULT_BATCH_SIZE, queue_size=args.queue_size)
+        engine = Engine(session, batch_size=args.batch_size or DEFAULT_BATCH_SIZE, queue_size=args.queue_size,
+                        speculation=speculation_from_args(session, args))
         served = ServedModel(engine, model_id, args.model, template, args.chat_template_kwargs,
                              sampling_defaults=sampling_options(args), max_body=args.max_body,
                              reasoning_format=args.reasoning_format,

@@ -38,6 +38,8 @@ _ENGINE_COUNTERS = (
     ("expert_accesses", "sharpi_expert_accesses", "expert uses by decoded tokens (streamed experts only)"),
     ("expert_hits", "sharpi_expert_hits", "expert uses served from the expert cache (streamed experts only)"),
     ("expert_bytes_read", "sharpi_expert_read_bytes", "expert bytes read from the model file"),
+    ("draft_tokens", "sharpi_draft_tokens", "speculative draft tokens verified (--spec-type)"),
+    ("draft_tokens_accepted", "sharpi_draft_tokens_accepted", "speculative draft tokens accepted"),
 )
 
 

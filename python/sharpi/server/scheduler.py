@@ -143,6 +143,7 @@ class Slot:
         self.raw = None  # keep_special: a stream decoder that keeps control tokens' text
         self.n_raw = 0  # generated ids pushed to `raw`
         self.cancel_sent = False  # Sequence.cancel() was called for the step in flight
+        self.draft: list = []  # speculative draft tokens after next_token in the step in flight
 
 
 def _shared_prefix(held: list, ids: list) -> int:
@@ -158,8 +159,12 @@ def _shared_prefix(held: list, ids: list) -> int:
 class Engine:
     """The one Session, its slots and the worker thread that steps them (see the module docstring)."""
 
-    def __init__(self, session, batch_size: int = DEFAULT_BATCH_SIZE, queue_size: int | None = None):
+    def __init__(self, session, batch_size: int = DEFAULT_BATCH_SIZE, queue_size: int | None = None,
+                 speculation=None):
         self.session = session
+        # sharpi.speculative.Speculation or None: a decoding slot's draft tokens join the step after
+        # its next token (a rewindable verify entry); its Generation keeps what sampling accepts.
+        self.speculation = speculation
         # Read once here, so the event loop never calls the Session for them: the model's facts
         # and its Tokenizer (immutable; built on first use, so built now, before any thread runs).
         self.info = dict(session.info)
@@ -186,7 +191,8 @@ class Engine:
         self.counts = {"requests": 0, "cancelled": 0, "cancelled_queued": 0, "rejected": 0, "completion_tokens": 0,
                        "prompt_tokens_reused": 0, "prompt_tokens_prefilled": 0, "prompt_seconds": 0.0,
                        "decode_seconds": 0.0, "steps": 0, "step_tokens": 0, "step_sequences": 0,
-                       "expert_accesses": 0, "expert_hits": 0, "expert_bytes_read": 0}
+                       "expert_accesses": 0, "expert_hits": 0, "expert_bytes_read": 0,
+                       "draft_tokens": 0, "draft_tokens_accepted": 0}
         # Steps by tokens and by sequences decoded, cumulative Prometheus buckets (/metrics; under _state).
         self.step_histograms = {"tokens": StepHistogram(STEP_TOKEN_BUCKETS),
                                 "sequences": StepHistogram(STEP_SEQUENCE_BUCKETS)}
@@ -374,6 +380,13 @@ class Engine:
                             key=lambda s: s.job.t_start)
         entries = [(s, [s.gen.next_token]) for s in decoding]
         room = self.batch_size - len(entries)
+        if self.speculation is not None:
+            # Draft tokens ride along after each decoding slot's next token, within batch_size.
+            for s, tokens in entries:
+                s.draft = self.speculation.draft(s.gen.context, min(s.gen.room(self._n_past(s)), max(room, 0)),
+                                                 key=s.index)
+                tokens.extend(s.draft)
+                room -= len(s.draft)
         for i, s in enumerate(prefilling):
             if room <= 0 and i > 0:
                 break
@@ -391,17 +404,19 @@ class Engine:
         entries = self._plan_step()
         if not entries:
             return
-        all_logits = any(s.job.prompt_logprobs and s.todo for s, _ in entries)
+        # Per entry: every row's logits (a prompt whose logprobs are asked for, a verify step) and
+        # whether the step may be cut back (a verify step).
+        flags = [(bool(s.job.prompt_logprobs and s.todo) or bool(s.draft), bool(s.draft)) for s, _ in entries]
         with self._state:
             for s, _ in entries:
                 s.job.in_step = True
         error = None
         try:
             if self.n_slots == 1:
-                outputs = [self.session.decode(entries[0][1], all_logits=all_logits)]
+                outputs = [self.session.decode(entries[0][1], all_logits=flags[0][0], rewindable=flags[0][1])]
             else:
-                outputs = self.session.decode_batch([(s.sequence, tokens) for s, tokens in entries],
-                                                    all_logits=all_logits)
+                outputs = self.session.decode_batch([(s.sequence, tokens, *flag)
+                                                     for (s, tokens), flag in zip(entries, flags)])
         except _core.CancelledError:  # one slot, its Job cancelled: nothing appended
             outputs = [None] * len(entries)
         except BaseException as e:  # noqa: BLE001 - every Job of the step is answered with it
@@ -458,7 +473,18 @@ class Engine:
             if slot.todo:
                 return
             gen.prefilled()
-        if gen.finished is None:  # max_tokens 0: finished before its first sample
+        if gen.finished is None and slot.draft:  # a verify step: keep what sampling accepts
+            draft, slot.draft = slot.draft, []
+            n_past = self._n_past(slot)
+            piece, n_keep = gen.verify(out, draft, n_past)
+            if n_keep < n_past:
+                self._sequence(slot).truncate(n_keep)
+            with self._state:
+                self.counts["draft_tokens"] += len(draft)
+                self.counts["draft_tokens_accepted"] += n_keep - (n_past - len(draft))
+            if piece:
+                self._emit(slot, piece)
+        elif gen.finished is None:  # max_tokens 0: finished before its first sample
             piece = gen.step(out[-1] if out.ndim == 2 else out, self._n_past(slot))
             if piece:
                 self._emit(slot, piece)
@@ -503,6 +529,7 @@ class Engine:
         full = gen is not None and gen.finished in (LENGTH, CONTEXT)
         job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
         slot.gen, slot.todo, slot.raw, slot.pending, slot.cancel_sent = None, [], None, [], False
+        slot.draft = []
         slot.last_used = self._step
         with self._state:
             slot.job, job.slot = None, None
