@@ -42,8 +42,8 @@ void add_vector(std::vector<HostWeight>& out, const std::string& name, const std
 }
 
 void add_linear(std::vector<HostWeight>& out, int il, const char* name, const Linear& l) {
-    add_view(out, ModelLoader::blk(il, name) + ".weight", l.w);
-    add_vector(out, ModelLoader::blk(il, name) + ".bias", l.bias);
+    add_view(out, ModelLoader::block_name(il, name) + ".weight", l.w);
+    add_vector(out, ModelLoader::block_name(il, name) + ".bias", l.bias);
 }
 
 [[noreturn]] void unsupported(const std::string& arch, const std::string& why) {
@@ -58,21 +58,21 @@ std::vector<HostWeight> device_weights(const Model& model) {
     add_view(out, "token_embd.weight", model.token_embd);
     for (int il = 0; il < h.n_layer; ++il) {
         const LayerWeights& L = model.layers[static_cast<size_t>(il)];
-        add_vector(out, ModelLoader::blk(il, "attn_norm.weight"), L.attn_norm);
+        add_vector(out, ModelLoader::block_name(il, "attn_norm.weight"), L.attn_norm);
         add_linear(out, il, "attn_q", L.wq);
         add_linear(out, il, "attn_k", L.wk);
         add_linear(out, il, "attn_v", L.wv);
         add_linear(out, il, "attn_output", L.wo);
-        add_vector(out, ModelLoader::blk(il, "attn_q_norm.weight"), L.attn_q_norm);
-        add_vector(out, ModelLoader::blk(il, "attn_k_norm.weight"), L.attn_k_norm);
-        add_vector(out, ModelLoader::blk(il, "ffn_norm.weight"), L.ffn_norm);
-        add_view(out, ModelLoader::blk(il, "ffn_gate_inp.weight"), L.ffn_gate_inp);
+        add_vector(out, ModelLoader::block_name(il, "attn_q_norm.weight"), L.attn_q_norm);
+        add_vector(out, ModelLoader::block_name(il, "attn_k_norm.weight"), L.attn_k_norm);
+        add_vector(out, ModelLoader::block_name(il, "ffn_norm.weight"), L.ffn_norm);
+        add_view(out, ModelLoader::block_name(il, "ffn_gate_inp.weight"), L.ffn_gate_inp);
         const bool moe = model.experts.layers[static_cast<size_t>(il)].present();
         const char* suffix = moe ? "_shexp" : "";
         add_linear(out, il, (std::string("ffn_gate") + suffix).c_str(), L.ffn_gate);
         add_linear(out, il, (std::string("ffn_up") + suffix).c_str(), L.ffn_up);
         add_linear(out, il, (std::string("ffn_down") + suffix).c_str(), L.ffn_down);
-        add_view(out, ModelLoader::blk(il, "ffn_gate_inp_shexp.weight"), L.ffn_gate_inp_shexp);
+        add_view(out, ModelLoader::block_name(il, "ffn_gate_inp_shexp.weight"), L.ffn_gate_inp_shexp);
         // The tensors of the other architectures (empty for the plain MoE ones, so their plan is
         // unchanged): MLA (deepseek2), the Gated DeltaNet (qwen3next, qwen35moe), gpt-oss's sinks and
         // biases, the DeepSeek-V3 selection bias. The CUDA backend finds every weight a builder names,
@@ -80,11 +80,11 @@ std::vector<HostWeight> device_weights(const Model& model) {
         add_linear(out, il, "attn_q_a", L.wq_a);
         add_linear(out, il, "attn_q_b", L.wq_b);
         add_linear(out, il, "attn_kv_a_mqa", L.wkv_a_mqa);
-        add_vector(out, ModelLoader::blk(il, "attn_q_a_norm.weight"), L.attn_q_a_norm);
-        add_vector(out, ModelLoader::blk(il, "attn_kv_a_norm.weight"), L.attn_kv_a_norm);
-        add_view(out, ModelLoader::blk(il, "attn_k_b.weight"), L.wk_b);
-        add_view(out, ModelLoader::blk(il, "attn_v_b.weight"), L.wv_b);
-        add_vector(out, ModelLoader::blk(il, "exp_probs_b.bias"), L.exp_probs_b);
+        add_vector(out, ModelLoader::block_name(il, "attn_q_a_norm.weight"), L.attn_q_a_norm);
+        add_vector(out, ModelLoader::block_name(il, "attn_kv_a_norm.weight"), L.attn_kv_a_norm);
+        add_view(out, ModelLoader::block_name(il, "attn_k_b.weight"), L.wk_b);
+        add_view(out, ModelLoader::block_name(il, "attn_v_b.weight"), L.wv_b);
+        add_vector(out, ModelLoader::block_name(il, "exp_probs_b.bias"), L.exp_probs_b);
         add_linear(out, il, "attn_qkv", L.ssm_qkv);
         add_linear(out, il, "attn_gate", L.ssm_gate);
         add_linear(out, il, "ssm_in", L.ssm_in);
@@ -92,15 +92,15 @@ std::vector<HostWeight> device_weights(const Model& model) {
         add_linear(out, il, "ssm_beta", L.ssm_beta);
         add_linear(out, il, "ssm_alpha", L.ssm_alpha);
         add_linear(out, il, "ssm_out", L.ssm_out);
-        add_vector(out, ModelLoader::blk(il, "ssm_conv1d.weight"), L.ssm_conv1d);
-        add_vector(out, ModelLoader::blk(il, "ssm_a"), L.ssm_a);
-        add_vector(out, ModelLoader::blk(il, "ssm_dt.bias"), L.ssm_dt_bias);
-        add_vector(out, ModelLoader::blk(il, "ssm_norm.weight"), L.ssm_norm);
-        add_vector(out, ModelLoader::blk(il, "attn_sinks.weight"), L.attn_sinks);
-        add_vector(out, ModelLoader::blk(il, "ffn_gate_inp.bias"), L.ffn_gate_inp_b);
-        add_vector(out, ModelLoader::blk(il, "ffn_gate_exps.bias"), L.ffn_gate_exps_b);
-        add_vector(out, ModelLoader::blk(il, "ffn_up_exps.bias"), L.ffn_up_exps_b);
-        add_vector(out, ModelLoader::blk(il, "ffn_down_exps.bias"), L.ffn_down_exps_b);
+        add_vector(out, ModelLoader::block_name(il, "ssm_conv1d.weight"), L.ssm_conv1d);
+        add_vector(out, ModelLoader::block_name(il, "ssm_a"), L.ssm_a);
+        add_vector(out, ModelLoader::block_name(il, "ssm_dt.bias"), L.ssm_dt_bias);
+        add_vector(out, ModelLoader::block_name(il, "ssm_norm.weight"), L.ssm_norm);
+        add_vector(out, ModelLoader::block_name(il, "attn_sinks.weight"), L.attn_sinks);
+        add_vector(out, ModelLoader::block_name(il, "ffn_gate_inp.bias"), L.ffn_gate_inp_b);
+        add_vector(out, ModelLoader::block_name(il, "ffn_gate_exps.bias"), L.ffn_gate_exps_b);
+        add_vector(out, ModelLoader::block_name(il, "ffn_up_exps.bias"), L.ffn_up_exps_b);
+        add_vector(out, ModelLoader::block_name(il, "ffn_down_exps.bias"), L.ffn_down_exps_b);
         if (!moe) continue;
         for (int part = 0; part < kExpertParts; ++part) {
             const ExpertPart& p = model.experts.part(il, part);

@@ -55,6 +55,10 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     }
     kv_shape_ = kv_layout(h, plan.type_k, plan.type_v);
     n_ctx_ = plan.n_ctx;
+    if (options.mtp) {
+        mtp_ = std::make_unique<MtpHead>(*model_);
+        mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
+    }
     sequences_ = std::make_unique<SequenceTable>(options.n_seq, [this] { return make_sequence(); });
     if (plan.prefetches() && cache_ != nullptr) install_predictor(std::move(predictor));
     routing_.resize(static_cast<size_t>(h.n_layer));
@@ -80,6 +84,8 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     info_.max_step_tokens = std::max<int64_t>(plan.n_ctx, kMaxBatch);
     info_.max_draft_tokens = options.max_draft_tokens;
     info_.recurrent = RecurrentState::bytes_for(h) > 0;
+    info_.n_layer_nextn = h.n_layer_nextn;
+    info_.mtp = options.mtp;
     info_.bytes_dense = model_->bytes_dense;
     info_.bytes_experts = model_->bytes_experts;
     info_.cache_type_k = ggml_type_traits(plan.type_k).name;
@@ -144,6 +150,12 @@ std::unique_ptr<Sequence> Engine::make_sequence() const {
                                           kv_shape_.type_k, kv_shape_.type_v, kv_shape_.with_v);
     }
     s->recurrent = std::make_unique<RecurrentState>(model_->hp);
+    if (mtp_) {
+        s->mtp_kv = std::make_unique<KvCache>(1, n_ctx_, kv_shape_.width, kv_shape_.head_dim,
+                                              kv_shape_.type_k, kv_shape_.type_v, kv_shape_.with_v);
+        // new[] without (): pages are faulted in as positions fill, as the KV cache's.
+        s->mtp_hidden.reset(new float[static_cast<size_t>(n_ctx_ * model_->hp.n_embd)]);
+    }
     return s;
 }
 
@@ -662,6 +674,96 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
             std::copy_n(head.data() + i * static_cast<size_t>(h.n_vocab), h.n_vocab, dst[i]);
     }
     if (!chunk_dumps.empty()) merge_chunk_dumps(chunk_dumps, xs, dump_);
+    if (mtp_) forward_mtp_pairs(entries);
+}
+
+void Engine::forward_mtp_pairs(const std::vector<SequenceTokens>& entries) {
+    const HParams& h = model_->hp;
+    const int64_t E = h.n_embd;
+    // Pair r of a sequence is (normed hidden of position r, token r + 1), in MTP KV row r. A step
+    // of positions [P, P + n) completes pairs [max(P - 1, 0), P + n - 1).
+    std::vector<token_t> tokens;
+    std::vector<float> hidden;
+    struct Pairs {
+        Sequence* s;
+        int64_t r0, n;
+    };
+    std::vector<Pairs> runs;
+    int64_t row = 0;
+    for (const SequenceTokens& e : entries) {
+        Sequence& s = sequences_->at(e.seq);
+        const int64_t n = static_cast<int64_t>(e.tokens.size()), P = s.n_past;
+        backend_->rms_norm(residual_.data() + row * E, E, s.mtp_hidden.get() + P * E, E, n, E,
+                           model_->output_norm.data(), h.rms_eps);
+        row += n;
+        const int64_t r0 = std::max<int64_t>(P - 1, 0), r1 = P + n - 1;
+        if (r1 <= r0) continue;
+        for (int64_t r = r0; r < r1; ++r) tokens.push_back(e.tokens[static_cast<size_t>(r + 1 - P)]);
+        hidden.insert(hidden.end(), s.mtp_hidden.get() + r0 * E, s.mtp_hidden.get() + r1 * E);
+        runs.push_back(Pairs{&s, r0, r1 - r0});
+    }
+    // In chunks of at most kMaxBatch rows; a sequence's later pairs attend to the rows its earlier
+    // chunk wrote.
+    size_t run = 0;
+    int64_t done_in_run = 0, first = 0;
+    const int64_t total = static_cast<int64_t>(tokens.size());
+    while (first < total) {
+        std::vector<SeqSpan> spans;
+        int64_t rows = 0;
+        while (run < runs.size() && rows < kMaxBatch) {
+            const Pairs& p = runs[run];
+            const int64_t take = std::min(p.n - done_in_run, kMaxBatch - rows);
+            spans.push_back(SeqSpan{p.s->mtp_kv.get(), nullptr, p.r0 + done_in_run, rows, take, false, 1});
+            rows += take;
+            done_in_run += take;
+            if (done_in_run == p.n) {
+                ++run;
+                done_in_run = 0;
+            }
+        }
+        backend_->reset_activations();
+        MoeFfn moe(*mtp_experts_, 1);
+        Forward f(mtp_->model(), *backend_, moe, nullptr);
+        f.set_exact(exact_);
+        f.set_spans(std::move(spans));
+        mtp_->forward(f, tokens.data() + first, hidden.data() + first * E, rows);
+        first += rows;
+    }
+}
+
+std::vector<token_t> Engine::draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits) {
+    const HParams& h = model_->hp;
+    if (!mtp_) throw InvalidArgument("draft_mtp: the session was opened without its MTP head (mtp = true)");
+    Sequence& s = sequences_->at(seq);
+    if (next < 0 || next >= h.n_vocab) {
+        throw InvalidArgument("draft_mtp: token " + std::to_string(next) + " is outside the vocabulary [0, " +
+                              std::to_string(h.n_vocab) + ")");
+    }
+    if (n < 1) throw InvalidArgument("draft_mtp: n must be >= 1, got " + std::to_string(n));
+    const int64_t P = s.n_past;
+    if (P == 0)
+        throw InvalidArgument("draft_mtp: the sequence is empty (the head drafts from its last position)");
+    // Chained draft pairs take KV rows P - 1, P, ...: at most n_ctx rows.
+    const int64_t steps = std::min<int64_t>(n, n_ctx_ - P + 1);
+    const int64_t E = h.n_embd;
+    std::vector<float> hidden(s.mtp_hidden.get() + (P - 1) * E, s.mtp_hidden.get() + P * E);
+    std::vector<float> row(static_cast<size_t>(h.n_vocab));
+    std::vector<token_t> out;
+    token_t x = next;
+    for (int64_t i = 0; i < steps; ++i) {
+        backend_->reset_activations();
+        MoeFfn moe(*mtp_experts_, 1);
+        Forward f(mtp_->model(), *backend_, moe, nullptr);
+        f.set_exact(exact_);
+        f.set_spans({SeqSpan{s.mtp_kv.get(), nullptr, P - 1 + i, 0, 1, false, 1}});
+        const Act o = mtp_->forward(f, &x, hidden.data(), 1);
+        mtp_->head(f, o, 0, row.data());
+        x = static_cast<token_t>(std::max_element(row.begin(), row.end()) - row.begin());
+        out.push_back(x);
+        if (logits) logits->insert(logits->end(), row.begin(), row.end());
+        std::copy(o.row(0), o.row(0) + E, hidden.begin());
+    }
+    return out;
 }
 
 }  // namespace sharpi

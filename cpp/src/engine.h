@@ -26,6 +26,7 @@
 #include "backend/cuda_interface.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "model/mtp.h"
 #include "model/recurrent_state.h"
 #include "moe/expert_cache.h"
 #include "moe/expert_source.h"
@@ -75,6 +76,10 @@ class Engine final : private GateObserver {
     // all_logits, else its last token's [n_vocab]; empty when cancel_sequence() dropped it). A
     // sequence's logits are bit-identical to decoding it alone with the same token groups.
     std::vector<std::vector<float>> decode_batch(const std::vector<SequenceTokens>& entries);
+    // Up to n greedy draft tokens after `next` (the token sequence `seq` decodes next) from the MTP
+    // head, chained; with `logits`, each draft position's [n_vocab] logits appended. InvalidArgument
+    // without SessionOptions::mtp, for an empty sequence, a token outside the vocabulary or n < 1.
+    std::vector<token_t> draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits = nullptr);
     // Asks the running decode(), or the next one, to stop: it throws CancelledError at its next
     // check (before each prefill chunk, each layer and each expert wave of a batch) and appends
     // nothing; the request is then consumed. reset() drops a request no decode has seen yet.
@@ -110,6 +115,9 @@ class Engine final : private GateObserver {
     // The step's tokens in chunks of at most kMaxBatch rows, layer-major; writes each entry's wanted
     // logits rows. Leaves every n_past alone.
     void forward_step(const std::vector<SequenceTokens>& entries, std::vector<std::vector<float>>& logits);
+    // With an MTP head, after a step's trunk: each entry's normed hidden rows into its sequence,
+    // and the head over the pairs they complete (its KV rows), in chunks of kMaxBatch.
+    void forward_mtp_pairs(const std::vector<SequenceTokens>& entries);
     // The device path (device="cuda"): one sequence.
     void forward_device(const SequenceTokens& entry, std::vector<float>& logits);
 
@@ -150,8 +158,10 @@ class Engine final : private GateObserver {
     // decode() hands it the tokens instead of running forward_batch.
     std::unique_ptr<cuda::DeviceForward> device_;
     std::unique_ptr<ExpertSource> experts_;
-    ExpertCache* cache_ = nullptr;  // experts_ when streaming, else nullptr
-    ExpertCacheStats plan_;         // budget, fixed bytes, slots (streaming only)
+    std::unique_ptr<MtpHead> mtp_;               // SessionOptions::mtp
+    std::unique_ptr<ExpertSource> mtp_experts_;  // the head's experts, resident
+    ExpertCache* cache_ = nullptr;               // experts_ when streaming, else nullptr
+    ExpertCacheStats plan_;                      // budget, fixed bytes, slots (streaming only)
     std::optional<AutoRamBudget> auto_ram_budget_;
     Scratch scratch_;                   // the CPU backend's activations
     std::unique_ptr<Backend> backend_;  // computes forward_batch's layers (device="cpu")

@@ -5,6 +5,7 @@
 
 #include "cpu/ops/attention.h"
 #include "model/kv_cache.h"
+#include "model/mtp.h"
 #include "model/recurrent_state.h"
 #include "moe/expert_cache.h"
 
@@ -32,6 +33,11 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
         static_cast<uint64_t>(p.n_seq) *
         (KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) +
          static_cast<uint64_t>(1 + std::max<int64_t>(r.max_draft_tokens, 0)) * RecurrentState::bytes_for(h));
+    if (r.mtp) {
+        p.mtp_bytes =
+            MtpHead::file_bytes(model) +
+            static_cast<uint64_t>(p.n_seq) * MtpHead::sequence_bytes(model, r.n_ctx, r.type_k, r.type_v);
+    }
     p.latent_kv = h.is_mla();
     // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.
     const int64_t T = r.max_batch, k = h.n_expert_used;
@@ -44,7 +50,7 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     p.buffer_bytes =
         static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab + step_rows * h.n_embd) * sizeof(float) +
         cpu::kAttentionSplitMaxFloats * sizeof(float) + (8u << 20);
-    p.fixed_bytes = p.dense_bytes + p.kv_bytes + p.buffer_bytes;
+    p.fixed_bytes = p.dense_bytes + p.kv_bytes + p.buffer_bytes + p.mtp_bytes;
     if (h.is_moe()) {
         p.slot_bytes = ExpertCache::slot_bytes(model.experts);
         p.n_staging = r.n_staging;
@@ -61,9 +67,10 @@ std::string MemoryPlan::describe(int64_t n_ctx, GgmlType type_k, GgmlType type_v
            (latent_kv ? std::string("MLA latent ") + ggml_type_traits(type_k).name
                       : std::string("K ") + ggml_type_traits(type_k).name + ", V " +
                             ggml_type_traits(type_v).name) +
-           ") + buffers " + mib(buffer_bytes) + " + " + std::to_string(n_min_slots - n_staging) +
-           " expert slots (+" + std::to_string(n_staging) + " staging) of " + mib(slot_bytes) +
-           " need at least " + mib(minimum_bytes);
+           ") + buffers " + mib(buffer_bytes) +
+           (mtp_bytes ? " + MTP head " + mib(mtp_bytes) : std::string()) + " + " +
+           std::to_string(n_min_slots - n_staging) + " expert slots (+" + std::to_string(n_staging) +
+           " staging) of " + mib(slot_bytes) + " need at least " + mib(minimum_bytes);
 }
 
 }  // namespace sharpi

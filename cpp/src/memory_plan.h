@@ -22,6 +22,7 @@ struct MemoryPlanRequest {
     int64_t n_ctx = 0;
     int64_t n_seq = 1;             // sequences held at once: each has its own KV cache and recurrent state
     int64_t max_draft_tokens = 0;  // recurrent state copies per sequence for speculative rewinds
+    bool mtp = false;              // the MTP head runs (SessionOptions::mtp): its weights and state
     GgmlType type_k = GgmlType::F32;
     GgmlType type_v = GgmlType::F32;
     int64_t max_batch = 256;
@@ -33,7 +34,8 @@ struct MemoryPlan {
     uint64_t kv_bytes = 0;  // all n_seq sequences
     int64_t n_seq = 1;
     uint64_t buffer_bytes = 0;
-    uint64_t fixed_bytes = 0;  // dense + kv + buffers
+    uint64_t mtp_bytes = 0;    // the MTP head's weights and per-sequence state (SessionOptions::mtp)
+    uint64_t fixed_bytes = 0;  // dense + kv + buffers + mtp
     uint64_t slot_bytes = 0;   // one expert slot (0 for a dense model)
     uint64_t n_staging = 0;    // predictor staging slots
     uint64_t n_min_slots = 0;  // top-k + staging

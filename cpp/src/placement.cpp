@@ -83,6 +83,7 @@ void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& 
     request.n_ctx = p.n_ctx;
     request.n_seq = options.n_seq;
     request.max_draft_tokens = options.max_draft_tokens;
+    request.mtp = options.mtp;
     request.type_k = p.type_k;
     request.type_v = p.type_v;
     request.max_batch = max_batch;
@@ -179,6 +180,10 @@ void check_options_for_model(const SessionOptions& options, const RamBudget& ram
                               options.device + "\"; use ram_budget to stream experts into RAM)");
     }
     // With a vram_budget, whether the experts stream is the tier plan's decision (plan_placement).
+    if (options.mtp && options.device != "cpu")
+        throw UnsupportedError(
+            "mtp: the multi-token-prediction head is not on the device path yet (device=\"" + options.device +
+            "\")");
     if (options.predictor != "none" && options.ram_budget == 0 && options.vram_budget == 0) {
         throw InvalidArgument("predictor '" + options.predictor +
                               "' needs a RAM budget (ram_budget / --ram-budget): with every expert resident "

@@ -33,6 +33,10 @@ struct Sequence {
     std::vector<int32_t> selections;
     // The predictor's history must be rebuilt from `selections` before its next token.
     bool replay_history = false;
+    // With an MTP head (SessionOptions::mtp): its KV cache (row p: the pair of position p's hidden
+    // and token p + 1) and the trunk's output-normed hidden row of every position [n_ctx, n_embd].
+    std::unique_ptr<KvCache> mtp_kv;
+    std::unique_ptr<float[]> mtp_hidden;
 };
 
 class SequenceTable {

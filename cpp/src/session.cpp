@@ -67,6 +67,10 @@ void Session::truncate(int32_t seq, int64_t n_keep) {
     engine_->truncate(n_keep, seq);
 }
 
+std::vector<token_t> Session::draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits) {
+    return engine_->draft_mtp(seq, next, n, logits);
+}
+
 std::vector<std::vector<float>> Session::decode_batch(const std::vector<SequenceTokens>& entries) {
     return engine_->decode_batch(entries);
 }

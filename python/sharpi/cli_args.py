@@ -441,7 +441,7 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("speculative decoding", "draft tokens cheaply and verify them in one step; the "
                              "output is the same as without it")
-    g.add_argument("--spec-type", choices=(*SPEC_TYPES, "draft-mtp"), default=None,
+    g.add_argument("--spec-type", choices=SPEC_TYPES, default=None,
                    help="draft source: ngram-simple (prompt lookup), draft-simple (a draft model, -md), "
                    "draft-mtp (the file's MTP layers) or none (default: draft-simple with -md, else none)")
     g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="spec_draft_n_max",
@@ -466,7 +466,9 @@ def speculation_enabled(args: argparse.Namespace) -> bool:
 def speculative_session_options(args: argparse.Namespace) -> dict:
     """The Session keywords speculation needs: room for the draft's recurrent-state copies (none
     without speculation, so the session is opened as before)."""
-    return {"max_draft_tokens": args.spec_draft_n_max} if speculation_enabled(args) else {}
+    if not speculation_enabled(args):
+        return {}
+    return {"max_draft_tokens": args.spec_draft_n_max, **({"mtp": True} if args.spec_type == "draft-mtp" else {})}
 
 
 def speculation_from_args(session, args: argparse.Namespace):

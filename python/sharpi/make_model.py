@@ -74,7 +74,9 @@ def _write_hybrid_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
     ):
         w.add_uint32(f"{a}.{key}", value)
     recurrent = [(il + 1) % hp.full_attention_interval != 0 for il in range(hp.n_layer)]
-    w.add_array(f"{a}.attention.recurrent_layers", recurrent)
+    w.add_array(f"{a}.attention.recurrent_layers", recurrent + [False] * hp.n_layer_nextn)
+    if hp.n_layer_nextn:
+        w.add_uint32(f"{a}.nextn_predict_layers", hp.n_layer_nextn)
     if a == "qwen35moe":
         # Interleaved MRoPE sections (llama.cpp requires the key); for text they act as plain RoPE.
         half = (hp.n_rot or hp.head_dim) // 2
@@ -88,7 +90,7 @@ def _write_metadata(
     """Keys and value types as convert_hf_to_gguf.py writes them for hp.arch."""
     w.add_type("model")
     w.add_name(f"sharpi synthetic {preset} {hp.arch}")
-    w.add_block_count(hp.n_layer)
+    w.add_block_count(hp.n_layer + hp.n_layer_nextn)  # the converter counts the MTP blocks in
     w.add_context_length(hp.n_ctx_train)
     w.add_embedding_length(hp.n_embd)
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the

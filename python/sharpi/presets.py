@@ -62,6 +62,9 @@ class HParams:
     full_attention_interval: int = 0
     n_rot: int = 0  # deepseek2: qk_rope_head_dim
     n_swa: int = 0  # gpt-oss: attention.sliding_window (even layers slide, odd ones attend to all)
+    # Multi-token-prediction blocks after the trunk (nextn_predict_layers; qwen3next / qwen35moe):
+    # blk.<n_layer + i>, a full-attention block plus nextn.{eh_proj, enorm, hnorm, shared_head_norm}.
+    n_layer_nextn: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -276,6 +279,7 @@ PRESETS["qwen3.5-35b-a3b"] = {
     "ssm_d_inner": 4096,
     "full_attention_interval": 4,
     "n_rot": 64,  # partial_rotary_factor 0.25
+    "n_layer_nextn": 1,  # mtp_num_hidden_layers
 }
 # The tiny preset's DeltaNet shape on a hybrid arch.
 _TINY_HYBRID = {
@@ -373,6 +377,8 @@ def validate(hp: HParams) -> None:
             bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
         if hp.n_layer_dense_lead and hp.n_ff <= 0:
             bad("the leading dense layers need n_ff > 0")
+    if hp.n_layer_nextn < 0 or (hp.n_layer_nextn and hp.arch not in HYBRID_ARCHES):
+        bad("n_layer_nextn (MTP blocks) must be 0, or positive on qwen3next / qwen35moe")
     if hp.arch == "gpt-oss" and hp.n_swa <= 0:
         bad("gpt-oss alternates sliding-window and full attention: n_swa must be positive")
     if hp.arch in HYBRID_ARCHES:

@@ -91,6 +91,7 @@ class Session:
         n_ctx: int = 0,
         n_seq: int = 1,
         max_draft_tokens: int = 0,
+        mtp: bool = False,
         exact: bool = False,
         dump_activations: bool = False,
         ram_budget: Union[int, str, None] = None,
@@ -149,6 +150,9 @@ class Session:
         max_draft_tokens: the longest speculative draft (0..64) a model with recurrent state
         (qwen3next, qwen35moe) can verify and cut back: it keeps that many extra copies of its
         DeltaNet state per sequence (charged to ram_budget). Attention-only models need none.
+        mtp: run the file's multi-token-prediction block beside every step so draft_mtp() (and
+        speculative "draft-mtp") can draft from it; its weights, KV cache and the trunk's hidden
+        rows are charged to ram_budget. InvalidArgument for a file without the block.
         device: "cpu", or "cuda": the whole forward pass on CUDA device 0 (qwen3moe, qwen2moe,
         olmoe, Mixtral; every weight resident in VRAM, an f32 KV cache). A typed error names why it
         cannot run, before anything is allocated: a build without CUDA, another arch or a type
@@ -195,6 +199,7 @@ class Session:
             n_ctx=n_ctx,
             n_seq=n_seq,
             max_draft_tokens=max_draft_tokens,
+            mtp=mtp,
             exact=exact,
             dump_activations=dump_activations,
             ram_budget=ram_budget,
@@ -269,6 +274,14 @@ class Session:
         tokens (a speculative verify step); a model with recurrent state (qwen3next, qwen35moe)
         then keeps its state after each token, for at most max_draft_tokens + 1 tokens."""
         return self._core.decode([int(t) for t in tokens], all_logits, rewindable)
+
+    def draft_mtp(self, next_token: int, n: int, seq: Union[int, "Sequence"] = 0, with_logits: bool = False):
+        """Up to n greedy draft tokens to follow next_token (the token `seq` decodes next) from the
+        file's MTP block (Session(mtp=True)), chained on its own output: a list of ids, or (ids,
+        logits [n, n_vocab]) with_logits. The sequence is unchanged."""
+        seq_id = seq.id if isinstance(seq, Sequence) else int(seq)
+        tokens, logits = self._core.draft_mtp(seq_id, int(next_token), int(n), bool(with_logits))
+        return (tokens, logits) if with_logits else tokens
 
     # -- several sequences (continuous batching) ----------------------------------------------
     def sequence(self, seq_id: int = 0) -> "Sequence":

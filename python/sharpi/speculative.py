@@ -20,7 +20,9 @@ Draft sources (llama.cpp's --spec-type names):
 - "ngram-simple": prompt lookup: the continuation of the latest earlier occurrence of the last
   `size_n` tokens in the context (prompt and answer), no extra weights;
 - "draft-simple": a separate small model with the same vocabulary (`-md`), decoded greedily on its
-  own session, kept in step with the accepted tokens.
+  own session, kept in step with the accepted tokens;
+- "draft-mtp": the file's own multi-token-prediction block (model/mtp.h in the core; the session
+  opened with mtp=True), chained for more than one draft token.
 
 A model with recurrent state (qwen3next, qwen35moe) verifies with a rewindable step: its DeltaNet
 layers take the step's tokens one at a time (as one-token decodes do, bit for bit) and keep the
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 
 from . import _core
 
-SPEC_TYPES = ("none", "ngram-simple", "draft-simple")
+SPEC_TYPES = ("none", "ngram-simple", "draft-simple", "draft-mtp")
 DEFAULT_DRAFT_N_MAX = 4
 DEFAULT_NGRAM_SIZE_N = 3
 
@@ -126,6 +128,24 @@ class ModelDraft:
         self.session.close()
 
 
+class MtpDraft:
+    """The file's own multi-token-prediction block (llama.cpp's "draft-mtp"): the target session,
+    opened with mtp=True, drafts greedily from it, chained on the block's own output."""
+
+    name = "draft-mtp"
+
+    def __init__(self, target):
+        self.target = target
+
+    def draft(self, context: list, n_max: int, key: int = 0) -> list:
+        if n_max <= 0:
+            return []
+        return self.target.draft_mtp(context[-1], n_max, seq=key)
+
+    def close(self) -> None:
+        pass
+
+
 def check_same_vocabulary(target, draft, draft_name: str) -> None:
     """A draft model's token ids must mean the target's tokens: the same vocabulary size and the
     same token strings (InvalidArgument naming the first difference)."""
@@ -197,7 +217,7 @@ class Speculation:
 
     def draft(self, context: list, room: int, key: int = 0) -> list:
         """At most min(n_max, room) draft tokens after `context` (whose last id is the next token,
-        not decoded yet); `key` tells a stateful source which sequence it drafts for (a slot)."""
+        not decoded yet); `key` is the id of the target sequence it drafts for (a server slot's)."""
         n = min(self.n_max, room)
         if n < max(self.n_min, 1):
             return []
@@ -216,8 +236,8 @@ def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N
     draft-simple, as in llama.cpp. Bad combinations raise InvalidArgument / UnsupportedError."""
     if spec_type is None:
         spec_type = "draft-simple" if draft_model else "none"
-    if spec_type not in SPEC_TYPES and spec_type != "draft-mtp":
-        raise _core.InvalidArgument(f"unknown speculative type {spec_type!r} (known: {', '.join(SPEC_TYPES)}, draft-mtp)")
+    if spec_type not in SPEC_TYPES:
+        raise _core.InvalidArgument(f"unknown speculative type {spec_type!r} (known: {', '.join(SPEC_TYPES)})")
     if spec_type == "none":
         if draft_model:
             raise _core.InvalidArgument("a draft model (-md) was given with --spec-type none")
@@ -226,18 +246,22 @@ def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N
     if isinstance(n_max, int) and not isinstance(n_max, bool) and n_max >= n_ctx:
         raise _core.InvalidArgument(f"speculative draft length {n_max} does not fit the context ({n_ctx} positions)")
     if spec_type == "draft-mtp":
-        n_mtp = int(target.metadata.get(f"{target.info['arch']}.nextn_predict_layers", 0) or 0)
-        if n_mtp == 0:
-            raise _core.InvalidArgument(f"--spec-type draft-mtp: {target.info['arch']} file has no MTP layers "
+        if draft_model:
+            raise _core.InvalidArgument("a draft model (-md) was given with --spec-type draft-mtp")
+        if not target.info.get("n_layer_nextn"):
+            raise _core.InvalidArgument(f"--spec-type draft-mtp: this {target.info['arch']} file has no MTP layers "
                                         "(nextn_predict_layers = 0); use ngram-simple or a draft model (-md)")
-        raise _core.UnsupportedError("--spec-type draft-mtp: drafting with the file's MTP layers is not "
-                                     "implemented yet; use ngram-simple or a draft model (-md)")
+        if not target.info.get("mtp"):
+            raise _core.InvalidArgument("--spec-type draft-mtp: open the session with mtp=True (its MTP block "
+                                        "runs beside every step)")
     if target.info.get("recurrent") and n_max > target.info.get("max_draft_tokens", 0):
         raise _core.InvalidArgument(
             f"speculative draft length {n_max}: {target.info['arch']} keeps recurrent (DeltaNet) state, and the "
             f"session holds {target.info.get('max_draft_tokens', 0)} copies of it to cut a rejected draft back; "
             f"open it with max_draft_tokens >= {n_max}")
-    if spec_type == "ngram-simple":
+    if spec_type == "draft-mtp":
+        source = MtpDraft(target)
+    elif spec_type == "ngram-simple":
         if draft_model:
             raise _core.InvalidArgument("a draft model (-md) was given with --spec-type ngram-simple")
         source = NgramDraft(ngram_size_n, ngram_size_m)

@@ -268,6 +268,18 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
                 TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
             ]
         specs += t
+    for i in range(hp.n_layer_nextn):
+        # The MTP block: a full-attention block of the arch, then its nextn tensors, as the
+        # converter writes Qwen3.5's mtp.* (blk.<n_layer + i>).
+        il = hp.n_layer + i
+        b = f"blk.{il}."
+        specs += _hybrid_layer(hp, il, shexp_gate_ne, attention=True)
+        specs += [
+            TensorSpec(b + "nextn.eh_proj.weight", (2 * E, E), il, "linear"),
+            TensorSpec(b + "nextn.enorm.weight", (E,), il, "norm"),
+            TensorSpec(b + "nextn.hnorm.weight", (E,), il, "norm"),
+            TensorSpec(b + "nextn.shared_head_norm.weight", (E,), il, "norm"),
+        ]
     specs.append(TensorSpec("output_norm.weight", (E,), None, "norm"))
     if not hp.tie_embeddings:
         specs.append(TensorSpec("output.weight", (E, V), None, "lm_head"))
@@ -349,13 +361,13 @@ def _gpt_oss_layer(hp: HParams, il: int) -> list[TensorSpec]:
     ]
 
 
-def _hybrid_layer(hp: HParams, il: int, shexp_gate_ne: tuple) -> list[TensorSpec]:
+def _hybrid_layer(hp: HParams, il: int, shexp_gate_ne: tuple, attention: bool = False) -> list[TensorSpec]:
     """One qwen3next / qwen35moe block as the converter writes it: Gated DeltaNet on layers other
-    than every full_attention_interval-th, gated attention there; routed experts plus the gated
-    shared expert; the FFN norm is post_attention_norm."""
+    than every full_attention_interval-th, gated attention there (and on an MTP block:
+    `attention`); routed experts plus the gated shared expert; the FFN norm is post_attention_norm."""
     E, Q, KV, b = hp.n_embd, hp.q_width, hp.kv_width, f"blk.{il}."
     t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
-    if (il + 1) % hp.full_attention_interval != 0:
+    if not attention and (il + 1) % hp.full_attention_interval != 0:
         C, V, H = 2 * hp.ssm_n_group * hp.ssm_d_state + hp.ssm_d_inner, hp.ssm_d_inner, hp.ssm_dt_rank
         t += [
             TensorSpec(b + "attn_qkv.weight", (E, C), il, "linear"),

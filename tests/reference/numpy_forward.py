@@ -685,3 +685,39 @@ def top2_logit_gap(logits: np.ndarray) -> np.ndarray:
     """Per position, the gap between the largest and the second largest output logit."""
     ordered = -np.sort(-np.asarray(logits, dtype=np.float64), axis=-1)
     return ordered[..., 0] - ordered[..., 1]
+
+
+def mtp_forward(model: ReferenceModel, hidden: np.ndarray, next_tokens) -> tuple:
+    """The file's first multi-token-prediction block (blk.<n_layer>, "nextn") on the pairs
+    (hidden[i], next_tokens[i]), pair i at RoPE position i + 1 and causal over the pairs, as
+    DeepSeek-V3's and Qwen3.5's MTP module defines it (llama.cpp's graph_mtp):
+
+        z = eh_proj([enorm(embed(x)) | hnorm(h)]);  the arch's full-attention block on z;
+        h' = shared_head_norm (else output_norm);  logits = h' @ head (nextn.shared_head_head, else
+        the model's lm_head).
+
+    hidden: [n, n_embd] (the trunk's hidden after output_norm, or an earlier h'). Returns (logits
+    [n, n_vocab], h' [n, n_embd])."""
+    hp = model.hparams
+    il = hp.n_layer
+    layer = _Layer(model, il)
+    tokens = np.asarray(next_tokens, dtype=np.int64)
+    embed = model.tensors.get(f"blk.{il}.nextn.embed_tokens.weight", model.get("token_embd.weight"))
+    e = rms_norm(embed[tokens], layer.w("nextn.enorm"), hp.rms_eps)
+    h = rms_norm(np.asarray(hidden, dtype=np.float64), layer.w("nextn.hnorm"), hp.rms_eps)
+    x = linear(np.concatenate([e, h], axis=1), layer.w("nextn.eh_proj"))
+
+    def record(name, value):
+        pass
+
+    positions = np.arange(1, tokens.size + 1)
+    normed = rms_norm(x, layer.w("attn_norm"), hp.rms_eps)
+    ffn_inp = x + attention_block(model, il, normed, positions, record)
+    ffn_norm = "post_attention_norm" if hp.arch in HYBRID_ARCHS else "ffn_norm"
+    normed = rms_norm(ffn_inp, layer.w(ffn_norm), hp.rms_eps)
+    out = ffn_inp + moe_block(model, il, normed, ForwardResult(logits=np.empty(0)), record)
+    head_norm = model.tensors.get(f"blk.{il}.nextn.shared_head_norm.weight", model.get("output_norm.weight"))
+    h_out = rms_norm(out, head_norm, hp.rms_eps)
+    head = model.tensors.get(f"blk.{il}.nextn.shared_head_head.weight",
+                             model.tensors.get("output.weight", model.get("token_embd.weight")))
+    return h_out @ head.T, h_out

@@ -20,6 +20,11 @@ struct SessionOptions {
     // RAM budget charges them; 0 (default): no rewindable step on such a model. 0..kMaxDraftTokens.
     int max_draft_tokens = 0;
     static constexpr int kMaxDraftTokens = 64;
+    // Run the file's multi-token-prediction block (model/mtp.h) beside every step, so
+    // Session::draft_mtp can draft from it. Its weights stay resident and, per sequence, its KV
+    // cache and the trunk's normed hidden state of every position (n_ctx x n_embd f32); the RAM
+    // budget charges them. InvalidArgument for a file without the block.
+    bool mtp = false;
     // Exact mode (docs/design.md §8): every matmul computes in f32 on dequantized weights (f32 activations,
     // f32 KV cache). false (default): fast mode, where activations are quantized once per matmul
     // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as

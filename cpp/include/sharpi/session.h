@@ -78,6 +78,11 @@ class Session {
     // empty vector and appends nothing. Validation (InvalidArgument, ContextOverflowError) happens
     // before anything is appended; cancel() stops the whole step (CancelledError, nothing appended).
     std::vector<std::vector<float>> decode_batch(const std::vector<SequenceTokens>& entries);
+    // Speculative drafts from the file's multi-token-prediction block (SessionOptions::mtp): up to
+    // n greedy tokens to follow `next`, the token `seq` decodes next, the block chained on its own
+    // output. logits (optional): each draft position's [n_vocab] logits appended. The sequence is
+    // unchanged. InvalidArgument without mtp, for an empty sequence, a bad token or n < 1.
+    std::vector<token_t> draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits = nullptr);
     // The tokens of `seq` in the running (or next) decode_batch that holds it are not appended;
     // the others are. On a model with recurrent state the sequence must then be reset. Lock-free.
     void cancel_sequence(int32_t seq) noexcept;

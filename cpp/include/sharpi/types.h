@@ -33,6 +33,8 @@ struct ModelInfo {
     int64_t max_step_tokens = 0;   // the most tokens one decode_batch step takes: max(n_ctx, 256)
     int64_t max_draft_tokens = 0;  // SessionOptions::max_draft_tokens
     bool recurrent = false;        // the model keeps recurrent (DeltaNet) state (qwen3next, qwen35moe)
+    int64_t n_layer_nextn = 0;     // the file's multi-token-prediction blocks (nextn_predict_layers)
+    bool mtp = false;              // SessionOptions::mtp: the first of them runs (Session::draft_mtp)
     uint64_t bytes_dense = 0;      // tensor bytes outside the routed experts
     uint64_t bytes_experts = 0;    // tensor bytes of ffn_{gate,up,down}_exps
     std::string cache_type_k;      // the KV cache's stored types ("f32", "f16", "q8_0", "q4_0")

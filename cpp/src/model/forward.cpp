@@ -94,8 +94,9 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
     // RoPE, the KV append and attention per sequence: each span's rows at its own positions against
     // its own cache (the rows are laid out identically whatever else shares the step).
     for (const SeqSpan& s : spans_) {
-        backend_.rope(q.row(s.row0), q.width, s.n_tokens, h.n_head, h.head_dim, s.pos0, h.rope);
-        backend_.rope(k.row(s.row0), k.width, s.n_tokens, h.n_head_kv, h.head_dim, s.pos0, h.rope);
+        const int64_t rope_pos0 = s.pos0 + s.rope_shift;
+        backend_.rope(q.row(s.row0), q.width, s.n_tokens, h.n_head, h.head_dim, rope_pos0, h.rope);
+        backend_.rope(k.row(s.row0), k.width, s.n_tokens, h.n_head_kv, h.head_dim, rope_pos0, h.rope);
         const Act k_rows{k.row(s.row0), s.n_tokens, k.width}, v_rows{v.row(s.row0), s.n_tokens, v.width};
         backend_.kv_store(*s.kv, il, s.pos0, k_rows, &v_rows);
         backend_.attention(q.row(s.row0), q.width, *s.kv, il, s.n_tokens, s.pos0, shape, kqv.row(s.row0),

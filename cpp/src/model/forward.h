@@ -52,6 +52,9 @@ struct SeqSpan {
     // Keep the recurrent state after each token (RecurrentState rewind points): the DeltaNet
     // layers then take the span's tokens one at a time, as one-token decodes do, bit for bit.
     bool rewindable = false;
+    // RoPE position = KV row + rope_shift: the MTP block's pairs start at position 1 in row 0
+    // (model/mtp.h); 0 everywhere else.
+    int64_t rope_shift = 0;
 };
 
 class Forward {

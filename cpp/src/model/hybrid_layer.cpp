@@ -13,7 +13,7 @@ namespace sharpi {
 void load_hybrid_layer(ModelLoader& ld, int il, bool v_heads_tiled) {
     const HParams& h = ld.hp();
     LayerWeights& L = ld.layer(il);
-    auto blk = [il](const char* name) { return ModelLoader::blk(il, name); };
+    auto blk = [&ld, il](const char* name) { return ld.blk(il, name); };
     L.attn_norm = ld.vector(blk("attn_norm.weight"), h.n_embd);
     if (h.is_recurrent(il)) {
         if (h.ssm_d_conv < 1) {

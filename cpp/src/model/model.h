@@ -107,7 +107,9 @@ FileRange expert_range(const GgufTensor& t, int64_t expert);
 // The shared tensor loaders that architecture files call from their load_layer.
 class ModelLoader {
   public:
-    ModelLoader(Model& model) : model_(model) {}
+    // block_offset: the file block that layer 0 is (a multi-token-prediction block loaded as the
+    // one layer of its own Model, model/mtp.h); 0 for a trunk.
+    explicit ModelLoader(Model& model, int block_offset = 0) : model_(model), block_offset_(block_offset) {}
 
     Model& model() { return model_; }
     const HParams& hp() const { return model_.hp; }
@@ -138,7 +140,12 @@ class ModelLoader {
     // qwen2moe's shared expert: ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp.
     void shared_expert(int il);
 
-    static std::string blk(int il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
+    // The file name of file block `block`'s tensor `name` ("blk.N.name").
+    static std::string block_name(int block, const char* name) {
+        return "blk." + std::to_string(block) + "." + name;
+    }
+    // The file name of this loader's layer il's tensor `name` (block il + block_offset).
+    std::string blk(int il, const char* name) const { return block_name(il + block_offset_, name); }
 
   private:
     const GgufTensor& require(const std::string& name);
@@ -146,6 +153,7 @@ class ModelLoader {
     std::string where(const std::string& tensor) const;
 
     Model& model_;
+    int block_offset_ = 0;
 };
 
 }  // namespace sharpi

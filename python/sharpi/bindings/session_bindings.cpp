@@ -143,6 +143,8 @@ py::dict info_dict(const ModelInfo& i) {
     d["max_step_tokens"] = i.max_step_tokens;
     d["max_draft_tokens"] = i.max_draft_tokens;
     d["recurrent"] = i.recurrent;
+    d["n_layer_nextn"] = i.n_layer_nextn;
+    d["mtp"] = i.mtp;
     d["cache_type_k"] = i.cache_type_k;
     d["cache_type_v"] = i.cache_type_v;
     d["bytes_kv"] = i.bytes_kv;
@@ -314,12 +316,13 @@ void bind_session(py::module_& m) {
                          const std::string& cache_type_v, bool allow_long_context, const std::string& device,
                          const py::object& vram_budget, const std::string& miss_route,
                          double miss_copy_bytes_per_s, double miss_copy_latency_s,
-                         double miss_cpu_bytes_per_s, int max_draft_tokens) {
+                         double miss_cpu_bytes_per_s, int max_draft_tokens, bool mtp) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
                  o.n_seq = n_seq;
                  o.max_draft_tokens = max_draft_tokens;
+                 o.mtp = mtp;
                  o.exact = exact;
                  o.dump_activations = dump_activations;
                  o.ram_budget = ram_budget_bytes(ram_budget);
@@ -357,7 +360,7 @@ void bind_session(py::module_& m) {
              py::arg("allow_long_context") = false, py::arg("device") = "cpu",
              py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
              py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
-             py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0)
+             py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0, py::arg("mtp") = false)
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly(
             "auto_ram_budget",
@@ -389,6 +392,21 @@ void bind_session(py::module_& m) {
             py::arg("tokens"), py::arg("all_logits") = false, py::arg("rewindable") = false,
             "Append tokens and return f32 logits: [n_vocab] for the last token or [n_tokens, n_vocab]. "
             "rewindable: truncate() may cut back inside these tokens (a speculative verify step).")
+        .def(
+            "draft_mtp",
+            [](PySession& s, int32_t seq, token_t next, int n, bool with_logits) -> py::tuple {
+                const int64_t n_vocab = s.session->info().n_vocab;
+                std::vector<float> logits;
+                std::vector<token_t> tokens = locked(s, [&](Session& x) {
+                    return x.draft_mtp(seq, next, n, with_logits ? &logits : nullptr);
+                });
+                if (!with_logits) return py::make_tuple(tokens, py::none());
+                const py::ssize_t rows = static_cast<py::ssize_t>(tokens.size());
+                return py::make_tuple(tokens, to_numpy(std::move(logits), {rows, n_vocab}));
+            },
+            py::arg("seq"), py::arg("next"), py::arg("n"), py::arg("with_logits") = false,
+            "Up to n greedy draft tokens after `next` from the MTP head (mtp=True): (tokens, logits "
+            "[n, n_vocab] or None).")
         .def(
             "decode_batch",
             [](PySession& s,

@@ -384,7 +384,7 @@ class Engine:
             # Draft tokens ride along after each decoding slot's next token, within batch_size.
             for s, tokens in entries:
                 s.draft = self.speculation.draft(s.gen.context, min(s.gen.room(self._n_past(s)), max(room, 0)),
-                                                 key=s.index)
+                                                 key=0 if s.sequence is None else s.sequence.id)
                 tokens.extend(s.draft)
                 room -= len(s.draft)
         for i, s in enumerate(prefilling):

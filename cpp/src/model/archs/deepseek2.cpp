@@ -27,39 +27,38 @@ namespace sharpi {
 static void load_deepseek2_layer(ModelLoader& ld, int il) {
     const HParams& h = ld.hp();
     LayerWeights& L = ld.layer(il);
-    using M = ModelLoader;
     if (!h.is_mla()) {
         throw UnsupportedError("[model] " + ld.model().file->path() +
                                ": deepseek2 without attention.kv_lora_rank (non-MLA) is not supported");
     }
     const int64_t n_embd_q = h.n_head * h.n_embd_head_k_mla;
     const int64_t qk_nope = h.n_embd_head_k_mla - h.rope.n_rot;
-    L.attn_norm = ld.vector(M::blk(il, "attn_norm.weight"), h.n_embd);
+    L.attn_norm = ld.vector(ld.blk(il, "attn_norm.weight"), h.n_embd);
     if (h.n_lora_q > 0) {
-        L.wq_a.w = ld.matrix(M::blk(il, "attn_q_a.weight"), h.n_embd, h.n_lora_q);
-        L.attn_q_a_norm = ld.vector(M::blk(il, "attn_q_a_norm.weight"), h.n_lora_q);
-        L.wq_b.w = ld.matrix(M::blk(il, "attn_q_b.weight"), h.n_lora_q, n_embd_q);
+        L.wq_a.w = ld.matrix(ld.blk(il, "attn_q_a.weight"), h.n_embd, h.n_lora_q);
+        L.attn_q_a_norm = ld.vector(ld.blk(il, "attn_q_a_norm.weight"), h.n_lora_q);
+        L.wq_b.w = ld.matrix(ld.blk(il, "attn_q_b.weight"), h.n_lora_q, n_embd_q);
     } else {
-        L.wq.w = ld.matrix(M::blk(il, "attn_q.weight"), h.n_embd, n_embd_q);
+        L.wq.w = ld.matrix(ld.blk(il, "attn_q.weight"), h.n_embd, n_embd_q);
     }
-    L.wkv_a_mqa.w = ld.matrix(M::blk(il, "attn_kv_a_mqa.weight"), h.n_embd, h.n_lora_kv + h.rope.n_rot);
-    L.attn_kv_a_norm = ld.vector(M::blk(il, "attn_kv_a_norm.weight"), h.n_lora_kv);
-    if (!ld.model().file->find_tensor(M::blk(il, "attn_k_b.weight")) &&
-        ld.model().file->find_tensor(M::blk(il, "attn_kv_b.weight"))) {
+    L.wkv_a_mqa.w = ld.matrix(ld.blk(il, "attn_kv_a_mqa.weight"), h.n_embd, h.n_lora_kv + h.rope.n_rot);
+    L.attn_kv_a_norm = ld.vector(ld.blk(il, "attn_kv_a_norm.weight"), h.n_lora_kv);
+    if (!ld.model().file->find_tensor(ld.blk(il, "attn_k_b.weight")) &&
+        ld.model().file->find_tensor(ld.blk(il, "attn_kv_b.weight"))) {
         throw UnsupportedError("[model] " + ld.model().file->path() + ": tensor " +
-                               M::blk(il, "attn_kv_b.weight") +
+                               ld.blk(il, "attn_kv_b.weight") +
                                " without attn_k_b / attn_v_b: an old conversion; re-convert with a current "
                                "llama.cpp convert_hf_to_gguf.py");
     }
-    L.wk_b = ld.stacked_matrix(M::blk(il, "attn_k_b.weight"), qk_nope, h.n_lora_kv, h.n_head);
-    L.wv_b = ld.stacked_matrix(M::blk(il, "attn_v_b.weight"), h.n_lora_kv, h.n_embd_head_v_mla, h.n_head);
-    L.wo.w = ld.matrix(M::blk(il, "attn_output.weight"), h.n_head * h.n_embd_head_v_mla, h.n_embd);
+    L.wk_b = ld.stacked_matrix(ld.blk(il, "attn_k_b.weight"), qk_nope, h.n_lora_kv, h.n_head);
+    L.wv_b = ld.stacked_matrix(ld.blk(il, "attn_v_b.weight"), h.n_lora_kv, h.n_embd_head_v_mla, h.n_head);
+    L.wo.w = ld.matrix(ld.blk(il, "attn_output.weight"), h.n_head * h.n_embd_head_v_mla, h.n_embd);
     if (il < h.n_layer_dense_lead || !h.is_moe()) {
         ld.dense_ffn(il);
         return;
     }
     ld.moe(il);
-    L.exp_probs_b = ld.optional_vector(M::blk(il, "exp_probs_b.bias"), h.n_expert);
+    L.exp_probs_b = ld.optional_vector(ld.blk(il, "exp_probs_b.bias"), h.n_expert);
     ld.shared_expert(il);
 }
 

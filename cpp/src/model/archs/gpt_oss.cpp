@@ -25,15 +25,14 @@ constexpr float kSwigluLimit = 7.0f;  // transformers' GptOssConfig.swiglu_limit
 static void load_gpt_oss_layer(ModelLoader& ld, int il) {
     const HParams& h = ld.hp();
     LayerWeights& L = ld.layer(il);
-    using M = ModelLoader;
     ld.attention(il);
-    L.attn_sinks = ld.vector(M::blk(il, "attn_sinks.weight"), h.n_head);
+    L.attn_sinks = ld.vector(ld.blk(il, "attn_sinks.weight"), h.n_head);
     L.attn_window = il % 2 == 0 ? h.n_swa : 0;
     ld.moe(il, "post_attention_norm.weight");
-    L.ffn_gate_inp_b = ld.vector(M::blk(il, "ffn_gate_inp.bias"), h.n_expert);
-    L.ffn_gate_exps_b = ld.stacked_vector(M::blk(il, "ffn_gate_exps.bias"), h.n_ff_exp, h.n_expert);
-    L.ffn_up_exps_b = ld.stacked_vector(M::blk(il, "ffn_up_exps.bias"), h.n_ff_exp, h.n_expert);
-    L.ffn_down_exps_b = ld.stacked_vector(M::blk(il, "ffn_down_exps.bias"), h.n_embd, h.n_expert);
+    L.ffn_gate_inp_b = ld.vector(ld.blk(il, "ffn_gate_inp.bias"), h.n_expert);
+    L.ffn_gate_exps_b = ld.stacked_vector(ld.blk(il, "ffn_gate_exps.bias"), h.n_ff_exp, h.n_expert);
+    L.ffn_up_exps_b = ld.stacked_vector(ld.blk(il, "ffn_up_exps.bias"), h.n_ff_exp, h.n_expert);
+    L.ffn_down_exps_b = ld.stacked_vector(ld.blk(il, "ffn_down_exps.bias"), h.n_embd, h.n_expert);
     L.expert_swiglu_limit = kSwigluLimit;
 }
 

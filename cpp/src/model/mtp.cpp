@@ -1,0 +1,104 @@
+#include "model/mtp.h"
+
+#include <algorithm>
+
+#include "model/kv_cache.h"
+#include "sharpi/errors.h"
+
+namespace sharpi {
+
+bool MtpHead::supports(const std::string& arch) {
+    // Blocks that are the architecture's own full-attention decoder layer (llama.cpp's graph_mtp
+    // of each): the layer builder runs them unchanged.
+    return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe";
+}
+
+MtpHead::MtpHead(const Model& trunk) {
+    const HParams& th = trunk.hp;
+    const std::string& path = trunk.file->path();
+    if (th.n_layer_nextn == 0) {
+        throw InvalidArgument("[mtp] " + path + " has no multi-token-prediction layers (" + th.arch +
+                              ".nextn_predict_layers = 0)");
+    }
+    if (!supports(th.arch)) {
+        throw UnsupportedError("[mtp] " + path + ": the " + th.arch +
+                               " multi-token-prediction block is not supported (supported: qwen35moe, "
+                               "qwen3next, glm4moe)");
+    }
+    model_.file = GgufFile::open(path, /*map_data=*/true);
+    model_.spec = trunk.spec;
+    HParams& h = model_.hp;
+    h = th;
+    h.n_layer = 1;  // the first nextn block (chained for longer drafts, as llama.cpp does)
+    h.n_layer_nextn = 0;
+    h.n_layer_dense_lead = 0;
+    if (!h.recurrent_layers.empty()) h.recurrent_layers.assign(1, false);
+    const int block = static_cast<int>(th.n_layer);
+    ModelLoader ld(model_, block);
+    model_.layers.resize(1);
+    model_.experts.files.clear();
+    for (size_t i = 0; i < model_.file->n_shards(); ++i)
+        model_.experts.files.push_back(model_.file->shard(i).path());
+    model_.experts.n_expert = h.n_expert;
+    model_.experts.n_expert_used = h.n_expert_used;
+    model_.experts.layers.resize(1);
+    model_.spec->load_layer(ld, 0);
+    eh_proj_ = ld.matrix(ld.blk(0, "nextn.eh_proj.weight"), 2 * h.n_embd, h.n_embd);
+    enorm_ = ld.vector(ld.blk(0, "nextn.enorm.weight"), h.n_embd);
+    hnorm_ = ld.vector(ld.blk(0, "nextn.hnorm.weight"), h.n_embd);
+    // Without block-own copies the embedding table, head norm and lm_head are the trunk's (its
+    // views: the trunk outlives the head), so nothing is held twice.
+    head_norm_ = ld.optional_vector(ld.blk(0, "nextn.shared_head_norm.weight"), h.n_embd);
+    if (head_norm_.empty()) head_norm_ = trunk.output_norm;
+    embed_ = ld.optional_matrix(ld.blk(0, "nextn.embed_tokens.weight"), h.n_embd, h.n_vocab);
+    if (!embed_.data) embed_ = trunk.token_embd;
+    model_.token_embd = embed_;  // Forward::embed reads the model's table
+    head_ = ld.optional_matrix(ld.blk(0, "nextn.shared_head_head.weight"), h.n_embd, h.n_vocab);
+    if (!head_.data) head_ = trunk.output;
+    bytes_ = file_bytes(trunk);
+    model_.file->check_mapping();
+}
+
+uint64_t MtpHead::file_bytes(const Model& trunk) {
+    const int64_t block = trunk.hp.n_layer;
+    uint64_t bytes = 0;
+    for (const GgufTensor& t : trunk.file->tensors()) {
+        if (is_nextn_tensor(t.name, block) && !is_nextn_tensor(t.name, block + 1)) bytes += t.nbytes;
+    }
+    return bytes;
+}
+
+uint64_t MtpHead::sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v) {
+    KvLayout one = kv_layout(trunk.hp, type_k, type_v);
+    one.n_layer_written = 1;
+    return KvCache::bytes(one, n_ctx) + static_cast<uint64_t>(n_ctx * trunk.hp.n_embd) * sizeof(float);
+}
+
+Act MtpHead::forward(Forward& f, const token_t* tokens, const float* h, int64_t n) const {
+    const int64_t e = model_.hp.n_embd;
+    Backend& b = f.backend();
+    Act emb = f.alloc(n, e);
+    f.embed(tokens, emb);
+    // [enorm(embed(x)) | hnorm(h)], 2 * n_embd per row, the order llama.cpp concatenates them in.
+    Act cat = f.alloc(n, 2 * e);
+    b.rms_norm(emb.data, e, cat.data, cat.width, n, e, enorm_.data(), model_.hp.rms_eps);
+    b.rms_norm(h, e, cat.data + e, cat.width, n, e, hnorm_.data(), model_.hp.rms_eps);
+    f.name(cat, "mtp_concat", 0);
+    Act z = f.linear(cat, eh_proj_, {}, "mtp_eh_proj", 0);
+    Act out = model_.spec->build_layer(f, z, 0);
+    return f.norm(out, head_norm_, "mtp_head_norm", 0);
+}
+
+void MtpHead::head(Forward& f, const Act& normed, int64_t row, float* logits) const {
+    const HParams& h = model_.hp;
+    Backend& b = f.backend();
+    if (b.host_memory()) {
+        b.matmul(head_, normed.row(row), h.n_embd, 1, logits, h.n_vocab, f.exact());
+        return;
+    }
+    Act out = f.alloc(1, h.n_vocab);
+    b.matmul(head_, normed.row(row), h.n_embd, 1, out.data, out.width, f.exact());
+    b.read(out, logits);
+}
+
+}  // namespace sharpi

@@ -1,0 +1,61 @@
+// The file's multi-token-prediction block (MTP, "nextn": blk.<n_layer>.*, as llama.cpp's converter
+// writes Qwen3.5/3.6-MoE's, Qwen3-Next's and GLM-4.5's), the draft source of speculative decoding.
+//
+// The block predicts the token after next from the trunk's hidden state h_p of position p
+// (after the output norm) and the embedding of the token x_{p+1} that follows it:
+//
+//   z = eh_proj([enorm(embed(x_{p+1})) | hnorm(h_p)])          (concatenated, 2 * n_embd wide)
+//   o = the architecture's decoder layer on z (a full-attention layer, its own KV cache)
+//   h' = head_norm(o)    (nextn.shared_head_norm, else output_norm)
+//   logits = head(h')    (nextn.shared_head_head, else the trunk's output)
+//
+// Its attention runs over the pairs (h_p, x_{p+1}) of the sequence so far, pair p at RoPE position
+// p + 1 (KV row p, so pair rows start at 0: SeqSpan::rope_shift = 1), as llama.cpp lays them out.
+// Drafting k tokens chains the block: h' and the drafted token form the next pair.
+//
+// The block is loaded as the one layer of its own Model over its own mapping of the file (so a
+// streamed trunk does not change it): its weights, experts included, stay resident and the
+// budget charges them (bytes()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/forward.h"
+#include "model/model.h"
+
+namespace sharpi {
+
+class MtpHead {
+  public:
+    // The block of `trunk`'s file. InvalidArgument when the file has none (nextn_predict_layers
+    // = 0), UnsupportedError for an architecture whose block sharpi does not run.
+    explicit MtpHead(const Model& trunk);
+
+    // The one-layer model whose layer 0 is the block (for Forward and MoeFfn).
+    const Model& model() const { return model_; }
+    // Bytes of the block's tensors (dense and experts), all resident.
+    uint64_t bytes() const { return bytes_; }
+    // The architectures whose block runs here.
+    static bool supports(const std::string& arch);
+    // Bytes of the first nextn block's tensors in `trunk`'s file (what a head would hold).
+    static uint64_t file_bytes(const Model& trunk);
+    // Per sequence: the block's KV cache for n_ctx positions and the trunk's normed hidden rows.
+    static uint64_t sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v);
+
+    // Runs the block on n pairs: tokens[i] with hidden row h + i * n_embd (the trunk's normed
+    // hidden, or a previous block output). `f` has the spans of the pairs (their MTP KV caches,
+    // rope_shift 1). Returns the head-normed output rows [n, n_embd] (a Forward allocation).
+    Act forward(Forward& f, const token_t* tokens, const float* h, int64_t n) const;
+    // logits [n_vocab] of row `row` of forward()'s output.
+    void head(Forward& f, const Act& normed, int64_t row, float* logits) const;
+
+  private:
+    Model model_;
+    std::vector<float> enorm_, hnorm_, head_norm_;
+    WeightView eh_proj_, embed_, head_;
+    uint64_t bytes_ = 0;
+};
+
+}  // namespace sharpi

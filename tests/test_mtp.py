@@ -1,0 +1,203 @@
+"""The file's multi-token-prediction block (Session(mtp=True), Session.draft_mtp, --spec-type draft-mtp).
+
+Oracle: tests/reference/numpy_forward.mtp_forward, a float64 numpy model of the block as DeepSeek-V3
+and Qwen3.5 define it (the trunk's output-normed hidden state and the next token's embedding, each
+normed, concatenated and projected, one full-attention decoder block over the pairs at positions
+1.., the shared head norm and lm_head), on the dequantized weights of the same file, sharpi in exact
+mode. The trunk's hidden rows come from the numpy reference forward too, so every pair sharpi
+keeps in its MTP KV cache (written step by step, across rollbacks) is checked against one
+recomputation from scratch. Speculation with the block is checked as every draft source is: the
+output of plain decoding, token for token and logits bit for bit.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+import sharpi
+from gguf import GGUFReader
+from reference.numpy_forward import ReferenceModel, forward, mtp_forward
+from sharpi.make_model import write_model
+from sharpi.speculative import MtpDraft, Speculation, open_speculation
+
+ARCHS = ["qwen35moe", "qwen3next"]
+BUDGET = 1e-4  # relative L2, exact mode, same dequantized weights
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtp_models")
+    out = {}
+    for arch in ARCHS:
+        for quant in ("f32", "q8_0", "q4_k_m"):
+            path = str(d / f"{arch}-mtp-{quant}.gguf")
+            write_model(path, arch=arch, preset="tiny", quant=quant, seed=21, n_layer_nextn=1)
+            out[arch, quant] = path
+    out["plain"] = str(d / "qwen35moe-plain.gguf")
+    write_model(out["plain"], arch="qwen35moe", preset="tiny", quant="f32", seed=21)
+    return out
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def reference_drafts(ref: ReferenceModel, tokens: list, next_token: int, drafted: list) -> list:
+    """The block's logits at each draft position for the sequence `tokens`, `next_token` after it
+    and the chain fed with `drafted` (sharpi's own drafts), recomputed from scratch each time."""
+    hidden = forward(ref, tokens).intermediates["result_norm"]
+    pair_tokens = list(tokens[1:]) + [next_token]
+    out = []
+    for i in range(len(drafted)):
+        logits, h_out = mtp_forward(ref, hidden, pair_tokens)
+        out.append(logits[-1])
+        hidden = np.vstack([hidden, h_out[-1:]])
+        pair_tokens.append(drafted[i])
+    return out
+
+
+def check_drafts(session, ref, tokens, next_token, n, what):
+    drafted, logits = session.draft_mtp(next_token, n, with_logits=True)
+    assert len(drafted) == n and logits.shape == (n, session.info["n_vocab"]), what
+    want = reference_drafts(ref, tokens, next_token, drafted)
+    for i in range(n):
+        err = rel(logits[i], want[i])
+        assert err <= BUDGET, f"{what}: draft position {i} logits rel-L2 {err:.2e}"
+        top2 = np.sort(want[i])[-2:]
+        if top2[1] - top2[0] > 1e-3:  # a clear winner: the draft is the reference's argmax
+            assert drafted[i] == int(np.argmax(want[i])), f"{what}: draft position {i}"
+    return drafted
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("quant", ["f32", "q8_0", "q4_k_m"])
+def test_the_block_matches_the_float64_reference(files, arch, quant):
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    path = files[arch, quant]
+    ref = ReferenceModel(path)
+    s = sharpi.Session(path, threads=2, exact=True, mtp=True, max_draft_tokens=4)
+    n_vocab = s.info["n_vocab"]
+    prompt = [int(t) for t in rng.integers(0, n_vocab, 11)]
+    # Steps of several shapes: a prefill chunk, two tokens, single tokens.
+    s.decode(prompt[:6])
+    s.decode(prompt[6:8])
+    for t in prompt[8:]:
+        s.decode([t])
+    x = int(rng.integers(0, n_vocab))
+    what = f"{arch} {quant} seed {seed}"
+    check_drafts(s, ref, prompt, x, 3, what)
+    # Drafting leaves the sequence as it was: the trunk goes on, and so do the pairs.
+    y = int(rng.integers(0, n_vocab))
+    s.decode([x])
+    check_drafts(s, ref, prompt + [x], y, 2, what + " (after one more token)")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pairs_are_right_after_a_rejected_draft_and_a_far_truncate(files, arch):
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    path = files[arch, "f32"]
+    ref = ReferenceModel(path)
+    s = sharpi.Session(path, threads=2, exact=True, mtp=True, max_draft_tokens=4)
+    n_vocab = s.info["n_vocab"]
+    def ids(n):
+        return [int(t) for t in rng.integers(0, n_vocab, n)]
+
+    prompt, step, after = ids(8), ids(4), ids(3)
+    s.decode(prompt)
+    s.decode(step, all_logits=True, rewindable=True)  # a verify step: x and three drafts
+    s.truncate(len(prompt) + 2)  # two of them kept
+    s.decode(after[:1])
+    kept = prompt + step[:2] + after[:1]
+    check_drafts(s, ref, kept, after[1], 2, f"{arch} after a rejected draft, seed {seed}")
+    if not s.info["recurrent"]:
+        return
+    # A hybrid cannot cut back far; an attention-only file could (covered by the shared pair rule).
+
+
+def greedy_run(session, prompt, **kw) -> tuple:
+    """(ids, logits of each) of a greedy generate() from an empty cache."""
+    session.reset()
+    ids, logits = [], []
+
+    def on_token(token, row):
+        ids.append(token)
+        logits.append(row.copy())
+
+    for _ in session.generate(prompt, max_tokens=32, temperature=0.0, stop_at_eos=False, on_token=on_token, **kw):
+        pass
+    return ids, logits
+
+
+def test_speculating_with_the_block_gives_plain_decodings_output(files):
+    for arch in ARCHS:
+        for quant in ("f32", "q4_k_m"):
+            path = files[arch, quant]
+            resident = sharpi.Session(path, threads=2, max_draft_tokens=4)
+            prompt = [int(t) for t in np.random.default_rng(4).integers(3, 1000, 12)]
+            want_ids, want_logits = greedy_run(resident, prompt)
+            probe = sharpi.Session(path, threads=1, mtp=True, max_draft_tokens=4, ram_budget="4GiB", reader="pread")
+            st = probe.expert_stats()
+            budget = st["fixed_bytes"] + probe.info["n_expert_used"] * st["slot_bytes"]
+            for options in ({}, {"ram_budget": budget, "reader": "pread"}):
+                s = sharpi.Session(path, threads=2, mtp=True, max_draft_tokens=4, **options)
+                spec = open_speculation(s, "draft-mtp", n_max=4)
+                assert isinstance(spec.source, MtpDraft)
+                got_ids, got_logits = greedy_run(s, prompt, speculative=spec)
+                what = f"{arch} {quant} {options or 'resident'}"
+                assert got_ids == want_ids, what
+                for a, b in zip(got_logits, want_logits):
+                    np.testing.assert_array_equal(a, b, err_msg=what)
+                assert s.last_stats["spec_drafted"] > 0, what
+
+
+def test_the_trunk_is_unchanged_by_the_block(files):
+    path = files["qwen35moe", "q4_k_m"]
+    tokens = [int(t) for t in np.random.default_rng(9).integers(0, 1000, 20)]
+    plain = sharpi.Session(path, threads=2).decode(tokens, all_logits=True)
+    with_mtp = sharpi.Session(path, threads=2, mtp=True).decode(tokens, all_logits=True)
+    np.testing.assert_array_equal(plain, with_mtp)
+
+
+def test_the_budget_charges_the_block(files):
+    path = files["qwen35moe", "q8_0"]
+    n_ctx = 128
+    fixed = {}
+    for mtp in (False, True):
+        probe = sharpi.Session(path, n_ctx=n_ctx, n_seq=2, mtp=mtp, ram_budget="4GiB", reader="pread")
+        fixed[mtp] = probe.expert_stats()["fixed_bytes"]
+    info = probe.info
+    block = f"blk.{info['n_layer']}."
+    weights = sum(int(t.n_bytes) for t in GGUFReader(path).tensors if t.name.startswith(block))
+    kv_row = 2 * info["n_head_kv"] * info["head_dim"] * 2  # K and V rows, f16 (fast mode's default)
+    per_seq = n_ctx * kv_row + n_ctx * info["n_embd"] * 4
+    assert fixed[True] - fixed[False] == weights + 2 * per_seq
+
+
+def test_bad_use_of_the_block_is_a_clear_error(files):
+    with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
+        sharpi.Session(files["plain"], mtp=True)
+    s = sharpi.Session(files["qwen35moe", "f32"], threads=1)
+    with pytest.raises(sharpi.InvalidArgument, match="without its MTP head"):
+        s.draft_mtp(5, 2)
+    with pytest.raises(sharpi.InvalidArgument, match="open the session with mtp=True"):
+        open_speculation(s, "draft-mtp", n_max=2, )
+    plain = sharpi.Session(files["plain"], threads=1)
+    with pytest.raises(sharpi.InvalidArgument, match="no MTP layers"):
+        open_speculation(plain, "draft-mtp")
+    m = sharpi.Session(files["qwen35moe", "f32"], threads=1, mtp=True)
+    with pytest.raises(sharpi.InvalidArgument, match="sequence is empty"):
+        m.draft_mtp(5, 2)
+    m.decode([1, 2, 3])
+    with pytest.raises(sharpi.InvalidArgument, match="outside the vocabulary"):
+        m.draft_mtp(10**6, 2)
+    with pytest.raises(sharpi.InvalidArgument, match="n must be >= 1"):
+        m.draft_mtp(5, 0)
+    assert m.n_past == 3
+    with pytest.raises(sharpi.UnsupportedError, match="not on the device path"):
+        sharpi.Session(files["qwen35moe", "f32"], mtp=True, device="cuda")
+    assert Speculation(MtpDraft(m), n_max=2).draft([1, 2, 3, 4], 2, key=0)  # the happy path drafts
