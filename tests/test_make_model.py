@@ -840,7 +840,12 @@ def test_qwen35_35b_a3b_preset_has_the_real_shapes():
         assert specs[name].ne == ne, name
     assert "blk.39.attn_q.weight" in specs and "blk.38.attn_qkv.weight" in specs
     assert sum(1 for n in specs if n.endswith(".attn_qkv.weight")) == 30
-    n_params = sum(s.n_elements for s in specs.values())
+    # The MTP block (mtp_num_hidden_layers 1) follows the trunk as blk.40, as the converter writes it.
+    assert hp.n_layer == 40 and hp.n_layer_nextn == 1
+    assert specs["blk.40.nextn.eh_proj.weight"].ne == (2 * E, E)
+    assert specs["blk.40.attn_q.weight"].ne == (E, 16 * 256 * 2)  # a full-attention block
+    assert "blk.40.attn_qkv.weight" not in specs
+    n_params = sum(s.n_elements for s in specs.values() if not s.name.startswith("blk.40."))
     assert 34.0e9 < n_params < 35.5e9  # the text model of "35B-A3B"
     assert specs["blk.0.ssm_conv1d.weight"].type.name == "F32"
 

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Speculative decoding, measured (docs/speculative.md). Two parts:
+
+  e2e          decode tok/s with and without speculation on held-out code prompts, sharpi beside
+               llama.cpp (llama-cpp-python's prompt lookup, LlamaPromptLookupDecoding) on the same
+               file, greedy, engines alternating, median of --repeats; sharpi's acceptance per
+               draft position. Optionally sharpi under a RAM budget (--budget-fraction 0.25).
+
+      PYTHONPATH=python python benchmarks/speculative.py e2e [-m FILE] --threads 2 --repeats 3
+
+  verify-cost  the cost of one verify step of k = 1..K draft tokens (a rewindable step of k + 1
+               tokens, then the cut back) against one single-token step, resident and under a
+               budget, and the speedup that follows at per-position acceptance rates a: a step then
+               yields E = (1 - a^(k+1)) / (1 - a) tokens, so speedup = E * t_1 / t_verify(k).
+
+      PYTHONPATH=python python benchmarks/speculative.py verify-cost -m FILE --budget-fraction 0,0.25
+
+Prompts: the first --prompt-lines lines of held-out standard-library files (tools/train_moe/corpus.py's
+split, never trained on by the shipped model). Times are wall clock per request, prefill included
+(the prompts are short), measured the same way for every engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def heldout_prompts(n: int, lines: int) -> list:
+    spec = importlib.util.spec_from_file_location("corpus", ROOT / "tools/train_moe/corpus.py")
+    corpus = importlib.util.module_from_spec(spec)
+    sys.modules["corpus"] = corpus  # dataclasses look their module up there
+    spec.loader.exec_module(corpus)
+    _, heldout = corpus.collect()
+    out = []
+    for f in heldout:
+        text = "\n".join(f.text.splitlines()[:lines]) + "\n"
+        if len(text) > 200:
+            out.append(text)
+        if len(out) == n:
+            break
+    return out
+
+
+def budget_for(sharpi, path: str, fraction: float, threads: int, **kw) -> int:
+    probe = sharpi.Session(path, threads=threads, ram_budget="64GiB", reader="pread", **kw)
+    st, info = probe.expert_stats(), probe.info
+    probe.close()
+    n_slots = max(int(fraction * (info["n_layer"] - info["n_layer_dense_lead"]) * info["n_expert"]),
+                  info["n_expert_used"])
+    return st["fixed_bytes"] + n_slots * st["slot_bytes"]
+
+
+# ---------------------------------------------------------------------------------------------- e2e
+
+
+def sharpi_run(session, spec, prompts, n_gen) -> dict:
+    t0 = time.perf_counter()
+    n, drafted, accepted, at_d, at_a = 0, 0, 0, [], []
+    for p in prompts:
+        session.reset()
+        for _ in session.generate(p, max_tokens=n_gen, temperature=0.0, stop_at_eos=False, speculative=spec):
+            pass
+        st = session.last_stats
+        n += st["n_generated"]
+        drafted += st.get("spec_drafted", 0)
+        accepted += st.get("spec_accepted", 0)
+        for i, a in enumerate(st.get("spec_acceptance_at", [])):
+            while len(at_d) <= i:
+                at_d.append(0)
+                at_a.append(0.0)
+            at_d[i] += 1
+            at_a[i] += a
+    dt = time.perf_counter() - t0
+    return {"tok_s": n / dt, "tokens": n, "drafted": drafted, "accepted": accepted,
+            "acceptance_at": [a / d for a, d in zip(at_a, at_d)]}
+
+
+def llama_run(llm, prompts, n_gen) -> dict:
+    t0 = time.perf_counter()
+    n = 0
+    for p in prompts:
+        llm.reset()
+        r = llm.create_completion(p, max_tokens=n_gen, temperature=0.0, top_k=1)
+        n += r["usage"]["completion_tokens"]
+    return {"tok_s": n / (time.perf_counter() - t0), "tokens": n}
+
+
+def cmd_e2e(args) -> None:
+    import sharpi
+    from sharpi.speculative import open_speculation
+
+    from sharpi.models import default_model_path
+
+    path = args.model or str(default_model_path())
+    prompts = heldout_prompts(args.prompts, args.prompt_lines)
+    engines = {}
+    s = sharpi.Session(path, threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft)
+    spec = open_speculation(s, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
+    engines["sharpi"] = lambda: sharpi_run(s, None, prompts, args.n_gen)
+    engines["sharpi ngram"] = lambda: sharpi_run(s, spec, prompts, args.n_gen)
+    for fraction in [f for f in args.budget_fraction if f > 0]:
+        budget = budget_for(sharpi, path, fraction, args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft)
+        sb = sharpi.Session(path, threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft,
+                            ram_budget=budget, reader="pread")
+        spec_b = open_speculation(sb, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
+        engines[f"sharpi {fraction:.0%}"] = lambda sb=sb: sharpi_run(sb, None, prompts, args.n_gen)
+        engines[f"sharpi {fraction:.0%} ngram"] = lambda sb=sb, sp=spec_b: sharpi_run(sb, sp, prompts, args.n_gen)
+    if not args.no_llama:
+        try:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        except ImportError as e:
+            print(f"llama-cpp-python not installed: {e}", file=sys.stderr)
+        else:
+            common = dict(model_path=path, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
+                          verbose=False, logits_all=False)
+            plain = Llama(**common)
+            lookup = Llama(**common, draft_model=LlamaPromptLookupDecoding(max_ngram_size=args.ngram,
+                                                                         num_pred_tokens=args.draft))
+            engines["llama.cpp"] = lambda: llama_run(plain, prompts, args.n_gen)
+            engines["llama.cpp lookup"] = lambda: llama_run(lookup, prompts, args.n_gen)
+    for run in engines.values():  # warm: page cache, thread pools
+        run()
+    results = {name: [] for name in engines}
+    for _ in range(args.repeats):
+        for name, run in engines.items():  # alternating
+            results[name].append(run())
+    rows = {}
+    for name, rs in results.items():
+        rows[name] = {"tok_s": statistics.median(r["tok_s"] for r in rs), "runs": rs}
+    print(f"file {path}, {len(prompts)} held-out prompts x {args.n_gen} tokens, {args.threads} threads, "
+          f"draft {args.draft}, n-gram {args.ngram}, median of {args.repeats}")
+    print("| engine | tok/s | x own baseline | acceptance per draft position |")
+    print("|---|---|---|---|")
+    for name, row in rows.items():
+        base = name.replace(" ngram", "").replace(" lookup", "")
+        ratio = row["tok_s"] / rows[base]["tok_s"] if base in rows else 1.0
+        acc = row["runs"][-1].get("acceptance_at")
+        acc_text = " / ".join(f"{a:.2f}" for a in acc) if acc else ""
+        print(f"| {name} | {row['tok_s']:.1f} | {ratio:.2f} | {acc_text} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+# ------------------------------------------------------------------------------------ verify-cost
+
+
+def step_times(session, n_vocab: int, k: int, iters: int, rng) -> float:
+    """Median seconds of a step of k + 1 tokens (rewindable, all logits) followed by the cut back
+    to one kept token; k = 0 is a plain one-token step."""
+    out = []
+    for _ in range(iters):
+        tokens = [int(t) for t in rng.integers(0, n_vocab, k + 1)]
+        n0 = session.n_past
+        t0 = time.perf_counter()
+        session.decode(tokens, all_logits=k > 0, rewindable=k > 0)
+        if k:
+            session.truncate(n0 + 1)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def cmd_verify_cost(args) -> None:
+    import sharpi
+
+    rng = np.random.default_rng(1)
+    for fraction in args.budget_fraction:
+        kw = dict(threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft)
+        if fraction > 0:
+            kw.update(ram_budget=budget_for(sharpi, args.model, fraction, args.threads, n_ctx=args.ctx,
+                                            max_draft_tokens=args.draft), reader="auto")
+        s = sharpi.Session(args.model, **kw)
+        n_vocab = s.info["n_vocab"]
+        s.decode([int(t) for t in rng.integers(0, n_vocab, 32)])
+        for _ in range(3):  # warm
+            step_times(s, n_vocab, 0, 2, rng)
+        per_round = {k: [] for k in range(args.draft + 1)}
+        for _ in range(args.repeats):
+            for k in range(args.draft + 1):  # alternating k within each round
+                per_round[k].append(step_times(s, n_vocab, k, args.iters, rng))
+        t = {k: statistics.median(v) for k, v in per_round.items()}
+        label = "resident" if fraction == 0 else f"{fraction:.0%} of experts"
+        print(f"\n{args.model} {label}: one token {t[0] * 1e3:.1f} ms")
+        print("| k | verify ms | ÷ one token | speedup a=0.6 | a=0.8 | a=0.9 |")
+        print("|---|---|---|---|---|---|")
+        for k in range(1, args.draft + 1):
+            cells = []
+            for a in (0.6, 0.8, 0.9):
+                expected = (1 - a ** (k + 1)) / (1 - a)
+                cells.append(f"{expected * t[0] / t[k]:.2f}")
+            print(f"| {k} | {t[k] * 1e3:.1f} | {t[k] / t[0]:.2f} | " + " | ".join(cells) + " |")
+        s.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("e2e", "verify-cost"):
+        q = sub.add_parser(name)
+        q.add_argument("-m", "--model", default=None)
+        q.add_argument("--threads", type=int, default=2)
+        q.add_argument("--ctx", type=int, default=2048)
+        q.add_argument("--draft", type=int, default=4)
+        q.add_argument("--repeats", type=int, default=3)
+        q.add_argument("--budget-fraction", type=lambda s: [float(x) for x in s.split(",")], default=[0.0])
+    e2e = sub.choices["e2e"]
+    e2e.add_argument("--prompts", type=int, default=8)
+    e2e.add_argument("--prompt-lines", type=int, default=24)
+    e2e.add_argument("--n-gen", type=int, default=96)
+    e2e.add_argument("--ngram", type=int, default=3)
+    e2e.add_argument("--no-llama", action="store_true")
+    e2e.add_argument("--json", default=None)
+    sub.choices["verify-cost"].add_argument("--iters", type=int, default=8)
+    args = p.parse_args()
+    (cmd_e2e if args.cmd == "e2e" else cmd_verify_cost)(args)
+
+
+if __name__ == "__main__":
+    main()
