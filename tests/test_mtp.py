@@ -201,3 +201,39 @@ def test_bad_use_of_the_block_is_a_clear_error(files):
     with pytest.raises(sharpi.UnsupportedError, match="not on the device path"):
         sharpi.Session(files["qwen35moe", "f32"], mtp=True, device="cuda")
     assert Speculation(MtpDraft(m), n_max=2).draft([1, 2, 3, 4], 2, key=0)  # the happy path drafts
+
+
+# ---- files written by llama.cpp's converter (tiny random Hugging Face checkpoints whose mtp.*
+# block hf_export adds, as real Qwen3-Next / Qwen3.5 checkpoints carry one) ----------------------
+
+
+@pytest.fixture(scope="module")
+def converted(model_dir):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers", minversion="5.0")
+    from reference import hf_export
+
+    try:
+        converter = hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp converter unavailable: {error}")
+    return {name: {q: str(p) for q, p in hf_export.prepare(name, model_dir, converter,
+                                                          outtypes=("f32", "q8_0")).gguf.items()}
+            for name in sorted(hf_export.HYBRID_MODELS)}
+
+
+@pytest.mark.parametrize("name", ["qwen35moe", "qwen3next"])
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_the_converters_block_matches_the_float64_reference(converted, name, quant):
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    path = converted[name][quant]
+    ref = ReferenceModel(path)
+    s = sharpi.Session(path, threads=2, exact=True, mtp=True, max_draft_tokens=4)
+    assert s.info["n_layer_nextn"] == 1
+    n_vocab = s.info["n_vocab"]
+    prompt = [int(t) for t in rng.integers(0, n_vocab, 10)]
+    s.decode(prompt[:7])
+    for t in prompt[7:]:
+        s.decode([t])
+    check_drafts(s, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"{name} {quant} converter seed {seed}")
