@@ -97,9 +97,8 @@ def llama_run(llm, prompts, n_gen) -> dict:
 
 def cmd_e2e(args) -> None:
     import sharpi
-    from sharpi.speculative import open_speculation
-
     from sharpi.models import default_model_path
+    from sharpi.speculative import open_speculation
 
     path = args.model or str(default_model_path())
     prompts = heldout_prompts(args.prompts, args.prompt_lines)
@@ -122,8 +121,8 @@ def cmd_e2e(args) -> None:
         except ImportError as e:
             print(f"llama-cpp-python not installed: {e}", file=sys.stderr)
         else:
-            common = dict(model_path=path, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
-                          verbose=False, logits_all=False)
+            common = {"model_path": path, "n_ctx": args.ctx, "n_threads": args.threads, "n_threads_batch": args.threads,
+                          "verbose": False, "logits_all": False}
             plain = Llama(**common)
             lookup = Llama(**common, draft_model=LlamaPromptLookupDecoding(max_ngram_size=args.ngram,
                                                                          num_pred_tokens=args.draft))
@@ -175,7 +174,7 @@ def cmd_verify_cost(args) -> None:
 
     rng = np.random.default_rng(1)
     for fraction in args.budget_fraction:
-        kw = dict(threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft)
+        kw = {"threads": args.threads, "n_ctx": args.ctx, "max_draft_tokens": args.draft}
         if fraction > 0:
             kw.update(ram_budget=budget_for(sharpi, args.model, fraction, args.threads, n_ctx=args.ctx,
                                             max_draft_tokens=args.draft), reader="auto")
