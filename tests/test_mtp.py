@@ -114,9 +114,19 @@ def test_pairs_are_right_after_a_rejected_draft_and_a_far_truncate(files, arch):
     s.decode(after[:1])
     kept = prompt + step[:2] + after[:1]
     check_drafts(s, ref, kept, after[1], 2, f"{arch} after a rejected draft, seed {seed}")
-    if not s.info["recurrent"]:
-        return
-    # A hybrid cannot cut back far; an attention-only file could (covered by the shared pair rule).
+
+
+def test_a_forked_sequence_drafts_from_its_parents_pairs(files):
+    path = files["qwen35moe", "f32"]
+    ref = ReferenceModel(path)
+    s = sharpi.Session(path, threads=2, exact=True, mtp=True, n_seq=2)
+    prompt = [int(t) for t in np.random.default_rng(secrets.randbits(32)).integers(0, 1000, 9)]
+    s.decode(prompt)
+    child = s.sequence(0).fork()  # a hybrid forks whole
+    drafted, logits = s.draft_mtp(17, 2, seq=child, with_logits=True)
+    want = reference_drafts(ref, prompt, 17, drafted)
+    for i in range(2):
+        assert rel(logits[i], want[i]) <= BUDGET
 
 
 def greedy_run(session, prompt, **kw) -> tuple:

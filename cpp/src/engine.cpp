@@ -231,6 +231,11 @@ int32_t Engine::fork_sequence(int32_t src, int64_t n_keep) {
     for (int il = 0; il < model_->hp.n_layer; ++il)
         written[static_cast<size_t>(il)] = !model_->hp.is_recurrent(il);
     s.kv->copy_prefix(*from.kv, n_keep, written);
+    if (mtp_ && n_keep > 0) {
+        // The MTP pairs of the kept positions (rows 0 .. n_keep - 2) and their hidden rows.
+        s.mtp_kv->copy_prefix(*from.mtp_kv, n_keep - 1, {true});
+        std::copy_n(from.mtp_hidden.get(), n_keep * model_->hp.n_embd, s.mtp_hidden.get());
+    }
     if (!from.recurrent->empty()) {
         *s.recurrent = *from.recurrent;
         s.recurrent->drop_rewind_points();  // they describe the source's last step
