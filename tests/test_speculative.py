@@ -379,7 +379,7 @@ def test_run_with_prompt_lookup_prints_plain_decodings_text(shipped):
     assert accepted and int(accepted.group(2)) > 0, out.stderr
     bad = subprocess.run([*cmd[:-6], "--spec-type", "draft-mtp"], env=child_env(), capture_output=True, text=True,
                          timeout=300, check=False)
-    assert bad.returncode != 0 and "no MTP layers" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode != 0 and "no multi-token-prediction layers" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.parametrize("parallel", ["1", "3"])
