@@ -115,6 +115,8 @@ def test_every_draft_source_gives_plain_decodings_tokens_and_logits(models, arch
             at = st["spec_acceptance_at"]
             assert at[:source.wrong_at] == [1.0] * min(source.wrong_at, len(at)), what
             assert all(a == 0.0 for a in at[source.wrong_at:]), what
+    auto = Speculation(OracleDraft(len(prompt), want[0], 2, n_vocab), n_max=N_DRAFT, auto=True)
+    assert_same_run(generate(s, prompt, auto), want, f"{arch} exact={exact} automatic draft length seed {seed}")
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "qwen35moe"])
@@ -408,3 +410,44 @@ def test_serve_speculates_per_slot_and_answers_as_plain_decoding(shipped, parall
         assert 0 < st["draft_tokens_accepted"] <= st["draft_tokens"], st
     finally:
         server.close()
+
+
+def test_the_automatic_draft_length_maximises_tokens_per_second():
+    """DraftLength against its own model computed here: with measured costs c(k) and acceptance a
+    per position, the choice is argmax_k E(k) / c(k), E(k) = 1 + a + a^2 + ... + a^k."""
+    from sharpi.speculative import DraftLength
+
+    def settle(accept_rate: float, cost_per_draft: float) -> int:
+        length = DraftLength(n_max=6, explore=0, decay=0.999)  # a long memory: little sampling noise
+        rng = np.random.default_rng(0)
+        for _ in range(3000):  # a long history: the prior no longer matters
+            k = 6
+            kept = 0
+            while kept < k and rng.random() < accept_rate:
+                kept += 1
+            length.record(k, kept)
+        for k in range(7):
+            length.observe(k, 1.0 + cost_per_draft * k)
+        return length.choose(room=100)
+
+    def rate(k: int, a: float, c: float) -> float:
+        return sum(a ** j for j in range(k + 1)) / (1 + c * k)
+
+    def best(a: float, c: float) -> int:
+        return max(range(7), key=lambda k: rate(k, a, c))
+
+    # The acceptance is estimated from sampled steps, so a near-tie may go
+    # either way: the choice must be within 3% of the best rate, and the clear cases exact.
+    for a, c in ((0.9, 0.05), (0.9, 0.6), (0.5, 0.3), (0.2, 0.3), (0.7, 0.15)):
+        k = settle(a, c)
+        assert rate(k, a, c) >= 0.97 * rate(best(a, c), a, c), (a, c, k)
+    assert best(0.2, 0.3) == settle(0.2, 0.3) == 0  # not worth drafting
+    assert settle(0.95, 0.02) == 6  # always worth the longest
+    length = DraftLength(n_max=4, explore=0)
+    assert length.choose(room=2) == 2  # nothing measured: the longest draft that fits
+    length.observe(0, 1.0)
+    length.observe(1, 1.4)
+    assert abs(length.cost(3) - 2.2) < 1e-9  # extrapolated with the measured slope (0.4 per draft)
+    length.observe(1, 1.0)  # the mean of step 1 is now 1.2: slope 0.2, below the prior 0.25 x c(0)
+    assert abs(length.cost(3) - 1.7) < 1e-9
+    assert length.choose(room=0) == 0

@@ -450,6 +450,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-n-min", "--draft-min", dest="spec_draft_n_min",
                    type=non_negative_int("--spec-draft-n-min"), default=0, metavar="N",
                    help="fewer draft tokens than this: decode one token instead (default: %(default)s)")
+    g.add_argument("--spec-draft-auto", action="store_true",
+                   help="choose each step's draft length (up to --spec-draft-n-max) from the acceptance per draft "
+                   "position and the measured cost of verify steps (docs/speculative.md)")
     g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", default=None,
                    metavar="FILE", help="draft model GGUF with the target's vocabulary (implies draft-simple)")
     g.add_argument("--spec-ngram-simple-size-n", type=int_at_least("--spec-ngram-simple-size-n", 1),
@@ -478,4 +481,4 @@ def speculation_from_args(session, args: argparse.Namespace):
     return open_speculation(session, args.spec_type, n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
                             draft_model=args.spec_draft_model, ngram_size_n=args.spec_ngram_simple_size_n,
                             ngram_size_m=args.spec_ngram_simple_size_m, threads=getattr(args, "threads", 0),
-                            n_seq=getattr(args, "parallel", 1))
+                            n_seq=getattr(args, "parallel", 1), auto=args.spec_draft_auto)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import abc
 from typing import Callable, Iterator, Mapping, Optional, Union
 
@@ -474,13 +475,19 @@ class Session:
             while gen.finished is None:
                 n_past = self.n_past
                 draft = speculative.draft(gen.context, gen.room(n_past)) if speculative is not None else []
+                t0 = time.perf_counter()
                 if draft:
                     rows = self.decode([gen.next_token, *draft], all_logits=True, rewindable=True)
+                    speculative.observe(len(draft), time.perf_counter() - t0)
                     piece, n_keep = gen.verify(rows.reshape(len(draft) + 1, -1), draft, self.n_past)
+                    speculative.record(len(draft), n_keep - n_past - 1)
                     if n_keep < self.n_past:
                         self.truncate(n_keep)
                 else:
-                    piece = gen.step(self.decode([gen.next_token]), n_past + 1)
+                    logits = self.decode([gen.next_token])
+                    if speculative is not None:
+                        speculative.observe(0, time.perf_counter() - t0)
+                    piece = gen.step(logits, n_past + 1)
                 if piece:
                     yield piece
             tail = gen.flush()

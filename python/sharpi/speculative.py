@@ -195,30 +195,123 @@ class SpecStats:
         }
 
 
+class DraftLength:
+    """The draft length chosen per step (--spec-draft-auto): the k in [0, n_max] with the most
+    expected tokens per second of verify step, from what the session has measured.
+
+    Model. With a_i the acceptance rate at draft position i (given every earlier one was kept:
+    Generation.verify stops at the first miss), a verify step of k drafts yields
+    E(k) = 1 + sum_{j=1..k} a_1 ... a_j tokens and costs c(k) seconds; k = argmax E(k) / c(k), and
+    k = 0 is plain decoding (E = 1, c(0)). a_i: kept / drafted at position i, counts decayed by
+    `decay` per step, with one prior draft at 0.5. c(k): the running mean of the measured steps of k
+    drafts (observe()); a k not measured yet is interpolated between measured ones, or, above the
+    largest, extrapolated with the measured slope (at least the prior `slope` x c(0) per draft).
+    The cost is measured, not predicted: under a RAM budget a verify step that misses the expert
+    cache costs what its reads cost, and k shrinks; with every expert resident, it costs the extra
+    rows' compute. Every `explore`-th step tries a k around the choice, so costs stay measured.
+    """
+
+    def __init__(self, n_max: int, decay: float = 0.99, slope: float = 0.25, explore: int = 16):
+        self.n_max, self.decay, self.slope, self.explore = n_max, decay, slope, explore
+        self.drafted = [1.0] * n_max  # the prior: one draft at each position, half of it kept
+        self.kept = [0.5] * n_max
+        self.cost_sum = [0.0] * (n_max + 1)
+        self.cost_n = [0] * (n_max + 1)
+        self.steps = 0
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        self.drafted = [d * self.decay for d in self.drafted]
+        self.kept = [k * self.decay for k in self.kept]
+        # Positions after the first miss were never examined: they say nothing about a_i.
+        for i in range(min(n_accepted + 1, n_drafted)):
+            self.drafted[i] += 1.0
+            self.kept[i] += 1.0 if i < n_accepted else 0.0
+
+    def observe(self, n_drafted: int, seconds: float) -> None:
+        self.cost_sum[n_drafted] += seconds
+        self.cost_n[n_drafted] += 1
+
+    def cost(self, k: int) -> float | None:
+        measured = [(j, self.cost_sum[j] / self.cost_n[j]) for j in range(self.n_max + 1) if self.cost_n[j]]
+        if not measured:
+            return None
+        for j, c in measured:
+            if j == k:
+                return c
+        below = [(j, c) for j, c in measured if j < k]
+        above = [(j, c) for j, c in measured if j > k]
+        if below and above:
+            (j0, c0), (j1, c1) = below[-1], above[0]
+            return c0 + (c1 - c0) * (k - j0) / (j1 - j0)
+        base = measured[0][1] if measured[0][0] == 0 else None
+        if len(measured) >= 2:
+            (j0, c0), (j1, c1) = measured[-2], measured[-1]
+            per_draft = (c1 - c0) / (j1 - j0)
+        else:
+            per_draft = 0.0
+        j_last, c_last = (below or above)[-1 if below else 0]
+        per_draft = max(per_draft, self.slope * (base if base is not None else c_last / (1 + self.slope * j_last)))
+        return c_last + per_draft * (k - j_last)
+
+    def expected_tokens(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for i in range(k):
+            run *= self.kept[i] / self.drafted[i]
+            total += run
+        return total
+
+    def choose(self, room: int) -> int:
+        """The draft length of the next step, at most `room`."""
+        self.steps += 1
+        limit = min(self.n_max, room)
+        if limit <= 0:
+            return 0
+        costs = [self.cost(k) for k in range(limit + 1)]
+        if costs[0] is None:  # nothing measured yet: start at the longest draft
+            return limit
+        best = max(range(limit + 1), key=lambda k: self.expected_tokens(k) / costs[k])
+        if self.explore and self.steps % self.explore == 0:
+            best = min(limit, best + 1) if self.steps % (2 * self.explore) else max(0, best - 1)
+        return best
+
+
 class Speculation:
     """A draft source and the draft length for Session.generate(speculative=...), the CLI and the
     server: draft(context, room) returns at most n_max tokens (fewer when `room`, the tokens the
     answer and the context can still take after the next one, is smaller), or none when the
-    source has nothing (plain one-token decoding then). n_min: a shorter draft is dropped."""
+    source has nothing (plain one-token decoding then). n_min: a shorter draft is dropped.
+    auto: each step's length is DraftLength's choice (the driver reports what steps cost through
+    observe() and what they kept through record())."""
 
-    def __init__(self, source, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0):
+    def __init__(self, source, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0, auto: bool = False):
         if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
             raise _core.InvalidArgument(f"speculative draft length n_max must be an integer >= 1, got {n_max!r}")
         if isinstance(n_min, bool) or not isinstance(n_min, int) or not 0 <= n_min <= n_max:
             raise _core.InvalidArgument(f"speculative n_min must be an integer in [0, n_max = {n_max}], got {n_min!r}")
         self.source, self.n_max, self.n_min = source, n_max, n_min
+        self.length = DraftLength(n_max) if auto else None
+
+    def observe(self, n_drafted: int, seconds: float) -> None:
+        """A decode step with n_drafted draft tokens (0: a plain one) took `seconds`."""
+        if self.length is not None:
+            self.length.observe(n_drafted, seconds)
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """A verify step kept n_accepted of its n_drafted draft tokens."""
+        if self.length is not None:
+            self.length.record(n_drafted, n_accepted)
 
     @property
     def name(self) -> str:
         return self.source.name
 
     def __repr__(self) -> str:
-        return f"{self.name}(n_max={self.n_max}, n_min={self.n_min})"
+        return f"{self.name}(n_max={self.n_max}, n_min={self.n_min}{', auto' if self.length else ''})"
 
     def draft(self, context: list, room: int, key: int = 0) -> list:
         """At most min(n_max, room) draft tokens after `context` (whose last id is the next token,
         not decoded yet); `key` is the id of the target sequence it drafts for (a server slot's)."""
-        n = min(self.n_max, room)
+        n = min(self.n_max, room) if self.length is None else self.length.choose(room)
         if n < max(self.n_min, 1):
             return []
         out = self.source.draft(context, n, key)[:n]
@@ -230,7 +323,8 @@ class Speculation:
 
 def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0,
                      draft_model: str | os.PathLike | None = None, ngram_size_n: int = DEFAULT_NGRAM_SIZE_N,
-                     ngram_size_m: int = 48, threads: int = 0, n_seq: int = 1) -> Speculation | None:
+                     ngram_size_m: int = 48, threads: int = 0, n_seq: int = 1,
+                     auto: bool = False) -> Speculation | None:
     """The Speculation that --spec-type / -md / --spec-draft-n-max ask for on `target` (a Session),
     or None for "none" (and for no type and no draft model). A draft model alone means
     draft-simple, as in llama.cpp. Bad combinations raise InvalidArgument / UnsupportedError."""
@@ -270,7 +364,7 @@ def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N
             raise _core.InvalidArgument("--spec-type draft-simple needs a draft model (-md FILE)")
         source = ModelDraft(draft_model, target, threads=threads, n_seq=n_seq)
     try:
-        return Speculation(source, n_max, n_min)
+        return Speculation(source, n_max, n_min, auto=auto)
     except Exception:
         source.close()
         raise

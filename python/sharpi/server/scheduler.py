@@ -411,6 +411,7 @@ class Engine:
             for s, _ in entries:
                 s.job.in_step = True
         error = None
+        t0 = time.perf_counter()
         try:
             if self.n_slots == 1:
                 outputs = [self.session.decode(entries[0][1], all_logits=flags[0][0], rewindable=flags[0][1])]
@@ -421,6 +422,9 @@ class Engine:
             outputs = [None] * len(entries)
         except BaseException as e:  # noqa: BLE001 - every Job of the step is answered with it
             outputs, error = [None] * len(entries), e
+        if self.speculation is not None and len(entries) == 1 and not entries[0][0].todo and error is None:
+            # A step of one decoding slot: what a verify step of its draft length costs alone.
+            self.speculation.observe(len(entries[0][0].draft), time.perf_counter() - t0)
         self._step += 1
         n_tokens = sum(len(tokens) for _, tokens in entries)
         with self._state:
@@ -477,6 +481,7 @@ class Engine:
             draft, slot.draft = slot.draft, []
             n_past = self._n_past(slot)
             piece, n_keep = gen.verify(out, draft, n_past)
+            self.speculation.record(len(draft), n_keep - (n_past - len(draft)))
             if n_keep < n_past:
                 self._sequence(slot).truncate(n_keep)
             with self._state:
