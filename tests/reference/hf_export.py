@@ -41,9 +41,12 @@ MOE_MODELS = {
     "glm4moe": "glm4moe",  # Glm4MoeForCausalLM (GLM-4.5-Air: no q/k norm)
     "glm4moe_qknorm": "glm4moe",  # Glm4MoeForCausalLM with use_qk_norm (GLM-4.5)
 }
-# Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer): converted,
-# it is a nextn block after the trunk that the trunk's logits must not depend on.
-MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe"}
+# Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer,
+# _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
+# not depend on. glm4moe_qknorm is left without one on purpose: its config still declares
+# num_nextn_predict_layers 1, so the converter writes nextn_predict_layers 1 and block_count 4 with
+# no blk.3 tensors (llama.cpp's "trunk only" file, which it loads too).
+MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256"}
 # Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
@@ -62,7 +65,8 @@ HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 ENGINE_ONLY_MODELS = {"gpt_oss": "gpt-oss"}  # GptOssForCausalLM: tests/test_gpt_oss.py
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe"}  # Qwen3MoeForCausalLM
+# glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file.
+QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe"}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -241,6 +245,12 @@ def make_config(name: str, vocab_size: int):
         config.scoring_func = "sigmoid"
         config.topk_method = "noaux_tc"
         return config
+    if name == "glm4moe_256":
+        # glm4moe (q/k norms on) 256 wide wherever a row is, for llama-quantize's K types.
+        config = make_config("glm4moe_qknorm", vocab_size)
+        config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+        config.head_dim = 64
+        return config
     if name in ("glm4moe", "glm4moe_qknorm"):
         # GLM-4.5's proportions at a small size: head_dim 48 != hidden/heads, partial RoPE on half
         # of it (partial_rotary_factor 0.5, as every GLM-4.5/4.6/4.7 config), q/k/v biases, one
@@ -374,6 +384,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "gpt_oss": transformers.GptOssForCausalLM,
         "glm4moe": transformers.Glm4MoeForCausalLM,
         "glm4moe_qknorm": transformers.Glm4MoeForCausalLM,
+        "glm4moe_256": transformers.Glm4MoeForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
