@@ -32,6 +32,7 @@ pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
 from ci_policy import prerequisite_missing, require_llama_cpp
+from model_files import rewrite_gguf
 from reference import hf_export
 from reference.engine_checks import (
     check_greedy,
@@ -162,6 +163,55 @@ def test_streamed_equals_resident_at_a_quarter_budget(files, name):
         return sharpi.Session(path, threads=THREADS, n_ctx=128, **budget)
 
     check_streams_like_resident(open_session, PROMPT, 24, f"{name} f32")
+
+
+@pytest.mark.parametrize("predictor", ["prev_token", "next_gate"])
+def test_predictors_stream_bit_identically(files, predictor):
+    """Prefetch hints (next_gate ranks by glm4moe's own rule: sigmoid + selection bias after
+    post_attention_norm) change what is read when, never the logits."""
+    path = str(files["glm4moe"])
+    resident = greedy_logits(sharpi.Session(path, threads=THREADS, n_ctx=64), PROMPT, 12)
+    probe = sharpi.Session(path, threads=1, n_ctx=64, ram_budget="4GiB", reader="pread")
+    st, info = probe.expert_stats(), probe.info
+    k = info["n_expert_used"]
+    n_moe_slots = (info["n_layer"] - info["n_layer_dense_lead"]) * info["n_expert"]
+    budget = st["fixed_bytes"] + (max(k, n_moe_slots // 4) + k) * st["slot_bytes"]  # + lookahead-1 staging
+    s = sharpi.Session(path, threads=THREADS, n_ctx=64, ram_budget=budget, reader="pread", predictor=predictor,
+                       lookahead=1)
+    np.testing.assert_array_equal(greedy_logits(s, PROMPT, 12), resident)
+    layers = s.expert_stats()["layers"]
+    assert sum(lay["prefetch_issued"] for lay in layers) > 0
+    assert sum(lay["evictions"] for lay in layers) > 0
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("glm4moe_tiny") / "glm4moe-tiny.gguf")
+    mm.write_model(path, arch="glm4moe", preset="tiny", quant="q8_0", seed=3)
+    return path
+
+
+def test_gating_defaults_to_sigmoid_as_llama_cpp(tiny, tmp_path):
+    # llama.cpp's glm4moe loader takes sigmoid when expert_gating_func is absent.
+    bare = str(tmp_path / "no-gating-key.gguf")
+    softmax = str(tmp_path / "softmax.gguf")
+    rewrite_gguf(tiny, bare, drop_kv=("glm4moe.expert_gating_func",))
+    rewrite_gguf(tiny, softmax, set_kv={"glm4moe.expert_gating_func": 1})
+    logits = {p: np.asarray(sharpi.Session(p, threads=1, n_ctx=32).decode(PROMPT[:8], True)) for p in (tiny, bare, softmax)}
+    np.testing.assert_array_equal(logits[bare], logits[tiny])
+    assert not np.array_equal(logits[softmax], logits[tiny])
+
+
+@pytest.mark.parametrize("dropped, error, message", [
+    (("blk.1.attn_k_norm.weight",), sharpi.MissingTensorError, r"layer 1 has only one of attn_q_norm / attn_k_norm"),
+    (("blk.2.exp_probs_b.bias",), sharpi.MissingTensorError, r"blk\.2\.exp_probs_b\.bias"),
+    (("blk.0.post_attention_norm.weight",), sharpi.MissingTensorError, r"blk\.0\.post_attention_norm\.weight"),
+])  # fmt: skip
+def test_incomplete_files_are_typed_errors(tiny, tmp_path, dropped, error, message):
+    bad = str(tmp_path / "bad.gguf")
+    rewrite_gguf(tiny, bad, drop_tensors=dropped)
+    with pytest.raises(error, match=message):
+        sharpi.Session(bad, threads=1, n_ctx=32)
 
 
 # ----------------------------------------------------------------------------------------------
