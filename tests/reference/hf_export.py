@@ -8,11 +8,13 @@ converter (see convert_driver.py for the one in-memory patch) and never runs the
 inside this process.
 
 Every model is 2 layers (the hybrid ones 4: DeltaNet and gated attention alternating, plus one
-nextn block), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
+nextn block; DeepSeek and GLM-4.5 3, the first dense, GLM-4.5 plus one nextn block), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
 weights drawn at std ~0.08 and norm weights around 1 so that hidden states and routing are far from
 degenerate. The models also cover the variants the reference must get right: GQA everywhere,
-linear RoPE scaling (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings
-(qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe, qwen2).
+linear RoPE scaling (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3, glm4moe), tied
+embeddings (qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe,
+qwen2, glm4moe), partial RoPE (glm4moe, the hybrids), sigmoid routing with a selection bias
+(deepseek_v3, glm4moe).
 """
 
 from __future__ import annotations
