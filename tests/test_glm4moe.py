@@ -12,8 +12,11 @@ Here, on tiny random transformers Glm4MoeForCausalLM checkpoints converted by ll
     declares a nextn block without its tensors (llama.cpp's trunk-only case) loads as well;
   - Q4_K_M by llama.cpp's own llama-quantize: exact mode within 1e-4 of the float64 reference on
     the dequantized weights, and streamed == resident bit for bit at a quarter budget;
-  - llama.cpp's own glm4moe graph (llama-cpp-python) on the converter's f32 file and on make-model's
-    glm-4.5-air preset at small widths: a third implementation;
+  - prefetch predictors (prev_token, next_gate) keep a quarter-budget stream bit-identical;
+  - llama.cpp's defaults and refusals: gating is sigmoid when the file does not say, GLM-4.5V's
+    M-RoPE files and files missing a glm4moe tensor are typed errors;
+  - llama.cpp's own glm4moe graph (llama-cpp-python) on the converter's f32 files and on make-model's
+    glm-4.5-air and glm-4.6 presets at small widths: a third implementation;
   - the glm-4.5-air and glm-4.6 presets plan GLM-4.5-Air's and GLM-4.6's published shapes.
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched; the
@@ -202,6 +205,18 @@ def test_gating_defaults_to_sigmoid_as_llama_cpp(tiny, tmp_path):
     assert not np.array_equal(logits[softmax], logits[tiny])
 
 
+def test_multimodal_mrope_files_are_refused(tiny, tmp_path):
+    # GLM-4.5V's text model: llama.cpp runs M-RoPE when rope.dimension_sections has two sections.
+    mrope = str(tmp_path / "mrope.gguf")
+    rewrite_gguf(tiny, mrope, set_kv={"glm4moe.rope.dimension_sections": [8, 8, 0, 0]})
+    with pytest.raises(sharpi.UnsupportedError, match=r"rope\.dimension_sections \(multimodal M-RoPE"):
+        sharpi.Session(mrope, threads=1, n_ctx=32)
+    # Sections that do not make M-RoPE (llama.cpp's use_mrope needs the first two) are plain RoPE.
+    plain = str(tmp_path / "plain.gguf")
+    rewrite_gguf(tiny, plain, set_kv={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]})
+    assert sharpi.Session(plain, threads=1, n_ctx=32).info["arch"] == "glm4moe"
+
+
 @pytest.mark.parametrize("dropped, error, message", [
     (("blk.1.attn_k_norm.weight",), sharpi.MissingTensorError, r"layer 1 has only one of attn_q_norm / attn_k_norm"),
     (("blk.2.exp_probs_b.bias",), sharpi.MissingTensorError, r"blk\.2\.exp_probs_b\.bias"),
@@ -293,13 +308,15 @@ def test_converter_file_matches_llama_cpp(files, name):
     assert rel.max() <= 1e-5, rel
 
 
-def test_glm_4_5_air_preset_at_small_widths_matches_llama_cpp(tmp_path):
-    """make-model's glm-4.5-air file (46 + 1 MTP layers, the first dense; 8 of 128 experts with a
-    shared one) at small widths, as llama.cpp's glm4moe loader and graph take it."""
+@pytest.mark.parametrize("preset", ["glm-4.5-air", "glm-4.6"])
+def test_glm_presets_at_small_widths_match_llama_cpp(tmp_path, preset):
+    """make-model's glm-4.5-air file (the first layer dense; 8 of 128 experts with a shared one; no
+    q/k norm) and glm-4.6 file (3 dense layers; 8 of 160 experts; q/k norms; routed scale 2.5), each
+    with its MTP block, at small widths, as llama.cpp's glm4moe loader and graph take them."""
     small = {"n_vocab": 512, "n_embd": 128, "n_head": 4, "n_head_kv": 2, "head_dim": 64, "n_rot": 32,
-             "n_ff": 128, "n_ff_exp": 32, "n_ff_shexp": 32, "n_layer": 4}  # fmt: skip
-    path = tmp_path / "glm-4.5-air-small.gguf"
-    mm.write_model(path, preset="glm-4.5-air", quant="f32", seed=5, **small)
+             "n_ff": 128, "n_ff_exp": 32, "n_ff_shexp": 32, "n_layer": 5}  # fmt: skip
+    path = tmp_path / f"{preset}-small.gguf"
+    mm.write_model(path, preset=preset, quant="f32", seed=5, **small)
     tokens = [int(t) for t in np.random.default_rng(0).integers(5, 500, 16)]
     theirs = _llama_cpp_logits(path, tokens)
     ours = _sharpi_logits(path, tokens)
