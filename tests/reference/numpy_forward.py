@@ -88,6 +88,7 @@ class HParams:
     n_lora_kv: int = 0
     head_dim_k_mla: int = 0
     head_dim_v_mla: int = 0
+    # deepseek2 and glm4moe (DEEPSEEK_ROUTER_ARCHS): the router's gating, groups and weight scale
     sigmoid_gating: bool = False
     n_group: int = 1
     n_group_used: int = 1
