@@ -21,8 +21,8 @@ def rewrite_gguf(
     tensor_edit: Callable[[str, np.ndarray, GGMLQuantizationType, list], tuple] | None = None,
     add_tensors: dict[str, np.ndarray] | None = None,
 ) -> None:
-    """Copy src to dst. set_kv: {key: value} (str, int (u32, or u64 when it needs 64 bits), float or
-    bool; replaces or adds).
+    """Copy src to dst. set_kv: {key: value} (str, int (u32, or u64 when it needs 64 bits), float,
+    bool or a list; replaces or adds).
     tensor_edit(name, raw_bytes, type, ggml_shape) -> (raw_bytes, type, ggml_shape) or None to keep.
     add_tensors: {name: float32 array in numpy shape} appended after the file's own tensors."""
     reader = GGUFReader(src)
@@ -46,6 +46,8 @@ def rewrite_gguf(
             writer.add_key_value(key, value, GGUFValueType.UINT32 if value < 2**32 else GGUFValueType.UINT64)
         elif isinstance(value, float):
             writer.add_key_value(key, value, GGUFValueType.FLOAT32)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
         else:
             writer.add_key_value(key, str(value), GGUFValueType.STRING)
     for t in reader.tensors:

@@ -1,6 +1,6 @@
 """sharpi's C++ engine against the float64 numpy reference, on the tiny synthetic models
 sharpi.make_model writes (llama.cpp tensor names): the MoE architectures (llama as Mixtral,
-qwen2moe, qwen3moe, olmoe, deepseek2, and the hybrid DeltaNet qwen3next, qwen35moe) x f32, f16, q8_0, q4_k, q4_k_m, and the dense llama, qwen2 and qwen3
+qwen2moe, qwen3moe, olmoe, deepseek2, glm4moe, and the hybrid DeltaNet qwen3next, qwen35moe) x f32, f16, q8_0, q4_k, q4_k_m, and the dense llama, qwen2 and qwen3
 on f32 and q4_k_m.
 
 Each case checks three paths (tests/reference/engine_checks.py): all-positions prefill, token-by-
@@ -29,7 +29,7 @@ if not hasattr(sharpi, "Session"):
 make_model = pytest.importorskip("sharpi.make_model", reason="sharpi.make_model not available in this build")
 
 # llama = Mixtral-style MoE; deepseek2 = MLA, a leading dense layer, shared experts, scaled weights.
-MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe"]
+MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe"]
 # The dense architectures sharpi also runs (llama with n_expert = 0), on fewer weight types.
 DENSE_CASES = {"llama-dense": ("llama", {"n_expert": 0}), "qwen2": ("qwen2", {}), "qwen3": ("qwen3", {})}
 DENSE_QUANTS = ["f32", "q4_k_m"]

@@ -662,9 +662,10 @@ def test_moe_tracing_end_to_end(models, tmp_path, monkeypatch, capsys):
 
 @pytest.fixture(scope="module")
 def routing_rule_models(tmp_path_factory):
-    """Two routers that do not rank experts by their plain logits: gpt-oss (a router bias) and
+    """Three routers that do not rank experts by their plain logits: gpt-oss (a router bias),
     deepseek2 rewritten to DeepSeek-V3's rule (sigmoid scores plus a per-expert selection bias,
-    8 experts in 4 groups of which the 2 best may be chosen), each with 5 layers."""
+    8 experts in 4 groups of which the 2 best may be chosen), and glm4moe (sigmoid scores plus a
+    selection bias, no groups, post_attention_norm before the router), each with 5 layers."""
     d = tmp_path_factory.mktemp("routing_rule_models")
     rng = np.random.default_rng(1)
     small_bias = str(d / "gpt-oss-small-bias.gguf")
@@ -686,10 +687,20 @@ def routing_rule_models(tmp_path_factory):
     v3 = str(d / "deepseek2-v3.gguf")
     rewrite_gguf(v2, v3, set_kv={"deepseek2.expert_gating_func": 2, "deepseek2.expert_group_count": 4,
                                  "deepseek2.expert_group_used_count": 2}, add_tensors=biases)
-    return {"gpt-oss": gpt_oss, "deepseek-v3": v3}
+    glm_small_bias = str(d / "glm4moe-small-bias.gguf")
+    write_model(glm_small_bias, arch="glm4moe", preset="tiny", quant="q8_0", seed=9, n_layer=N_LAYER)
+
+    def larger_selection_bias(name, raw, ttype, shape):
+        if not name.endswith("exp_probs_b.bias"):
+            return None
+        return rng.uniform(-0.3, 0.3, shape[0]).astype(np.float32).view(np.uint8), ttype, shape
+
+    glm = str(d / "glm4moe.gguf")
+    rewrite_gguf(glm_small_bias, glm, tensor_edit=larger_selection_bias)
+    return {"gpt-oss": gpt_oss, "deepseek-v3": v3, "glm4moe": glm}
 
 
-@pytest.mark.parametrize("label", ["gpt-oss", "deepseek-v3"])
+@pytest.mark.parametrize("label", ["gpt-oss", "deepseek-v3", "glm4moe"])
 def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models, label):
     # next_gate's scores for layer t must rank experts as layer t's own routing rule does: the
     # router bias (gpt-oss: softmax top-k of logits + bias, so the biased logits themselves), and
@@ -707,8 +718,8 @@ def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models,
     w = {t.name: dequantize(t.data, t.tensor_type).reshape(t.shape[::-1].tolist()).astype(np.float64)
          for t in reader.tensors if "ffn_gate_inp" in t.name or "norm" in t.name}
     moe_layers = [il for il in range(N_LAYER) if f"blk.{il}.ffn_gate_inp.weight" in w]
-    norm_name = "post_attention_norm" if arch == "gpt-oss" else "ffn_norm"
-    ref = ReferenceModel(path) if arch == "deepseek2" else None
+    norm_name = "post_attention_norm" if arch in ("gpt-oss", "glm4moe") else "ffn_norm"
+    ref = ReferenceModel(path) if arch in ("deepseek2", "glm4moe") else None
     info = sharpi.Session(path, threads=1, n_ctx=16).info
     n_embd, n_expert, k = info["n_embd"], info["n_expert"], info["n_expert_used"]
     handle = _internal.load_predictor("next_gate", "", path, 1)

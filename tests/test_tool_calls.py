@@ -40,6 +40,14 @@ HAND_WRITTEN = [
     ("qwen3_xml", ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
                   "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
      "", [("get_weather", {"city": "San Francisco", "days": 3})]),
+    ("glm45", ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>San Francisco</arg_value>\n"
+               "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
+     "", [("get_weather", {"city": "San Francisco", "days": 3})]),
+    # GLM-4.7's compact spelling, text before the calls, a JSON object value, a call without arguments.
+    ("glm45", ('On it.\n<tool_call>search<arg_key>q</arg_key><arg_value>a < b</arg_value>'
+               '<arg_key>opts</arg_key><arg_value>{"k": [1, "</arg_value>"]}</arg_value></tool_call>'
+               "\n<tool_call>now\n</tool_call>"),
+     "On it.", [("search", {"q": "a < b", "opts": {"k": [1, "</arg_value>"]}}), ("now", {})]),
     ("deepseek", ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                  '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
                  '```json\n{"tz": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'),
@@ -77,6 +85,7 @@ def test_hand_written_replies(family, text, content, calls):
     ("llama3", '{"name": "f", "parameters": [1]}'),
     ("mistral", "[TOOL_CALLS] nonsense"),
     ("qwen3_xml", "<tool_call>\n<oops>\n</tool_call>"),
+    ("glm45", "<tool_call>f\n<arg_key>x</arg_key>\nno value\n</tool_call>"),
     ("harmony", "<|channel|>final<|message|>Just text."),
 ])
 def test_text_that_is_no_call_stays_content(family, text):
@@ -105,7 +114,7 @@ def test_unknown_family_and_bad_tools_are_typed_errors():
 
 def test_detect_family_without_template():
     assert detect_family(None) == "hermes" and detect_family("") == "hermes"
-    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony"}
+    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "glm45", "deepseek", "llama3", "mistral", "harmony"}
 
 
 # -- real templates ------------------------------------------------------------------------------
@@ -126,6 +135,8 @@ REAL_TEMPLATES = {
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("hermes", "object", True),
     "Qwen3.5-4B": ("qwen3_xml", "object", True),
     "Qwen3-Coder": ("qwen3_xml", "object", True),
+    "GLM-4.6": ("glm45", "object", True),
+    "GLM-4.7-Flash": ("glm45", "object", True),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": ("deepseek", "string", True),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", "object", False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", "object", False),
@@ -149,7 +160,11 @@ def tokenizer():
     return sharpi.Session(default_model_path(), threads=1, n_ctx=64).tokenizer
 
 
-def emitted_reply(tok, source: str, calls: list, args_form: str) -> str:
+# GLM's templates print a None content as "None": a calls-only turn has content "" there.
+CALLS_ONLY_CONTENT = {"GLM-4.6": ("",), "GLM-4.7-Flash": ("",)}
+
+
+def emitted_reply(tok, source: str, calls: list, args_form: str, contents=(None, "")) -> str:
     """What the template writes for an assistant turn with these calls after its generation prompt."""
     user = [{"role": "user", "content": "Weather, please?"}]
     tool_calls = [{"id": f"abc{i:06d}", "type": "function",  # 9 alphanumerics: Mistral's templates demand it
@@ -157,7 +172,7 @@ def emitted_reply(tok, source: str, calls: list, args_form: str) -> str:
                                 if args_form == "string" else args}} for i, (name, args) in enumerate(calls)]
     prompt = tok.apply_chat_template(user, template=source, tools=TOOLS, add_generation_prompt=True)
     full = None
-    for content in (None, ""):  # templates differ in how a calls-only turn is written
+    for content in contents:  # templates differ in how a calls-only turn is written
         try:
             full = tok.apply_chat_template(user + [{"role": "assistant", "content": content, "tool_calls": tool_calls}],
                                            template=source, tools=TOOLS, add_generation_prompt=False)
@@ -188,7 +203,7 @@ def test_real_template_round_trip(tokenizer, name):
     family, args_form, parallel = REAL_TEMPLATES[name]
     assert detect_family(source) == family
     for calls in (CALLS[:1], CALLS) if parallel else (CALLS[:1],):
-        reply_text = emitted_reply(tokenizer, source, calls, args_form)
+        reply_text = emitted_reply(tokenizer, source, calls, args_form, CALLS_ONLY_CONTENT.get(name, (None, "")))
         reply = parse_tool_calls(reply_text, family, TOOLS)
         assert calls_of(reply) == calls, reply_text
         # What is left is the template's own framing: end-of-turn tokens, an empty think block.
@@ -258,5 +273,5 @@ def test_real_template_replies_streamed(tokenizer, name):
     source = (Path(_template_dir()) / f"{name}.jinja").read_text(encoding="utf-8")
     family, args_form, parallel = REAL_TEMPLATES[name]
     for calls in (CALLS[:1], CALLS) if parallel else (CALLS[:1],):
-        reply_text = emitted_reply(tokenizer, source, calls, args_form)
+        reply_text = emitted_reply(tokenizer, source, calls, args_form, CALLS_ONLY_CONTENT.get(name, (None, "")))
         assert streamed(reply_text, family, 1, TOOLS)[1] == calls, reply_text

@@ -61,6 +61,12 @@ def inspect_summary(path) -> dict:
         derived["vocab_size"] = by_name["token_embd.weight"]["shape"][1]
 
     attention = _attention_summary(hparams, any(name.endswith(".attn_sinks.weight") for name in by_name))
+    q_norm = next((t for t in tensors if t["name"].endswith(".attn_q_norm.weight")), None)
+    if q_norm is not None and attention.get("kind") in ("mha", "gqa"):
+        # Per head (weights of head_dim: qwen3, glm4moe) or over the whole projection (olmoe).
+        whole = q_norm["shape"][0] == (hparams.get("attention.head_count") or 0) * attention["head_dim"]
+        attention["qk_norm"] = "whole projection" if whole and attention["head_dim"] != q_norm["shape"][0] else "per head"
+    routing = _routing_summary(arch, hparams, by_name)
 
     by_type: dict[str, dict] = {}
     for t in tensors:
@@ -86,7 +92,7 @@ def inspect_summary(path) -> dict:
         routed += t["nbytes"]
     total = sum(t["nbytes"] for t in tensors)
 
-    # Multi-token-prediction blocks (qwen3next, qwen35moe, deepseek): the last nextn_predict_layers of
+    # Multi-token-prediction blocks (qwen3next, qwen35moe, glm4moe, deepseek): the last nextn_predict_layers of
     # block_count. sharpi loads the file with them and never runs them.
     nextn = OrderedDict()
     n_nextn = int(hparams.get("nextn_predict_layers", 0) or 0)
@@ -135,6 +141,7 @@ def inspect_summary(path) -> dict:
         hparams=hparams,
         derived=derived,
         attention=attention,
+        routing=routing,
         tokenizer=tok,
         bytes_by_type=OrderedDict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
         tensor_bytes=total,
@@ -187,13 +194,41 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
         n_head_kv = hparams.get("attention.head_count_kv", n_head)
         head_dim = hparams.get("attention.key_length") or hparams["embedding_length"] // n_head
         out["kind"] = "mha" if n_head_kv == n_head else "gqa"
+        out["head_dim"] = head_dim
         out["kv_cache_floats_per_token_layer"] = 2 * n_head_kv * head_dim
+        n_rot = hparams.get("rope.dimension_count")
+        if n_rot and n_rot < head_dim:  # partial RoPE (glm4moe: half of each head)
+            out["rope_dims"] = n_rot
     if "rope.scaling.type" in hparams:
         out["rope_scaling"] = hparams["rope.scaling.type"]
     if hparams.get("attention.sliding_window"):
         out["sliding_window"] = hparams["attention.sliding_window"]
         out["sliding_layers"] = "even (0, 2, ...); odd layers full"
     out["sinks"] = has_sinks
+    return out
+
+
+def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
+    """How a MoE file routes, in llama.cpp's terms: gating function (softmax unless
+    expert_gating_func says sigmoid; glm4moe defaults to sigmoid), whether a selection bias
+    (exp_probs_b) steers the choice, top-k renormalisation, the routed weight scale, expert groups,
+    shared experts and leading dense layers. Empty for a dense file."""
+    if not hparams.get("expert_count"):
+        return OrderedDict()
+    gating = int(hparams.get("expert_gating_func", 2 if arch == "glm4moe" else 1) or 1)
+    out = OrderedDict(gating="sigmoid" if gating == 2 else "softmax")
+    out["selection_bias"] = any(n.endswith(".exp_probs_b.bias") for n in by_name)
+    if "expert_weights_norm" in hparams:
+        out["weights_norm"] = bool(hparams["expert_weights_norm"])
+    out["weights_scale"] = float(hparams.get("expert_weights_scale", 1.0) or 1.0)
+    if int(hparams.get("expert_group_count", 1) or 1) > 1:
+        out["groups"] = f"{hparams['expert_group_used_count']} of {hparams['expert_group_count']}"
+    shared = hparams.get("expert_shared_count")
+    if shared is None and any(n.endswith(".ffn_gate_shexp.weight") for n in by_name):
+        shared = 1
+    out["shared_experts"] = int(shared or 0)
+    out["shared_gate"] = any(n.endswith(".ffn_gate_inp_shexp.weight") for n in by_name)
+    out["leading_dense_layers"] = int(hparams.get("leading_dense_block_count", 0) or 0)
     return out
 
 
@@ -268,6 +303,20 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         w(f"  latent cache type: {a['latent_cache_type']}; bytes/token/layer {sizes}")
     elif a:
         w(f"attention: {a['kind'].upper()}, KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer")
+        if a.get("rope_dims"):
+            w(f"  partial RoPE: the first {a['rope_dims']} of {a['head_dim']} dimensions of each head")
+        if a.get("qk_norm"):
+            w(f"  q/k RMSNorm: {a['qk_norm']}")
+    r = s.get("routing")
+    if r:
+        w(
+            f"routing: {r['gating']}{' + selection bias (exp_probs_b)' if r['selection_bias'] else ''}"
+            + (f", top-k weights {'renormalised' if r['weights_norm'] else 'as scored'}" if "weights_norm" in r else "")
+            + f", scale {r['weights_scale']:g}"
+            + (f", expert groups {r['groups']}" if "groups" in r else "")
+            + f", {r['shared_experts']} shared expert(s){' (gated)' if r['shared_gate'] else ''}"
+            + f", {r['leading_dense_layers']} leading dense layer(s)"
+        )
     if a.get("sliding_window"):
         w(f"  sliding window {a['sliding_window']} on layers {a['sliding_layers']}")
     if a.get("sinks"):

@@ -90,12 +90,12 @@ def _write_metadata(
     """Keys and value types as convert_hf_to_gguf.py writes them for hp.arch."""
     w.add_type("model")
     w.add_name(f"sharpi synthetic {preset} {hp.arch}")
-    w.add_block_count(hp.n_layer + hp.n_layer_nextn)  # the converter counts the MTP blocks in
+    w.add_block_count(hp.n_layer + hp.n_layer_nextn)  # the nextn (MTP) blocks count too
     w.add_context_length(hp.n_ctx_train)
     w.add_embedding_length(hp.n_embd)
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the
     # dense width (unused by the MoE layers) for the Qwen MoE models.
-    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2") or not hp.is_moe
+    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe") or not hp.is_moe
     w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
@@ -116,7 +116,7 @@ def _write_metadata(
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
     # key_length / value_length exist when the HF config has head_dim: Qwen3 always, Llama when set.
-    if hp.arch in ("qwen3", "qwen3moe") + HYBRID_ARCHES or (hp.arch == "llama" and hp.q_width != hp.n_embd):
+    if hp.arch in ("qwen3", "qwen3moe", "glm4moe") + HYBRID_ARCHES or (hp.arch == "llama" and hp.q_width != hp.n_embd):
         w.add_key_length(hp.head_dim)
         w.add_value_length(hp.head_dim)
     w.add_file_type(int(recipe.ftype))
@@ -126,6 +126,8 @@ def _write_metadata(
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
     if hp.arch in HYBRID_ARCHES:
         _write_hybrid_metadata(w, hp)
+    if hp.arch == "glm4moe":
+        _write_glm4moe_metadata(w, hp)
     if hp.arch == "llama":
         w.add_vocab_size(hp.n_vocab)
         w.add_rope_dimension_count(hp.head_dim)
@@ -149,6 +151,21 @@ def _write_metadata(
     w.add_string("sharpi.preset", preset)
     w.add_uint32("sharpi.seed", seed)
     w.add_string("sharpi.weights", weights)
+
+
+def _write_glm4moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
+    """The keys Glm4MoeModel.set_gguf_parameters writes after the common ones: partial RoPE, the
+    expert layout, leading dense layers, sigmoid gating, routed scaling, top-k renormalisation
+    (norm_topk_prob is true in every GLM-4.5/4.6/4.7 config) and the MTP block count."""
+    w.add_rope_dimension_count(hp.n_rot or hp.head_dim // 2)
+    w.add_expert_feed_forward_length(hp.n_ff_exp)
+    w.add_expert_shared_count(hp.n_ff_shexp // hp.n_ff_exp)
+    w.add_leading_dense_block_count(hp.n_layer_dense_lead)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(hp.expert_weights_scale)
+    w.add_expert_weights_norm(True)
+    if hp.n_layer_nextn:
+        w.add_nextn_predict_layers(hp.n_layer_nextn)
 
 
 def _write_deepseek2_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:

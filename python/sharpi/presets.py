@@ -6,7 +6,9 @@ overrides into one validated `HParams`. Field names follow llama.cpp's (n_embd, 
 Sources for the real models are their Hugging Face config.json files:
   allenai/OLMoE-1B-7B-0924, Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen1.5-MoE-A2.7B,
   deepseek-ai/DeepSeek-V2-Lite (preset deepseek-v2-lite: the real deepseek2 architecture, MLA and all;
-  the older trace-shaped "deepseek-trace" is a qwen3moe with DeepSeek-V2-Lite's expert layout).
+  the older trace-shaped "deepseek-trace" is a qwen3moe with DeepSeek-V2-Lite's expert layout),
+  zai-org/GLM-4.5-Air and zai-org/GLM-4.6 (presets glm-4.5-air and glm-4.6; GLM-4.5 and GLM-4.7 have
+  GLM-4.6's shapes).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
-MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss")  # always MoE
+MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe")  # always MoE
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -62,8 +64,11 @@ class HParams:
     full_attention_interval: int = 0
     n_rot: int = 0  # deepseek2: qk_rope_head_dim
     n_swa: int = 0  # gpt-oss: attention.sliding_window (even layers slide, odd ones attend to all)
-    # Multi-token-prediction blocks after the trunk (nextn_predict_layers; qwen3next / qwen35moe):
-    # blk.<n_layer + i>, a full-attention block plus nextn.{eh_proj, enorm, hnorm, shared_head_norm}.
+    # glm4moe: per-head q/k RMSNorm (use_qk_norm: GLM-4.5 / 4.6 / 4.7, not 4.5-Air).
+    use_qk_norm: bool = False
+    # Multi-token-prediction blocks after the trunk (nextn_predict_layers; glm4moe, qwen3next,
+    # qwen35moe): blk.<n_layer + i>, a full-attention block plus the nextn.* tensors
+    # (block_count = n_layer + n_layer_nextn).
     n_layer_nextn: int = 0
 
     @property
@@ -241,6 +246,69 @@ PRESETS["gpt-oss-20b"] = {
     "yarn_n_ctx_orig": 4096,
     "n_swa": 128,
 }
+# zai-org/GLM-4.5-Air (106B-A12B): 46 layers (the first dense) of 128 routed experts top-8 plus one
+# shared expert, 96 query heads of 128 over 8 KV heads (q/k/v biases, no q/k norm), RoPE on half of
+# each head, routed_scaling_factor 1.0, one MTP block.
+PRESETS["glm-4.5-air"] = {
+    "arch": "glm4moe",
+    "n_vocab": 151552,
+    "n_ctx_train": 131072,
+    "n_embd": 4096,
+    "n_layer": 46,
+    "n_head": 96,
+    "n_head_kv": 8,
+    "head_dim": 128,
+    "n_ff": 10944,
+    "n_expert": 128,
+    "n_expert_used": 8,
+    "n_ff_exp": 1408,
+    "n_ff_shexp": 1408,
+    "rope_freq_base": 1000000.0,
+    "rms_eps": 1e-5,
+    "n_rot": 64,
+    "n_layer_dense_lead": 1,
+    "expert_weights_scale": 1.0,
+    "use_qk_norm": False,
+    "n_layer_nextn": 1,
+}
+# zai-org/GLM-4.6 (355B-A32B; GLM-4.5 and GLM-4.7 have the same shapes, GLM-4.5 a 131072 context):
+# 92 layers (the first 3 dense) of 160 routed experts top-8 plus one shared expert, n_embd 5120,
+# 96 query heads of 128 over 8 KV heads with q/k RMSNorm, routed_scaling_factor 2.5, one MTP block.
+PRESETS["glm-4.6"] = {
+    "arch": "glm4moe",
+    "n_vocab": 151552,
+    "n_ctx_train": 202752,
+    "n_embd": 5120,
+    "n_layer": 92,
+    "n_head": 96,
+    "n_head_kv": 8,
+    "head_dim": 128,
+    "n_ff": 12288,
+    "n_expert": 160,
+    "n_expert_used": 8,
+    "n_ff_exp": 1536,
+    "n_ff_shexp": 1536,
+    "rope_freq_base": 1000000.0,
+    "rms_eps": 1e-5,
+    "n_rot": 64,
+    "n_layer_dense_lead": 3,
+    "expert_weights_scale": 2.5,
+    "use_qk_norm": True,
+    "n_layer_nextn": 1,
+}
+# "tiny" as glm4moe: one leading dense layer + 2 MoE layers with a shared expert, q/k norms, RoPE on
+# half of each head, and one MTP block. The routed weight scale is GLM-4.5-Air's 1.0: with GLM-4.6's
+# 2.5 on 2 of 8 experts, one router flip of fast mode's quantized activations moves the logits by up
+# to 0.94 of their range (test_fast_mode.py's budgets are for a flip's usual 0.4); the converter
+# models of tests/reference/hf_export.py carry 2.5 against transformers and llama.cpp.
+TINY_GLM4MOE = {
+    "n_layer": 3,
+    "n_rot": 32,
+    "n_layer_dense_lead": 1,
+    "expert_weights_scale": 1.0,
+    "use_qk_norm": True,
+    "n_layer_nextn": 1,
+}
 # "tiny" as gpt-oss: 3 layers (sliding, full, sliding) with a window shorter than a typical test run.
 TINY_GPT_OSS = {"n_layer": 3, "n_swa": 16, "yarn_factor": 32.0, "yarn_n_ctx_orig": 256}
 # "tiny" as deepseek2: the same widths, one leading dense layer + 2 MoE layers, 2 shared experts.
@@ -319,12 +387,14 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
     if preset == "tiny":
         if arch in DENSE_ARCHES:
             p["n_expert"] = p["n_expert_used"] = 0
-        if arch not in ("qwen2moe",) + HYBRID_ARCHES:
+        if arch not in ("qwen2moe", "glm4moe") + HYBRID_ARCHES:
             p["n_ff_shexp"] = 0
         if arch == "deepseek2":
             p.update(TINY_DEEPSEEK2)
         if arch == "gpt-oss":
             p.update(TINY_GPT_OSS)
+        if arch == "glm4moe":
+            p.update(TINY_GLM4MOE)
         if arch in HYBRID_ARCHES:
             p.update(_TINY_HYBRID)
         if arch == "olmoe":
@@ -364,8 +434,8 @@ def validate(hp: HParams) -> None:
     shexp_required = ("qwen2moe",) + HYBRID_ARCHES
     if hp.arch in shexp_required and hp.n_ff_shexp <= 0:
         bad(f"{hp.arch} needs a shared expert: n_ff_shexp must be positive")
-    if hp.arch not in shexp_required + ("deepseek2",) and hp.n_ff_shexp:
-        bad("only qwen2moe, deepseek2, qwen3next and qwen35moe have shared experts; set n_ff_shexp = 0")
+    if hp.arch not in shexp_required + ("deepseek2", "glm4moe") and hp.n_ff_shexp:
+        bad("only qwen2moe, deepseek2, glm4moe, qwen3next and qwen35moe have shared experts; set n_ff_shexp = 0")
     if hp.arch == "deepseek2":
         if hp.n_lora_kv <= 0 or hp.n_rot <= 0 or hp.head_dim_v <= 0 or hp.head_dim <= hp.n_rot:
             bad("MLA needs n_lora_kv, n_rot, head_dim_v > 0 and head_dim (qk_nope + n_rot) > n_rot")
@@ -377,8 +447,19 @@ def validate(hp: HParams) -> None:
             bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
         if hp.n_layer_dense_lead and hp.n_ff <= 0:
             bad("the leading dense layers need n_ff > 0")
-    if hp.n_layer_nextn < 0 or (hp.n_layer_nextn and hp.arch not in HYBRID_ARCHES):
-        bad("n_layer_nextn (MTP blocks) must be 0, or positive on qwen3next / qwen35moe")
+    if hp.arch == "glm4moe":
+        if not 0 <= hp.n_layer_dense_lead < hp.n_layer:
+            bad(f"n_layer_dense_lead = {hp.n_layer_dense_lead} must be in 0..n_layer-1")
+        if hp.n_ff_shexp % hp.n_ff_exp:
+            bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
+        if hp.n_layer_dense_lead and hp.n_ff <= 0:
+            bad("the leading dense layers need n_ff > 0")
+    if hp.n_layer_nextn and hp.arch != "glm4moe" and hp.arch not in HYBRID_ARCHES:
+        bad("make-model writes nextn (MTP) blocks for glm4moe, qwen3next and qwen35moe only; set n_layer_nextn = 0")
+    if hp.n_layer_nextn < 0:
+        bad(f"n_layer_nextn = {hp.n_layer_nextn} must be >= 0")
+    if hp.use_qk_norm and hp.arch != "glm4moe":
+        bad("use_qk_norm is a glm4moe switch (qwen3 and olmoe always have q/k norms)")
     if hp.arch == "gpt-oss" and hp.n_swa <= 0:
         bad("gpt-oss alternates sliding-window and full attention: n_swa must be positive")
     if hp.arch in HYBRID_ARCHES:

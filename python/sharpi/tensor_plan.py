@@ -149,7 +149,8 @@ def choose_type(spec: TensorSpec, hp: HParams, recipe: QuantRecipe, pure: bool =
         return recipe.default
 
     ft, new = recipe.ftype, recipe.default
-    n_layer, il = hp.n_layer, spec.layer
+    # llama-quantize counts the layers by the tensors it sees: the MTP blocks' too.
+    n_layer, il = hp.n_layer + hp.n_layer_nextn, spec.layer
     if ft == FT.MOSTLY_MXFP4_MOE:
         return QT.MXFP4 if len(spec.ne) == 3 and _fits(QT.MXFP4, row) else new if _fits(new, row) else QT.F16
     tied_embd = hp.tie_embeddings and name == "token_embd.weight"
@@ -219,6 +220,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch == "gpt-oss":
             specs += _gpt_oss_layer(hp, il)
             continue
+        if hp.arch == "glm4moe":
+            specs += _glm4moe_layer(hp, il)
+            continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
             TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
@@ -269,9 +273,11 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
             ]
         specs += t
     for i in range(hp.n_layer_nextn):
-        # The MTP block: a full-attention block of the arch, then its nextn tensors, as the
-        # converter writes Qwen3.5's mtp.* (blk.<n_layer + i>).
-        il = hp.n_layer + i
+        il = hp.n_layer + i  # the MTP blocks, blk.<n_layer + i>, as the converter writes them
+        if hp.arch == "glm4moe":
+            specs += _glm4moe_layer(hp, il)
+            continue
+        # Qwen3.5 / Qwen3-Next (mtp.*): a full-attention block of the arch, then the nextn tensors.
         b = f"blk.{il}."
         specs += _hybrid_layer(hp, il, shexp_gate_ne, attention=True)
         specs += [
@@ -330,6 +336,60 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
             TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
             TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
             TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+        ]
+    return t
+
+
+def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One glm4moe block as the converter writes it: q/k/v with biases, per-head q/k norms when
+    use_qk_norm, post_attention_norm as the FFN norm; a dense FFN in the leading layers, else the
+    router, its selection bias exp_probs_b, the routed experts and the ungated shared expert. Blocks
+    il >= n_layer are MTP blocks: a MoE block plus nextn.eh_proj / enorm / hnorm / shared_head_norm."""
+    E, Q, KV, b = hp.n_embd, hp.q_width, hp.kv_width, f"blk.{il}."
+    t = [
+        TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
+        TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
+        TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+        TensorSpec(b + "attn_k.bias", (KV,), il, "bias"),
+        TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+        TensorSpec(b + "attn_v.bias", (KV,), il, "bias"),
+    ]
+    if hp.use_qk_norm:
+        t += [
+            TensorSpec(b + "attn_q_norm.weight", (hp.head_dim,), il, "norm"),
+            TensorSpec(b + "attn_k_norm.weight", (hp.head_dim,), il, "norm"),
+        ]
+    t += [
+        TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+        TensorSpec(b + "post_attention_norm.weight", (E,), il, "norm"),
+    ]
+    if il < hp.n_layer_dense_lead:
+        return t + [
+            TensorSpec(b + "ffn_gate.weight", (E, hp.n_ff), il, "linear"),
+            TensorSpec(b + "ffn_up.weight", (E, hp.n_ff), il, "linear"),
+            TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
+        ]
+    F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
+    t += [
+        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+        TensorSpec(b + "exp_probs_b.bias", (X,), il, "bias"),
+        TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+    ]
+    if S:
+        t += [
+            TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
+            TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
+            TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+        ]
+    if il >= hp.n_layer:
+        t += [
+            TensorSpec(b + "nextn.eh_proj.weight", (2 * E, E), il, "linear"),
+            TensorSpec(b + "nextn.enorm.weight", (E,), il, "norm"),
+            TensorSpec(b + "nextn.hnorm.weight", (E,), il, "norm"),
+            TensorSpec(b + "nextn.shared_head_norm.weight", (E,), il, "norm"),
         ]
     return t
 

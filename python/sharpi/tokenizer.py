@@ -125,6 +125,8 @@ for _names, _spec in [
         ([_LLAMA3], True, True),
     ),
     (("dbrx", "smaug-bpe", "chatglm-bpe"), ([_LLAMA3], False, False)),
+    # GLM-4.5 / 4.6 / 4.7 (and GLM-5): chatglm-bpe's pattern with whole-vocabulary pre-tokens kept.
+    (("glm4", "glm5"), ([_LLAMA3], True, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
     (("qwen35",), ([_QWEN35], False, False)),
     (("default",), (_LLAMA_CPP_DEFAULT, False, False)),

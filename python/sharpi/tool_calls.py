@@ -9,6 +9,11 @@ text (detect_family), since the template is what taught the model the syntax:
 - "qwen3_xml" (Qwen3.5, Qwen3-Coder): the same <tool_call> blocks around XML,
   `<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>`; a value is its text
   for a string parameter, JSON otherwise (the template writes mappings and lists with tojson).
+- "glm45" (GLM-4.5, GLM-4.6, GLM-4.7): <tool_call> blocks holding the name, then one
+  `<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>` pair per argument:
+  `<tool_call>NAME\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>`; a value
+  is read as qwen3_xml's are (its text for a string parameter, JSON otherwise: the template writes
+  non-strings with tojson).
 - "deepseek" (DeepSeek-V3/R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\nARGS\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1 drops the "function" type and
   the fence: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
@@ -35,7 +40,7 @@ from dataclasses import dataclass, field
 from ._core import InvalidArgument
 from .stop_text import held_prefix_len
 
-FAMILIES = ("hermes", "qwen3_xml", "deepseek", "llama3", "mistral", "harmony")
+FAMILIES = ("hermes", "qwen3_xml", "glm45", "deepseek", "llama3", "mistral", "harmony")
 
 _DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -54,6 +59,8 @@ def detect_family(template: str | None) -> str:
         return "harmony"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_xml"
+    if "<arg_key>" in template and "<arg_value>" in template:
+        return "glm45"
     if _MISTRAL_CALLS in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -177,6 +184,50 @@ def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
     return _parse_tagged_blocks(text, call_of)
 
 
+_GLM_HEAD = re.compile(r"\A\s*([^\s<]+)\s*(?=<arg_key>|</tool_call>|\Z)")
+_GLM_KEY = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>", re.DOTALL)
+
+
+def _glm_arguments(text: str, pos: int, props: dict, complete: bool = True) -> tuple:
+    """(arguments, end) of the complete <arg_key>/<arg_value> pairs of a glm45 call from text[pos:]:
+    end is where the pairs stop. A value that opens a JSON object or array runs to its closing
+    bracket (so "</arg_value>" inside one of its strings does not end it), any other to the first
+    </arg_value>. complete=False (a call still streaming): a JSON value stops the pairs until its
+    closing bracket has arrived."""
+    args = {}
+    while m := _GLM_KEY.match(text, pos):
+        start = m.end()
+        close = -1
+        if text[start:start + 1] in ("{", "["):
+            end = _json_value_end(text, start)
+            if end is not None and text.startswith("</arg_value>", end):
+                close = end
+            elif not complete:
+                break
+        if close < 0:
+            close = text.find("</arg_value>", start)
+            if close < 0:
+                break
+        key = m.group(1).strip()
+        args[key] = _xml_value(text[start:close], props.get(key))
+        pos = close + len("</arg_value>")
+    return args, pos
+
+
+def _parse_glm45(text: str, tools=None) -> ParsedReply:
+    params_of = _parameter_schemas(tools)
+
+    def call_of(body: str):
+        head = _GLM_HEAD.match(body)
+        if not head:
+            return None
+        name = head.group(1)
+        args, end = _glm_arguments(body, head.end(), params_of.get(name, {}))
+        return _call(name, args) if not body[end:].strip() else None
+
+    return _parse_tagged_blocks(text, call_of)
+
+
 _HARMONY_CALL = re.compile(
     r"(?:<\|start\|>assistant)?(?:<\|channel\|>commentary\s*)?\s*to=functions\.([^\s<]+)\s*"
     r"(?:<\|channel\|>commentary\s*)?(?:<\|constrain\|>)?\s*(?:json)?\s*<\|message\|>(.*?)(?:<\|call\|>|\Z)",
@@ -285,17 +336,17 @@ def _parse_mistral(text: str) -> ParsedReply:
     return ParsedReply((text[:cut] + rest).strip(), calls)
 
 
-_PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "deepseek": _parse_deepseek,
+_PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "glm45": _parse_glm45, "deepseek": _parse_deepseek,
             "llama3": _parse_llama3, "mistral": _parse_mistral, "harmony": _parse_harmony}
 
 
 def parse_tool_calls(text: str, family: str, tools: list | None = None) -> ParsedReply:
     """The content and tool calls of a reply written in `family`'s syntax (see the module docstring).
-    tools (the request's): the parameter types qwen3_xml's values are read with."""
+    tools (the request's): the parameter types qwen3_xml's and glm45's values are read with."""
     if family not in _PARSERS:
         raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
-    if family == "qwen3_xml":
-        return _parse_qwen3_xml(text, tools)
+    if family in ("qwen3_xml", "glm45"):
+        return _PARSERS[family](text, tools)
     return _PARSERS[family](text)
 
 
@@ -304,7 +355,8 @@ def parse_tool_calls(text: str, family: str, tools: list | None = None) -> Parse
 # The texts a call section of each family begins with (those parse_tool_calls looks for). llama3
 # has none: its reply is a call only as a whole.
 _CALL_STARTS = {
-    "hermes": ("<tool_call>",), "qwen3_xml": ("<tool_call>",), "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN),
+    "hermes": ("<tool_call>",), "qwen3_xml": ("<tool_call>",), "glm45": ("<tool_call>",),
+    "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN),
     "mistral": (_MISTRAL_CALLS,),
     "harmony": ("<|start|>assistant<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.",
                 "to=functions."),
@@ -368,6 +420,19 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
         text = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
                                for k, v in args.items())
         return [(name, text + ("}" if closed >= 0 else ""))]
+    if family == "glm45":
+        body = section[len("<tool_call>"):]
+        head = _GLM_HEAD.match(body)
+        # The name is complete once what follows it (a newline, its first <arg_key>, the block's
+        # end) has arrived.
+        if not head or head.end() == len(body) and "</tool_call>" not in body:
+            return []
+        name = head.group(1)
+        args, end = _glm_arguments(body, head.end(), params_of.get(name, {}), complete=False)
+        text = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
+                               for k, v in args.items())
+        closed = body[end:].lstrip().startswith("</tool_call>")
+        return [(name, text + ("}" if closed else ""))]
     if family == "harmony":
         m = _HARMONY_HEAD.search(section)
         if not m:
@@ -429,7 +494,7 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
 
 def _section_end(section: str, family: str) -> int | None:
     """Where the call section `section` ends (the index just past it), None while it goes on."""
-    closing = {"hermes": "</tool_call>", "qwen3_xml": "</tool_call>", "deepseek": _DS_CALLS_END,
+    closing = {"hermes": "</tool_call>", "qwen3_xml": "</tool_call>", "glm45": "</tool_call>", "deepseek": _DS_CALLS_END,
                "harmony": "<|call|>"}.get(family)
     if closing is None:  # mistral's calls (and llama3's whole reply) go on to the end
         return None
@@ -594,7 +659,7 @@ def _compact(schema: dict) -> dict:
 
 
 def _xml_value_rule(schema) -> str:
-    """The Lark rule of a qwen3_xml parameter value: text for a string (its enum, its pattern, or
+    """The Lark rule of a qwen3_xml or glm45 parameter value: text for a string (its enum, its pattern, or
     any text without a tag, within its length bounds), JSON matching the schema otherwise."""
     schema = schema if isinstance(schema, dict) else {}
     if schema.get("type") != "string":
@@ -653,6 +718,24 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
             body = " ".join(parts)
             rules.append(f"call{i}: {marker('<tool_call>')} {_lark_literal(chr(10) + '<function=' + fn['name'] + '>' + chr(10))} "
                          f"{body} \"</function>\\n\" {marker('</tool_call>')}")
+            names.append(f"call{i}")
+        rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
+    elif family == "glm45":
+        # As the template writes a call: the name on the <tool_call> line, then one key/value pair
+        # per line; parallel calls separated by a newline.
+        names = []
+        for i, fn in enumerate(fns):
+            params = _args_schema(fn)
+            props = params.get("properties") or {}
+            required = set(params.get("required") or [])
+            parts = []
+            for k, (key, schema) in enumerate(props.items()):
+                rules.append(f"p{i}_{k}: {marker('<arg_key>')} {_lark_literal(key)} {marker('</arg_key>')} \"\\n\" "
+                             f"{marker('<arg_value>')} v{i}_{k} {marker('</arg_value>')} \"\\n\"")
+                rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
+                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            rules.append(f"call{i}: {marker('<tool_call>')} {_lark_literal(fn['name'] + chr(10))} {' '.join(parts)} "
+                         f"{marker('</tool_call>')}")
             names.append(f"call{i}")
         rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
     elif family == "harmony":

@@ -8,11 +8,13 @@ converter (see convert_driver.py for the one in-memory patch) and never runs the
 inside this process.
 
 Every model is 2 layers (the hybrid ones 4: DeltaNet and gated attention alternating, plus one
-nextn block), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
+nextn block; DeepSeek and GLM-4.5 3, the first dense, GLM-4.5 plus one nextn block), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
 weights drawn at std ~0.08 and norm weights around 1 so that hidden states and routing are far from
 degenerate. The models also cover the variants the reference must get right: GQA everywhere,
-linear RoPE scaling (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3), tied embeddings
-(qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe, qwen2).
+linear RoPE scaling (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3, glm4moe), tied
+embeddings (qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe,
+qwen2, glm4moe), partial RoPE (glm4moe, the hybrids), sigmoid routing with a selection bias
+(deepseek_v3, glm4moe).
 """
 
 from __future__ import annotations
@@ -38,7 +40,15 @@ MOE_MODELS = {
     "olmoe": "olmoe",  # OlmoeForCausalLM
     "deepseek_v2": "deepseek2",  # DeepseekV2ForCausalLM
     "deepseek_v3": "deepseek2",  # DeepseekV3ForCausalLM
+    "glm4moe": "glm4moe",  # Glm4MoeForCausalLM (GLM-4.5-Air: no q/k norm)
+    "glm4moe_qknorm": "glm4moe",  # Glm4MoeForCausalLM with use_qk_norm (GLM-4.5)
 }
+# Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer,
+# _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
+# not depend on. glm4moe_qknorm is left without one on purpose: its config still declares
+# num_nextn_predict_layers 1, so the converter writes nextn_predict_layers 1 and block_count 4 with
+# no blk.3 tensors (llama.cpp's "trunk only" file, which it loads too).
+MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256"}
 # Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
@@ -57,7 +67,8 @@ HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 ENGINE_ONLY_MODELS = {"gpt_oss": "gpt-oss"}  # GptOssForCausalLM: tests/test_gpt_oss.py
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe"}  # Qwen3MoeForCausalLM
+# glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file.
+QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe"}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -94,10 +105,16 @@ def _tokenizer_corpus(seed: int) -> list:
     return [" ".join(rng.choice(words, size=rng.integers(4, 16))) for _ in range(400)]
 
 
-def build_tokenizer(vocab_size: int = 384, seed: int = 0):
+# GLM-4.5's chat special tokens: llama.cpp's converter (_set_vocab_glm) looks up [gMASK] (bos),
+# <|user|> (eot), <|endoftext|> (unk) and <|observation|> (eom) by name.
+GLM_SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
+
+
+def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=()):
     """A byte-level BPE (GPT-2 pre-tokenizer) wrapped in PreTrainedTokenizerFast, trained on a small
     deterministic corpus. Byte-level means every string encodes; the model never sees it anyway,
-    the tests feed token ids, but the converter needs a real tokenizer to write a vocab."""
+    the tests feed token ids, but the converter needs a real tokenizer to write a vocab.
+    extra_special: further special tokens a family's converter requires (after the first two)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -106,7 +123,7 @@ def build_tokenizer(vocab_size: int = 384, seed: int = 0):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|bos|>"],
+        special_tokens=["<|endoftext|>", "<|bos|>", *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -230,6 +247,35 @@ def make_config(name: str, vocab_size: int):
         config.scoring_func = "sigmoid"
         config.topk_method = "noaux_tc"
         return config
+    if name == "glm4moe_256":
+        # glm4moe (q/k norms on) 256 wide wherever a row is, for llama-quantize's K types.
+        config = make_config("glm4moe_qknorm", vocab_size)
+        config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+        config.head_dim = 64
+        return config
+    if name in ("glm4moe", "glm4moe_qknorm"):
+        # GLM-4.5's proportions at a small size: head_dim 48 != hidden/heads, partial RoPE on half
+        # of it (partial_rotary_factor 0.5, as every GLM-4.5/4.6/4.7 config), q/k/v biases, one
+        # leading dense layer, 16 experts top-4 with one shared expert, sigmoid routing with the
+        # selection bias, top-k renormalised and scaled by 2.5 (GLM-4.5-Air ships 1.0, GLM-4.6 2.5).
+        return transformers.Glm4MoeConfig(
+            **{**common, "num_hidden_layers": 3},
+            head_dim=48,
+            intermediate_size=192,
+            moe_intermediate_size=64,
+            n_routed_experts=16,
+            n_shared_experts=1,
+            num_experts_per_tok=4,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            n_group=1,
+            topk_group=1,
+            attention_bias=True,
+            use_qk_norm=name == "glm4moe_qknorm",
+            num_nextn_predict_layers=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        )
     if name in HYBRID_MODELS:
         # 4 layers: DeltaNet, gated attention, DeltaNet, gated attention (full_attention_interval 2).
         # 2 key heads serve 4 value heads (grouped for qwen3next, tiled by the converter for
@@ -338,6 +384,9 @@ def build_model(name: str, vocab_size: int, seed: int):
         "qwen3next": transformers.Qwen3NextForCausalLM,
         "qwen35moe": transformers.Qwen3_5MoeForCausalLM,
         "gpt_oss": transformers.GptOssForCausalLM,
+        "glm4moe": transformers.Glm4MoeForCausalLM,
+        "glm4moe_qknorm": transformers.Glm4MoeForCausalLM,
+        "glm4moe_256": transformers.Glm4MoeForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
@@ -369,7 +418,7 @@ def build_model(name: str, vocab_size: int, seed: int):
 
 def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     """Write a tiny HF model (config, safetensors, tokenizer) to out_dir/hf."""
-    tokenizer = build_tokenizer(seed=seed)
+    tokenizer = build_tokenizer(seed=seed, extra_special=GLM_SPECIAL_TOKENS if name.startswith("glm4moe") else ())
     vocab_size = len(tokenizer)
     model = build_model(name, vocab_size, seed)
     hf_dir = Path(out_dir) / "hf"
@@ -377,6 +426,8 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     model.save_pretrained(hf_dir, safe_serialization=True)
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
+    elif name in MTP_MODELS:
+        _add_glm_nextn_layer(hf_dir, seed)
     tokenizer.save_pretrained(hf_dir)
     return ExportedModel(name=name, gguf_arch=ALL_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
 
@@ -400,6 +451,29 @@ def _add_mtp_layer(hf_dir: Path, seed: int) -> None:
     tensors["mtp.fc.weight"] = WEIGHT_STD * torch.randn((n_embd, 2 * n_embd), generator=generator)
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         tensors[f"mtp.{norm}.weight"] = NORM_WEIGHT_SPREAD * torch.randn((n_embd,), generator=generator)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _add_glm_nextn_layer(hf_dir: Path, seed: int) -> None:
+    """Real GLM-4.5 checkpoints ship their multi-token-prediction block as one more decoder layer,
+    model.layers.<num_hidden_layers>.* (transformers ignores it), with eh_proj, enorm, hnorm and
+    shared_head.norm beside the layer's own tensors; llama.cpp's converter writes it as a nextn
+    block. Add one: a copy of the last (MoE) decoder layer plus those four, seeded."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    config = json.loads((hf_dir / "config.json").read_text())
+    n_trunk = config["num_hidden_layers"]
+    last, nextn = f"model.layers.{n_trunk - 1}.", f"model.layers.{n_trunk}."
+    n_embd = config["hidden_size"]
+    generator = torch.Generator().manual_seed(seed + 1)
+    for key in [k for k in tensors if k.startswith(last)]:
+        tensors[nextn + key[len(last) :]] = tensors[key].clone()
+    tensors[nextn + "eh_proj.weight"] = WEIGHT_STD * torch.randn((n_embd, 2 * n_embd), generator=generator)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"{nextn}{norm}.weight"] = 1.0 + NORM_WEIGHT_SPREAD * torch.randn((n_embd,), generator=generator)
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
@@ -461,7 +535,7 @@ def hf_hidden_states(model, tokens) -> list:
 
 
 def _deepseek_choice_scores(model, tokens) -> list:
-    """DeepSeek routers choose on more than the logits (softmax or sigmoid scores, V3's selection
+    """DeepSeek (and GLM-4.5, whose router is DeepSeek-V3's) routers choose on more than the logits (softmax or sigmoid scores, V3's selection
     bias, group limits), so the order of the raw logits is not their choice. Per MoE layer: the
     scores HF's router ranks, experts of groups it excluded at -1e9, so that their top-k is HF's
     selection and the k-th minus (k+1)-th score is its margin."""
@@ -501,7 +575,7 @@ def hf_router_logits(model, tokens) -> list:
     the scores its router ranks (see _deepseek_choice_scores)."""
     import torch
 
-    if model.config.model_type in ("deepseek_v2", "deepseek_v3"):
+    if model.config.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         return _deepseek_choice_scores(model, tokens)
     with torch.no_grad():
         ids = torch.tensor([list(tokens)], dtype=torch.long)

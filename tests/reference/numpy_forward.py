@@ -24,6 +24,11 @@ Architectures (GGUF `general.architecture`):
             attention; the engine uses the absorbed form), q LoRA, YaRN, leading dense layers,
             shared experts, softmax (V2) or sigmoid + selection-bias (V3) group-limited routing,
             top-k weights scaled by expert_weights_scale.
+  glm4moe   GLM-4.5/4.6/4.7: q/k/v biases, per-head q/k RMSNorm when the file has attn_q_norm,
+            partial NeoX RoPE (rope.dimension_count < head_dim), FFN norm post_attention_norm,
+            leading dense layers, sigmoid routing choosing on score + exp_probs_b, top-k weights
+            (the unbiased scores) renormalised and scaled by expert_weights_scale, plus an ungated
+            shared expert. The nextn (MTP) block after the trunk is not run.
   qwen3next, qwen35moe
             hybrid: Gated DeltaNet on the recurrent layers (attention.recurrent_layers), gated
             attention elsewhere (attn_q yields [query | gate] per head; per-head q/k RMSNorm;
@@ -44,11 +49,15 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe")
+SUPPORTED_ARCHS = (
+    "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe",
+)  # fmt: skip
+# Architectures whose router may use sigmoid scores, a selection bias, expert groups and a weight scale.
+DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "glm4moe")
 HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX rotates (i, i + n_rot/2).
-NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "qwen3next", "qwen35moe"})
+NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "qwen3next", "qwen35moe", "glm4moe"})
 
 # Whether the selected experts' softmax weights are renormalised to sum to 1 (the `norm_w` argument
 # llama.cpp's graph builders pass to build_moe_ffn for each architecture).
@@ -79,6 +88,7 @@ class HParams:
     n_lora_kv: int = 0
     head_dim_k_mla: int = 0
     head_dim_v_mla: int = 0
+    # deepseek2 and glm4moe (DEEPSEEK_ROUTER_ARCHS): the router's gating, groups and weight scale
     sigmoid_gating: bool = False
     n_group: int = 1
     n_group_used: int = 1
@@ -168,11 +178,16 @@ class ReferenceModel:
                 n_lora_kv=n_lora_kv,
                 head_dim_k_mla=head_dim_k_mla,
                 head_dim_v_mla=int(self._key(f"{arch}.attention.value_length_mla")),
-                sigmoid_gating=int(self.metadata.get(f"{arch}.expert_gating_func", 1) or 1) == 2,
+                kq_scale=mscale * mscale / np.sqrt(head_dim_k_mla),
+            )
+        if arch in DEEPSEEK_ROUTER_ARCHS:
+            # llama.cpp's default gating when the key is absent: softmax for deepseek2, sigmoid for glm4moe.
+            default_gating = 2 if arch == "glm4moe" else 1
+            mla.update(
+                sigmoid_gating=int(self.metadata.get(f"{arch}.expert_gating_func", default_gating) or 1) == 2,
                 n_group=int(self.metadata.get(f"{arch}.expert_group_count", 1) or 1),
                 n_group_used=int(self.metadata.get(f"{arch}.expert_group_used_count", 1) or 1),
                 expert_weights_scale=float(self.metadata.get(f"{arch}.expert_weights_scale", 1.0) or 1.0),
-                kq_scale=mscale * mscale / np.sqrt(head_dim_k_mla),
             )
         if scaling_type == "none":
             rope_freq_scale = 1.0
@@ -382,11 +397,14 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     k = k.reshape(n_tokens, hp.n_head_kv, hp.head_dim_k)
     v = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim_v)
 
-    if hp.arch in ("qwen3", "qwen3moe") or hp.arch in HYBRID_ARCHS:
+    per_head_qk_norm = hp.arch in ("qwen3", "qwen3moe") or hp.arch in HYBRID_ARCHS
+    if hp.arch == "glm4moe":
+        per_head_qk_norm = layer.has("attn_q_norm")  # GLM-4.5 (use_qk_norm) has them, 4.5-Air not
+    if per_head_qk_norm:
         # Qwen3 normalises each head separately (weights of size head_dim).
         q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
         k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
-    if hp.arch in ("olmoe", "qwen3", "qwen3moe") or hp.arch in HYBRID_ARCHS:
+    if hp.arch == "olmoe" or per_head_qk_norm:
         record("Qcur_normed", q.reshape(n_tokens, -1))
         record("Kcur_normed", k.reshape(n_tokens, -1))
 
@@ -576,10 +594,16 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
         out = out + swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
 
     # Margins are taken on the scores the choice was made on (= the logits' order for softmax).
-    result.router_logits.append(router_logits if hp.arch != "deepseek2" else choice)
+    result.router_logits.append(router_logits if hp.arch not in DEEPSEEK_ROUTER_ARCHS else choice)
     result.selected_experts.append(selected)
     result.expert_weights.append(weights)
     return out
+
+
+def ffn_norm_name(hp) -> str:
+    """The norm before a block's FFN: post_attention_norm as the converter names it for the hybrid
+    archs and glm4moe, ffn_norm elsewhere."""
+    return "post_attention_norm" if hp.arch in HYBRID_ARCHS or hp.arch == "glm4moe" else "ffn_norm"
 
 
 def forward(model: ReferenceModel, tokens) -> ForwardResult:
@@ -612,7 +636,7 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
         ffn_inp = hidden + attn_out
         record("ffn_inp", ffn_inp)
 
-        ffn_norm = "post_attention_norm" if hp.arch in HYBRID_ARCHS else "ffn_norm"
+        ffn_norm = ffn_norm_name(hp)
         normed = rms_norm(ffn_inp, layer.w(ffn_norm), hp.rms_eps)
         record("ffn_norm", normed)
         if layer.has("ffn_gate_inp"):
@@ -713,8 +737,7 @@ def mtp_forward(model: ReferenceModel, hidden: np.ndarray, next_tokens) -> tuple
     positions = np.arange(1, tokens.size + 1)
     normed = rms_norm(x, layer.w("attn_norm"), hp.rms_eps)
     ffn_inp = x + attention_block(model, il, normed, positions, record)
-    ffn_norm = "post_attention_norm" if hp.arch in HYBRID_ARCHS else "ffn_norm"
-    normed = rms_norm(ffn_inp, layer.w(ffn_norm), hp.rms_eps)
+    normed = rms_norm(ffn_inp, layer.w(ffn_norm_name(hp)), hp.rms_eps)
     out = ffn_inp + moe_block(model, il, normed, ForwardResult(logits=np.empty(0)), record)
     head_norm = model.tensors.get(f"blk.{il}.nextn.shared_head_norm.weight", model.get("output_norm.weight"))
     h_out = rms_norm(out, head_norm, hp.rms_eps)

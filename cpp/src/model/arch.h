@@ -26,6 +26,8 @@ struct ArchSpec {
     void (*load_layer)(ModelLoader& loader, int il);
     // Returns the layer's output for input `inp` (both [n_tokens, n_embd]).
     Act (*build_layer)(Forward& f, const Act& inp, int il);
+    // Router gating when the file has no {arch}.expert_gating_func (llama.cpp's per-arch default).
+    Gating default_gating = Gating::softmax;
 };
 
 // nullptr when the architecture is unknown.

@@ -172,8 +172,10 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     RouterParams& r = hp.router;
     r.normalize_topk = hp.expert_weights_norm;
     r.weights_scale = static_cast<float>(f.get_float_or(a + "expert_weights_scale", 1.0));
-    // llama.cpp's enum: 1 softmax, 2 sigmoid; absent means softmax (DeepSeek-V2 files carry none).
-    const uint64_t gating = f.get_uint_or(a + "expert_gating_func", 1);
+    // llama.cpp's enum: 1 softmax, 2 sigmoid; absent means the arch's default (softmax for
+    // DeepSeek-V2 files, which carry none; sigmoid for glm4moe).
+    const uint64_t gating =
+        f.get_uint_or(a + "expert_gating_func", spec.default_gating == Gating::sigmoid ? 2 : 1);
     if (gating != 1 && gating != 2) {
         throw UnsupportedError("[model] " + f.path() + ": expert_gating_func " + std::to_string(gating) +
                                " is not supported (1 softmax, 2 sigmoid)");

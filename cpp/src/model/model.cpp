@@ -232,12 +232,12 @@ void ModelLoader::moe(int il, const char* norm) {
     }
 }
 
-void ModelLoader::dense_ffn(int il) {
+void ModelLoader::dense_ffn(int il, const char* norm) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
     if (h.n_ff <= 0)
         throw MissingTensorError("[model] " + model_.file->path() + ": feed_forward_length is missing");
-    L.ffn_norm = vector(blk(il, "ffn_norm.weight"), h.n_embd);
+    L.ffn_norm = vector(blk(il, norm), h.n_embd);
     L.ffn_gate.w = matrix(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
     L.ffn_up.w = matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
     L.ffn_down.w = matrix(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);

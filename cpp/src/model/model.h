@@ -135,8 +135,8 @@ class ModelLoader {
     void qk_norm(int il, int64_t q_width, int64_t k_width);
     // The FFN norm (`norm`, ffn_norm in most archs), router ffn_gate_inp and ffn_{gate,up,down}_exps.
     void moe(int il, const char* norm = "ffn_norm.weight");
-    // ffn_norm and dense ffn_{gate,up,down}.
-    void dense_ffn(int il);
+    // The FFN norm (`norm`, ffn_norm in most archs) and dense ffn_{gate,up,down}.
+    void dense_ffn(int il, const char* norm = "ffn_norm.weight");
     // qwen2moe's shared expert: ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp.
     void shared_expert(int il);
 
