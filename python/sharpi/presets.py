@@ -441,13 +441,7 @@ def validate(hp: HParams) -> None:
             bad("MLA needs n_lora_kv, n_rot, head_dim_v > 0 and head_dim (qk_nope + n_rot) > n_rot")
         if hp.n_head_kv != 1:
             bad("deepseek2 files carry MLA as one latent KV head: n_head_kv must be 1")
-        if not 0 <= hp.n_layer_dense_lead < hp.n_layer:
-            bad(f"n_layer_dense_lead = {hp.n_layer_dense_lead} must be in 0..n_layer-1")
-        if hp.n_ff_shexp % hp.n_ff_exp:
-            bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
-        if hp.n_layer_dense_lead and hp.n_ff <= 0:
-            bad("the leading dense layers need n_ff > 0")
-    if hp.arch == "glm4moe":
+    if hp.arch in ("deepseek2", "glm4moe"):  # leading dense layers, shared experts in expert units
         if not 0 <= hp.n_layer_dense_lead < hp.n_layer:
             bad(f"n_layer_dense_lead = {hp.n_layer_dense_lead} must be in 0..n_layer-1")
         if hp.n_ff_shexp % hp.n_ff_exp:

@@ -278,14 +278,7 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
             specs += _glm4moe_layer(hp, il)
             continue
         # Qwen3.5 / Qwen3-Next (mtp.*): a full-attention block of the arch, then the nextn tensors.
-        b = f"blk.{il}."
-        specs += _hybrid_layer(hp, il, shexp_gate_ne, attention=True)
-        specs += [
-            TensorSpec(b + "nextn.eh_proj.weight", (2 * E, E), il, "linear"),
-            TensorSpec(b + "nextn.enorm.weight", (E,), il, "norm"),
-            TensorSpec(b + "nextn.hnorm.weight", (E,), il, "norm"),
-            TensorSpec(b + "nextn.shared_head_norm.weight", (E,), il, "norm"),
-        ]
+        specs += _hybrid_layer(hp, il, shexp_gate_ne, attention=True) + _nextn_tensors(hp, il)
     specs.append(TensorSpec("output_norm.weight", (E,), None, "norm"))
     if not hp.tie_embeddings:
         specs.append(TensorSpec("output.weight", (E, V), None, "lm_head"))
@@ -318,15 +311,25 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
         TensorSpec(b + "attn_output.weight", (H * hp.head_dim_v, E), il, "out_linear"),
         TensorSpec(b + "ffn_norm.weight", (E,), il, "norm"),
     ]
+    return t + _lead_dense_or_moe_ffn(hp, il, selection_bias=False)
+
+
+def _lead_dense_or_moe_ffn(hp: HParams, il: int, selection_bias: bool) -> list[TensorSpec]:
+    """The FFN of a deepseek2 / glm4moe block: dense in the leading n_layer_dense_lead layers, else
+    the router (with its selection bias exp_probs_b when `selection_bias`), the routed experts and
+    the ungated shared experts (when n_ff_shexp)."""
+    E, b = hp.n_embd, f"blk.{il}."
     if il < hp.n_layer_dense_lead:
-        return t + [
+        return [
             TensorSpec(b + "ffn_gate.weight", (E, hp.n_ff), il, "linear"),
             TensorSpec(b + "ffn_up.weight", (E, hp.n_ff), il, "linear"),
             TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
         ]
     F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
+    t = [TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router")]
+    if selection_bias:
+        t.append(TensorSpec(b + "exp_probs_b.bias", (X,), il, "bias"))
     t += [
-        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
         TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
         TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
         TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
@@ -338,6 +341,17 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
             TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
         ]
     return t
+
+
+def _nextn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """An MTP block's own tensors beside its decoder block (nextn.*, as the converter names them)."""
+    E, b = hp.n_embd, f"blk.{il}."
+    return [
+        TensorSpec(b + "nextn.eh_proj.weight", (2 * E, E), il, "linear"),
+        TensorSpec(b + "nextn.enorm.weight", (E,), il, "norm"),
+        TensorSpec(b + "nextn.hnorm.weight", (E,), il, "norm"),
+        TensorSpec(b + "nextn.shared_head_norm.weight", (E,), il, "norm"),
+    ]
 
 
 def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
@@ -364,34 +378,8 @@ def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
         TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
         TensorSpec(b + "post_attention_norm.weight", (E,), il, "norm"),
     ]
-    if il < hp.n_layer_dense_lead:
-        return t + [
-            TensorSpec(b + "ffn_gate.weight", (E, hp.n_ff), il, "linear"),
-            TensorSpec(b + "ffn_up.weight", (E, hp.n_ff), il, "linear"),
-            TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
-        ]
-    F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
-    t += [
-        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
-        TensorSpec(b + "exp_probs_b.bias", (X,), il, "bias"),
-        TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
-        TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
-        TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
-    ]
-    if S:
-        t += [
-            TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
-            TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
-            TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
-        ]
-    if il >= hp.n_layer:
-        t += [
-            TensorSpec(b + "nextn.eh_proj.weight", (2 * E, E), il, "linear"),
-            TensorSpec(b + "nextn.enorm.weight", (E,), il, "norm"),
-            TensorSpec(b + "nextn.hnorm.weight", (E,), il, "norm"),
-            TensorSpec(b + "nextn.shared_head_norm.weight", (E,), il, "norm"),
-        ]
-    return t
+    t += _lead_dense_or_moe_ffn(hp, il, selection_bias=True)
+    return t + (_nextn_tensors(hp, il) if il >= hp.n_layer else [])
 
 
 def _gpt_oss_layer(hp: HParams, il: int) -> list[TensorSpec]:
