@@ -354,13 +354,10 @@ def _nextn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     ]
 
 
-def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
-    """One glm4moe block as the converter writes it: q/k/v with biases, per-head q/k norms when
-    use_qk_norm, post_attention_norm as the FFN norm; a dense FFN in the leading layers, else the
-    router, its selection bias exp_probs_b, the routed experts and the ungated shared expert. Blocks
-    il >= n_layer are MTP blocks: a MoE block plus nextn.eh_proj / enorm / hnorm / shared_head_norm."""
+def _norm_and_biased_qkv(hp: HParams, il: int) -> list[TensorSpec]:
+    """attn_norm and q/k/v projections with biases (glm4moe, gpt-oss)."""
     E, Q, KV, b = hp.n_embd, hp.q_width, hp.kv_width, f"blk.{il}."
-    t = [
+    return [
         TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
         TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
         TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
@@ -369,6 +366,15 @@ def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
         TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
         TensorSpec(b + "attn_v.bias", (KV,), il, "bias"),
     ]
+
+
+def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One glm4moe block as the converter writes it: q/k/v with biases, per-head q/k norms when
+    use_qk_norm, post_attention_norm as the FFN norm; a dense FFN in the leading layers, else the
+    router, its selection bias exp_probs_b, the routed experts and the ungated shared expert. Blocks
+    il >= n_layer are MTP blocks: a MoE block plus nextn.eh_proj / enorm / hnorm / shared_head_norm."""
+    E, Q, b = hp.n_embd, hp.q_width, f"blk.{il}."
+    t = _norm_and_biased_qkv(hp, il)
     if hp.use_qk_norm:
         t += [
             TensorSpec(b + "attn_q_norm.weight", (hp.head_dim,), il, "norm"),
@@ -385,15 +391,8 @@ def _glm4moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
 def _gpt_oss_layer(hp: HParams, il: int) -> list[TensorSpec]:
     """One gpt-oss block as the converter writes it: q/k/v/o with biases, one sink logit per head,
     post_attention_norm as the FFN norm, a router with a bias, experts with gate/up/down biases."""
-    E, Q, KV, F, X, b = hp.n_embd, hp.q_width, hp.kv_width, hp.n_ff_exp, hp.n_expert, f"blk.{il}."
-    return [
-        TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
-        TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
-        TensorSpec(b + "attn_q.bias", (Q,), il, "bias"),
-        TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
-        TensorSpec(b + "attn_k.bias", (KV,), il, "bias"),
-        TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
-        TensorSpec(b + "attn_v.bias", (KV,), il, "bias"),
+    E, Q, F, X, b = hp.n_embd, hp.q_width, hp.n_ff_exp, hp.n_expert, f"blk.{il}."
+    return _norm_and_biased_qkv(hp, il) + [
         TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
         TensorSpec(b + "attn_output.bias", (E,), il, "bias"),
         TensorSpec(b + "attn_sinks.weight", (hp.n_head,), il, "bias"),

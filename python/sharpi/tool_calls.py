@@ -658,6 +658,25 @@ def _compact(schema: dict) -> dict:
     return {**schema, "x-guidance": {"whitespace_flexible": False}}
 
 
+def _keyed_call_rules(fns, rules: list, more: str, param_rule, call_rule) -> None:
+    """Grammar rules for calls written one parameter at a time (qwen3_xml, glm45): per function i
+    and parameter k, p{i}_{k} = param_rule(key, "v{i}_{k}") and v{i}_{k} its value by type; a call
+    is call_rule(i, fn, its parameters in order, the optional ones marked "?"); `more` repeats it."""
+    names = []
+    for i, fn in enumerate(fns):
+        params = _args_schema(fn)
+        props = params.get("properties") or {}
+        required = set(params.get("required") or [])
+        parts = []
+        for k, (key, schema) in enumerate(props.items()):
+            rules.append(f"p{i}_{k}: {param_rule(key, f'v{i}_{k}')}")
+            rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
+            parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+        rules.append(f"call{i}: {call_rule(i, fn, ' '.join(parts))}")
+        names.append(f"call{i}")
+    rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
+
+
 def _xml_value_rule(schema) -> str:
     """The Lark rule of a qwen3_xml or glm45 parameter value: text for a string (its enum, its pattern, or
     any text without a tag, within its length bounds), JSON matching the schema otherwise."""
@@ -705,39 +724,23 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
             rules.append(f"start: {marker(_MISTRAL_CALLS)} arr")
             rules.append(f"arr: %json {json.dumps(_compact(array))}")
     elif family == "qwen3_xml":
-        names = []
-        for i, fn in enumerate(fns):
-            params = _args_schema(fn)
-            props = params.get("properties") or {}
-            required = set(params.get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                rules.append(f"p{i}_{k}: \"<parameter={key}>\\n\" v{i}_{k} \"\\n</parameter>\\n\"")
-                rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            body = " ".join(parts)
-            rules.append(f"call{i}: {marker('<tool_call>')} {_lark_literal(chr(10) + '<function=' + fn['name'] + '>' + chr(10))} "
-                         f"{body} \"</function>\\n\" {marker('</tool_call>')}")
-            names.append(f"call{i}")
-        rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
+        def qwen_call(i, fn, body):
+            return (f"{marker('<tool_call>')} {_lark_literal(chr(10) + '<function=' + fn['name'] + '>' + chr(10))} "
+                    f"{body} \"</function>\\n\" {marker('</tool_call>')}")
+
+        _keyed_call_rules(fns, rules, more, lambda key, value: f"\"<parameter={key}>\\n\" {value} \"\\n</parameter>\\n\"",
+                          qwen_call)
     elif family == "glm45":
         # As the template writes a call: the name on the <tool_call> line, then one key/value pair
         # per line; parallel calls separated by a newline.
-        names = []
-        for i, fn in enumerate(fns):
-            params = _args_schema(fn)
-            props = params.get("properties") or {}
-            required = set(params.get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                rules.append(f"p{i}_{k}: {marker('<arg_key>')} {_lark_literal(key)} {marker('</arg_key>')} \"\\n\" "
-                             f"{marker('<arg_value>')} v{i}_{k} {marker('</arg_value>')} \"\\n\"")
-                rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f"call{i}: {marker('<tool_call>')} {_lark_literal(fn['name'] + chr(10))} {' '.join(parts)} "
-                         f"{marker('</tool_call>')}")
-            names.append(f"call{i}")
-        rules.insert(0, f"start: call{more}\ncall: {' | '.join(names)}")
+        def glm_param(key, value):
+            return (f"{marker('<arg_key>')} {_lark_literal(key)} {marker('</arg_key>')} \"\\n\" "
+                    f"{marker('<arg_value>')} {value} {marker('</arg_value>')} \"\\n\"")
+
+        def glm_call(i, fn, body):
+            return f"{marker('<tool_call>')} {_lark_literal(fn['name'] + chr(10))} {body} {marker('</tool_call>')}"
+
+        _keyed_call_rules(fns, rules, more, glm_param, glm_call)
     elif family == "harmony":
         names = []
         for i, fn in enumerate(fns):
