@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 
 #include "cpu/cpu_backend.h"
@@ -55,6 +56,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     }
     kv_shape_ = kv_layout(h, plan.type_k, plan.type_v);
     n_ctx_ = plan.n_ctx;
+    if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
     if (options.mtp) {
         mtp_ = std::make_unique<MtpHead>(*model_);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
@@ -593,7 +595,8 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
         moe.set_cancel_flag(&cancel_requested_);
         if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
-        moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
+        moe.set_read_ahead(read_ahead_ && cache_ != nullptr &&
+                           c + 1 == n_chunks);  // resident: nothing to read
         ActivationDump* dump = nullptr;
         if (options_.dump_activations) dump = n_chunks == 1 ? &dump_ : &chunk_dumps.emplace_back();
         Forward& f = fs.emplace_back(m, *backend_, moe, dump);
