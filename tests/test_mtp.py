@@ -249,3 +249,42 @@ def test_the_converters_block_matches_the_float64_reference(converted, name, qua
     for t in prompt[7:]:
         s.decode([t])
     check_drafts(s, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"{name} {quant} converter seed {seed}")
+
+
+@pytest.mark.parametrize("n_slots", [1, 3])
+def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
+    """The scheduler with draft-mtp: each slot's drafts come from its own sequence's pairs (the
+    key is the sequence id) and join the batched step as rewindable entries of a hybrid model;
+    every answer is plain decoding's."""
+    import asyncio
+
+    from sharpi.server.scheduler import END, Engine
+
+    path = files["qwen35moe", "q8_0"]
+    s = sharpi.Session(path, threads=2, n_ctx=256, n_seq=n_slots, mtp=True, max_draft_tokens=3)
+    plain = sharpi.Session(path, threads=2, n_ctx=256)
+    rng = np.random.default_rng(secrets.randbits(32))
+    prompts = [[int(t) for t in rng.integers(3, 1000, n)] for n in (9, 14, 5)]
+    options = {"max_tokens": 24, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "stop_at_eos": False}
+    want = []
+    for p in prompts:
+        plain.reset()
+        for _ in plain.generate(p, **options):
+            pass
+        want.append(list(plain.last_tokens))
+    engine = Engine(s, speculation=open_speculation(s, "draft-mtp", n_max=3))
+
+    async def run():
+        jobs = [engine.submit(p, dict(options)) for p in prompts]
+        for job in jobs:
+            while await job.queue.get() is not END:
+                pass
+        return [job.tokens for job in jobs]
+
+    try:
+        got = asyncio.run(run())
+        snap = engine.snapshot()
+    finally:
+        engine.close()
+    assert got == want
+    assert snap["draft_tokens"] > 0
