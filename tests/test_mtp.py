@@ -288,3 +288,29 @@ def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
         engine.close()
     assert got == want
     assert snap["draft_tokens"] > 0
+
+
+def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path):
+    """llama.cpp's converter writes the block apart (`--mtp`: the block with the embeddings, norm and
+    head) and the trunk without it (`--no-mtp`): Session(mtp=sidecar) on the trunk drafts exactly what
+    the whole file's block drafts, and a sidecar of another model is refused."""
+    from reference import hf_export
+
+    converter = hf_export.converter_dir()
+    hf_dir = hf_export.prepare("qwen35moe", model_dir, converter).exported.hf_dir
+    trunk = hf_export.convert(hf_dir, tmp_path / "trunk.gguf", "f32", converter, extra_args=["--no-mtp"])
+    sidecar = hf_export.convert(hf_dir, tmp_path / "mtp-only.gguf", "f32", converter, extra_args=["--mtp"])
+    prompt = [int(t) for t in np.random.default_rng(secrets.randbits(32)).integers(0, 300, 9)]
+    whole = sharpi.Session(converted["qwen35moe"]["f32"], threads=2, mtp=True)
+    apart = sharpi.Session(str(trunk), threads=2, mtp=str(sidecar))
+    assert apart.info["n_layer_nextn"] == 0 and apart.info["mtp"]
+    for s in (whole, apart):
+        s.decode(prompt)
+    want = whole.draft_mtp(7, 3, with_logits=True)
+    got = apart.draft_mtp(7, 3, with_logits=True)
+    assert got[0] == want[0]
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(sharpi.InvalidArgument, match="describes another model|is a 'qwen3next' file"):
+        sharpi.Session(str(trunk), mtp=converted["qwen3next"]["f32"])
+    with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
+        sharpi.Session(str(trunk), mtp=True)

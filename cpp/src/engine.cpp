@@ -58,7 +58,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     n_ctx_ = plan.n_ctx;
     if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
     if (options.mtp) {
-        mtp_ = std::make_unique<MtpHead>(*model_);
+        mtp_ = std::make_unique<MtpHead>(*model_, options.mtp_file);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
     }
     sequences_ = std::make_unique<SequenceTable>(options.n_seq, [this] { return make_sequence(); });

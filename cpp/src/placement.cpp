@@ -84,6 +84,7 @@ void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& 
     request.n_seq = options.n_seq;
     request.max_draft_tokens = options.max_draft_tokens;
     request.mtp = options.mtp;
+    request.mtp_file = options.mtp_file;
     request.type_k = p.type_k;
     request.type_v = p.type_v;
     request.max_batch = max_batch;
@@ -180,6 +181,8 @@ void check_options_for_model(const SessionOptions& options, const RamBudget& ram
                               options.device + "\"; use ram_budget to stream experts into RAM)");
     }
     // With a vram_budget, whether the experts stream is the tier plan's decision (plan_placement).
+    if (!options.mtp_file.empty() && !options.mtp)
+        throw InvalidArgument("mtp_file: " + options.mtp_file + " is for the MTP head; set mtp as well");
     if (options.mtp && options.device != "cpu")
         throw UnsupportedError(
             "mtp: the multi-token-prediction head is not on the device path yet (device=\"" + options.device +

@@ -454,7 +454,8 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                    help="choose each step's draft length (up to --spec-draft-n-max) from the acceptance per draft "
                    "position and the measured cost of verify steps (docs/speculative.md)")
     g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", default=None,
-                   metavar="FILE", help="draft model GGUF with the target's vocabulary (implies draft-simple)")
+                   metavar="FILE", help="draft model GGUF with the target's vocabulary (implies draft-simple); with "
+                   "--spec-type draft-mtp, a file holding the model's MTP block (llama.cpp's --mtp export)")
     g.add_argument("--spec-ngram-simple-size-n", type=int_at_least("--spec-ngram-simple-size-n", 1),
                    default=DEFAULT_NGRAM_SIZE_N, metavar="N",
                    help="ngram-simple: tokens of the n-gram looked up in the context (default: %(default)s)")
@@ -471,7 +472,10 @@ def speculative_session_options(args: argparse.Namespace) -> dict:
     without speculation, so the session is opened as before)."""
     if not speculation_enabled(args):
         return {}
-    return {"max_draft_tokens": args.spec_draft_n_max, **({"mtp": True} if args.spec_type == "draft-mtp" else {})}
+    if args.spec_type != "draft-mtp":
+        return {"max_draft_tokens": args.spec_draft_n_max}
+    # draft-mtp: the model file's own block, or -md's (a file holding only the block).
+    return {"max_draft_tokens": args.spec_draft_n_max, "mtp": args.spec_draft_model or True}
 
 
 def speculation_from_args(session, args: argparse.Namespace):
