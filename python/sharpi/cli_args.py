@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def int_at_least(name: str, minimum: int):
@@ -474,8 +475,14 @@ def speculative_session_options(args: argparse.Namespace) -> dict:
         return {}
     if args.spec_type != "draft-mtp":
         return {"max_draft_tokens": args.spec_draft_n_max}
-    # draft-mtp: the model file's own block, or -md's (a file holding only the block).
-    return {"max_draft_tokens": args.spec_draft_n_max, "mtp": args.spec_draft_model or True}
+    # draft-mtp: -md's block (a file holding only the block), else the shipped model's trained head
+    # for the shipped model, else the model file's own block.
+    from .models import default_model_path, default_mtp_path
+
+    mtp = args.spec_draft_model or True
+    if mtp is True and (args.model is None or os.path.abspath(args.model) == default_model_path()):
+        mtp = default_mtp_path()
+    return {"max_draft_tokens": args.spec_draft_n_max, "mtp": mtp}
 
 
 def speculation_from_args(session, args: argparse.Namespace):

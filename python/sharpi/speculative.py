@@ -193,6 +193,8 @@ class SpecStats:
             "spec_accepted": self.accepted,
             "spec_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
             "spec_acceptance_at": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+            "spec_drafted_at": list(self.drafted_at),  # verify steps whose draft reached position i
+            "spec_accepted_at": list(self.accepted_at),  # ... and kept the token there
         }
 
 
