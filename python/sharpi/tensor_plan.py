@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 import gguf
+import numpy as np
 
 from ._core import InvalidArgument
 from .presets import HYBRID_ARCHES, HParams
@@ -319,12 +320,10 @@ def _llama4_layer(hp: HParams, il: int) -> list[TensorSpec]:
     return t
 
 
-def llama3_rope_factors(hp: HParams) -> "np.ndarray":
+def llama3_rope_factors(hp: HParams) -> np.ndarray:
     """The rope_freqs values convert_hf_to_gguf.py's LlamaModel writes for HF rope_type "llama3": per
     rotated pair, 1 for wavelengths below the original context / high_freq_factor, `factor` above
     context / low_freq_factor, a smooth interpolation between."""
-    import numpy as np
-
     dim = hp.head_dim
     freqs = 1.0 / (hp.rope_freq_base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
     n_ctx, low, high, factor = hp.rope_llama3_n_ctx_orig, hp.rope_llama3_low_freq, hp.rope_llama3_high_freq, hp.rope_llama3_factor
