@@ -52,6 +52,7 @@ OpCall route_topk_call(const RouterParams& params, int64_t n_expert) {
     if (params.n_group > 1) v.push_back("groups");
     if (params.weights_scale != 1.0f) v.push_back("scale");
     if (params.selection_bias) v.push_back("selection_bias");
+    if (params.rank_logits) v.push_back("rank_logits");
     v.push_back("n_expert=" + std::to_string(n_expert));
     return OpCall{"route_topk", GgmlType::F32, join(v)};
 }

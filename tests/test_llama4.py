@@ -242,3 +242,126 @@ def test_streamed_equals_resident_under_an_evicting_budget(converted, q4_k_m_fil
 
     prompt = _prompt(converted.exported.vocab_size, 5)
     check_streams_like_resident(open_session, prompt, 24, f"llama4 {quant} exact={exact}")
+
+
+# ---- make-model, presets, llama.cpp itself, the Maverick trace ---------------------------------------
+
+# The tiny HF model's shape (hf_export.make_config("llama4")) as make-model hyper-parameters.
+TINY_AS_HF = {"n_vocab": 384, "n_ctx_train": 16384, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_head_kv": 2,
+              "head_dim": 64, "n_ff": 512, "n_expert": 8, "n_expert_used": 1, "n_ff_exp": 256,
+              "n_ff_shexp": 256, "rope_freq_base": 500000.0, "rms_eps": 1e-5, "moe_layer_step": 2,
+              "rope_llama3_factor": 16.0, "rope_llama3_low_freq": 1.0, "rope_llama3_high_freq": 4.0,
+              "rope_llama3_n_ctx_orig": 64}  # fmt: skip
+
+
+def test_make_model_writes_what_the_converter_writes(converted, tmp_path):
+    """make-model's llama4 file of the tiny HF model's shape against the converter's own file: the same
+    llama4.* keys with the same value types and values, the same tensors (names, shapes, types), and
+    the same rope_freqs values (the converter computes them from the HF rope parameters)."""
+    import gguf
+    from sharpi.make_model import write_model
+
+    ours_path = tmp_path / "llama4-make-model.gguf"
+    write_model(ours_path, arch="llama4", preset="tiny", quant="f32", seed=3, **TINY_AS_HF)
+    theirs, ours = gguf.GGUFReader(str(converted.gguf["f32"])), gguf.GGUFReader(str(ours_path))
+
+    def arch_keys(reader):
+        return {k: (f.types, f.contents()) for k, f in reader.fields.items() if k.startswith("llama4.")}
+
+    theirs_keys, ours_keys = arch_keys(theirs), arch_keys(ours)
+    assert set(ours_keys) == set(theirs_keys), set(ours_keys) ^ set(theirs_keys)
+    for key, (types, value) in theirs_keys.items():
+        assert ours_keys[key][0] == types, key
+        assert ours_keys[key][1] == pytest.approx(value), key
+
+    def tensors(reader):
+        return {t.name: ([int(x) for x in t.shape], t.tensor_type) for t in reader.tensors}
+
+    assert tensors(ours) == tensors(theirs)
+    freqs = {r: next(t for t in r.tensors if t.name == "rope_freqs.weight").data for r in (theirs, ours)}
+    np.testing.assert_allclose(freqs[ours], freqs[theirs], rtol=1e-6)
+    assert len(set(np.round(freqs[theirs], 3))) > 2  # the ramp between 1 and 16 is inside the head
+
+
+def test_presets_carry_the_published_shapes():
+    from sharpi.presets import resolve
+
+    scout, maverick = resolve(preset="llama-4-scout"), resolve(preset="llama-4-maverick")
+    for hp in (scout, maverick):
+        assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim) == ("llama4", 48, 5120, 40, 8, 128)
+        assert (hp.n_vocab, hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.n_expert_used) == (202048, 16384, 8192, 8192, 1)
+        assert hp.rope_freq_base == 500000.0 and hp.rms_eps == 1e-5
+    assert (scout.n_expert, scout.moe_layer_step, scout.rope_llama3_factor) == (16, 1, 16.0)
+    assert (maverick.n_expert, maverick.moe_layer_step, maverick.rope_llama3_factor) == (128, 2, 0.0)
+    tiny = resolve(arch="llama4", preset="tiny")
+    assert (tiny.n_layer, tiny.n_expert_used, tiny.moe_layer_step, tiny.n_ff_shexp) == (4, 1, 2, tiny.n_ff_exp)
+    with pytest.raises(sharpi.InvalidArgument, match="n_ff_shexp must equal n_ff_exp"):
+        resolve(arch="llama4", preset="tiny", n_ff_shexp=512)
+
+
+# Small widths for the real presets (every layer count, expert count, top-1 and pattern kept).
+SMALL = {"n_vocab": 512, "n_embd": 128, "n_head": 2, "n_head_kv": 1, "head_dim": 64, "n_ff": 128,
+         "n_ff_exp": 64, "n_ff_shexp": 64}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset, n_layer", [("llama-4-scout", 8), ("llama-4-maverick", 8)])
+def test_matches_llama_cpp(tmp_path, preset, n_layer):
+    """A third, independent implementation: llama.cpp's own llama4 graph (llama-cpp-python) on a
+    make-model file of the preset at small widths (8 layers: chunked, chunked, chunked, NoPE, twice),
+    over a prompt that crosses its 8192-position chunk, f32 weights and KV cache (only rounding
+    differs). Scout: rope_freqs, q/k norm, MoE on every layer; Maverick: no q/k norm (128 experts),
+    no RoPE scaling, MoE on every other layer."""
+    from ci_policy import require_llama_cpp
+    from sharpi.make_model import write_model
+
+    llama_cpp = require_llama_cpp()
+    path = str(tmp_path / f"{preset}-small.gguf")
+    write_model(path, preset=preset, quant="f32", seed=5, n_layer=n_layer, **SMALL)
+    tokens = [int(t) for t in np.random.default_rng(0).integers(5, 500, CHUNK + 40)]
+    llm = llama_cpp.Llama(path, n_ctx=CHUNK + 64, n_batch=1024, n_threads=2, logits_all=True, verbose=False,
+                          type_k=0, type_v=0, swa_full=True)  # fmt: skip
+    llm.eval(tokens)
+    theirs = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    del llm
+    s = sharpi.Session(path, threads=2, n_ctx=CHUNK + 64, exact=True)
+    ours = np.asarray(s.decode(tokens, True), dtype=np.float64).reshape(len(tokens), -1)
+    rel = relative_error_per_position(ours, theirs)
+    compared = np.r_[0:64, CHUNK - 64 : len(tokens)]
+    assert rel[compared].max() < 1e-4, (rel[compared].max(), compared[np.argmax(rel[compared])])
+
+
+def test_maverick_trace_replays_on_the_maverick_preset(tmp_path, shared_traces):
+    """../shared/traces/llama4_maverick_train.npz (Llama-4-Maverick, MMLU prompts: 24 MoE layers =
+    decoder layers 1, 3, ..., 47, 128 experts, top-1) on the llama-4-maverick preset with every layer,
+    expert count, top-k and the interleave kept and only the widths scaled down (SMALL, q8_0: 80 MB
+    instead of ~400 GB): the trace's expert ids are the ones the MoE layers run, without remapping,
+    and a streamed session under an evicting budget gives the resident session's logits bit for bit."""
+    from sharpi.make_model import write_model
+
+    with np.load(shared_traces / "llama4_maverick_train.npz") as z:
+        experts, layer_ids = z["experts"], z["moe_layer_ids"]
+        assert int(z["num_experts"]) == 128 and int(z["top_k"]) == 1
+    path = str(tmp_path / "maverick-small.gguf")
+    write_model(path, preset="llama-4-maverick", quant="q8_0", seed=7, **SMALL)
+    s = sharpi.Session(path, threads=2, n_ctx=256, route_trace=experts)
+    assert (s.info["n_layer"], s.info["n_expert"], s.info["n_expert_used"]) == (48, 128, 1)
+    n = 96
+    tokens = [int(t) for t in np.random.default_rng(1).integers(5, 500, n)]
+    resident = np.asarray(s.decode(tokens, True))
+    routing = s.last_routing()
+    moe_layers = [il for il in range(48) if len(routing[il])]
+    assert moe_layers == [int(x) for x in layer_ids] == list(range(1, 48, 2))
+    for j, il in enumerate(moe_layers):
+        np.testing.assert_array_equal(routing[il][:, 0], experts[:n, j, 0], err_msg=f"layer {il}")
+    # Token by token (the decode path) follows the same rows at the same positions.
+    s.reset()
+    s.decode(tokens[:80])
+    for p in range(80, n):
+        s.decode([tokens[p]])
+        assert [int(s.last_routing()[il][0, 0]) for il in moe_layers] == experts[p, :, 0].tolist()
+    stats = sharpi.Session(path, threads=2, n_ctx=256, ram_budget="4GiB").expert_stats()
+    budget = stats["fixed_bytes"] + 64 * stats["slot_bytes"]  # 64 of 3072 experts
+    streamed = sharpi.Session(path, threads=2, n_ctx=256, route_trace=experts, ram_budget=budget)
+    assert streamed.expert_stats()["n_slots"] == 64
+    np.testing.assert_array_equal(np.asarray(streamed.decode(tokens, True)), resident)
+    assert sum(layer["evictions"] for layer in streamed.expert_stats()["layers"]) > 0

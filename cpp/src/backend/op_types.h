@@ -49,6 +49,10 @@ struct RouterParams {
     int64_t n_group = 1;                    // 1: no group limit
     int64_t n_group_used = 1;               // groups a token may choose from
     const float* selection_bias = nullptr;  // [n_expert], nullptr: none
+    // Rank the experts by their raw logits (llama4: llama.cpp applies the sigmoid only after the
+    // top-k), the weights still the gating scores. Unlike ranking by sigmoid(logit), two logits that
+    // round to one f32 sigmoid (1.8e-6 apart near 2.9 already) keep their order.
+    bool rank_logits = false;
 };
 
 struct AttentionShape {

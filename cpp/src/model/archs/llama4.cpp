@@ -15,10 +15,10 @@
 //
 // FFN: layers il with (il + 1) % interleave_moe_layer_step == 0 are MoE, the others a dense
 // SwiGLU of feed_forward_length. A MoE layer's router picks the top-1 (expert_used_count) expert
-// by its logit; its weight sigmoid(logit) multiplies the expert's INPUT (moe/moe_ffn.cpp,
-// LayerWeights::expert_input_weighted), and an always-on shared expert of the routed experts' width
-// is added unscaled. llama.cpp uses sigmoid gating without renormalisation whatever the metadata
-// says; so do we (set on the model's router when the first layer loads).
+// by its raw logit (RouterParams::rank_logits); its weight sigmoid(logit) multiplies the expert's INPUT
+// (moe/moe_ffn.cpp, LayerWeights::expert_input_weighted), and an always-on shared expert of the routed
+// experts' width is added unscaled. llama.cpp uses sigmoid gating without renormalisation whatever the
+// metadata says; so do we (set on the model's router when the first layer loads).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -55,6 +55,7 @@ static void load_llama4_layer(ModelLoader& ld, int il) {
     if (h.n_expert == 0) throw FormatError(where + "llama4 without experts (expert_count 0)");
     if (il == 0) {
         h.router.gating = Gating::sigmoid;
+        h.router.rank_logits = true;
         h.router.normalize_topk = false;
         h.expert_weights_norm = false;
         h.n_ff_shexp = h.n_ff_exp;  // every MoE layer's shared expert (no key in the file)
