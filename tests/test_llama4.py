@@ -365,3 +365,12 @@ def test_maverick_trace_replays_on_the_maverick_preset(tmp_path, shared_traces):
     assert streamed.expert_stats()["n_slots"] == 64
     np.testing.assert_array_equal(np.asarray(streamed.decode(tokens, True)), resident)
     assert sum(layer["evictions"] for layer in streamed.expert_stats()["layers"]) > 0
+
+
+def test_llama4_without_its_interleave_key_is_a_typed_error(converted, tmp_path):
+    from model_files import rewrite_gguf
+
+    bad = str(tmp_path / "no-step.gguf")
+    rewrite_gguf(str(converted.gguf["f32"]), bad, drop_kv=("llama4.interleave_moe_layer_step",))
+    with pytest.raises(sharpi.MissingTensorError, match="interleave_moe_layer_step"):
+        sharpi.Session(bad, threads=1, n_ctx=64)
