@@ -374,3 +374,34 @@ def test_llama4_without_its_interleave_key_is_a_typed_error(converted, tmp_path)
     rewrite_gguf(str(converted.gguf["f32"]), bad, drop_kv=("llama4.interleave_moe_layer_step",))
     with pytest.raises(sharpi.MissingTensorError, match="interleave_moe_layer_step"):
         sharpi.Session(bad, threads=1, n_ctx=64)
+
+
+@pytest.mark.parametrize("predictor", ["prev_token", "next_gate"])
+def test_predictors_stream_like_resident(tmp_path, predictor):
+    """The training-free predictors on the tiny preset (MoE on layers 1 and 3 between dense ones),
+    lookahead 2 (layer 1 predicts layer 3), under a budget of half the 16 experts: prefetching
+    changes which bytes are read when, never the logits."""
+    from reference.engine_checks import greedy_logits
+    from sharpi.make_model import write_model
+
+    path = str(tmp_path / "llama4-tiny.gguf")
+    write_model(path, arch="llama4", preset="tiny", quant="q4_k_m", seed=9)
+    prompt = list(range(5, 21))
+    resident = greedy_logits(sharpi.Session(path, threads=2, n_ctx=128), prompt, 24)
+    stats = sharpi.Session(path, threads=2, n_ctx=128, ram_budget="4GiB").expert_stats()
+    streamed_session = sharpi.Session(path, threads=2, n_ctx=128, predictor=predictor, lookahead=2,
+                                      ram_budget=stats["fixed_bytes"] + 8 * stats["slot_bytes"])  # fmt: skip
+    streamed = greedy_logits(streamed_session, prompt, 24)
+    np.testing.assert_array_equal(streamed, resident)
+    layers = streamed_session.expert_stats()["layers"]
+    assert sum(layer["evictions"] for layer in layers) > 0
+    assert sum(layer["prefetch_issued"] for layer in layers) > 0, predictor
+
+
+def test_trained_predictors_refuse_interleaved_layers(tmp_path):
+    from sharpi.make_model import write_model
+
+    path = str(tmp_path / "llama4-tiny.gguf")
+    write_model(path, arch="llama4", preset="tiny", quant="q8_0", seed=9)
+    with pytest.raises(sharpi.UnsupportedError, match="interleaves dense layer 0 between MoE layers"):
+        sharpi.Session(path, threads=1, n_ctx=64, ram_budget="4GiB", predictor=f"cooc:{tmp_path / 'cooc.npz'}")
