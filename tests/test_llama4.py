@@ -211,6 +211,19 @@ def test_long_prompt_token_by_token_and_batched_equal_prefill(long_run, converte
         np.testing.assert_array_equal(np.asarray(logits[0], np.float64).reshape(8, -1), ours[a:b])
 
 
+def test_reference_matches_transformers(converted, hf):
+    """The float64 numpy reference (the oracle of the quantized files below) on the f32 file against
+    HF on the same weights: the two independent float64 implementations agree."""
+    prompt = _prompt(converted.exported.vocab_size, 6, 40)
+    ours = forward(ReferenceModel(converted.gguf["f32"]), prompt)
+    theirs = hf_export.hf_forward_result(hf, prompt, 1)
+    assert relative_error_per_position(ours.logits, theirs.logits).max() < 1e-5
+    # (HF's eager attention takes its softmax in float32: the two differ at the 1e-7 level.)
+    assert len(ours.router_logits) == len(theirs.router_logits) == 2
+    for mine, hf_logits in zip(ours.router_logits, theirs.router_logits):
+        np.testing.assert_allclose(mine, hf_logits, rtol=0, atol=1e-5 * np.abs(hf_logits).max())
+
+
 @pytest.mark.parametrize("quant", ["f16", "q8_0", "q4_k_m"])
 def test_quantized_exact_mode_matches_reference(converted, q4_k_m_file, quant):
     path = _files(converted, q4_k_m_file, quant)
