@@ -418,3 +418,43 @@ def test_trained_predictors_refuse_interleaved_layers(tmp_path):
     write_model(path, arch="llama4", preset="tiny", quant="q8_0", seed=9)
     with pytest.raises(sharpi.UnsupportedError, match="interleaves dense layer 0 between MoE layers"):
         sharpi.Session(path, threads=1, n_ctx=64, ram_budget="4GiB", predictor=f"cooc:{tmp_path / 'cooc.npz'}")
+
+
+def test_multimodal_checkpoint_converts_to_a_text_file_that_runs(tmp_path):
+    """Llama 4 as released is Llama4ForConditionalGeneration (text model + vision tower). llama.cpp's
+    converter writes its text model (the vision tower goes to an mmproj file with --mmproj); sharpi
+    runs that file and matches HF's multimodal model on text at the f32 budget."""
+    import transformers
+
+    try:
+        converter = hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        prerequisite_missing(f"llama.cpp converter unavailable: {error}")
+    tokenizer = hf_export.build_tokenizer(seed=1234)
+    text = hf_export.make_config(NAME, len(tokenizer))
+    vision = transformers.Llama4VisionConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, image_size=56,
+        patch_size=14, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
+        pixel_shuffle_ratio=0.5)  # fmt: skip
+    config = transformers.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict())
+    torch.manual_seed(0)
+    model = transformers.Llama4ForConditionalGeneration(config).to(torch.float32).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + hf_export.NORM_WEIGHT_SPREAD * noise if "norm" in name else hf_export.WEIGHT_STD * noise)
+    hf_dir = tmp_path / "hf"
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer.save_pretrained(hf_dir)
+    path = hf_export.convert(hf_dir, tmp_path / "llama4-mm-f32.gguf", "f32", converter)
+
+    hf = transformers.Llama4ForConditionalGeneration.from_pretrained(
+        hf_dir, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager").eval()
+    prompt = _prompt(len(tokenizer), 7)
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([prompt]), use_cache=False).logits[0].numpy()
+    s = sharpi.Session(str(path), threads=THREADS, n_ctx=0, exact=True)
+    assert s.info["arch"] == "llama4"
+    got = np.asarray(s.decode(prompt, True), np.float64).reshape(len(prompt), -1)
+    assert relative_error_per_position(got, want).max() < BUDGET
