@@ -105,8 +105,12 @@ void Engine::set_route_trace(RouteTrace trace) {
     }
     if (device_) throw UnsupportedError("route trace: not on the device path yet (device=\"cuda\")");
     if (!h.is_moe()) throw InvalidArgument("route trace: " + model_->file->path() + " has no routed experts");
-    const int64_t n_moe_layer = h.n_layer - h.n_layer_dense_lead;
-    trace.first_layer = h.n_layer_dense_lead;
+    int32_t n_moe_layer = 0;
+    trace.moe_index.assign(static_cast<size_t>(h.n_layer), -1);
+    for (int il = 0; il < h.n_layer; ++il) {
+        if (model_->experts.layers[static_cast<size_t>(il)].present())
+            trace.moe_index[static_cast<size_t>(il)] = n_moe_layer++;
+    }
     if (trace.n_tokens < 0 || trace.n_layers != n_moe_layer || trace.k != h.n_expert_used ||
         static_cast<int64_t>(trace.experts.size()) != trace.n_tokens * trace.n_layers * trace.k) {
         throw InvalidArgument("route trace shape [" + std::to_string(trace.n_tokens) + ", " +

@@ -78,7 +78,11 @@ void check_device_options(const SessionOptions& options, const std::string& path
 void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& model, int64_t max_batch,
                    Placement& p) {
     const HParams& h = model.hp;
-    const uint64_t total_experts = static_cast<uint64_t>((h.n_layer - h.n_layer_dense_lead) * h.n_expert);
+    // The layers with routed experts (deepseek2's leading dense layers and llama4's interleaved
+    // dense ones have none).
+    int64_t n_moe_layer = 0;
+    for (const ExpertLayerLayout& layer : model.experts.layers) n_moe_layer += layer.present() ? 1 : 0;
+    const uint64_t total_experts = static_cast<uint64_t>(n_moe_layer * h.n_expert);
     MemoryPlanRequest request;
     request.n_ctx = p.n_ctx;
     request.n_seq = options.n_seq;
