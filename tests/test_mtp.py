@@ -314,3 +314,24 @@ def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path
         sharpi.Session(str(trunk), mtp=converted["qwen3next"]["f32"])
     with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
         sharpi.Session(str(trunk), mtp=True)
+
+
+def test_the_shipped_models_head_matches_the_reference():
+    """python/sharpi/models/stdlib-moe-mtp-q8_0.gguf (a qwen3moe block trained for the shipped model,
+    block-only like llama.cpp's --mtp export) against the float64 reference: the trunk's hidden rows
+    from the shipped file, the block from the head's file."""
+    from sharpi.models import default_model_path, default_mtp_path
+
+    trunk, head = default_model_path(), default_mtp_path()
+    ref_trunk, ref_head = ReferenceModel(trunk), ReferenceModel(head)
+    s = sharpi.Session(trunk, threads=2, exact=True, mtp=head)
+    prompt = s.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n")
+    s.decode(prompt)
+    drafted, logits = s.draft_mtp(prompt[-1], 3, with_logits=True)
+    hidden = forward(ref_trunk, prompt).intermediates["result_norm"]
+    pair_tokens = list(prompt[1:]) + [prompt[-1]]
+    for i in range(3):
+        want, h_out = mtp_forward(ref_head, hidden, pair_tokens)
+        assert rel(logits[i], want[-1]) <= BUDGET, f"draft position {i}"
+        hidden = np.vstack([hidden, h_out[-1:]])
+        pair_tokens.append(drafted[i])
