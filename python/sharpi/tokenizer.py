@@ -65,6 +65,15 @@ _QWEN35 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# MiniMax-M2 (tokenizer.ggml.pre "minimax-m2"): the pattern of its tokenizer.json (GPT-4o's): a word
+# is an optional leading non-letter, then upper-case letters before lower-case ones or the other way
+# round, with an English contraction attached; digits in threes; punctuation runs take trailing
+# newlines and slashes. llama.cpp runs it as an equivalent lookahead form (no \p{Lu} in std::regex).
+_MINIMAX_M2 = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Non-ASCII ranges are written as escapes: an editor or a copy that normalises Unicode (NFC turns
 # U+1FD3 into U+0390) would otherwise silently turn a range like U+1FD0-U+1FD3 into an empty one.
 _CJK_HANGUL = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
@@ -129,6 +138,7 @@ for _names, _spec in [
     (("glm4", "glm5"), ([_LLAMA3], True, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
     (("qwen35",), ([_QWEN35], False, False)),
+    (("minimax-m2",), ([_MINIMAX_M2], False, False)),
     (("default",), (_LLAMA_CPP_DEFAULT, False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),
