@@ -30,7 +30,7 @@ def test_valid_file_loads(tiny):
 def test_unknown_architecture(tiny, tmp_path):
     bad = str(tmp_path / "arch.gguf")
     rewrite_gguf(tiny, bad, set_kv={"general.architecture": "mamba9"})
-    with pytest.raises(sharpi.UnsupportedError, match=r"unknown architecture 'mamba9' \(supported: .*qwen3moe.*glm4moe"):
+    with pytest.raises(sharpi.UnsupportedError, match=r"unknown architecture 'mamba9' \(supported: .*qwen3moe.*glm4moe.*minimax-m2"):
         sharpi.Session(bad)
 
 
