@@ -10,6 +10,8 @@ converter (tests/reference/hf_export.py):
     shapes, read with the gguf package: whole-projection q/k norms, rotary_dim, sigmoid gating, the
     selection bias, no shared expert, no biases, no MTP block), and inspect describes it;
   - streamed == resident bit for bit at a quarter budget (f32 and q8_0 converter files);
+  - Q4_K_M by llama.cpp's own llama-quantize (from a 256-wide checkpoint): exact mode within 1e-4 of
+    the float64 reference on the dequantized weights, and streamed == resident bit for bit;
   - llama.cpp's defaults and refusals: a file without expert_gating_func routes with sigmoid (the
     only router transformers has), softmax when the file says so; files missing a minimax-m2 tensor
     are typed errors;
@@ -18,8 +20,11 @@ converter (tests/reference/hf_export.py):
   - the minimax-m2 preset plans MiniMax-M2's published shapes (230B-A10B).
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched; the
-llama-cpp-python tests skip (fail under SHARPI_REQUIRE_ALL=1) without it.
+llama-quantize and llama-cpp-python tests skip (fail under SHARPI_REQUIRE_ALL=1) without them.
 """
+
+import subprocess
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -29,13 +34,16 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
-from ci_policy import require_llama_cpp
+from ci_policy import prerequisite_missing, require_llama_cpp
 from model_files import rewrite_gguf
 from reference import hf_export
-from reference.engine_checks import check_streams_like_resident
+from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
+from reference.numpy_forward import ReferenceModel, forward
 from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
 
+QT = gguf.GGMLQuantizationType
+BUILD_SCRIPT = hf_export.REPO_ROOT / "tools" / "build_llama_tools.sh"
 THREADS = 2
 PROMPT = hf_export.random_prompt(384, 16, seed=42)
 
@@ -208,3 +216,55 @@ def test_preset_plans_the_published_shapes():
     embeddings = 2 * 200064 * 3072  # token_embd and output
     active = total - 62 * (256 - 8) * expert - embeddings
     assert active == pytest.approx(10e9, rel=0.05)  # "A10B": 9.8B active outside the embeddings
+
+
+# ----------------------------------------------------------------------------------------------
+# Q4_K_M by llama.cpp's own quantizer
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_file(converter, model_dir) -> str:
+    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=5400, check=False)
+    lines = done.stdout.strip().splitlines()
+    bin_dir = Path(lines[-1]) if lines else None
+    if done.returncode != 0 or bin_dir is None or not (bin_dir / "llama-quantize").is_file():
+        prerequisite_missing(f"tools/build_llama_tools.sh failed (rc {done.returncode}): {done.stderr[-3000:]}")
+    f16 = hf_export.prepare("minimax_m2_256", model_dir, converter, outtypes=("f16",)).gguf["f16"]
+    out = f16.parent / "minimax_m2_256-q4_k_m.gguf"
+    if not out.is_file():
+        run = subprocess.run(
+            [str(bin_dir / "llama-quantize"), str(f16), str(out), "Q4_K_M", str(THREADS)],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, f"llama-quantize failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+    return str(out)
+
+
+def test_q4_k_m_file_holds_a_mix(q4_k_m_file):
+    _, tensors = _metadata(q4_k_m_file)
+    types = {name: QT(int(t.tensor_type)) for name, t in tensors.items()}
+    assert types["blk.1.ffn_gate_exps.weight"] == QT.Q4_K and types["blk.1.exp_probs_b.bias"] == QT.F32
+    assert types["blk.1.ffn_gate_inp.weight"] == QT.F32 and types["blk.1.attn_q_norm.weight"] == QT.F32
+    assert {QT.Q4_K, QT.Q6_K} <= set(types.values()), sorted((n, t.name) for n, t in types.items())
+
+
+def test_q4_k_m_exact_mode_matches_reference(q4_k_m_file):
+    ref = ReferenceModel(q4_k_m_file)
+    hp = ref.hparams
+    prompt = hf_export.random_prompt(hp.n_vocab, 12, seed=44)
+
+    def open_session(dump_activations):
+        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=0, exact=True, dump_activations=dump_activations)
+
+    what = "minimax-m2 Q4_K_M (llama-quantize) vs reference"
+    check_prefill_and_stepwise(open_session, prompt, forward(ref, prompt), 1e-4, what, hp.n_expert_used)
+    check_greedy(open_session, prompt, lambda tokens: forward(ref, tokens), 16, 1e-4, what, hp.n_expert_used)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
+    def open_session(ram_budget):
+        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
+        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
+
+    check_streams_like_resident(open_session, PROMPT, 24, f"minimax-m2 Q4_K_M exact={exact}")

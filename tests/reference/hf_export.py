@@ -68,8 +68,9 @@ HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 ENGINE_ONLY_MODELS = {"gpt_oss": "gpt-oss"}  # GptOssForCausalLM: tests/test_gpt_oss.py
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
-# glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe"}
+# glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file,
+# and minimax_m2_256 for tests/test_minimax_m2.py's.
+QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe", "minimax_m2_256": "minimax-m2"}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -277,6 +278,13 @@ def make_config(name: str, vocab_size: int):
             num_nextn_predict_layers=1,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
         )
+    if name == "minimax_m2_256":
+        # minimax_m2 256 wide wherever a row is, for llama-quantize's K types; RoPE on half of each head.
+        config = make_config("minimax_m2", vocab_size)
+        config.hidden_size = config.intermediate_size = 256
+        config.head_dim = 64
+        config.rotary_dim = 32
+        return config
     if name == "minimax_m2":
         # MiniMax-M2's proportions at a small size: head_dim 48 != hidden/heads (MiniMax-M2: 128 vs
         # 64), RoPE on half of each head through the legacy `rotary_dim` the real config carries (the
@@ -407,6 +415,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "glm4moe_qknorm": transformers.Glm4MoeForCausalLM,
         "glm4moe_256": transformers.Glm4MoeForCausalLM,
         "minimax_m2": transformers.MiniMaxM2ForCausalLM,
+        "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
