@@ -9,6 +9,7 @@ converter (tests/reference/hf_export.py):
   - the file carries what MiniMax-M2 rotates and routes by (the converter's own keys and tensor
     shapes, read with the gguf package: whole-projection q/k norms, rotary_dim, sigmoid gating, the
     selection bias, no shared expert, no biases, no MTP block), and inspect describes it;
+  - make-model's tiny minimax-m2 carries the converter's keys (and value types) and tensor names;
   - streamed == resident bit for bit at a quarter budget (f32 and q8_0 converter files);
   - Q4_K_M by llama.cpp's own llama-quantize (from a 256-wide checkpoint): exact mode within 1e-4 of
     the float64 reference on the dequantized weights, and streamed == resident bit for bit;
@@ -124,6 +125,21 @@ def tiny(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("minimax_m2_tiny") / "minimax-m2-tiny.gguf")
     mm.write_model(path, arch="minimax-m2", preset="tiny", quant="q8_0", seed=3)
     return path
+
+
+def test_make_model_writes_what_the_converter_writes(files, tiny):
+    """make-model's tiny minimax-m2 against the converter's file: the same minimax-m2.* keys with
+    the same value types, and the same tensor names with the same ranks."""
+    theirs_md, theirs = _metadata(files["f32"])
+    ours_md, ours = _metadata(tiny)
+    reader_t, reader_o = gguf.GGUFReader(str(files["f32"])), gguf.GGUFReader(tiny)
+    arch_keys = {k for k in theirs_md if k.startswith("minimax-m2.")}
+    assert arch_keys == {k for k in ours_md if k.startswith("minimax-m2.")}
+    for key in arch_keys:
+        assert reader_t.fields[key].types == reader_o.fields[key].types, key
+    assert set(theirs) == set(ours)
+    for name in theirs:
+        assert len(theirs[name].shape) == len(ours[name].shape), name
 
 
 def test_gating_defaults_to_sigmoid(tiny, tmp_path):
