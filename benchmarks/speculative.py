@@ -154,10 +154,12 @@ def cmd_e2e(args) -> None:
 # ------------------------------------------------------------------------------------ verify-cost
 
 
-def step_times(session, n_vocab: int, k: int, iters: int, rng) -> float:
-    """Median seconds of a step of k + 1 tokens (rewindable, all logits) followed by the cut back
-    to one kept token; k = 0 is a plain one-token step."""
+def step_times(session, n_vocab: int, k: int, iters: int, rng) -> tuple:
+    """(median seconds, MiB read per step, stall ms per step) of steps of k + 1 tokens
+    (rewindable, all logits) each followed by the cut back to one kept token; k = 0 is a plain
+    one-token step."""
     out = []
+    before = _expert_totals(session)
     for _ in range(iters):
         tokens = [int(t) for t in rng.integers(0, n_vocab, k + 1)]
         n0 = session.n_past
@@ -166,39 +168,56 @@ def step_times(session, n_vocab: int, k: int, iters: int, rng) -> float:
         if k:
             session.truncate(n0 + 1)
         out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    after = _expert_totals(session)
+    return (statistics.median(out), (after[0] - before[0]) / iters / 2**20, (after[1] - before[1]) / iters)
+
+
+def _expert_totals(session) -> tuple:
+    layers = session.expert_stats()["layers"]
+    return sum(la["bytes_read"] for la in layers), sum(la["stall_ms"] for la in layers)
 
 
 def cmd_verify_cost(args) -> None:
+    import os
+
     import sharpi
 
-    rng = np.random.default_rng(1)
     for fraction in args.budget_fraction:
-        kw = {"threads": args.threads, "n_ctx": args.ctx, "max_draft_tokens": args.draft}
-        if fraction > 0:
-            kw.update(ram_budget=budget_for(sharpi, args.model, fraction, args.threads, n_ctx=args.ctx,
-                                            max_draft_tokens=args.draft), reader="auto")
-        s = sharpi.Session(args.model, **kw)
-        n_vocab = s.info["n_vocab"]
-        s.decode([int(t) for t in rng.integers(0, n_vocab, 32)])
-        for _ in range(3):  # warm
-            step_times(s, n_vocab, 0, 2, rng)
-        per_round = {k: [] for k in range(args.draft + 1)}
-        for _ in range(args.repeats):
-            for k in range(args.draft + 1):  # alternating k within each round
-                per_round[k].append(step_times(s, n_vocab, k, args.iters, rng))
-        t = {k: statistics.median(v) for k, v in per_round.items()}
-        label = "resident" if fraction == 0 else f"{fraction:.0%} of experts"
-        print(f"\n{args.model} {label}: one token {t[0] * 1e3:.1f} ms")
-        print("| k | verify ms | ÷ one token | speedup a=0.6 | a=0.8 | a=0.9 |")
-        print("|---|---|---|---|---|---|")
-        for k in range(1, args.draft + 1):
-            cells = []
-            for a in (0.6, 0.8, 0.9):
-                expected = (1 - a ** (k + 1)) / (1 - a)
-                cells.append(f"{expected * t[0] / t[k]:.2f}")
-            print(f"| {k} | {t[k] * 1e3:.1f} | {t[k] / t[0]:.2f} | " + " | ".join(cells) + " |")
-        s.close()
+        for read_ahead in ((True, False) if fraction > 0 else (True,)):
+            rng = np.random.default_rng(1)
+            # The verify step's draft rows: each next layer's experts guessed and read while a layer
+            # computes (the engine's multi-token read-ahead), or not (SHARPI_READ_AHEAD=0).
+            os.environ["SHARPI_READ_AHEAD"] = "1" if read_ahead else "0"
+            kw = {"threads": args.threads, "n_ctx": args.ctx, "max_draft_tokens": args.draft}
+            if fraction > 0:
+                kw.update(ram_budget=budget_for(sharpi, args.model, fraction, args.threads, n_ctx=args.ctx,
+                                                max_draft_tokens=args.draft), reader="auto")
+            s = sharpi.Session(args.model, **kw)
+            n_vocab = s.info["n_vocab"]
+            s.decode([int(t) for t in rng.integers(0, n_vocab, 32)])
+            for _ in range(3):  # warm
+                step_times(s, n_vocab, 0, 2, rng)
+            per_round = {k: [] for k in range(args.draft + 1)}
+            for _ in range(args.repeats):
+                for k in range(args.draft + 1):  # alternating k within each round
+                    per_round[k].append(step_times(s, n_vocab, k, args.iters, rng))
+            t = {k: statistics.median(r[0] for r in v) for k, v in per_round.items()}
+            mib = {k: statistics.median(r[1] for r in v) for k, v in per_round.items()}
+            stall = {k: statistics.median(r[2] for r in v) for k, v in per_round.items()}
+            label = "resident" if fraction == 0 else f"{fraction:.0%} of experts, read-ahead {'on' if read_ahead else 'off'}"
+            print(f"\n{args.model} {label}: one token {t[0] * 1e3:.1f} ms, {mib[0]:.0f} MiB read, "
+                  f"stall {stall[0]:.1f} ms")
+            print("| k | verify ms | ÷ one token | MiB read | stall ms | speedup a=0.6 | a=0.8 | a=0.9 |")
+            print("|---|---|---|---|---|---|---|---|")
+            for k in range(1, args.draft + 1):
+                cells = []
+                for a in (0.6, 0.8, 0.9):
+                    expected = (1 - a ** (k + 1)) / (1 - a)
+                    cells.append(f"{expected * t[0] / t[k]:.2f}")
+                print(f"| {k} | {t[k] * 1e3:.1f} | {t[k] / t[0]:.2f} | {mib[k]:.0f} | {stall[k]:.1f} | "
+                      + " | ".join(cells) + " |")
+            s.close()
+    os.environ.pop("SHARPI_READ_AHEAD", None)
 
 
 def main() -> None:

@@ -259,6 +259,10 @@ void CudaBackend::mul_silu(float*, const float*, int64_t) {
     refuse(OpCall{"mul_silu", GgmlType::F32, ""});
 }
 
+void CudaBackend::scale_rows(const Act&, const float*) {
+    refuse(OpCall{"scale_rows", GgmlType::F32, ""});
+}
+
 void CudaBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
     check(OpCall{"scale_rows_sigmoid", GgmlType::F32, ""});
     if (s.width != 1) throw InvalidArgument("[cuda] scale_rows_sigmoid: the gate must be [n_tokens, 1]");

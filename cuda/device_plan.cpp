@@ -199,6 +199,12 @@ DevicePlan plan_device_model(const Model& model, int64_t n_ctx, int64_t max_batc
         if (L.attn_output_gate || L.attn_window != 0 || !L.attn_sinks.empty()) {
             unsupported(arch, where + "gated, sliding-window or sink attention is not on the device");
         }
+        if (!L.attn_rope || L.attn_chunk != 0 || L.attn_temp_floor_scale != 0 || !L.rope_freqs.empty() ||
+            L.expert_input_weighted) {
+            unsupported(arch, where +
+                                  "llama4's NoPE, chunked and temperature-tuned attention, RoPE frequency "
+                                  "factors and router-weighted expert inputs are not on the device");
+        }
         if (!L.exp_probs_b.empty() || !L.ffn_gate_inp_b.empty() || !L.ffn_gate_exps_b.empty() ||
             !L.ffn_up_exps_b.empty() || !L.ffn_down_exps_b.empty() || L.expert_swiglu_limit != 0.0f) {
             unsupported(arch, where + "router or expert biases are not on the device");

@@ -25,7 +25,10 @@ OpCall matmul_call(const WeightView& w, bool exact) {
 }
 
 OpCall rope_call(const RopeParams& p) {
-    return OpCall{"rope", GgmlType::F32, p.ext_factor != 0.0f || p.mscale != 1.0f ? "yarn" : ""};
+    std::vector<std::string> v;
+    if (p.ext_factor != 0.0f || p.mscale != 1.0f) v.push_back("yarn");
+    if (p.freq_factors) v.push_back("freq_factors");
+    return OpCall{"rope", GgmlType::F32, join(v)};
 }
 
 std::vector<OpCall> kv_store_calls(GgmlType type_k, GgmlType type_v, bool with_v) {
@@ -38,6 +41,7 @@ OpCall attention_call(GgmlType type_k, const AttentionShape& shape) {
     std::vector<std::string> v;
     if (shape.sinks) v.push_back("sinks");
     if (shape.window > 0) v.push_back("window");
+    if (shape.chunk > 0) v.push_back("chunk");
     v.push_back("head_dim=" + std::to_string(shape.head_dim));
     return OpCall{"attention", type_k, join(v)};
 }
@@ -48,6 +52,7 @@ OpCall route_topk_call(const RouterParams& params, int64_t n_expert) {
     if (params.n_group > 1) v.push_back("groups");
     if (params.weights_scale != 1.0f) v.push_back("scale");
     if (params.selection_bias) v.push_back("selection_bias");
+    if (params.rank_logits) v.push_back("rank_logits");
     v.push_back("n_expert=" + std::to_string(n_expert));
     return OpCall{"route_topk", GgmlType::F32, join(v)};
 }

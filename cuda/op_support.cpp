@@ -51,6 +51,7 @@ const Missing kMissing[] = {
     {"gated_delta_rule", "the Gated DeltaNet's delta rule"},
     {"mul_sigmoid", "gated attention's output gate (qwen3next, qwen35moe)"},
     {"mul_silu", "the Gated DeltaNet's gated RMSNorm"},
+    {"scale_rows", "llama4's router-weighted expert input and attention temperature"},
 };
 
 std::vector<std::string> tags(const std::string& variant) {
@@ -96,13 +97,14 @@ std::string unsupported_op(const OpCall& call) {
     for (const std::string& tag : tags(call.variant)) {
         if (tag == "exact") continue;  // every device kernel has an exact (dequantized f32) path
         if (call.op == "attention") {
-            if (tag == "sinks" || tag == "window")
-                return no("sink and sliding-window attention are not on the device");
+            if (tag == "sinks" || tag == "window" || tag == "chunk")
+                return no("sink, sliding-window and chunked attention are not on the device");
             if (sized(tag, "head_dim") > kMaxHeadDim)
                 return no("device attention takes head_dim up to " + std::to_string(kMaxHeadDim));
             if (sized(tag, "head_dim") >= 0) continue;
         } else if (call.op == "rope") {
             if (tag == "yarn") return no("YaRN RoPE is not on the device");
+            if (tag == "freq_factors") return no("RoPE frequency factors (rope_freqs) are not on the device");
         } else if (call.op == "route_topk") {
             if (sized(tag, "n_expert") > kMaxExperts)
                 return no("the device router takes at most " + std::to_string(kMaxExperts) + " experts");

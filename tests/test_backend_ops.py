@@ -37,11 +37,13 @@ EXPECTED_BLOCKERS = {
     "qwen35moe": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
     "gpt-oss": {"attention", "expert_ffn_batch", "expert_ffn_one_token"},
     "glm4moe": {"route_topk"},  # sigmoid routing with a selection bias and a weight scale
+    # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
+    "llama4": {"attention", "route_topk", "scale_rows"},
     "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).
-MAY_ALSO_BLOCK = {"deepseek2": {"route_topk"}, "gpt-oss": {"route_topk", "rope"}}
+MAY_ALSO_BLOCK = {"deepseek2": {"route_topk"}, "gpt-oss": {"route_topk", "rope"}, "llama4": {"rope"}}
 
 
 def _interface_ops() -> set[str]:

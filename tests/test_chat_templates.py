@@ -108,3 +108,22 @@ def test_template_renders_as_transformers(tokenizer, path):
             assert got == want, f"{path.stem}, {name}, {kwargs}"
             rendered += 1
     assert rendered > 0, f"{path.stem}: transformers rendered none of the conversations"
+
+
+def test_llama4_template_renders_as_transformers(tokenizer):
+    # Llama 4's chat template is not among llama.cpp's fixtures; transformers ships it with its
+    # Llama 4 processor (the template Llama-4-Scout / Maverick's tokenizer_config.json carries).
+    processing = pytest.importorskip("transformers.models.llama4.processing_llama4")
+    source = processing.chat_template
+    assert "<|header_start|>" in source and "<|eot|>" in source
+    tok = tokenizer
+    specials = {"bos_token": tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
+                "eos_token": tok.id_to_token(tok.eos_id) if tok.eos_id is not None else ""}
+    for name, messages in CONVERSATIONS.items():
+        tools = TOOLS if name == "tools" else None
+        for kwargs in ({}, {"tools_in_user_message": False}, {"date_string": "25 Nov 2026"}):
+            want = chat_template_utils.render_jinja_template(
+                conversations=[messages], tools=tools, chat_template=source, add_generation_prompt=True,
+                **specials, **kwargs)[0][0]
+            got = tok.apply_chat_template(messages, template=source, tools=tools, **kwargs)
+            assert got == want, f"llama4, {name}, {kwargs}"

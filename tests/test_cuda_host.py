@@ -312,6 +312,7 @@ def test_device_plan_tied_output_head_is_uploaded_once(plan_files, tmp_path):
         ("deepseek2", r"plain MoE architectures only .*not deepseek2"),
         ("gpt-oss", r"plain MoE architectures only .*not gpt-oss"),
         ("qwen3next", r"plain MoE architectures only .*not qwen3next"),
+        ("llama4", r"plain MoE architectures only .*not llama4"),
     ],
 )
 def test_device_plan_refuses_archs_the_device_path_does_not_compute(arch, needle, tmp_path):

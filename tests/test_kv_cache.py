@@ -74,9 +74,10 @@ def decode_rows(kind: str, stored: np.ndarray, width: int) -> np.ndarray:
     return np.stack([quants.dequantize(r, GGML[kind]).reshape(width) for r in stored]).astype(np.float64)
 
 
-def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale, window=0, sinks=None):
+def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale, window=0, sinks=None, chunk=0):
     """Causal GQA attention in float64: q [T, n_head * hd], k / v [n_kv, n_head_kv * hd] (decoded);
-    window > 0: position p sees (p - window, p]; sinks [n_head]: a logit in each denominator only."""
+    window > 0: position p sees (p - window, p]; sinks [n_head]: a logit in each denominator only;
+    chunk > 0: position p sees [floor(p / chunk) * chunk, p] (llama4's chunked layers)."""
     T = q.shape[0]
     out = np.zeros((T, n_head * head_dim))
     group = n_head // n_head_kv
@@ -86,6 +87,8 @@ def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale, window=0,
             g = h // group
             qh = q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64)
             j0 = max(0, n_kv - window) if window > 0 else 0
+            if chunk > 0:
+                j0 = max(j0, (n_kv - 1) // chunk * chunk)
             kh = k[j0:n_kv, g * head_dim : (g + 1) * head_dim]
             vh = v[j0:n_kv, g * head_dim : (g + 1) * head_dim]
             s = kh @ qh * scale
@@ -94,6 +97,41 @@ def attention_model(q, k, v, pos0, n_head, n_head_kv, head_dim, scale, window=0,
             denominator = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
             out[t, h * head_dim : (h + 1) * head_dim] = (p / denominator) @ vh
     return out
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("chunk", [1, 100, 256, 300])
+def test_chunked_attention_matches_float64_model(isa, chunk, exact):
+    # llama4: chunks shorter than, equal to and longer than a 256-row block, a prefill crossing chunk
+    # starts and a deep single-token decode (split path); every thread count gives the same bits, and
+    # the batch gives each token its token-by-token row.
+    n_head, n_head_kv, hd = 4, 2, 32
+    rng = np.random.default_rng(chunk + 1)
+    for pos0, T in ((0, 650), (700, 1)):
+        n_kv = pos0 + T
+        k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 2).astype(np.float32)
+        v = rng.standard_normal((n_kv, n_head_kv * hd)).astype(np.float32)
+        q = rng.standard_normal((T, n_head * hd)).astype(np.float32)
+        ks, vs = store("f32", k), store("f32", v)
+        want = attention_model(q, k.astype(np.float64), v.astype(np.float64), pos0, n_head, n_head_kv, hd, 0.2,
+                               chunk=chunk)
+        results = [_internal.attention(q, ks, vs, "f32", "f32", pos0, n_head, n_head_kv, hd, 0.2, threads=th, isa=isa,
+                                       chunk=chunk, exact=exact) for th in (1, 2, 3)]
+        assert np.abs(results[0] - want).max() / np.abs(want).max() < 1e-5
+        for got in results[1:]:
+            np.testing.assert_array_equal(got, results[0])
+        if T > 1:
+            for t in (0, chunk - 1, chunk, T - 1):
+                t = min(t, T - 1)
+                one = _internal.attention(q[t : t + 1], ks, vs, "f32", "f32", t, n_head, n_head_kv, hd, 0.2, threads=2,
+                                          isa=isa, chunk=chunk, exact=exact)
+                np.testing.assert_array_equal(one[0], results[1][t])
+            # A chunk start sees only itself: row chunk is the attention of one key, v of that row.
+            if chunk < T:
+                np.testing.assert_allclose(results[0][chunk].reshape(n_head, hd),
+                                           np.repeat(v[chunk].reshape(n_head_kv, hd), n_head // n_head_kv, axis=0),
+                                           rtol=1e-6, atol=1e-6)
 
 
 # (n_head, n_head_kv, head_dim, pos0, n_tokens): a prefill batch crossing a 256-row block boundary,

@@ -249,3 +249,68 @@ def test_the_converters_block_matches_the_float64_reference(converted, name, qua
     for t in prompt[7:]:
         s.decode([t])
     check_drafts(s, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"{name} {quant} converter seed {seed}")
+
+
+@pytest.mark.parametrize("n_slots", [1, 3])
+def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
+    """The scheduler with draft-mtp: each slot's drafts come from its own sequence's pairs (the
+    key is the sequence id) and join the batched step as rewindable entries of a hybrid model;
+    every answer is plain decoding's."""
+    import asyncio
+
+    from sharpi.server.scheduler import END, Engine
+
+    path = files["qwen35moe", "q8_0"]
+    s = sharpi.Session(path, threads=2, n_ctx=256, n_seq=n_slots, mtp=True, max_draft_tokens=3)
+    plain = sharpi.Session(path, threads=2, n_ctx=256)
+    rng = np.random.default_rng(secrets.randbits(32))
+    prompts = [[int(t) for t in rng.integers(3, 1000, n)] for n in (9, 14, 5)]
+    options = {"max_tokens": 24, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "stop_at_eos": False}
+    want = []
+    for p in prompts:
+        plain.reset()
+        for _ in plain.generate(p, **options):
+            pass
+        want.append(list(plain.last_tokens))
+    engine = Engine(s, speculation=open_speculation(s, "draft-mtp", n_max=3))
+
+    async def run():
+        jobs = [engine.submit(p, dict(options)) for p in prompts]
+        for job in jobs:
+            while await job.queue.get() is not END:
+                pass
+        return [job.tokens for job in jobs]
+
+    try:
+        got = asyncio.run(run())
+        snap = engine.snapshot()
+    finally:
+        engine.close()
+    assert got == want
+    assert snap["draft_tokens"] > 0
+
+
+def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path):
+    """llama.cpp's converter writes the block apart (`--mtp`: the block with the embeddings, norm and
+    head) and the trunk without it (`--no-mtp`): Session(mtp=sidecar) on the trunk drafts exactly what
+    the whole file's block drafts, and a sidecar of another model is refused."""
+    from reference import hf_export
+
+    converter = hf_export.converter_dir()
+    hf_dir = hf_export.prepare("qwen35moe", model_dir, converter).exported.hf_dir
+    trunk = hf_export.convert(hf_dir, tmp_path / "trunk.gguf", "f32", converter, extra_args=["--no-mtp"])
+    sidecar = hf_export.convert(hf_dir, tmp_path / "mtp-only.gguf", "f32", converter, extra_args=["--mtp"])
+    prompt = [int(t) for t in np.random.default_rng(secrets.randbits(32)).integers(0, 300, 9)]
+    whole = sharpi.Session(converted["qwen35moe"]["f32"], threads=2, mtp=True)
+    apart = sharpi.Session(str(trunk), threads=2, mtp=str(sidecar))
+    assert apart.info["n_layer_nextn"] == 0 and apart.info["mtp"]
+    for s in (whole, apart):
+        s.decode(prompt)
+    want = whole.draft_mtp(7, 3, with_logits=True)
+    got = apart.draft_mtp(7, 3, with_logits=True)
+    assert got[0] == want[0]
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(sharpi.InvalidArgument, match="describes another model|is a 'qwen3next' file"):
+        sharpi.Session(str(trunk), mtp=converted["qwen3next"]["f32"])
+    with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
+        sharpi.Session(str(trunk), mtp=True)

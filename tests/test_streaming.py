@@ -23,7 +23,7 @@ from sharpi import _core, _internal
 from sharpi.cache_eval import write_prior
 from sharpi.make_model import write_model
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "minimax-m2"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "llama4", "minimax-m2"]
 READERS = ["pread", "uring"]
 
 
@@ -57,7 +57,9 @@ def plan(path: str, n_ctx: int = 128):
     s = sharpi.Session(path, threads=1, n_ctx=n_ctx, ram_budget="4GiB", reader="pread")
     st = s.expert_stats()
     info = s.info
-    n_moe_layer = info["n_layer"] - info["n_layer_dense_lead"]  # deepseek2's leading layers are dense
+    # The layers with routed experts (deepseek2's leading layers and llama4's interleaved ones are dense).
+    n_moe_layer = len({t["name"].split(".")[1] for t in _core.GgufFile(path).tensors()
+                       if t["name"].endswith(".ffn_gate_exps.weight")})  # fmt: skip
     return st["fixed_bytes"], st["slot_bytes"], n_moe_layer * info["n_expert"], info["n_expert_used"]
 
 

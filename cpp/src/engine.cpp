@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 
 #include "cpu/cpu_backend.h"
@@ -55,8 +56,9 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     }
     kv_shape_ = kv_layout(h, plan.type_k, plan.type_v);
     n_ctx_ = plan.n_ctx;
+    if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
     if (options.mtp) {
-        mtp_ = std::make_unique<MtpHead>(*model_);
+        mtp_ = std::make_unique<MtpHead>(*model_, options.mtp_file);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
     }
     sequences_ = std::make_unique<SequenceTable>(options.n_seq, [this] { return make_sequence(); });
@@ -103,8 +105,12 @@ void Engine::set_route_trace(RouteTrace trace) {
     }
     if (device_) throw UnsupportedError("route trace: not on the device path yet (device=\"cuda\")");
     if (!h.is_moe()) throw InvalidArgument("route trace: " + model_->file->path() + " has no routed experts");
-    const int64_t n_moe_layer = h.n_layer - h.n_layer_dense_lead;
-    trace.first_layer = h.n_layer_dense_lead;
+    int32_t n_moe_layer = 0;
+    trace.moe_index.assign(static_cast<size_t>(h.n_layer), -1);
+    for (int il = 0; il < h.n_layer; ++il) {
+        if (model_->experts.layers[static_cast<size_t>(il)].present())
+            trace.moe_index[static_cast<size_t>(il)] = n_moe_layer++;
+    }
     if (trace.n_tokens < 0 || trace.n_layers != n_moe_layer || trace.k != h.n_expert_used ||
         static_cast<int64_t>(trace.experts.size()) != trace.n_tokens * trace.n_layers * trace.k) {
         throw InvalidArgument("route trace shape [" + std::to_string(trace.n_tokens) + ", " +
@@ -593,7 +599,8 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
         moe.set_cancel_flag(&cancel_requested_);
         if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
-        moe.set_read_ahead(cache_ != nullptr && c + 1 == n_chunks);  // resident: nothing to read
+        moe.set_read_ahead(read_ahead_ && cache_ != nullptr &&
+                           c + 1 == n_chunks);  // resident: nothing to read
         ActivationDump* dump = nullptr;
         if (options_.dump_activations) dump = n_chunks == 1 ? &dump_ : &chunk_dumps.emplace_back();
         Forward& f = fs.emplace_back(m, *backend_, moe, dump);

@@ -158,6 +158,10 @@ class Engine final : private GateObserver {
     // decode() hands it the tokens instead of running forward_batch.
     std::unique_ptr<cuda::DeviceForward> device_;
     std::unique_ptr<ExpertSource> experts_;
+    // A multi-token step's last chunk reads each next MoE layer's guessed experts while a layer
+    // computes (docs/streaming_io.md): prefill, and a speculative verify step's draft rows.
+    // SHARPI_READ_AHEAD=0 in the environment turns it off (benchmarks measure what it saves).
+    bool read_ahead_ = true;
     std::unique_ptr<MtpHead> mtp_;               // SessionOptions::mtp
     std::unique_ptr<ExpertSource> mtp_experts_;  // the head's experts, resident
     ExpertCache* cache_ = nullptr;               // experts_ when streaming, else nullptr

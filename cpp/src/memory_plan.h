@@ -23,6 +23,7 @@ struct MemoryPlanRequest {
     int64_t n_seq = 1;             // sequences held at once: each has its own KV cache and recurrent state
     int64_t max_draft_tokens = 0;  // recurrent state copies per sequence for speculative rewinds
     bool mtp = false;              // the MTP head runs (SessionOptions::mtp): its weights and state
+    std::string mtp_file;          // SessionOptions::mtp_file
     GgmlType type_k = GgmlType::F32;
     GgmlType type_v = GgmlType::F32;
     int64_t max_batch = 256;

@@ -78,12 +78,17 @@ void check_device_options(const SessionOptions& options, const std::string& path
 void plan_ram_tier(const SessionOptions& options, uint64_t budget, const Model& model, int64_t max_batch,
                    Placement& p) {
     const HParams& h = model.hp;
-    const uint64_t total_experts = static_cast<uint64_t>((h.n_layer - h.n_layer_dense_lead) * h.n_expert);
+    // The layers with routed experts (deepseek2's leading dense layers and llama4's interleaved
+    // dense ones have none).
+    int64_t n_moe_layer = 0;
+    for (const ExpertLayerLayout& layer : model.experts.layers) n_moe_layer += layer.present() ? 1 : 0;
+    const uint64_t total_experts = static_cast<uint64_t>(n_moe_layer * h.n_expert);
     MemoryPlanRequest request;
     request.n_ctx = p.n_ctx;
     request.n_seq = options.n_seq;
     request.max_draft_tokens = options.max_draft_tokens;
     request.mtp = options.mtp;
+    request.mtp_file = options.mtp_file;
     request.type_k = p.type_k;
     request.type_v = p.type_v;
     request.max_batch = max_batch;
@@ -180,6 +185,8 @@ void check_options_for_model(const SessionOptions& options, const RamBudget& ram
                               options.device + "\"; use ram_budget to stream experts into RAM)");
     }
     // With a vram_budget, whether the experts stream is the tier plan's decision (plan_placement).
+    if (!options.mtp_file.empty() && !options.mtp)
+        throw InvalidArgument("mtp_file: " + options.mtp_file + " is for the MTP head; set mtp as well");
     if (options.mtp && options.device != "cpu")
         throw UnsupportedError(
             "mtp: the multi-token-prediction head is not on the device path yet (device=\"" + options.device +

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def int_at_least(name: str, minimum: int):
@@ -454,7 +455,8 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                    help="choose each step's draft length (up to --spec-draft-n-max) from the acceptance per draft "
                    "position and the measured cost of verify steps (docs/speculative.md)")
     g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", default=None,
-                   metavar="FILE", help="draft model GGUF with the target's vocabulary (implies draft-simple)")
+                   metavar="FILE", help="draft model GGUF with the target's vocabulary (implies draft-simple); with "
+                   "--spec-type draft-mtp, a file holding the model's MTP block (llama.cpp's --mtp export)")
     g.add_argument("--spec-ngram-simple-size-n", type=int_at_least("--spec-ngram-simple-size-n", 1),
                    default=DEFAULT_NGRAM_SIZE_N, metavar="N",
                    help="ngram-simple: tokens of the n-gram looked up in the context (default: %(default)s)")
@@ -471,7 +473,16 @@ def speculative_session_options(args: argparse.Namespace) -> dict:
     without speculation, so the session is opened as before)."""
     if not speculation_enabled(args):
         return {}
-    return {"max_draft_tokens": args.spec_draft_n_max, **({"mtp": True} if args.spec_type == "draft-mtp" else {})}
+    if args.spec_type != "draft-mtp":
+        return {"max_draft_tokens": args.spec_draft_n_max}
+    # draft-mtp: -md's block (a file holding only the block), else the shipped model's trained head
+    # for the shipped model, else the model file's own block.
+    from .models import default_model_path, default_mtp_path
+
+    mtp = args.spec_draft_model or True
+    if mtp is True and (args.model is None or os.path.abspath(args.model) == default_model_path()):
+        mtp = default_mtp_path()
+    return {"max_draft_tokens": args.spec_draft_n_max, "mtp": mtp}
 
 
 def speculation_from_args(session, args: argparse.Namespace):

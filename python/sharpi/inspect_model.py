@@ -67,6 +67,8 @@ def inspect_summary(path) -> dict:
         whole = q_norm["shape"][0] == (hparams.get("attention.head_count") or 0) * attention["head_dim"]
         attention["qk_norm"] = "whole projection" if whole and attention["head_dim"] != q_norm["shape"][0] else "per head"
     routing = _routing_summary(arch, hparams, by_name)
+    if arch == "llama4":
+        attention["llama4"] = _llama4_summary(hparams, "rope_freqs.weight" in by_name)
 
     by_type: dict[str, dict] = {}
     for t in tensors:
@@ -233,6 +235,28 @@ def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
     return out
 
 
+def _llama4_summary(hparams: dict, has_rope_freqs: bool) -> OrderedDict:
+    """Llama 4's layer pattern as llama.cpp runs it (and model/archs/llama4.cpp: the file carries none
+    of these numbers): without attention.sliding_window = 0, layers il % 4 < 3 rotate q/k and attend
+    within chunks of 8192 positions ("C"), every fourth is global without RoPE, its queries scaled by
+    the attention temperature ("G"); MoE on layers (il + 1) % interleave_moe_layer_step == 0."""
+    n_layer = int(hparams.get("block_count", 0))
+    step = int(hparams.get("interleave_moe_layer_step", 0) or 0)
+    chunked = int(hparams.get("attention.sliding_window", 1) or 0) != 0
+    if chunked:
+        kinds = "".join("C" if il % 4 < 3 else "G" for il in range(n_layer))
+    else:
+        kinds = "".join("F" if (il + 1) % n_layer else "N" for il in range(n_layer))
+    return OrderedDict(
+        chunk=8192 if chunked else 0,
+        layer_kinds=kinds,
+        moe_layers=[il for il in range(n_layer) if step > 0 and (il + 1) % step == 0],
+        qk_l2_norm=int(hparams.get("expert_count", 0) or 0) != 128,
+        temperature="ln(floor((p + 1) / 8192) + 1) * 0.1 + 1 on the NoPE layers" if chunked else None,
+        rope_freqs=has_rope_freqs,
+    )
+
+
 def _latent_row_bytes(width: int) -> OrderedDict:
     """Bytes of one MLA latent row of `width` elements in each KV cache type (the block types need
     width % 32 == 0; None where they cannot tile it)."""
@@ -322,6 +346,17 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         w(f"  sliding window {a['sliding_window']} on layers {a['sliding_layers']}")
     if a.get("sinks"):
         w("  attention sinks: one learned logit per head (attn_sinks)")
+    if a.get("llama4"):
+        m = a["llama4"]
+        w(
+            f"  llama4 layers (C = chunked RoPE, {m['chunk']} positions; G = global NoPE with temperature; "
+            f"F = full RoPE; N = NoPE): {m['layer_kinds']}"
+        )
+        w(
+            f"  MoE layers {m['moe_layers']} (top-1 sigmoid on the expert input + shared expert), dense "
+            f"SwiGLU elsewhere; L2 q/k norm {'on' if m['qk_l2_norm'] else 'off'} (RoPE layers); "
+            f"rope_freqs {'present' if m['rope_freqs'] else 'absent'}"
+        )
     if s["tokenizer"]:
         t = s["tokenizer"]
         w("")

@@ -95,7 +95,7 @@ def _write_metadata(
     w.add_embedding_length(hp.n_embd)
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the
     # dense width (unused by the MoE layers) for the Qwen MoE models.
-    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe") or not hp.is_moe
+    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe", "llama4") or not hp.is_moe
     w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
@@ -116,7 +116,7 @@ def _write_metadata(
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
     # key_length / value_length exist when the HF config has head_dim: Qwen3 always, Llama when set.
-    key_length_archs = ("qwen3", "qwen3moe", "glm4moe", "minimax-m2") + HYBRID_ARCHES
+    key_length_archs = ("qwen3", "qwen3moe", "glm4moe", "llama4", "minimax-m2") + HYBRID_ARCHES
     if hp.arch in key_length_archs or (hp.arch == "llama" and hp.q_width != hp.n_embd):
         w.add_key_length(hp.head_dim)
         w.add_value_length(hp.head_dim)
@@ -135,9 +135,13 @@ def _write_metadata(
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_expert_feed_forward_length(hp.n_ff_exp)
         w.add_rope_dimension_count(hp.n_rot or hp.head_dim)
-    if hp.arch == "llama":
+    if hp.arch in ("llama", "llama4"):
         w.add_vocab_size(hp.n_vocab)
         w.add_rope_dimension_count(hp.head_dim)
+    if hp.arch == "llama4":
+        # Llama4Model.set_gguf_parameters (llama3 RoPE scaling goes to the rope_freqs tensor, no key).
+        w.add_interleave_moe_layer_step(hp.moe_layer_step)
+        w.add_expert_feed_forward_length(hp.n_ff_exp)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tok["tokens"])

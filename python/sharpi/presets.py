@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
-MOE_ARCHES = (
-    "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe", "minimax-m2",
-)  # always MoE
+MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe",
+              "llama4", "minimax-m2")  # always MoE
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -72,6 +71,15 @@ class HParams:
     # qwen35moe): blk.<n_layer + i>, a full-attention block plus the nextn.* tensors
     # (block_count = n_layer + n_layer_nextn).
     n_layer_nextn: int = 0
+    # llama4: MoE on layers (il + 1) % moe_layer_step == 0 (interleave_moe_layer_step), dense SwiGLU of
+    # n_ff elsewhere; a shared expert of n_ff_exp on every MoE layer. Llama-3-style RoPE scaling
+    # (HF rope_type "llama3": factor, low / high frequency factors, original context), written as the
+    # converter writes it, a rope_freqs tensor; factor 0: none.
+    moe_layer_step: int = 0
+    rope_llama3_factor: float = 0.0
+    rope_llama3_low_freq: float = 1.0
+    rope_llama3_high_freq: float = 4.0
+    rope_llama3_n_ctx_orig: int = 8192
 
     @property
     def is_moe(self) -> bool:
@@ -311,6 +319,45 @@ TINY_GLM4MOE = {
     "use_qk_norm": True,
     "n_layer_nextn": 1,
 }
+# meta-llama/Llama-4-Scout-17B-16E (text_config of its config.json): 48 layers, every one MoE (16
+# experts, top-1, plus a shared expert of the same 8192 width), n_embd 5120, 40 query heads of 128 over
+# 8 KV heads, llama3 RoPE scaling x16 over 8192 positions (the converter's rope_freqs). The chunked /
+# NoPE layer pattern, chunk 8192 and temperature are llama.cpp's constants (no keys in the file).
+PRESETS["llama-4-scout"] = {
+    "arch": "llama4",
+    "n_vocab": 202048,
+    "n_ctx_train": 10485760,
+    "n_embd": 5120,
+    "n_layer": 48,
+    "n_head": 40,
+    "n_head_kv": 8,
+    "head_dim": 128,
+    "n_ff": 16384,
+    "n_expert": 16,
+    "n_expert_used": 1,
+    "n_ff_exp": 8192,
+    "n_ff_shexp": 8192,
+    "rope_freq_base": 500000.0,
+    "rms_eps": 1e-5,
+    "moe_layer_step": 1,
+    "rope_llama3_factor": 16.0,
+    "rope_llama3_low_freq": 1.0,
+    "rope_llama3_high_freq": 1.0,
+    "rope_llama3_n_ctx_orig": 8192,
+}
+# meta-llama/Llama-4-Maverick-17B-128E: the same attention, MoE on every other layer (1, 3, ..., 47:
+# 24 layers of 128 experts, top-1, plus the shared expert), dense SwiGLU of 16384 on the others, no
+# RoPE scaling, no q/k norm (llama.cpp: 128-expert files). Its routing is
+# ../shared/traces/llama4_maverick_train.npz's (24 MoE layers x 128 experts, top-1).
+PRESETS["llama-4-maverick"] = {
+    **PRESETS["llama-4-scout"],
+    "n_ctx_train": 1048576,
+    "n_expert": 128,
+    "moe_layer_step": 2,
+    "rope_llama3_factor": 0.0,
+}
+# "tiny" as llama4: 4 layers (three chunked RoPE layers, one global NoPE layer), MoE on 1 and 3, top-1.
+TINY_LLAMA4 = {"n_layer": 4, "n_expert_used": 1, "moe_layer_step": 2, "n_ff_shexp": 256}
 # MiniMaxAI/MiniMax-M2 (230B-A10B): 62 layers, all MoE: 256 routed experts top-8 of width 1536 (no
 # shared expert; sigmoid routing with the selection bias, top-k renormalised), 48 query heads of 128
 # over 8 KV heads (n_head * head_dim = 6144 != n_embd 3072), q/k RMSNorm over the whole projection,
@@ -422,6 +469,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p.update(TINY_GPT_OSS)
         if arch == "glm4moe":
             p.update(TINY_GLM4MOE)
+        if arch == "llama4":
+            p.update(TINY_LLAMA4)
         if arch == "minimax-m2":
             p.update(TINY_MINIMAX_M2)
         if arch in HYBRID_ARCHES:
@@ -463,8 +512,17 @@ def validate(hp: HParams) -> None:
     shexp_required = ("qwen2moe",) + HYBRID_ARCHES
     if hp.arch in shexp_required and hp.n_ff_shexp <= 0:
         bad(f"{hp.arch} needs a shared expert: n_ff_shexp must be positive")
-    if hp.arch not in shexp_required + ("deepseek2", "glm4moe") and hp.n_ff_shexp:
-        bad("only qwen2moe, deepseek2, glm4moe, qwen3next and qwen35moe have shared experts; set n_ff_shexp = 0")
+    if hp.arch not in shexp_required + ("deepseek2", "glm4moe", "llama4") and hp.n_ff_shexp:
+        bad("only qwen2moe, deepseek2, glm4moe, qwen3next, qwen35moe and llama4 have shared experts; set n_ff_shexp = 0")
+    if hp.arch == "llama4":
+        if hp.n_ff_shexp != hp.n_ff_exp:
+            bad("the shared expert is as wide as a routed one (llama.cpp): n_ff_shexp must equal n_ff_exp")
+        if not 1 <= hp.moe_layer_step <= hp.n_layer:
+            bad(f"moe_layer_step = {hp.moe_layer_step} must be in 1..n_layer")
+        if hp.moe_layer_step > 1 and hp.n_ff <= 0:
+            bad("the dense layers between MoE layers need n_ff > 0")
+        if hp.rope_llama3_factor and hp.rope_llama3_n_ctx_orig <= 0:
+            bad("llama3 RoPE scaling needs rope_llama3_n_ctx_orig > 0")
     if hp.arch == "deepseek2":
         if hp.n_lora_kv <= 0 or hp.n_rot <= 0 or hp.head_dim_v <= 0 or hp.head_dim <= hp.n_rot:
             bad("MLA needs n_lora_kv, n_rot, head_dim_v > 0 and head_dim (qk_nope + n_rot) > n_rot")

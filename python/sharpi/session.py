@@ -92,7 +92,7 @@ class Session:
         n_ctx: int = 0,
         n_seq: int = 1,
         max_draft_tokens: int = 0,
-        mtp: bool = False,
+        mtp: Union[bool, str, os.PathLike] = False,
         exact: bool = False,
         dump_activations: bool = False,
         ram_budget: Union[int, str, None] = None,
@@ -153,7 +153,9 @@ class Session:
         DeltaNet state per sequence (charged to ram_budget). Attention-only models need none.
         mtp: run the file's multi-token-prediction block beside every step so draft_mtp() (and
         speculative "draft-mtp") can draft from it; its weights, KV cache and the trunk's hidden
-        rows are charged to ram_budget. InvalidArgument for a file without the block.
+        rows are charged to ram_budget. InvalidArgument for a file without the block. A path instead
+        of True: the block from that file (llama.cpp's `convert_hf_to_gguf.py --mtp` export,
+        "mtp-<name>.gguf", or a trained head), which must describe the same model.
         device: "cpu", or "cuda": the whole forward pass on CUDA device 0 (qwen3moe, qwen2moe,
         olmoe, Mixtral; every weight resident in VRAM, an f32 KV cache). A typed error names why it
         cannot run, before anything is allocated: a build without CUDA, another arch or a type
@@ -200,7 +202,8 @@ class Session:
             n_ctx=n_ctx,
             n_seq=n_seq,
             max_draft_tokens=max_draft_tokens,
-            mtp=mtp,
+            mtp=bool(mtp),
+            mtp_file="" if isinstance(mtp, bool) else os.fspath(mtp),
             exact=exact,
             dump_activations=dump_activations,
             ram_budget=ram_budget,

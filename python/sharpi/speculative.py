@@ -22,7 +22,8 @@ Draft sources (llama.cpp's --spec-type names):
 - "draft-simple": a separate small model with the same vocabulary (`-md`), decoded greedily on its
   own session, kept in step with the accepted tokens;
 - "draft-mtp": the file's own multi-token-prediction block (model/mtp.h in the core; the session
-  opened with mtp=True), chained for more than one draft token.
+  opened with mtp=True), or one from a separate file (Session(mtp=PATH), `-md PATH` with
+  --spec-type draft-mtp: llama.cpp's `--mtp` export), chained for more than one draft token.
 
 A model with recurrent state (qwen3next, qwen35moe) verifies with a rewindable step: its DeltaNet
 layers take the step's tokens one at a time (as one-token decodes do, bit for bit) and keep the
@@ -192,6 +193,8 @@ class SpecStats:
             "spec_accepted": self.accepted,
             "spec_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
             "spec_acceptance_at": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+            "spec_drafted_at": list(self.drafted_at),  # verify steps whose draft reached position i
+            "spec_accepted_at": list(self.accepted_at),  # ... and kept the token there
         }
 
 
@@ -339,15 +342,14 @@ def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N
     n_ctx = target.info["n_ctx"]
     if isinstance(n_max, int) and not isinstance(n_max, bool) and n_max >= n_ctx:
         raise _core.InvalidArgument(f"speculative draft length {n_max} does not fit the context ({n_ctx} positions)")
-    if spec_type == "draft-mtp":
-        if draft_model:
-            raise _core.InvalidArgument("a draft model (-md) was given with --spec-type draft-mtp")
+    if spec_type == "draft-mtp" and not target.info.get("mtp"):
+        # The session runs the block (its file's own, or -md's: Session(mtp=PATH)) or cannot draft.
         if not target.info.get("n_layer_nextn"):
             raise _core.InvalidArgument(f"--spec-type draft-mtp: this {target.info['arch']} file has no MTP layers "
-                                        "(nextn_predict_layers = 0); use ngram-simple or a draft model (-md)")
-        if not target.info.get("mtp"):
-            raise _core.InvalidArgument("--spec-type draft-mtp: open the session with mtp=True (its MTP block "
-                                        "runs beside every step)")
+                                        "(nextn_predict_layers = 0); give a file holding its MTP block with -md "
+                                        "(llama.cpp's --mtp export), or use ngram-simple or a draft model")
+        raise _core.InvalidArgument("--spec-type draft-mtp: open the session with mtp=True (its MTP block "
+                                    "runs beside every step)")
     if target.info.get("recurrent") and n_max > target.info.get("max_draft_tokens", 0):
         raise _core.InvalidArgument(
             f"speculative draft length {n_max}: {target.info['arch']} keeps recurrent (DeltaNet) state, and the "

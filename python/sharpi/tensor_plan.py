@@ -10,9 +10,10 @@ Plain data and rules: no weights, no file I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gguf
+import numpy as np
 
 from ._core import InvalidArgument
 from .presets import HYBRID_ARCHES, HParams
@@ -77,8 +78,10 @@ class TensorSpec:
     name: str
     ne: tuple[int, ...]
     layer: int | None  # block index for blk.N.* tensors
-    role: str  # embed | linear | out_linear | router | shexp_gate | norm | bias | lm_head
+    role: str  # embed | linear | out_linear | router | shexp_gate | norm | bias | lm_head | rope_freqs
     type: QT = QT.F32
+    # Fixed values (float32, numpy shape) for a tensor that is computed, not drawn (rope_freqs).
+    values: object = field(default=None, compare=False, repr=False)
 
     @property
     def numpy_shape(self) -> tuple[int, ...]:
@@ -106,6 +109,7 @@ class TensorSpec:
             "ssm_a": 0.5,  # -exp(N(0, 0.5^2)), see _float_weights: decays exp(g) in (0, 1)
             "norm": 0.05,  # around 1.0, see _float_weights
             "bias": 0.05,
+            "rope_freqs": 0.0,  # computed, not drawn (synthetic_weights.tensor_data)
         }[self.role]
 
 
@@ -209,6 +213,10 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
     # trailing 1 (it rewrites every shape with ggml_n_dims), so quantized files carry [n_embd].
     shexp_gate_ne = (E,) if recipe.via_quantizer else (E, 1)
     specs = [TensorSpec("token_embd.weight", (E, V), None, "embed")]
+    if hp.arch == "llama4" and hp.rope_llama3_factor:
+        # LlamaModel.generate_extra_tensors: the llama3 frequency factors, one per rotated pair.
+        specs.insert(0, TensorSpec("rope_freqs.weight", (hp.head_dim // 2,), None, "rope_freqs",
+                                   values=llama3_rope_factors(hp)))  # fmt: skip
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         if hp.arch in HYBRID_ARCHES:
@@ -222,6 +230,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
             continue
         if hp.arch == "glm4moe":
             specs += _glm4moe_layer(hp, il)
+            continue
+        if hp.arch == "llama4":
+            specs += _llama4_layer(hp, il)
             continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
@@ -289,6 +300,59 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
     for s in specs:
         s.type = choose_type(s, hp, recipe, pure)
     return specs
+
+
+def _llama4_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One llama4 block as the converter writes it (Llama4Model): plain q/k/v/o (no q/k norm weights:
+    the L2 norm has none), then either the MoE (router, stacked experts from the split gate_up_proj,
+    the shared expert) on layers (il + 1) % moe_layer_step == 0, or the dense SwiGLU of n_ff."""
+    b = f"blk.{il}."
+    E, Q, KV, F, X = hp.n_embd, hp.q_width, hp.kv_width, hp.n_ff_exp, hp.n_expert
+    t = [
+        TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
+        TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+        TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+        TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+        TensorSpec(b + "ffn_norm.weight", (E,), il, "norm"),
+    ]
+    if (il + 1) % hp.moe_layer_step == 0:
+        t += [
+            TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+            TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+            TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+            TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+            TensorSpec(b + "ffn_gate_shexp.weight", (E, F), il, "linear"),
+            TensorSpec(b + "ffn_up_shexp.weight", (E, F), il, "linear"),
+            TensorSpec(b + "ffn_down_shexp.weight", (F, E), il, "out_linear"),
+        ]
+    else:
+        t += [
+            TensorSpec(b + "ffn_gate.weight", (E, hp.n_ff), il, "linear"),
+            TensorSpec(b + "ffn_up.weight", (E, hp.n_ff), il, "linear"),
+            TensorSpec(b + "ffn_down.weight", (hp.n_ff, E), il, "out_linear"),
+        ]
+    return t
+
+
+def llama3_rope_factors(hp: HParams) -> np.ndarray:
+    """The rope_freqs values convert_hf_to_gguf.py's LlamaModel writes for HF rope_type "llama3": per
+    rotated pair, 1 for wavelengths below the original context / high_freq_factor, `factor` above
+    context / low_freq_factor, a smooth interpolation between."""
+    dim = hp.head_dim
+    freqs = 1.0 / (hp.rope_freq_base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    n_ctx, low, high, factor = hp.rope_llama3_n_ctx_orig, hp.rope_llama3_low_freq, hp.rope_llama3_high_freq, hp.rope_llama3_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < n_ctx / high:
+            out.append(1.0)
+        elif wavelen > n_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (n_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:

@@ -65,13 +65,15 @@ _QWEN35 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# MiniMax-M2 (tokenizer.ggml.pre "minimax-m2"): the pattern of its tokenizer.json (GPT-4o's): a word
-# is an optional leading non-letter, then upper-case letters before lower-case ones or the other way
-# round, with an English contraction attached; digits in threes; punctuation runs take trailing
-# newlines and slashes. llama.cpp runs it as an equivalent lookahead form (no \p{Lu} in std::regex).
-_MINIMAX_M2 = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+# GPT-4o's o200k pattern, which Llama 4's and MiniMax-M2's tokenizer.json use too ("gpt-4o" and "llama4"
+# are llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O, "minimax-m2" its MINIMAX_M2, which runs the same
+# regexes), in llama.cpp's adapted form, so that files tokenize as llama.cpp tokenizes them: the tokenizer.json form splits a word into an upper-case run then a lower-case run
+# by Unicode case (\p{Lu}, \p{Ll}, marks joining either); llama.cpp's form approximates the two classes
+# by "a letter other than a-z" and "a letter other than A-Z", so outside ASCII (Cyrillic, marks) its
+# words differ from the model's own tokenizer, and sharpi follows llama.cpp there.
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # Non-ASCII ranges are written as escapes: an editor or a copy that normalises Unicode (NFC turns
@@ -138,7 +140,7 @@ for _names, _spec in [
     (("glm4", "glm5"), ([_LLAMA3], True, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
     (("qwen35",), ([_QWEN35], False, False)),
-    (("minimax-m2",), ([_MINIMAX_M2], False, False)),
+    (("gpt-4o", "llama4", "minimax-m2"), ([_GPT4O], False, False)),
     (("default",), (_LLAMA_CPP_DEFAULT, False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),

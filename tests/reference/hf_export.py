@@ -65,7 +65,10 @@ DENSE_MODELS = {
 HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 # Models checked against transformers by their own test file only (the numpy reference does not
 # implement them, so they stay out of the parametrized families above).
-ENGINE_ONLY_MODELS = {"gpt_oss": "gpt-oss"}  # GptOssForCausalLM: tests/test_gpt_oss.py
+ENGINE_ONLY_MODELS = {
+    "gpt_oss": "gpt-oss",  # GptOssForCausalLM: tests/test_gpt_oss.py
+    "llama4": "llama4",  # Llama4ForCausalLM (text model): tests/test_llama4.py
+}
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
 # glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file,
@@ -385,6 +388,36 @@ def make_config(name: str, vocab_size: int):
                 "rope_theta": 150000.0,
             },
         )
+    if name == "llama4":
+        # Llama 4's text model at 256 wide (so that llama-quantize's K-quants apply to every matrix):
+        # 4 layers = three chunked RoPE layers and one global NoPE layer (no_rope_layer_interval 4),
+        # MoE on layers 1 and 3 (interleave_moe_layer_step 2, as Maverick) with one shared expert,
+        # top-1 of 8 experts, L2 q/k norm, llama3 RoPE scaling (the converter writes rope_freqs),
+        # and llama.cpp's fixed chunk of 8192 positions and temperature floor of 8192: the GGUF
+        # carries neither, so the HF model must use the numbers llama.cpp hard-codes.
+        return transformers.Llama4TextConfig(
+            **{**common, "hidden_size": 256, "num_hidden_layers": 4, "max_position_embeddings": 16384},
+            head_dim=64,
+            intermediate_size=256,
+            intermediate_size_mlp=512,
+            num_local_experts=8,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            use_qk_norm=True,
+            attention_chunk_size=8192,
+            attn_temperature_tuning=True,
+            floor_scale=8192,
+            attn_scale=0.1,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 500000.0,
+            },
+        )
     raise ValueError(f"unknown model {name!r}; expected one of {sorted(ALL_ARCHS)}")
 
 
@@ -414,6 +447,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "glm4moe": transformers.Glm4MoeForCausalLM,
         "glm4moe_qknorm": transformers.Glm4MoeForCausalLM,
         "glm4moe_256": transformers.Glm4MoeForCausalLM,
+        "llama4": transformers.Llama4ForCausalLM,
         "minimax_m2": transformers.MiniMaxM2ForCausalLM,
         "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
     }[name]

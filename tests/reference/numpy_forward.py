@@ -40,6 +40,13 @@ Architectures (GGUF `general.architecture`):
             sigmoid-gated shared expert; FFN norm post_attention_norm. The DeltaNet runs in its
             plain recurrent form (transformers' torch_recurrent_gated_delta_rule), token by token.
             The nextn (MTP) blocks after the trunk are not run.
+  llama4    Llama 4 text model, with the numbers llama.cpp hard-codes for it (the file carries none):
+            layers il % 4 < 3 rotate q/k (normal RoPE, rope_freqs factors) and attend within their
+            chunk of 8192 positions; every fourth layer is global, without RoPE, its queries scaled
+            by ln(floor((p + 1) / 8192) + 1) * 0.1 + 1. RoPE layers L2-normalise q and k per head
+            after RoPE (RMSNorm without weight; not in 128-expert files). Layers (il + 1) %
+            interleave_moe_layer_step == 0 are MoE: top-1 by router logit, weight sigmoid(logit)
+            applied to the expert's INPUT, plus an unscaled shared expert; the others dense SwiGLU.
 
 Array orientation: every weight is stored the PyTorch way, [out_features, in_features] (numpy shape
 = reversed ggml ne), so a projection is `x @ W.T`; stacked experts are [n_expert, out, in].
@@ -55,10 +62,15 @@ from gguf.quants import dequantize
 
 SUPPORTED_ARCHS = (
     "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe",
-    "minimax-m2",
+    "llama4", "minimax-m2",
 )  # fmt: skip
 # Architectures whose router may use sigmoid scores, a selection bias, expert groups and a weight scale.
 DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "glm4moe", "minimax-m2")
+# llama.cpp's llama4 constants (llama_model_llama4::load_arch_hparams).
+LLAMA4_CHUNK = 8192
+LLAMA4_LAYER_PATTERN = 4
+LLAMA4_TEMP_FLOOR_SCALE = 8192
+LLAMA4_TEMP_SCALE = 0.1
 HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX rotates (i, i + n_rot/2).
@@ -113,6 +125,14 @@ class HParams:
     ssm_v_heads: int = 0
     ssm_head_k: int = 0
     ssm_inner: int = 0
+    # llama4 only: per layer, whether it rotates q/k and its attention chunk (0: global); the
+    # NoPE layers' temperature floor (0: none); L2 q/k norm; router weight on the expert input.
+    rope_layers: tuple = ()
+    chunk_layers: tuple = ()
+    temp_floor_scale: int = 0
+    temp_scale: float = 0.0
+    qk_l2_norm: bool = False
+    weight_before_ffn: bool = False
 
 
 class ReferenceModel:
@@ -231,6 +251,22 @@ class ReferenceModel:
                 "ssm_head_k": int(self._key(f"{arch}.ssm.state_size")),
                 "ssm_inner": int(self._key(f"{arch}.ssm.inner_size")),
             }
+        llama4 = {}
+        if arch == "llama4":
+            chunked = int(self.metadata.get(f"{arch}.attention.sliding_window", 1) or 0) != 0
+            if chunked:
+                rope_layers = tuple(il % LLAMA4_LAYER_PATTERN < LLAMA4_LAYER_PATTERN - 1 for il in range(n_layer))
+            else:
+                rope_layers = tuple((il + 1) % n_layer != 0 for il in range(n_layer))
+            llama4 = {
+                "rope_layers": rope_layers,
+                "chunk_layers": tuple(LLAMA4_CHUNK if chunked and r else 0 for r in rope_layers),
+                "temp_floor_scale": LLAMA4_TEMP_FLOOR_SCALE if chunked else 0,
+                "temp_scale": LLAMA4_TEMP_SCALE,
+                "qk_l2_norm": n_expert != 128,
+                "weight_before_ffn": True,
+                "sigmoid_gating": True,
+            }
         return HParams(
             arch=arch,
             n_vocab=token_embd.shape[0],
@@ -250,6 +286,7 @@ class ReferenceModel:
             renormalise_topk=bool(self.metadata.get(f"{arch}.expert_weights_norm", RENORMALISE_TOPK.get(arch, False))),
             **mla,
             **hybrid,
+            **llama4,
         )
 
 
@@ -337,15 +374,19 @@ def rope(x: np.ndarray, positions: np.ndarray, hp: HParams, freq_factors=None) -
     return out
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None) -> np.ndarray:
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, chunk: int = 0) -> np.ndarray:
     """Scaled dot-product attention with a causal mask and grouped KV heads.
     q [T, n_head, Dk], k [T, n_head_kv, Dk], v [T, n_head_kv, Dv] -> [T, n_head * Dv].
     Query head h reads KV head h // (n_head / n_head_kv): consecutive query heads share a KV head,
-    as both llama.cpp's broadcast and HF's repeat_kv arrange them."""
+    as both llama.cpp's broadcast and HF's repeat_kv arrange them. chunk > 0 (llama4): position p
+    also reads no key before floor(p / chunk) * chunk (llama.cpp's LLAMA_SWA_TYPE_CHUNKED)."""
     n_tokens, n_head, head_dim = q.shape
     group = n_head // k.shape[1]
     scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
     future = np.triu(np.ones((n_tokens, n_tokens), dtype=bool), k=1)
+    if chunk > 0:
+        position = np.arange(n_tokens)
+        future |= (position[None, :] // chunk) != (position[:, None] // chunk)
     out = np.empty((n_tokens, n_head, v.shape[2]))
     for h in range(n_head):
         kv = h // group
@@ -432,6 +473,31 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     return linear(kqv, layer.w("attn_output"), layer.b("attn_output"))
 
 
+def llama4_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record) -> np.ndarray:
+    """Llama 4 self-attention of block il (see the module docstring); returns [T, n_embd]."""
+    hp = model.hparams
+    layer = _Layer(model, il)
+    n_tokens = x.shape[0]
+    q = linear(x, layer.w("attn_q")).reshape(n_tokens, hp.n_head, hp.head_dim_k)
+    k = linear(x, layer.w("attn_k")).reshape(n_tokens, hp.n_head_kv, hp.head_dim_k)
+    v = linear(x, layer.w("attn_v")).reshape(n_tokens, hp.n_head_kv, hp.head_dim_v)
+    if hp.rope_layers[il]:
+        freq_factors = model.tensors.get("rope_freqs.weight")
+        q = rope(q, positions, hp, freq_factors)
+        k = rope(k, positions, hp, freq_factors)
+        if hp.qk_l2_norm:
+            q = rms_norm(q, 1.0, hp.rms_eps)
+            k = rms_norm(k, 1.0, hp.rms_eps)
+    elif hp.temp_floor_scale:
+        temperature = np.log(np.floor((positions + 1.0) / hp.temp_floor_scale) + 1.0) * hp.temp_scale + 1.0
+        q = q * temperature[:, None, None]
+    record("Qcur_pos", q.reshape(n_tokens, -1))
+    record("Kcur_pos", k.reshape(n_tokens, -1))
+    kqv = causal_attention(q, k, v, chunk=hp.chunk_layers[il])
+    record("kqv_out", kqv)
+    return linear(kqv, layer.w("attn_output"))
+
+
 def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record) -> np.ndarray:
     """deepseek2's multi-head latent attention, expanded: every head's keys and values are rebuilt
     from the cached latent c with the converter's per-head halves of kv_b (attn_k_b holds W_kb_h
@@ -476,7 +542,8 @@ def select_experts(model: ReferenceModel, il: int, router_logits: np.ndarray):
         probs = softmax(router_logits)
     else:
         probs = sigmoid(router_logits)
-    choice = probs.copy()
+    # llama4 ranks by the logits themselves (llama.cpp: sigmoid only after the top-k).
+    choice = router_logits.copy() if hp.arch == "llama4" else probs.copy()
     bias = model.tensors.get(f"blk.{il}.exp_probs_b.bias")
     if bias is not None:
         choice = choice + bias
@@ -583,8 +650,11 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
     for t in range(n_tokens):
         for slot in range(k):
             e = selected[t, slot]
-            expert_out = swiglu_ffn(x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])
-            out[t] += weights[t, slot] * expert_out[0]
+            if hp.weight_before_ffn:  # llama4: the weight scales the expert's input
+                out[t] += swiglu_ffn(weights[t, slot] * x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])[0]
+            else:
+                expert_out = swiglu_ffn(x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])
+                out[t] += weights[t, slot] * expert_out[0]
     record("ffn_moe_out", out)
 
     if layer.has("ffn_gate_inp_shexp"):
@@ -640,7 +710,7 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
         if hp.recurrent and hp.recurrent[il]:
             attn_out = deltanet_block(model, il, normed, record)
         else:
-            block = mla_attention_block if hp.arch == "deepseek2" else attention_block
+            block = {"deepseek2": mla_attention_block, "llama4": llama4_attention_block}.get(hp.arch, attention_block)
             attn_out = block(model, il, normed, positions, record)
         record("attn_out", attn_out)
         ffn_inp = hidden + attn_out

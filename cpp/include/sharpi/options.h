@@ -25,6 +25,9 @@ struct SessionOptions {
     // cache and the trunk's normed hidden state of every position (n_ctx x n_embd f32); the RAM
     // budget charges them. InvalidArgument for a file without the block.
     bool mtp = false;
+    // With mtp: the file holding the block, when not the model's own (llama.cpp's `--mtp` export,
+    // "mtp-<name>.gguf", or a trained head for a model that has none). Empty: the model file.
+    std::string mtp_file;
     // Exact mode (docs/design.md §8): every matmul computes in f32 on dequantized weights (f32 activations,
     // f32 KV cache). false (default): fast mode, where activations are quantized once per matmul
     // (q8_K for K-quant weights, q8_0 / q8_1 for the 32-element types) and dotted in integers, as

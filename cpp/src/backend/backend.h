@@ -73,6 +73,9 @@ class Backend {
     virtual void mul_silu(float* x, const float* z, int64_t n) = 0;
     // x.row(t) *= sigmoid(s.row(t)[0]) (qwen2moe's shared-expert gate; s is [n_tokens, 1]).
     virtual void scale_rows_sigmoid(const Act& x, const Act& s) = 0;
+    // x.row(t) *= scales[t] (scales: host, x.n_tokens floats): llama4's router weight on an expert's
+    // input and its attention temperature on the NoPE layers' queries.
+    virtual void scale_rows(const Act& x, const float* scales) = 0;
     // RoPE in place on [n_tokens, n_heads * head_dim] (row stride ld), token t at position pos0 + t.
     virtual void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
                       const RopeParams& p) = 0;

@@ -34,6 +34,9 @@ struct RopeParams {
     float ext_factor = 0.0f;  // YaRN: 0 off, 1 on
     float corr_low = 0.0f, corr_high = 0.0f;
     float mscale = 1.0f;
+    // Per-pair divisors of the frequencies (llama3-style scaling, the file's rope_freqs tensor):
+    // pair i rotates by theta_i / freq_factors[i]. [n_rot / 2] floats, host memory; nullptr: none.
+    const float* freq_factors = nullptr;
 };
 
 // The MoE router's gating and top-k rule (cpu/ops/router.h has the arithmetic).
@@ -46,6 +49,10 @@ struct RouterParams {
     int64_t n_group = 1;                    // 1: no group limit
     int64_t n_group_used = 1;               // groups a token may choose from
     const float* selection_bias = nullptr;  // [n_expert], nullptr: none
+    // Rank the experts by their raw logits (llama4: llama.cpp applies the sigmoid only after the
+    // top-k), the weights still the gating scores. Unlike ranking by sigmoid(logit), two logits that
+    // round to one f32 sigmoid (1.8e-6 apart near 2.9 already) keep their order.
+    bool rank_logits = false;
 };
 
 struct AttentionShape {
@@ -57,6 +64,10 @@ struct AttentionShape {
     // (p - window, p]; 0 attends to all of [0, p]. Blocks stay counted from position 0 (clipped at the
     // window's start), so the arithmetic of a token is still independent of its batch.
     int64_t window = 0;
+    // Chunked local attention (llama4's RoPE layers): > 0 limits position p to cache positions
+    // [floor(p / chunk) * chunk, p], llama.cpp's LLAMA_SWA_TYPE_CHUNKED; 0: no chunking. Like the
+    // window, the first position a token reads never moves backwards as p grows.
+    int64_t chunk = 0;
     // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax denominator
     // only: the running state starts at (M, L, O) = (sink_h, 1, 0) instead of (-inf, 0, 0).
     const float* sinks = nullptr;  // [n_head]; nullptr: none

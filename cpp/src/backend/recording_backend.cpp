@@ -88,6 +88,11 @@ void RecordingBackend::mul_silu(float* x, const float* z, int64_t n) {
     record("mul_silu");
     inner_.mul_silu(x, z, n);
 }
+void RecordingBackend::scale_rows(const Act& x, const float* scales) {
+    record("scale_rows");
+    inner_.scale_rows(x, scales);
+}
+
 void RecordingBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
     record("scale_rows_sigmoid");
     inner_.scale_rows_sigmoid(x, s);

@@ -43,6 +43,7 @@ class RecordingBackend final : public Backend {
     void mul_sigmoid(float* x, const float* gate, int64_t n) override;
     void mul_silu(float* x, const float* z, int64_t n) override;
     void scale_rows_sigmoid(const Act& x, const Act& s) override;
+    void scale_rows(const Act& x, const float* scales) override;
     void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
               const RopeParams& p) override;
 

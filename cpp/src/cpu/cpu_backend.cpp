@@ -97,6 +97,14 @@ void CpuBackend::mul_silu(float* x, const float* z, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= z[i] * cpu::sigmoid(z[i]);
 }
 
+void CpuBackend::scale_rows(const Act& x, const float* scales) {
+    for (int64_t t = 0; t < x.n_tokens; ++t) {
+        const float w = scales[t];
+        float* row = x.row(t);
+        for (int64_t i = 0; i < x.width; ++i) row[i] *= w;
+    }
+}
+
 void CpuBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
     for (int64_t t = 0; t < x.n_tokens; ++t) {
         const float w = cpu::sigmoid(s.row(t)[0]);

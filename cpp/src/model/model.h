@@ -62,6 +62,17 @@ struct LayerWeights {
     int64_t attn_window = 0;
     std::vector<float> ffn_gate_inp_b, ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
     float expert_swiglu_limit = 0.0f;
+    // llama4 (model/archs/llama4.cpp): whether the layer rotates q/k (false on its NoPE layers),
+    // its attention chunk (AttentionShape::chunk; 0: global), the query temperature of its NoPE
+    // layers (scale(p) = ln(floor((p + 1) / attn_temp_floor_scale) + 1) * attn_temp_scale + 1;
+    // floor_scale 0: none), the RoPE frequency factors (rope_freqs, [n_rot / 2]; empty: none), and
+    // whether the router weight multiplies each routed expert's input instead of its output.
+    bool attn_rope = true;
+    int64_t attn_chunk = 0;
+    int64_t attn_temp_floor_scale = 0;
+    float attn_temp_scale = 0.0f;
+    std::vector<float> rope_freqs;
+    bool expert_input_weighted = false;
     // The routed experts themselves are in Model::experts (an ExpertLayout), not here.
 };
 

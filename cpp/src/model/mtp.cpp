@@ -9,13 +9,40 @@ namespace sharpi {
 
 bool MtpHead::supports(const std::string& arch) {
     // Blocks that are the architecture's own full-attention decoder layer (llama.cpp's graph_mtp
-    // of each): the layer builder runs them unchanged.
-    return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe";
+    // of each; qwen3moe: the shipped model's trained head, a sidecar): the layer builder runs them
+    // unchanged.
+    return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe" || arch == "qwen3moe";
 }
 
-MtpHead::MtpHead(const Model& trunk) {
+namespace {
+
+// The hyper-parameters of the file holding the block: the trunk's own, or a sidecar's (llama.cpp's
+// `convert_hf_to_gguf.py --mtp` writes the block with the embeddings, norm and head only), which
+// must describe the same model.
+HParams block_file_hparams(const Model& trunk, const GgufFile& file, const std::string& sidecar) {
     const HParams& th = trunk.hp;
-    const std::string& path = trunk.file->path();
+    if (sidecar.empty()) return th;
+    const std::string arch = file.get_string_or("general.architecture", "");
+    if (arch != th.arch) {
+        throw InvalidArgument("[mtp] " + sidecar + " is a '" + arch + "' file; the model is '" + th.arch +
+                              "'");
+    }
+    HParams h = read_hparams(file, *trunk.spec);
+    if (h.n_embd != th.n_embd || h.n_vocab != th.n_vocab || h.n_head != th.n_head ||
+        h.n_head_kv != th.n_head_kv || h.head_dim != th.head_dim || h.n_expert != th.n_expert ||
+        h.n_layer != th.n_layer) {
+        throw InvalidArgument("[mtp] " + sidecar + " describes another model than " + trunk.file->path() +
+                              " (its widths, heads, experts or layer count differ)");
+    }
+    return h;
+}
+
+}  // namespace
+
+MtpHead::MtpHead(const Model& trunk, const std::string& sidecar) {
+    const std::string& path = sidecar.empty() ? trunk.file->path() : sidecar;
+    model_.file = GgufFile::open(path, /*map_data=*/true);
+    const HParams th = block_file_hparams(trunk, *model_.file, sidecar);
     if (th.n_layer_nextn == 0) {
         throw InvalidArgument("[mtp] " + path + " has no multi-token-prediction layers (" + th.arch +
                               ".nextn_predict_layers = 0)");
@@ -23,9 +50,8 @@ MtpHead::MtpHead(const Model& trunk) {
     if (!supports(th.arch)) {
         throw UnsupportedError("[mtp] " + path + ": the " + th.arch +
                                " multi-token-prediction block is not supported (supported: qwen35moe, "
-                               "qwen3next, glm4moe)");
+                               "qwen3next, glm4moe, qwen3moe)");
     }
-    model_.file = GgufFile::open(path, /*map_data=*/true);
     model_.spec = trunk.spec;
     HParams& h = model_.hp;
     h = th;
@@ -55,17 +81,21 @@ MtpHead::MtpHead(const Model& trunk) {
     model_.token_embd = embed_;  // Forward::embed reads the model's table
     head_ = ld.optional_matrix(ld.blk(0, "nextn.shared_head_head.weight"), h.n_embd, h.n_vocab);
     if (!head_.data) head_ = trunk.output;
-    bytes_ = file_bytes(trunk);
+    bytes_ = block_bytes(*model_.file, block);
     model_.file->check_mapping();
 }
 
-uint64_t MtpHead::file_bytes(const Model& trunk) {
-    const int64_t block = trunk.hp.n_layer;
+uint64_t MtpHead::block_bytes(const GgufFile& file, int64_t block) {
     uint64_t bytes = 0;
-    for (const GgufTensor& t : trunk.file->tensors()) {
+    for (const GgufTensor& t : file.tensors()) {
         if (is_nextn_tensor(t.name, block) && !is_nextn_tensor(t.name, block + 1)) bytes += t.nbytes;
     }
     return bytes;
+}
+
+uint64_t MtpHead::file_bytes(const Model& trunk, const std::string& sidecar) {
+    if (sidecar.empty()) return block_bytes(*trunk.file, trunk.hp.n_layer);
+    return block_bytes(*GgufFile::open(sidecar, /*map_data=*/false), trunk.hp.n_layer);
 }
 
 uint64_t MtpHead::sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v) {

@@ -29,9 +29,11 @@ namespace sharpi {
 
 class MtpHead {
   public:
-    // The block of `trunk`'s file. InvalidArgument when the file has none (nextn_predict_layers
-    // = 0), UnsupportedError for an architecture whose block sharpi does not run.
-    explicit MtpHead(const Model& trunk);
+    // The first block of `trunk`'s file, or of `sidecar` (a file holding the block of the same
+    // model, as llama.cpp's `convert_hf_to_gguf.py --mtp` writes it; InvalidArgument when it
+    // describes another model). InvalidArgument when the file has none (nextn_predict_layers = 0),
+    // UnsupportedError for an architecture whose block sharpi does not run.
+    explicit MtpHead(const Model& trunk, const std::string& sidecar = "");
 
     // The one-layer model whose layer 0 is the block (for Forward and MoeFfn).
     const Model& model() const { return model_; }
@@ -39,8 +41,8 @@ class MtpHead {
     uint64_t bytes() const { return bytes_; }
     // The architectures whose block runs here.
     static bool supports(const std::string& arch);
-    // Bytes of the first nextn block's tensors in `trunk`'s file (what a head would hold).
-    static uint64_t file_bytes(const Model& trunk);
+    // Bytes of the first nextn block's tensors in `trunk`'s file or `sidecar` (what a head holds).
+    static uint64_t file_bytes(const Model& trunk, const std::string& sidecar = "");
     // Per sequence: the block's KV cache for n_ctx positions and the trunk's normed hidden rows.
     static uint64_t sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v);
 
@@ -52,6 +54,8 @@ class MtpHead {
     void head(Forward& f, const Act& normed, int64_t row, float* logits) const;
 
   private:
+    static uint64_t block_bytes(const GgufFile& file, int64_t block);
+
     Model model_;
     std::vector<float> enorm_, hnorm_, head_norm_;
     WeightView eh_proj_, embed_, head_;

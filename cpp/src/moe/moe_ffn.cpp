@@ -105,8 +105,8 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
 // Experts are acquired in waves of at most max_acquire() (a prefill batch can select more experts
 // than a small cache holds); within a wave the ready experts run together, then each one still
 // being read as soon as it arrives (the op gives every row the same bits whatever the grouping).
-void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
-                           const std::vector<int32_t>& unique, Act& out, int il,
+void MoeFfn::experts_batch(Forward& f, const Act& cur, const Act& in, bool per_slot, const int32_t* ids,
+                           const float* weights, const std::vector<int32_t>& unique, Act& out, int il,
                            const std::function<void()>& overlap) {
     const HParams& h = f.hp();
     const int64_t T = cur.n_tokens, k = h.n_expert_used, n_embd = h.n_embd;
@@ -126,7 +126,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
     for (size_t u = 0; u < n_unique; ++u) end[u] = begin[u];
     for (int64_t i = 0; i < n_slots; ++i) {
         const int64_t m = end[slot_unique[i]]++;
-        tokens[m] = i / k;
+        tokens[m] = per_slot ? i : i / k;
         member_of[i] = m;
     }
     Act y = f.alloc(n_slots, n_embd);  // y.row(member_of[t * k + j]): output of token t's slot j
@@ -155,7 +155,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const int32_t* ids, const
         auto run = [&] {
             if (w.empty()) return;
             b.expert_ffn_batch(w.data(), group_begin.data(), group_end.data(), static_cast<int>(w.size()),
-                               tokens.data(), cur.data, n_embd, y.data, n_embd, f.exact());
+                               tokens.data(), in.data, n_embd, y.data, n_embd, f.exact());
             w.clear();
             group_begin.clear();
             group_end.clear();
@@ -269,12 +269,28 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     const auto shared_expert = [&] {
         if (L.ffn_gate.present()) shared = shared_ffn(f, cur, il);
     };
+    // llama4: the router weight scales each slot's input row; the outputs then sum with weight 1
+    // (an exact 1.0f * y, so every path still rounds alike).
+    Act in = cur;
+    const float* combine_weights = r.weights.data();
+    std::vector<float> ones;
+    if (L.expert_input_weighted) {
+        Backend& b = f.backend();
+        in = f.alloc(T * k, h.n_embd);
+        for (int64_t j = 0; j < k; ++j)
+            b.copy_rows(cur.data, cur.width, in.row(j), k * in.width, T, h.n_embd);
+        b.scale_rows(in, r.weights.data());
+        ones.assign(static_cast<size_t>(T * k), 1.0f);
+        combine_weights = ones.data();
+    }
     Act out = f.alloc(T, h.n_embd);
-    if (T == 1) {
-        experts_one_token(f, cur, hidden, logits.data, r.ids.data(), r.weights.data(), unique, out, il,
+    // One token reads one input row unless its k slots each have their own (weighted, k > 1).
+    if (T == 1 && in.n_tokens == 1) {
+        experts_one_token(f, in, hidden, logits.data, r.ids.data(), combine_weights, unique, out, il,
                           shared_expert);
     } else {
-        experts_batch(f, cur, r.ids.data(), r.weights.data(), unique, out, il, shared_expert);
+        experts_batch(f, cur, in, L.expert_input_weighted, r.ids.data(), combine_weights, unique, out, il,
+                      shared_expert);
     }
     f.name(out, "ffn_moe_out", il);
     if (!L.ffn_gate.present()) return out;

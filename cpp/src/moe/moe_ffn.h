@@ -30,13 +30,15 @@ struct Routing {
 };
 
 // Recorded expert choices that replace the router's top-k (trace replay): [n_tokens, n_layers, k]
-// over the model's MoE layers; layer il reads trace layer il - first_layer (the number of leading
-// dense layers, as in deepseek2, whose traces record only the MoE layers).
+// over the model's MoE layers only, in layer order; layer il reads trace layer moe_index[il] (its
+// rank among the MoE layers: il - n_layer_dense_lead in deepseek2, il / 2 in Llama-4 Maverick,
+// whose dense and MoE layers alternate). moe_index[il] is -1 for a dense layer.
 struct RouteTrace {
-    int64_t n_tokens = 0, n_layers = 0, k = 0, first_layer = 0;
+    int64_t n_tokens = 0, n_layers = 0, k = 0;
+    std::vector<int32_t> moe_index;  // [n_layer], set by Engine::set_route_trace
     std::vector<int32_t> experts;
     const int32_t* row(int64_t position, int il) const {
-        return experts.data() + ((position % n_tokens) * n_layers + (il - first_layer)) * k;
+        return experts.data() + ((position % n_tokens) * n_layers + moe_index[static_cast<size_t>(il)]) * k;
     }
 };
 
@@ -67,18 +69,23 @@ class MoeFfn {
     std::vector<Routing>& routing() { return routing_; }
 
     // The layer's MoE FFN output for `cur` ([n_tokens, n_embd], normalised): routed experts plus
-    // the sigmoid-gated shared expert when the layer has one. hidden: the residual entering the
+    // the shared expert (sigmoid-gated where it has a gate) when the layer has one. Where the
+    // layer's expert_input_weighted (llama4), slot j of token t runs its expert on
+    // weights[t, j] * cur[t] and the outputs are summed unweighted. hidden: the residual entering the
     // block (row 0 goes to the gate observer when n_tokens == 1; nullptr: no gate event).
     Act forward(Forward& f, const Act& cur, const float* hidden, int il);
 
   private:
     // Decode (one token) and prefill (a batch) paths over the selected experts.
     // `overlap` is called once, after the first acquire (its reads are out) and before any wait.
+    // experts_batch's `in` holds the experts' input rows: `cur` itself (slot t * k + j reads row t),
+    // or with per_slot one row per slot (slot i reads row i); cur is the layer's normalised input
+    // (for the next layer's read-ahead guess).
     void experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
                            const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
                            Act& out, int il, const std::function<void()>& overlap);
-    void experts_batch(Forward& f, const Act& cur, const int32_t* ids, const float* weights,
-                       const std::vector<int32_t>& unique, Act& out, int il,
+    void experts_batch(Forward& f, const Act& cur, const Act& in, bool per_slot, const int32_t* ids,
+                       const float* weights, const std::vector<int32_t>& unique, Act& out, int il,
                        const std::function<void()>& overlap);
     // The shared expert's output for `cur` (the layer must have one).
     static Act shared_ffn(Forward& f, const Act& cur, int il);

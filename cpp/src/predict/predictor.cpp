@@ -192,6 +192,16 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
         }
         return std::make_unique<RouterPredictor>(model, true);
     }
+    // Sidecars are trained on traces of consecutive MoE layers (after deepseek2's dense lead);
+    // interleaved dense layers (llama4 Maverick) would need a layer map they do not carry yet.
+    for (int il = static_cast<int>(h.n_layer_dense_lead); il < h.n_layer; ++il) {
+        if (!model.experts.layers[static_cast<size_t>(il)].present()) {
+            throw UnsupportedError("predictor '" + name + "': " + model.file->path() +
+                                   " interleaves dense layer " + std::to_string(il) +
+                                   " between MoE layers; trained predictors take consecutive MoE layers only "
+                                   "(use prev_token or next_gate)");
+        }
+    }
     if (name == "cooc") return on_moe_layers(load_cooc_predictor(file, model, lookahead), h);
     if (name == "depthtime") return on_moe_layers(load_depthtime_predictor(file, model, lookahead), h);
     if (name == "learned") return on_moe_layers(load_learned_predictor(file, model, lookahead), h);

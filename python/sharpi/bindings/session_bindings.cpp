@@ -316,13 +316,15 @@ void bind_session(py::module_& m) {
                          const std::string& cache_type_v, bool allow_long_context, const std::string& device,
                          const py::object& vram_budget, const std::string& miss_route,
                          double miss_copy_bytes_per_s, double miss_copy_latency_s,
-                         double miss_cpu_bytes_per_s, int max_draft_tokens, bool mtp) {
+                         double miss_cpu_bytes_per_s, int max_draft_tokens, bool mtp,
+                         const std::string& mtp_file) {
                  SessionOptions o;
                  o.n_threads = threads;
                  o.n_ctx = n_ctx;
                  o.n_seq = n_seq;
                  o.max_draft_tokens = max_draft_tokens;
                  o.mtp = mtp;
+                 o.mtp_file = mtp_file;
                  o.exact = exact;
                  o.dump_activations = dump_activations;
                  o.ram_budget = ram_budget_bytes(ram_budget);
@@ -360,7 +362,8 @@ void bind_session(py::module_& m) {
              py::arg("allow_long_context") = false, py::arg("device") = "cpu",
              py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
              py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
-             py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0, py::arg("mtp") = false)
+             py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0, py::arg("mtp") = false,
+             py::arg("mtp_file") = "")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly(
             "auto_ram_budget",

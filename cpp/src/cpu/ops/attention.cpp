@@ -186,7 +186,10 @@ int64_t n_blocks(int64_t n_kv) {
 
 // The first cache position token t (at position pos0 + t) attends to.
 int64_t first_kv(const AttentionShape& s, int64_t pos0, int64_t t) {
-    return s.window > 0 ? std::max<int64_t>(0, pos0 + t + 1 - s.window) : 0;
+    const int64_t p = pos0 + t;
+    const int64_t window_start = s.window > 0 ? std::max<int64_t>(0, p + 1 - s.window) : 0;
+    const int64_t chunk_start = s.chunk > 0 ? p / s.chunk * s.chunk : 0;
+    return std::max(window_start, chunk_start);
 }
 
 // The running state before any block: a sink's logit counts once in L (exp(sink - M) at M = sink).
@@ -475,7 +478,8 @@ void attention(ThreadPool& pool, const float* q, int64_t ldq, const KvRows& k, c
                             initial_state(s, kvh * group + r % group, w.acc_o.data() + r * hd);
                     }
                     const int64_t n_kv_last = pos0 + t1;  // the tile's last token reads the most rows
-                    // The tile's first token starts the earliest (a sliding window only moves forward).
+                    // The tile's first token starts the earliest (a window or chunk start only moves
+                    // forward).
                     for (int64_t j0 = first_kv(s, pos0, t0) / kAttentionBlock * kAttentionBlock;
                          j0 < n_kv_last; j0 += kAttentionBlock) {
                         const int64_t j1 = std::min(j0 + kAttentionBlock, n_kv_last);

@@ -2,7 +2,8 @@
 // q4_0 rows (model/kv_cache.h).
 //
 // Token t of the batch sits at position pos0 + t and attends to cache positions [0, pos0 + t] (the
-// last `window` of them in a sliding-window layer; the cache already holds this batch's K and V).
+// last `window` of them in a sliding-window layer, those of its own chunk of `chunk` positions in a
+// chunked layer; the cache already holds this batch's K and V).
 // Query head h reads KV head h / (n_head / n_head_kv).
 //
 // Arithmetic (flash-decoding; the same for every batch size and thread count, so prefill and

@@ -15,7 +15,8 @@ void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_
         const double pos = static_cast<double>(pos0 + t) * p.freq_scale;
         const double pos_extrap = static_cast<double>(pos0 + t);
         for (int64_t i = 0; i < half; ++i) {
-            const double inv_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+            double inv_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+            if (p.freq_factors) inv_freq /= p.freq_factors[i];
             double theta = pos * inv_freq;
             if (p.ext_factor != 0.0f) {
                 const double y =

@@ -3,7 +3,8 @@
 // Two pairings, as llama.cpp names them:
 //   normal: rotate (x[2i], x[2i+1])          (llama; the converter reorders q/k rows for this)
 //   neox:   rotate (x[i], x[i + n_rot/2])    (qwen2, qwen2moe, qwen3, qwen3moe, olmoe)
-// theta_i = pos * freq_scale * base^(-2i / n_rot); freq_scale = 1 / linear scaling factor.
+// theta_i = pos * freq_scale * base^(-2i / n_rot) / freq_factors[i]; freq_scale = 1 / linear scaling
+// factor; freq_factors (llama3-style scaling, rope_freqs) divide before YaRN, as in ggml.
 // YaRN (ext_factor > 0), as ggml computes it: dimension pair i mixes the interpolated angle
 // (freq_scale applied) with the extrapolated one (none) by ramp(i) * ext_factor, where ramp is 1
 // below corr_low, 0 above corr_high and linear between; cos and sin are multiplied by mscale.

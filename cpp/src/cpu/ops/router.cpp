@@ -43,8 +43,15 @@ void selection_scores(const float* logits, int64_t n_expert, const RouterParams&
     // operations on the same values, so the ranking does not depend on whether probs is asked for.
     float* gate = probs ? probs : sel;
     gate_scores(logits, n_expert, params.gating, gate);
-    for (int64_t e = 0; e < n_expert; ++e)
-        sel[e] = params.selection_bias ? gate[e] + params.selection_bias[e] : gate[e];
+    const float* rank = params.rank_logits ? logits : gate;
+    if (rank == sel) {
+        if (params.selection_bias) {
+            for (int64_t e = 0; e < n_expert; ++e) sel[e] += params.selection_bias[e];
+        }
+    } else {
+        for (int64_t e = 0; e < n_expert; ++e)
+            sel[e] = params.selection_bias ? rank[e] + params.selection_bias[e] : rank[e];
+    }
     const int64_t n_group = std::max<int64_t>(params.n_group, 1);
     if (n_group <= 1 || params.n_group_used >= n_group) return;
     const int64_t group_size = n_expert / n_group;

@@ -8,6 +8,7 @@
 //     may be chosen. A group's score is its best expert's score for softmax gating (V2
 //     `group_limited_greedy`) and the sum of its two best biased scores for sigmoid (V3);
 //   - the final weights multiplied by weights_scale (routed_scaling_factor).
+//   - ranking by the raw logits instead of the scores (llama4, rank_logits; sigmoid weights).
 //
 // Selection is deterministic: higher selection score first; equal scores go to the lower expert
 // id (groups likewise). The k slots of a token are in that rank order, and every consumer sums

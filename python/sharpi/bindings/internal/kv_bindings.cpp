@@ -61,9 +61,10 @@ void check_stored_rows(const ByteArray& a, size_t row_bytes, int64_t n_rows, con
 FloatArray attention_py(const FloatArray& q, const ByteArray& k, const ByteArray& v,
                         const std::string& type_k, const std::string& type_v, int64_t pos0, int64_t n_head,
                         int64_t n_head_kv, int64_t head_dim, float scale, int threads, const std::string& isa,
-                        int64_t window, std::optional<FloatArray> sinks, bool exact) {
+                        int64_t window, std::optional<FloatArray> sinks, bool exact, int64_t chunk) {
     cpu::AttentionShape shape{n_head, n_head_kv, head_dim, scale};
     shape.window = std::max<int64_t>(0, window);
+    shape.chunk = std::max<int64_t>(0, chunk);
     shape.exact = exact;
     if (sinks) {
         if (sinks->ndim() != 1 || sinks->shape(0) != n_head)
@@ -170,9 +171,10 @@ void bind_kv(py::module_& m) {
     m.def("attention", &attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("type_k"),
           py::arg("type_v"), py::arg("pos0"), py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"),
           py::arg("scale"), py::arg("threads") = 1, py::arg("isa") = "", py::arg("window") = 0,
-          py::arg("sinks") = py::none(), py::arg("exact") = false,
+          py::arg("sinks") = py::none(), py::arg("exact") = false, py::arg("chunk") = 0,
           "Causal attention of q's rows (positions pos0..) over stored K/V rows (cpu/ops/attention.h); "
-          "window > 0: sliding window; sinks: [n_head] sink logits; exact: exact mode's arithmetic");
+          "window > 0: sliding window; sinks: [n_head] sink logits; exact: exact mode's arithmetic; "
+          "chunk > 0: chunked local attention (llama4)");
     m.def("attention_block_kernels", &attention_block_kernels_py, py::arg("isa"), py::arg("q"), py::arg("k"),
           py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("scale"),
           "Fast mode's block kernels of one ISA on one block (cpu/ops/attention_kernels.h), for tests: "
