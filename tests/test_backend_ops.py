@@ -39,6 +39,7 @@ EXPECTED_BLOCKERS = {
     "glm4moe": {"route_topk"},  # sigmoid routing with a selection bias and a weight scale
     # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
     "llama4": {"attention", "route_topk", "scale_rows"},
+    "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).

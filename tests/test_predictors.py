@@ -664,8 +664,9 @@ def test_moe_tracing_end_to_end(models, tmp_path, monkeypatch, capsys):
 def routing_rule_models(tmp_path_factory):
     """Three routers that do not rank experts by their plain logits: gpt-oss (a router bias),
     deepseek2 rewritten to DeepSeek-V3's rule (sigmoid scores plus a per-expert selection bias,
-    8 experts in 4 groups of which the 2 best may be chosen), and glm4moe (sigmoid scores plus a
-    selection bias, no groups, post_attention_norm before the router), each with 5 layers."""
+    8 experts in 4 groups of which the 2 best may be chosen), glm4moe (sigmoid scores plus a
+    selection bias, no groups, post_attention_norm before the router) and minimax-m2 (sigmoid scores
+    plus a selection bias, every layer MoE), each with 5 layers."""
     d = tmp_path_factory.mktemp("routing_rule_models")
     rng = np.random.default_rng(1)
     small_bias = str(d / "gpt-oss-small-bias.gguf")
@@ -697,10 +698,14 @@ def routing_rule_models(tmp_path_factory):
 
     glm = str(d / "glm4moe.gguf")
     rewrite_gguf(glm_small_bias, glm, tensor_edit=larger_selection_bias)
-    return {"gpt-oss": gpt_oss, "deepseek-v3": v3, "glm4moe": glm}
+    minimax_small_bias = str(d / "minimax-m2-small-bias.gguf")
+    write_model(minimax_small_bias, arch="minimax-m2", preset="tiny", quant="q8_0", seed=9, n_layer=N_LAYER)
+    minimax = str(d / "minimax-m2.gguf")
+    rewrite_gguf(minimax_small_bias, minimax, tensor_edit=larger_selection_bias)
+    return {"gpt-oss": gpt_oss, "deepseek-v3": v3, "glm4moe": glm, "minimax-m2": minimax}
 
 
-@pytest.mark.parametrize("label", ["gpt-oss", "deepseek-v3", "glm4moe"])
+@pytest.mark.parametrize("label", ["gpt-oss", "deepseek-v3", "glm4moe", "minimax-m2"])
 def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models, label):
     # next_gate's scores for layer t must rank experts as layer t's own routing rule does: the
     # router bias (gpt-oss: softmax top-k of logits + bias, so the biased logits themselves), and
@@ -719,7 +724,7 @@ def test_next_gate_ranks_experts_by_the_target_routers_rule(routing_rule_models,
          for t in reader.tensors if "ffn_gate_inp" in t.name or "norm" in t.name}
     moe_layers = [il for il in range(N_LAYER) if f"blk.{il}.ffn_gate_inp.weight" in w]
     norm_name = "post_attention_norm" if arch in ("gpt-oss", "glm4moe") else "ffn_norm"
-    ref = ReferenceModel(path) if arch in ("deepseek2", "glm4moe") else None
+    ref = ReferenceModel(path) if arch in ("deepseek2", "glm4moe", "minimax-m2") else None
     info = sharpi.Session(path, threads=1, n_ctx=16).info
     n_embd, n_expert, k = info["n_embd"], info["n_expert"], info["n_expert_used"]
     handle = _internal.load_predictor("next_gate", "", path, 1)

@@ -48,6 +48,14 @@ HAND_WRITTEN = [
                '<arg_key>opts</arg_key><arg_value>{"k": [1, "</arg_value>"]}</arg_value></tool_call>'
                "\n<tool_call>now\n</tool_call>"),
      "On it.", [("search", {"q": "a < b", "opts": {"k": [1, "</arg_value>"]}}), ("now", {})]),
+    ("minimax_m2", ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">San Francisco'
+                    '</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>'),
+     "", [("get_weather", {"city": "San Francisco", "days": 3})]),
+    # Two calls in one section, text before it, a JSON value holding the closing tag, no arguments.
+    ("minimax_m2", ('On it.\n<minimax:tool_call>\n<invoke name="search">\n<parameter name="q">a < b</parameter>\n'
+                    '<parameter name="opts">{"k": [1, "</parameter>"]}</parameter>\n</invoke>\n'
+                    '<invoke name="now">\n</invoke>\n</minimax:tool_call>'),
+     "On it.", [("search", {"q": "a < b", "opts": {"k": [1, "</parameter>"]}}), ("now", {})]),
     ("deepseek", ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                  '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
                  '```json\n{"tz": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'),
@@ -86,6 +94,7 @@ def test_hand_written_replies(family, text, content, calls):
     ("mistral", "[TOOL_CALLS] nonsense"),
     ("qwen3_xml", "<tool_call>\n<oops>\n</tool_call>"),
     ("glm45", "<tool_call>f\n<arg_key>x</arg_key>\nno value\n</tool_call>"),
+    ("minimax_m2", '<minimax:tool_call>\n<invoke name="f">\n<parameter name="x">1</parameter>\n</minimax:tool_call>'),
     ("harmony", "<|channel|>final<|message|>Just text."),
 ])
 def test_text_that_is_no_call_stays_content(family, text):
@@ -114,7 +123,7 @@ def test_unknown_family_and_bad_tools_are_typed_errors():
 
 def test_detect_family_without_template():
     assert detect_family(None) == "hermes" and detect_family("") == "hermes"
-    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "glm45", "deepseek", "llama3", "mistral", "harmony"}
+    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "glm45", "minimax_m2", "deepseek", "llama3", "mistral", "harmony"}
 
 
 # -- real templates ------------------------------------------------------------------------------
@@ -137,6 +146,7 @@ REAL_TEMPLATES = {
     "Qwen3-Coder": ("qwen3_xml", "object", True),
     "GLM-4.6": ("glm45", "object", True),
     "GLM-4.7-Flash": ("glm45", "object", True),
+    "MiniMax-M2": ("minimax_m2", "object", True),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": ("deepseek", "string", True),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", "object", False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", "object", False),
@@ -160,8 +170,8 @@ def tokenizer():
     return sharpi.Session(default_model_path(), threads=1, n_ctx=64).tokenizer
 
 
-# GLM's templates print a None content as "None": a calls-only turn has content "" there.
-CALLS_ONLY_CONTENT = {"GLM-4.6": ("",), "GLM-4.7-Flash": ("",)}
+# GLM's and MiniMax-M2's templates print a None content as "None": a calls-only turn has content "" there.
+CALLS_ONLY_CONTENT = {"GLM-4.6": ("",), "GLM-4.7-Flash": ("",), "MiniMax-M2": ("",)}
 
 
 def emitted_reply(tok, source: str, calls: list, args_form: str, contents=(None, "")) -> str:
@@ -209,7 +219,7 @@ def test_real_template_round_trip(tokenizer, name):
         # What is left is the template's own framing: end-of-turn tokens, an empty think block.
         leftover = reply.content
         for framing in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<think>", "</think>", "<|end|>",
-                        "<|return|>"):
+                        "<|return|>", "[e~["):
             leftover = leftover.replace(framing, "")
         assert leftover.strip() == "", reply_text
 

@@ -63,7 +63,7 @@ def inspect_summary(path) -> dict:
     attention = _attention_summary(hparams, any(name.endswith(".attn_sinks.weight") for name in by_name))
     q_norm = next((t for t in tensors if t["name"].endswith(".attn_q_norm.weight")), None)
     if q_norm is not None and attention.get("kind") in ("mha", "gqa"):
-        # Per head (weights of head_dim: qwen3, glm4moe) or over the whole projection (olmoe).
+        # Per head (weights of head_dim: qwen3, glm4moe) or over the whole projection (olmoe, minimax-m2).
         whole = q_norm["shape"][0] == (hparams.get("attention.head_count") or 0) * attention["head_dim"]
         attention["qk_norm"] = "whole projection" if whole and attention["head_dim"] != q_norm["shape"][0] else "per head"
     routing = _routing_summary(arch, hparams, by_name)
@@ -199,7 +199,7 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
         out["head_dim"] = head_dim
         out["kv_cache_floats_per_token_layer"] = 2 * n_head_kv * head_dim
         n_rot = hparams.get("rope.dimension_count")
-        if n_rot and n_rot < head_dim:  # partial RoPE (glm4moe: half of each head)
+        if n_rot and n_rot < head_dim:  # partial RoPE (glm4moe, minimax-m2: half of each head)
             out["rope_dims"] = n_rot
     if "rope.scaling.type" in hparams:
         out["rope_scaling"] = hparams["rope.scaling.type"]
@@ -212,16 +212,17 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
 
 def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
     """How a MoE file routes, in llama.cpp's terms: gating function (softmax unless
-    expert_gating_func says sigmoid; glm4moe defaults to sigmoid), whether a selection bias
-    (exp_probs_b) steers the choice, top-k renormalisation, the routed weight scale, expert groups,
-    shared experts and leading dense layers. Empty for a dense file."""
+    expert_gating_func says sigmoid; glm4moe and minimax-m2 default to sigmoid), whether a selection
+    bias (exp_probs_b) steers the choice, top-k renormalisation (minimax-m2 always renormalises, as
+    llama.cpp hard-codes it), the routed weight scale, expert groups, shared experts and leading
+    dense layers. Empty for a dense file."""
     if not hparams.get("expert_count"):
         return OrderedDict()
-    gating = int(hparams.get("expert_gating_func", 2 if arch == "glm4moe" else 1) or 1)
+    gating = int(hparams.get("expert_gating_func", 2 if arch in ("glm4moe", "minimax-m2") else 1) or 1)
     out = OrderedDict(gating="sigmoid" if gating == 2 else "softmax")
     out["selection_bias"] = any(n.endswith(".exp_probs_b.bias") for n in by_name)
-    if "expert_weights_norm" in hparams:
-        out["weights_norm"] = bool(hparams["expert_weights_norm"])
+    if "expert_weights_norm" in hparams or arch == "minimax-m2":
+        out["weights_norm"] = bool(hparams.get("expert_weights_norm", True))
     out["weights_scale"] = float(hparams.get("expert_weights_scale", 1.0) or 1.0)
     if int(hparams.get("expert_group_count", 1) or 1) > 1:
         out["groups"] = f"{hparams['expert_group_used_count']} of {hparams['expert_group_count']}"

@@ -116,7 +116,8 @@ def _write_metadata(
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
     # key_length / value_length exist when the HF config has head_dim: Qwen3 always, Llama when set.
-    if hp.arch in ("qwen3", "qwen3moe", "glm4moe", "llama4") + HYBRID_ARCHES or (hp.arch == "llama" and hp.q_width != hp.n_embd):
+    key_length_archs = ("qwen3", "qwen3moe", "glm4moe", "llama4", "minimax-m2") + HYBRID_ARCHES
+    if hp.arch in key_length_archs or (hp.arch == "llama" and hp.q_width != hp.n_embd):
         w.add_key_length(hp.head_dim)
         w.add_value_length(hp.head_dim)
     w.add_file_type(int(recipe.ftype))
@@ -128,6 +129,12 @@ def _write_metadata(
         _write_hybrid_metadata(w, hp)
     if hp.arch == "glm4moe":
         _write_glm4moe_metadata(w, hp)
+    if hp.arch == "minimax-m2":
+        # MiniMaxM2Model.set_gguf_parameters: the expert width and rotary_dim; the common keys before
+        # include expert_gating_func from the config's scoring_func ("sigmoid" in MiniMax-M2's).
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_feed_forward_length(hp.n_ff_exp)
+        w.add_rope_dimension_count(hp.n_rot or hp.head_dim)
     if hp.arch in ("llama", "llama4"):
         w.add_vocab_size(hp.n_vocab)
         w.add_rope_dimension_count(hp.head_dim)

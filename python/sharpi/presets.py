@@ -8,7 +8,7 @@ Sources for the real models are their Hugging Face config.json files:
   deepseek-ai/DeepSeek-V2-Lite (preset deepseek-v2-lite: the real deepseek2 architecture, MLA and all;
   the older trace-shaped "deepseek-trace" is a qwen3moe with DeepSeek-V2-Lite's expert layout),
   zai-org/GLM-4.5-Air and zai-org/GLM-4.6 (presets glm-4.5-air and glm-4.6; GLM-4.5 and GLM-4.7 have
-  GLM-4.6's shapes).
+  GLM-4.6's shapes), MiniMaxAI/MiniMax-M2 (preset minimax-m2; MiniMax-M2.1 has the same shapes).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
 MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe",
-              "llama4")  # always MoE
+              "llama4", "minimax-m2")  # always MoE
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -63,7 +63,7 @@ class HParams:
     ssm_dt_rank: int = 0
     ssm_d_inner: int = 0
     full_attention_interval: int = 0
-    n_rot: int = 0  # deepseek2: qk_rope_head_dim
+    n_rot: int = 0  # deepseek2: qk_rope_head_dim; glm4moe, minimax-m2, hybrids: RoPE'd dims per head
     n_swa: int = 0  # gpt-oss: attention.sliding_window (even layers slide, odd ones attend to all)
     # glm4moe: per-head q/k RMSNorm (use_qk_norm: GLM-4.5 / 4.6 / 4.7, not 4.5-Air).
     use_qk_norm: bool = False
@@ -358,6 +358,31 @@ PRESETS["llama-4-maverick"] = {
 }
 # "tiny" as llama4: 4 layers (three chunked RoPE layers, one global NoPE layer), MoE on 1 and 3, top-1.
 TINY_LLAMA4 = {"n_layer": 4, "n_expert_used": 1, "moe_layer_step": 2, "n_ff_shexp": 256}
+# MiniMaxAI/MiniMax-M2 (230B-A10B): 62 layers, all MoE: 256 routed experts top-8 of width 1536 (no
+# shared expert; sigmoid routing with the selection bias, top-k renormalised), 48 query heads of 128
+# over 8 KV heads (n_head * head_dim = 6144 != n_embd 3072), q/k RMSNorm over the whole projection,
+# RoPE on rotary_dim 64 of each head's 128. Its config declares 3 MTP modules, but neither
+# transformers nor llama.cpp's converter carries them, so its files have none.
+PRESETS["minimax-m2"] = {
+    "arch": "minimax-m2",
+    "n_vocab": 200064,
+    "n_ctx_train": 196608,
+    "n_embd": 3072,
+    "n_layer": 62,
+    "n_head": 48,
+    "n_head_kv": 8,
+    "head_dim": 128,
+    "n_ff": 1536,  # feed_forward_length = intermediate_size, the expert width
+    "n_expert": 256,
+    "n_expert_used": 8,
+    "n_ff_exp": 1536,
+    "n_ff_shexp": 0,
+    "rope_freq_base": 5000000.0,
+    "rms_eps": 1e-6,
+    "n_rot": 64,
+}
+# "tiny" as minimax-m2: head_dim 128 != n_embd / n_head (as MiniMax-M2's 128 vs 64), RoPE on half of it.
+TINY_MINIMAX_M2 = {"head_dim": 128, "n_rot": 64}
 # "tiny" as gpt-oss: 3 layers (sliding, full, sliding) with a window shorter than a typical test run.
 TINY_GPT_OSS = {"n_layer": 3, "n_swa": 16, "yarn_factor": 32.0, "yarn_n_ctx_orig": 256}
 # "tiny" as deepseek2: the same widths, one leading dense layer + 2 MoE layers, 2 shared experts.
@@ -446,6 +471,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p.update(TINY_GLM4MOE)
         if arch == "llama4":
             p.update(TINY_LLAMA4)
+        if arch == "minimax-m2":
+            p.update(TINY_MINIMAX_M2)
         if arch in HYBRID_ARCHES:
             p.update(_TINY_HYBRID)
         if arch == "olmoe":

@@ -251,7 +251,7 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
                 TensorSpec(b + "attn_q_norm.weight", (hp.head_dim,), il, "norm"),
                 TensorSpec(b + "attn_k_norm.weight", (hp.head_dim,), il, "norm"),
             ]
-        if hp.arch == "olmoe":  # RMSNorm over the whole q / k projection
+        if hp.arch in ("olmoe", "minimax-m2"):  # RMSNorm over the whole q / k projection
             t += [
                 TensorSpec(b + "attn_q_norm.weight", (Q,), il, "norm"),
                 TensorSpec(b + "attn_k_norm.weight", (KV,), il, "norm"),
@@ -264,6 +264,10 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
             F, X = hp.n_ff_exp, hp.n_expert
             t += [
                 TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+            ]
+            if hp.arch == "minimax-m2":  # the router's selection bias (e_score_correction_bias)
+                t.append(TensorSpec(b + "exp_probs_b.bias", (X,), il, "bias"))
+            t += [
                 TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
                 TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
                 TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),

@@ -65,9 +65,9 @@ _QWEN35 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# GPT-4o's o200k pattern, which Llama 4's tokenizer.json uses too ("gpt-4o" and "llama4" are llama.cpp's
-# LLAMA_VOCAB_PRE_TYPE_GPT4O), in llama.cpp's adapted form, so that files tokenize as llama.cpp
-# tokenizes them: the tokenizer.json form splits a word into an upper-case run then a lower-case run
+# GPT-4o's o200k pattern, which Llama 4's and MiniMax-M2's tokenizer.json use too ("gpt-4o" and "llama4"
+# are llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O, "minimax-m2" its MINIMAX_M2, which runs the same
+# regexes), in llama.cpp's adapted form, so that files tokenize as llama.cpp tokenizes them: the tokenizer.json form splits a word into an upper-case run then a lower-case run
 # by Unicode case (\p{Lu}, \p{Ll}, marks joining either); llama.cpp's form approximates the two classes
 # by "a letter other than a-z" and "a letter other than A-Z", so outside ASCII (Cyrillic, marks) its
 # words differ from the model's own tokenizer, and sharpi follows llama.cpp there.
@@ -140,7 +140,7 @@ for _names, _spec in [
     (("glm4", "glm5"), ([_LLAMA3], True, False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "kormo", "hunyuan"), ([_QWEN2], False, False)),
     (("qwen35",), ([_QWEN35], False, False)),
-    (("gpt-4o", "llama4"), ([_GPT4O], False, False)),
+    (("gpt-4o", "llama4", "minimax-m2"), ([_GPT4O], False, False)),
     (("default",), (_LLAMA_CPP_DEFAULT, False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),

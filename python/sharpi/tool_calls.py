@@ -14,6 +14,10 @@ text (detect_family), since the template is what taught the model the syntax:
   `<tool_call>NAME\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>`; a value
   is read as qwen3_xml's are (its text for a string parameter, JSON otherwise: the template writes
   non-strings with tojson).
+- "minimax_m2" (MiniMax-M2, M2.1): one `<minimax:tool_call>` section holding an `<invoke>` per call,
+  `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n</invoke>\n
+  </minimax:tool_call>`; a value is read as qwen3_xml's are (its text for a string parameter, JSON
+  otherwise: the template writes non-strings with tojson).
 - "deepseek" (DeepSeek-V3/R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\nARGS\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1 drops the "function" type and
   the fence: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
@@ -40,12 +44,13 @@ from dataclasses import dataclass, field
 from ._core import InvalidArgument
 from .stop_text import held_prefix_len
 
-FAMILIES = ("hermes", "qwen3_xml", "glm45", "deepseek", "llama3", "mistral", "harmony")
+FAMILIES = ("hermes", "qwen3_xml", "glm45", "minimax_m2", "deepseek", "llama3", "mistral", "harmony")
 
 _DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _LLAMA_PYTHON_TAG = "<|python_tag|>"
+_MINIMAX_CALLS, _MINIMAX_CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
 
 
 def detect_family(template: str | None) -> str:
@@ -61,6 +66,8 @@ def detect_family(template: str | None) -> str:
         return "qwen3_xml"
     if "<arg_key>" in template and "<arg_value>" in template:
         return "glm45"
+    if _MINIMAX_CALLS in template:
+        return "minimax_m2"
     if _MISTRAL_CALLS in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -228,6 +235,74 @@ def _parse_glm45(text: str, tools=None) -> ParsedReply:
     return _parse_tagged_blocks(text, call_of)
 
 
+_MINIMAX_INVOKE = re.compile(r'\s*<invoke name="([^"\n]+)">')
+_MINIMAX_PARAMETER = re.compile(r'\s*<parameter name="([^"\n]+)">')
+_MINIMAX_INVOKE_END = re.compile(r"\s*</invoke>")
+
+
+def _minimax_arguments(text: str, pos: int, props: dict, complete: bool = True) -> tuple:
+    """(arguments, end) of the complete <parameter name="KEY">VALUE</parameter> elements of a
+    minimax_m2 invoke from text[pos:], read as glm45's pairs are (_glm_arguments): a value opening a
+    JSON object or array runs to its closing bracket, any other to the first </parameter>."""
+    args = {}
+    while m := _MINIMAX_PARAMETER.match(text, pos):
+        start = m.end()
+        close = -1
+        if text[start:start + 1] in ("{", "["):
+            end = _json_value_end(text, start)
+            if end is not None and text.startswith("</parameter>", end):
+                close = end
+            elif not complete:
+                break
+        if close < 0:
+            close = text.find("</parameter>", start)
+            if close < 0:
+                break
+        args[m.group(1)] = _xml_value(text[start:close], props.get(m.group(1)))
+        pos = close + len("</parameter>")
+    return args, pos
+
+
+def _minimax_invokes(body: str, params_of: dict, complete: bool = True) -> tuple:
+    """([(name, arguments, closed)], end) of the <invoke> elements at the start of a minimax_m2
+    call section's body (after <minimax:tool_call>); end is where they stop. Only the last one may
+    be unclosed (its </invoke> has not arrived, or what follows its parameters is not one)."""
+    invokes, pos = [], 0
+    while m := _MINIMAX_INVOKE.match(body, pos):
+        name = m.group(1)
+        args, pos = _minimax_arguments(body, m.end(), params_of.get(name, {}), complete)
+        closing = _MINIMAX_INVOKE_END.match(body, pos)
+        invokes.append((name, args, closing is not None))
+        if closing is None:
+            break
+        pos = closing.end()
+    return invokes, pos
+
+
+def _parse_minimax_m2(text: str, tools=None) -> ParsedReply:
+    """The <minimax:tool_call> sections of `text` (the last may be unclosed: the model stopped at
+    EOS), each one or more calls; a section that is not all well-formed invokes stays in the content."""
+    params_of = _parameter_schemas(tools)
+    content, calls, pos = [], [], 0
+    while True:
+        start = text.find(_MINIMAX_CALLS, pos)
+        if start < 0:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:start])
+        end = text.find(_MINIMAX_CALLS_END, start)
+        body = text[start + len(_MINIMAX_CALLS):len(text) if end < 0 else end]
+        after = len(text) if end < 0 else end + len(_MINIMAX_CALLS_END)
+        invokes, stop = _minimax_invokes(body, params_of)
+        found = [_call(name, args) for name, args, closed in invokes if closed]
+        if invokes and len(found) == len(invokes) and None not in found and not body[stop:].strip():
+            calls += found
+        else:
+            content.append(text[start:after])
+        pos = after
+    return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
+
+
 _HARMONY_CALL = re.compile(
     r"(?:<\|start\|>assistant)?(?:<\|channel\|>commentary\s*)?\s*to=functions\.([^\s<]+)\s*"
     r"(?:<\|channel\|>commentary\s*)?(?:<\|constrain\|>)?\s*(?:json)?\s*<\|message\|>(.*?)(?:<\|call\|>|\Z)",
@@ -336,16 +411,17 @@ def _parse_mistral(text: str) -> ParsedReply:
     return ParsedReply((text[:cut] + rest).strip(), calls)
 
 
-_PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "glm45": _parse_glm45, "deepseek": _parse_deepseek,
+_PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "glm45": _parse_glm45,
+            "minimax_m2": _parse_minimax_m2, "deepseek": _parse_deepseek,
             "llama3": _parse_llama3, "mistral": _parse_mistral, "harmony": _parse_harmony}
 
 
 def parse_tool_calls(text: str, family: str, tools: list | None = None) -> ParsedReply:
     """The content and tool calls of a reply written in `family`'s syntax (see the module docstring).
-    tools (the request's): the parameter types qwen3_xml's and glm45's values are read with."""
+    tools (the request's): the parameter types qwen3_xml's, glm45's and minimax_m2's values are read with."""
     if family not in _PARSERS:
         raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
-    if family in ("qwen3_xml", "glm45"):
+    if family in ("qwen3_xml", "glm45", "minimax_m2"):
         return _PARSERS[family](text, tools)
     return _PARSERS[family](text)
 
@@ -356,6 +432,7 @@ def parse_tool_calls(text: str, family: str, tools: list | None = None) -> Parse
 # has none: its reply is a call only as a whole.
 _CALL_STARTS = {
     "hermes": ("<tool_call>",), "qwen3_xml": ("<tool_call>",), "glm45": ("<tool_call>",),
+    "minimax_m2": (_MINIMAX_CALLS,),
     "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN),
     "mistral": (_MISTRAL_CALLS,),
     "harmony": ("<|start|>assistant<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.",
@@ -433,6 +510,11 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
                                for k, v in args.items())
         closed = body[end:].lstrip().startswith("</tool_call>")
         return [(name, text + ("}" if closed else ""))]
+    if family == "minimax_m2":
+        invokes, _ = _minimax_invokes(section[len(_MINIMAX_CALLS):], params_of, complete=False)
+        return [(name, "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
+                                       for k, v in args.items()) + ("}" if closed else ""))
+                for name, args, closed in invokes]
     if family == "harmony":
         m = _HARMONY_HEAD.search(section)
         if not m:
@@ -495,7 +577,7 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
 def _section_end(section: str, family: str) -> int | None:
     """Where the call section `section` ends (the index just past it), None while it goes on."""
     closing = {"hermes": "</tool_call>", "qwen3_xml": "</tool_call>", "glm45": "</tool_call>", "deepseek": _DS_CALLS_END,
-               "harmony": "<|call|>"}.get(family)
+               "harmony": "<|call|>", "minimax_m2": _MINIMAX_CALLS_END}.get(family)
     if closing is None:  # mistral's calls (and llama3's whole reply) go on to the end
         return None
     at = section.find(closing)
@@ -741,6 +823,21 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
             return f"{marker('<tool_call>')} {_lark_literal(fn['name'] + chr(10))} {body} {marker('</tool_call>')}"
 
         _keyed_call_rules(fns, rules, more, glm_param, glm_call)
+    elif family == "minimax_m2":
+        # As the template writes calls: one section, an <invoke> per call, a parameter per line.
+        def minimax_param(key, value):
+            head = "<parameter name=" + json.dumps(key, ensure_ascii=False) + ">"
+            return f"{_lark_literal(head)} {value} \"</parameter>\\n\""
+
+        def minimax_call(i, fn, body):
+            head = "<invoke name=" + json.dumps(fn["name"], ensure_ascii=False) + ">\n"
+            return f"{_lark_literal(head)} {body} \"</invoke>\\n\""
+
+        calls = " call*" if parallel else ""
+        _keyed_call_rules(fns, rules, calls, minimax_param, minimax_call)
+        alternatives = rules[0].split("\n", 1)[1]
+        rules[0] = (f"start: {marker(_MINIMAX_CALLS)} \"\\n\" call{calls} {marker(_MINIMAX_CALLS_END)}\n"
+                    f"{alternatives}")
     elif family == "harmony":
         names = []
         for i, fn in enumerate(fns):

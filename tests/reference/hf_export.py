@@ -8,13 +8,13 @@ converter (see convert_driver.py for the one in-memory patch) and never runs the
 inside this process.
 
 Every model is 2 layers (the hybrid ones 4: DeltaNet and gated attention alternating, plus one
-nextn block; DeepSeek and GLM-4.5 3, the first dense, GLM-4.5 plus one nextn block), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
+nextn block; DeepSeek and GLM-4.5 3, the first dense, GLM-4.5 plus one nextn block; MiniMax-M2 16 experts), hidden size 128 (256 for the quantizer's model), 8 experts (MoE), seeded, with
 weights drawn at std ~0.08 and norm weights around 1 so that hidden states and routing are far from
 degenerate. The models also cover the variants the reference must get right: GQA everywhere,
 linear RoPE scaling (qwen2moe, llama), head_dim != hidden/heads (qwen3moe, qwen3, glm4moe), tied
-embeddings (qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe), q/k/v biases (qwen2moe,
-qwen2, glm4moe), partial RoPE (glm4moe, the hybrids), sigmoid routing with a selection bias
-(deepseek_v3, glm4moe).
+embeddings (qwen3moe, llama, qwen2), whole-projection q/k norms (olmoe, minimax_m2), q/k/v biases
+(qwen2moe, qwen2, glm4moe), partial RoPE (glm4moe, minimax_m2, the hybrids), sigmoid routing with a
+selection bias (deepseek_v3, glm4moe, minimax_m2).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ MOE_MODELS = {
     "deepseek_v3": "deepseek2",  # DeepseekV3ForCausalLM
     "glm4moe": "glm4moe",  # Glm4MoeForCausalLM (GLM-4.5-Air: no q/k norm)
     "glm4moe_qknorm": "glm4moe",  # Glm4MoeForCausalLM with use_qk_norm (GLM-4.5)
+    "minimax_m2": "minimax-m2",  # MiniMaxM2ForCausalLM
 }
 # Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer,
 # _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
@@ -70,8 +71,9 @@ ENGINE_ONLY_MODELS = {
 }
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
-# glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe"}
+# glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file,
+# and minimax_m2_256 for tests/test_minimax_m2.py's.
+QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe", "minimax_m2_256": "minimax-m2"}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -279,6 +281,31 @@ def make_config(name: str, vocab_size: int):
             num_nextn_predict_layers=1,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
         )
+    if name == "minimax_m2_256":
+        # minimax_m2 256 wide wherever a row is, for llama-quantize's K types; RoPE on half of each head.
+        config = make_config("minimax_m2", vocab_size)
+        config.hidden_size = config.intermediate_size = 256
+        config.head_dim = 64
+        config.rotary_dim = 32
+        return config
+    if name == "minimax_m2":
+        # MiniMax-M2's proportions at a small size: head_dim 48 != hidden/heads (MiniMax-M2: 128 vs
+        # 64), RoPE on half of each head through the legacy `rotary_dim` the real config carries (the
+        # converter reads it; transformers turns it into partial_rotary_factor), GQA, no biases,
+        # 16 experts top-4 with no shared expert, sigmoid routing with the selection bias and the
+        # top-k renormalised. scoring_func is what the real config says and the converter reads
+        # (expert_gating_func = sigmoid); transformers always routes with sigmoid.
+        config = transformers.MiniMaxM2Config(
+            **common,
+            head_dim=48,
+            intermediate_size=64,
+            num_local_experts=16,
+            num_experts_per_tok=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
+        )
+        config.rotary_dim = 24
+        config.scoring_func = "sigmoid"
+        return config
     if name in HYBRID_MODELS:
         # 4 layers: DeltaNet, gated attention, DeltaNet, gated attention (full_attention_interval 2).
         # 2 key heads serve 4 value heads (grouped for qwen3next, tiled by the converter for
@@ -421,6 +448,8 @@ def build_model(name: str, vocab_size: int, seed: int):
         "glm4moe_qknorm": transformers.Glm4MoeForCausalLM,
         "glm4moe_256": transformers.Glm4MoeForCausalLM,
         "llama4": transformers.Llama4ForCausalLM,
+        "minimax_m2": transformers.MiniMaxM2ForCausalLM,
+        "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
@@ -435,7 +464,7 @@ def build_model(name: str, vocab_size: int, seed: int):
             else:
                 param.copy_(WEIGHT_STD * noise)
         for buffer_name, buffer in sorted(model.named_buffers()):
-            # DeepSeek-V3's selection bias (a persistent buffer, zeros at init): spread it so that it
+            # DeepSeek-V3's (and MiniMax-M2's) selection bias (a persistent buffer, zeros at init): spread it so that it
             # changes which experts win.
             if buffer_name.endswith("e_score_correction_bias"):
                 buffer.copy_(0.05 * torch.randn(buffer.shape, generator=generator, dtype=torch.float32))
@@ -604,13 +633,39 @@ def _deepseek_choice_scores(model, tokens) -> list:
     return [c.reshape(len(tokens), -1) for c in captured]
 
 
+def _minimax_m2_choice_scores(model, tokens) -> list:
+    """MiniMax-M2's router ranks sigmoid(logits) + the MoE block's e_score_correction_bias. Per MoE
+    layer, those scores [n_tokens, n_expert], so that their top-k is HF's selection."""
+    import torch
+
+    captured = []
+    handles = []
+    for layer in model.model.layers:
+        bias = layer.mlp.e_score_correction_bias
+
+        def hook(module, inputs, output, bias=bias):
+            scores = output[0].to(torch.float64).sigmoid() + bias.to(torch.float64)
+            captured.append(scores.numpy())
+
+        handles.append(layer.mlp.gate.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(tokens)], dtype=torch.long), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [c.reshape(len(tokens), -1) for c in captured]
+
+
 def hf_router_logits(model, tokens) -> list:
-    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip); for DeepSeek
-    the scores its router ranks (see _deepseek_choice_scores)."""
+    """Per MoE layer, HF's router logits [n_tokens, n_expert] (to find a top-k flip); for DeepSeek,
+    GLM-4.5 and MiniMax-M2 the scores their router ranks (see _deepseek_choice_scores)."""
     import torch
 
     if model.config.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         return _deepseek_choice_scores(model, tokens)
+    if model.config.model_type == "minimax_m2":
+        return _minimax_m2_choice_scores(model, tokens)
     with torch.no_grad():
         ids = torch.tensor([list(tokens)], dtype=torch.long)
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)

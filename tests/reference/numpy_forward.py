@@ -29,6 +29,10 @@ Architectures (GGUF `general.architecture`):
             leading dense layers, sigmoid routing choosing on score + exp_probs_b, top-k weights
             (the unbiased scores) renormalised and scaled by expert_weights_scale, plus an ungated
             shared expert. The nextn (MTP) block after the trunk is not run.
+  minimax-m2
+            MiniMax-M2: RMSNorm over the whole q and k projections (as olmoe), partial NeoX RoPE,
+            no biases; every layer MoE without a shared expert: sigmoid routing choosing on
+            score + exp_probs_b, the k unbiased scores renormalised to sum 1 (llama.cpp's norm_w).
   qwen3next, qwen35moe
             hybrid: Gated DeltaNet on the recurrent layers (attention.recurrent_layers), gated
             attention elsewhere (attn_q yields [query | gate] per head; per-head q/k RMSNorm;
@@ -58,10 +62,10 @@ from gguf.quants import dequantize
 
 SUPPORTED_ARCHS = (
     "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe",
-    "llama4",
+    "llama4", "minimax-m2",
 )  # fmt: skip
 # Architectures whose router may use sigmoid scores, a selection bias, expert groups and a weight scale.
-DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "glm4moe")
+DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "glm4moe", "minimax-m2")
 # llama.cpp's llama4 constants (llama_model_llama4::load_arch_hparams).
 LLAMA4_CHUNK = 8192
 LLAMA4_LAYER_PATTERN = 4
@@ -70,12 +74,15 @@ LLAMA4_TEMP_SCALE = 0.1
 HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX rotates (i, i + n_rot/2).
-NEOX_ROPE_ARCHS = frozenset({"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "qwen3next", "qwen35moe", "glm4moe"})
+NEOX_ROPE_ARCHS = frozenset(
+    {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "qwen3next", "qwen35moe", "glm4moe", "minimax-m2"}
+)
 
 # Whether the selected experts' softmax weights are renormalised to sum to 1 (the `norm_w` argument
 # llama.cpp's graph builders pass to build_moe_ffn for each architecture).
 RENORMALISE_TOPK = {
     "llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "qwen3next": True, "qwen35moe": True,
+    "minimax-m2": True,
 }  # fmt: skip
 
 
@@ -202,8 +209,9 @@ class ReferenceModel:
                 kq_scale=mscale * mscale / np.sqrt(head_dim_k_mla),
             )
         if arch in DEEPSEEK_ROUTER_ARCHS:
-            # llama.cpp's default gating when the key is absent: softmax for deepseek2, sigmoid for glm4moe.
-            default_gating = 2 if arch == "glm4moe" else 1
+            # The gating when the key is absent: softmax for deepseek2 (llama.cpp's default), sigmoid for
+            # glm4moe (llama.cpp's) and minimax-m2 (transformers' only router; llama.cpp aborts).
+            default_gating = 2 if arch in ("glm4moe", "minimax-m2") else 1
             mla.update(
                 sigmoid_gating=int(self.metadata.get(f"{arch}.expert_gating_func", default_gating) or 1) == 2,
                 n_group=int(self.metadata.get(f"{arch}.expert_group_count", 1) or 1),
@@ -430,8 +438,9 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
     record("Kcur", k)
     record("Vcur", v)
 
-    if hp.arch == "olmoe":
-        # OLMoE normalises the whole projection (all heads together) before splitting into heads.
+    whole_qk_norm = hp.arch in ("olmoe", "minimax-m2")
+    if whole_qk_norm:
+        # OLMoE and MiniMax-M2 normalise the whole projection (all heads together) before splitting into heads.
         q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
         k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
 
@@ -446,7 +455,7 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
         # Qwen3 normalises each head separately (weights of size head_dim).
         q = rms_norm(q, layer.w("attn_q_norm"), hp.rms_eps)
         k = rms_norm(k, layer.w("attn_k_norm"), hp.rms_eps)
-    if hp.arch == "olmoe" or per_head_qk_norm:
+    if whole_qk_norm or per_head_qk_norm:
         record("Qcur_normed", q.reshape(n_tokens, -1))
         record("Kcur_normed", k.reshape(n_tokens, -1))
 
