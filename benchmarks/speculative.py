@@ -64,14 +64,16 @@ def budget_for(sharpi, path: str, fraction: float, threads: int, **kw) -> int:
 
 
 def sharpi_run(session, spec, prompts, n_gen) -> dict:
-    t0 = time.perf_counter()
-    n, drafted, accepted, at_d, at_a = 0, 0, 0, [], []
+    """Decode tok/s: the tokens after the first (which the prefill yields) over the time from the
+    first token to the last, summed over the prompts, as for llama.cpp below."""
+    n, seconds, drafted, accepted, at_d, at_a = 0, 0.0, 0, 0, [], []
     for p in prompts:
         session.reset()
         for _ in session.generate(p, max_tokens=n_gen, temperature=0.0, stop_at_eos=False, speculative=spec):
             pass
         st = session.last_stats
-        n += st["n_generated"]
+        n += st["n_generated"] - 1
+        seconds += st["decode_s"] - (st["ttft_s"] - st["prefill_s"])
         drafted += st.get("spec_drafted", 0)
         accepted += st.get("spec_accepted", 0)
         for i, a in enumerate(st.get("spec_acceptance_at", [])):
@@ -80,19 +82,22 @@ def sharpi_run(session, spec, prompts, n_gen) -> dict:
                 at_a.append(0.0)
             at_d[i] += 1
             at_a[i] += a
-    dt = time.perf_counter() - t0
-    return {"tok_s": n / dt, "tokens": n, "drafted": drafted, "accepted": accepted,
+    return {"tok_s": n / seconds, "tokens": n, "drafted": drafted, "accepted": accepted,
             "acceptance_at": [a / d for a, d in zip(at_a, at_d)]}
 
 
 def llama_run(llm, prompts, n_gen) -> dict:
-    t0 = time.perf_counter()
-    n = 0
+    n, seconds = 0, 0.0
     for p in prompts:
         llm.reset()
-        r = llm.create_completion(p, max_tokens=n_gen, temperature=0.0, top_k=1)
-        n += r["usage"]["completion_tokens"]
-    return {"tok_s": n / (time.perf_counter() - t0), "tokens": n}
+        t_first, count = None, 0
+        for _ in llm.create_completion(p, max_tokens=n_gen, temperature=0.0, top_k=1, stream=True):
+            count += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+        n += count - 1
+        seconds += time.perf_counter() - t_first
+    return {"tok_s": n / seconds, "tokens": n}
 
 
 def cmd_e2e(args) -> None:
@@ -101,19 +106,26 @@ def cmd_e2e(args) -> None:
     from sharpi.speculative import open_speculation
 
     path = args.model or str(default_model_path())
+    # The MTP block: --mtp FILE, the shipped head for the shipped model, the file's own if it has one.
+    mtp = args.mtp
+    if mtp is None and path == str(default_model_path()):
+        from sharpi.models import default_mtp_path
+
+        mtp = default_mtp_path()
     prompts = heldout_prompts(args.prompts, args.prompt_lines)
     engines = {}
-    s = sharpi.Session(path, threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft)
-    spec = open_speculation(s, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
-    engines["sharpi"] = lambda: sharpi_run(s, None, prompts, args.n_gen)
-    engines["sharpi ngram"] = lambda: sharpi_run(s, spec, prompts, args.n_gen)
-    for fraction in [f for f in args.budget_fraction if f > 0]:
-        budget = budget_for(sharpi, path, fraction, args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft)
-        sb = sharpi.Session(path, threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft,
-                            ram_budget=budget, reader="pread")
-        spec_b = open_speculation(sb, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
-        engines[f"sharpi {fraction:.0%}"] = lambda sb=sb: sharpi_run(sb, None, prompts, args.n_gen)
-        engines[f"sharpi {fraction:.0%} ngram"] = lambda sb=sb, sp=spec_b: sharpi_run(sb, sp, prompts, args.n_gen)
+    for fraction in args.budget_fraction:
+        label = "sharpi" if fraction == 0 else f"sharpi {fraction:.0%}"
+        kw = {"n_ctx": args.ctx, "max_draft_tokens": args.draft, **({"mtp": mtp} if mtp else {})}
+        if fraction > 0:
+            kw.update(ram_budget=budget_for(sharpi, path, fraction, args.threads, **kw), reader="pread")
+        s = sharpi.Session(path, threads=args.threads, **kw)
+        ngram = open_speculation(s, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
+        engines[label] = lambda s=s: sharpi_run(s, None, prompts, args.n_gen)
+        engines[label + " ngram"] = lambda s=s, sp=ngram: sharpi_run(s, sp, prompts, args.n_gen)
+        if mtp:
+            by_mtp = open_speculation(s, "draft-mtp", n_max=args.draft)
+            engines[label + " mtp"] = lambda s=s, sp=by_mtp: sharpi_run(s, sp, prompts, args.n_gen)
     if not args.no_llama:
         try:
             from llama_cpp import Llama
@@ -142,7 +154,7 @@ def cmd_e2e(args) -> None:
     print("| engine | tok/s | x own baseline | acceptance per draft position |")
     print("|---|---|---|---|")
     for name, row in rows.items():
-        base = name.replace(" ngram", "").replace(" lookup", "")
+        base = name.replace(" ngram", "").replace(" lookup", "").replace(" mtp", "")
         ratio = row["tok_s"] / rows[base]["tok_s"] if base in rows else 1.0
         acc = row["runs"][-1].get("acceptance_at")
         acc_text = " / ".join(f"{a:.2f}" for a in acc) if acc else ""
@@ -237,6 +249,8 @@ def main() -> None:
     e2e.add_argument("--n-gen", type=int, default=96)
     e2e.add_argument("--ngram", type=int, default=3)
     e2e.add_argument("--no-llama", action="store_true")
+    e2e.add_argument("--mtp", default=None, help="a file holding the model's MTP block (default: the shipped head "
+                     "for the shipped model, else none)")
     e2e.add_argument("--json", default=None)
     sub.choices["verify-cost"].add_argument("--iters", type=int, default=8)
     args = p.parse_args()

@@ -58,8 +58,10 @@ def plan(path: str, n_ctx: int = 128):
     st = s.expert_stats()
     info = s.info
     # The layers with routed experts (deepseek2's leading layers and llama4's interleaved ones are dense).
+    # The nextn (MTP) blocks after the trunk are never streamed: blocks >= n_layer do not count.
     n_moe_layer = len({t["name"].split(".")[1] for t in _core.GgufFile(path).tensors()
-                       if t["name"].endswith(".ffn_gate_exps.weight")})  # fmt: skip
+                       if t["name"].endswith(".ffn_gate_exps.weight")
+                       and int(t["name"].split(".")[1]) < info["n_layer"]})  # fmt: skip
     return st["fixed_bytes"], st["slot_bytes"], n_moe_layer * info["n_expert"], info["n_expert_used"]
 
 
