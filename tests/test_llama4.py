@@ -21,7 +21,6 @@ cannot be had.
 
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -31,6 +30,7 @@ pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
 from ci_policy import prerequisite_missing
+from llama_quantize import llama_quantize
 from reference import hf_export
 from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
 from reference.numpy_forward import ReferenceModel, forward, relative_error_per_position
@@ -49,7 +49,6 @@ N_LONG = CHUNK + 64
 # test_long_prompt_discriminates_chunking_and_temperature holds both far above this budget.
 LONG_BUDGET = 3e-4
 LONG_POSITIONS = np.arange(CHUNK - 48, N_LONG)  # both sides of the chunk boundary
-BUILD_SCRIPT = hf_export.REPO_ROOT / "tools" / "build_llama_tools.sh"
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +63,8 @@ def converted(model_dir):
 @pytest.fixture(scope="module")
 def q4_k_m_file(converted):
     """The f32 file through llama.cpp's own quantizer (Q4_K_M: Q4_K/Q6_K mix, f32 norms and router)."""
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=5400, check=False)
-    lines = done.stdout.strip().splitlines()
-    bin_dir = hf_export.Path(lines[-1]) if lines else None
-    if done.returncode != 0 or bin_dir is None or not (bin_dir / "llama-quantize").is_file():
-        prerequisite_missing(f"tools/build_llama_tools.sh failed (rc {done.returncode}): {done.stderr[-3000:]}")
     src = converted.gguf["f32"]
-    out = src.parent / f"{NAME}-q4_k_m.gguf"
-    if not out.is_file():
-        run = subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(out), "Q4_K_M", str(THREADS)],
-                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-        assert run.returncode == 0, run.stderr[-3000:]
-    return out
+    return llama_quantize(src, src.parent / f"{NAME}-q4_k_m.gguf", "Q4_K_M", THREADS)
 
 
 def _files(converted, q4_k_m_file, quant):

@@ -24,8 +24,6 @@ Skips (never fails) without torch/transformers or when the converter cannot be f
 llama-quantize and llama-cpp-python tests skip (fail under SHARPI_REQUIRE_ALL=1) without them.
 """
 
-import subprocess
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -35,7 +33,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
-from ci_policy import prerequisite_missing, require_llama_cpp
+from ci_policy import require_llama_cpp
+from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
 from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
@@ -44,7 +43,6 @@ from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
 
 QT = gguf.GGMLQuantizationType
-BUILD_SCRIPT = hf_export.REPO_ROOT / "tools" / "build_llama_tools.sh"
 THREADS = 2
 PROMPT = hf_export.random_prompt(384, 16, seed=42)
 
@@ -240,20 +238,8 @@ def test_preset_plans_the_published_shapes():
 
 @pytest.fixture(scope="module")
 def q4_k_m_file(converter, model_dir) -> str:
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=5400, check=False)
-    lines = done.stdout.strip().splitlines()
-    bin_dir = Path(lines[-1]) if lines else None
-    if done.returncode != 0 or bin_dir is None or not (bin_dir / "llama-quantize").is_file():
-        prerequisite_missing(f"tools/build_llama_tools.sh failed (rc {done.returncode}): {done.stderr[-3000:]}")
     f16 = hf_export.prepare("minimax_m2_256", model_dir, converter, outtypes=("f16",)).gguf["f16"]
-    out = f16.parent / "minimax_m2_256-q4_k_m.gguf"
-    if not out.is_file():
-        run = subprocess.run(
-            [str(bin_dir / "llama-quantize"), str(f16), str(out), "Q4_K_M", str(THREADS)],
-            capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-        assert run.returncode == 0, f"llama-quantize failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
-    return str(out)
+    return str(llama_quantize(f16, f16.parent / "minimax_m2_256-q4_k_m.gguf", "Q4_K_M", THREADS))
 
 
 def test_q4_k_m_file_holds_a_mix(q4_k_m_file):
