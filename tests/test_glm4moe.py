@@ -37,12 +37,10 @@ from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
 from reference.engine_checks import (
-    check_greedy,
-    check_prefill_and_stepwise,
+    check_exact_file_against_reference,
     check_streams_like_resident,
     greedy_logits,
 )
-from reference.numpy_forward import ReferenceModel, forward
 from sharpi import _core
 from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
@@ -247,16 +245,7 @@ def test_q4_k_m_file_holds_a_mix(q4_k_m_file):
 
 
 def test_q4_k_m_exact_mode_matches_reference(q4_k_m_file):
-    ref = ReferenceModel(q4_k_m_file)
-    hp = ref.hparams
-    prompt = hf_export.random_prompt(hp.n_vocab, 12, seed=43)
-
-    def open_session(dump_activations):
-        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=0, exact=True, dump_activations=dump_activations)
-
-    what = "glm4moe Q4_K_M (llama-quantize) vs reference"
-    check_prefill_and_stepwise(open_session, prompt, forward(ref, prompt), 1e-4, what, hp.n_expert_used)
-    check_greedy(open_session, prompt, lambda tokens: forward(ref, tokens), 16, 1e-4, what, hp.n_expert_used)
+    check_exact_file_against_reference(q4_k_m_file, THREADS, 43, "glm4moe Q4_K_M (llama-quantize) vs reference")
 
 
 @pytest.mark.parametrize("exact", [False, True])

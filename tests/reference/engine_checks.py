@@ -176,3 +176,22 @@ def check_streams_like_resident(open_session, prompt, n_decode: int, what: str):
     assert misses > total // 4, f"{what}: a quarter budget must force reads ({misses} misses)"
     evictions = sum(layer["evictions"] for layer in layers)
     assert evictions > 0, f"{what}: a quarter budget must force evictions ({misses} misses, none evicted)"
+
+
+def check_exact_file_against_reference(path, threads: int, seed: int, what: str, budget: float = 1e-4):
+    """A file in exact mode against the float64 numpy reference on its own dequantized weights:
+    prefill, token by token and 16 greedy tokens of a 12-token random prompt (seeded)."""
+    import sharpi
+
+    from . import hf_export
+    from .numpy_forward import ReferenceModel, forward
+
+    ref = ReferenceModel(path)
+    hp = ref.hparams
+    prompt = hf_export.random_prompt(hp.n_vocab, 12, seed=seed)
+
+    def open_session(dump_activations):
+        return sharpi.Session(path, threads=threads, n_ctx=0, exact=True, dump_activations=dump_activations)
+
+    check_prefill_and_stepwise(open_session, prompt, forward(ref, prompt), budget, what, hp.n_expert_used)
+    check_greedy(open_session, prompt, lambda tokens: forward(ref, tokens), 16, budget, what, hp.n_expert_used)
