@@ -599,8 +599,10 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         MoeFfn& moe = moes.emplace_back(*experts_, h.n_layer);
         moe.set_cancel_flag(&cancel_requested_);
         if (route_trace_.n_tokens > 0) moe.set_route_trace(&route_trace_);
-        moe.set_read_ahead(read_ahead_ && cache_ != nullptr &&
-                           c + 1 == n_chunks);  // resident: nothing to read
+        // Resident: nothing to read. A step of a few rows (a speculative verify step) reads ahead the
+        // union of guesses for each of its rows, mostly wrong, and evicts what later steps need.
+        const bool ahead_rows = n == 1 || n >= kReadAheadMinRows;
+        moe.set_read_ahead(read_ahead_ && ahead_rows && cache_ != nullptr && c + 1 == n_chunks);
         ActivationDump* dump = nullptr;
         if (options_.dump_activations) dump = n_chunks == 1 ? &dump_ : &chunk_dumps.emplace_back();
         Forward& f = fs.emplace_back(m, *backend_, moe, dump);
