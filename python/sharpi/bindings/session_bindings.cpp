@@ -307,63 +307,62 @@ void bind_session(py::module_& m) {
     // Session(vram_budget=VRAM_BUDGET_AUTO): free VRAM minus a margin (SessionOptions::kVramBudgetAuto).
     m.attr("VRAM_BUDGET_AUTO") = SessionOptions::kVramBudgetAuto;
     py::class_<PySession>(m, "Session")
-        .def(py::init([](const std::string& path, int threads, int n_ctx, int n_seq, bool exact,
-                         bool dump_activations, const py::object& ram_budget, double slru_probation,
-                         const std::string& reader, bool timeline, const std::string& predictor,
-                         const std::string& predictor_file, int lookahead, bool skip_late_prefetch,
-                         const std::string& prefetch_sizing, const std::string& cache_policy,
-                         const std::string& cache_policy_file, const std::string& cache_type_k,
-                         const std::string& cache_type_v, bool allow_long_context, const std::string& device,
-                         const py::object& vram_budget, const std::string& miss_route,
-                         double miss_copy_bytes_per_s, double miss_copy_latency_s,
-                         double miss_cpu_bytes_per_s, int max_draft_tokens, bool mtp,
-                         const std::string& mtp_file) {
-                 SessionOptions o;
-                 o.n_threads = threads;
-                 o.n_ctx = n_ctx;
-                 o.n_seq = n_seq;
-                 o.max_draft_tokens = max_draft_tokens;
-                 o.mtp = mtp;
-                 o.mtp_file = mtp_file;
-                 o.exact = exact;
-                 o.dump_activations = dump_activations;
-                 o.ram_budget = ram_budget_bytes(ram_budget);
-                 o.slru_probation = slru_probation;
-                 o.reader = reader;
-                 o.timeline = timeline;
-                 o.predictor = predictor;
-                 o.predictor_file = predictor_file;
-                 o.lookahead = lookahead;
-                 o.skip_late_prefetch = skip_late_prefetch;
-                 o.prefetch_sizing = prefetch_sizing;
-                 o.cache_policy = cache_policy;
-                 o.cache_policy_file = cache_policy_file;
-                 o.cache_type_k = cache_type_k;
-                 o.cache_type_v = cache_type_v;
-                 o.allow_long_context = allow_long_context;
-                 o.device = device;
-                 o.vram_budget = vram_budget_bytes(vram_budget);
-                 o.miss_route = miss_route;
-                 o.miss_copy_bytes_per_s = miss_copy_bytes_per_s;
-                 o.miss_copy_latency_s = miss_copy_latency_s;
-                 o.miss_cpu_bytes_per_s = miss_cpu_bytes_per_s;
-                 auto s = std::make_unique<PySession>();
-                 py::gil_scoped_release release;
-                 s->session = std::make_unique<Session>(path, o);
-                 return s;
-             }),
-             py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("n_seq") = 1,
-             py::arg("exact") = false, py::arg("dump_activations") = false,
-             py::arg("ram_budget") = py::none(), py::arg("slru_probation") = 0.25, py::arg("reader") = "auto",
-             py::arg("timeline") = false, py::arg("predictor") = "none", py::arg("predictor_file") = "",
-             py::arg("lookahead") = 1, py::arg("skip_late_prefetch") = true,
-             py::arg("prefetch_sizing") = "topk", py::arg("cache_policy") = "",
-             py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "", py::arg("cache_type_v") = "",
-             py::arg("allow_long_context") = false, py::arg("device") = "cpu",
-             py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
-             py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
-             py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0, py::arg("mtp") = false,
-             py::arg("mtp_file") = "")
+        .def(
+            py::init([](const std::string& path, int threads, int n_ctx, int n_seq, bool exact,
+                        bool dump_activations, const py::object& ram_budget, double slru_probation,
+                        const std::string& reader, bool timeline, const std::string& predictor,
+                        const std::string& predictor_file, int lookahead, bool skip_late_prefetch,
+                        const std::string& prefetch_sizing, const std::string& cache_policy,
+                        const std::string& cache_policy_file, const std::string& cache_type_k,
+                        const std::string& cache_type_v, bool allow_long_context, const std::string& device,
+                        const py::object& vram_budget, const std::string& miss_route,
+                        double miss_copy_bytes_per_s, double miss_copy_latency_s, double miss_cpu_bytes_per_s,
+                        int max_draft_tokens, bool mtp, const std::string& mtp_file) {
+                SessionOptions o;
+                o.n_threads = threads;
+                o.n_ctx = n_ctx;
+                o.n_seq = n_seq;
+                o.max_draft_tokens = max_draft_tokens;
+                o.mtp = mtp;
+                o.mtp_file = mtp_file;
+                o.exact = exact;
+                o.dump_activations = dump_activations;
+                o.ram_budget = ram_budget_bytes(ram_budget);
+                o.slru_probation = slru_probation;
+                o.reader = reader;
+                o.timeline = timeline;
+                o.predictor = predictor;
+                o.predictor_file = predictor_file;
+                o.lookahead = lookahead;
+                o.skip_late_prefetch = skip_late_prefetch;
+                o.prefetch_sizing = prefetch_sizing;
+                o.cache_policy = cache_policy;
+                o.cache_policy_file = cache_policy_file;
+                o.cache_type_k = cache_type_k;
+                o.cache_type_v = cache_type_v;
+                o.allow_long_context = allow_long_context;
+                o.device = device;
+                o.vram_budget = vram_budget_bytes(vram_budget);
+                o.miss_route = miss_route;
+                o.miss_copy_bytes_per_s = miss_copy_bytes_per_s;
+                o.miss_copy_latency_s = miss_copy_latency_s;
+                o.miss_cpu_bytes_per_s = miss_cpu_bytes_per_s;
+                auto s = std::make_unique<PySession>();
+                py::gil_scoped_release release;
+                s->session = std::make_unique<Session>(path, o);
+                return s;
+            }),
+            py::arg("path"), py::arg("threads") = 0, py::arg("n_ctx") = 0, py::arg("n_seq") = 1,
+            py::arg("exact") = false, py::arg("dump_activations") = false, py::arg("ram_budget") = py::none(),
+            py::arg("slru_probation") = 0.25, py::arg("reader") = "auto", py::arg("timeline") = false,
+            py::arg("predictor") = "none", py::arg("predictor_file") = "", py::arg("lookahead") = 1,
+            py::arg("skip_late_prefetch") = true, py::arg("prefetch_sizing") = "topk",
+            py::arg("cache_policy") = "", py::arg("cache_policy_file") = "", py::arg("cache_type_k") = "",
+            py::arg("cache_type_v") = "", py::arg("allow_long_context") = false, py::arg("device") = "cpu",
+            py::arg("vram_budget") = py::none(), py::arg("miss_route") = "copy",
+            py::arg("miss_copy_bytes_per_s") = 0.0, py::arg("miss_copy_latency_s") = -1.0,
+            py::arg("miss_cpu_bytes_per_s") = 0.0, py::arg("max_draft_tokens") = 0, py::arg("mtp") = false,
+            py::arg("mtp_file") = "")
         .def_property_readonly("info", [](PySession& s) { return info_dict(s.session->info()); })
         .def_property_readonly(
             "auto_ram_budget",
