@@ -82,11 +82,10 @@ class ModelDraft:
     name = "draft-simple"
 
     def __init__(self, path: str | os.PathLike, target, threads: int = 0, n_ctx: int = 0, n_seq: int = 1):
-        from .session import Session  # here: session.py imports this module
-
         if not os.path.exists(path):
             raise _core.IoError(f"draft model {os.fspath(path)!r}: no such file")
-        self.session = Session(path, threads=threads, n_ctx=n_ctx or target.info["n_ctx"], n_seq=n_seq)
+        # The target's own class (a sharpi.Session): this module is below session.py, which imports it.
+        self.session = type(target)(path, threads=threads, n_ctx=n_ctx or target.info["n_ctx"], n_seq=n_seq)
         try:
             check_same_vocabulary(target, self.session, os.fspath(path))
             if self.session.info["recurrent"]:
