@@ -25,7 +25,8 @@ N_CTX = 4096
 # ~3,300 tokens: the prompt's decode call must still be running 0.5 s after it starts on a quiet
 # machine (at ~1,100 tokens the fast-mode attention finished it in under 0.5 s).
 PROMPT_TEXT = " ".join(["the quick brown fox jumps over a lazy dog"] * 150)
-PROMPT_IDS = [(i * 7) % 1000 + 5 for i in range(1200)]
+# The thread-cancel prompt: 3,300 ids for the same reason (CI once finished 1,200 before the 0.4 s cancel).
+PROMPT_IDS = [(i * 7) % 1000 + 5 for i in range(3300)]
 
 
 @pytest.fixture(scope="module")
