@@ -419,7 +419,7 @@ void CudaForward::streamed_experts(int il, const DeviceLayer& L, int64_t T, cons
         if (n > 0) cache_->acquire(il, on_device.data(), n, views.data());
         SlotLease lease{*cache_, *fills_, s, n > 0 ? il : -1};
         // The layer's copies are out: prefetches the observer starts queue behind them.
-        if (observer != nullptr) observer->on_gate(il, hidden_host, logits_host, ids_host);
+        if (observer != nullptr) observer->on_gate(il, 1, hidden_host, logits_host, ids_host);
         if (n > 0) stream_wait_acquired(*cache_, *fills_, n, s);
         ExpertSlotTable table{};
         if (!on_cpu.empty()) {

@@ -273,6 +273,14 @@ void Engine::install_predictor(std::shared_ptr<Predictor> predictor) {
     prefetcher_.reset();
     if (predictor) {
         const HParams& h = model_->hp;
+        // Selections are recorded only while a prefetcher exists: tokens decoded before this one was
+        // installed are unknown (-1) rows, and each sequence's history starts over from them.
+        const size_t row = static_cast<size_t>(h.n_layer * h.n_expert_used);
+        for (int32_t id : sequences_->ids()) {
+            Sequence& s = sequences_->at(id);
+            s.selections.resize(static_cast<size_t>(s.n_past) * row, -1);
+            s.replay_history = s.n_past > 0;
+        }
         PrefetchShape shape;
         shape.n_layer = static_cast<int>(h.n_layer);
         shape.n_expert = static_cast<int>(h.n_expert);
@@ -378,8 +386,9 @@ std::vector<std::vector<float>> Engine::decode_batch(const std::vector<SequenceT
         logits[e].resize(static_cast<size_t>(rows * h.n_vocab));
     }
     const bool single = entries.size() == 1;
+    followed_entry_ = -1;
     const auto forget = [&] {
-        if (single) forget_failed_token(*seqs[0], static_cast<int64_t>(entries[0].tokens.size()));
+        if (followed_entry_ >= 0) forget_failed_step(*seqs[static_cast<size_t>(followed_entry_)]);
     };
     try {
         if (device_) {
@@ -402,21 +411,28 @@ std::vector<std::vector<float>> Engine::decode_batch(const std::vector<SequenceT
     for (size_t e = 0; e < entries.size(); ++e) {
         Sequence& s = *seqs[e];
         const int64_t n = static_cast<int64_t>(entries[e].tokens.size());
+        const bool followed = static_cast<int64_t>(e) == followed_entry_;
         if (sequences_->consume_cancel(s.id)) {
             // Not appended. A recurrent state that absorbed the tokens stays marked mid-update.
             logits[e].clear();
-            forget_failed_token(s, n);
+            if (followed) forget_failed_step(s);
         } else {
             if (prefetcher_) {
                 record_selections(s, row0, n, step_rows);
-                if (single && n > 1) pass_batch_context(s, n);
+                if (followed && n > 1) {
+                    pass_step_context(s, n);
+                } else if (single && !followed && n > 1) {
+                    pass_batch_context(s, n);
+                }
             }
             s.n_past += n;  // only once the whole step succeeded
             if (!s.recurrent->empty()) s.recurrent->n_past = s.n_past;
         }
         row0 += n;
     }
-    if (prefetcher_ && !single) predictor_seq_ = -1;  // it saw none of these tokens
+    // An unobserved step of several sequences (a long prompt beside others): the predictor saw none
+    // of it, and every sequence replays its history before the predictor follows it again.
+    if (prefetcher_ && !single && followed_entry_ < 0) predictor_seq_ = -1;
     return logits;
 }
 
@@ -426,7 +442,7 @@ void Engine::forward_device(const SequenceTokens& entry, std::vector<float>& log
     std::vector<std::vector<int32_t>> ids;
     GateObserver* observer = nullptr;
     if (prefetcher_ && n == 1) {
-        begin_prefetch_token(s);
+        followed_entry_ = begin_prefetch_step({entry}, {&s});
         observer = this;
     }
     device_->forward(
@@ -468,26 +484,64 @@ void Engine::record_selections(Sequence& s, int64_t row0, int64_t n, int64_t ste
     }
 }
 
-void Engine::forget_failed_token(Sequence& s, int64_t n) {
-    // A single-token decode shows the predictor its gates as it goes (a stateful one folds `prev` in
-    // at the first), and nothing of a failed call is appended: the next decode hands the kept tokens
-    // over again as a new sequence, as after truncate(), so the failed token leaves no trace there.
-    if (prefetcher_ && n == 1) s.replay_history = true;
+void Engine::forget_failed_step(Sequence& s) {
+    // The predictor folded the token before the step into its state (the followed row's `prev`) and
+    // saw the step's gates, and nothing of the failed step is appended: the next decode hands the
+    // kept tokens over again as a new sequence, as after truncate(), so the step leaves no trace.
+    s.replay_history = true;
 }
 
-void Engine::begin_prefetch_token(Sequence& s) {
+bool Engine::observed_entry(const SequenceTokens& e) {
+    return e.tokens.size() == 1 || e.rewindable;
+}
+
+int64_t Engine::begin_prefetch_step(const std::vector<SequenceTokens>& entries,
+                                    const std::vector<Sequence*>& seqs) {
     const HParams& h = model_->hp;
     const int64_t row = h.n_layer * h.n_expert_used;
-    if (s.replay_history || predictor_seq_ != s.id) {  // the kept tokens but the last (which is `prev`)
-        s.replay_history = false;
-        prefetcher_->observe_context(s.selections.data(), std::max<int64_t>(s.n_past - 1, 0), true);
+    int64_t followed = -1;
+    for (size_t e = 0; e < entries.size(); ++e) {
+        if (!observed_entry(entries[e])) continue;
+        if (followed < 0 || seqs[e]->id == predictor_seq_) followed = static_cast<int64_t>(e);
     }
-    predictor_seq_ = s.id;
-    prefetcher_->begin_token(s.n_past > 0 ? s.selections.data() + (s.n_past - 1) * row : nullptr);
+    if (followed < 0) return -1;  // prompt rows only: not observed
+    Sequence& f = *seqs[static_cast<size_t>(followed)];
+    if (f.replay_history || predictor_seq_ != f.id) {  // the kept tokens but the last (which is `prev`)
+        f.replay_history = false;
+        prefetcher_->observe_context(f.selections.data(), std::max<int64_t>(f.n_past - 1, 0), true);
+    }
+    predictor_seq_ = f.id;
+    std::vector<PrefetchRow> rows;
+    for (size_t e = 0; e < entries.size(); ++e) {
+        const Sequence& s = *seqs[e];
+        const bool observed = observed_entry(entries[e]);
+        for (size_t i = 0; i < entries[e].tokens.size(); ++i) {
+            PrefetchRow r;
+            r.sequence = s.id;
+            r.observed = observed;
+            if (i == 0) {
+                r.prev = s.n_past > 0 ? s.selections.data() + (s.n_past - 1) * row : nullptr;
+            } else {
+                r.prev_row = static_cast<int>(rows.size()) - 1;
+            }
+            r.updates_state = static_cast<int64_t>(e) == followed && i == 0;
+            rows.push_back(r);
+        }
+    }
+    prefetcher_->begin_step(rows);
+    return followed;
 }
 
-void Engine::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {
-    prefetcher_->on_gate(il, hidden, router_logits, selected);
+void Engine::pass_step_context(Sequence& s, int64_t n) {
+    const int64_t row = model_->hp.n_layer * model_->hp.n_expert_used;
+    // record_selections() appended the step at row n_past; its first row folded the token before
+    // it, its last is the next token's `prev`.
+    prefetcher_->observe_context(s.selections.data() + s.n_past * row, n - 1, false);
+}
+
+void Engine::on_gate(int il, int64_t n_rows, const float* hidden, const float* router_logits,
+                     const int32_t* selected) {
+    prefetcher_->on_gate(il, n_rows, hidden, router_logits, selected);
 }
 
 void Engine::throw_if_cancelled(int il) const {
@@ -615,10 +669,12 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         c0 += rows;
     }
 
-    if (prefetcher_ && n == 1) {
-        // Single-token decoding: the predictor sees every layer's gate.
-        begin_prefetch_token(*seqs[0]);
-        moes.front().set_gate_observer(this);
+    followed_entry_ = -1;
+    if (prefetcher_ && n < kReadAheadMinRows) {
+        // One token, or a step of a few rows (sequences decoding together, a verify step; one
+        // chunk): the predictor sees its decode rows' gates at every layer.
+        followed_entry_ = begin_prefetch_step(entries, seqs);
+        if (followed_entry_ >= 0) moes.front().set_gate_observer(this);
     }
     for (int il = 0; il < h.n_layer; ++il) {
         for (int64_t c = 0; c < n_chunks; ++c) {

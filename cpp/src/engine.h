@@ -108,7 +108,8 @@ class Engine final : private GateObserver {
     void install_predictor(std::shared_ptr<Predictor> predictor);
 
     // The MoE FFN's gate event (single-token decoding with a prefetcher): passed to the prefetcher.
-    void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) override;
+    void on_gate(int il, int64_t n_rows, const float* hidden, const float* router_logits,
+                 const int32_t* selected) override;
 
     // Checks a step before anything is touched (InvalidArgument / ContextOverflowError).
     void check_step(const std::vector<SequenceTokens>& entries) const;
@@ -124,15 +125,23 @@ class Engine final : private GateObserver {
     // CancelledError naming where decode() stopped, when cancel() was called.
     void throw_if_cancelled(int il) const;
 
-    // The predictor keeps one history: the sequence it belongs to (predictor_seq_) is the one whose
-    // tokens it saw last. Single-token decoding of `s` with a prefetcher: the previous token is the
-    // last row of s.selections (none at the start); when the predictor's history is not s's (another
-    // sequence ran, a truncate(), a failed token) s's kept tokens are replayed first
-    // (Predictor::observe_context), so the predictor's history is s's.
-    void begin_prefetch_token(Sequence& s);
-    // A decode of n tokens of `s` failed or was cancelled (nothing appended): after a single token,
-    // whose gates the predictor saw, the next decode replays the kept sequence.
-    void forget_failed_token(Sequence& s, int64_t n);
+    // Steps the predictor observes: one token, or 2..kReadAheadMinRows-1 rows holding decode entries
+    // (observed_entry: sequences decoding together, a speculative verify step). Every decode row's
+    // gates go to the prefetcher (PredictorInput::sequence/row); prompt rows are not shown. The
+    // predictor keeps one cross-token history, of the sequence it follows (predictor_seq_): that one
+    // when the step holds it as a decode entry, else the first decode entry, whose kept tokens are
+    // replayed first (Predictor::observe_context) so the history is its own; its first row alone
+    // has updates_state (it folds `prev`). Returns the followed entry; -1 when no entry is observed.
+    int64_t begin_prefetch_step(const std::vector<SequenceTokens>& entries,
+                                const std::vector<Sequence*>& seqs);
+    // A decode entry: one token, or a rewindable (speculative verify) step. Other entries are prompts.
+    static bool observed_entry(const SequenceTokens& e);
+    // The followed sequence's step of n > 1 rows succeeded, once record_selections has run: its rows
+    // but the last to the predictor (the first row folded the token before the step).
+    void pass_step_context(Sequence& s, int64_t n);
+    // The followed sequence's step failed or was cancelled (nothing appended): the next decode
+    // replays its kept tokens.
+    void forget_failed_step(Sequence& s);
     // After a one-sequence batched decode of n > 1 tokens, once record_selections has run: the first
     // n - 1 tokens' selections to the predictor (Predictor::observe_context), led by the token decoded
     // just before the batch (every kept token when its history is not s's), so history-keeping
@@ -179,6 +188,7 @@ class Engine final : private GateObserver {
     RouteTrace route_trace_;                  // n_tokens == 0: replay off
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
     int32_t predictor_seq_ = 0;               // whose history the predictor holds; -1: nobody's
+    int64_t followed_entry_ = -1;             // the running step's followed entry; -1: not observed
     double decode_ms_ = 0.0;
     Timeline timeline_;
     std::atomic<bool> cancel_requested_{false};

@@ -4,8 +4,11 @@
 // predictor can change a token or a logit.
 //
 // Threading: observe() is called on the decode thread only, once per MoE layer of each decoded
-// token, in layer order, while the session's decode() runs. It must not call back into the session.
-// An exception from observe() drops that call's hints; it is counted and kept
+// token, in layer order, while the session's decode() runs. A step of a few rows (several
+// sequences decoding together, a speculative verify step: 2..31 rows) calls it once per row at each
+// MoE layer, rows in step order, layer by layer; prompts of 32 rows and more are not observed
+// (they read ahead with the router's own guess and reach observe_context() afterwards). It must not call back
+// into the session. An exception from observe() drops that call's hints; it is counted and kept
 // (Session::predictor_errors()), and decoding goes on.
 #pragma once
 
@@ -35,6 +38,18 @@ struct PredictorInput {
     // expert gives its best this many; the byte-sized prefetcher asks for n_expert, to turn the
     // scores into probabilities (docs/predictors.md). Others may ignore it.
     int hints_per_layer = 0;
+    // Which token of the step this is: its sequence (Session sequence id) and its row among the
+    // step's n_rows observed rows. In a multi-row step a row after its sequence's first has for
+    // `prev` the step's earlier row of that sequence, whose rows after `layer` are still -1.
+    int32_t sequence = 0;
+    int row = 0, n_rows = 1;
+    // True when this token continues the sequence whose tokens the predictor's cross-token state
+    // holds (what observe_context() and earlier `prev`s built) and `prev` is that sequence's last
+    // completed token: a predictor that folds `prev` into that state at layer 0 may do so. Always
+    // true for single-token decoding; in a multi-row step only for the first row of the sequence the
+    // predictor follows. False: predict from this call's inputs and leave that state alone (the
+    // engine hands the sequence's tokens over with observe_context() when it follows it again).
+    bool updates_state = true;
 };
 
 class Predictor {

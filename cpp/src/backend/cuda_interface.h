@@ -114,7 +114,7 @@ class DeviceForward {
     // Positions at or past pos0 in the KV cache are overwritten; positions before it are read, never
     // written. check_cancel(il) runs before each layer is queued and may throw (the work already
     // queued completes; nothing is read back). observer (streamed experts, one token only; may be
-    // null): on_gate(il, ffn_inp [n_embd], router logits [n_expert], ids [k]) for each MoE layer,
+    // null): on_gate(il, 1, ffn_inp [n_embd], router logits [n_expert], ids [k]) for each MoE layer,
     // after its experts were acquired (so the prefetches it starts queue behind the layer's demand).
     virtual void forward(const int32_t* tokens, int64_t n_tokens, int64_t pos0, bool all_logits,
                          float* logits, std::vector<std::vector<int32_t>>& routing,

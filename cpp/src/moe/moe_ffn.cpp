@@ -50,7 +50,7 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
     ExpertLease lease{experts_, il};
     // The layer's demand reads are out: the observer's prefetches queue behind them, and the
     // overlapped work (the shared expert) computes while they are read.
-    if (gate_observer_ && hidden) gate_observer_->on_gate(il, hidden, router_logits, ids);
+    if (gate_observer_ && hidden) gate_observer_->on_gate(il, 1, hidden, router_logits, ids);
     overlap();
 
     std::vector<int> slot_unique(static_cast<size_t>(k));
@@ -105,8 +105,9 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
 // Experts are acquired in waves of at most max_acquire() (a prefill batch can select more experts
 // than a small cache holds); within a wave the ready experts run together, then each one still
 // being read as soon as it arrives (the op gives every row the same bits whatever the grouping).
-void MoeFfn::experts_batch(Forward& f, const Act& cur, const Act& in, bool per_slot, const int32_t* ids,
-                           const float* weights, const std::vector<int32_t>& unique, Act& out, int il,
+void MoeFfn::experts_batch(Forward& f, const Act& cur, const Act& in, bool per_slot, const float* hidden,
+                           const float* router_logits, const int32_t* ids, const float* weights,
+                           const std::vector<int32_t>& unique, Act& out, int il,
                            const std::function<void()>& overlap) {
     const HParams& h = f.hp();
     const int64_t T = cur.n_tokens, k = h.n_expert_used, n_embd = h.n_embd;
@@ -149,7 +150,12 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const Act& in, bool per_s
         experts_.acquire(il, unique.data() + w0, static_cast<int>(n_wave), views.data());
         ExpertLease lease{experts_, il};
         if (!ahead.empty()) experts_.read_ahead(il + 1, ahead.data(), static_cast<int>(ahead.size()));
-        if (w0 == 0) overlap();  // the first wave's reads (and the read-ahead) are out
+        if (w0 == 0) {
+            // The first wave's reads (and the read-ahead) are out: the observer's prefetches for
+            // later layers queue behind them.
+            if (gate_observer_ && hidden) gate_observer_->on_gate(il, T, hidden, router_logits, ids);
+            overlap();
+        }
         std::vector<ExpertFfnWeights> w;
         std::vector<int64_t> group_begin, group_end;
         auto run = [&] {
@@ -289,8 +295,8 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
         experts_one_token(f, in, hidden, logits.data, r.ids.data(), combine_weights, unique, out, il,
                           shared_expert);
     } else {
-        experts_batch(f, cur, in, L.expert_input_weighted, r.ids.data(), combine_weights, unique, out, il,
-                      shared_expert);
+        experts_batch(f, cur, in, L.expert_input_weighted, hidden, logits.data, r.ids.data(), combine_weights,
+                      unique, out, il, shared_expert);
     }
     f.name(out, "ffn_moe_out", il);
     if (!L.ffn_gate.present()) return out;

@@ -42,13 +42,15 @@ struct RouteTrace {
     }
 };
 
-// Told when a MoE layer's gate has fired during single-token decoding, after the layer's demand
-// reads were issued (so reads it starts queue behind them). hidden: [n_embd] residual entering
-// the MoE block; router_logits: [n_expert]; selected: [top_k] in rank order.
+// Told when a MoE layer's gate has fired for the rows the engine observes (single-token decoding,
+// and steps of a few rows), after the layer's first demand reads were issued (so reads it starts
+// queue behind them). Row t of the step: hidden [n_embd] at hidden + t * n_embd (the residual
+// entering the MoE block), router_logits [n_expert] at router_logits + t * n_expert, selected
+// [top_k] at selected + t * top_k in rank order.
 class GateObserver {
   public:
     virtual ~GateObserver() = default;
-    virtual void on_gate(int il, const float* hidden, const float* router_logits,
+    virtual void on_gate(int il, int64_t n_rows, const float* hidden, const float* router_logits,
                          const int32_t* selected) = 0;
 };
 
@@ -72,7 +74,8 @@ class MoeFfn {
     // the shared expert (sigmoid-gated where it has a gate) when the layer has one. Where the
     // layer's expert_input_weighted (llama4), slot j of token t runs its expert on
     // weights[t, j] * cur[t] and the outputs are summed unweighted. hidden: the residual entering the
-    // block (row 0 goes to the gate observer when n_tokens == 1; nullptr: no gate event).
+    // block, [n_tokens, n_embd] (its rows go to the gate observer when one is set; nullptr: no gate
+    // event).
     Act forward(Forward& f, const Act& cur, const float* hidden, int il);
 
   private:
@@ -84,8 +87,9 @@ class MoeFfn {
     void experts_one_token(Forward& f, const Act& cur, const float* hidden, const float* router_logits,
                            const int32_t* ids, const float* weights, const std::vector<int32_t>& unique,
                            Act& out, int il, const std::function<void()>& overlap);
-    void experts_batch(Forward& f, const Act& cur, const Act& in, bool per_slot, const int32_t* ids,
-                       const float* weights, const std::vector<int32_t>& unique, Act& out, int il,
+    void experts_batch(Forward& f, const Act& cur, const Act& in, bool per_slot, const float* hidden,
+                       const float* router_logits, const int32_t* ids, const float* weights,
+                       const std::vector<int32_t>& unique, Act& out, int il,
                        const std::function<void()>& overlap);
     // The shared expert's output for `cur` (the layer must have one).
     static Act shared_ffn(Forward& f, const Act& cur, int il);

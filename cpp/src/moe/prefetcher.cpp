@@ -23,19 +23,24 @@ Prefetcher::Prefetcher(const PrefetchShape& shape, ExpertCache& cache, std::shar
       sizing_(sizing),
       cache_(cache),
       predictor_(std::move(predictor)),
-      history_(static_cast<size_t>(n_layer_ * top_k_), -1),
-      prev_(history_.size(), -1),
-      pending_(static_cast<size_t>(n_layer_)),
       stats_(static_cast<size_t>(n_layer_)) {}
 
-void Prefetcher::begin_token(const int32_t* prev) {
-    std::fill(history_.begin(), history_.end(), -1);
-    if (prev) {
-        std::copy(prev, prev + prev_.size(), prev_.begin());
-    } else {
-        std::fill(prev_.begin(), prev_.end(), -1);
+void Prefetcher::begin_step(const std::vector<PrefetchRow>& rows) {
+    const size_t width = static_cast<size_t>(n_layer_ * top_k_);
+    if (rows_.size() < rows.size()) rows_.resize(rows.size());
+    n_rows_ = rows.size();
+    for (size_t r = 0; r < n_rows_; ++r) {
+        Row& row = rows_[r];
+        row.source = rows[r];
+        row.history.assign(width, -1);
+        if (rows[r].prev && rows[r].prev_row < 0) {
+            row.prev.assign(rows[r].prev, rows[r].prev + width);
+        } else {
+            row.prev.assign(width, -1);  // none, or an earlier row's history (read live in on_gate)
+        }
+        row.pending.resize(static_cast<size_t>(n_layer_));
+        for (auto& sets : row.pending) sets.clear();
     }
-    for (auto& sets : pending_) sets.clear();
     last_layer_ = -1;
 }
 
@@ -53,18 +58,19 @@ void Prefetcher::observe_context(const int32_t* selections, int64_t n_tokens, bo
     predict_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-void Prefetcher::score_predictions(int il, const int32_t* selected) {
+void Prefetcher::score_predictions(Row& row, int il, const int32_t* selected) {
     LayerExpertStats& ls = stats_[static_cast<size_t>(il)];
-    for (const std::vector<int32_t>& set : pending_[static_cast<size_t>(il)]) {
+    for (const std::vector<int32_t>& set : row.pending[static_cast<size_t>(il)]) {
         ++ls.predictions;
         ls.predicted_experts += set.size();
         for (int32_t e : set)
             ls.predicted_correct += std::find(selected, selected + top_k_, e) != selected + top_k_;
     }
-    pending_[static_cast<size_t>(il)].clear();
+    row.pending[static_cast<size_t>(il)].clear();
 }
 
-void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected) {
+void Prefetcher::on_gate(int il, int64_t n_rows, const float* hidden, const float* router_logits,
+                         const int32_t* selected) {
     const Clock::time_point t0 = Clock::now();
     if (last_layer_ >= 0 && il == last_layer_ + 1) {
         const double ms = std::chrono::duration<double, std::milli>(t0 - last_gate_).count();
@@ -72,10 +78,26 @@ void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits
     }
     last_layer_ = il;
     last_gate_ = t0;
+    if (static_cast<size_t>(n_rows) != n_rows_) {
+        throw InvalidArgument("prefetcher: a gate of " + std::to_string(n_rows) + " rows in a step of " +
+                              std::to_string(n_rows_));
+    }
+    // Every row's selections first: a later row whose prev is an earlier row sees that row's layer il.
+    for (size_t r = 0; r < n_rows_; ++r) {
+        Row& row = rows_[r];
+        const int32_t* sel = selected + static_cast<int64_t>(r) * top_k_;
+        std::copy(sel, sel + top_k_, row.history.begin() + static_cast<ptrdiff_t>(il) * top_k_);
+        score_predictions(row, il, sel);
+    }
+    for (size_t r = 0; r < n_rows_; ++r) {
+        if (!rows_[r].source.observed) continue;
+        observe_row(rows_[r], static_cast<int>(r), il, hidden + static_cast<int64_t>(r) * n_embd_,
+                    router_logits + static_cast<int64_t>(r) * n_expert_);
+    }
+    predict_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
-    std::copy(selected, selected + top_k_, history_.begin() + static_cast<ptrdiff_t>(il) * top_k_);
-    score_predictions(il, selected);
-
+void Prefetcher::observe_row(Row& row, int r, int il, const float* hidden, const float* router_logits) {
     PredictorInput in;
     in.layer = il;
     in.n_layer = n_layer_;
@@ -84,10 +106,15 @@ void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits
     in.n_embd = n_embd_;
     in.hidden = hidden;
     in.router_logits = router_logits;
-    in.history = history_.data();
-    in.prev = prev_.data();
+    in.history = row.history.data();
+    in.prev = row.source.prev_row >= 0 ? rows_[static_cast<size_t>(row.source.prev_row)].history.data()
+                                       : row.prev.data();
     in.lookahead = lookahead_;
     in.hints_per_layer = sizing_ == PrefetchSizing::bytes ? n_expert_ : top_k_;
+    in.sequence = row.source.sequence;
+    in.row = r;
+    in.n_rows = static_cast<int>(n_rows_);
+    in.updates_state = row.source.updates_state;
     hints_.clear();
     ++calls_;
     try {
@@ -103,11 +130,10 @@ void Prefetcher::on_gate(int il, const float* hidden, const float* router_logits
                           e.what());
         hints_.clear();
     }
-    issue(il, hints_);
-    predict_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    issue(row, il, hints_);
 }
 
-void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
+void Prefetcher::issue(Row& row, int il, std::vector<PrefetchHint>& hints) {
     LayerExpertStats& source = stats_[static_cast<size_t>(il)];
     // Drop what cannot be a hint, then order: nearest layer first, best score first, one per expert.
     auto invalid = [&](const PrefetchHint& h) {
@@ -119,7 +145,7 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
     hints.erase(bad, hints.end());
     order_hints(hints);
     if (sizing_ == PrefetchSizing::bytes) {
-        issue_by_bytes(il, hints);
+        issue_by_bytes(row, il, hints);
         return;
     }
 
@@ -147,7 +173,7 @@ void Prefetcher::issue(int il, std::vector<PrefetchHint>& hints) {
             }
             if (start_read(t, e)) queued += static_cast<double>(cache_.expert_bytes(t));
         }
-        if (!set.empty()) pending_[static_cast<size_t>(t)].push_back(std::move(set));
+        if (!set.empty()) row.pending[static_cast<size_t>(t)].push_back(std::move(set));
     }
 }
 
@@ -164,7 +190,7 @@ bool Prefetcher::start_read(int t, int32_t e) {
     return false;
 }
 
-void Prefetcher::issue_by_bytes(int il, const std::vector<PrefetchHint>& hints) {
+void Prefetcher::issue_by_bytes(Row& row, int il, const std::vector<PrefetchHint>& hints) {
     ReaderLoad load;
     load.bytes_per_ms = cache_.reader().bytes_per_ms();
     load.queued_bytes = static_cast<double>(cache_.reader().inflight_bytes());
@@ -177,7 +203,7 @@ void Prefetcher::issue_by_bytes(int il, const std::vector<PrefetchHint>& hints) 
     for (auto& [t, set] : plan_.sets) {
         // Cached members are kept until t's gate, if the policy uses hints (as with top-k sets).
         for (int32_t e : set) cache_.hint(t, e);
-        pending_[static_cast<size_t>(t)].push_back(set);
+        row.pending[static_cast<size_t>(t)].push_back(set);
     }
     for (const auto& [t, e] : plan_.reads) start_read(t, e);
     for (const auto& [t, e] : plan_.skipped) ++stats_[static_cast<size_t>(t)].prefetch_skipped;

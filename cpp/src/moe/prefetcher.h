@@ -10,8 +10,11 @@
 // How many hints of a target layer become reads is the sizing's (moe/prefetch_sizing.h): the best
 // top_k ("topk"), or those whose expected stall saved beats a wasted read's cost ("bytes").
 //
-// Per decoded token: begin_token(prev) once, then on_gate(il, ...) for each MoE layer in order,
-// called after that layer's demand reads went out (so prefetches queue behind them).
+// Per observed step (one decoded token, or the few rows of a multi-sequence / verify step):
+// begin_step(rows) once, then on_gate(il, ...) for each MoE layer in order with every row's gate,
+// called after that layer's demand reads went out (so prefetches queue behind them). Each row keeps
+// its own history and prediction sets; the hints of all rows go to the cache, which reads an
+// expert once however many rows name it.
 #pragma once
 
 #include <chrono>
@@ -32,17 +35,26 @@ struct PrefetchShape {
     int n_layer = 0, n_expert = 0, top_k = 0, n_embd = 0;
 };
 
+// One observed row of a step: the token's sequence and what its `prev` is (PredictorInput).
+struct PrefetchRow {
+    int32_t sequence = 0;
+    const int32_t* prev = nullptr;  // the previous token's selections [n_layer * top_k]; nullptr: none
+    int prev_row = -1;              // >= 0: the previous token is that earlier row of the step instead
+    bool updates_state = true;      // PredictorInput::updates_state
+    bool observed = true;           // false: a prompt row, shown to no predictor
+};
+
 class Prefetcher final {
   public:
     Prefetcher(const PrefetchShape& shape, ExpertCache& cache, std::shared_ptr<Predictor> predictor,
                int lookahead, bool skip_late, PrefetchSizing sizing = PrefetchSizing::topk);
 
-    // A new token: `prev` is the previous token's selections [n_layer * top_k] (nullptr: none).
-    // Forgets predictions made for a token that did not finish (a failed decode).
-    void begin_token(const int32_t* prev);
-    // Layer il's gate fired: hidden [n_embd] is the residual entering the MoE block, router_logits
-    // [n_expert], selected [top_k] in rank order.
-    void on_gate(int il, const float* hidden, const float* router_logits, const int32_t* selected);
+    // A new step of rows.size() rows (at least one; prev_row < the row's own index). Forgets
+    // predictions made for a step that did not finish (a failed decode).
+    void begin_step(const std::vector<PrefetchRow>& rows);
+    // Layer il's gate fired for every row of the step (GateObserver::on_gate's layout).
+    void on_gate(int il, int64_t n_rows, const float* hidden, const float* router_logits,
+                 const int32_t* selected);
     // A batched decode of n_tokens + 1 tokens finished: hands the first n_tokens tokens' selections
     // [n_tokens * n_layer * top_k] to the predictor (Predictor::observe_context). A throw is counted
     // and kept like observe()'s.
@@ -57,10 +69,18 @@ class Prefetcher final {
 
   private:
     using Clock = std::chrono::steady_clock;
-    void score_predictions(int il, const int32_t* selected);
-    void issue(int il, std::vector<PrefetchHint>& hints);
+    // One row's state within the step.
+    struct Row {
+        PrefetchRow source;
+        std::vector<int32_t> history, prev;  // [n_layer * top_k], -1 = unknown
+        // Prediction sets made for each target layer during this step, scored when its gate fires.
+        std::vector<std::vector<std::vector<int32_t>>> pending;
+    };
+    void score_predictions(Row& row, int il, const int32_t* selected);
+    void observe_row(Row& row, int r, int il, const float* hidden, const float* router_logits);
+    void issue(Row& row, int il, std::vector<PrefetchHint>& hints);
     // The "bytes" sizing rule (moe/prefetch_sizing.h) for hints already ordered by order_hints.
-    void issue_by_bytes(int il, const std::vector<PrefetchHint>& hints);
+    void issue_by_bytes(Row& row, int il, const std::vector<PrefetchHint>& hints);
     // Starts one read into a staging slot; false when no slot was free (counted as skipped).
     bool start_read(int t, int32_t e);
 
@@ -70,9 +90,8 @@ class Prefetcher final {
     ExpertCache& cache_;
     std::shared_ptr<Predictor> predictor_;
 
-    std::vector<int32_t> history_, prev_;  // [n_layer * top_k], -1 = unknown
-    // Prediction sets made for each target layer during this token, scored when its gate fires.
-    std::vector<std::vector<std::vector<int32_t>>> pending_;
+    std::vector<Row> rows_;  // the step's rows; kept between steps so their buffers are reused
+    size_t n_rows_ = 0;      // rows_[0, n_rows_) are the current step's
     std::vector<PrefetchHint> hints_;
     ByteSizedPrefetch plan_;  // issue_by_bytes's scratch
 

@@ -187,7 +187,9 @@ auto decode_interruptibly(PySession& s, F&& f) {
 // thread runs without the GIL; each call takes it, hands numpy views of the engine's buffers (no
 // copies, read-only, valid during the call) and converts the returned hints. A Python exception
 // becomes a C++ exception carrying its text, which the prefetcher counts and drops. An object with
-// an observe_context() method also gets a batched prompt's tokens (Predictor::observe_context).
+// an observe_context() method also gets a batched prompt's tokens (Predictor::observe_context);
+// an observe() with a `step` parameter (or **kwargs) gets the row's place in a multi-row step as
+// sharpi.plugin.StepRow (PredictorInput::sequence / row / n_rows / updates_state).
 class PyPredictor final : public Predictor {
   public:
     // n_layer, top_k: the model's, the shape of observe_context's selections.
@@ -195,10 +197,14 @@ class PyPredictor final : public Predictor {
         : obj_(std::move(obj)), n_layer_(n_layer), top_k_(top_k) {
         name_ = py::str(py::type::of(obj_).attr("__name__")).cast<std::string>();
         has_context_ = py::hasattr(obj_, "observe_context");
+        py::module_ plugin = py::module_::import("sharpi.plugin");
+        step_row_ = plugin.attr("StepRow");
+        takes_step_ = plugin.attr("observe_takes_step")(obj_).cast<bool>();
     }
     ~PyPredictor() override {
         py::gil_scoped_acquire gil;
         obj_ = py::object();
+        step_row_ = py::object();
     }
     const char* name() const override { return name_.c_str(); }
 
@@ -218,10 +224,18 @@ class PyPredictor final : public Predictor {
         call_python([&] {
             const std::vector<py::ssize_t> rows{static_cast<py::ssize_t>(in.n_layer),
                                                 static_cast<py::ssize_t>(in.top_k)};
-            py::object out =
-                obj_.attr("observe")(in.layer, borrowed_view(in.hidden, {in.n_embd}),
-                                     borrowed_view(in.router_logits, {in.n_expert}),
-                                     borrowed_view(in.history, rows), borrowed_view(in.prev, rows));
+            py::object observe = obj_.attr("observe");
+            py::object out;
+            if (takes_step_) {
+                out = observe(in.layer, borrowed_view(in.hidden, {in.n_embd}),
+                              borrowed_view(in.router_logits, {in.n_expert}), borrowed_view(in.history, rows),
+                              borrowed_view(in.prev, rows),
+                              py::arg("step") = step_row_(in.sequence, in.row, in.n_rows, in.updates_state));
+            } else {
+                out = observe(in.layer, borrowed_view(in.hidden, {in.n_embd}),
+                              borrowed_view(in.router_logits, {in.n_expert}), borrowed_view(in.history, rows),
+                              borrowed_view(in.prev, rows));
+            }
             if (out.is_none()) return;
             py::array_t<double, py::array::c_style | py::array::forcecast> arr =
                 py::module_::import("numpy").attr("asarray")(out, "float64");
@@ -260,10 +274,10 @@ class PyPredictor final : public Predictor {
         if (!error.empty()) throw std::runtime_error(error);
     }
 
-    py::object obj_;
+    py::object obj_, step_row_;
     std::string name_;
     int64_t n_layer_, top_k_;
-    bool has_context_ = false;
+    bool has_context_ = false, takes_step_ = false;
 };
 
 // A non-negative Python int as bytes; InvalidArgument naming `what` otherwise.
