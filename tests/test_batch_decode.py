@@ -207,7 +207,7 @@ def test_streamed_batches_equal_resident(models, reader):
         resident = sharpi.Session(path, threads=2, n_ctx=96, n_seq=4)
         want = run_batched(resident, tokens, steps)
         for n_slots in (k, k + 3, total):
-            for predictor in ("none", "prev_token"):
+            for predictor in ("none", "prev_token", "next_gate"):
                 staging = k if predictor != "none" else 0
                 try:
                     s = sharpi.Session(path, threads=2, n_ctx=96, n_seq=4, reader=reader, predictor=predictor,
