@@ -14,6 +14,8 @@
                yields E = (1 - a^(k+1)) / (1 - a) tokens, so speedup = E * t_1 / t_verify(k).
 
       PYTHONPATH=python python benchmarks/speculative.py verify-cost -m FILE --budget-fraction 0,0.25
+      PYTHONPATH=python python benchmarks/speculative.py verify-cost --text --budget-fraction 0.25 \
+          --predictor none,next_gate          (the shipped model: the draft rows' experts prefetched)
 
 Prompts: the first --prompt-lines lines of held-out standard-library files (tools/train_moe/corpus.py's
 split, never trained on by the shipped model). Times are wall clock per request, prefill included
@@ -119,13 +121,17 @@ def cmd_e2e(args) -> None:
         kw = {"n_ctx": args.ctx, "max_draft_tokens": args.draft, **({"mtp": mtp} if mtp else {})}
         if fraction > 0:
             kw.update(ram_budget=budget_for(sharpi, path, fraction, args.threads, **kw), reader="pread")
-        s = sharpi.Session(path, threads=args.threads, **kw)
-        ngram = open_speculation(s, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
-        engines[label] = lambda s=s: sharpi_run(s, None, prompts, args.n_gen)
-        engines[label + " ngram"] = lambda s=s, sp=ngram: sharpi_run(s, sp, prompts, args.n_gen)
-        if mtp:
-            by_mtp = open_speculation(s, "draft-mtp", n_max=args.draft)
-            engines[label + " mtp"] = lambda s=s, sp=by_mtp: sharpi_run(s, sp, prompts, args.n_gen)
+        # Streamed, each --predictor at the same RAM budget (its staging slots come out of it): the
+        # verify step's draft rows are predicted and prefetched layer by layer (docs/predictors.md).
+        for predictor in (args.predictor if fraction > 0 else ["none"]):
+            name = label if predictor == "none" else f"{label} +{predictor}"
+            s = sharpi.Session(path, threads=args.threads, predictor=predictor, **kw)
+            ngram = open_speculation(s, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
+            engines[name] = lambda s=s: sharpi_run(s, None, prompts, args.n_gen)
+            engines[name + " ngram"] = lambda s=s, sp=ngram: sharpi_run(s, sp, prompts, args.n_gen)
+            if mtp:
+                by_mtp = open_speculation(s, "draft-mtp", n_max=args.draft)
+                engines[name + " mtp"] = lambda s=s, sp=by_mtp: sharpi_run(s, sp, prompts, args.n_gen)
     if not args.no_llama:
         try:
             from llama_cpp import Llama
@@ -154,7 +160,7 @@ def cmd_e2e(args) -> None:
     print("| engine | tok/s | x own baseline | acceptance per draft position |")
     print("|---|---|---|---|")
     for name, row in rows.items():
-        base = name.replace(" ngram", "").replace(" lookup", "").replace(" mtp", "")
+        base = name.removesuffix(" ngram").removesuffix(" lookup").removesuffix(" mtp")
         ratio = row["tok_s"] / rows[base]["tok_s"] if base in rows else 1.0
         acc = row["runs"][-1].get("acceptance_at")
         acc_text = " / ".join(f"{a:.2f}" for a in acc) if acc else ""
@@ -166,14 +172,14 @@ def cmd_e2e(args) -> None:
 # ------------------------------------------------------------------------------------ verify-cost
 
 
-def step_times(session, n_vocab: int, k: int, iters: int, rng) -> tuple:
-    """(median seconds, MiB read per step, stall ms per step) of steps of k + 1 tokens
+def step_times(session, stream, k: int, iters: int) -> tuple:
+    """(median seconds, MiB read, stall ms, demand hit rate, per step) of steps of k + 1 tokens
     (rewindable, all logits) each followed by the cut back to one kept token; k = 0 is a plain
-    one-token step."""
+    one-token step. Tokens come from `stream` (an iterator of lists of k + 1 tokens)."""
     out = []
     before = _expert_totals(session)
     for _ in range(iters):
-        tokens = [int(t) for t in rng.integers(0, n_vocab, k + 1)]
+        tokens = stream(k + 1)
         n0 = session.n_past
         t0 = time.perf_counter()
         session.decode(tokens, all_logits=k > 0, rewindable=k > 0)
@@ -181,52 +187,79 @@ def step_times(session, n_vocab: int, k: int, iters: int, rng) -> tuple:
             session.truncate(n0 + 1)
         out.append(time.perf_counter() - t0)
     after = _expert_totals(session)
-    return (statistics.median(out), (after[0] - before[0]) / iters / 2**20, (after[1] - before[1]) / iters)
+    d = [a - b for a, b in zip(after, before)]
+    return (statistics.median(out), d[0] / iters / 2**20, d[1] / iters, d[3] / d[2] if d[2] else 1.0)
 
 
 def _expert_totals(session) -> tuple:
     layers = session.expert_stats()["layers"]
-    return sum(la["bytes_read"] for la in layers), sum(la["stall_ms"] for la in layers)
+    return tuple(sum(la[key] for la in layers) for key in ("bytes_read", "stall_ms", "accesses", "hits"))
+
+
+def token_stream(session, text: bool, rng):
+    """Steps' tokens: random ids, or (--text) held-out text in order, a step taking the next k + 1
+    tokens and keeping one, so its draft rows are the text's real continuation."""
+    if not text:
+        n_vocab = session.info["n_vocab"]
+        return lambda n: [int(t) for t in rng.integers(0, n_vocab, n)]
+    ids = [t for p in heldout_prompts(64, 400) for t in session.tokenize(p)]
+    pos = [0]
+
+    def take(n):
+        if pos[0] + n > len(ids):
+            pos[0] = 0
+        out = ids[pos[0]:pos[0] + n]
+        pos[0] += 1
+        return out
+
+    return take
 
 
 def cmd_verify_cost(args) -> None:
     import os
 
     import sharpi
+    from sharpi.models import default_model_path
 
+    path = args.model or str(default_model_path())
     for fraction in args.budget_fraction:
-        for read_ahead in ((True, False) if fraction > 0 else (True,)):
+        variants = [(True, "none")]
+        if fraction > 0:
+            variants += [(False, "none")] + [(True, p) for p in args.predictor if p != "none"]
+        for read_ahead, predictor in variants:
             rng = np.random.default_rng(1)
             # The verify step's draft rows: each next layer's experts guessed and read while a layer
-            # computes (the engine's multi-token read-ahead), or not (SHARPI_READ_AHEAD=0).
+            # computes (the engine's multi-token read-ahead, steps of 32 rows and more), or not
+            # (SHARPI_READ_AHEAD=0); with a predictor, each draft row's experts predicted layer by layer.
             os.environ["SHARPI_READ_AHEAD"] = "1" if read_ahead else "0"
             kw = {"threads": args.threads, "n_ctx": args.ctx, "max_draft_tokens": args.draft}
             if fraction > 0:
-                kw.update(ram_budget=budget_for(sharpi, args.model, fraction, args.threads, n_ctx=args.ctx,
-                                                max_draft_tokens=args.draft), reader="auto")
-            s = sharpi.Session(args.model, **kw)
-            n_vocab = s.info["n_vocab"]
-            s.decode([int(t) for t in rng.integers(0, n_vocab, 32)])
+                kw.update(ram_budget=budget_for(sharpi, path, fraction, args.threads, n_ctx=args.ctx,
+                                                max_draft_tokens=args.draft), reader="auto",
+                          predictor=predictor)
+            s = sharpi.Session(path, **kw)
+            stream = token_stream(s, args.text, rng)
+            s.decode(stream(32))
             for _ in range(3):  # warm
-                step_times(s, n_vocab, 0, 2, rng)
+                step_times(s, stream, 0, 2)
             per_round = {k: [] for k in range(args.draft + 1)}
             for _ in range(args.repeats):
                 for k in range(args.draft + 1):  # alternating k within each round
-                    per_round[k].append(step_times(s, n_vocab, k, args.iters, rng))
-            t = {k: statistics.median(r[0] for r in v) for k, v in per_round.items()}
-            mib = {k: statistics.median(r[1] for r in v) for k, v in per_round.items()}
-            stall = {k: statistics.median(r[2] for r in v) for k, v in per_round.items()}
-            label = "resident" if fraction == 0 else f"{fraction:.0%} of experts, read-ahead {'on' if read_ahead else 'off'}"
-            print(f"\n{args.model} {label}: one token {t[0] * 1e3:.1f} ms, {mib[0]:.0f} MiB read, "
-                  f"stall {stall[0]:.1f} ms")
-            print("| k | verify ms | ÷ one token | MiB read | stall ms | speedup a=0.6 | a=0.8 | a=0.9 |")
-            print("|---|---|---|---|---|---|---|---|")
+                    per_round[k].append(step_times(s, stream, k, args.iters))
+            t, mib, stall, hit = ({k: statistics.median(r[i] for r in v) for k, v in per_round.items()}
+                                  for i in range(4))
+            label = ("resident" if fraction == 0 else
+                     f"{fraction:.0%} of experts, read-ahead {'on' if read_ahead else 'off'}, predictor {predictor}")
+            print(f"\n{path} {label}: one token {t[0] * 1e3:.1f} ms, {mib[0]:.0f} MiB read, "
+                  f"stall {stall[0]:.1f} ms, hit rate {hit[0]:.2f}")
+            print("| k | verify ms | ÷ one token | MiB read | stall ms | hit rate | speedup a=0.6 | a=0.8 | a=0.9 |")
+            print("|---|---|---|---|---|---|---|---|---|")
             for k in range(1, args.draft + 1):
                 cells = []
                 for a in (0.6, 0.8, 0.9):
                     expected = (1 - a ** (k + 1)) / (1 - a)
                     cells.append(f"{expected * t[0] / t[k]:.2f}")
-                print(f"| {k} | {t[k] * 1e3:.1f} | {t[k] / t[0]:.2f} | {mib[k]:.0f} | {stall[k]:.1f} | "
+                print(f"| {k} | {t[k] * 1e3:.1f} | {t[k] / t[0]:.2f} | {mib[k]:.0f} | {stall[k]:.1f} | {hit[k]:.2f} | "
                       + " | ".join(cells) + " |")
             s.close()
     os.environ.pop("SHARPI_READ_AHEAD", None)
@@ -253,6 +286,12 @@ def main() -> None:
                      "for the shipped model, else none)")
     e2e.add_argument("--json", default=None)
     sub.choices["verify-cost"].add_argument("--iters", type=int, default=8)
+    sub.choices["verify-cost"].add_argument("--text", action="store_true",
+                                            help="steps take held-out text in order (a trained model), not random ids")
+    for name in ("e2e", "verify-cost"):
+        sub.choices[name].add_argument(
+            "--predictor", type=lambda s: s.split(","), default=["none"],
+            help="streamed runs: also with these predictors (comma-separated, e.g. none,next_gate)")
     args = p.parse_args()
     (cmd_e2e if args.cmd == "e2e" else cmd_verify_cost)(args)
 
