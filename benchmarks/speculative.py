@@ -126,12 +126,18 @@ def cmd_e2e(args) -> None:
         for predictor in (args.predictor if fraction > 0 else ["none"]):
             name = label if predictor == "none" else f"{label} +{predictor}"
             s = sharpi.Session(path, threads=args.threads, predictor=predictor, **kw)
-            ngram = open_speculation(s, "ngram-simple", n_max=args.draft, ngram_size_n=args.ngram)
             engines[name] = lambda s=s: sharpi_run(s, None, prompts, args.n_gen)
-            engines[name + " ngram"] = lambda s=s, sp=ngram: sharpi_run(s, sp, prompts, args.n_gen)
-            if mtp:
-                by_mtp = open_speculation(s, "draft-mtp", n_max=args.draft)
-                engines[name + " mtp"] = lambda s=s, sp=by_mtp: sharpi_run(s, sp, prompts, args.n_gen)
+            for kind, suffix in (("ngram-simple", " ngram"), ("draft-mtp", " mtp")):
+                if kind == "draft-mtp" and not mtp:
+                    continue
+                # --sweep: every fixed length 1..--draft and the automatic one (DraftLength), to
+                # hold the automatic choice against the best fixed k.
+                lengths = list(range(1, args.draft + 1)) if args.sweep else [args.draft]
+                for k in lengths + (["auto"] if args.sweep else []):
+                    sp = open_speculation(s, kind, n_max=args.draft if k == "auto" else k,
+                                          ngram_size_n=args.ngram, auto=k == "auto")
+                    tag = suffix if not args.sweep else f"{suffix} k={k}"
+                    engines[name + tag] = lambda s=s, sp=sp: sharpi_run(s, sp, prompts, args.n_gen)
     if not args.no_llama:
         try:
             from llama_cpp import Llama
@@ -160,7 +166,7 @@ def cmd_e2e(args) -> None:
     print("| engine | tok/s | x own baseline | acceptance per draft position |")
     print("|---|---|---|---|")
     for name, row in rows.items():
-        base = name.removesuffix(" ngram").removesuffix(" lookup").removesuffix(" mtp")
+        base = name.split(" k=")[0].removesuffix(" ngram").removesuffix(" lookup").removesuffix(" mtp")
         ratio = row["tok_s"] / rows[base]["tok_s"] if base in rows else 1.0
         acc = row["runs"][-1].get("acceptance_at")
         acc_text = " / ".join(f"{a:.2f}" for a in acc) if acc else ""
@@ -282,6 +288,7 @@ def main() -> None:
     e2e.add_argument("--n-gen", type=int, default=96)
     e2e.add_argument("--ngram", type=int, default=3)
     e2e.add_argument("--no-llama", action="store_true")
+    e2e.add_argument("--sweep", action="store_true", help="each fixed draft length 1..--draft and the automatic one")
     e2e.add_argument("--mtp", default=None, help="a file holding the model's MTP block (default: the shipped head "
                      "for the shipped model, else none)")
     e2e.add_argument("--json", default=None)
