@@ -420,3 +420,67 @@ def test_parallel_on_the_device_path_is_refused_up_front(capsys):
 
     assert main(["serve", "--parallel", "2", "--device", "cuda"]) == 1
     assert "--parallel 2 with --device cuda" in capsys.readouterr().err
+
+
+def test_one_prompt_asked_several_times_is_prefilled_once(session):
+    """A request's n choices (seeded sampling and greedy) and clients sending the same prompt at once
+    prefill it once: the followers fork the leader's sequence and sample from its last prompt logits,
+    and every answer is the one-slot server's (which prefills each choice itself)."""
+    prompt = PROMPTS[7] + " json.load(f)\n\n\ndef save(path, data):\n    with open(path, 'w') as f:"
+    n_prompt = len(session.tokenize(prompt))
+    requests = [
+        ("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0.9, "seed": 11, "n": 4}),
+        ("/v1/completions", {"prompt": PROMPTS[2], "max_tokens": 10, "temperature": 0}),
+        ("/v1/completions", {"prompt": PROMPTS[2], "max_tokens": 10, "temperature": 0}),
+    ]
+    for port in start_server("--parallel", "1"):
+        want = _answers(port, requests, together=False)
+    for port in start_server("--parallel", "8", "-b", "16"):
+        got = [_answers(port, [r], together=False)[0] for r in requests[:1]]
+        first = stats(port)
+        got += _answers(port, requests[1:], together=True)
+    assert got == want
+    assert len({c["text"] for c in want[0][0]}) > 1  # the seeded choices differ: each sampled its own
+    # The four choices: one prefill of the prompt (-b 16: several steps), three forks.
+    assert first["prompt_tokens_prefilled"] == n_prompt, first
+    assert first["prompt_tokens_reused"] == 3 * n_prompt, first
+
+
+def test_a_fault_in_the_scheduler_answers_its_requests_instead_of_hanging():
+    """An exception inside the worker's own step planning (here a draft source that breaks) must
+    end the running requests with that error, not leave them waiting on a dead worker thread; the
+    worker goes on serving."""
+    import asyncio
+
+    from sharpi.server.scheduler import END, Engine
+
+    class BrokenDraft:
+        def draft(self, context, room, key=0):
+            raise RuntimeError("the draft source broke")
+
+        def observe(self, n_drafted, seconds):
+            pass
+
+        def record(self, n_drafted, n_accepted):
+            pass
+
+        def forget(self, key):
+            pass
+
+    s = sharpi.Session(default_model_path(), threads=1, n_ctx=N_CTX, n_seq=2)
+    engine = Engine(s, speculation=BrokenDraft())
+    options = {"max_tokens": 4, "temperature": 0.0}
+
+    async def run():
+        jobs = [engine.submit(s.tokenize(p), dict(options)) for p in PROMPTS[:3]]
+        for job in jobs:
+            while await asyncio.wait_for(job.queue.get(), timeout=120) is not END:
+                pass
+        return jobs
+
+    try:
+        jobs = asyncio.run(run())
+    finally:
+        engine.close()
+        s.close()
+    assert all(isinstance(job.error, RuntimeError) and "draft source broke" in str(job.error) for job in jobs)

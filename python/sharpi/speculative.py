@@ -95,8 +95,18 @@ class ModelDraft:
         except Exception:
             self.session.close()
             raise
-        # Per key: (its draft Sequence, the ids that sequence's cache holds, in order).
+        # Per key: (its draft Sequence, the ids that sequence's cache holds, in order); draft
+        # sequences of forgotten keys wait in `free` for the next new key.
         self.sequences: dict = {0: (self.session.sequence(0), [])}
+        self.free: list = []
+
+    def forget(self, key: int) -> None:
+        """The target sequence `key` is gone (a server slot took a fork of another): its draft
+        sequence serves the next new key."""
+        entry = self.sequences.pop(key, None)
+        if entry is not None:
+            entry[0].truncate(0)
+            self.free.append(entry[0])
 
     def draft(self, context: list, n_max: int, key: int = 0) -> list:
         if n_max <= 0:
@@ -105,7 +115,7 @@ class ModelDraft:
         if len(context) + n_max > n_ctx:  # the draft model's context is full: no draft
             return []
         if key not in self.sequences:
-            self.sequences[key] = (self.session.add_sequence(), [])
+            self.sequences[key] = (self.free.pop() if self.free else self.session.add_sequence(), [])
         seq, held = self.sequences[key]
         keep = 0
         limit = min(len(held), len(context) - 1)  # the last context token is decoded below
@@ -309,6 +319,11 @@ class Speculation:
 
     def __repr__(self) -> str:
         return f"{self.name}(n_max={self.n_max}, n_min={self.n_min}{', auto' if self.length else ''})"
+
+    def forget(self, key: int) -> None:
+        """The target sequence `key` was removed: a source that keeps state per key drops it."""
+        if hasattr(self.source, "forget"):
+            self.source.forget(key)
 
     def draft(self, context: list, room: int, key: int = 0) -> list:
         """At most min(n_max, room) draft tokens after `context` (whose last id is the next token,

@@ -15,6 +15,14 @@ of the free slots); the worker loops steps (continuous batching):
 3. each slot's Generation samples from its logits; its text goes to the Job; a finished Job's slot
    is free for the next step.
 
+Requests with the same prompt (a request's n choices, clients sending one prompt at once) prefill it
+once: a Job whose prompt equals the one another slot is still prefilling follows that slot (it takes
+no part in the steps meanwhile); when the leader's prefill ends, the follower's slot takes a fork of
+the leader's sequence (its KV rows copied, Sequence.fork) and samples its first token from the
+leader's last prompt logits, which are what its own prefill would have given (bit for bit: the
+logits of a sequence do not depend on the step). A leader that ends or fails first releases its
+followers, which then prefill on their own.
+
 The event loop never calls the Session except Sequence.cancel() (lock-free). Text flows one way:
 worker thread -> Job.queue (asyncio, via call_soon_threadsafe) -> response; the end of a Job is END
 on its queue, after the worker has written the Job's counts. A client that goes away, or a stop
@@ -144,6 +152,7 @@ class Slot:
         self.n_raw = 0  # generated ids pushed to `raw`
         self.cancel_sent = False  # Sequence.cancel() was called for the step in flight
         self.draft: list = []  # speculative draft tokens after next_token in the step in flight
+        self.leader: Slot | None = None  # the lower slot prefilling this Job's prompt (a follower)
 
 
 def _shared_prefix(held: list, ids: list) -> int:
@@ -298,12 +307,29 @@ class Engine:
                 if self._closing:
                     return
                 admitted = self._admit()
-            for slot in admitted:
-                self._start(slot)
-            for slot in self.slots:
-                if slot.job is not None and slot.job.stopped.is_set():
-                    self._finish(slot)
-            self._run_step()
+            try:
+                for slot in admitted:
+                    self._start(slot)
+                for slot in self.slots:
+                    if slot.job is not None and slot.job.stopped.is_set():
+                        self._finish(slot)
+                self._run_step()
+            except Exception as e:  # noqa: BLE001 - a fault of the scheduler itself
+                # A request must never wait on a worker that died: every running Job is answered
+                # with the error and its slot starts over; the worker goes on with the queue.
+                self._fail_running(e)
+
+    def _fail_running(self, error: Exception) -> None:
+        for slot in self.slots:
+            if slot.job is None:
+                continue
+            slot.job.error = error
+            try:
+                self._sequence(slot).reset()
+            except Exception:  # noqa: BLE001, S110 - the slot is emptied below all the same
+                pass
+            slot.leader = None
+            self._finish(slot, keep_cache=False)
 
     def _admit(self) -> list:
         """Binds waiting Jobs to free slots, first come first served (under _state), each to
@@ -364,6 +390,7 @@ class Engine:
                 job.prompt_entries = [{**first, "logprob": None, "top_logprobs": None}]
             slot.todo = list(ids[job.n_reused:])
             slot.n_prompt_done = job.n_reused
+            slot.leader = self._leader_for(slot)
             if not any(s.gen is not None for s in self.slots if s is not slot):
                 # A busy period begins: the page's per-layer rates count from here.
                 self.live.begin_request(self.session.expert_stats())
@@ -371,13 +398,53 @@ class Engine:
             job.error = e
             self._finish(slot)
 
+    def _leader_for(self, slot: Slot):
+        """Another slot still prefilling exactly this Job's prompt, whose fork would save this
+        slot's prefill; None otherwise. Slot 0 never follows: its sequence (the Session's own) cannot
+        be removed for the fork."""
+        job = slot.job
+        if slot.sequence is None or slot.index == 0 or job.prompt_logprobs or len(slot.todo) < 2:
+            return None
+        for other in self.slots:
+            o = other.job
+            if (other is not slot and o is not None and other.gen is not None and other.todo and other.leader is None
+                    and not o.prompt_logprobs and o.prompt_ids == job.prompt_ids and not o.stopped.is_set()):
+                return other
+        return None
+
+    def _adopt_followers(self, leader: Slot, out: np.ndarray) -> None:
+        """The leader's prefill just ended with logits `out` (its last prompt row): each slot
+        following it takes a fork of its sequence and samples from a copy of those logits (sampling
+        may change its logits in place: a bias, a penalty, a grammar's mask)."""
+        for slot in self.slots:
+            if slot.leader is not leader:
+                continue
+            slot.leader = None
+            if slot.job is None or slot.job.stopped.is_set():
+                continue
+            job = slot.job
+            try:
+                old = slot.sequence.id
+                slot.sequence.remove()
+                slot.sequence = leader.sequence.fork()
+                if self.speculation is not None:
+                    self.speculation.forget(old)  # a draft model's sequence for the old id is free
+                slot.held = []
+                job.n_reused = len(job.prompt_ids)  # not decoded again: the leader's KV rows
+                slot.todo, slot.n_prompt_done = [], len(job.prompt_ids)
+                slot.gen.prefilled()
+                self._advance(slot, [], out.copy())
+            except BaseException as e:  # noqa: BLE001 - handed to the request, which answers it
+                job.error = e
+                self._finish(slot, keep_cache=False)
+
     def _plan_step(self) -> list:
         """The step's (slot, tokens): one token from each decoding slot, then prompt chunks in the
         order the slots' Jobs started, within batch_size tokens; the oldest prefill gets at least
         one token even when the decoding slots fill batch_size, so no prompt waits forever."""
-        decoding = [s for s in self.slots if s.job is not None and s.gen is not None and not s.todo]
-        prefilling = sorted((s for s in self.slots if s.job is not None and s.gen is not None and s.todo),
-                            key=lambda s: s.job.t_start)
+        running = [s for s in self.slots if s.job is not None and s.gen is not None and s.leader is None]
+        decoding = [s for s in running if not s.todo]
+        prefilling = sorted((s for s in running if s.todo), key=lambda s: s.job.t_start)
         entries = [(s, [s.gen.next_token]) for s in decoding]
         room = self.batch_size - len(entries)
         if self.speculation is not None:
@@ -477,6 +544,7 @@ class Engine:
             if slot.todo:
                 return
             gen.prefilled()
+            self._adopt_followers(slot, out[-1] if out.ndim == 2 else out)
         if gen.finished is None and slot.draft:  # a verify step: keep what sampling accepts
             draft, slot.draft = slot.draft, []
             n_past = self._n_past(slot)
@@ -534,7 +602,10 @@ class Engine:
         full = gen is not None and gen.finished in (LENGTH, CONTEXT)
         job.finish_reason = "length" if full and not job.stopped.is_set() else "stop"
         slot.gen, slot.todo, slot.raw, slot.pending, slot.cancel_sent = None, [], None, [], False
-        slot.draft = []
+        slot.draft, slot.leader = [], None
+        for other in self.slots:  # its followers prefill on their own
+            if other.leader is slot:
+                other.leader = None
         slot.last_used = self._step
         with self._state:
             slot.job, job.slot = None, None
