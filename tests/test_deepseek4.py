@@ -1,0 +1,162 @@
+"""deepseek4 (DeepSeek-V4) against transformers' DeepseekV4ForCausalLM, on a tiny random model that
+llama.cpp's own converter turns into GGUF (tests/reference/deepseek_v4_export.py writes the
+original DeepSeek checkpoint layout the converter reads, routed experts as MXFP4).
+
+The tiny config makes every V4 mechanism matter for the prompts here: sliding window 8, a CSA
+layer whose indexer keeps 2 of up to 75 compressed entries, an HCA layer that emits its first entry
+at position 127, a hash-routed first layer, 4 hyper-connection streams, a SwiGLU clamp taken by
+many activations. Checked:
+  - the converter's keys and tensor types for what V4 adds;
+  - exact mode on the f32 file within rel-L2 1e-4 of transformers (float64) at every one of 300
+    positions (past every window, top-k and compression block);
+  - the per-sequence state: token by token, in uneven chunks, after truncating mid-window and
+    decoding again, and batched beside another sequence, the logits are bit-identical to one prefill;
+  - streamed == resident bit for bit at a quarter budget for each reader;
+  - inspect describes the layer pattern and the state; refusals are typed errors (a quantized KV
+    cache, the MTP head, a compression ratio llama.cpp does not have, a missing tensor).
+
+Skips (never fails) without torch/transformers or when the converter cannot be fetched.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers", minversion="5.0")
+
+import sharpi
+from model_files import rewrite_gguf
+from reference import deepseek_v4_export, hf_export
+from reference.engine_checks import check_streams_like_resident
+from sharpi.inspect_model import inspect_report, inspect_summary
+
+THREADS = 2
+N_PROMPT = 300
+
+
+@pytest.fixture(scope="module")
+def converted(model_dir):
+    try:
+        converter = hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp converter unavailable: {error}")
+    return deepseek_v4_export.prepare(model_dir, converter, outtypes=("f32",))
+
+
+@pytest.fixture(scope="module")
+def f32(converted):
+    return str(converted.gguf["f32"])
+
+
+@pytest.fixture(scope="module")
+def prompt(converted):
+    return hf_export.random_prompt(converted.exported.vocab_size, N_PROMPT, seed=7)
+
+
+@pytest.fixture(scope="module")
+def prefill(f32, prompt):
+    """Exact-mode logits of the whole prompt in one step: [N_PROMPT, n_vocab]."""
+    s = sharpi.Session(f32, threads=THREADS, n_ctx=512, exact=True)
+    return np.asarray(s.decode(prompt, all_logits=True))
+
+
+def test_converter_file_carries_the_deepseek4_parameters(f32):
+    import gguf
+
+    reader = gguf.GGUFReader(f32)
+    md = {name: f.contents() for name, f in reader.fields.items() if f.types}
+    p = "deepseek4."
+    assert list(md[p + "attention.compress_ratios"]) == [4, 0, 128, 4]
+    assert md[p + "hyper_connection.count"] == 4
+    assert md[p + "hash_layer_count"] == 1
+    assert md[p + "expert_gating_func"] == 4  # sqrt(softplus)
+    assert md[p + "attention.indexer.top_k"] == 2
+    assert md[p + "attention.sliding_window"] == 8
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4"
+    assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32"
+    assert "blk.0.exp_probs_b.bias" not in types  # the hash layer routes by token, no selection bias
+    assert "blk.1.attn_compressor_kv.weight" not in types  # sliding-window-only layer
+    assert "blk.2.indexer.proj.weight" not in types  # HCA: no indexer
+
+
+def test_f32_matches_transformers_at_every_position(converted, prompt, prefill):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        deepseek_v4_export.transformers_dir(converted),
+        dtype=torch.float64,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    ).eval()
+    cfg = model.config
+    # The prompt passes every window, top-k and compression block of the config.
+    assert N_PROMPT > 2 * cfg.compress_rates["heavily_compressed_attention"]
+    assert N_PROMPT // cfg.compress_rates["compressed_sparse_attention"] > 10 * cfg.index_topk
+    assert N_PROMPT > 10 * cfg.sliding_window
+    expected = hf_export.hf_logits(model, prompt)
+    err = np.linalg.norm(prefill - expected, axis=1) / np.linalg.norm(expected, axis=1)
+    assert err.max() <= 1e-4, f"rel-L2 {err.max():.3g} at position {int(err.argmax())}"
+
+
+def test_state_is_exact_token_by_token_in_chunks_and_after_truncation(f32, prompt, prefill):
+    s = sharpi.Session(f32, threads=THREADS, n_ctx=512, exact=True)
+    rows = [np.asarray(s.decode([t])).reshape(-1) for t in prompt]
+    np.testing.assert_array_equal(np.stack(rows), prefill, err_msg="token by token vs prefill")
+
+    s.reset()
+    bounds = [0, 1, 8, 61, 130, 131, 260, N_PROMPT]  # chunk edges inside and across windows
+    chunks = [np.asarray(s.decode(prompt[a:b], all_logits=True)) for a, b in zip(bounds, bounds[1:])]
+    np.testing.assert_array_equal(np.concatenate(chunks), prefill, err_msg="uneven chunks vs prefill")
+
+    # Truncate inside a CSA window and before the HCA entry at 127, then decode the rest again.
+    s.truncate(126)
+    again = np.asarray(s.decode(prompt[126:], all_logits=True))
+    np.testing.assert_array_equal(again, prefill[126:], err_msg="after truncate(126)")
+
+
+def test_batched_sequences_match_alone(f32, prompt, prefill):
+    other = hf_export.random_prompt(len(prefill[0]), 150, seed=11)
+    alone = sharpi.Session(f32, threads=THREADS, n_ctx=512, exact=True)
+    other_alone = np.asarray(alone.decode(other, all_logits=True))
+    s = sharpi.Session(f32, threads=THREADS, n_ctx=512, exact=True, n_seq=2)
+    a, b = s.sequence(0), s.add_sequence()
+    first = s.decode_batch([(a, prompt[:200], True, False), (b, other[:100], True, False)])
+    second = s.decode_batch([(a, prompt[200:], True, False), (b, other[100:], True, False)])
+    np.testing.assert_array_equal(np.concatenate([first[0], second[0]]), prefill, err_msg="sequence 0 batched")
+    np.testing.assert_array_equal(np.concatenate([first[1], second[1]]), other_alone, err_msg="sequence 1 batched")
+
+
+@pytest.mark.parametrize("reader", ["pread", "io_uring"])
+def test_streamed_matches_resident(f32, prompt, reader):
+    def open_session(ram_budget):
+        return sharpi.Session(f32, threads=THREADS, n_ctx=512, ram_budget=ram_budget, reader=reader)
+
+    check_streams_like_resident(open_session, prompt[:140], 8, f"deepseek4 f32 ({reader})")
+
+
+def test_inspect_describes_deepseek4(f32):
+    s = inspect_summary(f32)
+    d = s["attention"]["deepseek4"]
+    assert d["layer_kinds"] == "CSHC"
+    assert d["hc_streams"] == 4 and d["hash_layers"] == 1 and d["output_groups"] == 2
+    # head_dim 32, indexer 32: sliding 32; CSA 32 + 5*32 + 5*32; HCA 32 + 3*32.
+    assert d["kv_row_floats"] == [352, 32, 128, 352]
+    assert s["routing"]["gating"] == "sqrt(softplus)"
+    assert "deepseek4 layers" in inspect_report(f32, list_tensors=False)
+
+
+def test_refusals_are_typed_errors(f32, tmp_path):
+    with pytest.raises(sharpi.SharpiError, match="f32 cache row"):
+        sharpi.Session(f32, threads=THREADS, n_ctx=64, cache_type_k="f16", cache_type_v="f16")
+    with pytest.raises(sharpi.UnsupportedError, match="multi-token-prediction"):
+        sharpi.Session(f32, threads=THREADS, n_ctx=64, mtp=True)
+    bad_ratio = tmp_path / "ratio8.gguf"
+    rewrite_gguf(f32, str(bad_ratio), set_kv={"deepseek4.attention.compress_ratios": [8, 0, 128, 4]})
+    with pytest.raises(sharpi.UnsupportedError, match="compress ratio 8"):
+        sharpi.Session(str(bad_ratio), threads=THREADS, n_ctx=64)
+    missing = tmp_path / "no_hc_head.gguf"
+    rewrite_gguf(f32, str(missing), drop_tensors=("output_hc_fn.weight",))
+    with pytest.raises(sharpi.MissingTensorError, match="output_hc_fn"):
+        sharpi.Session(str(missing), threads=THREADS, n_ctx=64)
