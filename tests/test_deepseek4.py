@@ -11,7 +11,10 @@ many activations. Checked:
     positions (past every window, top-k and compression block);
   - the per-sequence state: token by token, in uneven chunks, after truncating mid-window and
     decoding again, and batched beside another sequence, the logits are bit-identical to one prefill;
-  - streamed == resident bit for bit at a quarter budget for each reader;
+  - f16, q8_0 and Q4_K_M files made by llama.cpp's own llama-quantize (--allow-requantize: the
+    converter's experts are MXFP4) in exact mode within 1e-4 of transformers computing on the
+    file's own weights (dequantized by the gguf package) at every position;
+  - streamed == resident bit for bit at a quarter budget for each reader, and on the Q4_K_M file;
   - inspect describes the layer pattern and the state; refusals are typed errors (a quantized KV
     cache, the MTP head, a compression ratio llama.cpp does not have, a missing tensor).
 
@@ -25,6 +28,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
+from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import deepseek_v4_export, hf_export
 from reference.engine_checks import check_streams_like_resident
@@ -134,6 +138,47 @@ def test_streamed_matches_resident(f32, prompt, reader):
         return sharpi.Session(f32, threads=THREADS, n_ctx=512, ram_budget=ram_budget, reader=reader)
 
     check_streams_like_resident(open_session, prompt[:140], 8, f"deepseek4 f32 ({reader})")
+
+
+def _transformers_on(converted, path):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        deepseek_v4_export.transformers_dir(converted),
+        dtype=torch.float64,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    ).eval()
+    deepseek_v4_export.load_gguf_weights(model, path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def quantized(f32):
+    def make(quant):
+        return llama_quantize(f32, f"{f32[:-5]}-{quant}.gguf", quant, options=("--allow-requantize",))
+
+    return make
+
+
+@pytest.mark.parametrize("quant", ["F16", "Q8_0", "Q4_K_M"])
+def test_quantized_files_match_transformers_on_their_weights(converted, prompt, quantized, quant):
+    path = quantized(quant)
+    expected = hf_export.hf_logits(_transformers_on(converted, path), prompt)
+    s = sharpi.Session(str(path), threads=THREADS, n_ctx=512, exact=True)
+    got = np.asarray(s.decode(prompt, all_logits=True))
+    err = np.linalg.norm(got - expected, axis=1) / np.linalg.norm(expected, axis=1)
+    assert err.max() <= 1e-4, f"{quant}: rel-L2 {err.max():.3g} at position {int(err.argmax())}"
+
+
+def test_quantized_streams_like_resident(prompt, quantized):
+    path = str(quantized("Q4_K_M"))
+
+    def open_session(ram_budget):
+        return sharpi.Session(path, threads=THREADS, n_ctx=512, ram_budget=ram_budget, exact=True)
+
+    check_streams_like_resident(open_session, prompt[:140], 8, "deepseek4 Q4_K_M")
 
 
 def test_inspect_describes_deepseek4(f32):

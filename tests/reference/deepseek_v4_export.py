@@ -265,3 +265,84 @@ def prepare(root: Path, converter: Path, outtypes=("f32",), seed: int = 1234):
 
 def transformers_dir(converted) -> Path:
     return converted.exported.hf_dir.parent / "hf_tf"
+
+
+# GGUF tensor (llama.cpp's names, blk.N. prefix stripped) -> the transformers parameter it fills.
+_LAYER_PARAMS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "hc_attn_fn.weight": "attn_hc.fn",
+    "hc_attn_base.weight": "attn_hc.base",
+    "hc_attn_scale.weight": "attn_hc.scale",
+    "hc_ffn_fn.weight": "ffn_hc.fn",
+    "hc_ffn_base.weight": "ffn_hc.base",
+    "hc_ffn_scale.weight": "ffn_hc.scale",
+    "attn_sinks.weight": "self_attn.sinks",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_norm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv.weight": "self_attn.kv_proj.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_norm.weight",
+    "attn_output_a.weight": "self_attn.o_a_proj.weight",
+    "attn_output_b.weight": "self_attn.o_b_proj.weight",
+    "attn_compressor_kv.weight": "self_attn.compressor.kv_proj.weight",
+    "attn_compressor_gate.weight": "self_attn.compressor.gate_proj.weight",
+    "attn_compressor_ape.weight": "self_attn.compressor.position_bias",
+    "attn_compressor_norm.weight": "self_attn.compressor.kv_norm.weight",
+    "indexer.proj.weight": "self_attn.compressor.indexer.scorer.weights_proj.weight",
+    "indexer.attn_q_b.weight": "self_attn.compressor.indexer.q_b_proj.weight",
+    "indexer_compressor_kv.weight": "self_attn.compressor.indexer.kv_proj.weight",
+    "indexer_compressor_gate.weight": "self_attn.compressor.indexer.gate_proj.weight",
+    "indexer_compressor_ape.weight": "self_attn.compressor.indexer.position_bias",
+    "indexer_compressor_norm.weight": "self_attn.compressor.indexer.kv_norm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+}
+_ROOT_PARAMS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output.weight": "lm_head.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output_hc_fn.weight": "model.hc_head.hc_fn",
+    "output_hc_base.weight": "model.hc_head.hc_base",
+    "output_hc_scale.weight": "model.hc_head.hc_scale",
+}
+
+
+def load_gguf_weights(model, path) -> None:
+    """Replace every weight of the transformers model by the GGUF file's (dequantized by the gguf
+    package, an implementation independent of sharpi's): transformers then computes on exactly the
+    numbers a quantized file holds. The hash tables are i32 and copied as they are."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(str(path))
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    gate_up = {}
+    with torch.no_grad():
+        for t in reader.tensors:
+            is_table = t.tensor_type == gguf.GGMLQuantizationType.I32
+            values = None if is_table else gguf.quants.dequantize(t.data, t.tensor_type)
+            if t.name.startswith("blk."):
+                il, rest = t.name[4:].split(".", 1)
+                prefix = f"model.layers.{il}."
+                if rest == "ffn_gate_tid2eid.weight":
+                    buffers[prefix + "mlp.gate.tid2eid"].copy_(torch.from_numpy(np.asarray(t.data).astype(np.int64)))
+                    continue
+                if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+                    gate_up.setdefault(il, {})[rest] = values
+                    continue
+                name = prefix + _LAYER_PARAMS[rest]
+            else:
+                name = _ROOT_PARAMS[t.name]
+            target = params.get(name)
+            if target is None:
+                target = buffers[name]
+            target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(target.shape)))
+        for il, parts in gate_up.items():
+            both = np.concatenate([parts["ffn_gate_exps.weight"], parts["ffn_up_exps.weight"]], axis=1)
+            params[f"model.layers.{il}.mlp.experts.gate_up_proj"].copy_(torch.from_numpy(both.astype(np.float32)))
