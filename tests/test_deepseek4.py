@@ -15,6 +15,9 @@ many activations. Checked:
     converter's experts are MXFP4) in exact mode within 1e-4 of transformers computing on the
     file's own weights (dequantized by the gguf package) at every position;
   - streamed == resident bit for bit at a quarter budget for each reader, and on the Q4_K_M file;
+  - make-model's tiny deepseek4 carries the converter's keys (value types) and tensor names (ranks),
+    runs, and keeps its state exactly; the deepseek-v4 preset plans DeepSeek-V4-Flash (284B, 13B
+    active);
   - inspect describes the layer pattern and the state; refusals are typed errors (a quantized KV
     cache, the MTP head, a compression ratio llama.cpp does not have, a missing tensor).
 
@@ -205,3 +208,59 @@ def test_refusals_are_typed_errors(f32, tmp_path):
     rewrite_gguf(f32, str(missing), drop_tensors=("output_hc_fn.weight",))
     with pytest.raises(sharpi.MissingTensorError, match="output_hc_fn"):
         sharpi.Session(str(missing), threads=THREADS, n_ctx=64)
+
+
+def _keys_and_tensors(path):
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    keys = {name: f.types for name, f in reader.fields.items() if name.startswith("deepseek4.")}
+    return keys, {t.name: len(t.shape) for t in reader.tensors}
+
+
+def test_make_model_tiny_carries_the_converters_keys_and_tensors(f32, tmp_path):
+    from sharpi import make_model as mm
+
+    path = tmp_path / "tiny-deepseek4.gguf"
+    mm.write_model(str(path), arch="deepseek4", preset="tiny", quant="f32", seed=3)
+    want_keys, want_tensors = _keys_and_tensors(f32)
+    got_keys, got_tensors = _keys_and_tensors(path)
+    # Same layer pattern (CSA, sliding, HCA, CSA; one hash layer): the same keys with the same value
+    # types, the same tensor names with the same ranks.
+    assert got_keys == want_keys
+    assert got_tensors == want_tensors
+
+
+def test_make_model_tiny_runs_and_its_state_is_exact(tmp_path):
+    from sharpi import make_model as mm
+
+    path = str(tmp_path / "tiny-deepseek4-q4_k_m.gguf")
+    mm.write_model(path, arch="deepseek4", preset="tiny", quant="q4_k_m", seed=3)
+    tokens = hf_export.random_prompt(1024, 200, seed=5)  # past the HCA block at 128
+    s = sharpi.Session(path, threads=THREADS, n_ctx=256, exact=True)
+    whole = np.asarray(s.decode(tokens, all_logits=True))
+    assert np.isfinite(whole).all() and whole.std() > 0.1
+    s.reset()
+    rows = [np.asarray(s.decode([t])).reshape(-1) for t in tokens]
+    np.testing.assert_array_equal(np.stack(rows), whole)
+
+
+def test_deepseek_v4_preset_plans_v4_flash():
+    from sharpi import presets
+    from sharpi.tensor_plan import plan_tensors
+
+    hp = presets.resolve(None, "deepseek-v4")
+    assert hp.arch == "deepseek4" and hp.n_layer == 43 and hp.compress_ratios[:4] == (128, 128, 128, 4)
+    specs = {s.name: s for s in plan_tensors(hp, "mxfp4")}
+    total = sum(s.n_elements for s in specs.values())
+    experts = sum(s.n_elements for s in specs.values() if "_exps." in s.name)
+    active = total - experts + experts * hp.n_expert_used / hp.n_expert
+    # DeepSeek-V4-Flash: 284B parameters, 13B activated (its model card), MTP block not counted.
+    assert 283e9 < total < 286e9 and 13e9 < active < 14.5e9
+    assert specs["blk.0.attn_q_b.weight"].ne == (1024, 64 * 512)
+    assert specs["blk.0.attn_output_a.weight"].ne == (64 * 512 // 8, 8 * 1024)
+    assert specs["blk.0.hc_attn_fn.weight"].ne == (4 * 4096, 24)
+    assert specs["blk.3.indexer.attn_q_b.weight"].ne == (1024, 64 * 128)  # layer 3 is CSA
+    assert specs["blk.2.ffn_gate_tid2eid.weight"].ne == (6, 129280)
+    assert "blk.3.ffn_gate_tid2eid.weight" not in specs and "blk.3.exp_probs_b.bias" in specs
+    assert specs["blk.5.ffn_gate_exps.weight"].type.name == "MXFP4"
