@@ -8,7 +8,8 @@ at position 127, a hash-routed first layer, 4 hyper-connection streams, a SwiGLU
 many activations. Checked:
   - the converter's keys and tensor types for what V4 adds;
   - exact mode on the f32 file within rel-L2 1e-4 of transformers (float64) at every one of 300
-    positions (past every window, top-k and compression block);
+    positions (past every window, top-k and compression block), also with the released
+    checkpoints' YaRN on the compressed branches (at a small original context);
   - the per-sequence state: token by token, in uneven chunks, after truncating mid-window and
     decoding again, and batched beside another sequence, the logits are bit-identical to one prefill;
   - f16, q8_0 and Q4_K_M files made by llama.cpp's own llama-quantize (--allow-requantize: the
@@ -19,7 +20,8 @@ many activations. Checked:
     runs, and keeps its state exactly; the deepseek-v4 preset plans DeepSeek-V4-Flash (284B, 13B
     active);
   - inspect describes the layer pattern and the state; refusals are typed errors (a quantized KV
-    cache, the MTP head, a compression ratio llama.cpp does not have, a missing tensor).
+    cache, the MTP head, a compression ratio llama.cpp does not have, linear rope scaling, a
+    missing tensor).
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched.
 """
@@ -104,6 +106,29 @@ def test_f32_matches_transformers_at_every_position(converted, prompt, prefill):
     assert N_PROMPT > 10 * cfg.sliding_window
     expected = hf_export.hf_logits(model, prompt)
     err = np.linalg.norm(prefill - expected, axis=1) / np.linalg.norm(expected, axis=1)
+    assert err.max() <= 1e-4, f"rel-L2 {err.max():.3g} at position {int(err.argmax())}"
+
+
+def test_yarn_on_the_compressed_branches_matches_transformers(model_dir):
+    """The released checkpoints' rope_scaling: YaRN on the compressed layers only (transformers'
+    "compress" rope, attention_factor 1), plain RoPE on the sliding-window-only layer."""
+    import torch
+    import transformers
+
+    converted = deepseek_v4_export.prepare(model_dir, hf_export.converter_dir(), outtypes=("f32",), yarn=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        deepseek_v4_export.transformers_dir(converted),
+        dtype=torch.float64,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    ).eval()
+    assert model.config.rope_parameters["compress"]["rope_type"] == "yarn"
+    assert model.config.rope_parameters["main"]["rope_type"] == "default"
+    prompt = hf_export.random_prompt(converted.exported.vocab_size, N_PROMPT, seed=7)
+    expected = hf_export.hf_logits(model, prompt)
+    s = sharpi.Session(str(converted.gguf["f32"]), threads=THREADS, n_ctx=512, exact=True)
+    got = np.asarray(s.decode(prompt, all_logits=True))
+    err = np.linalg.norm(got - expected, axis=1) / np.linalg.norm(expected, axis=1)
     assert err.max() <= 1e-4, f"rel-L2 {err.max():.3g} at position {int(err.argmax())}"
 
 
@@ -204,6 +229,10 @@ def test_refusals_are_typed_errors(f32, tmp_path):
     rewrite_gguf(f32, str(bad_ratio), set_kv={"deepseek4.attention.compress_ratios": [8, 0, 128, 4]})
     with pytest.raises(sharpi.UnsupportedError, match="compress ratio 8"):
         sharpi.Session(str(bad_ratio), threads=THREADS, n_ctx=64)
+    linear = tmp_path / "linear.gguf"
+    rewrite_gguf(f32, str(linear), set_kv={"deepseek4.rope.scaling.type": "linear", "deepseek4.rope.scaling.factor": 2.0})
+    with pytest.raises(sharpi.UnsupportedError, match="linear rope scaling"):
+        sharpi.Session(str(linear), threads=THREADS, n_ctx=64)
     missing = tmp_path / "no_hc_head.gguf"
     rewrite_gguf(f32, str(missing), drop_tensors=("output_hc_fn.weight",))
     with pytest.raises(sharpi.MissingTensorError, match="output_hc_fn"):

@@ -403,8 +403,8 @@ PRESETS["minimax-m2"] = {
 # groups of rank 1024, 256 routed experts top-6 of width 2048 + 1 shared, sqrt(softplus) routing
 # scaled 1.5, the first 3 layers hash-routed, 4 hyper-connection streams, window 128, an indexer of
 # 64 heads x 128 keeping 512 entries; layers: 2 HCA then CSA / HCA alternating (transformers'
-# default schedule). The released config's YaRN on the compressed branches is left out (sharpi
-# refuses rope scaling on deepseek4 files).
+# default schedule). The released config's YaRN on the compressed branches is left out of the
+# preset (make-model writes YaRN keys for deepseek2 only; sharpi runs it on converted V4 files).
 PRESETS["deepseek-v4"] = {
     "arch": "deepseek4",
     "n_vocab": 129280,

@@ -37,10 +37,18 @@ E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -
 EXPERT_SCALE_EXP = -5  # 2^-5 * e2m1: std ~0.09, like the other weights
 
 
-def make_config(vocab_size: int):
+# The released checkpoints' RoPE scaling, at the tiny model's scale: YaRN on the compressed branches
+# only (factor 4 over an original context of 64 positions, so it bends the angles of a 300-token
+# prompt), the sliding-window-only layers unscaled.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+        "beta_slow": 1.0}  # fmt: skip
+
+
+def make_config(vocab_size: int, yarn: bool = False):
     import transformers
 
     return transformers.DeepseekV4Config(
+        rope_parameters=dict(YARN) if yarn else None,
         vocab_size=vocab_size,
         hidden_size=64,
         moe_intermediate_size=32,
@@ -86,12 +94,12 @@ def _mxfp4(rng, shape):
     return values.astype(np.float32), packed, (exps + 127).astype(np.uint8)
 
 
-def build(vocab_size: int, seed: int):
+def build(vocab_size: int, seed: int, yarn: bool = False):
     """The transformers model (float32, eval) and the original-layout tensors for the converter."""
     import torch
     import transformers
 
-    config = make_config(vocab_size)
+    config = make_config(vocab_size, yarn)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.DeepseekV4ForCausalLM(config).to(torch.float32).eval()
@@ -187,8 +195,12 @@ def _original_names(model) -> dict:
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
-def _original_config(config) -> dict:
+def _original_config(config, yarn: bool = False) -> dict:
+    extra = {}
+    if yarn:
+        extra["rope_scaling"] = {"type": "yarn", **{k: v for k, v in YARN.items() if k != "rope_type"}}
     return {
+        **extra,
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
         "vocab_size": config.vocab_size,
@@ -230,32 +242,32 @@ def _original_config(config) -> dict:
     }
 
 
-def export(out_dir: Path, seed: int = 1234) -> hf_export.ExportedModel:
+def export(out_dir: Path, seed: int = 1234, yarn: bool = False) -> hf_export.ExportedModel:
     from safetensors.torch import save_file
 
     tokenizer = hf_export.build_tokenizer(seed=seed)
     vocab_size = len(tokenizer)
-    model, originals = build(vocab_size, seed)
+    model, originals = build(vocab_size, seed, yarn)
     tf_dir = Path(out_dir) / "hf_tf"
     model.save_pretrained(tf_dir, safe_serialization=True)
     tokenizer.save_pretrained(tf_dir)
     hf_dir = Path(out_dir) / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     save_file(originals, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
-    (hf_dir / "config.json").write_text(json.dumps(_original_config(model.config), indent=1))
+    (hf_dir / "config.json").write_text(json.dumps(_original_config(model.config, yarn), indent=1))
     tokenizer.save_pretrained(hf_dir)
     return hf_export.ExportedModel(name="deepseek_v4", gguf_arch="deepseek4", hf_dir=hf_dir, vocab_size=vocab_size)
 
 
-def prepare(root: Path, converter: Path, outtypes=("f32",), seed: int = 1234):
-    """Export under root/deepseek_v4-seed<seed> once and convert to each outtype (reused)."""
-    out_dir = Path(root) / f"deepseek_v4-seed{seed}"
+def prepare(root: Path, converter: Path, outtypes=("f32",), seed: int = 1234, yarn: bool = False):
+    """Export under root/deepseek_v4[_yarn]-seed<seed> once and convert to each outtype (reused)."""
+    out_dir = Path(root) / f"deepseek_v4{'_yarn' if yarn else ''}-seed{seed}"
     hf_dir = out_dir / "hf"
     if (hf_dir / "config.json").is_file():
         vocab_size = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
         exported = hf_export.ExportedModel("deepseek_v4", "deepseek4", hf_dir, vocab_size)
     else:
-        exported = export(out_dir, seed=seed)
+        exported = export(out_dir, seed=seed, yarn=yarn)
     files = {}
     for outtype in outtypes:
         path = out_dir / f"deepseek_v4-{outtype}.gguf"

@@ -117,18 +117,32 @@ void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp
     }
     if (any_csa && (hp.indexer_n_head < 1 || hp.indexer_head_dim < hp.rope.n_rot || hp.indexer_top_k < 1))
         throw fail("deepseek4 CSA layers need attention.indexer.head_count, key_length >= n_rot and top_k");
-    // The compressed branches rotate with their own base; YaRN on them (the released checkpoints'
-    // rope_scaling) is not implemented: refused rather than run unscaled.
-    if (hp.rope.ext_factor != 0.0f || hp.rope.freq_scale != 1.0f) {
+    if (hp.rope.freq_scale != 1.0f && hp.rope.ext_factor == 0.0f) {
         throw UnsupportedError("[model] " + f.path() +
-                               ": deepseek4 with rope scaling (YaRN on the compressed branches) is not "
-                               "supported yet");
+                               ": deepseek4 with linear rope scaling is not supported (YaRN is)");
     }
-    hp.compress_rope = hp.rope;
+    // Two RoPEs: the sliding-window-only layers rotate with rope.freq_base and no scaling; the
+    // compressed layers (and their compressors and indexer) with compress_rope_freq_base and the
+    // file's YaRN, whose cos/sin keep magnitude 1 (transformers forces attention_factor 1.0 there;
+    // llama.cpp cancels ggml's built-in YaRN magnitude the same way).
     if (!f.has(a + "attention.compress_rope_freq_base"))
         throw fail("missing metadata key " + a + "attention.compress_rope_freq_base");
+    hp.compress_rope = hp.rope;
     hp.compress_rope.freq_base =
         static_cast<float>(f.get_float_or(a + "attention.compress_rope_freq_base", 0.0));
+    hp.compress_rope.mscale = 1.0f;
+    if (hp.rope.ext_factor != 0.0f) {
+        const int64_t n_ctx_orig = static_cast<int64_t>(
+            f.get_uint_or(a + "rope.scaling.original_context_length", static_cast<uint64_t>(hp.n_ctx_train)));
+        cpu::rope_yarn_corr_dims(hp.rope.n_rot, n_ctx_orig, hp.compress_rope.freq_base,
+                                 static_cast<float>(f.get_float_or(a + "rope.scaling.yarn_beta_fast", 32.0)),
+                                 static_cast<float>(f.get_float_or(a + "rope.scaling.yarn_beta_slow", 1.0)),
+                                 &hp.compress_rope.corr_low, &hp.compress_rope.corr_high);
+    }
+    hp.rope.freq_scale = 1.0f;
+    hp.rope.ext_factor = 0.0f;
+    hp.rope.mscale = 1.0f;
+    hp.rope.corr_low = hp.rope.corr_high = 0.0f;
     // Per-layer limits (an array, or one value for every layer); absent: no clamp.
     auto per_layer = [&](const std::string& key, const std::vector<float>& def) {
         const GgufValue* v = f.find(a + key);
