@@ -120,7 +120,7 @@ def test_deepseek2_old_conversion_without_split_kv_b(tiny_deepseek2, tmp_path):
 @pytest.mark.parametrize(
     "kv, match",
     [
-        ({"deepseek2.expert_gating_func": 4}, r"expert_gating_func 4 is not supported"),
+        ({"deepseek2.expert_gating_func": 5}, r"expert_gating_func 5 is not supported"),
         ({"deepseek2.expert_group_count": 3}, r"expert groups: 3 groups"),
         ({"deepseek2.attention.value_length": 100}, r"inconsistent MLA hyper-parameters"),
         ({"deepseek2.leading_dense_block_count": 9}, r"leading_dense_block_count 9 > block_count"),
