@@ -229,6 +229,10 @@ def test_refusals_are_typed_errors(f32, tmp_path):
     rewrite_gguf(f32, str(bad_ratio), set_kv={"deepseek4.attention.compress_ratios": [8, 0, 128, 4]})
     with pytest.raises(sharpi.UnsupportedError, match="compress ratio 8"):
         sharpi.Session(str(bad_ratio), threads=THREADS, n_ctx=64)
+    one_stream = tmp_path / "hc1.gguf"
+    rewrite_gguf(f32, str(one_stream), set_kv={"deepseek4.hyper_connection.count": 1})
+    with pytest.raises(sharpi.FormatError, match="hyper_connection.count 1"):
+        sharpi.Session(str(one_stream), threads=THREADS, n_ctx=64)
     linear = tmp_path / "linear.gguf"
     rewrite_gguf(f32, str(linear), set_kv={"deepseek4.rope.scaling.type": "linear", "deepseek4.rope.scaling.factor": 2.0})
     with pytest.raises(sharpi.UnsupportedError, match="linear rope scaling"):

@@ -557,9 +557,11 @@ def _validate_deepseek4(hp: HParams, bad) -> None:
         bad("one shared K=V head: n_head_kv must be 1")
     if len(hp.compress_ratios) != hp.n_layer or any(r not in (0, 4, 128) for r in hp.compress_ratios):
         bad(f"compress_ratios {tuple(hp.compress_ratios)} must give each of the {hp.n_layer} layers 0, 4 or 128")
-    for name in ("n_lora_q", "n_rot", "n_swa", "hc_mult", "hc_sinkhorn_iters", "o_groups", "o_lora_rank"):
+    for name in ("n_lora_q", "n_rot", "n_swa", "hc_sinkhorn_iters", "o_groups", "o_lora_rank"):
         if int(getattr(hp, name)) <= 0:
             bad(f"{name} = {getattr(hp, name)} must be positive")
+    if hp.hc_mult < 2:
+        bad(f"hc_mult = {hp.hc_mult}: DeepSeek-V4's residual is at least 2 hyper-connection streams")
     if hp.n_head % hp.o_groups:
         bad(f"o_groups = {hp.o_groups} must divide n_head = {hp.n_head}")
     if 4 in hp.compress_ratios and (hp.indexer_n_head <= 0 or hp.indexer_head_dim < hp.n_rot or hp.indexer_top_k <= 0):

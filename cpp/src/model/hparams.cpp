@@ -87,7 +87,7 @@ void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp
     hp.indexer_n_head = static_cast<int64_t>(f.get_uint_or(a + "attention.indexer.head_count", 0));
     hp.indexer_head_dim = static_cast<int64_t>(f.get_uint_or(a + "attention.indexer.key_length", 0));
     hp.indexer_top_k = static_cast<int64_t>(f.get_uint_or(a + "attention.indexer.top_k", 0));
-    if (hp.hc_mult < 1 || hp.hc_sinkhorn_iters < 1 || hp.n_lora_q < 1 || hp.o_groups < 1 ||
+    if (hp.hc_mult < 2 || hp.hc_sinkhorn_iters < 1 || hp.n_lora_q < 1 || hp.o_groups < 1 ||
         hp.o_lora_rank < 1 || hp.n_head % hp.o_groups != 0 || hp.n_head_kv != 1 || hp.n_swa < 1 ||
         hp.n_hash_layers < 0 || hp.n_hash_layers > hp.n_layer || hp.indexer_n_head < 0 ||
         hp.indexer_n_head > kMaxHeads || hp.indexer_head_dim < 0 || hp.indexer_head_dim > kMaxHeadDim) {
@@ -98,6 +98,8 @@ void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp
                    " (must be 1), sliding_window " + std::to_string(hp.n_swa) + ", hash_layer_count " +
                    std::to_string(hp.n_hash_layers));
     }
+    // hyper_connection.count >= 2: the engine widens the residual (and runs the hc head) exactly when
+    // hc_mult > 1.
     const GgufValue* ratios = f.find(a + "attention.compress_ratios");
     if (!ratios || ratios->type != GgufValueType::ARRAY ||
         ratios->arr_int.size() < static_cast<size_t>(hp.n_layer)) {
