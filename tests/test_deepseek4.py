@@ -14,10 +14,11 @@ many activations. Checked:
     decoding again, and batched beside another sequence, the logits are bit-identical to one prefill;
   - f16, q8_0 and Q4_K_M files made by llama.cpp's own llama-quantize (--allow-requantize: the
     converter's experts are MXFP4) in exact mode within 1e-4 of transformers computing on the
-    file's own weights (dequantized by the gguf package) at every position;
+    file's own weights (dequantized by the gguf package) and of the float64 numpy reference
+    (tests/reference/deepseek4_numpy.py, itself held to transformers) at every position;
   - streamed == resident bit for bit at a quarter budget for each reader, and on the Q4_K_M file;
   - make-model's tiny deepseek4 carries the converter's keys (value types) and tensor names (ranks),
-    runs, and keeps its state exactly; the deepseek-v4 preset plans DeepSeek-V4-Flash (284B, 13B
+    matches the float64 reference at q4_k_m past the HCA block, and keeps its state exactly; the deepseek-v4 preset plans DeepSeek-V4-Flash (284B, 13B
     active);
   - inspect describes the layer pattern and the state; refusals are typed errors (a quantized KV
     cache, the MTP head, a compression ratio llama.cpp does not have, linear rope scaling, a
@@ -36,6 +37,7 @@ import sharpi
 from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import deepseek_v4_export, hf_export
+from reference.deepseek4_numpy import Deepseek4Reference
 from reference.engine_checks import check_streams_like_resident
 from sharpi.inspect_model import inspect_report, inspect_summary
 
@@ -190,14 +192,28 @@ def quantized(f32):
     return make
 
 
+def _rel(got, expected):
+    err = np.linalg.norm(got - expected, axis=1) / np.linalg.norm(expected, axis=1)
+    return err.max(), int(err.argmax())
+
+
+def test_numpy_reference_matches_transformers(converted, prompt):
+    # The float64 numpy reference (tests/reference/deepseek4_numpy.py) is held to transformers first.
+    expected = hf_export.hf_logits(_transformers_on(converted, converted.gguf["f32"]), prompt)
+    err, at = _rel(Deepseek4Reference(converted.gguf["f32"]).logits(prompt), expected)
+    assert err <= 1e-4, f"numpy reference vs transformers: rel-L2 {err:.3g} at position {at}"
+
+
 @pytest.mark.parametrize("quant", ["F16", "Q8_0", "Q4_K_M"])
 def test_quantized_files_match_transformers_on_their_weights(converted, prompt, quantized, quant):
     path = quantized(quant)
     expected = hf_export.hf_logits(_transformers_on(converted, path), prompt)
     s = sharpi.Session(str(path), threads=THREADS, n_ctx=512, exact=True)
     got = np.asarray(s.decode(prompt, all_logits=True))
-    err = np.linalg.norm(got - expected, axis=1) / np.linalg.norm(expected, axis=1)
-    assert err.max() <= 1e-4, f"{quant}: rel-L2 {err.max():.3g} at position {int(err.argmax())}"
+    err, at = _rel(got, expected)
+    assert err <= 1e-4, f"{quant}: rel-L2 {err:.3g} at position {at} vs transformers"
+    err, at = _rel(got, Deepseek4Reference(path).logits(prompt))
+    assert err <= 1e-4, f"{quant}: rel-L2 {err:.3g} at position {at} vs the float64 reference"
 
 
 def test_quantized_streams_like_resident(prompt, quantized):
@@ -272,7 +288,8 @@ def test_make_model_tiny_runs_and_its_state_is_exact(tmp_path):
     tokens = hf_export.random_prompt(1024, 200, seed=5)  # past the HCA block at 128
     s = sharpi.Session(path, threads=THREADS, n_ctx=256, exact=True)
     whole = np.asarray(s.decode(tokens, all_logits=True))
-    assert np.isfinite(whole).all() and whole.std() > 0.1
+    err, at = _rel(whole, Deepseek4Reference(path).logits(tokens))
+    assert err <= 1e-4, f"make-model q4_k_m: rel-L2 {err:.3g} at position {at} vs the float64 reference"
     s.reset()
     rows = [np.asarray(s.decode([t])).reshape(-1) for t in tokens]
     np.testing.assert_array_equal(np.stack(rows), whole)
