@@ -32,6 +32,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "cpu/ops/hyper_connection.h"
 #include "cpu/ops/rope.h"
 #include "model/arch.h"
@@ -270,53 +271,65 @@ Act dsv4_attention(Forward& f, const Act& cur, int il) {
             }
         }
 
-        // Attention of each query over its window and its compressed entries.
-        std::vector<const float*> keys;
-        std::vector<float> score;
-        std::vector<int64_t> order;
-        for (int64_t t = 0; t < s.n_tokens; ++t) {
-            const int64_t r = s.row0 + t, p = s.pos0 + t;
-            keys.clear();
-            for (int64_t j = std::max<int64_t>(0, p - h.n_swa + 1); j <= p; ++j)
-                keys.push_back(cache_row(cache, il, j));
-            if (lay.ratio > 0) {
-                const int64_t n_valid = (p + 1) / lay.ratio;
-                auto entry_row = [&](int64_t w) {
-                    return cache_row(cache, il, w * lay.ratio + lay.ratio - 1);
-                };
-                if (lay.ratio == 4 && n_valid > h.indexer_top_k) {
-                    // Lightning Indexer: sum_h w_h relu(q_h . k_w) / sqrt(Di), w_h = proj / sqrt(Hi).
-                    score.assign(static_cast<size_t>(n_valid), 0.0f);
-                    const float qscale = 1.0f / std::sqrt(static_cast<float>(Di));
-                    const float wscale = 1.0f / std::sqrt(static_cast<float>(Hi));
-                    for (int64_t w = 0; w < n_valid; ++w) {
-                        const float* k = entry_row(w) + lay.idx_entry;
-                        float sc = 0.0f;
-                        for (int64_t hh = 0; hh < Hi; ++hh) {
-                            const float* qh = iq.row(r) + hh * Di;
-                            float dot = 0.0f;
-                            for (int64_t c = 0; c < Di; ++c) dot += qh[c] * k[c];
-                            sc += std::max(dot, 0.0f) * qscale * (iw.row(r)[hh] * wscale);
+        // Attention of each query over its window and its compressed entries: the queries are
+        // independent (they read only rows stored above), so they split over the CPU pool; every
+        // query computes the same bits whichever thread takes it.
+        auto queries = [&](int64_t t0, int64_t t1, int) {
+            std::vector<const float*> keys;
+            std::vector<float> score;
+            std::vector<int64_t> order;
+            for (int64_t t = t0; t < t1; ++t) {
+                const int64_t r = s.row0 + t, p = s.pos0 + t;
+                keys.clear();
+                for (int64_t j = std::max<int64_t>(0, p - h.n_swa + 1); j <= p; ++j)
+                    keys.push_back(cache_row(cache, il, j));
+                if (lay.ratio > 0) {
+                    const int64_t n_valid = (p + 1) / lay.ratio;
+                    auto entry_row = [&](int64_t w) {
+                        return cache_row(cache, il, w * lay.ratio + lay.ratio - 1);
+                    };
+                    if (lay.ratio == 4 && n_valid > h.indexer_top_k) {
+                        // Lightning Indexer: sum_h w_h relu(q_h . k_w) / sqrt(Di), w_h = proj / sqrt(Hi).
+                        score.assign(static_cast<size_t>(n_valid), 0.0f);
+                        const float qscale = 1.0f / std::sqrt(static_cast<float>(Di));
+                        const float wscale = 1.0f / std::sqrt(static_cast<float>(Hi));
+                        for (int64_t w = 0; w < n_valid; ++w) {
+                            const float* k = entry_row(w) + lay.idx_entry;
+                            float sc = 0.0f;
+                            for (int64_t hh = 0; hh < Hi; ++hh) {
+                                const float* qh = iq.row(r) + hh * Di;
+                                float dot = 0.0f;
+                                for (int64_t c = 0; c < Di; ++c) dot += qh[c] * k[c];
+                                sc += std::max(dot, 0.0f) * qscale * (iw.row(r)[hh] * wscale);
+                            }
+                            score[static_cast<size_t>(w)] = sc;
                         }
-                        score[static_cast<size_t>(w)] = sc;
+                        order.resize(static_cast<size_t>(n_valid));
+                        std::iota(order.begin(), order.end(), 0);
+                        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
+                            return score[static_cast<size_t>(a)] > score[static_cast<size_t>(c)];
+                        });
+                        order.resize(static_cast<size_t>(h.indexer_top_k));
+                        std::sort(order.begin(), order.end());
+                        for (int64_t w : order) keys.push_back(entry_row(w) + lay.comp_entry);
+                    } else {
+                        for (int64_t w = 0; w < n_valid; ++w) keys.push_back(entry_row(w) + lay.comp_entry);
                     }
-                    order.resize(static_cast<size_t>(n_valid));
-                    std::iota(order.begin(), order.end(), 0);
-                    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
-                        return score[static_cast<size_t>(a)] > score[static_cast<size_t>(c)];
-                    });
-                    order.resize(static_cast<size_t>(h.indexer_top_k));
-                    std::sort(order.begin(), order.end());
-                    for (int64_t w : order) keys.push_back(entry_row(w) + lay.comp_entry);
-                } else {
-                    for (int64_t w = 0; w < n_valid; ++w) keys.push_back(entry_row(w) + lay.comp_entry);
                 }
+                for (int64_t hh = 0; hh < H; ++hh)
+                    attend(q.row(r) + hh * D, keys, D, h.attn_scale, L.attn_sinks[static_cast<size_t>(hh)],
+                           o.row(r) + hh * D);
+                // V carried RoPE: rotate the output's rope dims back by the query's position.
+                cpu::rope(o.row(r) + nope, o.width, 1, H, D, -p, rope);
             }
-            for (int64_t hh = 0; hh < H; ++hh)
-                attend(q.row(r) + hh * D, keys, D, h.attn_scale, L.attn_sinks[static_cast<size_t>(hh)],
-                       o.row(r) + hh * D);
-            // V carried RoPE: rotate the output's rope dims back by the query's position.
-            cpu::rope(o.row(r) + nope, o.width, 1, H, D, -p, rope);
+        };
+        if (auto* cpu_backend = dynamic_cast<CpuBackend*>(&b)) {
+            // Bytes each query reads: its window and up to top_k (HCA: every) entry, all heads.
+            const int64_t per_query =
+                (h.n_swa + std::max<int64_t>(h.indexer_top_k, s.pos0 / 128 + 1)) * D * H;
+            cpu_backend->pool().parallel_for_bytes(s.n_tokens, s.n_tokens * per_query * 4, queries);
+        } else {
+            queries(0, s.n_tokens, 0);  // a wrapping backend (the op recorder): the same bits, serially
         }
     }
     f.name(o, "kqv_out", il);
