@@ -497,6 +497,9 @@ def _parse_overrides(items: list[str]) -> dict:
                 f"--set expects FIELD=VALUE with FIELD one of {', '.join(presets.FIELDS)}: '{item}'"
             )
         kind = types[key]
+        if kind == "tuple":  # deepseek4's compress_ratios: comma-separated integers
+            out[key] = tuple(int(v) for v in value.split(",") if v.strip())
+            continue
         out[key] = (
             float(value)
             if kind == "float"
