@@ -314,3 +314,23 @@ def test_deepseek_v4_preset_plans_v4_flash():
     assert specs["blk.2.ffn_gate_tid2eid.weight"].ne == (6, 129280)
     assert "blk.3.ffn_gate_tid2eid.weight" not in specs and "blk.3.exp_probs_b.bias" in specs
     assert specs["blk.5.ffn_gate_exps.weight"].type.name == "MXFP4"
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"compress_ratios": (4, 0, 128)}, "compress_ratios"),
+        ({"compress_ratios": (4, 0, 8, 4)}, "compress_ratios"),
+        ({"hc_mult": 1}, "hyper-connection streams"),
+        ({"n_head_kv": 2}, "n_head_kv must be 1"),
+        ({"o_groups": 3}, "o_groups = 3 must divide"),
+        ({"indexer_head_dim": 8}, "indexer_head_dim >= n_rot"),
+    ],
+)
+def test_make_model_refuses_shapes_deepseek4_cannot_have(overrides, match):
+    from sharpi import presets
+    from sharpi.make_model import _parse_overrides
+
+    assert _parse_overrides(["compress_ratios=0,4,4,128"]) == {"compress_ratios": (0, 4, 4, 128)}
+    with pytest.raises(sharpi.InvalidArgument, match=match):
+        presets.resolve("deepseek4", "tiny", **overrides)
