@@ -28,7 +28,6 @@
 // path refuses the architecture in cuda/device_plan.cpp).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -228,8 +227,7 @@ Act dsv4_attention(Forward& f, const Act& cur, int il) {
     }
 
     Act o = f.alloc(T, H * D);
-    std::vector<float> row(static_cast<size_t>(h.dsv4_kv_row(il)));
-    std::vector<float> row_full;
+    std::vector<float> row_full;  // one position's KV row (the cache's width: the widest layer's)
     for (const SeqSpan& s : f.spans()) {
         KvCache& cache = *s.kv;
         row_full.assign(static_cast<size_t>(cache.row_width()), 0.0f);
