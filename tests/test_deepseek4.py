@@ -253,6 +253,18 @@ def test_refusals_are_typed_errors(f32, tmp_path):
     rewrite_gguf(f32, str(linear), set_kv={"deepseek4.rope.scaling.type": "linear", "deepseek4.rope.scaling.factor": 2.0})
     with pytest.raises(sharpi.UnsupportedError, match="linear rope scaling"):
         sharpi.Session(str(linear), threads=THREADS, n_ctx=64)
+    bad_table = tmp_path / "tid2eid.gguf"
+
+    def out_of_range(name, raw, ttype, shape):
+        if name != "blk.0.ffn_gate_tid2eid.weight":
+            return None
+        table = np.frombuffer(raw.tobytes(), dtype=np.int32).copy()
+        table[5] = 99  # no such expert
+        return table.view(np.uint8), ttype, shape
+
+    rewrite_gguf(f32, str(bad_table), tensor_edit=out_of_range)
+    with pytest.raises(sharpi.FormatError, match="names expert 99"):
+        sharpi.Session(str(bad_table), threads=THREADS, n_ctx=64)
     missing = tmp_path / "no_hc_head.gguf"
     rewrite_gguf(f32, str(missing), drop_tensors=("output_hc_fn.weight",))
     with pytest.raises(sharpi.MissingTensorError, match="output_hc_fn"):
