@@ -101,6 +101,19 @@ std::vector<HostWeight> device_weights(const Model& model) {
         add_vector(out, ModelLoader::block_name(il, "ffn_gate_exps.bias"), L.ffn_gate_exps_b);
         add_vector(out, ModelLoader::block_name(il, "ffn_up_exps.bias"), L.ffn_up_exps_b);
         add_vector(out, ModelLoader::block_name(il, "ffn_down_exps.bias"), L.ffn_down_exps_b);
+        // deepseek4's matrices (the device path refuses the arch; listed so the table names its ops).
+        add_linear(out, il, "attn_kv", L.wkv);
+        add_vector(out, ModelLoader::block_name(il, "attn_kv_a_norm.weight"), L.attn_kv_norm);
+        add_linear(out, il, "attn_output_a", L.wo_a);
+        add_linear(out, il, "attn_output_b", L.wo_b);
+        add_linear(out, il, "hc_attn_fn", L.hc_attn_fn);
+        add_linear(out, il, "hc_ffn_fn", L.hc_ffn_fn);
+        add_linear(out, il, "attn_compressor_kv", L.comp_wkv);
+        add_linear(out, il, "attn_compressor_gate", L.comp_wgate);
+        add_linear(out, il, "indexer_compressor_kv", L.idx_comp_wkv);
+        add_linear(out, il, "indexer_compressor_gate", L.idx_comp_wgate);
+        add_linear(out, il, "indexer.attn_q_b", L.idx_q_b);
+        add_linear(out, il, "indexer.proj", L.idx_proj);
         if (!moe) continue;
         for (int part = 0; part < kExpertParts; ++part) {
             const ExpertPart& p = model.experts.part(il, part);
@@ -110,6 +123,7 @@ std::vector<HostWeight> device_weights(const Model& model) {
     }
     add_vector(out, "output_norm.weight", model.output_norm);
     add_view(out, "output.weight", model.output);
+    add_view(out, "output_hc_fn.weight", model.hc_head_fn.w);
     return out;
 }
 

@@ -49,6 +49,7 @@ OpCall attention_call(GgmlType type_k, const AttentionShape& shape) {
 OpCall route_topk_call(const RouterParams& params, int64_t n_expert) {
     std::vector<std::string> v;
     if (params.gating == Gating::sigmoid) v.push_back("sigmoid");
+    if (params.gating == Gating::sqrt_softplus) v.push_back("sqrt_softplus");
     if (params.n_group > 1) v.push_back("groups");
     if (params.weights_scale != 1.0f) v.push_back("scale");
     if (params.selection_bias) v.push_back("selection_bias");
@@ -64,6 +65,7 @@ std::vector<OpCall> expert_calls(const char* op, const ExpertFfnWeights* experts
         std::vector<std::string> v;
         if (e.gate_b || e.up_b || e.down_b) v.push_back("bias");
         if (e.swiglu_limit > 0.0f) v.push_back("clamped_swiglu");
+        if (e.swiglu_clamp > 0.0f) v.push_back("clamped_swiglu_v4");
         if (exact) v.push_back("exact");
         const std::string variant = join(v);
         for (GgmlType t : {e.gate.type, e.up.type, e.down.type}) {

@@ -24,11 +24,14 @@ def llama_tools_dir() -> Path:
     return bin_dir
 
 
-def llama_quantize(src: Path, out: Path, quant: str = "Q4_K_M", threads: int = 2) -> Path:
-    """`src` quantized by llama-quantize to `quant` at `out` (kept when it exists)."""
+def llama_quantize(src: Path, out: Path, quant: str = "Q4_K_M", threads: int = 2, options=()) -> Path:
+    """`src` quantized by llama-quantize to `quant` at `out` (kept when it exists). options: flags
+    before the file names (deepseek4's converter files need --allow-requantize: their experts are
+    MXFP4 already)."""
     out = Path(out)
     if not out.is_file():
-        run = subprocess.run([str(llama_tools_dir() / "llama-quantize"), str(src), str(out), quant, str(threads)],
+        run = subprocess.run([str(llama_tools_dir() / "llama-quantize"), *options, str(src), str(out), quant,
+                              str(threads)],
                              capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
         assert run.returncode == 0, f"llama-quantize failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
     return out

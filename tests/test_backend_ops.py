@@ -40,6 +40,10 @@ EXPECTED_BLOCKERS = {
     # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
     "llama4": {"attention", "route_topk", "scale_rows"},
     "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
+    # sqrt(softplus) routing with a weight scale, the V4 clamped SwiGLU of every expert. Its attention,
+    # hyper-connections and compressors are host code (model/archs/deepseek4.cpp), not backend ops:
+    # the device path refuses the architecture as a whole (cuda/device_plan.cpp).
+    "deepseek4": {"route_topk", "expert_ffn_batch", "expert_ffn_one_token"},
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).

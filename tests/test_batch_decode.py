@@ -19,7 +19,9 @@ from reader_policy import uring_unavailable
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe",
-         "gpt-oss", "glm4moe", "llama4", "minimax-m2"]
+         "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek4"]
+# deepseek4 keeps its sliding-window and compressor state in an f32 KV row and refuses other types.
+F32_KV_ONLY = {"deepseek4"}
 KV_TYPES = ["f32", "f16", "q8_0", "q4_0"]
 HYBRID = {"qwen3next", "qwen35moe"}
 
@@ -100,6 +102,11 @@ def test_batch_equals_alone(models, arch, kv, exact):
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     n_seq = int(rng.integers(2, 6))
+    if arch in F32_KV_ONLY and kv != "f32":
+        with pytest.raises(sharpi.InvalidArgument, match="f32 cache row"):
+            sharpi.Session(models[arch], threads=2, n_ctx=96, n_seq=n_seq, exact=exact, cache_type_k=kv,
+                           cache_type_v=kv)
+        return
     s = sharpi.Session(models[arch], threads=2, n_ctx=96, n_seq=n_seq, exact=exact, cache_type_k=kv,
                        cache_type_v=kv)
     lengths = [int(n) for n in rng.integers(1, 40, n_seq)]
@@ -107,7 +114,7 @@ def test_batch_equals_alone(models, arch, kv, exact):
     check_schedule(s, tokens, steps, f"{arch} kv {kv} {'exact' if exact else 'fast'} seed {seed}")
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "qwen35moe"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "qwen35moe", "deepseek4"])
 def test_long_prompt_beside_decoding_sequences(models, arch):
     # A prompt longer than the engine's 256-row chunk shares steps with one-token decodes: it is
     # cut into the same 256-token pieces as alone, and no piece straddles two chunks.
@@ -170,7 +177,7 @@ def test_added_cancelled_and_removed_sequences_leave_the_others_unchanged(models
 def test_fork_shares_a_prefix(models):
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
-    for arch in ("qwen3moe", "deepseek2", "qwen35moe"):
+    for arch in ("qwen3moe", "deepseek2", "qwen35moe", "deepseek4"):
         s = sharpi.Session(models[arch], threads=2, n_ctx=64, n_seq=3)
         V = s.info["n_vocab"]
         prefix, tail_a, tail_b = (rng.integers(0, V, n).tolist() for n in (10, 4, 6))

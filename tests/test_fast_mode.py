@@ -36,7 +36,7 @@ import pytest
 import sharpi
 from sharpi.make_model import write_model
 
-MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "minimax-m2"]
+MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "minimax-m2", "deepseek4"]
 QUANT_TYPES = [
     "q8_0",
     "q4_0",
@@ -74,7 +74,16 @@ AGREEMENT_MIN = 0.85  # measured >= 0.896
 # experts), measured 2026-12-07 over 450 random prompts x 12 quant types: lowest agreement 0.812
 # (q3_k, q2_k, q5_k_m; 39 of 48), 1st percentile 0.854 to 0.906; highest median 2.8e-2, worst
 # position 0.54. Its floor leaves two more flips.
-AGREEMENT_MIN_BY_ARCH = {"deepseek2": 0.70, "llama": 0.79, "glm4moe": 0.79, "minimax-m2": 0.77}
+# deepseek4 (tiny: an indexer keeping 2 of up to 12 compressed entries, a hash-routed layer,
+# 4 hyper-connection streams), measured 2026-12-07 over 40 random prompts x 12 quant types: lowest
+# agreement 0.6875 (q4_0; 33 of 48), mean 0.876 to 0.916; highest median 6.1e-2 (q5_k_m), worst
+# position 0.87 (q2_k). The mean median is ~2e-2 as elsewhere (measured over 15 q8_0 prompts); the
+# tails are the indexer's top-2 and the router flipping on quantized activations (with the indexer
+# keeping every entry the highest median drops from 3.5e-2 to 2.7e-2). F32 / F16 / BF16 files give
+# exact mode's bits. Its budgets leave two more flips.
+AGREEMENT_MIN_BY_ARCH = {"deepseek2": 0.70, "llama": 0.79, "glm4moe": 0.79, "minimax-m2": 0.77, "deepseek4": 0.64}
+MEDIAN_BUDGET_BY_ARCH = {"deepseek4": 8e-2}
+WORST_BUDGET_BY_ARCH = {"deepseek4": 1.0}
 DENSE_WORST_BUDGET = 5e-2  # measured <= 1.7e-2
 
 N_TOKENS = 48
@@ -124,8 +133,8 @@ def test_fast_mode_within_budget_of_exact(arch, quant, model, rng):
     assert np.isfinite(fast).all()
     assert not np.array_equal(fast, exact), "fast mode gave exact mode's bits: are activations quantized?"
     what = f"{arch}/{quant}: median {np.median(per_position):.2e}, worst {per_position.max():.2e}, agreement {agreement:.3f}"
-    assert np.median(per_position) <= MEDIAN_BUDGET, what
-    assert per_position.max() <= WORST_BUDGET, what
+    assert np.median(per_position) <= MEDIAN_BUDGET_BY_ARCH.get(arch, MEDIAN_BUDGET), what
+    assert per_position.max() <= WORST_BUDGET_BY_ARCH.get(arch, WORST_BUDGET), what
     assert agreement >= AGREEMENT_MIN_BY_ARCH.get(arch, AGREEMENT_MIN), what
 
 

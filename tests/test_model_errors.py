@@ -34,7 +34,7 @@ def test_unknown_architecture(tiny, tmp_path):
         sharpi.Session(bad)
     # The list names every supported architecture (the make-model ones and qwen3next's hybrid kin).
     for arch in ("llama", "qwen2moe", "qwen3moe", "olmoe", "qwen2", "qwen3", "deepseek2", "qwen3next",
-                 "qwen35moe", "gpt-oss", "glm4moe", "llama4", "minimax-m2"):  # fmt: skip
+                 "qwen35moe", "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek4"):  # fmt: skip
         assert f"{arch}" in str(error.value).split("supported:")[1], arch
 
 
@@ -120,7 +120,7 @@ def test_deepseek2_old_conversion_without_split_kv_b(tiny_deepseek2, tmp_path):
 @pytest.mark.parametrize(
     "kv, match",
     [
-        ({"deepseek2.expert_gating_func": 4}, r"expert_gating_func 4 is not supported"),
+        ({"deepseek2.expert_gating_func": 5}, r"expert_gating_func 5 is not supported"),
         ({"deepseek2.expert_group_count": 3}, r"expert groups: 3 groups"),
         ({"deepseek2.attention.value_length": 100}, r"inconsistent MLA hyper-parameters"),
         ({"deepseek2.leading_dense_block_count": 9}, r"leading_dense_block_count 9 > block_count"),

@@ -58,6 +58,12 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     n_ctx_ = plan.n_ctx;
     if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
     if (options.mtp) {
+        if (h.hc_mult > 1) {
+            throw UnsupportedError(
+                "mtp: " + h.arch +
+                "'s multi-token-prediction blocks (hyper-connection streams) are not run by "
+                "sharpi yet");
+        }
         mtp_ = std::make_unique<MtpHead>(*model_, options.mtp_file);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
     }
@@ -632,7 +638,8 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         }
         r.n_past = -1;  // mid-update until the whole step completes
     }
-    residual_.resize(static_cast<size_t>(n * h.n_embd));
+    const int64_t n_residual = h.n_embd_residual();  // hc_mult streams (deepseek4), else n_embd
+    residual_.resize(static_cast<size_t>(n * n_residual));
     // One MoE FFN (its routing) and one Forward (its spans) per chunk; deques keep addresses.
     // With dumping on, a step of several chunks records each chunk apart (merged after the step).
     std::deque<MoeFfn> moes;
@@ -663,7 +670,8 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         f.set_timeline(&timeline_);
         f.set_exact(exact_);
         f.set_spans(std::move(spans));
-        xs.push_back(Act{residual_.data() + c0 * h.n_embd, rows, h.n_embd});
+        xs.push_back(Act{residual_.data() + c0 * n_residual, rows, n_residual});
+        f.set_tokens(tokens.data() + c0);
         backend_->reset_activations();
         f.embed(tokens.data() + c0, xs.back());
         c0 += rows;
@@ -734,10 +742,10 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
         }
         // Gather the wanted rows, one head for all of them (the lm_head's weights are read once per
         // chunk, not once per sequence), and scatter the logits.
-        Act picked = f.alloc(static_cast<int64_t>(rows.size()), h.n_embd);
+        Act picked = f.alloc(static_cast<int64_t>(rows.size()), n_residual);
         for (size_t i = 0; i < rows.size(); ++i)
-            backend_->copy_rows(x.row(rows[i]), h.n_embd, picked.row(static_cast<int64_t>(i)), h.n_embd, 1,
-                                h.n_embd);
+            backend_->copy_rows(x.row(rows[i]), n_residual, picked.row(static_cast<int64_t>(i)), n_residual,
+                                1, n_residual);
         std::vector<float> head(rows.size() * static_cast<size_t>(h.n_vocab));
         f.output_head(picked, 0, head.data());
         for (size_t i = 0; i < rows.size(); ++i)

@@ -41,14 +41,22 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     p.latent_kv = h.is_mla();
     // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.
     const int64_t T = r.max_batch, k = h.n_expert_used;
-    const int64_t floats_per_token = 10 * h.n_embd + 4 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert +
-                                     3 * h.ssm_conv_channels() + 3 * h.ssm_d_inner + 6 * h.ssm_dt_rank +
-                                     k * (4 * h.n_embd + 3 * h.n_ff_exp) + 4 * std::max(h.n_ff_shexp, h.n_ff);
+    const int64_t floats_per_token =
+        10 * h.n_embd + 4 * h.n_embd_q() + 3 * h.n_embd_kv() + 3 * h.n_expert + 3 * h.ssm_conv_channels() +
+        3 * h.ssm_d_inner + 6 * h.ssm_dt_rank + k * (4 * h.n_embd + 3 * h.n_ff_exp) +
+        4 * std::max(h.n_ff_shexp, h.n_ff) +
+        // deepseek4: the hyper-connection rows (streams, their norm, the
+        // mixed output) and the compressor / indexer projections.
+        (h.hc_mult > 1
+             ? 4 * h.n_embd_residual() + 6 * h.head_dim + 4 * h.indexer_head_dim +
+                   h.indexer_n_head * (h.indexer_head_dim + 1) + h.o_groups * h.o_lora_rank + 2 * h.n_lora_q
+             : 0);
     // The residual rows of a whole step are live at once (a prompt runs layer-major over its chunks):
     // at most max(n_ctx, max_batch) of them (Engine::max_step_tokens).
     const int64_t step_rows = std::max(r.n_ctx, r.max_batch);
     p.buffer_bytes =
-        static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab + step_rows * h.n_embd) * sizeof(float) +
+        static_cast<uint64_t>(T * floats_per_token + T * h.n_vocab + step_rows * h.n_embd_residual()) *
+            sizeof(float) +
         cpu::kAttentionSplitMaxFloats * sizeof(float) + (8u << 20);
     p.fixed_bytes = p.dense_bytes + p.kv_bytes + p.buffer_bytes + p.mtp_bytes;
     if (h.is_moe()) {

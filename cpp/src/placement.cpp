@@ -231,8 +231,11 @@ Placement plan_placement(const SessionOptions& options, const RamBudget& ram, co
     p.exact = exact_mode(options);
     p.n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(h.n_ctx_train, 4096);
     check_context_size(p.n_ctx, h.n_ctx_train, options.allow_long_context, path);
-    p.type_k = kv_type_for(options.cache_type_k, p.exact);
-    p.type_v = kv_type_for(options.cache_type_v, p.exact);
+    // deepseek4's cache row holds compressor state that must stay f32 (model/kv_cache.h): f32 by
+    // default in both modes; another requested type is refused by kv_layout.
+    const bool f32_state = !h.compress_ratios.empty();
+    p.type_k = kv_type_for(options.cache_type_k, p.exact || f32_state);
+    p.type_v = kv_type_for(options.cache_type_v, p.exact || f32_state);
     // CPU compute of VRAM misses: the mode is checked here, before any device is touched.
     p.misses.mode = parse_miss_mode(cpu_moe_forced() ? "cpu" : options.miss_route);
     p.misses.copy_bytes_per_s = options.miss_copy_bytes_per_s;

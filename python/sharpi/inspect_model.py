@@ -69,6 +69,11 @@ def inspect_summary(path) -> dict:
     routing = _routing_summary(arch, hparams, by_name)
     if arch == "llama4":
         attention["llama4"] = _llama4_summary(hparams, "rope_freqs.weight" in by_name)
+    if arch == "deepseek4":
+        attention["deepseek4"] = _deepseek4_summary(hparams)
+        # One shared kv head that is both K and V, plus the compressor state, in one f32 row.
+        attention["kind"] = "shared-kv mqa"
+        attention["kv_cache_floats_per_token_layer"] = max(attention["deepseek4"]["kv_row_floats"], default=0)
 
     by_type: dict[str, dict] = {}
     for t in tensors:
@@ -219,7 +224,7 @@ def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
     if not hparams.get("expert_count"):
         return OrderedDict()
     gating = int(hparams.get("expert_gating_func", 2 if arch in ("glm4moe", "minimax-m2") else 1) or 1)
-    out = OrderedDict(gating="sigmoid" if gating == 2 else "softmax")
+    out = OrderedDict(gating={2: "sigmoid", 4: "sqrt(softplus)"}.get(gating, "softmax"))
     out["selection_bias"] = any(n.endswith(".exp_probs_b.bias") for n in by_name)
     if "expert_weights_norm" in hparams or arch == "minimax-m2":
         out["weights_norm"] = bool(hparams.get("expert_weights_norm", True))
@@ -254,6 +259,33 @@ def _llama4_summary(hparams: dict, has_rope_freqs: bool) -> OrderedDict:
         qk_l2_norm=int(hparams.get("expert_count", 0) or 0) != 128,
         temperature="ln(floor((p + 1) / 8192) + 1) * 0.1 + 1 on the NoPE layers" if chunked else None,
         rope_freqs=has_rope_freqs,
+    )
+
+
+def _deepseek4_summary(hparams: dict) -> OrderedDict:
+    """DeepSeek-V4's layer pattern and state (model/archs/deepseek4.cpp): per layer "S" (sliding
+    window only), "C" (compressed sparse attention, ratio 4, Lightning Indexer top-k) or "H" (heavily
+    compressed, ratio 128); the hyper-connection streams, the hash-routed leading layers, and the
+    f32 KV row sharpi keeps per position and layer (HParams::dsv4_kv_row)."""
+    raw = hparams.get("attention.compress_ratios")
+    ratios = [int(r) for r in (raw.tolist() if hasattr(raw, "tolist") else raw or [])]
+    n_layer = int(hparams.get("block_count", 0)) - int(hparams.get("nextn_predict_layers", 0) or 0)
+    ratios = ratios[:n_layer]
+    head_dim = int(hparams.get("attention.key_length", 0) or 0)
+    idx_dim = int(hparams.get("attention.indexer.key_length", 0) or 0)
+
+    def row(r: int) -> int:
+        coff = 2 if r == 4 else 1
+        return head_dim + ((2 * coff + 1) * head_dim if r else 0) + (5 * idx_dim if r == 4 else 0)
+
+    return OrderedDict(
+        layer_kinds="".join({0: "S", 4: "C", 128: "H"}.get(r, "?") for r in ratios),
+        sliding_window=int(hparams.get("attention.sliding_window", 0) or 0),
+        indexer_top_k=int(hparams.get("attention.indexer.top_k", 0) or 0),
+        hc_streams=int(hparams.get("hyper_connection.count", 1) or 1),
+        hash_layers=int(hparams.get("hash_layer_count", 0) or 0),
+        output_groups=int(hparams.get("attention.output_group_count", 0) or 0),
+        kv_row_floats=[row(r) for r in ratios],
     )
 
 
@@ -346,6 +378,14 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         w(f"  sliding window {a['sliding_window']} on layers {a['sliding_layers']}")
     if a.get("sinks"):
         w("  attention sinks: one learned logit per head (attn_sinks)")
+    if a.get("deepseek4"):
+        d = a["deepseek4"]
+        w(
+            f"  deepseek4 layers (S sliding window {d['sliding_window']}, C compressed sparse ratio 4 top-"
+            f"{d['indexer_top_k']}, H heavily compressed ratio 128): {d['layer_kinds']}; "
+            f"{d['hc_streams']} hyper-connection streams; {d['hash_layers']} hash-routed layer(s); "
+            f"{d['output_groups']} output groups; f32 KV row floats/position per layer {d['kv_row_floats']}"
+        )
     if a.get("llama4"):
         m = a["llama4"]
         w(

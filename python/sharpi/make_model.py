@@ -96,7 +96,8 @@ def _write_metadata(
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the
     # dense width (unused by the MoE layers) for the Qwen MoE models.
     dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe", "llama4") or not hp.is_moe
-    w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
+    if hp.arch != "deepseek4":  # V4's config has no intermediate_size
+        w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
     if hp.arch == "deepseek2":
@@ -116,7 +117,7 @@ def _write_metadata(
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
     # key_length / value_length exist when the HF config has head_dim: Qwen3 always, Llama when set.
-    key_length_archs = ("qwen3", "qwen3moe", "glm4moe", "llama4", "minimax-m2") + HYBRID_ARCHES
+    key_length_archs = ("qwen3", "qwen3moe", "glm4moe", "llama4", "minimax-m2", "deepseek4") + HYBRID_ARCHES
     if hp.arch in key_length_archs or (hp.arch == "llama" and hp.q_width != hp.n_embd):
         w.add_key_length(hp.head_dim)
         w.add_value_length(hp.head_dim)
@@ -135,6 +136,8 @@ def _write_metadata(
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_expert_feed_forward_length(hp.n_ff_exp)
         w.add_rope_dimension_count(hp.n_rot or hp.head_dim)
+    if hp.arch == "deepseek4":
+        _write_deepseek4_metadata(w, hp)
     if hp.arch in ("llama", "llama4"):
         w.add_vocab_size(hp.n_vocab)
         w.add_rope_dimension_count(hp.head_dim)
@@ -162,6 +165,34 @@ def _write_metadata(
     w.add_string("sharpi.preset", preset)
     w.add_uint32("sharpi.seed", seed)
     w.add_string("sharpi.weights", weights)
+
+
+def _write_deepseek4_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
+    """The keys DeepseekV4Model.set_gguf_parameters writes after the common ones (by key name: the
+    installed gguf package may predate V4's writer methods)."""
+    a, n = hp.arch, hp.n_layer
+    w.add_uint32(f"{a}.expert_gating_func", 4)  # sqrt(softplus) (llama.cpp's enum)
+    w.add_rope_dimension_count(hp.n_rot)
+    w.add_q_lora_rank(hp.n_lora_q)
+    w.add_sliding_window(hp.n_swa)
+    w.add_expert_feed_forward_length(hp.n_ff_exp)
+    w.add_expert_shared_count(hp.n_ff_shexp // hp.n_ff_exp)
+    w.add_expert_weights_scale(hp.expert_weights_scale)
+    w.add_expert_weights_norm(True)
+    w.add_array(f"{a}.swiglu_clamp_exp", [float(hp.swiglu_clamp)] * n)
+    w.add_array(f"{a}.swiglu_clamp_shexp", [float(hp.swiglu_clamp)] * n)
+    w.add_uint32(f"{a}.attention.indexer.head_count", hp.indexer_n_head)
+    w.add_uint32(f"{a}.attention.indexer.key_length", hp.indexer_head_dim)
+    w.add_uint32(f"{a}.attention.indexer.top_k", hp.indexer_top_k)
+    w.add_uint32(f"{a}.attention.output_group_count", hp.o_groups)
+    w.add_uint32(f"{a}.attention.output_lora_rank", hp.o_lora_rank)
+    w.add_array(f"{a}.attention.compress_ratios", [int(r) for r in hp.compress_ratios])
+    w.add_float32(f"{a}.attention.compress_rope_freq_base", hp.compress_rope_freq_base)
+    w.add_uint32(f"{a}.hyper_connection.count", hp.hc_mult)
+    w.add_uint32(f"{a}.hyper_connection.sinkhorn_iterations", hp.hc_sinkhorn_iters)
+    w.add_float32(f"{a}.hyper_connection.epsilon", hp.hc_eps)
+    w.add_uint32(f"{a}.hash_layer_count", hp.n_hash_layers)
+    w.add_uint32(f"{a}.embedding_length_out", hp.n_embd * hp.hc_mult)
 
 
 def _write_glm4moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
@@ -466,6 +497,9 @@ def _parse_overrides(items: list[str]) -> dict:
                 f"--set expects FIELD=VALUE with FIELD one of {', '.join(presets.FIELDS)}: '{item}'"
             )
         kind = types[key]
+        if kind == "tuple":  # deepseek4's compress_ratios: comma-separated integers
+            out[key] = tuple(int(v) for v in value.split(",") if v.strip())
+            continue
         out[key] = (
             float(value)
             if kind == "float"

@@ -20,7 +20,7 @@ from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
 MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe",
-              "llama4", "minimax-m2")  # always MoE
+              "llama4", "minimax-m2", "deepseek4")  # always MoE
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -80,6 +80,23 @@ class HParams:
     rope_llama3_low_freq: float = 1.0
     rope_llama3_high_freq: float = 4.0
     rope_llama3_n_ctx_orig: int = 8192
+    # deepseek4 (DeepSeek-V4; docs/design.md §12): per-layer compression ratios (0 sliding window
+    # only, 4 CSA, 128 HCA), the compressed branches' RoPE base, hyper-connection streams, Sinkhorn
+    # iterations and epsilon, the Lightning Indexer (heads, head width, top-k), the grouped output
+    # projection (groups, rank per group), hash-routed leading layers and the SwiGLU clamp. n_lora_q,
+    # n_rot and n_swa (the window) are the fields above; n_head_kv is 1.
+    compress_ratios: tuple = ()
+    compress_rope_freq_base: float = 160000.0
+    hc_mult: int = 0
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    indexer_n_head: int = 0
+    indexer_head_dim: int = 0
+    indexer_top_k: int = 0
+    o_groups: int = 0
+    o_lora_rank: int = 0
+    n_hash_layers: int = 0
+    swiglu_clamp: float = 0.0
 
     @property
     def is_moe(self) -> bool:
@@ -381,6 +398,51 @@ PRESETS["minimax-m2"] = {
     "rms_eps": 1e-6,
     "n_rot": 64,
 }
+# deepseek-ai/DeepSeek-V4-Flash (transformers' DeepseekV4Config defaults, which are V4-Flash's): 43
+# layers, 64 query heads of 512 over one shared K=V head, q LoRA 1024, RoPE on 64 dims, output in 8
+# groups of rank 1024, 256 routed experts top-6 of width 2048 + 1 shared, sqrt(softplus) routing
+# scaled 1.5, the first 3 layers hash-routed, 4 hyper-connection streams, window 128, an indexer of
+# 64 heads x 128 keeping 512 entries; layers: 2 HCA then CSA / HCA alternating (transformers'
+# default schedule). The released config's YaRN on the compressed branches is left out of the
+# preset (make-model writes YaRN keys for deepseek2 only; sharpi runs it on converted V4 files).
+PRESETS["deepseek-v4"] = {
+    "arch": "deepseek4",
+    "n_vocab": 129280,
+    "n_ctx_train": 1048576,
+    "n_embd": 4096,
+    "n_layer": 43,
+    "n_head": 64,
+    "n_head_kv": 1,
+    "head_dim": 512,
+    "n_ff": 0,
+    "n_expert": 256,
+    "n_expert_used": 6,
+    "n_ff_exp": 2048,
+    "n_ff_shexp": 2048,
+    "rope_freq_base": 10000.0,
+    "rms_eps": 1e-6,
+    "n_lora_q": 1024,
+    "n_rot": 64,
+    "n_swa": 128,
+    "expert_weights_scale": 1.5,
+    "compress_ratios": (128, 128) + tuple(4 if i % 2 else 128 for i in range(41)),
+    "hc_mult": 4,
+    "indexer_n_head": 64,
+    "indexer_head_dim": 128,
+    "indexer_top_k": 512,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "n_hash_layers": 3,
+    "swiglu_clamp": 10.0,
+}
+# "tiny" as deepseek4: CSA, sliding only, HCA, CSA; a window of 8 and an indexer keeping 2 entries,
+# so that short test prompts pass every window; the first layer hash-routed.
+TINY_DEEPSEEK4 = {
+    "n_layer": 4, "n_head_kv": 1, "head_dim": 64, "n_rot": 16, "n_lora_q": 64, "n_swa": 8,
+    "n_ff_shexp": 256, "expert_weights_scale": 1.5, "compress_ratios": (4, 0, 128, 4), "hc_mult": 4,
+    "indexer_n_head": 4, "indexer_head_dim": 64, "indexer_top_k": 2, "o_groups": 2, "o_lora_rank": 64,
+    "n_hash_layers": 1, "swiglu_clamp": 10.0,
+}  # fmt: skip
 # "tiny" as minimax-m2: head_dim 128 != n_embd / n_head (as MiniMax-M2's 128 vs 64), RoPE on half of it.
 TINY_MINIMAX_M2 = {"head_dim": 128, "n_rot": 64}
 # "tiny" as gpt-oss: 3 layers (sliding, full, sliding) with a window shorter than a typical test run.
@@ -463,6 +525,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p["n_expert"] = p["n_expert_used"] = 0
         if arch not in ("qwen2moe", "glm4moe") + HYBRID_ARCHES:
             p["n_ff_shexp"] = 0
+        if arch == "deepseek4":
+            p.update(TINY_DEEPSEEK4)
         if arch == "deepseek2":
             p.update(TINY_DEEPSEEK2)
         if arch == "gpt-oss":
@@ -486,6 +550,26 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
     hp = HParams(**p)
     validate(hp)
     return hp
+
+
+def _validate_deepseek4(hp: HParams, bad) -> None:
+    if hp.n_head_kv != 1:
+        bad("one shared K=V head: n_head_kv must be 1")
+    if len(hp.compress_ratios) != hp.n_layer or any(r not in (0, 4, 128) for r in hp.compress_ratios):
+        bad(f"compress_ratios {tuple(hp.compress_ratios)} must give each of the {hp.n_layer} layers 0, 4 or 128")
+    for name in ("n_lora_q", "n_rot", "n_swa", "hc_sinkhorn_iters", "o_groups", "o_lora_rank"):
+        if int(getattr(hp, name)) <= 0:
+            bad(f"{name} = {getattr(hp, name)} must be positive")
+    if hp.hc_mult < 2:
+        bad(f"hc_mult = {hp.hc_mult}: DeepSeek-V4's residual is at least 2 hyper-connection streams")
+    if hp.n_head % hp.o_groups:
+        bad(f"o_groups = {hp.o_groups} must divide n_head = {hp.n_head}")
+    if 4 in hp.compress_ratios and (hp.indexer_n_head <= 0 or hp.indexer_head_dim < hp.n_rot or hp.indexer_top_k <= 0):
+        bad("CSA layers need indexer_n_head > 0, indexer_head_dim >= n_rot and indexer_top_k > 0")
+    if not 0 <= hp.n_hash_layers <= hp.n_layer:
+        bad(f"n_hash_layers = {hp.n_hash_layers} must be in 0..n_layer")
+    if hp.n_ff_shexp % hp.n_ff_exp:
+        bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
 
 
 def validate(hp: HParams) -> None:
@@ -512,8 +596,11 @@ def validate(hp: HParams) -> None:
     shexp_required = ("qwen2moe",) + HYBRID_ARCHES
     if hp.arch in shexp_required and hp.n_ff_shexp <= 0:
         bad(f"{hp.arch} needs a shared expert: n_ff_shexp must be positive")
-    if hp.arch not in shexp_required + ("deepseek2", "glm4moe", "llama4") and hp.n_ff_shexp:
-        bad("only qwen2moe, deepseek2, glm4moe, qwen3next, qwen35moe and llama4 have shared experts; set n_ff_shexp = 0")
+    if hp.arch not in shexp_required + ("deepseek2", "glm4moe", "llama4", "deepseek4") and hp.n_ff_shexp:
+        bad("only qwen2moe, deepseek2, glm4moe, qwen3next, qwen35moe, llama4 and deepseek4 have shared experts; "
+            "set n_ff_shexp = 0")
+    if hp.arch == "deepseek4":
+        _validate_deepseek4(hp, bad)
     if hp.arch == "llama4":
         if hp.n_ff_shexp != hp.n_ff_exp:
             bad("the shared expert is as wide as a routed one (llama.cpp): n_ff_shexp must equal n_ff_exp")

@@ -155,7 +155,9 @@ def _random_float32(spec: TensorSpec, rng: np.random.Generator, chunk_bytes: int
 def tensor_data(spec: TensorSpec, seed: int, weights: str) -> Iterator[np.ndarray]:
     """The tensor's bytes, as one or more arrays in order."""
     small = spec.role in ("norm", "bias", "router", "shexp_gate", "ssm_a")  # tiny, f32: always real draws
-    if spec.values is not None:  # computed from the hyper-parameters (rope_freqs)
+    if spec.type == QT.I32:  # deepseek4's hash table: the values themselves
+        yield np.asarray(spec.values, dtype=np.int32).reshape(spec.numpy_shape)
+    elif spec.values is not None:  # computed from the hyper-parameters (rope_freqs)
         yield quantize(spec.values.reshape(spec.numpy_shape), spec.type)
     elif (weights == "float" and spec.type not in RANDOM_ONLY) or small:
         x = _float_weights(spec, _tensor_rng(seed, spec.name))

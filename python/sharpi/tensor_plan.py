@@ -78,7 +78,7 @@ class TensorSpec:
     name: str
     ne: tuple[int, ...]
     layer: int | None  # block index for blk.N.* tensors
-    role: str  # embed | linear | out_linear | router | shexp_gate | norm | bias | lm_head | rope_freqs
+    role: str  # embed | linear | out_linear | router | shexp_gate | norm | bias | lm_head | rope_freqs | table
     type: QT = QT.F32
     # Fixed values (float32, numpy shape) for a tensor that is computed, not drawn (rope_freqs).
     values: object = field(default=None, compare=False, repr=False)
@@ -110,6 +110,7 @@ class TensorSpec:
             "norm": 0.05,  # around 1.0, see _float_weights
             "bias": 0.05,
             "rope_freqs": 0.0,  # computed, not drawn (synthetic_weights.tensor_data)
+            "table": 0.0,  # deepseek4's i32 hash table, computed (tensor_plan._deepseek4_layer)
         }[self.role]
 
 
@@ -135,6 +136,12 @@ def choose_type(spec: TensorSpec, hp: HParams, recipe: QuantRecipe, pure: bool =
     """The ggml type llama.cpp's tools give this tensor (rules of convert_hf_to_gguf.py and
     src/llama-quant.cpp, re-stated; `pure` = llama-quantize --pure: one type for every weight matrix)."""
     name, row = spec.name, spec.ne[0]
+    if spec.role == "table":  # deepseek4's hash routing table: i32 token -> expert ids
+        return QT.I32
+    # deepseek4: the hyper-connection mixes and the compressors' position biases stay f32 (the
+    # checkpoint's f32 tensors, which the converter keeps f32 whatever --outtype says).
+    if ".hc_" in name or name.startswith("output_hc_") or "_ape." in name:
+        return QT.F32
     # Never quantized: 1-D tensors, norms, biases, routers, the DeltaNet conv kernel (both converter
     # and quantizer agree).
     if (
@@ -234,6 +241,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch == "llama4":
             specs += _llama4_layer(hp, il)
             continue
+        if hp.arch == "deepseek4":
+            specs += _deepseek4_layer(hp, il)
+            continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
             TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
@@ -295,11 +305,85 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         # Qwen3.5 / Qwen3-Next (mtp.*): a full-attention block of the arch, then the nextn tensors.
         specs += _hybrid_layer(hp, il, shexp_gate_ne, attention=True) + _nextn_tensors(hp, il)
     specs.append(TensorSpec("output_norm.weight", (E,), None, "norm"))
+    if hp.arch == "deepseek4":  # the hyper-connection head
+        N = hp.hc_mult
+        specs += [
+            TensorSpec("output_hc_fn.weight", (N * E, N), None, "linear"),
+            TensorSpec("output_hc_base.weight", (N,), None, "bias"),
+            TensorSpec("output_hc_scale.weight", (1,), None, "norm"),
+        ]
     if not hp.tie_embeddings:
         specs.append(TensorSpec("output.weight", (E, V), None, "lm_head"))
     for s in specs:
         s.type = choose_type(s, hp, recipe, pure)
     return specs
+
+
+def _deepseek4_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One deepseek4 block as llama.cpp's converter writes it (DeepseekV4Model): the shared-KV
+    attention with its q LoRA, sinks and grouped output; the two hyper-connections; the compressor
+    (and on CSA layers the indexer); the router with its hash table (i32 token -> experts, valid
+    expert ids) or its selection bias; the routed and shared experts."""
+    b = f"blk.{il}."
+    E, D, H, R, F, X = hp.n_embd, hp.head_dim, hp.n_head, hp.n_lora_q, hp.n_ff_exp, hp.n_expert
+    N, G, Ro = hp.hc_mult, hp.o_groups, hp.o_lora_rank
+    M = (2 + N) * N
+    ratio = hp.compress_ratios[il]
+    t = [
+        TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "attn_sinks.weight", (H,), il, "bias"),
+        TensorSpec(b + "attn_q_a.weight", (E, R), il, "linear"),
+        TensorSpec(b + "attn_q_a_norm.weight", (R,), il, "norm"),
+        TensorSpec(b + "attn_q_b.weight", (R, H * D), il, "linear"),
+        TensorSpec(b + "attn_kv.weight", (E, D), il, "linear"),
+        TensorSpec(b + "attn_kv_a_norm.weight", (D,), il, "norm"),
+        TensorSpec(b + "attn_output_a.weight", (H * D // G, G * Ro), il, "out_linear"),
+        TensorSpec(b + "attn_output_b.weight", (G * Ro, E), il, "out_linear"),
+    ]
+    for hc in ("attn", "ffn"):
+        t += [
+            TensorSpec(b + f"hc_{hc}_fn.weight", (N * E, M), il, "linear"),
+            TensorSpec(b + f"hc_{hc}_base.weight", (M,), il, "bias"),
+            TensorSpec(b + f"hc_{hc}_scale.weight", (3,), il, "norm"),
+        ]
+    if ratio:
+        cD = (2 if ratio == 4 else 1) * D
+        t += [
+            TensorSpec(b + "attn_compressor_kv.weight", (E, cD), il, "linear"),
+            TensorSpec(b + "attn_compressor_gate.weight", (E, cD), il, "linear"),
+            TensorSpec(b + "attn_compressor_ape.weight", (cD, ratio), il, "bias"),
+            TensorSpec(b + "attn_compressor_norm.weight", (D,), il, "norm"),
+        ]
+    if ratio == 4:
+        Hi, Di = hp.indexer_n_head, hp.indexer_head_dim
+        t += [
+            TensorSpec(b + "indexer.proj.weight", (E, Hi), il, "linear"),
+            TensorSpec(b + "indexer.attn_q_b.weight", (R, Hi * Di), il, "linear"),
+            TensorSpec(b + "indexer_compressor_kv.weight", (E, 2 * Di), il, "linear"),
+            TensorSpec(b + "indexer_compressor_gate.weight", (E, 2 * Di), il, "linear"),
+            TensorSpec(b + "indexer_compressor_ape.weight", (2 * Di, ratio), il, "bias"),
+            TensorSpec(b + "indexer_compressor_norm.weight", (Di,), il, "norm"),
+        ]
+    t += [
+        TensorSpec(b + "ffn_norm.weight", (E,), il, "norm"),
+        TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+    ]
+    if il < hp.n_hash_layers:
+        k = hp.n_expert_used
+        table = (np.arange(hp.n_vocab)[:, None] * k + np.arange(k)[None, :]) % X  # k distinct experts per token
+        t.append(TensorSpec(b + "ffn_gate_tid2eid.weight", (k, hp.n_vocab), il, "table", values=table.astype(np.int32)))
+    else:
+        t.append(TensorSpec(b + "exp_probs_b.bias", (X,), il, "bias"))
+    S = hp.n_ff_shexp
+    t += [
+        TensorSpec(b + "ffn_gate_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+        TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+        TensorSpec(b + "ffn_gate_shexp.weight", (E, S), il, "linear"),
+        TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
+        TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+    ]
+    return t
 
 
 def _llama4_layer(hp: HParams, il: int) -> list[TensorSpec]:

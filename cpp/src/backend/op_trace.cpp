@@ -50,7 +50,10 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
         throw InvalidArgument("[backend] run_forward: batches of " + std::to_string(total) + " tokens for " +
                               std::to_string(n) + " tokens");
     }
-    const GgmlType type_k = kv_type_for(cache_type, exact), type_v = kv_type_for(cache_type, exact);
+    // deepseek4's state rows are f32 whatever the mode (placement.cpp does the same).
+    const bool f32_state = !h.compress_ratios.empty();
+    const GgmlType type_k = kv_type_for(cache_type, exact || f32_state),
+                   type_v = kv_type_for(cache_type, exact || f32_state);
     const KvLayout shape = kv_layout(h, type_k, type_v);
     KvCache kv(h.n_layer, n, shape.width, shape.head_dim, shape.type_k, shape.type_v, shape.with_v);
     RecurrentState recurrent(h);
@@ -63,7 +66,8 @@ std::vector<float> run_forward(const Model& model, Backend& backend, const std::
         Forward f(model, backend, moe, nullptr);
         f.set_exact(exact);
         f.set_spans({SeqSpan{&kv, &recurrent, pos, 0, batch}});
-        Act x = backend.residual(batch, h.n_embd);
+        f.set_tokens(tokens.data() + pos);  // deepseek4's hash layers route by token
+        Act x = backend.residual(batch, h.n_embd_residual());
         backend.reset_activations();
         f.embed(tokens.data() + pos, x);
         for (int il = 0; il < h.n_layer; ++il) {

@@ -40,7 +40,8 @@ struct RopeParams {
 };
 
 // The MoE router's gating and top-k rule (cpu/ops/router.h has the arithmetic).
-enum class Gating { softmax, sigmoid };
+// sqrt_softplus: DeepSeek-V4's sqrt(softplus(logit)) (llama.cpp's expert_gating_func 4).
+enum class Gating { softmax, sigmoid, sqrt_softplus };
 
 struct RouterParams {
     Gating gating = Gating::softmax;
@@ -126,6 +127,8 @@ struct ExpertFfnWeights {
     const float* up_b = nullptr;
     const float* down_b = nullptr;
     float swiglu_limit = 0.0f;
+    // DeepSeek-V4's clamped SwiGLU: silu(min(gate, L)) * clamp(up, -L, L); 0: none.
+    float swiglu_clamp = 0.0f;
 };
 
 }  // namespace sharpi

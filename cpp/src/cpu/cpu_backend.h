@@ -17,6 +17,9 @@ class CpuBackend final : public Backend {
 
     const char* name() const override { return "cpu"; }
     bool host_memory() const override { return true; }
+    // The session's pool, for architecture code that computes on host rows itself (deepseek4's
+    // compressed attention): work split over it must give the same bits however it is cut.
+    ThreadPool& pool() { return pool_; }
 
     Act alloc(int64_t n_tokens, int64_t width) override;
     void reset_activations() override;

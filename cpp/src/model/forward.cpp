@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/ops/hyper_connection.h"
 #include "moe/moe_ffn.h"
 #include "sharpi/errors.h"
 
@@ -129,17 +130,41 @@ Act Forward::moe_ffn(const Act& cur, const float* hidden, int il) {
 // Embedding and output head
 
 void Forward::embed(const token_t* tokens, const Act& x) {
-    backend_.get_rows(model_.token_embd, tokens, x);
-    name(x, "inp_embd", -1);
+    const HParams& h = hp();
+    if (h.hc_mult == 1) {
+        backend_.get_rows(model_.token_embd, tokens, x);
+        name(x, "inp_embd", -1);
+        return;
+    }
+    Act e = alloc(x.n_tokens, h.n_embd);
+    backend_.get_rows(model_.token_embd, tokens, e);
+    name(e, "inp_embd", -1);
+    for (int64_t j = 0; j < h.hc_mult; ++j)
+        backend_.copy_rows(e.data, e.width, x.data + j * h.n_embd, x.width, x.n_tokens, h.n_embd);
 }
 
 void Forward::output_head(const Act& x, int64_t first_row, float* logits) {
     const HParams& h = hp();
     const int64_t n_out = x.n_tokens - first_row;
     if (n_out <= 0) return;
+    const float* rows = x.row(first_row);
+    if (h.hc_mult > 1) {
+        // The hc head (host memory: deepseek4 runs on the CPU backend only).
+        const int64_t n_hc = h.hc_mult, width = h.n_embd_residual();
+        Act flat = alloc(n_out, width);
+        cpu::rms_norm_unweighted(rows, flat.data, width, n_out, width, h.rms_eps);
+        Act mixes = linear(flat, model_.hc_head_fn, "hc_head_mixes", -1);
+        std::vector<float> pre(static_cast<size_t>(n_out * n_hc));
+        cpu::hc_head_weights(mixes.data, n_out, n_hc, model_.hc_head_base.data(), model_.hc_head_scale.data(),
+                             h.hc_eps, pre.data());
+        Act collapsed = alloc(n_out, h.n_embd);
+        cpu::hc_collapse(rows, n_out, n_hc, h.n_embd, pre.data(), collapsed.data);
+        name(collapsed, "hc_head_out", -1);
+        rows = collapsed.data;
+    }
     Act normed = alloc(n_out, h.n_embd);
-    backend_.rms_norm(x.row(first_row), h.n_embd, normed.data, h.n_embd, n_out, h.n_embd,
-                      model_.output_norm.data(), h.rms_eps);
+    backend_.rms_norm(rows, h.n_embd, normed.data, h.n_embd, n_out, h.n_embd, model_.output_norm.data(),
+                      h.rms_eps);
     name(normed, "result_norm", -1);
     // On a host-memory backend the head writes straight into `logits`; elsewhere it computes on the
     // backend and the rows come back once.

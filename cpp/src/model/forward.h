@@ -75,16 +75,22 @@ class Forward {
     // Exact mode (SessionOptions::exact): every matmul and expert dot in f32 on dequantized
     // weights; otherwise fast mode quantizes activations (backend/backend.h matmul).
     void set_exact(bool exact) { exact_ = exact; }
+    // The step's token ids, one per row (deepseek4's hash-routed layers choose experts by token);
+    // nullptr where the caller has none (an MTP block).
+    void set_tokens(const token_t* tokens) { tokens_ = tokens; }
+    const token_t* tokens() const { return tokens_; }
     bool exact() const { return exact_; }
 
     Act alloc(int64_t n_tokens, int64_t width);
     // Records `x` under name-il in the dump (when enabled).
     void name(const Act& x, const char* name, int il);
 
-    // x.row(t) = the embedding of tokens[t] (dequantized token_embd row), named "inp_embd".
+    // x.row(t) = the embedding of tokens[t] (dequantized token_embd row), named "inp_embd"; with
+    // hyper-connections (deepseek4) every one of the hc_mult streams of x.row(t) holds it.
     void embed(const token_t* tokens, const Act& x);
     // Final RMSNorm and lm_head of rows [first_row, n_tokens) of x: logits [n_tokens - first_row,
-    // n_vocab] (named "result_norm", "result_output").
+    // n_vocab] (named "result_norm", "result_output"). With hyper-connections the hc head first
+    // collapses each row's streams (cpu/ops/hyper_connection.h).
     void output_head(const Act& x, int64_t first_row, float* logits);
 
     Act norm(const Act& x, const std::vector<float>& weight, const char* name, int il);
@@ -135,6 +141,7 @@ class Forward {
     std::vector<SeqSpan> spans_;
     Timeline* timeline_ = nullptr;
     bool exact_ = false;
+    const token_t* tokens_ = nullptr;
 };
 
 }  // namespace sharpi

@@ -67,6 +67,105 @@ void read_ssm_hparams(const GgufFile& f, const std::string& a, HParams& hp) {
     }
 }
 
+// DeepSeek-V4's keys (model/archs/deepseek4.cpp has the arithmetic they parameterise).
+void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp) {
+    auto fail = [&](const std::string& what) { return FormatError("[model] " + f.path() + ": " + what); };
+    auto count = [&](const std::string& key, int64_t cap) {
+        const uint64_t v = f.get_uint(a + key);
+        if (v > static_cast<uint64_t>(cap)) throw fail(key + " = " + std::to_string(v) + " is out of range");
+        return static_cast<int64_t>(v);
+    };
+    hp.hc_mult = count("hyper_connection.count", 64);
+    hp.hc_sinkhorn_iters = count("hyper_connection.sinkhorn_iterations", 1 << 16);
+    if (!f.has(a + "hyper_connection.epsilon"))
+        throw fail("missing metadata key " + a + "hyper_connection.epsilon");
+    hp.hc_eps = static_cast<float>(f.get_float_or(a + "hyper_connection.epsilon", 0.0));
+    hp.n_lora_q = count("attention.q_lora_rank", kMaxEmbd);
+    hp.o_groups = count("attention.output_group_count", kMaxHeads);
+    hp.o_lora_rank = count("attention.output_lora_rank", kMaxEmbd);
+    hp.n_hash_layers = static_cast<int64_t>(f.get_uint_or(a + "hash_layer_count", 0));
+    hp.indexer_n_head = static_cast<int64_t>(f.get_uint_or(a + "attention.indexer.head_count", 0));
+    hp.indexer_head_dim = static_cast<int64_t>(f.get_uint_or(a + "attention.indexer.key_length", 0));
+    hp.indexer_top_k = static_cast<int64_t>(f.get_uint_or(a + "attention.indexer.top_k", 0));
+    if (hp.hc_mult < 2 || hp.hc_sinkhorn_iters < 1 || hp.n_lora_q < 1 || hp.o_groups < 1 ||
+        hp.o_lora_rank < 1 || hp.n_head % hp.o_groups != 0 || hp.n_head_kv != 1 || hp.n_swa < 1 ||
+        hp.n_hash_layers < 0 || hp.n_hash_layers > hp.n_layer || hp.indexer_n_head < 0 ||
+        hp.indexer_n_head > kMaxHeads || hp.indexer_head_dim < 0 || hp.indexer_head_dim > kMaxHeadDim) {
+        throw fail("inconsistent deepseek4 hyper-parameters: hyper_connection.count " +
+                   std::to_string(hp.hc_mult) + ", q_lora_rank " + std::to_string(hp.n_lora_q) +
+                   ", output_group_count " + std::to_string(hp.o_groups) + " (must divide head_count " +
+                   std::to_string(hp.n_head) + "), head_count_kv " + std::to_string(hp.n_head_kv) +
+                   " (must be 1), sliding_window " + std::to_string(hp.n_swa) + ", hash_layer_count " +
+                   std::to_string(hp.n_hash_layers));
+    }
+    // hyper_connection.count >= 2: the engine widens the residual (and runs the hc head) exactly when
+    // hc_mult > 1.
+    const GgufValue* ratios = f.find(a + "attention.compress_ratios");
+    if (!ratios || ratios->type != GgufValueType::ARRAY ||
+        ratios->arr_int.size() < static_cast<size_t>(hp.n_layer)) {
+        throw fail("attention.compress_ratios must hold one ratio per block (" + std::to_string(hp.n_layer) +
+                   ")");
+    }
+    bool any_csa = false;
+    for (int64_t il = 0; il < hp.n_layer; ++il) {
+        const int64_t r = ratios->arr_int[static_cast<size_t>(il)];
+        if (r != 0 && r != 4 && r != 128) {
+            throw UnsupportedError("[model] " + f.path() + ": deepseek4 layer " + std::to_string(il) +
+                                   " has compress ratio " + std::to_string(r) +
+                                   " (supported, as in llama.cpp: 0 sliding window, 4 CSA, 128 HCA)");
+        }
+        any_csa = any_csa || r == 4;
+        hp.compress_ratios.push_back(r);
+    }
+    if (any_csa && (hp.indexer_n_head < 1 || hp.indexer_head_dim < hp.rope.n_rot || hp.indexer_top_k < 1))
+        throw fail("deepseek4 CSA layers need attention.indexer.head_count, key_length >= n_rot and top_k");
+    if (hp.rope.freq_scale != 1.0f && hp.rope.ext_factor == 0.0f) {
+        throw UnsupportedError("[model] " + f.path() +
+                               ": deepseek4 with linear rope scaling is not supported (YaRN is)");
+    }
+    // Two RoPEs: the sliding-window-only layers rotate with rope.freq_base and no scaling; the
+    // compressed layers (and their compressors and indexer) with compress_rope_freq_base and the
+    // file's YaRN, whose cos/sin keep magnitude 1 (transformers forces attention_factor 1.0 there;
+    // llama.cpp cancels ggml's built-in YaRN magnitude the same way).
+    if (!f.has(a + "attention.compress_rope_freq_base"))
+        throw fail("missing metadata key " + a + "attention.compress_rope_freq_base");
+    hp.compress_rope = hp.rope;
+    hp.compress_rope.freq_base =
+        static_cast<float>(f.get_float_or(a + "attention.compress_rope_freq_base", 0.0));
+    hp.compress_rope.mscale = 1.0f;
+    if (hp.rope.ext_factor != 0.0f) {
+        const int64_t n_ctx_orig = static_cast<int64_t>(
+            f.get_uint_or(a + "rope.scaling.original_context_length", static_cast<uint64_t>(hp.n_ctx_train)));
+        cpu::rope_yarn_corr_dims(hp.rope.n_rot, n_ctx_orig, hp.compress_rope.freq_base,
+                                 static_cast<float>(f.get_float_or(a + "rope.scaling.yarn_beta_fast", 32.0)),
+                                 static_cast<float>(f.get_float_or(a + "rope.scaling.yarn_beta_slow", 1.0)),
+                                 &hp.compress_rope.corr_low, &hp.compress_rope.corr_high);
+    }
+    hp.rope.freq_scale = 1.0f;
+    hp.rope.ext_factor = 0.0f;
+    hp.rope.mscale = 1.0f;
+    hp.rope.corr_low = hp.rope.corr_high = 0.0f;
+    // Per-layer limits (an array, or one value for every layer); absent: no clamp.
+    auto per_layer = [&](const std::string& key, const std::vector<float>& def) {
+        const GgufValue* v = f.find(a + key);
+        if (!v) return def;
+        std::vector<float> out;
+        if (v->type == GgufValueType::ARRAY) {
+            if (v->arr_float.size() < static_cast<size_t>(hp.n_layer))
+                throw fail(key + " must hold one value per block");
+            for (int64_t il = 0; il < hp.n_layer; ++il)
+                out.push_back(static_cast<float>(v->arr_float[static_cast<size_t>(il)]));
+        } else {
+            out.assign(static_cast<size_t>(hp.n_layer), static_cast<float>(f.get_float_or(a + key, 0.0)));
+        }
+        return out;
+    };
+    hp.swiglu_clamp_exp =
+        per_layer("swiglu_clamp_exp", std::vector<float>(static_cast<size_t>(hp.n_layer), 0.0f));
+    hp.swiglu_clamp_shexp = per_layer("swiglu_clamp_shexp", hp.swiglu_clamp_exp);
+    hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
 }  // namespace
 
 HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
@@ -175,12 +274,14 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     // llama.cpp's enum: 1 softmax, 2 sigmoid; absent means the arch's default (softmax for
     // DeepSeek-V2 files, which carry none; sigmoid for glm4moe).
     const uint64_t gating =
-        f.get_uint_or(a + "expert_gating_func", spec.default_gating == Gating::sigmoid ? 2 : 1);
-    if (gating != 1 && gating != 2) {
+        f.get_uint_or(a + "expert_gating_func", spec.default_gating == Gating::sigmoid         ? 2
+                                                : spec.default_gating == Gating::sqrt_softplus ? 4
+                                                                                               : 1);
+    if (gating != 1 && gating != 2 && gating != 4) {
         throw UnsupportedError("[model] " + f.path() + ": expert_gating_func " + std::to_string(gating) +
-                               " is not supported (1 softmax, 2 sigmoid)");
+                               " is not supported (1 softmax, 2 sigmoid, 4 sqrt(softplus))");
     }
-    r.gating = gating == 2 ? Gating::sigmoid : Gating::softmax;
+    r.gating = gating == 2 ? Gating::sigmoid : gating == 4 ? Gating::sqrt_softplus : Gating::softmax;
     r.n_group = get_or("expert_group_count", 1, kMaxExperts);
     r.n_group_used = get_or("expert_group_used_count", static_cast<uint64_t>(r.n_group), kMaxExperts);
     if (hp.n_expert > 0 &&
@@ -236,6 +337,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         throw UnsupportedError("[model] " + f.path() + ": rope scaling type '" + scaling +
                                "' is not supported (supported: none, linear, yarn)");
     }
+    if (hp.arch == "deepseek4") read_deepseek4_hparams(f, a, hp);
     return hp;
 }
 

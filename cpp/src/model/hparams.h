@@ -66,6 +66,35 @@ struct HParams {
     int64_t ssm_head_v_dim() const { return ssm_dt_rank > 0 ? ssm_d_inner / ssm_dt_rank : 0; }
     int64_t ssm_conv_channels() const { return 2 * ssm_n_group * ssm_d_state + ssm_d_inner; }
 
+    // DeepSeek-V4 (deepseek4; model/archs/deepseek4.cpp). hc_mult residual streams of n_embd per
+    // token (manifold-constrained hyper-connections; 1 everywhere else), per-layer compression
+    // ratios (0 sliding window only, 4 compressed sparse attention, 128 heavily compressed), the
+    // compressed branches' RoPE (compress_rope_freq_base), the Lightning Indexer, the grouped output
+    // projection, hash-routed leading layers and the clamped SwiGLU limits (0: none).
+    int64_t hc_mult = 1;
+    int64_t hc_sinkhorn_iters = 0;
+    float hc_eps = 0.0f;
+    std::vector<int64_t> compress_ratios;  // [n_layer]; empty: not deepseek4
+    RopeParams compress_rope;
+    int64_t indexer_n_head = 0, indexer_head_dim = 0, indexer_top_k = 0;
+    int64_t o_groups = 0, o_lora_rank = 0;
+    int64_t n_hash_layers = 0;
+    std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // [n_layer]
+    // deepseek4's KV row of one position in layer il (f32; model/archs/deepseek4.cpp lays it out):
+    // the sliding-window kv [head_dim]; on a compressed layer the compressor's kv and gate+ape rows
+    // [coff * head_dim each] and the entry the position's window emits [head_dim]; on a CSA layer
+    // the indexer's kv and gate+ape rows [2 * indexer_head_dim each] and its entry [indexer_head_dim].
+    int64_t dsv4_kv_row(int il) const {
+        const int64_t ratio = compress_ratios[static_cast<size_t>(il)];
+        const int64_t coff = ratio == 4 ? 2 : 1;
+        int64_t w = head_dim;
+        if (ratio > 0) w += 2 * coff * head_dim + head_dim;
+        if (ratio == 4) w += 4 * indexer_head_dim + indexer_head_dim;
+        return w;
+    }
+    // Width of a token's residual row: hc_mult streams of n_embd.
+    int64_t n_embd_residual() const { return hc_mult * n_embd; }
+
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }
     bool is_moe() const { return n_expert > 0; }

@@ -129,6 +129,22 @@ uint64_t KvCache::bytes(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv, GgmlT
 KvLayout kv_layout(const HParams& h, GgmlType type_k, GgmlType type_v) {
     KvLayout l;
     for (int il = 0; il < h.n_layer; ++il) l.n_layer_written += h.is_recurrent(il) ? 0 : 1;
+    if (!h.compress_ratios.empty()) {
+        // deepseek4: one f32 row per position holding every per-position piece of the layer's state
+        // (HParams::dsv4_kv_row); rounding the compressor's raw rows would change what they emit, so
+        // only f32 is accepted.
+        for (int il = 0; il < h.n_layer; ++il) l.width = std::max(l.width, h.dsv4_kv_row(il));
+        l.head_dim = l.width;
+        if (type_k != GgmlType::F32 || type_v != GgmlType::F32) {
+            throw InvalidArgument(
+                std::string("[kv] deepseek4 keeps its sliding-window and compressor state in an "
+                            "f32 cache row; cache_type_k / cache_type_v must be f32, got K ") +
+                ggml_type_traits(type_k).name + ", V " + ggml_type_traits(type_v).name);
+        }
+        l.type_k = l.type_v = GgmlType::F32;
+        l.with_v = false;
+        return l;
+    }
     if (h.is_mla()) {
         l.width = h.kv_floats_per_token();
         l.head_dim = l.width;

@@ -188,6 +188,29 @@ std::vector<float> ModelLoader::stacked_vector(const std::string& name, int64_t 
     return vector_of(view(require(name), n, n_stack), n * n_stack);
 }
 
+std::vector<int32_t> ModelLoader::int_table(const std::string& name, int64_t n, int64_t n_stack) {
+    const GgufTensor& t = require(name);
+    std::vector<int64_t> got = t.ne;
+    while (got.size() > 1 && got.back() == 1) got.pop_back();
+    if (got != std::vector<int64_t>{n, n_stack}) {
+        throw FormatError(where(t.name) + " has shape " + shape_str(t.ne) + ", expected " +
+                          shape_str({n, n_stack}));
+    }
+    if (t.type != GgmlType::I32)
+        throw FormatError(where(t.name) + " has type " + ggml_type_traits(t.type).name + ", expected i32");
+    const uint8_t* data = nullptr;
+    if (model_.streaming) {
+        auto it = model_.dense_data.find(&t);
+        if (it != model_.dense_data.end()) data = it->second;
+    } else {
+        data = model_.file->tensor_data(t);
+    }
+    if (!data) throw FormatError(where(t.name) + ": no data");
+    std::vector<int32_t> out(static_cast<size_t>(n * n_stack));
+    std::memcpy(out.data(), data, out.size() * sizeof(int32_t));
+    return out;
+}
+
 void ModelLoader::attention(int il) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
@@ -282,6 +305,11 @@ std::unique_ptr<Model> load_model(const std::string& path, bool streaming) {
     model->output = loader.optional_matrix("output.weight", h.n_embd, h.n_vocab);
     if (!model->output.data) model->output = model->token_embd;  // tied embeddings
 
+    if (h.hc_mult > 1) {
+        model->hc_head_fn.w = loader.matrix("output_hc_fn.weight", h.n_embd_residual(), h.hc_mult);
+        model->hc_head_base = loader.vector("output_hc_base.weight", h.hc_mult);
+        model->hc_head_scale = loader.vector("output_hc_scale.weight", 1);
+    }
     model->layers.resize(static_cast<size_t>(h.n_layer));
     model->experts.files.clear();  // one per shard: ExpertPart::file is the tensor's shard
     for (size_t i = 0; i < f.n_shards(); ++i) model->experts.files.push_back(f.shard(i).path());

@@ -73,6 +73,20 @@ struct LayerWeights {
     float attn_temp_scale = 0.0f;
     std::vector<float> rope_freqs;
     bool expert_input_weighted = false;
+    // deepseek4 (model/archs/deepseek4.cpp): the shared-KV projection and its norm, the grouped
+    // output projection (wo_a: o_groups blocks of o_lora_rank rows, wo_b mixes them), the two
+    // hyper-connections' mixes ([(2 + hc) * hc, hc * n_embd], base, 3 scales), the compressor
+    // (kv and gate [coff * head_dim, n_embd], ape [ratio, coff * head_dim], norm [head_dim]) and
+    // the Lightning Indexer's (its compressor at indexer_head_dim, its query projection from the q
+    // latent, its head weights), and the hash layers' token -> experts table [n_vocab, k].
+    Linear wkv, wo_a, wo_b, hc_attn_fn, hc_ffn_fn;
+    std::vector<float> attn_kv_norm, hc_attn_base, hc_attn_scale, hc_ffn_base, hc_ffn_scale;
+    int64_t compress_ratio = 0;
+    Linear comp_wkv, comp_wgate, idx_comp_wkv, idx_comp_wgate, idx_q_b, idx_proj;
+    std::vector<float> comp_ape, comp_norm, idx_comp_ape, idx_comp_norm;
+    std::vector<int32_t> tid2eid;
+    float shexp_swiglu_clamp = 0.0f;   // the shared expert's clamped SwiGLU limit (0: plain)
+    float expert_swiglu_clamp = 0.0f;  // the routed experts' (ExpertFfnWeights::swiglu_clamp)
     // The routed experts themselves are in Model::experts (an ExpertLayout), not here.
 };
 
@@ -89,6 +103,10 @@ struct Model {
     std::vector<float> output_norm;
     WeightView output;  // [n_vocab, n_embd]; token_embd when the file ties them
     std::vector<LayerWeights> layers;
+    // deepseek4: the hyper-connection head that collapses the hc_mult streams before output_norm
+    // (fn [hc, hc * n_embd], base [hc], scale [1]); empty elsewhere.
+    Linear hc_head_fn;
+    std::vector<float> hc_head_base, hc_head_scale;
     // Routed experts of every layer: file ranges and views, built by load_model. The expert cache
     // and the resident source see only this (never Model or GGUF objects).
     ExpertLayout experts;
@@ -135,6 +153,8 @@ class ModelLoader {
     std::vector<float> optional_vector(const std::string& name, int64_t n);
     // n_stack vectors of n elements in one tensor of ggml shape [n, n_stack], as f32 (stack-major).
     std::vector<float> stacked_vector(const std::string& name, int64_t n, int64_t n_stack);
+    // An i32 tensor of ggml shape [n, n_stack] (deepseek4's hash routing table), stack-major.
+    std::vector<int32_t> int_table(const std::string& name, int64_t n, int64_t n_stack);
     // n_stack matrices of [n_rows, n_cols] in one tensor of ggml shape [n_cols, n_rows, n_stack],
     // viewed as one [n_stack * n_rows, n_cols] matrix.
     WeightView stacked_matrix(const std::string& name, int64_t n_cols, int64_t n_rows, int64_t n_stack);

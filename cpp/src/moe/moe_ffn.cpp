@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "cpu/ops/activation.h"
 #include "sharpi/errors.h"
 
 namespace sharpi {
@@ -22,6 +23,7 @@ ExpertFfnWeights expert_weights(const ExpertView& v, const LayerWeights& L, int6
     if (!L.ffn_up_exps_b.empty()) w.up_b = L.ffn_up_exps_b.data() + e * n_ff;
     if (!L.ffn_down_exps_b.empty()) w.down_b = L.ffn_down_exps_b.data() + e * n_embd;
     w.swiglu_limit = L.expert_swiglu_limit;
+    w.swiglu_clamp = L.expert_swiglu_clamp;
     return w;
 }
 
@@ -251,6 +253,19 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     RouterParams router_params = h.router;
     if (!L.exp_probs_b.empty()) router_params.selection_bias = L.exp_probs_b.data();
     f.backend().route_topk(logits, k, router_params, probs, r.ids.data(), r.weights.data());
+    if (!L.tid2eid.empty()) {
+        // deepseek4's hash layers: the experts are the token's row of the frozen table (in its
+        // order), weighted by their gating scores as the router weights a top-k.
+        const token_t* tokens = f.tokens();
+        if (!tokens)
+            throw InvalidArgument("[moe] layer " + std::to_string(il) +
+                                  " routes by token id, but the step has none");
+        for (int64_t t = 0; t < T; ++t) {
+            std::copy_n(L.tid2eid.data() + static_cast<size_t>(tokens[t]) * k, k, r.ids.data() + t * k);
+            f.backend().topk_weights(probs.row(t), r.ids.data() + t * k, k, h.router,
+                                     r.weights.data() + t * k);
+        }
+    }
     if (route_trace_) {
         // The replay ranks by the router's probabilities on the host.
         std::vector<float> host_probs(static_cast<size_t>(T * h.n_expert));
@@ -308,6 +323,15 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
 // (qwen2moe), added as it is otherwise (deepseek2).
 Act MoeFfn::shared_ffn(Forward& f, const Act& cur, int il) {
     const LayerWeights& L = f.layer(il);
+    if (L.shexp_swiglu_clamp > 0.0f) {
+        // deepseek4: the shared expert's SwiGLU is clamped like its routed experts' (host memory:
+        // the arch runs on the CPU backend only).
+        Act g = f.linear(cur, L.ffn_gate, "ffn_shexp_gate_proj", il);
+        Act u = f.linear(cur, L.ffn_up, "ffn_shexp_up", il);
+        Act a = f.alloc(cur.n_tokens, g.width);
+        cpu::swiglu_clamped(g.data, u.data, a.data, g.n_tokens * g.width, L.shexp_swiglu_clamp);
+        return f.linear(a, L.ffn_down, "ffn_shexp", il);
+    }
     Act shared = f.ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_shexp", il);
     if (L.ffn_gate_inp_shexp.data) {
         Linear gate;

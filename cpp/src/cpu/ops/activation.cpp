@@ -9,6 +9,14 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = std::min(gate[i], limit);
+        const float u = std::min(std::max(up[i], -limit), limit);
+        out[i] = g / (1.0f + std::exp(-g)) * u;
+    }
+}
+
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
     for (int64_t i = 0; i < n; ++i) {
         const float g = std::min(gate[i], limit);

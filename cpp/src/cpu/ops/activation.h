@@ -10,6 +10,10 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // gpt-oss's clamped SwiGLU (transformers' GptOssExperts, ggml's swiglu_oai), in ggml's order:
 //   g = min(gate, limit), u = clamp(up, -limit, limit), out = g / (1 + exp(-alpha g)) * (u + 1).
 constexpr float kSwigluOaiAlpha = 1.702f;
+// DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4Experts): silu(min(gate, limit)) * clamp(up, -limit,
+// limit).
+void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit);
+
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 
 inline float sigmoid(float x) {

@@ -14,6 +14,12 @@ void gate_scores(const float* l, int64_t n_expert, Gating gating, float* p) {
         for (int64_t e = 0; e < n_expert; ++e) p[e] = 1.0f / (1.0f + std::exp(-l[e]));
         return;
     }
+    if (gating == Gating::sqrt_softplus) {
+        // softplus as torch computes it (linear above 20, where log1p(exp(x)) == x in f32).
+        for (int64_t e = 0; e < n_expert; ++e)
+            p[e] = std::sqrt(l[e] > 20.0f ? l[e] : std::log1p(std::exp(l[e])));
+        return;
+    }
     float max_logit = l[0];
     for (int64_t e = 1; e < n_expert; ++e) max_logit = std::max(max_logit, l[e]);
     double sum = 0.0;
