@@ -68,6 +68,7 @@ HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 ENGINE_ONLY_MODELS = {
     "gpt_oss": "gpt-oss",  # GptOssForCausalLM: tests/test_gpt_oss.py
     "llama4": "llama4",  # Llama4ForCausalLM (text model): tests/test_llama4.py
+    "deepseek_v32": "deepseek32",  # DeepseekV32ForCausalLM (DSA): tests/test_deepseek32.py
 }
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
@@ -115,12 +116,13 @@ def _tokenizer_corpus(seed: int) -> list:
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 
 
-def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=()):
+def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=(), add_bos: bool = False):
     """A byte-level BPE (GPT-2 pre-tokenizer) wrapped in PreTrainedTokenizerFast, trained on a small
     deterministic corpus. Byte-level means every string encodes; the model never sees it anyway,
     the tests feed token ids, but the converter needs a real tokenizer to write a vocab.
-    extra_special: further special tokens a family's converter requires (after the first two)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    extra_special: further special tokens a family's converter requires (after the first two).
+    add_bos: the tokenizer prepends <|bos|> to every encoding (a TemplateProcessing post-processor)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -133,6 +135,11 @@ def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=()):
         show_progress=False,
     )
     tokenizer.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
+    if add_bos:
+        bos = ("<|bos|>", tokenizer.token_to_id("<|bos|>"))
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[bos]
+        )
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|endoftext|>")
 
 
@@ -249,6 +256,25 @@ def make_config(name: str, vocab_size: int):
         )
         # What real V3 configs carry and the converter reads (expert_gating_func = sigmoid); HF's V3
         # always uses sigmoid scores.
+        config.scoring_func = "sigmoid"
+        config.topk_method = "noaux_tc"
+        return config
+    if name == "deepseek_v32":
+        # DeepSeek-V3 at the same small size plus DSA's lightning indexer: 16 heads of 32 (RoPE on
+        # their first 16 dimensions, the model's n_rot) and index_topk 5, so every prompt longer
+        # than 5 tokens attends to a strict subset of its positions. 16 heads, not fewer: a position
+        # whose q.k is negative in every head scores exactly 0, and with 4 heads (1 in 16 positions)
+        # such zeros tie at the top-k boundary, where neither reference defines an order.
+        v3 = make_config("deepseek_v3", vocab_size).to_dict()
+        keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id",
+                "intermediate_size", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
+                "num_experts_per_tok", "first_k_dense_replace", "kv_lora_rank", "qk_rope_head_dim",
+                "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group", "q_lora_rank", "norm_topk_prob",
+                "routed_scaling_factor", "rope_parameters")
+        config = transformers.DeepseekV32Config(
+            **{k: v3[k] for k in keep}, index_topk=5, index_head_dim=32, index_n_heads=16
+        )
         config.scoring_func = "sigmoid"
         config.topk_method = "noaux_tc"
         return config
@@ -441,6 +467,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "qwen3": transformers.Qwen3ForCausalLM,
         "deepseek_v2": transformers.DeepseekV2ForCausalLM,
         "deepseek_v3": transformers.DeepseekV3ForCausalLM,
+        "deepseek_v32": transformers.DeepseekV32ForCausalLM,
         "qwen3next": transformers.Qwen3NextForCausalLM,
         "qwen35moe": transformers.Qwen3_5MoeForCausalLM,
         "gpt_oss": transformers.GptOssForCausalLM,
@@ -481,7 +508,12 @@ def build_model(name: str, vocab_size: int, seed: int):
 
 def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     """Write a tiny HF model (config, safetensors, tokenizer) to out_dir/hf."""
-    tokenizer = build_tokenizer(seed=seed, extra_special=GLM_SPECIAL_TOKENS if name.startswith("glm4moe") else ())
+    tokenizer = build_tokenizer(
+        seed=seed,
+        extra_special=GLM_SPECIAL_TOKENS if name.startswith("glm4moe") else (),
+        # llama.cpp's DeepSeek-V3.2 converter refuses a tokenizer that does not add BOS.
+        add_bos=name == "deepseek_v32",
+    )
     vocab_size = len(tokenizer)
     model = build_model(name, vocab_size, seed)
     hf_dir = Path(out_dir) / "hf"
@@ -662,7 +694,7 @@ def hf_router_logits(model, tokens) -> list:
     GLM-4.5 and MiniMax-M2 the scores their router ranks (see _deepseek_choice_scores)."""
     import torch
 
-    if model.config.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+    if model.config.model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe"):
         return _deepseek_choice_scores(model, tokens)
     if model.config.model_type == "minimax_m2":
         return _minimax_m2_choice_scores(model, tokens)

@@ -1,0 +1,206 @@
+"""deepseek32 (DeepSeek-V3.2 / V3.2-Exp: DeepSeek-V3 plus DeepSeek Sparse Attention) on files written
+by llama.cpp's real converter from a tiny random transformers DeepseekV32ForCausalLM checkpoint
+(tests/reference/hf_export.py "deepseek_v32": MLA with a q LoRA, YaRN, a leading dense layer, sigmoid
+routing with a selection bias and groups, shared experts, and a lightning indexer of 16 heads of 32
+with index_topk 5).
+
+index_topk is 5 so that every prompt here is longer than it: from position 5 on each query attends
+to a strict subset of its positions, the indexer's choice. The checks:
+  - the file carries the converter's DSA keys and indexer tensors; sharpi reads it as deepseek32;
+  - exact mode on the f32 file matches transformers (float64) within 1e-4 at every position, prefill
+    and token by token, and in greedy decoding;
+  - the selection matters: the same checkpoint with index_topk >= the prompt length (dense MLA) gives
+    logits that differ from the sparse ones by far more than the budget after position 5, and sharpi
+    on the file rewritten to that top_k matches that dense transformers model;
+  - token by token, batched beside another sequence, and a forked sequence all equal one-call
+    prefill bit for bit (the indexer keys live in the KV row: they follow the fork's prefix copy);
+  - streamed == resident bit for bit at a quarter budget (f32 and q8_0 files);
+  - a file without the indexer keys or tensors is a typed error.
+
+Skips (never fails) without torch/transformers or when the converter cannot be fetched.
+"""
+
+import json
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", minversion="5.0")
+
+import sharpi
+from model_files import rewrite_gguf
+from reference import hf_export
+from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
+from reference.numpy_forward import relative_error_per_position
+
+NAME = "deepseek_v32"
+THREADS = 2
+TOP_K = 5
+N_PROMPT = 24
+BUDGET = 1e-4
+
+
+@pytest.fixture(scope="module")
+def converter():
+    try:
+        return hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp converter unavailable: {error}")
+
+
+@pytest.fixture(scope="module")
+def converted(converter, model_dir):
+    return hf_export.prepare(NAME, model_dir, converter, outtypes=("f32", "q8_0"))
+
+
+@pytest.fixture(scope="module")
+def hf(converted):
+    return hf_export.load_hf_model_f64(converted.exported.hf_dir)
+
+
+def _prompt(converted, salt, n=N_PROMPT):
+    return hf_export.random_prompt(converted.exported.vocab_size, n, 9100 + salt)
+
+
+def _opener(path, **kwargs):
+    def open_session(dump_activations):
+        return sharpi.Session(
+            str(path), threads=THREADS, n_ctx=128, exact=True, dump_activations=dump_activations, **kwargs
+        )
+
+    return open_session
+
+
+def _logits(session, tokens):
+    return np.asarray(session.decode(list(tokens), True), np.float64).reshape(len(tokens), -1)
+
+
+def test_file_carries_the_dsa_parameters(converted):
+    reader = gguf.GGUFReader(str(converted.gguf["f32"]))
+    md = {name: f.contents() for name, f in reader.fields.items() if f.types}
+    tensors = {t.name: t for t in reader.tensors}
+    p = "deepseek32."
+    assert md["general.architecture"] == "deepseek32"
+    want = {
+        "attention.indexer.head_count": 16,
+        "attention.indexer.key_length": 32,
+        "attention.indexer.top_k": TOP_K,
+        "attention.q_lora_rank": 64,
+        "attention.kv_lora_rank": 64,
+        "rope.dimension_count": 16,
+        "expert_gating_func": 2,
+    }
+    for key, value in want.items():
+        assert md[p + key] == value, key
+    assert p + "nextn_predict_layers" not in md  # transformers' V3.2 checkpoint carries no MTP block
+    for il in range(3):
+        assert tuple(tensors[f"blk.{il}.indexer.attn_q_b.weight"].shape) == (64, 16 * 32)
+        assert tuple(tensors[f"blk.{il}.indexer.attn_k.weight"].shape) == (128, 32)
+        assert tuple(tensors[f"blk.{il}.indexer.proj.weight"].shape) == (128, 16)
+        assert tuple(tensors[f"blk.{il}.indexer.k_norm.weight"].shape) == (32,)
+        assert tuple(tensors[f"blk.{il}.indexer.k_norm.bias"].shape) == (32,)
+    info = sharpi.Session(str(converted.gguf["f32"]), threads=1, n_ctx=64).info
+    assert (info["arch"], info["n_layer"], info["n_expert"], info["n_expert_used"]) == ("deepseek32", 3, 16, 4)
+
+
+def test_sharpi_matches_transformers(converted, hf):
+    prompt = _prompt(converted, 1)
+
+    def expected_for(tokens):
+        return hf_export.hf_forward_result(hf, tokens, 4)
+
+    open_session = _opener(converted.gguf["f32"])
+    what = "deepseek32 (converter f32) vs HF"
+    check_prefill_and_stepwise(open_session, prompt, expected_for(prompt), BUDGET, what, 4)
+    check_greedy(open_session, prompt[:12], expected_for, 16, BUDGET, what, 4)
+
+
+def _dense_hf(converted, tmp_path_factory):
+    """The same checkpoint with index_topk above every prompt length here: dense MLA."""
+    config = json.loads((converted.exported.hf_dir / "config.json").read_text())
+    config["index_topk"] = 4096
+    copy = tmp_path_factory.mktemp("deepseek32_dense_hf")
+    shutil.copytree(converted.exported.hf_dir, copy, dirs_exist_ok=True)
+    (copy / "config.json").write_text(json.dumps(config))
+    return hf_export.load_hf_model_f64(copy)
+
+
+def test_the_indexer_selection_matters_and_dense_top_k_is_dense_mla(converted, hf, tmp_path_factory, tmp_path):
+    prompt = _prompt(converted, 2, 40)
+    sparse_ref = hf_export.hf_logits(hf, prompt)
+    dense_ref = hf_export.hf_logits(_dense_hf(converted, tmp_path_factory), prompt)
+    # Up to position TOP_K - 1 every position is selected: the two models agree there.
+    np.testing.assert_allclose(dense_ref[:TOP_K], sparse_ref[:TOP_K], rtol=0, atol=1e-9 * np.abs(sparse_ref).max())
+    after = relative_error_per_position(dense_ref[TOP_K + 2 :], sparse_ref[TOP_K + 2 :])
+    assert np.median(after) > 100 * BUDGET, np.median(after)
+
+    path = str(converted.gguf["f32"])
+    sparse = _logits(sharpi.Session(path, threads=THREADS, n_ctx=64, exact=True), prompt)
+    assert relative_error_per_position(sparse, sparse_ref).max() < BUDGET
+    dense_path = str(tmp_path / "dense.gguf")
+    rewrite_gguf(path, dense_path, set_kv={"deepseek32.attention.indexer.top_k": 4096})
+    dense = _logits(sharpi.Session(dense_path, threads=THREADS, n_ctx=64, exact=True), prompt)
+    assert relative_error_per_position(dense, dense_ref).max() < BUDGET
+
+
+def test_token_by_token_batched_and_forked_equal_prefill(converted):
+    prompt = _prompt(converted, 3, 32)
+    path = str(converted.gguf["f32"])
+    s = sharpi.Session(path, threads=THREADS, n_ctx=64, exact=True, n_seq=3)
+    ours = _logits(s, prompt)
+    s.reset()
+    split = 10
+    s.decode(prompt[:split])
+    rows = [_logits(s, [t])[0] for t in prompt[split : split + 6]]
+    np.testing.assert_array_equal(np.stack(rows), ours[split : split + 6])
+    # The rest beside another sequence at other positions, then a fork of the main sequence.
+    other = s.add_sequence()
+    other_prompt = _prompt(converted, 4, 16)
+    main = s.sequence(0)
+    pos = split + 6
+    for step in range(2):
+        a, b = pos + 5 * step, pos + 5 * (step + 1)
+        logits = s.decode_batch([(main, prompt[a:b]), (other, other_prompt[8 * step : 8 * (step + 1)])], all_logits=True)
+        np.testing.assert_array_equal(np.asarray(logits[0], np.float64).reshape(5, -1), ours[a:b])
+    fork = main.fork()
+    tail = prompt[pos + 10 :]
+    logits = s.decode_batch([(fork, tail)], all_logits=True)
+    np.testing.assert_array_equal(np.asarray(logits[0], np.float64).reshape(len(tail), -1), ours[pos + 10 :])
+    # A fork of a shorter prefix, and truncation: the rows past the kept positions are not read.
+    fork.remove()
+    short = main.fork(n_keep=12)
+    logits = s.decode_batch([(short, prompt[12:20])], all_logits=True)
+    np.testing.assert_array_equal(np.asarray(logits[0], np.float64).reshape(8, -1), ours[12:20])
+    main.truncate(7)
+    logits = s.decode_batch([(main, prompt[7:15])], all_logits=True)
+    np.testing.assert_array_equal(np.asarray(logits[0], np.float64).reshape(8, -1), ours[7:15])
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_streamed_equals_resident_at_a_quarter_budget(converted, outtype):
+    path = str(converted.gguf[outtype])
+    prompt = _prompt(converted, 5, 16)
+
+    def open_session(ram_budget):
+        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
+        return sharpi.Session(path, threads=THREADS, n_ctx=128, **budget)
+
+    check_streams_like_resident(open_session, prompt, 16, f"deepseek32 {outtype}")
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        ({"drop_kv": ("deepseek32.attention.indexer.top_k",)}, sharpi.SharpiError),
+        ({"set_kv": {"deepseek32.attention.indexer.top_k": 0}}, sharpi.FormatError),
+        ({"drop_tensors": ("blk.1.indexer.attn_k.weight",)}, sharpi.MissingTensorError),
+    ],
+)
+def test_a_file_without_its_indexer_is_a_typed_error(converted, tmp_path, change, error):
+    bad = str(tmp_path / "bad.gguf")
+    rewrite_gguf(str(converted.gguf["f32"]), bad, **change)
+    with pytest.raises(error):
+        sharpi.Session(bad, threads=1, n_ctx=32)
