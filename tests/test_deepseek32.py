@@ -35,6 +35,7 @@ from model_files import rewrite_gguf
 from reference import hf_export
 from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
 from reference.numpy_forward import relative_error_per_position
+from sharpi.inspect_model import inspect_summary
 
 NAME = "deepseek_v32"
 THREADS = 2
@@ -102,6 +103,9 @@ def test_file_carries_the_dsa_parameters(converted):
         assert tuple(tensors[f"blk.{il}.indexer.proj.weight"].shape) == (128, 16)
         assert tuple(tensors[f"blk.{il}.indexer.k_norm.weight"].shape) == (32,)
         assert tuple(tensors[f"blk.{il}.indexer.k_norm.bias"].shape) == (32,)
+    attention = inspect_summary(converted.gguf["f32"])["attention"]
+    assert (attention["kind"], attention["indexer_heads"], attention["indexer_top_k"]) == ("mla", 16, TOP_K)
+    assert attention["kv_cache_floats_per_token_layer"] == 64 + 16 + 32  # latent + RoPE key + indexer key
     info = sharpi.Session(str(converted.gguf["f32"]), threads=1, n_ctx=64).info
     assert (info["arch"], info["n_layer"], info["n_expert"], info["n_expert_used"]) == ("deepseek32", 3, 16, 4)
 
