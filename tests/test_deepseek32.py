@@ -14,7 +14,11 @@ to a strict subset of its positions, the indexer's choice. The checks:
     on the file rewritten to that top_k matches that dense transformers model;
   - token by token, batched beside another sequence, and a forked sequence all equal one-call
     prefill bit for bit (the indexer keys live in the KV row: they follow the fork's prefix copy);
-  - streamed == resident bit for bit at a quarter budget (f32 and q8_0 files);
+  - the float64 numpy reference (tests/reference/numpy_forward.py, its own indexer) agrees with
+    transformers on the f32 file, with clear margins at every top-k boundary; the converter's f16 and
+    q8_0 files and llama-quantize's Q4_K_M (from a 256-wide checkpoint) match it in exact mode within
+    1e-4 on their dequantized weights;
+  - streamed == resident bit for bit at a quarter budget (f32, q8_0 and Q4_K_M files);
   - a file without the indexer keys or tensors is a typed error.
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched.
@@ -31,10 +35,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
+from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
-from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
-from reference.numpy_forward import relative_error_per_position
+from reference.engine_checks import (
+    check_exact_file_against_reference,
+    check_greedy,
+    check_prefill_and_stepwise,
+    check_streams_like_resident,
+)
+from reference.numpy_forward import ReferenceModel, forward, relative_error_per_position
 from sharpi.inspect_model import inspect_summary
 
 NAME = "deepseek_v32"
@@ -54,7 +64,7 @@ def converter():
 
 @pytest.fixture(scope="module")
 def converted(converter, model_dir):
-    return hf_export.prepare(NAME, model_dir, converter, outtypes=("f32", "q8_0"))
+    return hf_export.prepare(NAME, model_dir, converter, outtypes=("f32", "f16", "q8_0"))
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +218,45 @@ def test_a_file_without_its_indexer_is_a_typed_error(converted, tmp_path, change
     rewrite_gguf(str(converted.gguf["f32"]), bad, **change)
     with pytest.raises(error):
         sharpi.Session(bad, threads=1, n_ctx=32)
+
+
+def test_reference_matches_transformers_with_clear_selection_margins(converted, hf):
+    prompt = _prompt(converted, 6, 32)
+    result = forward(ReferenceModel(str(converted.gguf["f32"])), prompt)
+    # ~1e-5 apart at every position, the dense ones too: HF computes the YaRN RoPE angles in float32.
+    assert relative_error_per_position(result.logits, hf_export.hf_logits(hf, prompt)).max() < BUDGET
+    # The engine selects in f32: a gap between the top_k-th and the next score far above f32
+    # rounding means it cannot choose otherwise.
+    margins = np.concatenate([result.intermediates[f"indexer_margin-{il}"] for il in range(3)])
+    assert np.isinf(margins[:TOP_K]).all() and margins.min() > 1e-4, np.sort(margins)[:4]
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_converter_quantized_files_match_the_reference_in_exact_mode(converted, outtype):
+    check_exact_file_against_reference(str(converted.gguf[outtype]), THREADS, 61, f"deepseek32 {outtype} vs reference")
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_file(converter, model_dir) -> str:
+    f16 = hf_export.prepare("deepseek_v32_256", model_dir, converter, outtypes=("f16",)).gguf["f16"]
+    return str(llama_quantize(f16, f16.parent / "deepseek_v32_256-q4_k_m.gguf", "Q4_K_M", THREADS))
+
+
+def test_q4_k_m_file_holds_a_mix_and_matches_the_reference(q4_k_m_file):
+    reader = gguf.GGUFReader(q4_k_m_file)
+    types = {t.name: gguf.GGMLQuantizationType(int(t.tensor_type)) for t in reader.tensors}
+    assert types["blk.1.ffn_gate_exps.weight"] == gguf.GGMLQuantizationType.Q4_K
+    assert types["blk.1.indexer.k_norm.bias"] == gguf.GGMLQuantizationType.F32
+    assert {gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K} <= set(types.values())
+    check_exact_file_against_reference(q4_k_m_file, THREADS, 62, "deepseek32 Q4_K_M (llama-quantize) vs reference")
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
+    prompt = hf_export.random_prompt(384, 16, seed=63)
+
+    def open_session(ram_budget):
+        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
+        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
+
+    check_streams_like_resident(open_session, prompt, 16, f"deepseek32 Q4_K_M exact={exact}")

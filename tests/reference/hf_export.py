@@ -74,7 +74,12 @@ ENGINE_ONLY_MODELS = {
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
 # glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file,
 # and minimax_m2_256 for tests/test_minimax_m2.py's.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe", "minimax_m2_256": "minimax-m2"}
+QUANTIZER_MODELS = {
+    "qwen3moe_256": "qwen3moe",
+    "glm4moe_256": "glm4moe",
+    "minimax_m2_256": "minimax-m2",
+    "deepseek_v32_256": "deepseek32",
+}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -258,6 +263,14 @@ def make_config(name: str, vocab_size: int):
         # always uses sigmoid scores.
         config.scoring_func = "sigmoid"
         config.topk_method = "noaux_tc"
+        return config
+    if name == "deepseek_v32_256":
+        # deepseek_v32 256 wide where the widths allow (n_embd, q LoRA, kv LoRA, experts, dense FFN,
+        # n_head * v_head_dim) for llama-quantize's K types; the per-head qk_nope rows stay narrow.
+        config = make_config("deepseek_v32", vocab_size)
+        config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+        config.q_lora_rank = config.kv_lora_rank = 256
+        config.v_head_dim = 64
         return config
     if name == "deepseek_v32":
         # DeepSeek-V3 at the same small size plus DSA's lightning indexer: 16 heads of 32 (RoPE on
@@ -468,6 +481,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "deepseek_v2": transformers.DeepseekV2ForCausalLM,
         "deepseek_v3": transformers.DeepseekV3ForCausalLM,
         "deepseek_v32": transformers.DeepseekV32ForCausalLM,
+        "deepseek_v32_256": transformers.DeepseekV32ForCausalLM,
         "qwen3next": transformers.Qwen3NextForCausalLM,
         "qwen35moe": transformers.Qwen3_5MoeForCausalLM,
         "gpt_oss": transformers.GptOssForCausalLM,
@@ -512,7 +526,7 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
         seed=seed,
         extra_special=GLM_SPECIAL_TOKENS if name.startswith("glm4moe") else (),
         # llama.cpp's DeepSeek-V3.2 converter refuses a tokenizer that does not add BOS.
-        add_bos=name == "deepseek_v32",
+        add_bos=name.startswith("deepseek_v32"),
     )
     vocab_size = len(tokenizer)
     model = build_model(name, vocab_size, seed)
