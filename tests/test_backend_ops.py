@@ -40,6 +40,8 @@ EXPECTED_BLOCKERS = {
     # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
     "llama4": {"attention", "route_topk", "scale_rows"},
     "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
+    # MLA, plus DSA's indexer (its key LayerNorm and top-k), sigmoid routing with a selection bias.
+    "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm", "route_topk"},
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).

@@ -19,7 +19,7 @@ from reader_policy import uring_unavailable
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe",
-         "gpt-oss", "glm4moe", "llama4", "minimax-m2"]
+         "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek32"]
 KV_TYPES = ["f32", "f16", "q8_0", "q4_0"]
 HYBRID = {"qwen3next", "qwen35moe"}
 

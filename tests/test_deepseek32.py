@@ -19,7 +19,9 @@ to a strict subset of its positions, the indexer's choice. The checks:
     q8_0 files and llama-quantize's Q4_K_M (from a 256-wide checkpoint) match it in exact mode within
     1e-4 on their dequantized weights;
   - streamed == resident bit for bit at a quarter budget (f32, q8_0 and Q4_K_M files);
-  - a file without the indexer keys or tensors is a typed error.
+  - a file without the indexer keys or tensors is a typed error;
+  - make-model's tiny deepseek32 carries the converter's keys and tensor names, and the
+    deepseek-v3.2 preset plans DeepSeek-V3.2's published shapes (685B with the MTP block, 671B trunk).
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched.
 """
@@ -45,6 +47,7 @@ from reference.engine_checks import (
     check_streams_like_resident,
 )
 from reference.numpy_forward import ReferenceModel, forward, relative_error_per_position
+from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_summary
 
 NAME = "deepseek_v32"
@@ -260,3 +263,64 @@ def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
         return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
 
     check_streams_like_resident(open_session, prompt, 16, f"deepseek32 Q4_K_M exact={exact}")
+
+
+# ----------------------------------------------------------------------------------------------
+# make-model: the tiny deepseek32 and the deepseek-v3.2 preset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("deepseek32_tiny") / "deepseek32-tiny.gguf")
+    # With YaRN and expert groups, as the converter's checkpoint has them (so the same keys exist).
+    yarn_and_groups = {"yarn_factor": 4.0, "yarn_n_ctx_orig": 128, "yarn_mscale_all_dim": 0.707,
+                       "n_expert_group": 4, "n_expert_group_used": 2}  # fmt: skip
+    mm.write_model(path, arch="deepseek32", preset="tiny", quant="q8_0", seed=3, **yarn_and_groups)
+    return path
+
+
+def test_make_model_writes_what_the_converter_writes(converted, tiny):
+    """make-model's tiny deepseek32 against the converter's file: the same deepseek32.* keys with the
+    same value types, and the same tensor names with the same ranks."""
+    theirs, ours = gguf.GGUFReader(str(converted.gguf["f32"])), gguf.GGUFReader(tiny)
+    keys = {k for k in theirs.fields if k.startswith("deepseek32.")}
+    assert keys == {k for k in ours.fields if k.startswith("deepseek32.")}
+    for key in keys:
+        assert theirs.fields[key].types == ours.fields[key].types, key
+    their_tensors = {t.name: len(t.shape) for t in theirs.tensors}
+    assert their_tensors == {t.name: len(t.shape) for t in ours.tensors}
+    # The tiny preset really selects: its top_k is below the prompts the shared arch tests decode.
+    s = sharpi.Session(tiny, threads=1, n_ctx=64)
+    assert s.info["arch"] == "deepseek32"
+    assert inspect_summary(tiny)["attention"]["indexer_top_k"] == 8
+
+
+def test_preset_plans_the_published_shapes():
+    """deepseek-ai/DeepSeek-V3.2's config.json as DeepseekV32Model writes it, its MTP block included.
+    Planned, not written (the Q4_K_M file is ~384 GiB)."""
+    from sharpi.presets import resolve
+    from sharpi.tensor_plan import plan_tensors
+
+    hp = resolve(preset="deepseek-v3.2")
+    assert (hp.arch, hp.n_layer, hp.n_layer_nextn, hp.n_embd, hp.n_head, hp.n_vocab) == (
+        "deepseek32", 61, 1, 7168, 128, 129280
+    )
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff_shexp, hp.n_layer_dense_lead) == (256, 8, 2048, 2048, 3)
+    assert (hp.indexer_n_head, hp.indexer_head_size, hp.indexer_top_k) == (64, 128, 2048)
+    specs = {s.name: s for s in plan_tensors(hp, "q4_k_m")}
+    assert specs["blk.0.ffn_gate.weight"].ne == (7168, 18432)
+    assert specs["blk.3.attn_q_a.weight"].ne == (7168, 1536) and specs["blk.3.attn_q_b.weight"].ne == (1536, 128 * 192)
+    assert specs["blk.3.attn_kv_a_mqa.weight"].ne == (7168, 512 + 64)
+    assert specs["blk.3.attn_k_b.weight"].ne == (128, 512, 128) and specs["blk.3.attn_v_b.weight"].ne == (512, 128, 128)
+    assert specs["blk.3.indexer.attn_q_b.weight"].ne == (1536, 64 * 128)
+    assert specs["blk.3.indexer.attn_k.weight"].ne == (7168, 128) and specs["blk.3.indexer.proj.weight"].ne == (7168, 64)
+    assert specs["blk.3.indexer.k_norm.bias"].ne == (128,) and specs["blk.3.exp_probs_b.bias"].ne == (256,)
+    assert specs["blk.60.ffn_down_exps.weight"].ne == (2048, 7168, 256)
+    assert specs["blk.61.nextn.eh_proj.weight"].ne == (2 * 7168, 7168)
+    total = sum(s.n_elements for s in specs.values())
+    mtp = sum(s.n_elements for name, s in specs.items() if name.startswith("blk.61."))
+    assert total == pytest.approx(685e9, rel=0.005)  # "685B": the checkpoint with its MTP block
+    assert total - mtp == pytest.approx(671e9, rel=0.005)  # the trunk, DeepSeek-V3's 671B
+    embeddings = 2 * 129280 * 7168
+    active = total - mtp - 58 * (256 - 8) * 3 * 7168 * 2048 - embeddings
+    assert active == pytest.approx(37e9, rel=0.02)  # "A37B"
