@@ -21,9 +21,12 @@ to a strict subset of its positions, the indexer's choice. The checks:
   - streamed == resident bit for bit at a quarter budget (f32, q8_0 and Q4_K_M files);
   - a file without the indexer keys or tensors is a typed error;
   - make-model's tiny deepseek32 carries the converter's keys and tensor names, and the
-    deepseek-v3.2 preset plans DeepSeek-V3.2's published shapes (685B with the MTP block, 671B trunk).
+    deepseek-v3.2 preset plans DeepSeek-V3.2's published shapes (685B with the MTP block, 671B trunk);
+  - llama.cpp's own deepseek32 graph (llama-cpp-python) agrees with sharpi on make-model's tiny
+    deepseek32 where the selection is sparse.
 
-Skips (never fails) without torch/transformers or when the converter cannot be fetched.
+Skips (never fails) without torch/transformers or when the converter cannot be fetched; the
+llama-quantize and llama-cpp-python tests skip (fail under SHARPI_REQUIRE_ALL=1) without them.
 """
 
 import json
@@ -37,6 +40,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
+from ci_policy import require_llama_cpp
 from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
@@ -324,3 +328,28 @@ def test_preset_plans_the_published_shapes():
     embeddings = 2 * 129280 * 7168
     active = total - mtp - 58 * (256 - 8) * 3 * 7168 * 2048 - embeddings
     assert active == pytest.approx(37e9, rel=0.02)  # "A37B"
+
+
+def test_make_model_tiny_matches_llama_cpp(tmp_path):
+    """A third, independent implementation: llama.cpp's own deepseek32 graph (llama-cpp-python) on
+    make-model's tiny deepseek32 at small widths (f32 weights and KV cache, so only rounding differs:
+    measured 8e-7), over 24 tokens with the indexer's top-8, so 16 positions attend sparsely. (The
+    converter's test checkpoint has 32-wide indexer heads, which llama.cpp's 64-wide Hadamard
+    rotation of the indexer cannot multiply; DeepSeek-V3.2's are 128.) The same file with top_k
+    above the prompt length (dense MLA) differs from llama.cpp by far more."""
+    llama_cpp = require_llama_cpp()
+    small = {"n_vocab": 512, "n_embd": 128, "n_ff": 128, "n_ff_exp": 64, "n_ff_shexp": 128}
+    path = str(tmp_path / "deepseek32-small.gguf")
+    mm.write_model(path, arch="deepseek32", preset="tiny", quant="f32", seed=5, **small)
+    tokens = [int(t) for t in np.random.default_rng(0).integers(5, 500, 24)]
+    llm = llama_cpp.Llama(path, n_ctx=64, n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0)
+    llm.eval(tokens)
+    theirs = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    ours = _logits(sharpi.Session(path, threads=THREADS, exact=True), tokens)
+    rel = np.abs(ours - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
+    assert rel.max() <= 1e-5, rel
+    dense_path = str(tmp_path / "dense.gguf")
+    rewrite_gguf(path, dense_path, set_kv={"deepseek32.attention.indexer.top_k": 4096})
+    dense = _logits(sharpi.Session(dense_path, threads=THREADS, exact=True), tokens)
+    rel_dense = np.abs(dense - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
+    assert np.all(rel_dense[:8] <= 1e-5) and np.median(rel_dense[8:]) > 1e-3, rel_dense
