@@ -49,7 +49,7 @@ MOE_MODELS = {
 # not depend on. glm4moe_qknorm is left without one on purpose: its config still declares
 # num_nextn_predict_layers 1, so the converter writes nextn_predict_layers 1 and block_count 4 with
 # no blk.3 tensors (llama.cpp's "trunk only" file, which it loads too).
-MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256"}
+MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256", "deepseek_v32"}
 # Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
@@ -536,7 +536,14 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
     elif name in MTP_MODELS:
+        # DeepSeek-V3.2's checkpoints hold their MTP block the same way (model.layers.61.*, with
+        # eh_proj, enorm, hnorm, shared_head.norm), and the config declares it.
         _add_glm_nextn_layer(hf_dir, seed)
+        if name == "deepseek_v32":
+            config_path = hf_dir / "config.json"
+            config = json.loads(config_path.read_text())
+            config["num_nextn_predict_layers"] = 1
+            config_path.write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(hf_dir)
     return ExportedModel(name=name, gguf_arch=ALL_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
 

@@ -554,7 +554,7 @@ def dsa_indexer_selection(model: ReferenceModel, il: int, x: np.ndarray, q_lora:
     return allowed
 
 
-def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record) -> np.ndarray:
+def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record, sparse=True) -> np.ndarray:
     """deepseek2's multi-head latent attention, expanded: every head's keys and values are rebuilt
     from the cached latent c with the converter's per-head halves of kv_b (attn_k_b holds W_kb_h
     transposed, numpy [n_head, kv_lora, qk_nope]; attn_v_b holds W_vb_h, [n_head, v_head, kv_lora]),
@@ -568,7 +568,7 @@ def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions
     if layer.has("attn_q_a"):
         q_lora = rms_norm(linear(x, layer.w("attn_q_a")), layer.w("attn_q_a_norm"), hp.rms_eps)
         q = linear(q_lora, layer.w("attn_q_b"))
-        if hp.indexer_top_k:
+        if hp.indexer_top_k and sparse:
             allowed = dsa_indexer_selection(model, il, x, q_lora, positions, record)
     else:
         q = linear(x, layer.w("attn_q"))
@@ -880,7 +880,12 @@ def mtp_forward(model: ReferenceModel, hidden: np.ndarray, next_tokens) -> tuple
 
     positions = np.arange(1, tokens.size + 1)
     normed = rms_norm(x, layer.w("attn_norm"), hp.rms_eps)
-    ffn_inp = x + attention_block(model, il, normed, positions, record)
+    if hp.n_lora_kv:
+        # DeepSeek's block: MLA, dense (llama.cpp's deepseek32 graph_mtp builds no indexer).
+        attn_out = mla_attention_block(model, il, normed, positions, record, sparse=False)
+    else:
+        attn_out = attention_block(model, il, normed, positions, record)
+    ffn_inp = x + attn_out
     normed = rms_norm(ffn_inp, layer.w(ffn_norm_name(hp)), hp.rms_eps)
     out = ffn_inp + moe_block(model, il, normed, ForwardResult(logits=np.empty(0)), record)
     head_norm = model.tensors.get(f"blk.{il}.nextn.shared_head_norm.weight", model.get("output_norm.weight"))

@@ -95,9 +95,11 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     Backend& b = f.backend();
     Act kv = f.linear(cur, L.wkv_a_mqa, "kv_cmpr_pe", il);  // [T, kv_lora_rank + n_rot]
     b.rms_norm(kv.data, kv.width, kv.data, kv.width, T, n_lora_kv, L.attn_kv_a_norm.data(), h.rms_eps);
+    // RoPE at position pos0 + rope_shift (the MTP block's pairs, model/mtp.h); KV rows at pos0.
     for (const SeqSpan& s : f.spans()) {
-        b.rope(q.row(s.row0) + qk_nope, q.width, s.n_tokens, n_head, head_k, s.pos0, h.rope);
-        b.rope(kv.row(s.row0) + n_lora_kv, kv.width, s.n_tokens, 1, key_width, s.pos0, h.rope);
+        const int64_t rope_pos0 = s.pos0 + s.rope_shift;
+        b.rope(q.row(s.row0) + qk_nope, q.width, s.n_tokens, n_head, head_k, rope_pos0, h.rope);
+        b.rope(kv.row(s.row0) + n_lora_kv, kv.width, s.n_tokens, 1, key_width, rope_pos0, h.rope);
     }
     f.name(q, "Qcur_rope", il);
     f.name(kv, "kv_cmpr_pe_rope", il);

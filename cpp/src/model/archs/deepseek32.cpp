@@ -19,8 +19,8 @@
 // arithmetic and its tie rule are cpu/ops/lightning_indexer.h's.
 //
 // MTP: the converter writes DeepSeek-V3.2's nextn block (a full decoder block after the trunk, with
-// its own indexer tensors); sharpi loads the trunk and skips the block (it is never read or
-// charged), as for deepseek2: MtpHead does not run the MLA block.
+// its own indexer tensors). MtpHead runs it as llama.cpp's graph_mtp does, as dense MLA: the
+// block's indexer is not loaded and its KV rows hold no indexer key (MtpHead::block_hparams).
 #include <cmath>
 #include <vector>
 
@@ -65,7 +65,7 @@ Act dsa_indexer_keys(Forward& f, const Act& cur, int il) {
                  L.indexer_k_norm_b.data(), kIndexerNormEps);
     const RopeParams rope = indexer_rope(h);
     for (const SeqSpan& s : f.spans()) {
-        b.rope(k.row(s.row0), k.width, s.n_tokens, 1, k.width, s.pos0, rope);
+        b.rope(k.row(s.row0), k.width, s.n_tokens, 1, k.width, s.pos0 + s.rope_shift, rope);
     }
     f.name(k, "indexer_k_rope", il);
     return k;
@@ -80,7 +80,7 @@ void dsa_select(Forward& f, const Act& cur, const Act& q_lora, int il, std::vect
     Act q = f.linear(q_lora, L.indexer_attn_q_b, "indexer_q", il);
     const RopeParams rope = indexer_rope(h);
     for (const SeqSpan& s : f.spans()) {
-        b.rope(q.row(s.row0), q.width, s.n_tokens, n_head, head, s.pos0, rope);
+        b.rope(q.row(s.row0), q.width, s.n_tokens, n_head, head, s.pos0 + s.rope_shift, rope);
     }
     f.name(q, "indexer_q_rope", il);
     const Act w = f.linear(cur, L.indexer_proj, "indexer_weights", il);
