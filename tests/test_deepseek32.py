@@ -360,3 +360,12 @@ def test_make_model_tiny_matches_llama_cpp(tmp_path):
     dense = _logits(sharpi.Session(dense_path, threads=THREADS, exact=True), tokens)
     rel_dense = np.abs(dense - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
     assert np.all(rel_dense[:8] <= 1e-5) and np.median(rel_dense[8:]) > 1e-3, rel_dense
+
+
+@pytest.mark.parametrize("exact, bytes_per_element", [(True, 4), (False, 2)])
+def test_the_budget_charges_the_indexer_keys_with_the_kv_cache(converted, exact, bytes_per_element):
+    """Each layer's KV row holds the latent (64), the RoPE key (16) and the indexer's key (32), in
+    cache_type_k (f32 in exact mode, f16 otherwise), for every position of every sequence."""
+    n_ctx, n_seq = 96, 2
+    s = sharpi.Session(str(converted.gguf["f32"]), threads=1, n_ctx=n_ctx, n_seq=n_seq, exact=exact)
+    assert s.info["bytes_kv"] == n_seq * 3 * n_ctx * (64 + 16 + 32) * bytes_per_element
