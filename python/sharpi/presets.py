@@ -8,7 +8,8 @@ Sources for the real models are their Hugging Face config.json files:
   deepseek-ai/DeepSeek-V2-Lite (preset deepseek-v2-lite: the real deepseek2 architecture, MLA and all;
   the older trace-shaped "deepseek-trace" is a qwen3moe with DeepSeek-V2-Lite's expert layout),
   zai-org/GLM-4.5-Air and zai-org/GLM-4.6 (presets glm-4.5-air and glm-4.6; GLM-4.5 and GLM-4.7 have
-  GLM-4.6's shapes), MiniMaxAI/MiniMax-M2 (preset minimax-m2; MiniMax-M2.1 has the same shapes).
+  GLM-4.6's shapes), MiniMaxAI/MiniMax-M2 (preset minimax-m2; MiniMax-M2.1 has the same shapes),
+  deepseek-ai/DeepSeek-V3.2 (preset deepseek-v3.2, arch deepseek32; V3.2-Exp has the same shapes).
 """
 
 from __future__ import annotations
