@@ -64,7 +64,7 @@ def test_the_indexer_selects_the_float64_models_top_k(kind):
     np.testing.assert_array_equal(results[1][1], results[0][1])
     # Prefill equals one query at a time (a token's selection does not depend on its batch).
     for t in (0, 7, 79):
-        one, positions, _ = run(q[t : t + 1], w[t : t + 1], stored, kind, pos0 + t, top_k)
+        _, positions, _ = run(q[t : t + 1], w[t : t + 1], stored, kind, pos0 + t, top_k)
         np.testing.assert_array_equal(positions[0], results[0][1][t])
 
 
