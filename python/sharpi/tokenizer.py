@@ -101,6 +101,18 @@ _DEEPSEEK_LLM = [
     r"\p{N}+",
 ]
 _DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}"]
+# DeepSeek-V3 / R1 / V3.1 / V3.2 ("deepseek-v3", llama.cpp's DEEPSEEK3_LLM; their tokenizer.json's
+# Split sequence): digit runs of up to three, then runs of Han, hiragana and katakana, then words
+# (with their marks; one leading ASCII punctuation character joins ASCII letters), punctuation and
+# symbol runs, newlines and spaces.
+_DEEPSEEK_V3 = [
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    (
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+]
 _STARCODER = [r"\p{N}", _GPT2]
 # llama.cpp's "default" (also what it uses when tokenizer.ggml.pre is missing, as in GGUF files from
 # converters older than the pre-tokenizer key): punctuation runs first, then GPT-2's pattern, then
@@ -144,6 +156,7 @@ for _names, _spec in [
     (("default",), (_LLAMA_CPP_DEFAULT, False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
     (("deepseek-coder",), (_DEEPSEEK_CODER, False, False)),
+    (("deepseek-v3",), (_DEEPSEEK_V3, False, False)),
     (
         ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
         (_STARCODER, False, False),
