@@ -53,7 +53,7 @@ from reference.engine_checks import (
 )
 from reference.numpy_forward import ReferenceModel, forward, relative_error_per_position
 from sharpi import make_model as mm
-from sharpi.inspect_model import inspect_summary
+from sharpi.inspect_model import inspect_report, inspect_summary
 
 NAME = "deepseek_v32"
 THREADS = 2
@@ -126,6 +126,9 @@ def test_file_carries_the_dsa_parameters(converted):
     attention = inspect_summary(converted.gguf["f32"])["attention"]
     assert (attention["kind"], attention["indexer_heads"], attention["indexer_top_k"]) == ("mla", 16, TOP_K)
     assert attention["kv_cache_floats_per_token_layer"] == 64 + 16 + 32  # latent + RoPE key + indexer key
+    assert "lightning indexer of 16 heads x 32, each query attends to its top 5 positions" in inspect_report(
+        converted.gguf["f32"]
+    )
     info = sharpi.Session(str(converted.gguf["f32"]), threads=1, n_ctx=64).info
     assert (info["arch"], info["n_layer"], info["n_expert"], info["n_expert_used"]) == ("deepseek32", 3, 16, 4)
 

@@ -330,6 +330,12 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             f"{a['head_dim_v']}; KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer "
             f"(expanded heads would take {a.get('expanded_kv_floats_per_token_layer', '?')})"
         )
+        if a.get("indexer_top_k"):
+            w(
+                f"  sparse attention (DSA): lightning indexer of {a['indexer_heads']} heads x "
+                f"{a['indexer_key_length']}, each query attends to its top {a['indexer_top_k']} positions; "
+                "the indexer key is cached in the latent row"
+            )
         row_bytes = a["latent_bytes_per_token_layer"]
         sizes = ", ".join(f"{t} {'n/a' if b is None else b}" for t, b in row_bytes.items())
         w(f"  latent cache type: {a['latent_cache_type']}; bytes/token/layer {sizes}")
