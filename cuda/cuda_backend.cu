@@ -330,8 +330,18 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvCache& kv, int 
 }
 
 void CudaBackend::mla_attention(const float*, int64_t, const KvCache& kv, int, int64_t, int64_t,
-                                const MlaShape&, float*, int64_t) {
+                                const MlaShape&, const MlaSelection*, float*, int64_t) {
     refuse(OpCall{"mla_attention", kv.type_k(), ""});
+}
+
+void CudaBackend::lightning_indexer(const float*, int64_t, const float*, int64_t, const KvCache& kv, int,
+                                    int64_t, int64_t, const IndexerShape&, int32_t*, int32_t*) {
+    refuse(OpCall{"lightning_indexer", kv.type_k(), ""});
+}
+
+void CudaBackend::layer_norm(const float*, int64_t, float*, int64_t, int64_t, int64_t, const float*,
+                             const float*, float) {
+    refuse(OpCall{"layer_norm", GgmlType::F32, ""});
 }
 
 // ---- Gated DeltaNet: no kernels yet (the table says so) -------------------------------------------

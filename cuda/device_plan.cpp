@@ -84,6 +84,11 @@ std::vector<HostWeight> device_weights(const Model& model) {
         add_vector(out, ModelLoader::block_name(il, "attn_kv_a_norm.weight"), L.attn_kv_a_norm);
         add_view(out, ModelLoader::block_name(il, "attn_k_b.weight"), L.wk_b);
         add_view(out, ModelLoader::block_name(il, "attn_v_b.weight"), L.wv_b);
+        add_linear(out, il, "indexer.attn_q_b", L.indexer_attn_q_b);
+        add_linear(out, il, "indexer.attn_k", L.indexer_attn_k);
+        add_linear(out, il, "indexer.proj", L.indexer_proj);
+        add_vector(out, ModelLoader::block_name(il, "indexer.k_norm.weight"), L.indexer_k_norm);
+        add_vector(out, ModelLoader::block_name(il, "indexer.k_norm.bias"), L.indexer_k_norm_b);
         add_vector(out, ModelLoader::block_name(il, "exp_probs_b.bias"), L.exp_probs_b);
         add_linear(out, il, "attn_qkv", L.ssm_qkv);
         add_linear(out, il, "attn_gate", L.ssm_gate);

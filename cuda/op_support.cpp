@@ -45,6 +45,8 @@ struct Missing {
 };
 const Missing kMissing[] = {
     {"mla_attention", "deepseek2's multi-head latent attention"},
+    {"lightning_indexer", "deepseek32's DSA lightning indexer"},
+    {"layer_norm", "deepseek32's DSA indexer key norm"},
     {"gdn_gates", "the Gated DeltaNet (qwen3next, qwen35moe)"},
     {"conv1d_silu", "the Gated DeltaNet's causal conv1d"},
     {"l2_norm_heads", "the Gated DeltaNet's q/k normalisation"},

@@ -44,6 +44,8 @@ EXPECTED_BLOCKERS = {
     # hyper-connections and compressors are host code (model/archs/deepseek4.cpp), not backend ops:
     # the device path refuses the architecture as a whole (cuda/device_plan.cpp).
     "deepseek4": {"route_topk", "expert_ffn_batch", "expert_ffn_one_token"},
+    # MLA, plus DSA's indexer (its key LayerNorm and top-k), sigmoid routing with a selection bias.
+    "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm", "route_topk"},
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).

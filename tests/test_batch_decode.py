@@ -19,7 +19,8 @@ from reader_policy import uring_unavailable
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe",
-         "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek4"]
+         "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek4",
+         "deepseek32"]
 # deepseek4 keeps its sliding-window and compressor state in an f32 KV row and refuses other types.
 F32_KV_ONLY = {"deepseek4"}
 KV_TYPES = ["f32", "f16", "q8_0", "q4_0"]

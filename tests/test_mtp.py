@@ -1,5 +1,6 @@
 """The file's multi-token-prediction block (Session(mtp=True), Session.draft_mtp, --spec-type draft-mtp)
-on qwen35moe, qwen3next and glm4moe files.
+on qwen35moe, qwen3next, glm4moe and deepseek32 files (deepseek32's block is dense MLA, as llama.cpp
+runs it: the trunk selects with its indexer, the block does not).
 
 Oracle: tests/reference/numpy_forward.mtp_forward, a float64 numpy model of the block as DeepSeek-V3
 and Qwen3.5 define it (the trunk's output-normed hidden state and the next token's embedding, each
@@ -23,7 +24,7 @@ from reference.numpy_forward import ReferenceModel, forward, mtp_forward
 from sharpi.make_model import write_model
 from sharpi.speculative import MtpDraft, Speculation, open_speculation
 
-ARCHS = ["qwen35moe", "qwen3next", "glm4moe"]
+ARCHS = ["qwen35moe", "qwen3next", "glm4moe", "deepseek32"]
 BUDGET = 1e-4  # relative L2, exact mode, same dequantized weights
 
 
@@ -228,13 +229,13 @@ def converted(model_dir):
         converter = hf_export.converter_dir()
     except hf_export.ConverterUnavailable as error:
         pytest.skip(f"llama.cpp converter unavailable: {error}")
-    names = ("qwen35moe", "qwen3next", "glm4moe")
+    names = ("qwen35moe", "qwen3next", "glm4moe", "deepseek_v32")
     return {name: {q: str(p) for q, p in hf_export.prepare(name, model_dir, converter,
                                                           outtypes=("f32", "q8_0")).gguf.items()}
             for name in names}
 
 
-@pytest.mark.parametrize("name", ["qwen35moe", "qwen3next", "glm4moe"])
+@pytest.mark.parametrize("name", ["qwen35moe", "qwen3next", "glm4moe", "deepseek_v32"])
 @pytest.mark.parametrize("quant", ["f32", "q8_0"])
 def test_the_converters_block_matches_the_float64_reference(converted, name, quant):
     seed = secrets.randbits(32)

@@ -23,7 +23,8 @@ from sharpi import _core, _internal
 from sharpi.cache_eval import write_prior
 from sharpi.make_model import write_model
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "llama4", "minimax-m2", "deepseek4"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "llama4", "minimax-m2", "deepseek4",
+         "deepseek32"]
 READERS = ["pread", "uring"]
 
 

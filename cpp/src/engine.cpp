@@ -163,8 +163,9 @@ std::unique_ptr<Sequence> Engine::make_sequence() const {
     }
     s->recurrent = std::make_unique<RecurrentState>(model_->hp);
     if (mtp_) {
-        s->mtp_kv = std::make_unique<KvCache>(1, n_ctx_, kv_shape_.width, kv_shape_.head_dim,
-                                              kv_shape_.type_k, kv_shape_.type_v, kv_shape_.with_v);
+        // The block's own layout (deepseek32: the latent without the indexer key).
+        const KvLayout l = kv_layout(mtp_->model().hp, kv_shape_.type_k, kv_shape_.type_v);
+        s->mtp_kv = std::make_unique<KvCache>(1, n_ctx_, l.width, l.head_dim, l.type_k, l.type_v, l.with_v);
         // new[] without (): pages are faulted in as positions fill, as the KV cache's.
         s->mtp_hidden.reset(new float[static_cast<size_t>(n_ctx_ * model_->hp.n_embd)]);
     }

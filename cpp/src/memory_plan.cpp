@@ -21,6 +21,15 @@ std::string mib(uint64_t bytes) {
 
 }  // namespace
 
+// DeepSeek Sparse Attention's activations per token of a step (model/archs/deepseek32.cpp): the
+// indexer's queries and head weights, its key (and the RoPE'd copy), the cached row it is joined
+// into, and the selected positions (int32, one float each) with their count.
+static int64_t dsa_floats_per_token(const HParams& h) {
+    if (!h.has_indexer()) return 0;
+    return h.indexer_n_head * (h.indexer_head_size + 1) + 2 * h.indexer_head_size + h.kv_floats_per_token() +
+           h.indexer_top_k + 1;
+}
+
 MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
     const HParams& h = model.hp;
     MemoryPlan p;
@@ -50,7 +59,8 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
         (h.hc_mult > 1
              ? 4 * h.n_embd_residual() + 6 * h.head_dim + 4 * h.indexer_head_dim +
                    h.indexer_n_head * (h.indexer_head_dim + 1) + h.o_groups * h.o_lora_rank + 2 * h.n_lora_q
-             : 0);
+             : 0) +
+        dsa_floats_per_token(h);
     // The residual rows of a whole step are live at once (a prompt runs layer-major over its chunks):
     // at most max(n_ctx, max_batch) of them (Engine::max_step_tokens).
     const int64_t step_rows = std::max(r.n_ctx, r.max_batch);

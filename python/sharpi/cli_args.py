@@ -92,8 +92,8 @@ def add_compute_arguments(p: argparse.ArgumentParser) -> None:
             f"--cache-type-{which}",
             choices=KV_CACHE_TYPES,
             default=None,
-            help=f"KV cache type for {which.upper()} (default: f16; f32 in exact mode; deepseek2's MLA latent "
-            "is both K and V: give -ctk and -ctv the same type)",
+            help=f"KV cache type for {which.upper()} (default: f16; f32 in exact mode; the MLA latent of "
+            "deepseek2 / deepseek32 is both K and V: give -ctk and -ctv the same type)",
         )
 
 

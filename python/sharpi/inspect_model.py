@@ -190,11 +190,18 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
         out["rope_dims"] = n_rot
         out["head_dim_qk"] = k_mla
         out["head_dim_v"] = v_mla
-        out["kv_cache_floats_per_token_layer"] = kv_lora + n_rot
+        # deepseek32 (DeepSeek Sparse Attention): the lightning indexer's key of each position is
+        # cached in the same row after the latent, and attention reads only the indexer's top_k.
+        index_key = hparams.get("attention.indexer.key_length", 0)
+        if index_key:
+            out["indexer_heads"] = hparams.get("attention.indexer.head_count")
+            out["indexer_key_length"] = index_key
+            out["indexer_top_k"] = hparams.get("attention.indexer.top_k")
+        out["kv_cache_floats_per_token_layer"] = kv_lora + n_rot + index_key
         # The latent row is stored in --cache-type-k's type (f16 by default, f32 in exact mode) and
         # is also the values (V is a view of it, as in llama.cpp): --cache-type-v must name the same.
         out["latent_cache_type"] = "cache_type_k (f16; exact mode f32); cache_type_v must match"
-        out["latent_bytes_per_token_layer"] = _latent_row_bytes(kv_lora + n_rot)
+        out["latent_bytes_per_token_layer"] = _latent_row_bytes(kv_lora + n_rot + index_key)
         if n_head and k_mla and v_mla:
             out["expanded_kv_floats_per_token_layer"] = n_head * (k_mla + v_mla)
     elif n_head:
@@ -355,6 +362,12 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             f"{a['head_dim_v']}; KV cache {a['kv_cache_floats_per_token_layer']} floats/token/layer "
             f"(expanded heads would take {a.get('expanded_kv_floats_per_token_layer', '?')})"
         )
+        if a.get("indexer_top_k"):
+            w(
+                f"  sparse attention (DSA): lightning indexer of {a['indexer_heads']} heads x "
+                f"{a['indexer_key_length']}, each query attends to its top {a['indexer_top_k']} positions; "
+                "the indexer key is cached in the latent row"
+            )
         row_bytes = a["latent_bytes_per_token_layer"]
         sizes = ", ".join(f"{t} {'n/a' if b is None else b}" for t, b in row_bytes.items())
         w(f"  latent cache type: {a['latent_cache_type']}; bytes/token/layer {sizes}")

@@ -46,7 +46,7 @@ import numpy as np
 
 from . import presets
 from ._core import InvalidArgument
-from .presets import HYBRID_ARCHES, HParams
+from .presets import HYBRID_ARCHES, MLA_ARCHES, HParams
 from .progress import bar
 from .progress import write as progress_write
 from .synthetic_tokenizer import FIM_TOKENS, SPECIAL_TOKENS, tokenizer_metadata
@@ -95,12 +95,12 @@ def _write_metadata(
     w.add_embedding_length(hp.n_embd)
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the
     # dense width (unused by the MoE layers) for the Qwen MoE models.
-    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe", "llama4") or not hp.is_moe
+    dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "glm4moe", "llama4") + MLA_ARCHES or not hp.is_moe
     if hp.arch != "deepseek4":  # V4's config has no intermediate_size
         w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
-    if hp.arch == "deepseek2":
+    if hp.arch in MLA_ARCHES:
         _write_deepseek2_metadata(w, hp)
     if hp.arch == "gpt-oss":
         # GptOssModel.set_gguf_parameters: head_dim explicit, the window, the expert width, YaRN.
@@ -231,6 +231,22 @@ def _write_deepseek2_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
         w.add_rope_scaling_factor(hp.yarn_factor)
         w.add_rope_scaling_orig_ctx_len(hp.yarn_n_ctx_orig)
         w.add_rope_scaling_yarn_log_mul(0.1 * hp.yarn_mscale_all_dim)
+        if hp.arch == "deepseek32":  # the converter's beta keys (DeepSeek's configs: 32 and 1)
+            w.add_rope_scaling_yarn_beta_fast(32.0)
+            w.add_rope_scaling_yarn_beta_slow(1.0)
+    if hp.arch == "deepseek32":
+        # DeepseekV32Model: V3's routing keys (in the common keys' place for the groups), the MTP
+        # block count, then the DSA indexer.
+        if hp.n_expert_group:
+            w.add_expert_group_count(hp.n_expert_group)
+            w.add_expert_group_used_count(hp.n_expert_group_used)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(True)
+        if hp.n_layer_nextn:
+            w.add_nextn_predict_layers(hp.n_layer_nextn)
+        w.add_indexer_head_count(hp.indexer_n_head)
+        w.add_indexer_key_length(hp.indexer_head_size)
+        w.add_indexer_top_k(hp.indexer_top_k)
 
 
 # ==================================================================================================

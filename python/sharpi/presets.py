@@ -8,7 +8,8 @@ Sources for the real models are their Hugging Face config.json files:
   deepseek-ai/DeepSeek-V2-Lite (preset deepseek-v2-lite: the real deepseek2 architecture, MLA and all;
   the older trace-shaped "deepseek-trace" is a qwen3moe with DeepSeek-V2-Lite's expert layout),
   zai-org/GLM-4.5-Air and zai-org/GLM-4.6 (presets glm-4.5-air and glm-4.6; GLM-4.5 and GLM-4.7 have
-  GLM-4.6's shapes), MiniMaxAI/MiniMax-M2 (preset minimax-m2; MiniMax-M2.1 has the same shapes).
+  GLM-4.6's shapes), MiniMaxAI/MiniMax-M2 (preset minimax-m2; MiniMax-M2.1 has the same shapes),
+  deepseek-ai/DeepSeek-V3.2 (preset deepseek-v3.2, arch deepseek32; V3.2-Exp has the same shapes).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
 MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe",
-              "llama4", "minimax-m2", "deepseek4")  # always MoE
+              "llama4", "minimax-m2", "deepseek4", "deepseek32")  # always MoE
+# Multi-head latent attention: deepseek2, and deepseek32 (deepseek2 plus DeepSeek Sparse Attention).
+MLA_ARCHES = ("deepseek2", "deepseek32")
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -55,6 +58,13 @@ class HParams:
     yarn_factor: float = 0.0  # YaRN rope scaling factor (0: none)
     yarn_n_ctx_orig: int = 0
     yarn_mscale_all_dim: float = 0.0
+    # deepseek32 only: DeepSeek-V3's group-limited routing (n_group, topk_group; 0: no key written)
+    # and DSA's lightning indexer (index_n_heads, index_head_dim, index_topk).
+    n_expert_group: int = 0
+    n_expert_group_used: int = 0
+    indexer_n_head: int = 0
+    indexer_head_size: int = 0
+    indexer_top_k: int = 0
     # Hybrid archs only (llama.cpp's ssm.* keys): conv kernel, key head width, key heads, value
     # heads, value heads * value head width; the layer pattern; RoPE'd dims per head (0: head_dim).
     ssm_d_conv: int = 0
@@ -220,6 +230,43 @@ PRESETS: dict[str, dict] = {
         "rope_freq_base": 10000.0,
         "rms_eps": 1e-6,
     },
+}
+# deepseek-ai/DeepSeek-V3.2 (and V3.2-Exp, the same shapes; config.json): 61 layers, the first 3 dense
+# (18432), then 58 MoE layers of 256 routed experts of 2048, top-8 within the best 4 of 8 groups,
+# plus 1 shared expert; routed weights x2.5. MLA of 128 heads: q LoRA 1536, kv LoRA 512, qk_nope 128
+# + RoPE 64, v 128; YaRN x40 over 4096 positions (mscale_all_dim 1). DSA's lightning indexer: 64
+# heads of 128, top-2048. The converter also writes its MTP block (num_nextn_predict_layers 1).
+PRESETS["deepseek-v3.2"] = {
+    "arch": "deepseek32",
+    "n_vocab": 129280,
+    "n_ctx_train": 163840,
+    "n_embd": 7168,
+    "n_layer": 61,
+    "n_head": 128,
+    "n_head_kv": 1,
+    "head_dim": 192,
+    "n_ff": 18432,
+    "n_expert": 256,
+    "n_expert_used": 8,
+    "n_ff_exp": 2048,
+    "n_ff_shexp": 2048,
+    "rope_freq_base": 10000.0,
+    "rms_eps": 1e-6,
+    "n_lora_q": 1536,
+    "n_lora_kv": 512,
+    "n_rot": 64,
+    "head_dim_v": 128,
+    "n_layer_dense_lead": 3,
+    "expert_weights_scale": 2.5,
+    "yarn_factor": 40.0,
+    "yarn_n_ctx_orig": 4096,
+    "yarn_mscale_all_dim": 1.0,
+    "n_expert_group": 8,
+    "n_expert_group_used": 4,
+    "indexer_n_head": 64,
+    "indexer_head_size": 128,
+    "indexer_top_k": 2048,
+    "n_layer_nextn": 1,
 }
 # deepseek-ai/DeepSeek-V2-Lite: 27 layers (the first dense, then 26 MoE layers of 64 routed experts,
 # top-6, plus 2 shared experts = n_ff_shexp 2 * 1408), MLA without q LoRA, YaRN x40. Its routing is
@@ -459,6 +506,17 @@ TINY_DEEPSEEK2 = {
     "n_layer_dense_lead": 1,
     "expert_weights_scale": 1.5,
 }
+# "tiny" as deepseek32: tiny deepseek2 with a q LoRA and DSA's indexer (16 heads of 64, top-8: a
+# prompt of more than 8 tokens attends to a subset). 16 heads, not a few: a position whose q.k is
+# negative in every head scores exactly 0, and such zeros would tie at the top-k boundary.
+TINY_DEEPSEEK32 = {
+    **TINY_DEEPSEEK2,
+    "n_lora_q": 256,
+    "expert_weights_scale": 2.5,
+    "indexer_n_head": 16,
+    "indexer_head_size": 64,
+    "indexer_top_k": 8,
+}
 # Qwen/Qwen3.5-35B-A3B (text model of its config.json): 40 layers, 3 of every 4 Gated DeltaNet.
 PRESETS["qwen3.5-35b-a3b"] = {
     "arch": "qwen35moe",
@@ -529,6 +587,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p.update(TINY_DEEPSEEK4)
         if arch == "deepseek2":
             p.update(TINY_DEEPSEEK2)
+        if arch == "deepseek32":
+            p.update(TINY_DEEPSEEK32)
         if arch == "gpt-oss":
             p.update(TINY_GPT_OSS)
         if arch == "glm4moe":
@@ -596,9 +656,9 @@ def validate(hp: HParams) -> None:
     shexp_required = ("qwen2moe",) + HYBRID_ARCHES
     if hp.arch in shexp_required and hp.n_ff_shexp <= 0:
         bad(f"{hp.arch} needs a shared expert: n_ff_shexp must be positive")
-    if hp.arch not in shexp_required + ("deepseek2", "glm4moe", "llama4", "deepseek4") and hp.n_ff_shexp:
-        bad("only qwen2moe, deepseek2, glm4moe, qwen3next, qwen35moe, llama4 and deepseek4 have shared experts; "
-            "set n_ff_shexp = 0")
+    if hp.arch not in shexp_required + MLA_ARCHES + ("glm4moe", "llama4", "deepseek4") and hp.n_ff_shexp:
+        bad("only qwen2moe, deepseek2, deepseek32, glm4moe, qwen3next, qwen35moe, llama4 and deepseek4 have shared "
+            "experts; set n_ff_shexp = 0")
     if hp.arch == "deepseek4":
         _validate_deepseek4(hp, bad)
     if hp.arch == "llama4":
@@ -610,20 +670,30 @@ def validate(hp: HParams) -> None:
             bad("the dense layers between MoE layers need n_ff > 0")
         if hp.rope_llama3_factor and hp.rope_llama3_n_ctx_orig <= 0:
             bad("llama3 RoPE scaling needs rope_llama3_n_ctx_orig > 0")
-    if hp.arch == "deepseek2":
+    if hp.arch in MLA_ARCHES:
         if hp.n_lora_kv <= 0 or hp.n_rot <= 0 or hp.head_dim_v <= 0 or hp.head_dim <= hp.n_rot:
             bad("MLA needs n_lora_kv, n_rot, head_dim_v > 0 and head_dim (qk_nope + n_rot) > n_rot")
         if hp.n_head_kv != 1:
-            bad("deepseek2 files carry MLA as one latent KV head: n_head_kv must be 1")
-    if hp.arch in ("deepseek2", "glm4moe"):  # leading dense layers, shared experts in expert units
+            bad(f"{hp.arch} files carry MLA as one latent KV head: n_head_kv must be 1")
+    if hp.arch == "deepseek32":
+        if hp.n_lora_q <= 0:
+            bad("the DSA indexer reads the q LoRA: n_lora_q must be positive")
+        if hp.indexer_n_head <= 0 or hp.indexer_top_k <= 0 or hp.indexer_head_size < hp.n_rot:
+            bad("DSA needs indexer_n_head, indexer_top_k > 0 and indexer_head_size >= n_rot")
+        if hp.n_expert_group and (hp.n_expert % hp.n_expert_group or not 0 < hp.n_expert_group_used <= hp.n_expert_group):
+            bad("n_expert must split into n_expert_group groups, of which 1..n_expert_group are used")
+    elif hp.indexer_n_head or hp.indexer_top_k or hp.n_expert_group:
+        bad("indexer_* and n_expert_group are deepseek32 fields")
+    if hp.arch in MLA_ARCHES + ("glm4moe",):  # leading dense layers, shared experts in expert units
         if not 0 <= hp.n_layer_dense_lead < hp.n_layer:
             bad(f"n_layer_dense_lead = {hp.n_layer_dense_lead} must be in 0..n_layer-1")
         if hp.n_ff_shexp % hp.n_ff_exp:
             bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
         if hp.n_layer_dense_lead and hp.n_ff <= 0:
             bad("the leading dense layers need n_ff > 0")
-    if hp.n_layer_nextn and hp.arch != "glm4moe" and hp.arch not in HYBRID_ARCHES:
-        bad("make-model writes nextn (MTP) blocks for glm4moe, qwen3next and qwen35moe only; set n_layer_nextn = 0")
+    if hp.n_layer_nextn and hp.arch not in ("glm4moe", "deepseek32") + HYBRID_ARCHES:
+        bad("make-model writes nextn (MTP) blocks for glm4moe, deepseek32, qwen3next and qwen35moe only; "
+            "set n_layer_nextn = 0")
     if hp.n_layer_nextn < 0:
         bad(f"n_layer_nextn = {hp.n_layer_nextn} must be >= 0")
     if hp.use_qk_norm and hp.arch != "glm4moe":

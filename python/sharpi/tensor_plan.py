@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 
 from ._core import InvalidArgument
-from .presets import HYBRID_ARCHES, HParams
+from .presets import HYBRID_ARCHES, MLA_ARCHES, HParams
 
 QT = gguf.GGMLQuantizationType
 FT = gguf.LlamaFileType
@@ -229,7 +229,7 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch in HYBRID_ARCHES:
             specs += _hybrid_layer(hp, il, shexp_gate_ne)
             continue
-        if hp.arch == "deepseek2":
+        if hp.arch in MLA_ARCHES:
             specs += _deepseek2_layer(hp, il)
             continue
         if hp.arch == "gpt-oss":
@@ -301,6 +301,16 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         il = hp.n_layer + i  # the MTP blocks, blk.<n_layer + i>, as the converter writes them
         if hp.arch == "glm4moe":
             specs += _glm4moe_layer(hp, il)
+            continue
+        if hp.arch == "deepseek32":
+            # DeepSeek-V3.2's MTP block (model.layers.61): a MoE block of the trunk's kind (its own
+            # indexer included), then the nextn tensors, which in DeepSeek's checkpoints include
+            # the block's own copies of the embedding and the LM head.
+            specs += _deepseek2_layer(hp, il) + _nextn_tensors(hp, il)
+            specs += [
+                TensorSpec(f"blk.{il}.nextn.embed_tokens.weight", (E, V), il, "embed"),
+                TensorSpec(f"blk.{il}.nextn.shared_head_head.weight", (E, V), il, "lm_head"),
+            ]
             continue
         # Qwen3.5 / Qwen3-Next (mtp.*): a full-attention block of the arch, then the nextn tensors.
         specs += _hybrid_layer(hp, il, shexp_gate_ne, attention=True) + _nextn_tensors(hp, il)
@@ -463,7 +473,18 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
         TensorSpec(b + "attn_output.weight", (H * hp.head_dim_v, E), il, "out_linear"),
         TensorSpec(b + "ffn_norm.weight", (E,), il, "norm"),
     ]
-    return t + _lead_dense_or_moe_ffn(hp, il, selection_bias=False)
+    if hp.arch == "deepseek32":
+        # DSA's lightning indexer (DeepseekV32Model: wq_b, wk, k_norm with its bias, weights_proj).
+        NI, DI = hp.indexer_n_head, hp.indexer_head_size
+        t += [
+            TensorSpec(b + "indexer.k_norm.bias", (DI,), il, "bias"),
+            TensorSpec(b + "indexer.k_norm.weight", (DI,), il, "norm"),
+            TensorSpec(b + "indexer.proj.weight", (E, NI), il, "linear"),
+            TensorSpec(b + "indexer.attn_k.weight", (E, DI), il, "linear"),
+            TensorSpec(b + "indexer.attn_q_b.weight", (hp.n_lora_q, NI * DI), il, "linear"),
+        ]
+    # DeepSeek-V3 and later (deepseek32) route with the selection bias; V2 / V2-Lite do not.
+    return t + _lead_dense_or_moe_ffn(hp, il, selection_bias=hp.arch == "deepseek32")
 
 
 def _lead_dense_or_moe_ffn(hp: HParams, il: int, selection_bias: bool) -> list[TensorSpec]:

@@ -101,8 +101,10 @@ _DEEPSEEK_LLM = [
     r"\p{N}+",
 ]
 _DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}"]
-# DeepSeek-V3 / R1 / V3.1 / V4 ("deepseek-v3"; llama.cpp's DEEPSEEK3_LLM): digit runs of up to three,
-# CJK and kana runs, then the words / punctuation / whitespace pattern of their tokenizer.json.
+# DeepSeek-V3 / R1 / V3.1 / V3.2 / V4 ("deepseek-v3", llama.cpp's DEEPSEEK3_LLM; their tokenizer.json's
+# Split sequence): digit runs of up to three, then runs of Han, hiragana and katakana, then words
+# (with their marks; one leading ASCII punctuation character joins ASCII letters), punctuation and
+# symbol runs, newlines and spaces.
 _DEEPSEEK_V3 = [
     r"\p{N}{1,3}",
     "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",

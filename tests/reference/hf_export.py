@@ -49,7 +49,7 @@ MOE_MODELS = {
 # not depend on. glm4moe_qknorm is left without one on purpose: its config still declares
 # num_nextn_predict_layers 1, so the converter writes nextn_predict_layers 1 and block_count 4 with
 # no blk.3 tensors (llama.cpp's "trunk only" file, which it loads too).
-MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256"}
+MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256", "deepseek_v32"}
 # Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
@@ -68,12 +68,18 @@ HF_ARCHS = {**MOE_MODELS, **DENSE_MODELS}
 ENGINE_ONLY_MODELS = {
     "gpt_oss": "gpt-oss",  # GptOssForCausalLM: tests/test_gpt_oss.py
     "llama4": "llama4",  # Llama4ForCausalLM (text model): tests/test_llama4.py
+    "deepseek_v32": "deepseek32",  # DeepseekV32ForCausalLM (DSA): tests/test_deepseek32.py
 }
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
 # glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file,
 # and minimax_m2_256 for tests/test_minimax_m2.py's.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe", "minimax_m2_256": "minimax-m2"}
+QUANTIZER_MODELS = {
+    "qwen3moe_256": "qwen3moe",
+    "glm4moe_256": "glm4moe",
+    "minimax_m2_256": "minimax-m2",
+    "deepseek_v32_256": "deepseek32",
+}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -115,12 +121,13 @@ def _tokenizer_corpus(seed: int) -> list:
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 
 
-def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=()):
+def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=(), add_bos: bool = False):
     """A byte-level BPE (GPT-2 pre-tokenizer) wrapped in PreTrainedTokenizerFast, trained on a small
     deterministic corpus. Byte-level means every string encodes; the model never sees it anyway,
     the tests feed token ids, but the converter needs a real tokenizer to write a vocab.
-    extra_special: further special tokens a family's converter requires (after the first two)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    extra_special: further special tokens a family's converter requires (after the first two).
+    add_bos: the tokenizer prepends <|bos|> to every encoding (a TemplateProcessing post-processor)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -133,6 +140,11 @@ def build_tokenizer(vocab_size: int = 384, seed: int = 0, extra_special=()):
         show_progress=False,
     )
     tokenizer.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
+    if add_bos:
+        bos = ("<|bos|>", tokenizer.token_to_id("<|bos|>"))
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[bos]
+        )
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|endoftext|>")
 
 
@@ -249,6 +261,33 @@ def make_config(name: str, vocab_size: int):
         )
         # What real V3 configs carry and the converter reads (expert_gating_func = sigmoid); HF's V3
         # always uses sigmoid scores.
+        config.scoring_func = "sigmoid"
+        config.topk_method = "noaux_tc"
+        return config
+    if name == "deepseek_v32_256":
+        # deepseek_v32 256 wide where the widths allow (n_embd, q LoRA, kv LoRA, experts, dense FFN,
+        # n_head * v_head_dim) for llama-quantize's K types; the per-head qk_nope rows stay narrow.
+        config = make_config("deepseek_v32", vocab_size)
+        config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+        config.q_lora_rank = config.kv_lora_rank = 256
+        config.v_head_dim = 64
+        return config
+    if name == "deepseek_v32":
+        # DeepSeek-V3 at the same small size plus DSA's lightning indexer: 16 heads of 32 (RoPE on
+        # their first 16 dimensions, the model's n_rot) and index_topk 5, so every prompt longer
+        # than 5 tokens attends to a strict subset of its positions. 16 heads, not fewer: a position
+        # whose q.k is negative in every head scores exactly 0, and with 4 heads (1 in 16 positions)
+        # such zeros tie at the top-k boundary, where neither reference defines an order.
+        v3 = make_config("deepseek_v3", vocab_size).to_dict()
+        keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id",
+                "intermediate_size", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
+                "num_experts_per_tok", "first_k_dense_replace", "kv_lora_rank", "qk_rope_head_dim",
+                "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group", "q_lora_rank", "norm_topk_prob",
+                "routed_scaling_factor", "rope_parameters")
+        config = transformers.DeepseekV32Config(
+            **{k: v3[k] for k in keep}, index_topk=5, index_head_dim=32, index_n_heads=16
+        )
         config.scoring_func = "sigmoid"
         config.topk_method = "noaux_tc"
         return config
@@ -441,6 +480,8 @@ def build_model(name: str, vocab_size: int, seed: int):
         "qwen3": transformers.Qwen3ForCausalLM,
         "deepseek_v2": transformers.DeepseekV2ForCausalLM,
         "deepseek_v3": transformers.DeepseekV3ForCausalLM,
+        "deepseek_v32": transformers.DeepseekV32ForCausalLM,
+        "deepseek_v32_256": transformers.DeepseekV32ForCausalLM,
         "qwen3next": transformers.Qwen3NextForCausalLM,
         "qwen35moe": transformers.Qwen3_5MoeForCausalLM,
         "gpt_oss": transformers.GptOssForCausalLM,
@@ -481,7 +522,12 @@ def build_model(name: str, vocab_size: int, seed: int):
 
 def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     """Write a tiny HF model (config, safetensors, tokenizer) to out_dir/hf."""
-    tokenizer = build_tokenizer(seed=seed, extra_special=GLM_SPECIAL_TOKENS if name.startswith("glm4moe") else ())
+    tokenizer = build_tokenizer(
+        seed=seed,
+        extra_special=GLM_SPECIAL_TOKENS if name.startswith("glm4moe") else (),
+        # llama.cpp's DeepSeek-V3.2 converter refuses a tokenizer that does not add BOS.
+        add_bos=name.startswith("deepseek_v32"),
+    )
     vocab_size = len(tokenizer)
     model = build_model(name, vocab_size, seed)
     hf_dir = Path(out_dir) / "hf"
@@ -490,7 +536,14 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
     elif name in MTP_MODELS:
+        # DeepSeek-V3.2's checkpoints hold their MTP block the same way (model.layers.61.*, with
+        # eh_proj, enorm, hnorm, shared_head.norm), and the config declares it.
         _add_glm_nextn_layer(hf_dir, seed)
+        if name == "deepseek_v32":
+            config_path = hf_dir / "config.json"
+            config = json.loads(config_path.read_text())
+            config["num_nextn_predict_layers"] = 1
+            config_path.write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(hf_dir)
     return ExportedModel(name=name, gguf_arch=ALL_ARCHS[name], hf_dir=hf_dir, vocab_size=vocab_size)
 
@@ -662,7 +715,7 @@ def hf_router_logits(model, tokens) -> list:
     GLM-4.5 and MiniMax-M2 the scores their router ranks (see _deepseek_choice_scores)."""
     import torch
 
-    if model.config.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+    if model.config.model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe"):
         return _deepseek_choice_scores(model, tokens)
     if model.config.model_type == "minimax_m2":
         return _minimax_m2_choice_scores(model, tokens)

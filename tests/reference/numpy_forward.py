@@ -24,6 +24,8 @@ Architectures (GGUF `general.architecture`):
             attention; the engine uses the absorbed form), q LoRA, YaRN, leading dense layers,
             shared experts, softmax (V2) or sigmoid + selection-bias (V3) group-limited routing,
             top-k weights scaled by expert_weights_scale.
+  deepseek32 DeepSeek-V3.2: deepseek2 (V3 routing) plus DSA's lightning indexer choosing each
+            query's top_k keys (dsa_indexer_selection); the attention masks the others.
   glm4moe   GLM-4.5/4.6/4.7: q/k/v biases, per-head q/k RMSNorm when the file has attn_q_norm,
             partial NeoX RoPE (rope.dimension_count < head_dim), FFN norm post_attention_norm,
             leading dense layers, sigmoid routing choosing on score + exp_probs_b, top-k weights
@@ -62,10 +64,10 @@ from gguf.quants import dequantize
 
 SUPPORTED_ARCHS = (
     "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe",
-    "llama4", "minimax-m2",
+    "llama4", "minimax-m2", "deepseek32",
 )  # fmt: skip
 # Architectures whose router may use sigmoid scores, a selection bias, expert groups and a weight scale.
-DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "glm4moe", "minimax-m2")
+DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "deepseek32", "glm4moe", "minimax-m2")
 # llama.cpp's llama4 constants (llama_model_llama4::load_arch_hparams).
 LLAMA4_CHUNK = 8192
 LLAMA4_LAYER_PATTERN = 4
@@ -118,6 +120,10 @@ class HParams:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     kq_scale: float = 0.0  # 0: 1 / sqrt(head_dim_k)
+    # deepseek32 only: DeepSeek Sparse Attention's lightning indexer (attention.indexer.*; 0: none)
+    indexer_n_head: int = 0
+    indexer_head_size: int = 0
+    indexer_top_k: int = 0
     # Hybrid archs only: which layers are Gated DeltaNet, and its shape (ssm.* keys).
     recurrent: tuple = ()
     ssm_conv: int = 0
@@ -186,7 +192,7 @@ class ReferenceModel:
         scaling_type = self._key(f"{arch}.rope.scaling.type", "linear")
         scaling_factor = float(self.metadata.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
         mla = {}
-        if arch == "deepseek2":
+        if arch in ("deepseek2", "deepseek32"):
             n_lora_kv = int(self._key(f"{arch}.attention.kv_lora_rank"))
             head_dim_k_mla = int(self._key(f"{arch}.attention.key_length_mla"))
             mscale = 1.0
@@ -208,10 +214,16 @@ class ReferenceModel:
                 head_dim_v_mla=int(self._key(f"{arch}.attention.value_length_mla")),
                 kq_scale=mscale * mscale / np.sqrt(head_dim_k_mla),
             )
+        if arch == "deepseek32":
+            mla.update(
+                indexer_n_head=int(self._key(f"{arch}.attention.indexer.head_count")),
+                indexer_head_size=int(self._key(f"{arch}.attention.indexer.key_length")),
+                indexer_top_k=int(self._key(f"{arch}.attention.indexer.top_k")),
+            )
         if arch in DEEPSEEK_ROUTER_ARCHS:
             # The gating when the key is absent: softmax for deepseek2 (llama.cpp's default), sigmoid for
             # glm4moe (llama.cpp's) and minimax-m2 (transformers' only router; llama.cpp aborts).
-            default_gating = 2 if arch in ("glm4moe", "minimax-m2") else 1
+            default_gating = 2 if arch in ("glm4moe", "minimax-m2", "deepseek32") else 1
             mla.update(
                 sigmoid_gating=int(self.metadata.get(f"{arch}.expert_gating_func", default_gating) or 1) == 2,
                 n_group=int(self.metadata.get(f"{arch}.expert_group_count", 1) or 1),
@@ -374,12 +386,15 @@ def rope(x: np.ndarray, positions: np.ndarray, hp: HParams, freq_factors=None) -
     return out
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, chunk: int = 0) -> np.ndarray:
+def causal_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, chunk: int = 0, allowed=None
+) -> np.ndarray:
     """Scaled dot-product attention with a causal mask and grouped KV heads.
     q [T, n_head, Dk], k [T, n_head_kv, Dk], v [T, n_head_kv, Dv] -> [T, n_head * Dv].
     Query head h reads KV head h // (n_head / n_head_kv): consecutive query heads share a KV head,
     as both llama.cpp's broadcast and HF's repeat_kv arrange them. chunk > 0 (llama4): position p
-    also reads no key before floor(p / chunk) * chunk (llama.cpp's LLAMA_SWA_TYPE_CHUNKED)."""
+    also reads no key before floor(p / chunk) * chunk (llama.cpp's LLAMA_SWA_TYPE_CHUNKED). allowed
+    [T query, T key] (deepseek32's indexer selection): keys outside it are masked too."""
     n_tokens, n_head, head_dim = q.shape
     group = n_head // k.shape[1]
     scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
@@ -387,6 +402,8 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, ch
     if chunk > 0:
         position = np.arange(n_tokens)
         future |= (position[None, :] // chunk) != (position[:, None] // chunk)
+    if allowed is not None:
+        future |= ~allowed
     out = np.empty((n_tokens, n_head, v.shape[2]))
     for h in range(n_head):
         kv = h // group
@@ -498,7 +515,46 @@ def llama4_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positi
     return linear(kqv, layer.w("attn_output"))
 
 
-def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record) -> np.ndarray:
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def dsa_indexer_selection(model: ReferenceModel, il: int, x: np.ndarray, q_lora: np.ndarray, positions, record):
+    """deepseek32's lightning indexer, as transformers' DeepseekV32Indexer computes it: per query t,
+    score_j = sum_h w_h / sqrt(n_head * head) * relu(q_h . k_j) over keys j <= t, with q from the
+    q LoRA, k = LayerNorm(attn_k x) (eps 1e-6), NeoX RoPE on the first n_rot dimensions of both.
+    Returns the [T, T] mask of the selected keys: the top_k scores (every key j <= t while t + 1 <=
+    top_k), equal scores to the earlier position (sharpi's rule; the references leave it open).
+    Records each query's gap between its top_k-th and next score (indexer_margin; inf when all are
+    kept), which a test compares with the engine's f32 rounding."""
+    import dataclasses
+
+    hp = model.hparams
+    layer = _Layer(model, il)
+    n_tokens = x.shape[0]
+    n_head, head = hp.indexer_n_head, hp.indexer_head_size
+    neox = dataclasses.replace(hp, neox_rope=True)
+    q = rope(linear(q_lora, layer.w("indexer.attn_q_b")).reshape(n_tokens, n_head, head), positions, neox)
+    k = layer_norm(linear(x, layer.w("indexer.attn_k")), layer.w("indexer.k_norm"), layer.b("indexer.k_norm"), 1e-6)
+    k = rope(k[:, None, :], positions, neox)[:, 0, :]
+    w = linear(x, layer.w("indexer.proj")) / np.sqrt(n_head * head)
+    scores = np.einsum("th,thj->tj", w, np.maximum(np.einsum("thd,jd->thj", q, k), 0.0))
+    allowed = np.zeros((n_tokens, n_tokens), dtype=bool)
+    margin = np.full(n_tokens, np.inf)
+    for t in range(n_tokens):
+        if t + 1 <= hp.indexer_top_k:
+            allowed[t, : t + 1] = True
+            continue
+        order = np.argsort(-scores[t, : t + 1], kind="stable")
+        allowed[t, order[: hp.indexer_top_k]] = True
+        margin[t] = scores[t, order[hp.indexer_top_k - 1]] - scores[t, order[hp.indexer_top_k]]
+    record("indexer_margin", margin)
+    return allowed
+
+
+def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, record, sparse=True) -> np.ndarray:
     """deepseek2's multi-head latent attention, expanded: every head's keys and values are rebuilt
     from the cached latent c with the converter's per-head halves of kv_b (attn_k_b holds W_kb_h
     transposed, numpy [n_head, kv_lora, qk_nope]; attn_v_b holds W_vb_h, [n_head, v_head, kv_lora]),
@@ -508,8 +564,12 @@ def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions
     n_tokens = x.shape[0]
     n_head, n_rot, n_lora_kv = hp.n_head, hp.n_rot, hp.n_lora_kv
     qk_nope = hp.head_dim_k_mla - n_rot
+    allowed = None
     if layer.has("attn_q_a"):
-        q = linear(rms_norm(linear(x, layer.w("attn_q_a")), layer.w("attn_q_a_norm"), hp.rms_eps), layer.w("attn_q_b"))
+        q_lora = rms_norm(linear(x, layer.w("attn_q_a")), layer.w("attn_q_a_norm"), hp.rms_eps)
+        q = linear(q_lora, layer.w("attn_q_b"))
+        if hp.indexer_top_k and sparse:
+            allowed = dsa_indexer_selection(model, il, x, q_lora, positions, record)
     else:
         q = linear(x, layer.w("attn_q"))
     record("Qcur", q)
@@ -528,7 +588,7 @@ def mla_attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions
         v[:, h, :] = c @ v_b[h].T
     q = np.concatenate([q[:, :, :qk_nope], q_pe], axis=2)
     record("Qcur_rope", q.reshape(n_tokens, -1))
-    kqv = causal_attention(q, k, v, scale=hp.kq_scale)
+    kqv = causal_attention(q, k, v, scale=hp.kq_scale, allowed=allowed)
     record("kqv_out", kqv)
     return linear(kqv, layer.w("attn_output"))
 
@@ -710,7 +770,11 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
         if hp.recurrent and hp.recurrent[il]:
             attn_out = deltanet_block(model, il, normed, record)
         else:
-            block = {"deepseek2": mla_attention_block, "llama4": llama4_attention_block}.get(hp.arch, attention_block)
+            block = {
+                "deepseek2": mla_attention_block,
+                "deepseek32": mla_attention_block,
+                "llama4": llama4_attention_block,
+            }.get(hp.arch, attention_block)
             attn_out = block(model, il, normed, positions, record)
         record("attn_out", attn_out)
         ffn_inp = hidden + attn_out
@@ -816,7 +880,12 @@ def mtp_forward(model: ReferenceModel, hidden: np.ndarray, next_tokens) -> tuple
 
     positions = np.arange(1, tokens.size + 1)
     normed = rms_norm(x, layer.w("attn_norm"), hp.rms_eps)
-    ffn_inp = x + attention_block(model, il, normed, positions, record)
+    if hp.n_lora_kv:
+        # DeepSeek's block: MLA, dense (llama.cpp's deepseek32 graph_mtp builds no indexer).
+        attn_out = mla_attention_block(model, il, normed, positions, record, sparse=False)
+    else:
+        attn_out = attention_block(model, il, normed, positions, record)
+    ffn_inp = x + attn_out
     normed = rms_norm(ffn_inp, layer.w(ffn_norm_name(hp)), hp.rms_eps)
     out = ffn_inp + moe_block(model, il, normed, ForwardResult(logits=np.empty(0)), record)
     head_norm = model.tensors.get(f"blk.{il}.nextn.shared_head_norm.weight", model.get("output_norm.weight"))

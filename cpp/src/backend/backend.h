@@ -76,6 +76,10 @@ class Backend {
     // x.row(t) *= scales[t] (scales: host, x.n_tokens floats): llama4's router weight on an expert's
     // input and its attention temperature on the NoPE layers' queries.
     virtual void scale_rows(const Act& x, const float* scales) = 0;
+    // y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias per row of `width` (row strides ldx,
+    // ldy; y may alias x): the DSA indexer's key norm.
+    virtual void layer_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
+                            const float* weight, const float* bias, float eps) = 0;
     // RoPE in place on [n_tokens, n_heads * head_dim] (row stride ld), token t at position pos0 + t.
     virtual void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
                       const RopeParams& p) = 0;
@@ -87,9 +91,18 @@ class Backend {
     // Causal attention of q [n_tokens, n_head * head_dim] over the cache rows 0 .. pos0 + t of layer il.
     virtual void attention(const float* q, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
                            int64_t pos0, const AttentionShape& shape, float* out, int64_t ldo) = 0;
-    // deepseek2's absorbed multi-head latent attention over the latent rows (K cache) of layer il.
+    // deepseek2's absorbed multi-head latent attention over the latent rows (K cache) of layer il;
+    // with a selection (deepseek32) token t attends only to its selected positions.
     virtual void mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
-                               int64_t pos0, const MlaShape& shape, float* out, int64_t ldo) = 0;
+                               int64_t pos0, const MlaShape& shape, const MlaSelection* selection, float* out,
+                               int64_t ldo) = 0;
+    // The DSA lightning indexer: token t at position pos0 + t scores every cache position j <= pos0 + t
+    // of layer il with sum_h w[t,h] * weight_scale * relu(q[t,h] . key_j) and selects the top_k
+    // (all of them when there are no more): positions [n_tokens, top_k] ascending and count
+    // [n_tokens], host memory.
+    virtual void lightning_indexer(const float* q, int64_t ldq, const float* w, int64_t ldw,
+                                   const KvCache& kv, int il, int64_t n_tokens, int64_t pos0,
+                                   const IndexerShape& shape, int32_t* positions, int32_t* count) = 0;
 
     // ---- Gated DeltaNet (qwen3next, qwen35moe) ----------------------------------------------------
     // beta = sigmoid(b); g = ssm_a * softplus(a + dt_bias), per token and value head.

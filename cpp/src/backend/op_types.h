@@ -93,6 +93,25 @@ struct MlaShape {
     float scale = 1.0f;     // 1 / sqrt(qk_nope + qk_rope), times the YaRN mscale^2 where used
 };
 
+// The positions each query of an MLA call attends to (DeepSeek Sparse Attention, deepseek32):
+// token t reads the cache rows positions[t * ld + i], i < count[t], in ascending order. Host memory.
+// mla_attention with no selection attends to every position 0 .. pos0 + t.
+struct MlaSelection {
+    const int32_t* positions = nullptr;  // [n_tokens, ld]
+    const int32_t* count = nullptr;      // [n_tokens]
+    int64_t ld = 0;
+};
+
+// The DSA lightning indexer (cpu/ops/lightning_indexer.h): n_head query heads of head_dim score one
+// key per cached position, read at element key_offset of each KV row (after the MLA latent).
+struct IndexerShape {
+    int64_t n_head = 0;
+    int64_t head_dim = 0;
+    int64_t key_offset = 0;  // kv_lora_rank + n_rot
+    int64_t top_k = 0;
+    float weight_scale = 1.0f;  // multiplies each head weight: 1 / sqrt(n_head * head_dim)
+};
+
 // Gated DeltaNet heads (cpu/ops/gated_delta_net.h).
 struct GdnShape {
     int64_t n_k_heads = 0;

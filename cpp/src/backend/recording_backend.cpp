@@ -61,6 +61,13 @@ void RecordingBackend::rms_norm(const float* x, int64_t ldx, float* y, int64_t l
     read_weight("rms_norm", weight);
     inner_.rms_norm(x, ldx, y, ldy, n_rows, width, weight, eps);
 }
+void RecordingBackend::layer_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows,
+                                  int64_t width, const float* weight, const float* bias, float eps) {
+    record("layer_norm");
+    read_weight("layer_norm", weight);
+    read_weight("layer_norm", bias);
+    inner_.layer_norm(x, ldx, y, ldy, n_rows, width, weight, bias, eps);
+}
 void RecordingBackend::matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                               int64_t ldy, bool exact) {
     calls_.push_back(matmul_call(w, exact));
@@ -114,10 +121,16 @@ void RecordingBackend::attention(const float* q, int64_t ldq, const KvCache& kv,
     inner_.attention(q, ldq, kv, il, n_tokens, pos0, shape, out, ldo);
 }
 void RecordingBackend::mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il,
-                                     int64_t n_tokens, int64_t pos0, const MlaShape& shape, float* out,
-                                     int64_t ldo) {
-    record("mla_attention", kv.type_k());
-    inner_.mla_attention(q_abs, ldq, kv, il, n_tokens, pos0, shape, out, ldo);
+                                     int64_t n_tokens, int64_t pos0, const MlaShape& shape,
+                                     const MlaSelection* selection, float* out, int64_t ldo) {
+    record("mla_attention", kv.type_k(), selection ? "sparse" : "");
+    inner_.mla_attention(q_abs, ldq, kv, il, n_tokens, pos0, shape, selection, out, ldo);
+}
+void RecordingBackend::lightning_indexer(const float* q, int64_t ldq, const float* w, int64_t ldw,
+                                         const KvCache& kv, int il, int64_t n_tokens, int64_t pos0,
+                                         const IndexerShape& shape, int32_t* positions, int32_t* count) {
+    record("lightning_indexer", kv.type_k());
+    inner_.lightning_indexer(q, ldq, w, ldw, kv, il, n_tokens, pos0, shape, positions, count);
 }
 
 void RecordingBackend::gdn_gates(const Act& b, const Act& a, const float* ssm_a, const float* dt_bias,

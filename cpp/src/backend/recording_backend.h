@@ -44,6 +44,8 @@ class RecordingBackend final : public Backend {
     void mul_silu(float* x, const float* z, int64_t n) override;
     void scale_rows_sigmoid(const Act& x, const Act& s) override;
     void scale_rows(const Act& x, const float* scales) override;
+    void layer_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
+                    const float* weight, const float* bias, float eps) override;
     void rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
               const RopeParams& p) override;
 
@@ -51,7 +53,11 @@ class RecordingBackend final : public Backend {
     void attention(const float* q, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens, int64_t pos0,
                    const AttentionShape& shape, float* out, int64_t ldo) override;
     void mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
-                       int64_t pos0, const MlaShape& shape, float* out, int64_t ldo) override;
+                       int64_t pos0, const MlaShape& shape, const MlaSelection* selection, float* out,
+                       int64_t ldo) override;
+    void lightning_indexer(const float* q, int64_t ldq, const float* w, int64_t ldw, const KvCache& kv,
+                           int il, int64_t n_tokens, int64_t pos0, const IndexerShape& shape,
+                           int32_t* positions, int32_t* count) override;
 
     void gdn_gates(const Act& b, const Act& a, const float* ssm_a, const float* dt_bias, const Act& beta,
                    const Act& g) override;

@@ -7,6 +7,8 @@
 #include "cpu/ops/attention.h"
 #include "cpu/ops/expert_ffn.h"
 #include "cpu/ops/gated_delta_net.h"
+#include "cpu/ops/layer_norm.h"
+#include "cpu/ops/lightning_indexer.h"
 #include "cpu/ops/matmul.h"
 #include "cpu/ops/mla_attention.h"
 #include "cpu/ops/rms_norm.h"
@@ -61,6 +63,11 @@ void CpuBackend::get_rows(const WeightView& table, const token_t* tokens, const 
     for (int64_t t = 0; t < x.n_tokens; ++t) {
         dequant(table.data + static_cast<size_t>(tokens[t]) * table.row_bytes, x.row(t), x.width);
     }
+}
+
+void CpuBackend::layer_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
+                            const float* weight, const float* bias, float eps) {
+    cpu::layer_norm(x, ldx, y, ldy, n_rows, width, weight, bias, eps);
 }
 
 void CpuBackend::rms_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
@@ -138,9 +145,18 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvCache& kv, int i
 }
 
 void CpuBackend::mla_attention(const float* q_abs, int64_t ldq, const KvCache& kv, int il, int64_t n_tokens,
-                               int64_t pos0, const MlaShape& shape, float* out, int64_t ldo) {
+                               int64_t pos0, const MlaShape& shape, const MlaSelection* selection, float* out,
+                               int64_t ldo) {
     const KvRows latent{kv.k(il), kv.row_bytes_k(), kv.type_k()};
-    cpu::mla_attention(pool_, q_abs, ldq, latent, n_tokens, pos0, shape, out, ldo);
+    cpu::mla_attention(pool_, q_abs, ldq, latent, n_tokens, pos0, shape, out, ldo, cpu::active_isa(),
+                       selection);
+}
+
+void CpuBackend::lightning_indexer(const float* q, int64_t ldq, const float* w, int64_t ldw,
+                                   const KvCache& kv, int il, int64_t n_tokens, int64_t pos0,
+                                   const IndexerShape& shape, int32_t* positions, int32_t* count) {
+    const KvRows rows{kv.k(il), kv.row_bytes_k(), kv.type_k()};
+    cpu::lightning_indexer(pool_, q, ldq, w, ldw, rows, n_tokens, pos0, shape, positions, count);
 }
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------------

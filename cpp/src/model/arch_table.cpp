@@ -10,6 +10,7 @@ extern const ArchSpec kArchOlmoe;
 extern const ArchSpec kArchQwen2;
 extern const ArchSpec kArchQwen3;
 extern const ArchSpec kArchDeepseek2;
+extern const ArchSpec kArchDeepseek32;
 extern const ArchSpec kArchQwen3Next;
 extern const ArchSpec kArchQwen35Moe;
 extern const ArchSpec kArchGptOss;
@@ -21,7 +22,7 @@ extern const ArchSpec kArchDeepseek4;
 static const ArchSpec* const kArchTable[] = {
     &kArchLlama,   &kArchQwen2Moe,  &kArchQwen3Moe,  &kArchOlmoe,     &kArchQwen2,
     &kArchQwen3,   &kArchDeepseek2, &kArchQwen3Next, &kArchQwen35Moe, &kArchGptOss,
-    &kArchGlm4Moe, &kArchLlama4,    &kArchMinimaxM2, &kArchDeepseek4,
+    &kArchGlm4Moe, &kArchLlama4,    &kArchMinimaxM2, &kArchDeepseek4, &kArchDeepseek32,
 };
 
 const ArchSpec* find_arch(const std::string& name) {

@@ -236,6 +236,21 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     } else if (value_length != hp.head_dim) {
         throw UnsupportedError("[model] " + f.path() + ": value_length != key_length");
     }
+    // The DSA lightning indexer (deepseek32): llama.cpp requires all three keys for the arch.
+    if (hp.arch == "deepseek32") {
+        hp.indexer_n_head = get("attention.indexer.head_count", kMaxHeadDim);
+        hp.indexer_head_size = get("attention.indexer.key_length", kMaxHeadDim);
+        hp.indexer_top_k = get("attention.indexer.top_k", kMaxCtxTrain);
+        if (!hp.is_mla() || hp.n_lora_q <= 0 || hp.indexer_n_head <= 0 || hp.indexer_head_size <= 0 ||
+            hp.indexer_top_k <= 0) {
+            throw fail("inconsistent DSA hyper-parameters: kv_lora_rank " + std::to_string(hp.n_lora_kv) +
+                       ", q_lora_rank " + std::to_string(hp.n_lora_q) + ", indexer.head_count " +
+                       std::to_string(hp.indexer_n_head) + ", indexer.key_length " +
+                       std::to_string(hp.indexer_head_size) + ", indexer.top_k " +
+                       std::to_string(hp.indexer_top_k) +
+                       " (the indexer reads the q LoRA and scores at least one position)");
+        }
+    }
     hp.n_layer_dense_lead = get_or("leading_dense_block_count", 0, kMaxLayers);
     hp.n_swa = get_or("attention.sliding_window", 0, kMaxCtxTrain);
     if (hp.n_layer_dense_lead > hp.n_layer)
@@ -299,6 +314,11 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         (hp.is_mla() && hp.rope.n_rot != hp.head_dim - hp.n_lora_kv)) {
         throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) +
                    " must be even and <= head_dim " + std::to_string(hp.head_dim));
+    }
+    if (hp.has_indexer() && hp.rope.n_rot > hp.indexer_head_size) {
+        throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) + " exceeds indexer.key_length " +
+                   std::to_string(hp.indexer_head_size) +
+                   " (the indexer rotates its first n_rot dimensions)");
     }
     hp.rope.freq_base = static_cast<float>(f.get_float_or(a + "rope.freq_base", 10000.0));
     const std::string scaling = f.get_string_or(a + "rope.scaling.type", "none");

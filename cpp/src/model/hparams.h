@@ -45,9 +45,21 @@ struct HParams {
     int64_t n_embd_head_k_mla = 0;  // qk_nope + qk_rope
     int64_t n_embd_head_v_mla = 0;  // v_head_dim
     bool is_mla() const { return n_lora_kv > 0; }
-    // Floats one position takes in one layer's KV cache: the latent (+ RoPE part) for MLA, K and V
-    // otherwise.
-    int64_t kv_floats_per_token() const { return is_mla() ? n_lora_kv + rope.n_rot : 2 * n_embd_kv(); }
+
+    // DeepSeek Sparse Attention (deepseek32; all 0 elsewhere): a lightning indexer of
+    // indexer_n_head heads of indexer_head_size scores every earlier position with its own key
+    // (one per position, cached beside the MLA latent) and MLA attends only to the indexer_top_k
+    // best (attention.indexer.*; model/archs/deepseek32.cpp).
+    int64_t indexer_n_head = 0;
+    int64_t indexer_head_size = 0;
+    int64_t indexer_top_k = 0;
+    bool has_indexer() const { return indexer_top_k > 0; }
+
+    // Floats one position takes in one layer's KV cache: the latent (+ RoPE part, + the indexer's
+    // key under DSA) for MLA, K and V otherwise.
+    int64_t kv_floats_per_token() const {
+        return is_mla() ? n_lora_kv + rope.n_rot + indexer_head_size : 2 * n_embd_kv();
+    }
 
     // Hybrid archs (qwen3next, qwen35moe): Gated DeltaNet layers from the ssm.* keys, named as
     // llama.cpp names them. Zero / empty for every other arch.

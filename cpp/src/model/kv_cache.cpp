@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "cpu/quant/kernels.h"
 #include "cpu/quant/qdot.h"
@@ -147,11 +148,14 @@ KvLayout kv_layout(const HParams& h, GgmlType type_k, GgmlType type_v) {
     }
     if (h.is_mla()) {
         l.width = h.kv_floats_per_token();
-        l.head_dim = l.width;
+        // A quantized row is read in parts (the latent with its RoPE key, then the DSA indexer's
+        // key), so each part must be whole blocks: checking their gcd checks both.
+        l.head_dim = h.has_indexer() ? std::gcd(h.n_lora_kv + h.rope.n_rot, h.indexer_head_size) : l.width;
         if (type_k != type_v) {
             throw InvalidArgument(
-                std::string("[kv] deepseek2 caches one latent row per position that is both K and V "
-                            "(multi-head latent attention; llama.cpp's V is a view of its K cache), "
+                std::string("[kv] multi-head latent attention caches one latent row per position that is "
+                            "both K and V "
+                            "(deepseek2, deepseek32; llama.cpp's V is a view of its K cache), "
                             "so cache_type_k and cache_type_v must be the same type: got K ") +
                 ggml_type_traits(type_k).name + ", V " + ggml_type_traits(type_v).name);
         }

@@ -52,7 +52,10 @@ GgmlType kv_type_for(const std::string& requested, bool exact);
 void kv_store_row(GgmlType type, const float* x, void* dst, int64_t n);
 
 // The KV cache a model needs. MLA (deepseek2) keeps one row per position holding the latent and the
-// RoPE key (kv_lora_rank + n_rot elements) in type_k, and no V: as in llama.cpp, whose V for MLA is a
+// RoPE key (kv_lora_rank + n_rot elements) in type_k, and no V; deepseek32 appends the DSA indexer's
+// key (indexer.key_length elements) to the same row, so it follows every truncation, fork and prefix
+// copy of the latent and the budget charges it with the KV (llama.cpp keeps it in a second cache of
+// the same type_k): as in llama.cpp, whose V for MLA is a
 // view of the K cache, the latent is both, so a type_v different from type_k is refused
 // (InvalidArgument; llama.cpp refuses it too) rather than silently ignored. Hybrid archs (qwen3next,
 // qwen35moe) write only their attention layers: the recurrent layers' rows are allocated untouched (no pages)

@@ -36,6 +36,11 @@ struct LayerWeights {
     Linear wq_a, wq_b, wkv_a_mqa;
     std::vector<float> attn_q_a_norm, attn_kv_a_norm;
     WeightView wk_b, wv_b;
+    // DeepSeek Sparse Attention's lightning indexer (deepseek32): queries indexer_attn_q_b applied to
+    // the normed q LoRA [n_lora_q -> n_head_idx * head_size_idx], the key LayerNorm(indexer_attn_k x)
+    // with weight and bias [head_size_idx], per-head weights indexer_proj x [n_head_idx].
+    Linear indexer_attn_q_b, indexer_attn_k, indexer_proj;
+    std::vector<float> indexer_k_norm, indexer_k_norm_b;
     std::vector<float> exp_probs_b;  // [n_expert] selection bias (DeepSeek-V3 noaux_tc); empty: none
     std::vector<float> ffn_norm;
     // dense FFN (dense archs), or the shared expert (qwen2moe)

@@ -11,7 +11,22 @@ bool MtpHead::supports(const std::string& arch) {
     // Blocks that are the architecture's own full-attention decoder layer (llama.cpp's graph_mtp
     // of each; qwen3moe: the shipped model's trained head, a sidecar): the layer builder runs them
     // unchanged.
-    return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe" || arch == "qwen3moe";
+    // deepseek32: its MLA decoder layer without DeepSeek Sparse Attention (block_hparams).
+    return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe" || arch == "qwen3moe" ||
+           arch == "deepseek32";
+}
+
+HParams MtpHead::block_hparams(const HParams& file_hparams) {
+    HParams h = file_hparams;
+    h.n_layer = 1;  // the first nextn block (chained for longer drafts, as llama.cpp does)
+    h.n_layer_nextn = 0;
+    h.n_layer_dense_lead = 0;
+    if (!h.recurrent_layers.empty()) h.recurrent_layers.assign(1, false);
+    // llama.cpp runs DeepSeek-V3.2's block as dense MLA (its graph_mtp builds no indexer, although
+    // the file carries the block's indexer tensors): no indexer here, so none of its tensors is read
+    // and its KV rows hold the latent only.
+    h.indexer_n_head = h.indexer_head_size = h.indexer_top_k = 0;
+    return h;
 }
 
 namespace {
@@ -50,15 +65,11 @@ MtpHead::MtpHead(const Model& trunk, const std::string& sidecar) {
     if (!supports(th.arch)) {
         throw UnsupportedError("[mtp] " + path + ": the " + th.arch +
                                " multi-token-prediction block is not supported (supported: qwen35moe, "
-                               "qwen3next, glm4moe, qwen3moe)");
+                               "qwen3next, glm4moe, qwen3moe, deepseek32)");
     }
     model_.spec = trunk.spec;
     HParams& h = model_.hp;
-    h = th;
-    h.n_layer = 1;  // the first nextn block (chained for longer drafts, as llama.cpp does)
-    h.n_layer_nextn = 0;
-    h.n_layer_dense_lead = 0;
-    if (!h.recurrent_layers.empty()) h.recurrent_layers.assign(1, false);
+    h = block_hparams(th);
     const int block = static_cast<int>(th.n_layer);
     ModelLoader ld(model_, block);
     model_.layers.resize(1);
@@ -99,8 +110,7 @@ uint64_t MtpHead::file_bytes(const Model& trunk, const std::string& sidecar) {
 }
 
 uint64_t MtpHead::sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v) {
-    KvLayout one = kv_layout(trunk.hp, type_k, type_v);
-    one.n_layer_written = 1;
+    const KvLayout one = kv_layout(block_hparams(trunk.hp), type_k, type_v);
     return KvCache::bytes(one, n_ctx) + static_cast<uint64_t>(n_ctx * trunk.hp.n_embd) * sizeof(float);
 }
 

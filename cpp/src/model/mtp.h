@@ -41,6 +41,9 @@ class MtpHead {
     uint64_t bytes() const { return bytes_; }
     // The architectures whose block runs here.
     static bool supports(const std::string& arch);
+    // The block model's hyper-parameters from its file's: one layer, no leading dense or recurrent
+    // layer, and (deepseek32) no sparse attention. Its KV cache is kv_layout of these.
+    static HParams block_hparams(const HParams& file_hparams);
     // Bytes of the first nextn block's tensors in `trunk`'s file or `sidecar` (what a head holds).
     static uint64_t file_bytes(const Model& trunk, const std::string& sidecar = "");
     // Per sequence: the block's KV cache for n_ctx positions and the trunk's normed hidden rows.

@@ -18,7 +18,8 @@ constexpr int64_t kMlaHeadsPerItem = 4;
 }  // namespace
 
 void mla_attention(ThreadPool& pool, const float* q_abs, int64_t ldq, const KvRows& latent, int64_t n_tokens,
-                   int64_t pos0, const MlaShape& s, float* out, int64_t ldo, Isa isa) {
+                   int64_t pos0, const MlaShape& s, float* out, int64_t ldo, Isa isa,
+                   const MlaSelection* selection) {
     const int64_t key_width = s.n_lora_kv + s.n_rot;
     const DotF32Fn dot = dot_f32_kernel(isa);
     const bool in_place = latent.type == GgmlType::F32;
@@ -28,33 +29,36 @@ void mla_attention(ThreadPool& pool, const float* q_abs, int64_t ldq, const KvRo
     pool.parallel_for(n_tokens * n_chunks, [&](int64_t begin, int64_t end, int) {
         std::vector<float> p(static_cast<size_t>(kMlaHeadsPerItem * n_pos_max));
         std::vector<float> decoded(in_place ? 0 : static_cast<size_t>(kMlaRowBlock * key_width));
+        const float* row_ptr[kMlaRowBlock];
         float norm[kMlaHeadsPerItem];
-        // Rows [j0, j1) as f32: in place for an f32 cache, else decoded by the stored type's kernel.
-        auto rows = [&](int64_t j0, int64_t j1, int64_t* ld) -> const float* {
-            if (in_place) {
-                *ld = static_cast<int64_t>(latent.row_bytes / sizeof(float));
-                return reinterpret_cast<const float*>(latent.data +
-                                                      static_cast<size_t>(j0) * latent.row_bytes);
+        // The rows of attended entries [i0, i1) as f32 (row_ptr[i - i0]): in place for an f32 cache,
+        // else decoded by the stored type's kernel. Entry i is position i, or the selection's i-th.
+        const int32_t* list = nullptr;
+        auto rows = [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                const int64_t j = list ? list[i] : i;
+                const uint8_t* src = latent.data + static_cast<size_t>(j) * latent.row_bytes;
+                if (in_place) {
+                    row_ptr[i - i0] = reinterpret_cast<const float*>(src);
+                } else {
+                    float* dst = decoded.data() + (i - i0) * key_width;
+                    dequant(src, dst, key_width);
+                    row_ptr[i - i0] = dst;
+                }
             }
-            for (int64_t j = j0; j < j1; ++j) {
-                dequant(latent.data + static_cast<size_t>(j) * latent.row_bytes,
-                        decoded.data() + (j - j0) * key_width, key_width);
-            }
-            *ld = key_width;
-            return decoded.data();
         };
         for (int64_t item = begin; item < end; ++item) {
             const int64_t t = item / n_chunks, h0 = (item % n_chunks) * kMlaHeadsPerItem;
             const int64_t h1 = std::min(h0 + kMlaHeadsPerItem, s.n_head);
-            const int64_t n_pos = pos0 + t + 1;
+            list = selection ? selection->positions + t * selection->ld : nullptr;
+            const int64_t n_pos = selection ? selection->count[t] : pos0 + t + 1;
             for (int64_t j0 = 0; j0 < n_pos; j0 += kMlaRowBlock) {
                 const int64_t j1 = std::min(j0 + kMlaRowBlock, n_pos);
-                int64_t ld = 0;
-                const float* r = rows(j0, j1, &ld);
+                rows(j0, j1);
                 for (int64_t h = h0; h < h1; ++h) {
                     const float* qh = q_abs + t * ldq + h * key_width;
                     float* ph = p.data() + (h - h0) * n_pos_max;
-                    for (int64_t j = j0; j < j1; ++j) ph[j] = dot(qh, r + (j - j0) * ld, key_width) * s.scale;
+                    for (int64_t j = j0; j < j1; ++j) ph[j] = dot(qh, row_ptr[j - j0], key_width) * s.scale;
                 }
             }
             for (int64_t h = h0; h < h1; ++h) {
@@ -72,14 +76,13 @@ void mla_attention(ThreadPool& pool, const float* q_abs, int64_t ldq, const KvRo
             }
             for (int64_t j0 = 0; j0 < n_pos; j0 += kMlaRowBlock) {
                 const int64_t j1 = std::min(j0 + kMlaRowBlock, n_pos);
-                int64_t ld = 0;
-                const float* r = rows(j0, j1, &ld);
+                rows(j0, j1);
                 for (int64_t h = h0; h < h1; ++h) {
                     const float* ph = p.data() + (h - h0) * n_pos_max;
                     float* oh = out + t * ldo + h * s.n_lora_kv;
                     for (int64_t j = j0; j < j1; ++j) {
                         const float w = ph[j] * norm[h - h0];
-                        const float* c = r + (j - j0) * ld;  // the value is the latent's first n_lora_kv
+                        const float* c = row_ptr[j - j0];  // the value is the latent's first n_lora_kv
                         for (int64_t d = 0; d < s.n_lora_kv; ++d) oh[d] += w * c[d];
                     }
                 }

@@ -17,9 +17,12 @@
 // c_j[d] accumulated in position order. Rows are decoded in blocks shared by a few heads of a token.
 //
 // Token t of the batch sits at position pos0 + t and attends to cache positions [0, pos0 + t] (the
-// cache already holds this batch's rows). Work is split over (token, group of heads) items with the
-// pool's fixed partition, one thread per item start to finish; a head's arithmetic does not depend
-// on its group, the thread count or the batch size (prefill == token-by-token decode, bit for bit).
+// cache already holds this batch's rows), or, given a selection (DeepSeek Sparse Attention), to its
+// selected positions only, read in ascending order; selecting all of [0, pos0 + t] gives the dense
+// result bit for bit, since each row's arithmetic and the accumulation order are the same. Work is split over
+// (token, group of heads) items with the pool's fixed partition, one thread per item start to finish; a
+// head's arithmetic does not depend on its group, the thread count or the batch size (prefill ==
+// token-by-token decode, bit for bit).
 #pragma once
 
 #include <cstdint>
@@ -30,12 +33,15 @@
 
 namespace sharpi::cpu {
 
+using sharpi::MlaSelection;
 using sharpi::MlaShape;
 
 // q_abs: [n_tokens, n_head * (n_lora_kv + n_rot)] (row stride ldq); latent: [>= pos0 + n_tokens]
 // rows of n_lora_kv + n_rot elements of latent.type; out: [n_tokens, n_head * n_lora_kv] (row
-// stride ldo). isa: the kernels' ISA (tests pick one; the engine uses active_isa()).
+// stride ldo). isa: the kernels' ISA (tests pick one; the engine uses active_isa()). selection:
+// nullptr for dense causal attention (backend/op_types.h MlaSelection).
 void mla_attention(ThreadPool& pool, const float* q_abs, int64_t ldq, const KvRows& latent, int64_t n_tokens,
-                   int64_t pos0, const MlaShape& shape, float* out, int64_t ldo, Isa isa = active_isa());
+                   int64_t pos0, const MlaShape& shape, float* out, int64_t ldo, Isa isa = active_isa(),
+                   const MlaSelection* selection = nullptr);
 
 }  // namespace sharpi::cpu

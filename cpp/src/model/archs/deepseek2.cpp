@@ -16,20 +16,22 @@
 // top-k for V3; cpu/ops/router.h), scale the top-k weights by expert_weights_scale, and add the
 // shared experts' output unscaled.
 #include <cmath>
+#include <vector>
 
 #include "model/arch.h"
+#include "model/archs/mla.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "sharpi/errors.h"
 
 namespace sharpi {
 
-static void load_deepseek2_layer(ModelLoader& ld, int il) {
+void load_mla_layer(ModelLoader& ld, int il) {
     const HParams& h = ld.hp();
     LayerWeights& L = ld.layer(il);
     if (!h.is_mla()) {
-        throw UnsupportedError("[model] " + ld.model().file->path() +
-                               ": deepseek2 without attention.kv_lora_rank (non-MLA) is not supported");
+        throw UnsupportedError("[model] " + ld.model().file->path() + ": " + h.arch +
+                               " without attention.kv_lora_rank (non-MLA) is not supported");
     }
     const int64_t n_embd_q = h.n_head * h.n_embd_head_k_mla;
     const int64_t qk_nope = h.n_embd_head_k_mla - h.rope.n_rot;
@@ -53,6 +55,7 @@ static void load_deepseek2_layer(ModelLoader& ld, int il) {
     L.wk_b = ld.stacked_matrix(ld.blk(il, "attn_k_b.weight"), qk_nope, h.n_lora_kv, h.n_head);
     L.wv_b = ld.stacked_matrix(ld.blk(il, "attn_v_b.weight"), h.n_lora_kv, h.n_embd_head_v_mla, h.n_head);
     L.wo.w = ld.matrix(ld.blk(il, "attn_output.weight"), h.n_head * h.n_embd_head_v_mla, h.n_embd);
+    if (h.has_indexer()) load_dsa_indexer(ld, il);
     if (il < h.n_layer_dense_lead || !h.is_moe()) {
         ld.dense_ffn(il);
         return;
@@ -72,6 +75,8 @@ WeightView head_matrix(const WeightView& stack, int64_t h, int64_t n_rows) {
     return w;
 }
 
+}  // namespace
+
 Act mla_self_attention(Forward& f, const Act& cur, int il) {
     const HParams& h = f.hp();
     const LayerWeights& L = f.layer(il);
@@ -79,9 +84,9 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     const int64_t head_k = h.n_embd_head_k_mla, qk_nope = head_k - n_rot, head_v = h.n_embd_head_v_mla;
     const int64_t key_width = n_lora_kv + n_rot;
 
-    Act q;
+    Act q, qa;
     if (h.n_lora_q > 0) {
-        Act qa = f.linear(cur, L.wq_a, "q_a", il);
+        qa = f.linear(cur, L.wq_a, "q_a", il);
         qa = f.norm(qa, L.attn_q_a_norm, "q_a_norm", il);
         q = f.linear(qa, L.wq_b, "Qcur", il);
     } else {
@@ -90,15 +95,28 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     Backend& b = f.backend();
     Act kv = f.linear(cur, L.wkv_a_mqa, "kv_cmpr_pe", il);  // [T, kv_lora_rank + n_rot]
     b.rms_norm(kv.data, kv.width, kv.data, kv.width, T, n_lora_kv, L.attn_kv_a_norm.data(), h.rms_eps);
-    // RoPE and the latent rows, rounded to the cache's type (kv_layout: cache_type_k; f32 is a plain
-    // copy), per sequence of the step.
+    // RoPE at position pos0 + rope_shift (the MTP block's pairs, model/mtp.h); KV rows at pos0.
     for (const SeqSpan& s : f.spans()) {
-        b.rope(q.row(s.row0) + qk_nope, q.width, s.n_tokens, n_head, head_k, s.pos0, h.rope);
-        b.rope(kv.row(s.row0) + n_lora_kv, kv.width, s.n_tokens, 1, key_width, s.pos0, h.rope);
-        b.kv_store(*s.kv, il, s.pos0, Act{kv.row(s.row0), s.n_tokens, kv.width}, nullptr);
+        const int64_t rope_pos0 = s.pos0 + s.rope_shift;
+        b.rope(q.row(s.row0) + qk_nope, q.width, s.n_tokens, n_head, head_k, rope_pos0, h.rope);
+        b.rope(kv.row(s.row0) + n_lora_kv, kv.width, s.n_tokens, 1, key_width, rope_pos0, h.rope);
     }
     f.name(q, "Qcur_rope", il);
     f.name(kv, "kv_cmpr_pe_rope", il);
+    // The cached row: the latent and RoPE key, then (DSA) the indexer's key.
+    Act row = kv;
+    if (h.has_indexer()) {
+        const Act keys = dsa_indexer_keys(f, cur, il);
+        row = f.alloc(T, key_width + keys.width);
+        b.copy_rows(kv.data, kv.width, row.data, row.width, T, key_width);
+        b.copy_rows(keys.data, keys.width, row.data + key_width, row.width, T, keys.width);
+    }
+    // Rounded to the cache's type (kv_layout: cache_type_k; f32 is a plain copy), per sequence.
+    for (const SeqSpan& s : f.spans()) {
+        b.kv_store(*s.kv, il, s.pos0, Act{row.row(s.row0), s.n_tokens, row.width}, nullptr);
+    }
+    std::vector<int32_t> positions, count;
+    if (h.has_indexer()) dsa_select(f, cur, qa, il, &positions, &count);
 
     // Absorb each head's key up-projection into its query; the RoPE part is copied beside it.
     Act q_abs = f.alloc(T, n_head * key_width);
@@ -111,8 +129,10 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     Act lat = f.alloc(T, n_head * n_lora_kv);
     MlaShape shape{n_head, n_lora_kv, n_rot, h.attn_scale};
     for (const SeqSpan& s : f.spans()) {
-        b.mla_attention(q_abs.row(s.row0), q_abs.width, *s.kv, il, s.n_tokens, s.pos0, shape, lat.row(s.row0),
-                        lat.width);
+        const MlaSelection selection{positions.data() + s.row0 * h.indexer_top_k, count.data() + s.row0,
+                                     h.indexer_top_k};
+        b.mla_attention(q_abs.row(s.row0), q_abs.width, *s.kv, il, s.n_tokens, s.pos0, shape,
+                        h.has_indexer() ? &selection : nullptr, lat.row(s.row0), lat.width);
     }
     f.name(lat, "kqv_latent", il);
 
@@ -125,13 +145,11 @@ Act mla_self_attention(Forward& f, const Act& cur, int il) {
     return f.linear(v, L.wo, "attn_out", il);
 }
 
-}  // namespace
-
 static Act build_deepseek2_layer(Forward& f, const Act& inp, int il) {
     return f.decoder_layer(inp, il, [&f, il](const Act& cur) { return mla_self_attention(f, cur, il); });
 }
 
 extern const ArchSpec kArchDeepseek2{"deepseek2", RopeType::normal, /*expert_weights_norm=*/false,
-                                     load_deepseek2_layer, build_deepseek2_layer};
+                                     load_mla_layer, build_deepseek2_layer};
 
 }  // namespace sharpi

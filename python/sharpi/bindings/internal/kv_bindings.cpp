@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cpu/ops/attention.h"
+#include "cpu/ops/lightning_indexer.h"
 #include "cpu/ops/mla_attention.h"
 #include "engine.h"
 #include "internal.h"
@@ -27,6 +28,7 @@ namespace {
 
 using ByteArray = py::array_t<uint8_t, py::array::c_style>;
 using FloatArray = py::array_t<float, py::array::c_style>;
+using IntArray = py::array_t<int32_t, py::array::c_style>;
 
 ByteArray kv_store_row_py(const std::string& type_name, const FloatArray& x) {
     const GgmlType type = parse_kv_type(type_name);
@@ -114,7 +116,8 @@ py::tuple attention_block_kernels_py(const std::string& isa, const FloatArray& q
 // kv_store_row wrote them.
 FloatArray mla_attention_py(const FloatArray& q_abs, const ByteArray& latent, const std::string& type,
                             int64_t pos0, int64_t n_head, int64_t n_lora_kv, int64_t n_rot, float scale,
-                            int threads, const std::string& isa) {
+                            int threads, const std::string& isa, const std::optional<IntArray>& positions,
+                            const std::optional<IntArray>& count) {
     if (n_head <= 0 || n_lora_kv <= 0 || n_rot < 0) throw InvalidArgument("[mla_attention] bad shape");
     const int64_t key_width = n_lora_kv + n_rot;
     if (q_abs.ndim() != 2 || q_abs.shape(1) != n_head * key_width) {
@@ -128,11 +131,61 @@ FloatArray mla_attention_py(const FloatArray& q_abs, const ByteArray& latent, co
     FloatArray out({n_tokens, n_head * n_lora_kv});
     float* dst = out.mutable_data();
     const cpu::MlaShape shape{n_head, n_lora_kv, n_rot, scale};
+    MlaSelection selection;
+    if (positions.has_value() != count.has_value()) {
+        throw InvalidArgument("[mla_attention] a selection needs both positions and count");
+    }
+    if (positions) {
+        if (positions->ndim() != 2 || positions->shape(0) != n_tokens || count->ndim() != 1 ||
+            count->shape(0) != n_tokens) {
+            throw InvalidArgument("[mla_attention] positions must be [n_tokens, k], count [n_tokens]");
+        }
+        for (int64_t tk = 0; tk < n_tokens; ++tk) {
+            const int32_t c = count->data()[tk];
+            if (c < 1 || c > positions->shape(1)) throw InvalidArgument("[mla_attention] count out of range");
+            for (int32_t j = 0; j < c; ++j) {
+                const int32_t p = positions->data()[tk * positions->shape(1) + j];
+                if (p < 0 || p > pos0 + tk)
+                    throw InvalidArgument("[mla_attention] a selected position is not causal");
+            }
+        }
+        selection = MlaSelection{positions->data(), count->data(), positions->shape(1)};
+    }
     run_on_pool(threads, [&](cpu::ThreadPool& pool) {
         cpu::mla_attention(pool, q_abs.data(), n_head * key_width, cpu::KvRows{latent.data(), row, t},
-                           n_tokens, pos0, shape, dst, n_head * n_lora_kv, i);
+                           n_tokens, pos0, shape, dst, n_head * n_lora_kv, i,
+                           positions ? &selection : nullptr);
     });
     return out;
+}
+
+// q: [n_tokens, n_head * head_dim] f32, w: [n_tokens, n_head] f32; rows: [n_kv, row_bytes] uint8 KV rows
+// (kv_store_row of [latent | indexer key], width elements) whose indexer key starts at key_offset.
+py::tuple lightning_indexer_py(const FloatArray& q, const FloatArray& w, const ByteArray& rows,
+                               const std::string& type, int64_t width, int64_t key_offset, int64_t pos0,
+                               int64_t n_head, int64_t head_dim, int64_t top_k, float weight_scale,
+                               int threads, const std::string& isa) {
+    if (n_head <= 0 || head_dim <= 0 || top_k <= 0 || key_offset < 0 || key_offset + head_dim > width) {
+        throw InvalidArgument("[lightning_indexer] bad shape");
+    }
+    if (q.ndim() != 2 || q.shape(1) != n_head * head_dim || w.ndim() != 2 || w.shape(0) != q.shape(0) ||
+        w.shape(1) != n_head) {
+        throw InvalidArgument(
+            "[lightning_indexer] q must be [n_tokens, n_head * head_dim], w [n_tokens, n_head]");
+    }
+    const int64_t n_tokens = q.shape(0);
+    const GgmlType t = parse_kv_type(type);
+    const size_t row = ggml_row_size(t, width);
+    check_stored_rows(rows, row, pos0 + n_tokens, "[lightning_indexer] rows");
+    const IndexerShape shape{n_head, head_dim, key_offset, top_k, weight_scale};
+    IntArray positions({n_tokens, top_k}), count({n_tokens});
+    std::fill(positions.mutable_data(), positions.mutable_data() + n_tokens * top_k, -1);
+    run_on_pool(threads, [&](cpu::ThreadPool& pool) {
+        cpu::lightning_indexer(pool, q.data(), q.shape(1), w.data(), n_head, cpu::KvRows{rows.data(), row, t},
+                               n_tokens, pos0, shape, positions.mutable_data(), count.mutable_data(),
+                               isa_arg(isa));
+    });
+    return py::make_tuple(positions, count);
 }
 
 // The plan a streaming Session with these options would make (the file is only mapped).
@@ -182,9 +235,17 @@ void bind_kv(py::module_& m) {
           "(m [rows], l [rows], o [rows, head_dim]) of the unnormalised partial softmax");
     m.def("mla_attention", &mla_attention_py, py::arg("q_abs"), py::arg("latent"), py::arg("type"),
           py::arg("pos0"), py::arg("n_head"), py::arg("n_lora_kv"), py::arg("n_rot"), py::arg("scale"),
-          py::arg("threads") = 1, py::arg("isa") = "",
+          py::arg("threads") = 1, py::arg("isa") = "", py::arg("positions") = py::none(),
+          py::arg("count") = py::none(),
           "deepseek2's absorbed-form latent attention of q_abs's rows (positions pos0..) over stored latent "
-          "rows (cpu/ops/mla_attention.h)");
+          "rows (cpu/ops/mla_attention.h); positions [n_tokens, k] / count [n_tokens]: each row attends only "
+          "to its count[t] positions (DSA's selection, ascending)");
+    m.def("lightning_indexer", &lightning_indexer_py, py::arg("q"), py::arg("w"), py::arg("rows"),
+          py::arg("type"), py::arg("width"), py::arg("key_offset"), py::arg("pos0"), py::arg("n_head"),
+          py::arg("head_dim"), py::arg("top_k"), py::arg("weight_scale"), py::arg("threads") = 1,
+          py::arg("isa") = "",
+          "DSA's lightning indexer (cpu/ops/lightning_indexer.h): each row's (positions [n_tokens, top_k] "
+          "ascending, -1 past count; count [n_tokens]) over the indexer keys stored in rows");
     m.def("memory_plan", &memory_plan_py, py::arg("path"), py::arg("n_ctx") = 0, py::arg("cache_type_k") = "",
           py::arg("cache_type_v") = "", py::arg("exact") = false, py::arg("n_staging") = 0,
           py::arg("allow_long_context") = false,
