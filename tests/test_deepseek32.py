@@ -320,7 +320,7 @@ def test_preset_plans_the_published_shapes():
         "deepseek32", 61, 1, 7168, 128, 129280
     )
     assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff_shexp, hp.n_layer_dense_lead) == (256, 8, 2048, 2048, 3)
-    assert (hp.indexer_n_head, hp.indexer_head_size, hp.indexer_top_k) == (64, 128, 2048)
+    assert (hp.indexer_n_head, hp.indexer_head_dim, hp.indexer_top_k) == (64, 128, 2048)
     specs = {s.name: s for s in plan_tensors(hp, "q4_k_m")}
     assert specs["blk.0.ffn_gate.weight"].ne == (7168, 18432)
     assert specs["blk.3.attn_q_a.weight"].ne == (7168, 1536) and specs["blk.3.attn_q_b.weight"].ne == (1536, 128 * 192)

@@ -26,7 +26,7 @@ std::string mib(uint64_t bytes) {
 // into, and the selected positions (int32, one float each) with their count.
 static int64_t dsa_floats_per_token(const HParams& h) {
     if (!h.has_indexer()) return 0;
-    return h.indexer_n_head * (h.indexer_head_size + 1) + 2 * h.indexer_head_size + h.kv_floats_per_token() +
+    return h.indexer_n_head * (h.indexer_head_dim + 1) + 2 * h.indexer_head_dim + h.kv_floats_per_token() +
            h.indexer_top_k + 1;
 }
 

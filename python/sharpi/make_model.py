@@ -245,7 +245,7 @@ def _write_deepseek2_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
         if hp.n_layer_nextn:
             w.add_nextn_predict_layers(hp.n_layer_nextn)
         w.add_indexer_head_count(hp.indexer_n_head)
-        w.add_indexer_key_length(hp.indexer_head_size)
+        w.add_indexer_key_length(hp.indexer_head_dim)
         w.add_indexer_top_k(hp.indexer_top_k)
 
 

@@ -59,11 +59,12 @@ class HParams:
     yarn_n_ctx_orig: int = 0
     yarn_mscale_all_dim: float = 0.0
     # deepseek32 only: DeepSeek-V3's group-limited routing (n_group, topk_group; 0: no key written)
-    # and DSA's lightning indexer (index_n_heads, index_head_dim, index_topk).
+    # and a lightning indexer (index_n_heads, index_head_dim, index_topk: deepseek32's DSA and
+    # deepseek4's CSA layers).
     n_expert_group: int = 0
     n_expert_group_used: int = 0
     indexer_n_head: int = 0
-    indexer_head_size: int = 0
+    indexer_head_dim: int = 0
     indexer_top_k: int = 0
     # Hybrid archs only (llama.cpp's ssm.* keys): conv kernel, key head width, key heads, value
     # heads, value heads * value head width; the layer pattern; RoPE'd dims per head (0: head_dim).
@@ -100,9 +101,6 @@ class HParams:
     hc_mult: int = 0
     hc_sinkhorn_iters: int = 20
     hc_eps: float = 1e-6
-    indexer_n_head: int = 0
-    indexer_head_dim: int = 0
-    indexer_top_k: int = 0
     o_groups: int = 0
     o_lora_rank: int = 0
     n_hash_layers: int = 0
@@ -264,7 +262,7 @@ PRESETS["deepseek-v3.2"] = {
     "n_expert_group": 8,
     "n_expert_group_used": 4,
     "indexer_n_head": 64,
-    "indexer_head_size": 128,
+    "indexer_head_dim": 128,
     "indexer_top_k": 2048,
     "n_layer_nextn": 1,
 }
@@ -514,7 +512,7 @@ TINY_DEEPSEEK32 = {
     "n_lora_q": 256,
     "expert_weights_scale": 2.5,
     "indexer_n_head": 16,
-    "indexer_head_size": 64,
+    "indexer_head_dim": 64,
     "indexer_top_k": 8,
 }
 # Qwen/Qwen3.5-35B-A3B (text model of its config.json): 40 layers, 3 of every 4 Gated DeltaNet.
@@ -678,8 +676,8 @@ def validate(hp: HParams) -> None:
     if hp.arch == "deepseek32":
         if hp.n_lora_q <= 0:
             bad("the DSA indexer reads the q LoRA: n_lora_q must be positive")
-        if hp.indexer_n_head <= 0 or hp.indexer_top_k <= 0 or hp.indexer_head_size < hp.n_rot:
-            bad("DSA needs indexer_n_head, indexer_top_k > 0 and indexer_head_size >= n_rot")
+        if hp.indexer_n_head <= 0 or hp.indexer_top_k <= 0 or hp.indexer_head_dim < hp.n_rot:
+            bad("DSA needs indexer_n_head, indexer_top_k > 0 and indexer_head_dim >= n_rot")
         if hp.n_expert_group and (hp.n_expert % hp.n_expert_group or not 0 < hp.n_expert_group_used <= hp.n_expert_group):
             bad("n_expert must split into n_expert_group groups, of which 1..n_expert_group are used")
     elif hp.indexer_n_head or hp.indexer_top_k or hp.n_expert_group:

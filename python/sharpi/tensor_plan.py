@@ -475,7 +475,7 @@ def _deepseek2_layer(hp: HParams, il: int) -> list[TensorSpec]:
     ]
     if hp.arch == "deepseek32":
         # DSA's lightning indexer (DeepseekV32Model: wq_b, wk, k_norm with its bias, weights_proj).
-        NI, DI = hp.indexer_n_head, hp.indexer_head_size
+        NI, DI = hp.indexer_n_head, hp.indexer_head_dim
         t += [
             TensorSpec(b + "indexer.k_norm.bias", (DI,), il, "bias"),
             TensorSpec(b + "indexer.k_norm.weight", (DI,), il, "norm"),

@@ -122,7 +122,7 @@ class HParams:
     kq_scale: float = 0.0  # 0: 1 / sqrt(head_dim_k)
     # deepseek32 only: DeepSeek Sparse Attention's lightning indexer (attention.indexer.*; 0: none)
     indexer_n_head: int = 0
-    indexer_head_size: int = 0
+    indexer_head_dim: int = 0
     indexer_top_k: int = 0
     # Hybrid archs only: which layers are Gated DeltaNet, and its shape (ssm.* keys).
     recurrent: tuple = ()
@@ -217,7 +217,7 @@ class ReferenceModel:
         if arch == "deepseek32":
             mla.update(
                 indexer_n_head=int(self._key(f"{arch}.attention.indexer.head_count")),
-                indexer_head_size=int(self._key(f"{arch}.attention.indexer.key_length")),
+                indexer_head_dim=int(self._key(f"{arch}.attention.indexer.key_length")),
                 indexer_top_k=int(self._key(f"{arch}.attention.indexer.top_k")),
             )
         if arch in DEEPSEEK_ROUTER_ARCHS:
@@ -534,7 +534,7 @@ def dsa_indexer_selection(model: ReferenceModel, il: int, x: np.ndarray, q_lora:
     hp = model.hparams
     layer = _Layer(model, il)
     n_tokens = x.shape[0]
-    n_head, head = hp.indexer_n_head, hp.indexer_head_size
+    n_head, head = hp.indexer_n_head, hp.indexer_head_dim
     neox = dataclasses.replace(hp, neox_rope=True)
     q = rope(linear(q_lora, layer.w("indexer.attn_q_b")).reshape(n_tokens, n_head, head), positions, neox)
     k = layer_norm(linear(x, layer.w("indexer.attn_k")), layer.w("indexer.k_norm"), layer.b("indexer.k_norm"), 1e-6)

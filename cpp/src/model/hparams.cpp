@@ -239,14 +239,14 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     // The DSA lightning indexer (deepseek32): llama.cpp requires all three keys for the arch.
     if (hp.arch == "deepseek32") {
         hp.indexer_n_head = get("attention.indexer.head_count", kMaxHeadDim);
-        hp.indexer_head_size = get("attention.indexer.key_length", kMaxHeadDim);
+        hp.indexer_head_dim = get("attention.indexer.key_length", kMaxHeadDim);
         hp.indexer_top_k = get("attention.indexer.top_k", kMaxCtxTrain);
-        if (!hp.is_mla() || hp.n_lora_q <= 0 || hp.indexer_n_head <= 0 || hp.indexer_head_size <= 0 ||
+        if (!hp.is_mla() || hp.n_lora_q <= 0 || hp.indexer_n_head <= 0 || hp.indexer_head_dim <= 0 ||
             hp.indexer_top_k <= 0) {
             throw fail("inconsistent DSA hyper-parameters: kv_lora_rank " + std::to_string(hp.n_lora_kv) +
                        ", q_lora_rank " + std::to_string(hp.n_lora_q) + ", indexer.head_count " +
                        std::to_string(hp.indexer_n_head) + ", indexer.key_length " +
-                       std::to_string(hp.indexer_head_size) + ", indexer.top_k " +
+                       std::to_string(hp.indexer_head_dim) + ", indexer.top_k " +
                        std::to_string(hp.indexer_top_k) +
                        " (the indexer reads the q LoRA and scores at least one position)");
         }
@@ -315,9 +315,9 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) +
                    " must be even and <= head_dim " + std::to_string(hp.head_dim));
     }
-    if (hp.has_indexer() && hp.rope.n_rot > hp.indexer_head_size) {
+    if (hp.has_indexer() && hp.rope.n_rot > hp.indexer_head_dim) {
         throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) + " exceeds indexer.key_length " +
-                   std::to_string(hp.indexer_head_size) +
+                   std::to_string(hp.indexer_head_dim) +
                    " (the indexer rotates its first n_rot dimensions)");
     }
     hp.rope.freq_base = static_cast<float>(f.get_float_or(a + "rope.freq_base", 10000.0));

@@ -46,19 +46,21 @@ struct HParams {
     int64_t n_embd_head_v_mla = 0;  // v_head_dim
     bool is_mla() const { return n_lora_kv > 0; }
 
-    // DeepSeek Sparse Attention (deepseek32; all 0 elsewhere): a lightning indexer of
-    // indexer_n_head heads of indexer_head_size scores every earlier position with its own key
-    // (one per position, cached beside the MLA latent) and MLA attends only to the indexer_top_k
-    // best (attention.indexer.*; model/archs/deepseek32.cpp).
+    // A lightning indexer (attention.indexer.*; all 0 without one): indexer_n_head heads of
+    // indexer_head_dim score earlier positions with their own keys and attention reads only the
+    // indexer_top_k best. DeepSeek Sparse Attention (deepseek32) keeps one key per position beside
+    // the MLA latent (model/archs/deepseek32.cpp); deepseek4's CSA layers keep one per compressed
+    // entry in their own KV row (model/archs/deepseek4.cpp).
     int64_t indexer_n_head = 0;
-    int64_t indexer_head_size = 0;
+    int64_t indexer_head_dim = 0;
     int64_t indexer_top_k = 0;
-    bool has_indexer() const { return indexer_top_k > 0; }
+    // DSA: the indexer over MLA's positions (deepseek4's is part of its compressed attention).
+    bool has_indexer() const { return is_mla() && indexer_top_k > 0; }
 
     // Floats one position takes in one layer's KV cache: the latent (+ RoPE part, + the indexer's
     // key under DSA) for MLA, K and V otherwise.
     int64_t kv_floats_per_token() const {
-        return is_mla() ? n_lora_kv + rope.n_rot + indexer_head_size : 2 * n_embd_kv();
+        return is_mla() ? n_lora_kv + rope.n_rot + indexer_head_dim : 2 * n_embd_kv();
     }
 
     // Hybrid archs (qwen3next, qwen35moe): Gated DeltaNet layers from the ssm.* keys, named as
@@ -88,7 +90,6 @@ struct HParams {
     float hc_eps = 0.0f;
     std::vector<int64_t> compress_ratios;  // [n_layer]; empty: not deepseek4
     RopeParams compress_rope;
-    int64_t indexer_n_head = 0, indexer_head_dim = 0, indexer_top_k = 0;
     int64_t o_groups = 0, o_lora_rank = 0;
     int64_t n_hash_layers = 0;
     std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // [n_layer]

@@ -150,7 +150,7 @@ KvLayout kv_layout(const HParams& h, GgmlType type_k, GgmlType type_v) {
         l.width = h.kv_floats_per_token();
         // A quantized row is read in parts (the latent with its RoPE key, then the DSA indexer's
         // key), so each part must be whole blocks: checking their gcd checks both.
-        l.head_dim = h.has_indexer() ? std::gcd(h.n_lora_kv + h.rope.n_rot, h.indexer_head_size) : l.width;
+        l.head_dim = h.has_indexer() ? std::gcd(h.n_lora_kv + h.rope.n_rot, h.indexer_head_dim) : l.width;
         if (type_k != type_v) {
             throw InvalidArgument(
                 std::string("[kv] multi-head latent attention caches one latent row per position that is "

@@ -25,7 +25,7 @@ HParams MtpHead::block_hparams(const HParams& file_hparams) {
     // llama.cpp runs DeepSeek-V3.2's block as dense MLA (its graph_mtp builds no indexer, although
     // the file carries the block's indexer tensors): no indexer here, so none of its tensors is read
     // and its KV rows hold the latent only.
-    h.indexer_n_head = h.indexer_head_size = h.indexer_top_k = 0;
+    h.indexer_n_head = h.indexer_head_dim = h.indexer_top_k = 0;
     return h;
 }
 

@@ -48,7 +48,7 @@ RopeParams indexer_rope(const HParams& h) {
 void load_dsa_indexer(ModelLoader& ld, int il) {
     const HParams& h = ld.hp();
     LayerWeights& L = ld.layer(il);
-    const int64_t n_head = h.indexer_n_head, head = h.indexer_head_size;
+    const int64_t n_head = h.indexer_n_head, head = h.indexer_head_dim;
     L.indexer_k_norm = ld.vector(ld.blk(il, "indexer.k_norm.weight"), head);
     L.indexer_k_norm_b = ld.vector(ld.blk(il, "indexer.k_norm.bias"), head);
     L.indexer_proj.w = ld.matrix(ld.blk(il, "indexer.proj.weight"), h.n_embd, n_head);
@@ -76,7 +76,7 @@ void dsa_select(Forward& f, const Act& cur, const Act& q_lora, int il, std::vect
     const HParams& h = f.hp();
     const LayerWeights& L = f.layer(il);
     Backend& b = f.backend();
-    const int64_t n_head = h.indexer_n_head, head = h.indexer_head_size, T = cur.n_tokens;
+    const int64_t n_head = h.indexer_n_head, head = h.indexer_head_dim, T = cur.n_tokens;
     Act q = f.linear(q_lora, L.indexer_attn_q_b, "indexer_q", il);
     const RopeParams rope = indexer_rope(h);
     for (const SeqSpan& s : f.spans()) {

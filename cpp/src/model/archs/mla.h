@@ -22,7 +22,7 @@ Act mla_self_attention(Forward& f, const Act& cur, int il);
 // The indexer's tensors of layer il (blk.N.indexer.*).
 void load_dsa_indexer(ModelLoader& ld, int il);
 // The indexer keys of the step's tokens: LayerNorm(indexer_attn_k cur) with NeoX RoPE on the first
-// n_rot dimensions, [T, indexer_head_size]; cached beside each token's latent.
+// n_rot dimensions, [T, indexer_head_dim]; cached beside each token's latent.
 Act dsa_indexer_keys(Forward& f, const Act& cur, int il);
 // Selects each token's attended positions (the step's keys already cached): positions [T, top_k]
 // ascending and count [T], host memory, span by span.
