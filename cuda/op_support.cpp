@@ -49,6 +49,8 @@ const Missing kMissing[] = {
     {"conv1d_silu", "the Gated DeltaNet's causal conv1d"},
     {"l2_norm_heads", "the Gated DeltaNet's q/k normalisation"},
     {"gated_delta_rule", "the Gated DeltaNet's delta rule"},
+    {"ssm_scan", "Mamba-2's selective scan"},
+    {"relu_sqr", "the squared ReLU"},
     {"mul_sigmoid", "gated attention's output gate (qwen3next, qwen35moe)"},
     {"mul_silu", "the Gated DeltaNet's gated RMSNorm"},
     {"scale_rows", "llama4's router-weighted expert input and attention temperature"},

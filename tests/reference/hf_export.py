@@ -43,6 +43,7 @@ MOE_MODELS = {
     "glm4moe": "glm4moe",  # Glm4MoeForCausalLM (GLM-4.5-Air: no q/k norm)
     "glm4moe_qknorm": "glm4moe",  # Glm4MoeForCausalLM with use_qk_norm (GLM-4.5)
     "minimax_m2": "minimax-m2",  # MiniMaxM2ForCausalLM
+    "nemotron_h": "nemotron_h_moe",  # NemotronHForCausalLM with routed experts
 }
 # Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer,
 # _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
@@ -56,6 +57,11 @@ HYBRID_MODELS = {
     "qwen35moe": "qwen35moe",  # Qwen3_5MoeForCausalLM
 }
 MOE_MODELS.update(HYBRID_MODELS)
+# Every model with a recurrent token mixer (Gated DeltaNet or Mamba-2), whose recurrence carries weight
+# rounding from position to position: quantized files are held to the reference on the same file,
+# not to transformers (nemotron_h's q8_0 file vs HF: 1.5e-1 at position 0 from the Mamba-2 dt and
+# decay, measured; f16 within 5e-3).
+RECURRENT_MODELS = set(HYBRID_MODELS) | {"nemotron_h"}
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
     "llama": "llama",  # LlamaForCausalLM
@@ -73,7 +79,12 @@ ENGINE_ONLY_MODELS = {
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
 # glm4moe_256 (Glm4MoeForCausalLM with its MTP layer) likewise, for tests/test_glm4moe.py's Q4_K_M file,
 # and minimax_m2_256 for tests/test_minimax_m2.py's.
-QUANTIZER_MODELS = {"qwen3moe_256": "qwen3moe", "glm4moe_256": "glm4moe", "minimax_m2_256": "minimax-m2"}
+QUANTIZER_MODELS = {
+    "qwen3moe_256": "qwen3moe",
+    "glm4moe_256": "glm4moe",
+    "minimax_m2_256": "minimax-m2",
+    "nemotron_h_256": "nemotron_h_moe",
+}
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
 # Any implementation on a converter-quantized file vs HF on the unquantized weights: this measures
@@ -345,6 +356,42 @@ def make_config(name: str, vocab_size: int):
                 "mrope_interleaved": True,
             },
         )
+    if name in ("nemotron_h", "nemotron_h_256"):
+        # Nemotron 3 Nano's structure at a small size: 6 blocks, each one mixer behind its own
+        # RMSNorm (Mamba-2, MoE, NoPE GQA attention, MoE, Mamba-2, MoE); Mamba-2 with 4 heads of 32
+        # in 2 groups (group size 64 for the gated norm), state 16, conv kernel 4; 16 relu^2
+        # experts top-4 (no gate projection) with one relu^2 shared expert, sigmoid routing with
+        # the selection bias, top-k renormalised and scaled by 2.5. nemotron_h_256: 256 wide
+        # wherever a row is, for llama-quantize's K types.
+        wide = name == "nemotron_h_256"
+        return transformers.NemotronHConfig(
+            vocab_size=vocab_size,
+            hidden_size=256 if wide else 128,
+            layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64 if wide else 48,
+            max_position_embeddings=512,
+            layer_norm_epsilon=1e-5,
+            mamba_num_heads=8 if wide else 4,
+            mamba_head_dim=32,
+            ssm_state_size=16,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=8,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=256 if wide else 64,
+            moe_shared_expert_intermediate_size=256 if wide else 96,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            n_group=1,
+            topk_group=1,
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=0,
+            pad_token_id=None,
+        )
     if name == "llama":
         return transformers.LlamaConfig(
             **common,
@@ -450,6 +497,8 @@ def build_model(name: str, vocab_size: int, seed: int):
         "llama4": transformers.Llama4ForCausalLM,
         "minimax_m2": transformers.MiniMaxM2ForCausalLM,
         "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
+        "nemotron_h": transformers.NemotronHForCausalLM,
+        "nemotron_h_256": transformers.NemotronHForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()

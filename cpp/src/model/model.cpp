@@ -208,7 +208,7 @@ void ModelLoader::qk_norm(int il, int64_t q_width, int64_t k_width) {
     L.attn_k_norm = vector(blk(il, "attn_k_norm.weight"), k_width);
 }
 
-void ModelLoader::moe(int il, const char* norm) {
+void ModelLoader::moe(int il, const char* norm, bool gated) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
     L.ffn_norm = vector(blk(il, norm), h.n_embd);
@@ -216,8 +216,8 @@ void ModelLoader::moe(int il, const char* norm) {
     // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
     L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
     // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h).
-    const char* const names[kExpertParts] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                             "ffn_down_exps.weight"};
+    const char* const names[kExpertParts] = {gated ? "ffn_gate_exps.weight" : "ffn_up_exps.weight",
+                                             "ffn_up_exps.weight", "ffn_down_exps.weight"};
     const int64_t n_cols[kExpertParts] = {h.n_embd, h.n_embd, h.n_ff_exp};
     const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd};
     const GgufTensor* tensors[kExpertParts];
@@ -243,11 +243,11 @@ void ModelLoader::dense_ffn(int il, const char* norm) {
     L.ffn_down.w = matrix(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
 }
 
-void ModelLoader::shared_expert(int il) {
+void ModelLoader::shared_expert(int il, bool gated) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
     if (h.n_ff_shexp <= 0) return;  // qwen2moe without a shared expert
-    L.ffn_gate.w = matrix(blk(il, "ffn_gate_shexp.weight"), h.n_embd, h.n_ff_shexp);
+    if (gated) L.ffn_gate.w = matrix(blk(il, "ffn_gate_shexp.weight"), h.n_embd, h.n_ff_shexp);
     L.ffn_up.w = matrix(blk(il, "ffn_up_shexp.weight"), h.n_embd, h.n_ff_shexp);
     L.ffn_down.w = matrix(blk(il, "ffn_down_shexp.weight"), h.n_ff_shexp, h.n_embd);
     // [n_embd] after llama.cpp's quantizer, [n_embd, 1] from the converter: both are one row.

@@ -22,6 +22,7 @@ ExpertFfnWeights expert_weights(const ExpertView& v, const LayerWeights& L, int6
     if (!L.ffn_up_exps_b.empty()) w.up_b = L.ffn_up_exps_b.data() + e * n_ff;
     if (!L.ffn_down_exps_b.empty()) w.down_b = L.ffn_down_exps_b.data() + e * n_embd;
     w.swiglu_limit = L.expert_swiglu_limit;
+    w.relu_sqr = L.expert_relu_sqr;
     return w;
 }
 
@@ -267,7 +268,7 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     // It is computed from `cur` alone and added last, so the bits do not depend on when it runs.
     Act shared;
     const auto shared_expert = [&] {
-        if (L.ffn_gate.present()) shared = shared_ffn(f, cur, il);
+        if (L.ffn_up.present()) shared = shared_ffn(f, cur, il);
     };
     // llama4: the router weight scales each slot's input row; the outputs then sum with weight 1
     // (an exact 1.0f * y, so every path still rounds alike).
@@ -293,7 +294,7 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
                       shared_expert);
     }
     f.name(out, "ffn_moe_out", il);
-    if (!L.ffn_gate.present()) return out;
+    if (!L.ffn_up.present()) return out;
     if (!shared.data) shared_expert();  // no expert was acquired (cannot happen with n_tokens > 0)
     return f.add(out, shared, "ffn_out", il);
 }

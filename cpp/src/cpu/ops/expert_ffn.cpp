@@ -44,7 +44,9 @@ void expert_glu(const ExpertFfnWeights& e, int64_t r0, float* gate, float* up, f
     if (e.up_b) {
         for (int64_t i = 0; i < n; ++i) up[i] += e.up_b[r0 + i];
     }
-    if (e.swiglu_limit > 0.0f) {
+    if (e.relu_sqr) {
+        relu_sqr(up, act, n);  // no gate: its dots (the up matrix's again) are discarded
+    } else if (e.swiglu_limit > 0.0f) {
         swiglu_oai(gate, up, act, n, kSwigluOaiAlpha, e.swiglu_limit);
     } else {
         swiglu(gate, up, act, n);
