@@ -114,7 +114,7 @@ std::string unsupported_op(const OpCall& call) {
             return no(
                 "the device router is softmax top-k (no sigmoid gating, groups, scale or selection bias)");
         } else if (call.op.rfind("expert_ffn", 0) == 0) {
-            return no("expert biases and the clamped SwiGLU are not on the device");
+            return no("expert biases, the clamped SwiGLU and ungated relu^2 experts are not on the device");
         }
         return no("variant '" + tag + "' is not on the device");
     }

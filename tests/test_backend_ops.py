@@ -40,6 +40,11 @@ EXPECTED_BLOCKERS = {
     # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
     "llama4": {"attention", "route_topk", "scale_rows"},
     "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
+    # Mamba-2 (conv with its state, the scan, the gated norm), relu^2 experts and shared expert, and
+    # sigmoid routing with a selection bias and a weight scale.
+    "nemotron_h_moe": {
+        "conv1d_silu", "ssm_scan", "mul_silu", "relu_sqr", "route_topk", "expert_ffn_batch", "expert_ffn_one_token",
+    },
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).

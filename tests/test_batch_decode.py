@@ -19,9 +19,9 @@ from reader_policy import uring_unavailable
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe",
-         "gpt-oss", "glm4moe", "llama4", "minimax-m2"]
+         "gpt-oss", "glm4moe", "llama4", "minimax-m2", "nemotron_h_moe"]
 KV_TYPES = ["f32", "f16", "q8_0", "q4_0"]
-HYBRID = {"qwen3next", "qwen35moe"}
+HYBRID = {"qwen3next", "qwen35moe", "nemotron_h_moe"}  # recurrent state: forks only whole
 
 
 @pytest.fixture(scope="module")
