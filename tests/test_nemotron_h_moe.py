@@ -30,6 +30,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 import sharpi
+from ci_policy import require_llama_cpp
 from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
@@ -188,6 +189,46 @@ def test_rewindable_step_rolls_back_exactly(files):
     plain = _session(files["f32"], n_ctx=64)
     plain.decode(PROMPT[:8])
     np.testing.assert_array_equal(got, np.asarray(plain.decode(PROMPT[11:13], True)))
+
+
+# ----------------------------------------------------------------------------------------------
+# llama.cpp's own nemotron_h_moe graph
+
+
+def _llama_cpp_logits(path, tokens) -> np.ndarray:
+    llama_cpp = require_llama_cpp()
+    llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=THREADS, logits_all=True, verbose=False, type_k=0, type_v=0)
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)], dtype=np.float64)
+
+
+def _sharpi_logits(path, tokens) -> np.ndarray:
+    ours = sharpi.Session(str(path), threads=THREADS, exact=True).decode(tokens, True)
+    return np.asarray(ours, dtype=np.float64).reshape(len(tokens), -1)
+
+
+def test_converter_file_matches_llama_cpp(files):
+    """llama.cpp in f32 with an f32 KV cache, a third implementation: only rounding differs (a wrong
+    scan, gate order, group norm or routing rule gives errors of order 1)."""
+    theirs = _llama_cpp_logits(files["f32"], PROMPT)
+    ours = _sharpi_logits(files["f32"], PROMPT)
+    rel = np.abs(ours - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
+    assert rel.max() <= 1e-5, rel
+
+
+def test_preset_at_small_widths_matches_llama_cpp(tmp_path):
+    """make-model's nemotron_h_moe file with the real model's block pattern (52 blocks) at small
+    widths, as llama.cpp's loader and graph take it."""
+    small = {"n_vocab": 512, "n_embd": 128, "n_head": 4, "n_head_kv": 2, "head_dim": 32, "n_expert": 16,
+             "n_expert_used": 4, "n_ff_exp": 32, "n_ff_shexp": 64, "ssm_d_state": 16, "ssm_n_group": 2,
+             "ssm_dt_rank": 4, "ssm_d_inner": 128}  # fmt: skip
+    path = tmp_path / "nemotron-small.gguf"
+    mm.write_model(path, preset="nemotron-3-nano-30b-a3b", quant="f32", seed=5, **small)
+    tokens = [int(t) for t in np.random.default_rng(0).integers(5, 500, 16)]
+    theirs = _llama_cpp_logits(path, tokens)
+    ours = _sharpi_logits(path, tokens)
+    rel = np.abs(ours - theirs).max(axis=1) / np.abs(theirs).max(axis=1)
+    assert rel.max() <= 1e-5, rel
 
 
 # ----------------------------------------------------------------------------------------------
