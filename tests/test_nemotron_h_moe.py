@@ -247,6 +247,18 @@ def test_streamed_equals_resident_at_a_quarter_budget(files, outtype, reader):
     check_streams_like_resident(open_session, PROMPT, 24, f"nemotron_h {outtype} {reader}")
 
 
+def test_cache_slots_hold_no_gate(files):
+    """An expert slot holds up and down only (nothing is read or cached for the missing gate): each
+    region is the part's bytes rounded up to 4 KiB plus one 4 KiB block of alignment slack
+    (moe/expert_cache.cpp), the gate region that slack alone. q8_0: 34 bytes per 32 values."""
+    def region(n_bytes):
+        return -(-n_bytes // 4096) * 4096 + 4096
+
+    up = down = 64 * 128 // 32 * 34  # [64 x 128] either way
+    slot = _session(files["q8_0"], ram_budget="4GiB", reader="pread").expert_stats()["slot_bytes"]
+    assert slot == region(0) + region(up) + region(down)
+
+
 @pytest.mark.parametrize("predictor", ["prev_token", "next_gate"])
 def test_streamed_with_prefetch_equals_resident(files, predictor):
     """Prefetch across the non-MoE blocks: lookahead counts blocks, so lookahead 2 takes a gate

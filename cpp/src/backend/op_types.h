@@ -146,8 +146,8 @@ struct SsmInputs {
 // are resident, never part of the expert's streamed bytes) and its clamped SwiGLU (swiglu_limit > 0):
 //   y = down (glu(gate x + gate_b, up x + up_b)) + down_b
 // nemotron_h_moe's experts have no gate: y = down(relu(up x)^2) (relu_sqr). Their `gate` view is
-// the up matrix again (ModelLoader::moe with gated = false), so every expert path keeps its shape;
-// the gate dots it computes are discarded by the activation.
+// the up matrix again (the layout has no gate bytes: moe/expert_layout.h), so every expert path
+// keeps its shapes; the kernels skip the gate dots of a relu_sqr expert.
 struct ExpertFfnWeights {
     WeightView gate, up, down;
     const float* gate_b = nullptr;

@@ -215,7 +215,8 @@ void ModelLoader::moe(int il, const char* norm, bool gated) {
     L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
     // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
     L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
-    // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h).
+    // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h); without a
+    // gate, the up tensor stands in for the gate part's shape.
     const char* const names[kExpertParts] = {gated ? "ffn_gate_exps.weight" : "ffn_up_exps.weight",
                                              "ffn_up_exps.weight", "ffn_down_exps.weight"};
     const int64_t n_cols[kExpertParts] = {h.n_embd, h.n_embd, h.n_ff_exp};
@@ -230,6 +231,8 @@ void ModelLoader::moe(int il, const char* norm, bool gated) {
         p.view.n_rows = n_rows[part];
         x.parts[part] = std::move(p);
     }
+    // Ungated experts: the gate part names the up tensor but holds no bytes (moe/expert_layout.h).
+    if (!gated) x.parts[kExpertGate].bytes = 0;
 }
 
 void ModelLoader::dense_ffn(int il, const char* norm) {
