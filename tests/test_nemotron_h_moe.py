@@ -178,6 +178,19 @@ def test_fork_keeps_the_state_only_whole(files):
     np.testing.assert_array_equal(got, want)
 
 
+def test_truncate_outside_the_last_rewindable_step_is_refused(files):
+    """Prefix reuse follows the DeltaNet archs' rule: the state cannot go back to a position it
+    holds no copy of (a typed error; the sequence is left as it was)."""
+    s = _session(files["f32"], n_ctx=64)
+    s.decode(PROMPT[:8])
+    with pytest.raises(sharpi.UnsupportedError, match="cannot be rewound to position 4"):
+        s.truncate(4)
+    assert s.n_past == 8
+    np.testing.assert_array_equal(
+        np.asarray(s.decode(PROMPT[8:10])), np.asarray(_session(files["f32"], n_ctx=64).decode(PROMPT[:10]))
+    )
+
+
 def test_rewindable_step_rolls_back_exactly(files):
     """A speculative verify step (rewindable) of 5 tokens, cut back to 2 of them: the next logits
     are those of a session that only ever decoded the 2 accepted tokens, bit for bit."""
