@@ -209,9 +209,11 @@ DevicePlan plan_device_model(const Model& model, int64_t n_ctx, int64_t max_batc
         }
         if (!L.exp_probs_b.empty() || !L.ffn_gate_inp_b.empty() || !L.ffn_gate_exps_b.empty() ||
             !L.ffn_up_exps_b.empty() || !L.ffn_down_exps_b.empty() || L.expert_swiglu_limit != 0.0f ||
-            L.expert_relu_sqr) {
-            unsupported(arch,
-                        where + "router or expert biases and ungated (relu^2) experts are not on the device");
+            L.expert_relu_sqr || L.ffn_latent_down.present()) {
+            unsupported(
+                arch,
+                where +
+                    "router or expert biases, ungated (relu^2) experts and latent MoE are not on the device");
         }
         if (L.ffn_gate.present()) n_ff_dense = std::max(n_ff_dense, L.ffn_gate.w.n_rows);
         if (!model.experts.layers[static_cast<size_t>(il)].present() && !L.ffn_gate.present()) {

@@ -15,7 +15,9 @@ attention, MoE, Mamba-2, MoE) converted by llama.cpp's converter (tests/referenc
   - Q4_K_M by llama.cpp's own llama-quantize (from a 256-wide checkpoint): exact mode within 1e-4
     of the float64 reference on the dequantized weights, and streamed == resident bit for bit;
   - make-model's tiny nemotron_h_moe carries the converter's keys (and value types) and tensor names;
-  - refusals: latent MoE projections (Nemotron 3 Super), group-limited routing, incomplete files;
+  - Nemotron 3 Super's latent MoE (moe_latent_size): the converter's tensors, slots of the latent
+    width, streamed == resident (its logits vs transformers: test_model_vs_transformers.py);
+  - refusals: group-limited routing, latent tensors without their width, incomplete files;
   - the nemotron-3-nano-30b-a3b preset plans the published shapes (planned, not written).
 
 Skips (never fails) without torch/transformers or when the converter cannot be fetched; the
@@ -260,16 +262,49 @@ def test_streamed_equals_resident_at_a_quarter_budget(files, outtype, reader):
     check_streams_like_resident(open_session, PROMPT, 24, f"nemotron_h {outtype} {reader}")
 
 
+def _slot_region(n_bytes):
+    """A slot region of the expert cache: the part's bytes rounded up to 4 KiB plus one 4 KiB block
+    of alignment slack (moe/expert_cache.cpp)."""
+    return -(-n_bytes // 4096) * 4096 + 4096
+
+
 def test_cache_slots_hold_no_gate(files):
     """An expert slot holds up and down only (nothing is read or cached for the missing gate): each
     region is the part's bytes rounded up to 4 KiB plus one 4 KiB block of alignment slack
     (moe/expert_cache.cpp), the gate region that slack alone. q8_0: 34 bytes per 32 values."""
-    def region(n_bytes):
-        return -(-n_bytes // 4096) * 4096 + 4096
-
     up = down = 64 * 128 // 32 * 34  # [64 x 128] either way
     slot = _session(files["q8_0"], ram_budget="4GiB", reader="pread").expert_stats()["slot_bytes"]
-    assert slot == region(0) + region(up) + region(down)
+    assert slot == _slot_region(0) + _slot_region(up) + _slot_region(down)
+
+
+@pytest.fixture(scope="module")
+def latent_files(converter, model_dir):
+    return hf_export.prepare("nemotron_h_latent", model_dir, converter, outtypes=("f32", "q8_0")).gguf
+
+
+def test_latent_moe_file_and_its_slots(latent_files):
+    """Nemotron 3 Super's latent MoE (moe_latent_size 64 of hidden 128): the converter's tensors,
+    and expert slots sized by the latent width (up [64 -> 64], down [64 -> 64], no gate). The logits
+    against transformers are test_model_vs_transformers.py's (nemotron_h_latent)."""
+    md, tensors = _metadata(latent_files["f32"])
+    assert md[ARCH + ".moe_latent_size"] == 64
+    assert tuple(tensors["blk.1.ffn_latent_down.weight"].shape) == (128, 64)
+    assert tuple(tensors["blk.1.ffn_latent_up.weight"].shape) == (64, 128)
+    assert tuple(tensors["blk.1.ffn_up_exps.weight"].shape) == (64, 64, 16)
+    slot = _session(latent_files["q8_0"], ram_budget="4GiB", reader="pread").expert_stats()["slot_bytes"]
+    part = 64 * 64 // 32 * 34  # up and down: 64 x 64 in q8_0
+    assert slot == _slot_region(0) + 2 * _slot_region(part)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_latent_moe_streams_like_resident(latent_files, outtype):
+    path = str(latent_files[outtype])
+
+    def open_session(ram_budget):
+        budget = {} if ram_budget is None else {"ram_budget": ram_budget, "reader": "pread"}
+        return sharpi.Session(path, threads=THREADS, n_ctx=128, **budget)
+
+    check_streams_like_resident(open_session, PROMPT, 24, f"nemotron_h latent {outtype}")
 
 
 @pytest.mark.parametrize("predictor", ["prev_token", "next_gate"])
@@ -321,11 +356,11 @@ def test_tiny_preset_matches_the_reference(tiny):
     check_exact_file_against_reference(tiny, THREADS, 45, "nemotron_h_moe tiny (make-model q8_0) vs reference")
 
 
-def test_latent_moe_is_refused(tiny, tmp_path):
+def test_latent_tensors_without_their_width_are_refused(tiny, tmp_path):
     bad = str(tmp_path / "latent.gguf")
     latent = np.zeros((32, 256), dtype=np.float32)
     rewrite_gguf(tiny, bad, add_tensors={"blk.1.ffn_latent_down.weight": latent})
-    with pytest.raises(sharpi.UnsupportedError, match="latent"):
+    with pytest.raises(sharpi.FormatError, match="no moe_latent_size"):
         sharpi.Session(bad, threads=1, n_ctx=32)
 
 

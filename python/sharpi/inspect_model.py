@@ -245,6 +245,8 @@ def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
     out["leading_dense_layers"] = int(hparams.get("leading_dense_block_count", 0) or 0)
     ungated = not any(n.endswith(".ffn_gate_exps.weight") for n in by_name)
     out["expert_ffn"] = "down(relu(up x)^2), no gate" if ungated else "down(silu(gate x) * up x)"
+    if hparams.get("moe_latent_size"):  # Nemotron 3 Super: experts run in a down-projected space
+        out["expert_ffn"] += f", in a latent of {int(hparams['moe_latent_size'])} (ffn_latent_down / _up)"
     return out
 
 

@@ -44,6 +44,7 @@ MOE_MODELS = {
     "glm4moe_qknorm": "glm4moe",  # Glm4MoeForCausalLM with use_qk_norm (GLM-4.5)
     "minimax_m2": "minimax-m2",  # MiniMaxM2ForCausalLM
     "nemotron_h": "nemotron_h_moe",  # NemotronHForCausalLM with routed experts
+    "nemotron_h_latent": "nemotron_h_moe",  # the same with Nemotron 3 Super's latent MoE
 }
 # Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer,
 # _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
@@ -61,7 +62,7 @@ MOE_MODELS.update(HYBRID_MODELS)
 # rounding from position to position: quantized files are held to the reference on the same file,
 # not to transformers (nemotron_h's q8_0 file vs HF: 1.5e-1 at position 0 from the Mamba-2 dt and
 # decay, measured; f16 within 5e-3).
-RECURRENT_MODELS = set(HYBRID_MODELS) | {"nemotron_h"}
+RECURRENT_MODELS = set(HYBRID_MODELS) | {"nemotron_h", "nemotron_h_latent"}
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
     "llama": "llama",  # LlamaForCausalLM
@@ -356,6 +357,12 @@ def make_config(name: str, vocab_size: int):
                 "mrope_interleaved": True,
             },
         )
+    if name == "nemotron_h_latent":
+        # Nemotron 3 Super's latent MoE at a small size: the routed experts run in 64 of the 128
+        # hidden dimensions (fc1_latent_proj / fc2_latent_proj around them).
+        config = make_config("nemotron_h", vocab_size)
+        config.moe_latent_size = 64
+        return config
     if name in ("nemotron_h", "nemotron_h_256"):
         # Nemotron 3 Nano's structure at a small size: 6 blocks, each one mixer behind its own
         # RMSNorm (Mamba-2, MoE, NoPE GQA attention, MoE, Mamba-2, MoE); Mamba-2 with 4 heads of 32
@@ -498,6 +505,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "minimax_m2": transformers.MiniMaxM2ForCausalLM,
         "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
         "nemotron_h": transformers.NemotronHForCausalLM,
+        "nemotron_h_latent": transformers.NemotronHForCausalLM,
         "nemotron_h_256": transformers.NemotronHForCausalLM,
     }[name]
     torch.manual_seed(seed)

@@ -726,18 +726,24 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
     gate_exps = None if ungated else layer.w("ffn_gate_exps")  # [n_expert, n_ff_exp, n_embd]
     up_exps = layer.w("ffn_up_exps")  # [n_expert, n_ff_exp, n_embd]
     down_exps = layer.w("ffn_down_exps")  # [n_expert, n_embd, n_ff_exp]
-    out = np.zeros_like(x)
+    # nemotron_h_moe's latent MoE (Nemotron 3 Super): the experts run on latent_down x, their sum
+    # goes back through latent_up; the router and the shared expert read x.
+    latent = layer.has("ffn_latent_down")
+    x_exp = linear(x, layer.w("ffn_latent_down")) if latent else x
+    out = np.zeros((n_tokens, x_exp.shape[1]))
     for t in range(n_tokens):
         for slot in range(k):
             e = selected[t, slot]
             if ungated:
-                out[t] += weights[t, slot] * relu_sqr_ffn(x[t : t + 1], up_exps[e], down_exps[e])[0]
+                out[t] += weights[t, slot] * relu_sqr_ffn(x_exp[t : t + 1], up_exps[e], down_exps[e])[0]
             elif hp.weight_before_ffn:  # llama4: the weight scales the expert's input
                 out[t] += swiglu_ffn(weights[t, slot] * x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])[0]
             else:
                 expert_out = swiglu_ffn(x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])
                 out[t] += weights[t, slot] * expert_out[0]
     record("ffn_moe_out", out)
+    if latent:
+        out = linear(out, layer.w("ffn_latent_up"))
 
     if layer.has("ffn_gate_inp_shexp"):
         # Shared expert: always on, scaled per token by a sigmoid gate. The gate weight is [n_embd]

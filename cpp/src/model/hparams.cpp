@@ -202,6 +202,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         if (hp.n_ff_exp == 0) hp.n_ff_exp = tensor_dim(f, moe_blk + "ffn_gate_exps.weight", 1);
         if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff;  // Mixtral: feed_forward_length is the expert width
         hp.n_ff_shexp = get_or("expert_shared_feed_forward_length", 0, kMaxFfn);
+        hp.n_embd_latent = get_or("moe_latent_size", 0, kMaxEmbd);
         if (hp.n_ff_shexp == 0) hp.n_ff_shexp = tensor_dim(f, moe_blk + "ffn_gate_shexp.weight", 1);
     }
     read_ssm_hparams(f, a, hp);

@@ -25,6 +25,9 @@ struct HParams {
     int64_t n_ff = 0;      // dense FFN width (feed_forward_length), 0 if the model has none
     int64_t n_ff_exp = 0;
     int64_t n_ff_shexp = 0;
+    // Latent MoE (nemotron_h_moe's Nemotron 3 Super: moe_latent_size): the routed experts read and
+    // write vectors of this width, between ffn_latent_down / ffn_latent_up; 0: none (n_embd).
+    int64_t n_embd_latent = 0;
     int64_t n_expert = 0;
     int64_t n_expert_used = 0;
     int64_t n_ctx_train = 0;
@@ -78,6 +81,8 @@ struct HParams {
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }
     bool is_moe() const { return n_expert > 0; }
+    // Width of a routed expert's input and output.
+    int64_t n_embd_exp() const { return n_embd_latent > 0 ? n_embd_latent : n_embd; }
 };
 
 // Reads and validates the hyper-parameters of `spec`'s architecture. Throws MissingTensorError for a

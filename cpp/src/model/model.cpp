@@ -219,8 +219,8 @@ void ModelLoader::moe(int il, const char* norm, bool gated) {
     // gate, the up tensor stands in for the gate part's shape.
     const char* const names[kExpertParts] = {gated ? "ffn_gate_exps.weight" : "ffn_up_exps.weight",
                                              "ffn_up_exps.weight", "ffn_down_exps.weight"};
-    const int64_t n_cols[kExpertParts] = {h.n_embd, h.n_embd, h.n_ff_exp};
-    const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd};
+    const int64_t n_cols[kExpertParts] = {h.n_embd_exp(), h.n_embd_exp(), h.n_ff_exp};
+    const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd_exp()};
     const GgufTensor* tensors[kExpertParts];
     for (int part = 0; part < kExpertParts; ++part) tensors[part] = &require(blk(il, names[part]));
     ExpertLayerLayout& x = model_.experts.layers[static_cast<size_t>(il)];

@@ -70,6 +70,9 @@ struct LayerWeights {
     // nemotron_h_moe: the routed experts and the shared expert have no gate and compute
     // down(relu(up x)^2) (ExpertFfnWeights::relu_sqr; a shared expert without ffn_gate).
     bool expert_relu_sqr = false;
+    // Latent MoE (HParams::n_embd_latent): the routed experts run on ffn_latent_down x and their
+    // weighted sum goes back through ffn_latent_up; the router and shared expert see x itself.
+    Linear ffn_latent_down, ffn_latent_up;
     // llama4 (model/archs/llama4.cpp): whether the layer rotates q/k (false on its NoPE layers),
     // its attention chunk (AttentionShape::chunk; 0: global), the query temperature of its NoPE
     // layers (scale(p) = ln(floor((p + 1) / attn_temp_floor_scale) + 1) * attn_temp_scale + 1;

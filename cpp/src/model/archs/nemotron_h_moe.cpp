@@ -11,9 +11,11 @@
 // weights renormalised when expert_weights_norm and scaled by expert_weights_scale
 // (routed_scaling_factor).
 //
-// Refused (UnsupportedError) rather than approximated: the latent MoE projections of Nemotron 3
-// Super (ffn_latent_down / ffn_latent_up), group-limited routing (expert_group_count > 1, which
-// llama.cpp's graph ignores but transformers applies) and the MTP head's blocks are not run.
+// Latent MoE (Nemotron 3 Super, moe_latent_size): the routed experts run on ffn_latent_down x, their
+// weighted sum goes through ffn_latent_up; the router and the shared expert read x.
+//
+// Refused (UnsupportedError) rather than approximated: group-limited routing (expert_group_count
+// > 1, which llama.cpp's graph ignores but transformers applies). The MTP head's blocks are not run.
 #include "gguf/gguf_file.h"
 #include "model/arch.h"
 #include "model/forward.h"
@@ -39,10 +41,12 @@ static void load_nemotron_h_moe_layer(ModelLoader& ld, int il) {
         load_mamba2_layer(ld, il);
     } else if (h.is_ffn_only(il)) {
         if (!h.is_moe()) throw FormatError(where + "nemotron_h_moe needs expert_count > 0");
-        if (ld.model().file->find_tensor(ld.blk(il, "ffn_latent_down.weight"))) {
-            throw UnsupportedError(where + "layer " + std::to_string(il) +
-                                   " has latent MoE projections (ffn_latent_down/up, Nemotron 3 Super); "
-                                   "they are not supported yet");
+        if (h.n_embd_latent > 0) {
+            L.ffn_latent_down.w = ld.matrix(ld.blk(il, "ffn_latent_down.weight"), h.n_embd, h.n_embd_latent);
+            L.ffn_latent_up.w = ld.matrix(ld.blk(il, "ffn_latent_up.weight"), h.n_embd_latent, h.n_embd);
+        } else if (ld.model().file->find_tensor(ld.blk(il, "ffn_latent_down.weight"))) {
+            throw FormatError(where + "layer " + std::to_string(il) +
+                              " has latent MoE projections but no moe_latent_size");
         }
         ld.moe(il, "attn_norm.weight", /*gated=*/false);
         L.attn_norm = L.ffn_norm;
