@@ -350,8 +350,8 @@ void CudaBackend::gdn_gates(const Act&, const Act&, const float*, const float*, 
     refuse(OpCall{"gdn_gates", GgmlType::F32, ""});
 }
 
-void CudaBackend::conv1d_silu(float*, const float*, int64_t, int64_t, int64_t, int64_t, const float*, float*,
-                              int64_t) {
+void CudaBackend::conv1d_silu(float*, const float*, int64_t, int64_t, int64_t, int64_t, const float*,
+                              const float*, float*, int64_t) {
     refuse(OpCall{"conv1d_silu", GgmlType::F32, ""});
 }
 
@@ -362,6 +362,16 @@ void CudaBackend::l2_norm_heads(const Act&, int64_t, int64_t, int64_t, float) {
 void CudaBackend::gated_delta_rule(const GdnInputs&, int64_t, const GdnShape&, int64_t, float*, float*,
                                    int64_t) {
     refuse(OpCall{"gated_delta_rule", GgmlType::F32, ""});
+}
+
+// ---- Mamba-2 and the squared ReLU: no kernels yet (the table says so) -----------------------------
+
+void CudaBackend::ssm_scan(const SsmInputs&, int64_t, const SsmShape&, float*, float*, int64_t) {
+    refuse(OpCall{"ssm_scan", GgmlType::F32, ""});
+}
+
+void CudaBackend::relu_sqr(const float*, float*, int64_t) {
+    refuse(OpCall{"relu_sqr", GgmlType::F32, ""});
 }
 
 // ---- MoE ----------------------------------------------------------------------------------------

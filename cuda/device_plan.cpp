@@ -100,6 +100,8 @@ std::vector<HostWeight> device_weights(const Model& model) {
         add_vector(out, ModelLoader::block_name(il, "ssm_conv1d.weight"), L.ssm_conv1d);
         add_vector(out, ModelLoader::block_name(il, "ssm_a"), L.ssm_a);
         add_vector(out, ModelLoader::block_name(il, "ssm_dt.bias"), L.ssm_dt_bias);
+        add_vector(out, ModelLoader::block_name(il, "ssm_conv1d.bias"), L.ssm_conv1d_b);
+        add_vector(out, ModelLoader::block_name(il, "ssm_d"), L.ssm_d);
         add_vector(out, ModelLoader::block_name(il, "ssm_norm.weight"), L.ssm_norm);
         add_vector(out, ModelLoader::block_name(il, "attn_sinks.weight"), L.attn_sinks);
         add_vector(out, ModelLoader::block_name(il, "ffn_gate_inp.bias"), L.ffn_gate_inp_b);
@@ -225,8 +227,12 @@ DevicePlan plan_device_model(const Model& model, int64_t n_ctx, int64_t max_batc
                                   "factors and router-weighted expert inputs are not on the device");
         }
         if (!L.exp_probs_b.empty() || !L.ffn_gate_inp_b.empty() || !L.ffn_gate_exps_b.empty() ||
-            !L.ffn_up_exps_b.empty() || !L.ffn_down_exps_b.empty() || L.expert_swiglu_limit != 0.0f) {
-            unsupported(arch, where + "router or expert biases are not on the device");
+            !L.ffn_up_exps_b.empty() || !L.ffn_down_exps_b.empty() || L.expert_swiglu_limit != 0.0f ||
+            L.expert_relu_sqr || L.ffn_latent_down.present()) {
+            unsupported(
+                arch,
+                where +
+                    "router or expert biases, ungated (relu^2) experts and latent MoE are not on the device");
         }
         if (L.ffn_gate.present()) n_ff_dense = std::max(n_ff_dense, L.ffn_gate.w.n_rows);
         if (!model.experts.layers[static_cast<size_t>(il)].present() && !L.ffn_gate.present()) {

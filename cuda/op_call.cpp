@@ -66,6 +66,7 @@ std::vector<OpCall> expert_calls(const char* op, const ExpertFfnWeights* experts
         if (e.gate_b || e.up_b || e.down_b) v.push_back("bias");
         if (e.swiglu_limit > 0.0f) v.push_back("clamped_swiglu");
         if (e.swiglu_clamp > 0.0f) v.push_back("clamped_swiglu_v4");
+        if (e.relu_sqr) v.push_back("relu_sqr");
         if (exact) v.push_back("exact");
         const std::string variant = join(v);
         for (GgmlType t : {e.gate.type, e.up.type, e.down.type}) {

@@ -51,6 +51,8 @@ const Missing kMissing[] = {
     {"conv1d_silu", "the Gated DeltaNet's causal conv1d"},
     {"l2_norm_heads", "the Gated DeltaNet's q/k normalisation"},
     {"gated_delta_rule", "the Gated DeltaNet's delta rule"},
+    {"ssm_scan", "Mamba-2's selective scan"},
+    {"relu_sqr", "the squared ReLU"},
     {"mul_sigmoid", "gated attention's output gate (qwen3next, qwen35moe)"},
     {"mul_silu", "the Gated DeltaNet's gated RMSNorm"},
     {"scale_rows", "llama4's router-weighted expert input and attention temperature"},
@@ -114,7 +116,7 @@ std::string unsupported_op(const OpCall& call) {
             return no(
                 "the device router is softmax top-k (no sigmoid gating, groups, scale or selection bias)");
         } else if (call.op.rfind("expert_ffn", 0) == 0) {
-            return no("expert biases and the clamped SwiGLU are not on the device");
+            return no("expert biases, the clamped SwiGLU and ungated relu^2 experts are not on the device");
         }
         return no("variant '" + tag + "' is not on the device");
     }

@@ -46,6 +46,11 @@ EXPECTED_BLOCKERS = {
     "deepseek4": {"route_topk", "expert_ffn_batch", "expert_ffn_one_token"},
     # MLA, plus DSA's indexer (its key LayerNorm and top-k), sigmoid routing with a selection bias.
     "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm", "route_topk"},
+    # Mamba-2 (conv with its state, the scan, the gated norm), relu^2 experts and shared expert, and
+    # sigmoid routing with a selection bias and a weight scale.
+    "nemotron_h_moe": {
+        "conv1d_silu", "ssm_scan", "mul_silu", "relu_sqr", "route_topk", "expert_ffn_batch", "expert_ffn_one_token",
+    },
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).

@@ -20,11 +20,11 @@ from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe",
          "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek4",
-         "deepseek32"]
+         "deepseek32", "nemotron_h_moe"]
 # deepseek4 keeps its sliding-window and compressor state in an f32 KV row and refuses other types.
 F32_KV_ONLY = {"deepseek4"}
 KV_TYPES = ["f32", "f16", "q8_0", "q4_0"]
-HYBRID = {"qwen3next", "qwen35moe"}
+HYBRID = {"qwen3next", "qwen35moe", "nemotron_h_moe"}  # recurrent state: forks only whole
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def test_unknown_architecture(tiny, tmp_path):
     # The list names every supported architecture (the make-model ones and qwen3next's hybrid kin).
     for arch in ("llama", "qwen2moe", "qwen3moe", "olmoe", "qwen2", "qwen3", "deepseek2", "qwen3next",
                  "qwen35moe", "gpt-oss", "glm4moe", "llama4", "minimax-m2", "deepseek4",
-                 "deepseek32"):  # fmt: skip
+                 "deepseek32", "nemotron_h_moe"):  # fmt: skip
         assert f"{arch}" in str(error.value).split("supported:")[1], arch
 
 

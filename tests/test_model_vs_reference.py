@@ -29,7 +29,10 @@ if not hasattr(sharpi, "Session"):
 make_model = pytest.importorskip("sharpi.make_model", reason="sharpi.make_model not available in this build")
 
 # llama = Mixtral-style MoE; deepseek2 = MLA, a leading dense layer, shared experts, scaled weights.
-MOE_ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe", "minimax-m2", "deepseek32"]
+MOE_ARCHS = [
+    "llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe", "minimax-m2",
+    "deepseek32", "nemotron_h_moe",
+]  # fmt: skip
 # The dense architectures sharpi also runs (llama with n_expert = 0), on fewer weight types.
 DENSE_CASES = {"llama-dense": ("llama", {"n_expert": 0}), "qwen2": ("qwen2", {}), "qwen3": ("qwen3", {})}
 DENSE_QUANTS = ["f32", "q4_k_m"]

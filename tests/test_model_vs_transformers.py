@@ -86,7 +86,7 @@ def test_sharpi_on_converter_quantized_files(name, outtype, converter, model_dir
         open_session, prompt, lambda tokens: forward(ref, tokens), N_GREEDY, SAME_FILE_BUDGET, what, k
     )
 
-    if name in hf_export.HYBRID_MODELS:
+    if name in hf_export.RECURRENT_MODELS:
         return  # no HF budget for them: see test_reference_on_converter_quantized_files
     # And against HF, with the quantization budget; a top-k flip is accepted only where the router
     # margin is within what quantization moves router logits by (hf_export).

@@ -24,7 +24,7 @@ from sharpi.cache_eval import write_prior
 from sharpi.make_model import write_model
 
 ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "llama4", "minimax-m2", "deepseek4",
-         "deepseek32"]
+         "deepseek32", "nemotron_h_moe"]
 READERS = ["pread", "uring"]
 
 
@@ -61,7 +61,7 @@ def plan(path: str, n_ctx: int = 128):
     # The layers with routed experts (deepseek2's leading layers and llama4's interleaved ones are dense).
     # The nextn (MTP) blocks after the trunk are never streamed: blocks >= n_layer do not count.
     n_moe_layer = len({t["name"].split(".")[1] for t in _core.GgufFile(path).tensors()
-                       if t["name"].endswith(".ffn_gate_exps.weight")
+                       if t["name"].endswith(".ffn_down_exps.weight")  # every arch has it (nemotron: no gate)
                        and int(t["name"].split(".")[1]) < info["n_layer"]})  # fmt: skip
     return st["fixed_bytes"], st["slot_bytes"], n_moe_layer * info["n_expert"], info["n_expert_used"]
 

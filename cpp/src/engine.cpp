@@ -241,8 +241,7 @@ int32_t Engine::fork_sequence(int32_t src, int64_t n_keep) {
     if (device_) throw UnsupportedError("fork_sequence: batched sequences are not on the device path yet");
     Sequence& s = sequences_->add();
     std::vector<bool> written(static_cast<size_t>(model_->hp.n_layer));
-    for (int il = 0; il < model_->hp.n_layer; ++il)
-        written[static_cast<size_t>(il)] = !model_->hp.is_recurrent(il);
+    for (int il = 0; il < model_->hp.n_layer; ++il) written[static_cast<size_t>(il)] = model_->hp.has_kv(il);
     s.kv->copy_prefix(*from.kv, n_keep, written);
     if (mtp_ && n_keep > 0) {
         // The MTP pairs of the kept positions (rows 0 .. n_keep - 2) and their hidden rows.

@@ -118,6 +118,12 @@ def inspect_summary(path) -> dict:
     if recurrent is not None:
         flags = list(recurrent.tolist() if hasattr(recurrent, "tolist") else recurrent)[: len(recurrent) - n_nextn]
         layer_kinds = "".join("R" if x else "A" for x in flags)
+    kv_per_layer, ff_per_layer = hparams.get("attention.head_count_kv"), hparams.get("feed_forward_length")
+    if arch == "nemotron_h_moe" and not isinstance(kv_per_layer, int) and not isinstance(ff_per_layer, int):
+        # One mixer per block, in the HF config's hybrid_override_pattern letters.
+        kv, ff = list(kv_per_layer), list(ff_per_layer)
+        n_trunk = len(kv) - n_nextn
+        layer_kinds = "".join("*" if kv[i] else "E" if ff[i] else "M" for i in range(n_trunk))
 
     tok = OrderedDict()
     if "tokenizer.ggml.model" in md:
@@ -206,12 +212,16 @@ def _attention_summary(hparams: dict, has_sinks: bool = False) -> OrderedDict:
             out["expanded_kv_floats_per_token_layer"] = n_head * (k_mla + v_mla)
     elif n_head:
         n_head_kv = hparams.get("attention.head_count_kv", n_head)
+        if isinstance(n_head_kv, (list, tuple)) or hasattr(n_head_kv, "tolist"):
+            # nemotron_h_moe: one entry per block, 0 on the blocks without attention.
+            n_head_kv = max(list(n_head_kv.tolist() if hasattr(n_head_kv, "tolist") else n_head_kv)) or n_head
+            out["rope"] = "none (NoPE)"
         head_dim = hparams.get("attention.key_length") or hparams["embedding_length"] // n_head
         out["kind"] = "mha" if n_head_kv == n_head else "gqa"
         out["head_dim"] = head_dim
         out["kv_cache_floats_per_token_layer"] = 2 * n_head_kv * head_dim
         n_rot = hparams.get("rope.dimension_count")
-        if n_rot and n_rot < head_dim:  # partial RoPE (glm4moe, minimax-m2: half of each head)
+        if n_rot and n_rot < head_dim and "rope" not in out:  # partial RoPE (glm4moe, minimax-m2: half of each head)
             out["rope_dims"] = n_rot
     if "rope.scaling.type" in hparams:
         out["rope_scaling"] = hparams["rope.scaling.type"]
@@ -230,7 +240,8 @@ def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
     dense layers. Empty for a dense file."""
     if not hparams.get("expert_count"):
         return OrderedDict()
-    gating = int(hparams.get("expert_gating_func", 2 if arch in ("glm4moe", "minimax-m2") else 1) or 1)
+    sigmoid_default = ("glm4moe", "minimax-m2", "nemotron_h_moe")  # llama.cpp's per-arch default
+    gating = int(hparams.get("expert_gating_func", 2 if arch in sigmoid_default else 1) or 1)
     out = OrderedDict(gating={2: "sigmoid", 4: "sqrt(softplus)"}.get(gating, "softmax"))
     out["selection_bias"] = any(n.endswith(".exp_probs_b.bias") for n in by_name)
     if "expert_weights_norm" in hparams or arch == "minimax-m2":
@@ -244,6 +255,10 @@ def _routing_summary(arch: str, hparams: dict, by_name: dict) -> OrderedDict:
     out["shared_experts"] = int(shared or 0)
     out["shared_gate"] = any(n.endswith(".ffn_gate_inp_shexp.weight") for n in by_name)
     out["leading_dense_layers"] = int(hparams.get("leading_dense_block_count", 0) or 0)
+    ungated = not any(n.endswith(".ffn_gate_exps.weight") for n in by_name)
+    out["expert_ffn"] = "down(relu(up x)^2), no gate" if ungated else "down(silu(gate x) * up x)"
+    if hparams.get("moe_latent_size"):  # Nemotron 3 Super: experts run in a down-projected space
+        out["expert_ffn"] += f", in a latent of {int(hparams['moe_latent_size'])} (ffn_latent_down / _up)"
     return out
 
 
@@ -377,6 +392,8 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             w(f"  partial RoPE: the first {a['rope_dims']} of {a['head_dim']} dimensions of each head")
         if a.get("qk_norm"):
             w(f"  q/k RMSNorm: {a['qk_norm']}")
+        if a.get("rope"):
+            w(f"  RoPE: {a['rope']}")
     r = s.get("routing")
     if r:
         w(
@@ -387,6 +404,7 @@ def inspect_report(path, list_tensors: bool = True) -> str:
             + f", {r['shared_experts']} shared expert(s){' (gated)' if r['shared_gate'] else ''}"
             + f", {r['leading_dense_layers']} leading dense layer(s)"
         )
+        w(f"  expert FFN: {r['expert_ffn']}")
     if a.get("sliding_window"):
         w(f"  sliding window {a['sliding_window']} on layers {a['sliding_layers']}")
     if a.get("sinks"):
@@ -436,7 +454,9 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         f"routed experts: {_fmt_bytes(s['routed_expert_bytes'])} ({100 * s['routed_expert_bytes'] / total:.1f} %), "
         f"dense (attention, embeddings, norms, routers, shared experts): {_fmt_bytes(s['dense_bytes'])}"
     )
-    if s["layer_kinds"]:
+    if s["layer_kinds"] and s["arch"] == "nemotron_h_moe":
+        w(f"blocks (M = Mamba-2, E = MoE, * = attention without RoPE): {s['layer_kinds']}")
+    elif s["layer_kinds"]:
         w(f"layers (R = Gated DeltaNet, A = gated attention): {s['layer_kinds']}")
     if s["nextn"]:
         n = s["nextn"]

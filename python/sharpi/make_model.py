@@ -96,10 +96,16 @@ def _write_metadata(
     # feed_forward_length is the HF "intermediate_size": the expert width for Mixtral and OLMoE, the
     # dense width (unused by the MoE layers) for the Qwen MoE models.
     dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "glm4moe", "llama4") + MLA_ARCHES or not hp.is_moe
-    if hp.arch != "deepseek4":  # V4's config has no intermediate_size
-        w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
-    w.add_head_count(hp.n_head)
-    w.add_head_count_kv(hp.n_head_kv)
+    if hp.arch == "nemotron_h_moe":
+        # Per block: the expert width on MoE blocks, the KV heads on attention blocks, 0 elsewhere.
+        w.add_feed_forward_length([hp.n_ff_exp if c == "E" else 0 for c in hp.layer_pattern])
+        w.add_head_count(hp.n_head)
+        w.add_head_count_kv([hp.n_head_kv if c == "*" else 0 for c in hp.layer_pattern])
+    else:
+        if hp.arch != "deepseek4":  # V4's config has no intermediate_size
+            w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
+        w.add_head_count(hp.n_head)
+        w.add_head_count_kv(hp.n_head_kv)
     if hp.arch in MLA_ARCHES:
         _write_deepseek2_metadata(w, hp)
     if hp.arch == "gpt-oss":
@@ -111,8 +117,11 @@ def _write_metadata(
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(hp.yarn_factor)
         w.add_rope_scaling_orig_ctx_len(hp.yarn_n_ctx_orig)
-    w.add_rope_freq_base(hp.rope_freq_base)
-    w.add_layer_norm_rms_eps(hp.rms_eps)
+    if hp.arch == "nemotron_h_moe":
+        w.add_layer_norm_eps(hp.rms_eps)  # the converter's only epsilon key for it
+    else:
+        w.add_rope_freq_base(hp.rope_freq_base)
+        w.add_layer_norm_rms_eps(hp.rms_eps)
     if hp.is_moe:
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
@@ -130,6 +139,8 @@ def _write_metadata(
         _write_hybrid_metadata(w, hp)
     if hp.arch == "glm4moe":
         _write_glm4moe_metadata(w, hp)
+    if hp.arch == "nemotron_h_moe":
+        _write_nemotron_h_moe_metadata(w, hp)
     if hp.arch == "minimax-m2":
         # MiniMaxM2Model.set_gguf_parameters: the expert width and rotary_dim; the common keys before
         # include expert_gating_func from the config's scoring_func ("sigmoid" in MiniMax-M2's).
@@ -193,6 +204,33 @@ def _write_deepseek4_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
     w.add_float32(f"{a}.hyper_connection.epsilon", hp.hc_eps)
     w.add_uint32(f"{a}.hash_layer_count", hp.n_hash_layers)
     w.add_uint32(f"{a}.embedding_length_out", hp.n_embd * hp.hc_mult)
+
+
+def _write_nemotron_h_moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
+    """The keys NemotronHModel (over Mamba2Model) writes after the common ones: expert groups, the
+    vocabulary size, the Mamba-2 shape, head widths and the MoE layout (no expert_gating_func: llama.cpp
+    hard-codes sigmoid for nemotron_h_moe)."""
+    a = hp.arch
+    w.add_expert_group_count(1)
+    w.add_expert_group_used_count(1)
+    w.add_vocab_size(hp.n_vocab)
+    w.add_rope_dimension_count(hp.n_embd // hp.n_head)  # the converter writes it; nothing rotates
+    for key, value in (
+        ("ssm.conv_kernel", hp.ssm_d_conv),
+        ("ssm.state_size", hp.ssm_d_state),
+        ("ssm.group_count", hp.ssm_n_group),
+        ("ssm.inner_size", hp.ssm_d_inner),
+        ("ssm.time_step_rank", hp.ssm_dt_rank),
+    ):
+        w.add_uint32(f"{a}.{key}", value)
+    w.add_bool(f"{a}.rope.scaling.finetuned", False)
+    w.add_key_length(hp.head_dim)
+    w.add_value_length(hp.head_dim)
+    w.add_expert_feed_forward_length(hp.n_ff_exp)
+    w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
+    w.add_expert_shared_count(1)
+    w.add_expert_weights_norm(True)
+    w.add_expert_weights_scale(hp.expert_weights_scale)
 
 
 def _write_glm4moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
@@ -515,14 +553,14 @@ def _parse_overrides(items: list[str]) -> dict:
         kind = types[key]
         if kind == "tuple":  # deepseek4's compress_ratios: comma-separated integers
             out[key] = tuple(int(v) for v in value.split(",") if v.strip())
-            continue
-        out[key] = (
-            float(value)
-            if kind == "float"
-            else value.lower() in ("1", "true", "yes")
-            if kind == "bool"
-            else int(value)
-        )
+        elif kind == "str":
+            out[key] = value
+        elif kind == "float":
+            out[key] = float(value)
+        elif kind == "bool":
+            out[key] = value.lower() in ("1", "true", "yes")
+        else:
+            out[key] = int(value)
     return out
 
 

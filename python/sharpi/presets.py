@@ -21,9 +21,11 @@ from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
 MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe",
-              "llama4", "minimax-m2", "deepseek4", "deepseek32")  # always MoE
+              "llama4", "minimax-m2", "deepseek4", "deepseek32",
+              "nemotron_h_moe")  # always MoE
 # Multi-head latent attention: deepseek2, and deepseek32 (deepseek2 plus DeepSeek Sparse Attention).
-MLA_ARCHES = ("deepseek2", "deepseek32")
+MLA_ARCHES = ("deepseek2", "deepseek32",
+              "nemotron_h_moe")
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -105,6 +107,10 @@ class HParams:
     o_lora_rank: int = 0
     n_hash_layers: int = 0
     swiglu_clamp: float = 0.0
+    # nemotron_h_moe: one character per block, as the HF config's hybrid_override_pattern: "M"
+    # Mamba-2 (ssm_* fields: ssm_n_group groups, ssm_dt_rank heads of ssm_d_inner / ssm_dt_rank,
+    # ssm_d_state state), "E" MoE (relu^2 experts and shared expert), "*" attention (GQA, no RoPE).
+    layer_pattern: str = ""
 
     @property
     def is_moe(self) -> bool:
@@ -541,6 +547,47 @@ PRESETS["qwen3.5-35b-a3b"] = {
     "n_rot": 64,  # partial_rotary_factor 0.25
     "n_layer_nextn": 1,  # mtp_num_hidden_layers
 }
+# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 (config.json): 52 blocks, 23 Mamba-2, 23 MoE, 6 GQA
+# attention without RoPE; 128 relu^2 experts top-6 of width 1856 plus one shared expert of 3712,
+# sigmoid routing with the selection bias, top-k renormalised and scaled by 2.5; Mamba-2 with 64
+# heads of 64 in 8 groups, state 128, conv kernel 4; vocabulary 131072.
+PRESETS["nemotron-3-nano-30b-a3b"] = {
+    "arch": "nemotron_h_moe",
+    "n_vocab": 131072,
+    "n_ctx_train": 262144,
+    "n_embd": 2688,
+    "n_layer": 52,
+    "n_head": 32,
+    "n_head_kv": 2,
+    "head_dim": 128,
+    "n_ff": 0,
+    "n_expert": 128,
+    "n_expert_used": 6,
+    "n_ff_exp": 1856,
+    "n_ff_shexp": 3712,
+    "rope_freq_base": 10000.0,
+    "rms_eps": 1e-5,
+    "expert_weights_scale": 2.5,
+    "ssm_d_conv": 4,
+    "ssm_d_state": 128,
+    "ssm_n_group": 8,
+    "ssm_dt_rank": 64,
+    "ssm_d_inner": 4096,
+    "layer_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+}
+# "tiny" as nemotron_h_moe: 6 blocks covering each kind twice (Mamba-2, MoE, attention), Mamba-2
+# with 8 heads of 32 in 2 groups (every row a multiple of 256 wide, for the K types).
+TINY_NEMOTRON_H_MOE = {
+    "n_layer": 6,
+    "n_ff": 0,
+    "expert_weights_scale": 2.5,
+    "ssm_d_conv": 4,
+    "ssm_d_state": 64,
+    "ssm_n_group": 2,
+    "ssm_dt_rank": 8,
+    "ssm_d_inner": 256,
+    "layer_pattern": "ME*MEE",
+}
 # The tiny preset's DeltaNet shape on a hybrid arch.
 _TINY_HYBRID = {
     "ssm_d_conv": 4, "ssm_d_state": 64, "ssm_n_group": 2, "ssm_dt_rank": 4, "ssm_d_inner": 256,
@@ -579,7 +626,7 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
     if preset == "tiny":
         if arch in DENSE_ARCHES:
             p["n_expert"] = p["n_expert_used"] = 0
-        if arch not in ("qwen2moe", "glm4moe") + HYBRID_ARCHES:
+        if arch not in ("qwen2moe", "glm4moe", "nemotron_h_moe") + HYBRID_ARCHES:
             p["n_ff_shexp"] = 0
         if arch == "deepseek4":
             p.update(TINY_DEEPSEEK4)
@@ -595,6 +642,8 @@ def resolve(arch: str | None = None, preset: str = "tiny", **overrides) -> HPara
             p.update(TINY_LLAMA4)
         if arch == "minimax-m2":
             p.update(TINY_MINIMAX_M2)
+        if arch == "nemotron_h_moe":
+            p.update(TINY_NEMOTRON_H_MOE)
         if arch in HYBRID_ARCHES:
             p.update(_TINY_HYBRID)
         if arch == "olmoe":
@@ -651,12 +700,14 @@ def validate(hp: HParams) -> None:
         bad("n_ff_exp must be positive in a MoE model")
     if not hp.is_moe and hp.n_ff <= 0:
         bad("n_ff must be positive in a dense model")
-    shexp_required = ("qwen2moe",) + HYBRID_ARCHES
+    shexp_required = ("qwen2moe", "nemotron_h_moe") + HYBRID_ARCHES
     if hp.arch in shexp_required and hp.n_ff_shexp <= 0:
         bad(f"{hp.arch} needs a shared expert: n_ff_shexp must be positive")
     if hp.arch not in shexp_required + MLA_ARCHES + ("glm4moe", "llama4", "deepseek4") and hp.n_ff_shexp:
-        bad("only qwen2moe, deepseek2, deepseek32, glm4moe, qwen3next, qwen35moe, llama4 and deepseek4 have shared "
-            "experts; set n_ff_shexp = 0")
+        bad(
+            "only qwen2moe, deepseek2, deepseek32, glm4moe, qwen3next, qwen35moe, llama4, deepseek4 and "
+            "nemotron_h_moe have shared experts; set n_ff_shexp = 0"
+        )
     if hp.arch == "deepseek4":
         _validate_deepseek4(hp, bad)
     if hp.arch == "llama4":
@@ -704,6 +755,16 @@ def validate(hp: HParams) -> None:
                 bad(f"{name} = {getattr(hp, name)} must be positive")
         if hp.ssm_dt_rank % hp.ssm_n_group or hp.ssm_d_inner % hp.ssm_dt_rank:
             bad("ssm_dt_rank must be a multiple of ssm_n_group and ssm_d_inner of ssm_dt_rank")
+    if hp.arch == "nemotron_h_moe":
+        for name in ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_inner"):
+            if int(getattr(hp, name)) <= 0:
+                bad(f"{name} = {getattr(hp, name)} must be positive")
+        if hp.ssm_dt_rank % hp.ssm_n_group or hp.ssm_d_inner % hp.ssm_dt_rank:
+            bad("ssm_dt_rank (Mamba-2 heads) must be a multiple of ssm_n_group and ssm_d_inner of ssm_dt_rank")
+        if len(hp.layer_pattern) != hp.n_layer or set(hp.layer_pattern) - set("ME*"):
+            bad(f"layer_pattern {hp.layer_pattern!r} must hold one of M, E, * per block ({hp.n_layer})")
+    elif hp.layer_pattern:
+        bad("layer_pattern is a nemotron_h_moe field")
     if hp.n_rot and (hp.n_rot % 2 or hp.n_rot > hp.head_dim):
         bad(f"n_rot = {hp.n_rot} must be even and <= head_dim = {hp.head_dim}")
     # The converter writes attention.key_length only where the HF config has head_dim (qwen3, qwen3moe,

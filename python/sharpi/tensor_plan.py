@@ -244,6 +244,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch == "deepseek4":
             specs += _deepseek4_layer(hp, il)
             continue
+        if hp.arch == "nemotron_h_moe":
+            specs += _nemotron_h_moe_layer(hp, il)
+            continue
         t = [TensorSpec(b + "attn_norm.weight", (E,), il, "norm")]
         t += [
             TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
@@ -629,6 +632,47 @@ def _hybrid_layer(hp: HParams, il: int, shexp_gate_ne: tuple, attention: bool = 
         TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
     ]
     return t
+
+def _nemotron_h_moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
+    """One nemotron_h_moe block as the converter writes it (NemotronHModel): the block's norm, then
+    its one mixer: Mamba-2 ("M"), ungated relu^2 experts with the selection bias and a shared expert
+    ("E"), or plain GQA attention ("*")."""
+    E, Q, KV, b = hp.n_embd, hp.q_width, hp.kv_width, f"blk.{il}."
+    kind = hp.layer_pattern[il]
+    t = []
+    if kind == "M":
+        H, V, G = hp.ssm_dt_rank, hp.ssm_d_inner, hp.ssm_n_group
+        C = V + 2 * G * hp.ssm_d_state
+        t += [
+            TensorSpec(b + "ssm_a", (1, H), il, "ssm_a"),
+            TensorSpec(b + "ssm_d", (1, H), il, "norm"),
+            TensorSpec(b + "ssm_conv1d.bias", (C,), il, "bias"),
+            TensorSpec(b + "ssm_conv1d.weight", (hp.ssm_d_conv, C), il, "linear"),
+            TensorSpec(b + "ssm_dt.bias", (H,), il, "bias"),
+            TensorSpec(b + "ssm_in.weight", (E, V + C + H), il, "linear"),
+            TensorSpec(b + "ssm_norm.weight", (V // G, G), il, "norm"),
+            TensorSpec(b + "ssm_out.weight", (V, E), il, "out_linear"),
+        ]
+    elif kind == "E":
+        F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
+        t += [
+            TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
+            TensorSpec(b + "ffn_up_exps.weight", (E, F, X), il, "linear"),
+            TensorSpec(b + "exp_probs_b.bias", (X,), il, "bias"),
+            TensorSpec(b + "ffn_gate_inp.weight", (E, X), il, "router"),
+            TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
+            TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
+        ]
+    else:
+        t += [
+            TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+            TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+            TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
+            TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+        ]
+    t.append(TensorSpec(b + "attn_norm.weight", (E,), il, "norm"))
+    return t
+
 
 def quant_recipe(quant: str) -> QuantRecipe:
     if quant not in QUANTS:

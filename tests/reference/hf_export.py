@@ -43,6 +43,8 @@ MOE_MODELS = {
     "glm4moe": "glm4moe",  # Glm4MoeForCausalLM (GLM-4.5-Air: no q/k norm)
     "glm4moe_qknorm": "glm4moe",  # Glm4MoeForCausalLM with use_qk_norm (GLM-4.5)
     "minimax_m2": "minimax-m2",  # MiniMaxM2ForCausalLM
+    "nemotron_h": "nemotron_h_moe",  # NemotronHForCausalLM with routed experts
+    "nemotron_h_latent": "nemotron_h_moe",  # the same with Nemotron 3 Super's latent MoE
 }
 # Models whose checkpoint gets one multi-token-prediction block added (_add_mtp_layer,
 # _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
@@ -56,6 +58,11 @@ HYBRID_MODELS = {
     "qwen35moe": "qwen35moe",  # Qwen3_5MoeForCausalLM
 }
 MOE_MODELS.update(HYBRID_MODELS)
+# Every model with a recurrent token mixer (Gated DeltaNet or Mamba-2), whose recurrence carries weight
+# rounding from position to position: quantized files are held to the reference on the same file,
+# not to transformers (nemotron_h's q8_0 file vs HF: 1.5e-1 at position 0 from the Mamba-2 dt and
+# decay, measured; f16 within 5e-3).
+RECURRENT_MODELS = set(HYBRID_MODELS) | {"nemotron_h", "nemotron_h_latent"}
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
     "llama": "llama",  # LlamaForCausalLM
@@ -79,6 +86,7 @@ QUANTIZER_MODELS = {
     "glm4moe_256": "glm4moe",
     "minimax_m2_256": "minimax-m2",
     "deepseek_v32_256": "deepseek32",
+    "nemotron_h_256": "nemotron_h_moe",
 }
 ALL_ARCHS = {**HF_ARCHS, **ENGINE_ONLY_MODELS, **QUANTIZER_MODELS}
 
@@ -384,6 +392,48 @@ def make_config(name: str, vocab_size: int):
                 "mrope_interleaved": True,
             },
         )
+    if name == "nemotron_h_latent":
+        # Nemotron 3 Super's latent MoE at a small size: the routed experts run in 64 of the 128
+        # hidden dimensions (fc1_latent_proj / fc2_latent_proj around them).
+        config = make_config("nemotron_h", vocab_size)
+        config.moe_latent_size = 64
+        return config
+    if name in ("nemotron_h", "nemotron_h_256"):
+        # Nemotron 3 Nano's structure at a small size: 6 blocks, each one mixer behind its own
+        # RMSNorm (Mamba-2, MoE, NoPE GQA attention, MoE, Mamba-2, MoE); Mamba-2 with 4 heads of 32
+        # in 2 groups (group size 64 for the gated norm), state 16, conv kernel 4; 16 relu^2
+        # experts top-4 (no gate projection) with one relu^2 shared expert, sigmoid routing with
+        # the selection bias, top-k renormalised and scaled by 2.5. nemotron_h_256: 256 wide
+        # wherever a row is, for llama-quantize's K types.
+        wide = name == "nemotron_h_256"
+        return transformers.NemotronHConfig(
+            vocab_size=vocab_size,
+            hidden_size=256 if wide else 128,
+            layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64 if wide else 48,
+            max_position_embeddings=512,
+            layer_norm_epsilon=1e-5,
+            mamba_num_heads=8 if wide else 4,
+            mamba_head_dim=32,
+            ssm_state_size=16,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=8,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=256 if wide else 64,
+            moe_shared_expert_intermediate_size=256 if wide else 96,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            n_group=1,
+            topk_group=1,
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=0,
+            pad_token_id=None,
+        )
     if name == "llama":
         return transformers.LlamaConfig(
             **common,
@@ -491,6 +541,9 @@ def build_model(name: str, vocab_size: int, seed: int):
         "llama4": transformers.Llama4ForCausalLM,
         "minimax_m2": transformers.MiniMaxM2ForCausalLM,
         "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
+        "nemotron_h": transformers.NemotronHForCausalLM,
+        "nemotron_h_latent": transformers.NemotronHForCausalLM,
+        "nemotron_h_256": transformers.NemotronHForCausalLM,
     }[name]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()

@@ -64,10 +64,10 @@ from gguf.quants import dequantize
 
 SUPPORTED_ARCHS = (
     "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "glm4moe",
-    "llama4", "minimax-m2", "deepseek32",
+    "llama4", "minimax-m2", "deepseek32", "nemotron_h_moe",
 )  # fmt: skip
 # Architectures whose router may use sigmoid scores, a selection bias, expert groups and a weight scale.
-DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "deepseek32", "glm4moe", "minimax-m2")
+DEEPSEEK_ROUTER_ARCHS = ("deepseek2", "deepseek32", "glm4moe", "minimax-m2", "nemotron_h_moe")
 # llama.cpp's llama4 constants (llama_model_llama4::load_arch_hparams).
 LLAMA4_CHUNK = 8192
 LLAMA4_LAYER_PATTERN = 4
@@ -139,6 +139,10 @@ class HParams:
     temp_scale: float = 0.0
     qk_l2_norm: bool = False
     weight_before_ffn: bool = False
+    # nemotron_h_moe only: per block "mamba", "attention" or "moe" (from the per-layer
+    # head_count_kv / feed_forward_length arrays); the Mamba-2 shape uses the ssm_* fields above
+    # (ssm_k_heads = groups, ssm_v_heads = heads, ssm_head_k = state size).
+    block_kinds: tuple = ()
 
 
 class ReferenceModel:
@@ -183,7 +187,16 @@ class ReferenceModel:
 
         n_embd = int(self._key(f"{arch}.embedding_length"))
         n_head = int(self._key(f"{arch}.attention.head_count"))
-        n_head_kv = int(self._key(f"{arch}.attention.head_count_kv", n_head))
+        n_head_kv = self._key(f"{arch}.attention.head_count_kv", n_head)
+        block_kinds = ()
+        if isinstance(n_head_kv, list):
+            # nemotron_h_moe: one entry per block, 0 where the block has no attention.
+            ff = list(self._key(f"{arch}.feed_forward_length"))
+            block_kinds = tuple(
+                "attention" if kv > 0 else "moe" if f > 0 else "mamba" for kv, f in zip(n_head_kv, ff)
+            )
+            n_head_kv = max(n_head_kv) or n_head
+        n_head_kv = int(n_head_kv)
         # Keys may be absent (qwen2moe files carry no key_length): derive as llama.cpp does.
         head_dim_k = int(self._key(f"{arch}.attention.key_length", n_embd // n_head))
         head_dim_v = int(self._key(f"{arch}.attention.value_length", n_embd // n_head))
@@ -223,7 +236,7 @@ class ReferenceModel:
         if arch in DEEPSEEK_ROUTER_ARCHS:
             # The gating when the key is absent: softmax for deepseek2 (llama.cpp's default), sigmoid for
             # glm4moe (llama.cpp's) and minimax-m2 (transformers' only router; llama.cpp aborts).
-            default_gating = 2 if arch in ("glm4moe", "minimax-m2", "deepseek32") else 1
+            default_gating = 2 if arch in ("glm4moe", "minimax-m2", "deepseek32", "nemotron_h_moe") else 1
             mla.update(
                 sigmoid_gating=int(self.metadata.get(f"{arch}.expert_gating_func", default_gating) or 1) == 2,
                 n_group=int(self.metadata.get(f"{arch}.expert_group_count", 1) or 1),
@@ -250,6 +263,17 @@ class ReferenceModel:
         # block_count counts the nextn (MTP) blocks too; they follow the trunk and are not run.
         n_layer = int(self._key(f"{arch}.block_count")) - int(self.metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
         hybrid = {}
+        if arch == "nemotron_h_moe":
+            block_kinds = block_kinds[:n_layer]
+            hybrid = {
+                "recurrent": tuple(kind == "mamba" for kind in block_kinds),
+                "ssm_conv": int(self._key(f"{arch}.ssm.conv_kernel")),
+                "ssm_k_heads": int(self._key(f"{arch}.ssm.group_count")),
+                "ssm_v_heads": int(self._key(f"{arch}.ssm.time_step_rank")),
+                "ssm_head_k": int(self._key(f"{arch}.ssm.state_size")),
+                "ssm_inner": int(self._key(f"{arch}.ssm.inner_size")),
+                "block_kinds": block_kinds,
+            }
         if arch in HYBRID_ARCHS:
             flags = self.metadata.get(f"{arch}.attention.recurrent_layers")
             if flags is None:
@@ -289,7 +313,10 @@ class ReferenceModel:
             head_dim_k=head_dim_k,
             head_dim_v=head_dim_v,
             n_rot=n_rot,
-            rms_eps=float(self._key(f"{arch}.attention.layer_norm_rms_epsilon")),
+            rms_eps=float(
+                self.metadata.get(f"{arch}.attention.layer_norm_rms_epsilon")
+                or self._key(f"{arch}.attention.layer_norm_epsilon")
+            ),
             rope_base=float(self._key(f"{arch}.rope.freq_base", 10000.0)),
             rope_freq_scale=rope_freq_scale,
             neox_rope=arch in NEOX_ROPE_ARCHS,
@@ -476,10 +503,11 @@ def attention_block(model: ReferenceModel, il: int, x: np.ndarray, positions, re
         record("Qcur_normed", q.reshape(n_tokens, -1))
         record("Kcur_normed", k.reshape(n_tokens, -1))
 
-    # llama3-style per-frequency factors, shared by all layers when present.
-    freq_factors = model.tensors.get("rope_freqs.weight")
-    q = rope(q, positions, hp, freq_factors)
-    k = rope(k, positions, hp, freq_factors)
+    if hp.arch != "nemotron_h_moe":  # Nemotron-H's attention has no positional encoding
+        # llama3-style per-frequency factors, shared by all layers when present.
+        freq_factors = model.tensors.get("rope_freqs.weight")
+        q = rope(q, positions, hp, freq_factors)
+        k = rope(k, positions, hp, freq_factors)
     record("Qcur_rope", q.reshape(n_tokens, -1))
     record("Kcur_rope", k.reshape(n_tokens, -1))
 
@@ -674,6 +702,57 @@ def deltanet_block(model: ReferenceModel, il: int, x: np.ndarray, record) -> np.
     return linear(normed.reshape(T, -1), layer.w("ssm_out"))
 
 
+def mamba2_block(model: ReferenceModel, il: int, x: np.ndarray, record) -> np.ndarray:
+    """Mamba-2 token mixer of block il on the normed input x [T, n_embd], from position 0 (zero conv
+    and SSM state), in the sequential (recurrent) form of the selective scan; returns [T, n_embd]."""
+    hp = model.hparams
+    layer = _Layer(model, il)
+    T = x.shape[0]
+    n_head, n_group, d_state, d_inner = hp.ssm_v_heads, hp.ssm_k_heads, hp.ssm_head_k, hp.ssm_inner
+    head_dim = d_inner // n_head
+    channels = d_inner + 2 * n_group * d_state
+
+    zxbcdt = linear(x, layer.w("ssm_in"))  # [T, d_inner + channels + n_head]
+    z, xbc, dt = zxbcdt[:, :d_inner], zxbcdt[:, d_inner : d_inner + channels], zxbcdt[:, d_inner + channels :]
+    kernel = model.get(f"blk.{il}.ssm_conv1d.weight")  # [channels, K]
+    K = kernel.shape[1]
+    padded = np.concatenate([np.zeros((K - 1, channels)), xbc])
+    conv = np.stack([np.sum(kernel.T * padded[t : t + K], axis=0) for t in range(T)])
+    conv_bias = model.tensors.get(f"blk.{il}.ssm_conv1d.bias")
+    if conv_bias is not None:
+        conv = conv + conv_bias
+    conv = silu(conv)
+    record("conv_output_silu", conv)
+
+    xs = conv[:, :d_inner].reshape(T, n_head, head_dim)
+    B = conv[:, d_inner : d_inner + n_group * d_state].reshape(T, n_group, d_state)
+    C = conv[:, d_inner + n_group * d_state :].reshape(T, n_group, d_state)
+    pre = dt + model.get(f"blk.{il}.ssm_dt.bias")
+    dt = np.where(pre > 20.0, pre, np.log1p(np.exp(np.minimum(pre, 20.0))))  # softplus
+    A = model.get(f"blk.{il}.ssm_a").reshape(-1)  # -exp(A_log)
+    D = model.get(f"blk.{il}.ssm_d").reshape(-1)
+    y = np.zeros((T, n_head, head_dim))
+    per_group = n_head // n_group
+    for h in range(n_head):
+        g = h // per_group
+        S = np.zeros((head_dim, d_state))
+        for t in range(T):
+            S = S * np.exp(dt[t, h] * A[h]) + dt[t, h] * np.outer(xs[t, h], B[t, g])
+            y[t, h] = S @ C[t, g] + D[h] * xs[t, h]
+    y = y.reshape(T, d_inner) * silu(z)
+    record("mamba2_y", y)
+    # RMSNorm over each group of d_inner / n_group channels (the gate applied before the norm).
+    groups = y.reshape(T, n_group, d_inner // n_group)
+    weight = model.get(f"blk.{il}.ssm_norm.weight").reshape(n_group, -1)
+    normed = groups / np.sqrt(np.mean(groups * groups, axis=-1, keepdims=True) + hp.rms_eps) * weight
+    return linear(normed.reshape(T, d_inner), layer.w("ssm_out"))
+
+
+def relu_sqr_ffn(x, up_w, down_w):
+    """down(relu(up x)^2) for x [T, n_embd] (Nemotron-H's experts and shared expert)."""
+    return linear(np.maximum(linear(x, up_w), 0.0) ** 2, down_w)
+
+
 def swiglu_ffn(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None):
     """down(silu(gate x) * up x) for x [T, n_embd]."""
     return linear(silu(linear(x, gate_w, gate_b)) * linear(x, up_w, up_b), down_w, down_b)
@@ -703,19 +782,28 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
     record("ffn_moe_probs", probs)
     record("ffn_moe_weights", weights)
 
-    gate_exps = layer.w("ffn_gate_exps")  # [n_expert, n_ff_exp, n_embd]
+    ungated = not layer.has("ffn_gate_exps")  # nemotron_h_moe: relu^2 experts
+    gate_exps = None if ungated else layer.w("ffn_gate_exps")  # [n_expert, n_ff_exp, n_embd]
     up_exps = layer.w("ffn_up_exps")  # [n_expert, n_ff_exp, n_embd]
     down_exps = layer.w("ffn_down_exps")  # [n_expert, n_embd, n_ff_exp]
-    out = np.zeros_like(x)
+    # nemotron_h_moe's latent MoE (Nemotron 3 Super): the experts run on latent_down x, their sum
+    # goes back through latent_up; the router and the shared expert read x.
+    latent = layer.has("ffn_latent_down")
+    x_exp = linear(x, layer.w("ffn_latent_down")) if latent else x
+    out = np.zeros((n_tokens, x_exp.shape[1]))
     for t in range(n_tokens):
         for slot in range(k):
             e = selected[t, slot]
-            if hp.weight_before_ffn:  # llama4: the weight scales the expert's input
+            if ungated:
+                out[t] += weights[t, slot] * relu_sqr_ffn(x_exp[t : t + 1], up_exps[e], down_exps[e])[0]
+            elif hp.weight_before_ffn:  # llama4: the weight scales the expert's input
                 out[t] += swiglu_ffn(weights[t, slot] * x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])[0]
             else:
                 expert_out = swiglu_ffn(x[t : t + 1], gate_exps[e], up_exps[e], down_exps[e])
                 out[t] += weights[t, slot] * expert_out[0]
     record("ffn_moe_out", out)
+    if latent:
+        out = linear(out, layer.w("ffn_latent_up"))
 
     if layer.has("ffn_gate_inp_shexp"):
         # Shared expert: always on, scaled per token by a sigmoid gate. The gate weight is [n_embd]
@@ -729,6 +817,9 @@ def moe_block(model: ReferenceModel, il: int, x: np.ndarray, result: ForwardResu
         shared = swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
         record("ffn_shexp_out", shared * shared_gate)
         out = out + shared * shared_gate
+    elif ungated and layer.has("ffn_up_shexp"):
+        # nemotron_h_moe's shared expert: relu^2, always on, unscaled.
+        out = out + relu_sqr_ffn(x, layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
     elif layer.has("ffn_gate_shexp"):
         # deepseek2's shared experts: always on, unscaled.
         out = out + swiglu_ffn(x, layer.w("ffn_gate_shexp"), layer.w("ffn_up_shexp"), layer.w("ffn_down_shexp"))
@@ -764,6 +855,21 @@ def forward(model: ReferenceModel, tokens) -> ForwardResult:
 
         def record(name, value, il=il):
             result.intermediates[f"{name}-{il}"] = value
+
+        if hp.block_kinds:
+            # nemotron_h_moe: one mixer per block, x + mixer(rms_norm(x)).
+            normed = rms_norm(hidden, layer.w("attn_norm"), hp.rms_eps)
+            record("attn_norm", normed)
+            kind = hp.block_kinds[il]
+            if kind == "mamba":
+                out = mamba2_block(model, il, normed, record)
+            elif kind == "attention":
+                out = attention_block(model, il, normed, positions, record)
+            else:
+                out = moe_block(model, il, normed, result, record)
+            hidden = hidden + out
+            record("l_out", hidden)
+            continue
 
         normed = rms_norm(hidden, layer.w("attn_norm"), hp.rms_eps)
         record("attn_norm", normed)

@@ -67,6 +67,8 @@ class Backend {
     virtual void add(const Act& a, const Act& b, const Act& y) = 0;
     // out = silu(gate) * up over n elements.
     virtual void swiglu(const float* gate, const float* up, float* out, int64_t n) = 0;
+    // out = max(x, 0)^2 over n elements (nemotron_h_moe's shared expert; out may alias x).
+    virtual void relu_sqr(const float* x, float* out, int64_t n) = 0;
     // x *= sigmoid(gate) over n elements (gated attention's output gate).
     virtual void mul_sigmoid(float* x, const float* gate, int64_t n) = 0;
     // x *= silu(z) over n elements (the Gated DeltaNet's gated norm).
@@ -108,9 +110,11 @@ class Backend {
     // beta = sigmoid(b); g = ssm_a * softplus(a + dt_bias), per token and value head.
     virtual void gdn_gates(const Act& b, const Act& a, const float* ssm_a, const float* dt_bias,
                            const Act& beta, const Act& g) = 0;
-    // Causal depthwise conv1d + SiLU with its rolling state (state: recurrent_state.h's conv).
+    // Causal depthwise conv1d (+ bias [channels] unless nullptr) + SiLU with its rolling state
+    // (state: recurrent_state.h's conv).
     virtual void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
-                             int64_t kernel_size, const float* kernel, float* y, int64_t ldy) = 0;
+                             int64_t kernel_size, const float* kernel, const float* bias, float* y,
+                             int64_t ldy) = 0;
     // L2-normalises each of the first n_heads heads of head_dim in every row (eps 1e-6 under the
     // root); the first n_scaled heads are also multiplied by `scale`.
     virtual void l2_norm_heads(const Act& x, int64_t n_heads, int64_t head_dim, int64_t n_scaled,
@@ -119,6 +123,12 @@ class Backend {
     // reading and updating `state` in place.
     virtual void gated_delta_rule(const GdnInputs& in, int64_t n_tokens, const GdnShape& shape,
                                   int64_t chunk_size, float* state, float* out, int64_t ldo) = 0;
+
+    // ---- Mamba-2 (nemotron_h_moe) -------------------------------------------------------------------
+    // The selective scan over n_tokens, token by token, reading and updating `state` ([n_head,
+    // head_dim, d_state] f32) in place; out: [T, n_head * head_dim] (ldo), D skip included.
+    virtual void ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state,
+                          float* out, int64_t ldo) = 0;
 
     // ---- MoE --------------------------------------------------------------------------------------
     // Router: gating scores `probs` [n_tokens, n_expert] (backend) and each token's top-k expert ids

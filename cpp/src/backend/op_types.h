@@ -136,10 +136,38 @@ struct GdnInputs {
     const float* beta;
 };
 
+// Mamba-2's selective state-space scan (nemotron_h_moe): n_head heads of head_dim channels; head h
+// reads the B and C rows of group h / (n_head / n_group), each d_state wide.
+struct SsmShape {
+    int64_t n_head = 0;
+    int64_t head_dim = 0;
+    int64_t n_group = 0;
+    int64_t d_state = 0;
+};
+
+// x: [T, n_head * head_dim] (row stride ldx); b, c: [T, n_group * d_state] (ldb, ldc); dt: [T,
+// n_head] before its bias and softplus (ldt); a = -exp(A_log), d (skip) and dt_bias: [n_head].
+struct SsmInputs {
+    const float* x;
+    int64_t ldx;
+    const float* b;
+    int64_t ldb;
+    const float* c;
+    int64_t ldc;
+    const float* dt;
+    int64_t ldt;
+    const float* a;
+    const float* d;
+    const float* dt_bias;
+};
+
 // One routed expert: gate and up [n_ff, n_embd], down [n_embd, n_ff], any supported types.
 // gpt-oss adds per-expert biases (f32, gate_b / up_b [n_ff], down_b [n_embd]; nullptr: none; they
 // are resident, never part of the expert's streamed bytes) and its clamped SwiGLU (swiglu_limit > 0):
 //   y = down (glu(gate x + gate_b, up x + up_b)) + down_b
+// nemotron_h_moe's experts have no gate: y = down(relu(up x)^2) (relu_sqr). Their `gate` view is
+// the up matrix again (the layout has no gate bytes: moe/expert_layout.h), so every expert path
+// keeps its shapes; the kernels skip the gate dots of a relu_sqr expert.
 struct ExpertFfnWeights {
     WeightView gate, up, down;
     const float* gate_b = nullptr;
@@ -148,6 +176,7 @@ struct ExpertFfnWeights {
     float swiglu_limit = 0.0f;
     // DeepSeek-V4's clamped SwiGLU: silu(min(gate, L)) * clamp(up, -L, L); 0: none.
     float swiglu_clamp = 0.0f;
+    bool relu_sqr = false;
 };
 
 }  // namespace sharpi

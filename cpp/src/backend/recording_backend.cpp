@@ -91,6 +91,11 @@ void RecordingBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
     record("mul_sigmoid");
     inner_.mul_sigmoid(x, gate, n);
 }
+void RecordingBackend::relu_sqr(const float* x, float* out, int64_t n) {
+    record("relu_sqr");
+    inner_.relu_sqr(x, out, n);
+}
+
 void RecordingBackend::mul_silu(float* x, const float* z, int64_t n) {
     record("mul_silu");
     inner_.mul_silu(x, z, n);
@@ -141,11 +146,12 @@ void RecordingBackend::gdn_gates(const Act& b, const Act& a, const float* ssm_a,
     inner_.gdn_gates(b, a, ssm_a, dt_bias, beta, g);
 }
 void RecordingBackend::conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens,
-                                   int64_t channels, int64_t kernel_size, const float* kernel, float* y,
-                                   int64_t ldy) {
+                                   int64_t channels, int64_t kernel_size, const float* kernel,
+                                   const float* bias, float* y, int64_t ldy) {
     record("conv1d_silu");
     read_weight("conv1d_silu", kernel);
-    inner_.conv1d_silu(state, x, ldx, n_tokens, channels, kernel_size, kernel, y, ldy);
+    if (bias) read_weight("conv1d_silu", bias);
+    inner_.conv1d_silu(state, x, ldx, n_tokens, channels, kernel_size, kernel, bias, y, ldy);
 }
 void RecordingBackend::l2_norm_heads(const Act& x, int64_t n_heads, int64_t head_dim, int64_t n_scaled,
                                      float scale) {
@@ -156,6 +162,12 @@ void RecordingBackend::gated_delta_rule(const GdnInputs& in, int64_t n_tokens, c
                                         int64_t chunk_size, float* state, float* out, int64_t ldo) {
     record("gated_delta_rule");
     inner_.gated_delta_rule(in, n_tokens, shape, chunk_size, state, out, ldo);
+}
+void RecordingBackend::ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state,
+                                float* out, int64_t ldo) {
+    record("ssm_scan");
+    for (const float* w : {in.a, in.d, in.dt_bias}) read_weight("ssm_scan", w);
+    inner_.ssm_scan(in, n_tokens, shape, state, out, ldo);
 }
 
 void RecordingBackend::route_topk(const Act& logits, int64_t k, const RouterParams& params, const Act& probs,

@@ -42,6 +42,7 @@ class RecordingBackend final : public Backend {
     void swiglu(const float* gate, const float* up, float* out, int64_t n) override;
     void mul_sigmoid(float* x, const float* gate, int64_t n) override;
     void mul_silu(float* x, const float* z, int64_t n) override;
+    void relu_sqr(const float* x, float* out, int64_t n) override;
     void scale_rows_sigmoid(const Act& x, const Act& s) override;
     void scale_rows(const Act& x, const float* scales) override;
     void layer_norm(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n_rows, int64_t width,
@@ -62,11 +63,14 @@ class RecordingBackend final : public Backend {
     void gdn_gates(const Act& b, const Act& a, const float* ssm_a, const float* dt_bias, const Act& beta,
                    const Act& g) override;
     void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
-                     int64_t kernel_size, const float* kernel, float* y, int64_t ldy) override;
+                     int64_t kernel_size, const float* kernel, const float* bias, float* y,
+                     int64_t ldy) override;
     void l2_norm_heads(const Act& x, int64_t n_heads, int64_t head_dim, int64_t n_scaled,
                        float scale) override;
     void gated_delta_rule(const GdnInputs& in, int64_t n_tokens, const GdnShape& shape, int64_t chunk_size,
                           float* state, float* out, int64_t ldo) override;
+    void ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state, float* out,
+                  int64_t ldo) override;
 
     void route_topk(const Act& logits, int64_t k, const RouterParams& params, const Act& probs, int32_t* ids,
                     float* weights) override;

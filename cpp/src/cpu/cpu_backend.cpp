@@ -14,6 +14,7 @@
 #include "cpu/ops/rms_norm.h"
 #include "cpu/ops/rope.h"
 #include "cpu/ops/router.h"
+#include "cpu/ops/ssm_scan.h"
 #include "cpu/quant/kernels.h"
 
 namespace sharpi {
@@ -100,6 +101,10 @@ void CpuBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= cpu::sigmoid(gate[i]);
 }
 
+void CpuBackend::relu_sqr(const float* x, float* out, int64_t n) {
+    cpu::relu_sqr(x, out, n);
+}
+
 void CpuBackend::mul_silu(float* x, const float* z, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= z[i] * cpu::sigmoid(z[i]);
 }
@@ -172,8 +177,9 @@ void CpuBackend::gdn_gates(const Act& b, const Act& a, const float* ssm_a, const
 }
 
 void CpuBackend::conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
-                             int64_t kernel_size, const float* kernel, float* y, int64_t ldy) {
-    cpu::conv1d_silu(state, x, ldx, n_tokens, channels, kernel_size, kernel, y, ldy);
+                             int64_t kernel_size, const float* kernel, const float* bias, float* y,
+                             int64_t ldy) {
+    cpu::conv1d_silu(state, x, ldx, n_tokens, channels, kernel_size, kernel, bias, y, ldy);
 }
 
 void CpuBackend::l2_norm_heads(const Act& x, int64_t n_heads, int64_t head_dim, int64_t n_scaled,
@@ -197,6 +203,11 @@ void CpuBackend::gated_delta_rule(const GdnInputs& in, int64_t n_tokens, const G
     } else {
         cpu::gated_delta_rule_chunked(pool_, in, n_tokens, shape, chunk_size, state, out, ldo);
     }
+}
+
+void CpuBackend::ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state,
+                          float* out, int64_t ldo) {
+    cpu::ssm_scan(pool_, in, n_tokens, shape, state, out, ldo);
 }
 
 // ---- MoE ----------------------------------------------------------------------------------------

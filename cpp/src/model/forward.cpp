@@ -96,8 +96,10 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
     // its own cache (the rows are laid out identically whatever else shares the step).
     for (const SeqSpan& s : spans_) {
         const int64_t rope_pos0 = s.pos0 + s.rope_shift;
-        backend_.rope(q.row(s.row0), q.width, s.n_tokens, h.n_head, h.head_dim, rope_pos0, h.rope);
-        backend_.rope(k.row(s.row0), k.width, s.n_tokens, h.n_head_kv, h.head_dim, rope_pos0, h.rope);
+        if (L.attn_rope) {  // false: NoPE (nemotron_h_moe's attention)
+            backend_.rope(q.row(s.row0), q.width, s.n_tokens, h.n_head, h.head_dim, rope_pos0, h.rope);
+            backend_.rope(k.row(s.row0), k.width, s.n_tokens, h.n_head_kv, h.head_dim, rope_pos0, h.rope);
+        }
         const Act k_rows{k.row(s.row0), s.n_tokens, k.width}, v_rows{v.row(s.row0), s.n_tokens, v.width};
         backend_.kv_store(*s.kv, il, s.pos0, k_rows, &v_rows);
         backend_.attention(q.row(s.row0), q.width, *s.kv, il, s.n_tokens, s.pos0, shape, kqv.row(s.row0),
@@ -115,10 +117,14 @@ Act Forward::self_attention(const Act& cur, int il, QkNorm qk_norm) {
 
 Act Forward::ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name,
                  int il) {
-    Act g = linear(cur, gate, "ffn_gate", il);
     Act u = linear(cur, up, "ffn_up", il);
-    Act a = alloc(cur.n_tokens, g.width);
-    backend_.swiglu(g.data, u.data, a.data, g.n_tokens * g.width);
+    Act a = alloc(cur.n_tokens, u.width);
+    if (gate.present()) {
+        Act g = linear(cur, gate, "ffn_gate", il);
+        backend_.swiglu(g.data, u.data, a.data, g.n_tokens * g.width);
+    } else {
+        backend_.relu_sqr(u.data, a.data, u.n_tokens * u.width);
+    }
     return linear(a, down, name, il);
 }
 

@@ -115,7 +115,13 @@ class Forward {
     // rule (recurrent for one token, chunked for a batch), gated RMSNorm, output projection.
     Act gated_delta_net(const Act& cur, int il);
 
-    // down(silu(gate x) * up x) with dense weights (dense FFN or a shared expert).
+    // Mamba-2 token mixer from the normalised input (model/mamba2_layer.cpp): in-projection to
+    // z, x B C and dt; causal conv1d + SiLU over x B C (rolling state); the selective scan (D skip
+    // included); y * silu(z); grouped RMSNorm; output projection.
+    Act mamba2(const Act& cur, int il);
+
+    // down(silu(gate x) * up x) with dense weights (dense FFN or a shared expert); without a gate
+    // (nemotron_h_moe's shared expert) down(relu(up x)^2).
     Act ffn(const Act& cur, const Linear& gate, const Linear& up, const Linear& down, const char* name,
             int il);
 

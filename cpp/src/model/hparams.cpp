@@ -166,6 +166,34 @@ void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp
     hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
+// A per-layer count that a file writes either as one number or as an array of one value per block
+// (nemotron_h_moe's head_count_kv and feed_forward_length): the array, or empty for a scalar or an
+// absent key. Values must be in [0, cap].
+std::vector<int64_t> per_layer_counts(const GgufFile& f, const std::string& key, int64_t cap) {
+    const GgufValue* v = f.find(key);
+    if (!v || v->type != GgufValueType::ARRAY) return {};
+    for (int64_t x : v->arr_int) {
+        if (x < 0 || x > cap)
+            throw FormatError("[model] " + f.path() + ": " + key + " holds " + std::to_string(x) +
+                              ", outside [0, " + std::to_string(cap) + "]");
+    }
+    return v->arr_int;
+}
+
+// The largest value of a per-layer array, after checking that its nonzero entries agree (the
+// engine sizes one KV row and one FFN width for every layer that has them).
+int64_t common_nonzero(const GgufFile& f, const std::string& key, const std::vector<int64_t>& values) {
+    int64_t common = 0;
+    for (int64_t x : values) {
+        if (x == 0) continue;
+        if (common != 0 && x != common)
+            throw UnsupportedError("[model] " + f.path() + ": " + key +
+                                   " differs between layers; per-layer widths are not supported");
+        common = x;
+    }
+    return common;
+}
+
 }  // namespace
 
 HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
@@ -190,10 +218,19 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     hp.n_embd = get("embedding_length", kMaxEmbd);
     hp.n_layer = get("block_count", kMaxLayers);
     hp.n_head = get("attention.head_count", kMaxHeads);
-    hp.n_head_kv = get_or("attention.head_count_kv", static_cast<uint64_t>(hp.n_head), kMaxHeads);
+    const std::vector<int64_t> kv_per_layer = per_layer_counts(f, a + "attention.head_count_kv", kMaxHeads);
+    const std::vector<int64_t> ff_per_layer = per_layer_counts(f, a + "feed_forward_length", kMaxFfn);
+    hp.n_head_kv = kv_per_layer.empty()
+                       ? get_or("attention.head_count_kv", static_cast<uint64_t>(hp.n_head), kMaxHeads)
+                       : common_nonzero(f, a + "attention.head_count_kv", kv_per_layer);
+    if (hp.n_head_kv == 0 && !kv_per_layer.empty()) hp.n_head_kv = hp.n_head;  // no attention block at all
     hp.n_ctx_train = get_or("context_length", 2048, kMaxCtxTrain);
-    hp.n_ff = get_or("feed_forward_length", 0, kMaxFfn);
-    hp.rms_eps = static_cast<float>(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-6));
+    // A per-layer feed_forward_length (nemotron_h_moe) gives the MoE blocks' expert width; those
+    // archs have no dense FFN.
+    hp.n_ff = ff_per_layer.empty() ? get_or("feed_forward_length", 0, kMaxFfn) : 0;
+    // RMSNorm epsilon; nemotron_h_moe files carry it only as attention.layer_norm_epsilon.
+    hp.rms_eps = static_cast<float>(f.get_float_or(a + "attention.layer_norm_rms_epsilon",
+                                                   f.get_float_or(a + "attention.layer_norm_epsilon", 1e-6)));
     hp.n_expert = get_or("expert_count", 0, kMaxExperts);
     hp.n_expert_used = get_or("expert_used_count", 0, kMaxExperts);
 
@@ -279,9 +316,27 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
         if (hp.n_ff_exp == 0) hp.n_ff_exp = tensor_dim(f, moe_blk + "ffn_gate_exps.weight", 1);
         if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff;  // Mixtral: feed_forward_length is the expert width
         hp.n_ff_shexp = get_or("expert_shared_feed_forward_length", 0, kMaxFfn);
+        hp.n_embd_latent = get_or("moe_latent_size", 0, kMaxEmbd);
         if (hp.n_ff_shexp == 0) hp.n_ff_shexp = tensor_dim(f, moe_blk + "ffn_gate_shexp.weight", 1);
     }
     read_ssm_hparams(f, a, hp);
+    if (!kv_per_layer.empty() || !ff_per_layer.empty()) {
+        // The block pattern from the per-layer arrays (llama.cpp's rule for nemotron_h): attention
+        // where head_count_kv > 0, an FFN where feed_forward_length > 0, Mamba-2 where both are 0.
+        const size_t n_all = static_cast<size_t>(hp.n_layer + hp.n_layer_nextn);
+        if (kv_per_layer.size() != n_all || ff_per_layer.size() != n_all || hp.ssm_d_conv == 0) {
+            throw fail("per-layer head_count_kv / feed_forward_length need one entry per block (" +
+                       std::to_string(n_all) + ") and the ssm.* keys");
+        }
+        hp.recurrent_layers.assign(static_cast<size_t>(hp.n_layer), false);
+        hp.ffn_only_layers.assign(static_cast<size_t>(hp.n_layer), false);
+        for (size_t il = 0; il < static_cast<size_t>(hp.n_layer); ++il) {
+            if (kv_per_layer[il] > 0 && ff_per_layer[il] > 0)
+                throw fail("block " + std::to_string(il) + " declares both attention and an FFN");
+            hp.recurrent_layers[il] = kv_per_layer[il] == 0 && ff_per_layer[il] == 0;
+            hp.ffn_only_layers[il] = ff_per_layer[il] > 0;
+        }
+    }
     hp.expert_weights_norm = f.get_bool_or(a + "expert_weights_norm", spec.expert_weights_norm);
     RouterParams& r = hp.router;
     r.normalize_topk = hp.expert_weights_norm;

@@ -25,6 +25,9 @@ struct HParams {
     int64_t n_ff = 0;      // dense FFN width (feed_forward_length), 0 if the model has none
     int64_t n_ff_exp = 0;
     int64_t n_ff_shexp = 0;
+    // Latent MoE (nemotron_h_moe's Nemotron 3 Super: moe_latent_size): the routed experts read and
+    // write vectors of this width, between ffn_latent_down / ffn_latent_up; 0: none (n_embd).
+    int64_t n_embd_latent = 0;
     int64_t n_expert = 0;
     int64_t n_expert_used = 0;
     int64_t n_ctx_train = 0;
@@ -70,13 +73,22 @@ struct HParams {
     int64_t ssm_n_group = 0;             // key heads
     int64_t ssm_dt_rank = 0;             // value heads
     int64_t ssm_d_inner = 0;             // value heads * head_v_dim
-    std::vector<bool> recurrent_layers;  // [n_layer]: true for a DeltaNet layer
+    std::vector<bool> recurrent_layers;  // [n_layer]: true for a DeltaNet (or Mamba-2) layer
+    // nemotron_h_moe: blocks holding only an FFN (no token mixer, so no KV rows); empty elsewhere.
+    // The file says which block is which by per-layer arrays: head_count_kv > 0 for attention,
+    // feed_forward_length > 0 for an FFN, both 0 for a Mamba-2 block.
+    std::vector<bool> ffn_only_layers;
     // Multi-token-prediction blocks after the trunk (blk.n_layer ...); loaded as tensors, not run.
     int64_t n_layer_nextn = 0;
 
     bool is_recurrent(int il) const {
         return !recurrent_layers.empty() && recurrent_layers[static_cast<size_t>(il)];
     }
+    bool is_ffn_only(int il) const {
+        return !ffn_only_layers.empty() && ffn_only_layers[static_cast<size_t>(il)];
+    }
+    // Whether layer il writes KV rows (its token mixer is attention).
+    bool has_kv(int il) const { return !is_recurrent(il) && !is_ffn_only(il); }
     int64_t ssm_head_v_dim() const { return ssm_dt_rank > 0 ? ssm_d_inner / ssm_dt_rank : 0; }
     int64_t ssm_conv_channels() const { return 2 * ssm_n_group * ssm_d_state + ssm_d_inner; }
 
@@ -111,6 +123,8 @@ struct HParams {
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }
     bool is_moe() const { return n_expert > 0; }
+    // Width of a routed expert's input and output.
+    int64_t n_embd_exp() const { return n_embd_latent > 0 ? n_embd_latent : n_embd; }
 };
 
 // Reads and validates the hyper-parameters of `spec`'s architecture. Throws MissingTensorError for a

@@ -131,7 +131,7 @@ Act Forward::gated_delta_net(const Act& cur, int il) {
         for (int64_t t = 0; t < steps; ++t) {
             const int64_t r = s.row0 + t;
             backend_.conv1d_silu(s.recurrent->conv(il), qkv.row(r), qkv.width, per, channels, h.ssm_d_conv,
-                                 L.ssm_conv1d.data(), conv.row(r), conv.width);
+                                 L.ssm_conv1d.data(), /*bias=*/nullptr, conv.row(r), conv.width);
             if (s.rewindable) s.recurrent->save_conv_point(il, s.pos0 + t + 1);
         }
     }

@@ -129,7 +129,7 @@ uint64_t KvCache::bytes(int64_t n_layer, int64_t n_ctx, int64_t n_embd_kv, GgmlT
 
 KvLayout kv_layout(const HParams& h, GgmlType type_k, GgmlType type_v) {
     KvLayout l;
-    for (int il = 0; il < h.n_layer; ++il) l.n_layer_written += h.is_recurrent(il) ? 0 : 1;
+    for (int il = 0; il < h.n_layer; ++il) l.n_layer_written += h.has_kv(il) ? 1 : 0;
     if (!h.compress_ratios.empty()) {
         // deepseek4: one f32 row per position holding every per-position piece of the layer's state
         // (HParams::dsv4_kv_row); rounding the compressor's raw rows would change what they emit, so

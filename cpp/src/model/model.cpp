@@ -231,18 +231,19 @@ void ModelLoader::qk_norm(int il, int64_t q_width, int64_t k_width) {
     L.attn_k_norm = vector(blk(il, "attn_k_norm.weight"), k_width);
 }
 
-void ModelLoader::moe(int il, const char* norm) {
+void ModelLoader::moe(int il, const char* norm, bool gated) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
     L.ffn_norm = vector(blk(il, norm), h.n_embd);
     L.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), h.n_embd, h.n_expert);
     // Pre-gated MoE (docs/predictors.md): layer il+1's router evaluated in layer il. Optional.
     L.ffn_pregate_inp = optional_matrix(blk(il, "ffn_pregate_inp.weight"), h.n_embd, h.n_expert);
-    // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h).
-    const char* const names[kExpertParts] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                             "ffn_down_exps.weight"};
-    const int64_t n_cols[kExpertParts] = {h.n_embd, h.n_embd, h.n_ff_exp};
-    const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd};
+    // ffn_{gate,up,down}_exps, expert-major: one ExpertPart per tensor (model/model.h); without a
+    // gate, the up tensor stands in for the gate part's shape.
+    const char* const names[kExpertParts] = {gated ? "ffn_gate_exps.weight" : "ffn_up_exps.weight",
+                                             "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    const int64_t n_cols[kExpertParts] = {h.n_embd_exp(), h.n_embd_exp(), h.n_ff_exp};
+    const int64_t n_rows[kExpertParts] = {h.n_ff_exp, h.n_ff_exp, h.n_embd_exp()};
     const GgufTensor* tensors[kExpertParts];
     for (int part = 0; part < kExpertParts; ++part) tensors[part] = &require(blk(il, names[part]));
     ExpertLayerLayout& x = model_.experts.layers[static_cast<size_t>(il)];
@@ -253,6 +254,8 @@ void ModelLoader::moe(int il, const char* norm) {
         p.view.n_rows = n_rows[part];
         x.parts[part] = std::move(p);
     }
+    // Ungated experts: the gate part names the up tensor but holds no bytes (moe/expert_layout.h).
+    if (!gated) x.parts[kExpertGate].bytes = 0;
 }
 
 void ModelLoader::dense_ffn(int il, const char* norm) {
@@ -266,11 +269,11 @@ void ModelLoader::dense_ffn(int il, const char* norm) {
     L.ffn_down.w = matrix(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
 }
 
-void ModelLoader::shared_expert(int il) {
+void ModelLoader::shared_expert(int il, bool gated) {
     const HParams& h = hp();
     LayerWeights& L = layer(il);
     if (h.n_ff_shexp <= 0) return;  // qwen2moe without a shared expert
-    L.ffn_gate.w = matrix(blk(il, "ffn_gate_shexp.weight"), h.n_embd, h.n_ff_shexp);
+    if (gated) L.ffn_gate.w = matrix(blk(il, "ffn_gate_shexp.weight"), h.n_embd, h.n_ff_shexp);
     L.ffn_up.w = matrix(blk(il, "ffn_up_shexp.weight"), h.n_embd, h.n_ff_shexp);
     L.ffn_down.w = matrix(blk(il, "ffn_down_shexp.weight"), h.n_ff_shexp, h.n_embd);
     // [n_embd] after llama.cpp's quantizer, [n_embd, 1] from the converter: both are one row.

@@ -59,6 +59,11 @@ struct LayerWeights {
     std::vector<float> ssm_conv1d;                    // [conv_channels, d_conv]
     std::vector<float> ssm_a, ssm_dt_bias, ssm_norm;  // [n_v_heads] (-exp(A_log)), [n_v_heads], [head_v_dim]
     bool ssm_v_heads_tiled = false;                   // GdnShape::v_heads_tiled
+    // Mamba-2 token mixer (nemotron_h_moe, model/mamba2_layer.h) on recurrent layers: ssm_in gives
+    // [z | x B C | dt], ssm_conv1d (above) convolves x B C with this bias [conv_channels]; ssm_a
+    // (above) is -exp(A_log) and ssm_d the skip [n_head]; ssm_norm is the grouped gated RMSNorm's
+    // weight [d_inner].
+    std::vector<float> ssm_conv1d_b, ssm_d;
     // gpt-oss: attention sinks [n_head] (AttentionShape::sinks; empty: none), this layer's
     // sliding window (0: full attention), the router's bias [n_expert], the routed experts' biases
     // (gate / up [n_expert * n_ff_exp], down [n_expert * n_embd], expert-major; resident, see
@@ -67,6 +72,12 @@ struct LayerWeights {
     int64_t attn_window = 0;
     std::vector<float> ffn_gate_inp_b, ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
     float expert_swiglu_limit = 0.0f;
+    // nemotron_h_moe: the routed experts and the shared expert have no gate and compute
+    // down(relu(up x)^2) (ExpertFfnWeights::relu_sqr; a shared expert without ffn_gate).
+    bool expert_relu_sqr = false;
+    // Latent MoE (HParams::n_embd_latent): the routed experts run on ffn_latent_down x and their
+    // weighted sum goes back through ffn_latent_up; the router and shared expert see x itself.
+    Linear ffn_latent_down, ffn_latent_up;
     // llama4 (model/archs/llama4.cpp): whether the layer rotates q/k (false on its NoPE layers),
     // its attention chunk (AttentionShape::chunk; 0: global), the query temperature of its NoPE
     // layers (scale(p) = ln(floor((p + 1) / attn_temp_floor_scale) + 1) * attn_temp_scale + 1;
@@ -170,11 +181,14 @@ class ModelLoader {
     // attn_q_norm / attn_k_norm of width `width` (head_dim per head, or the full projection).
     void qk_norm(int il, int64_t q_width, int64_t k_width);
     // The FFN norm (`norm`, ffn_norm in most archs), router ffn_gate_inp and ffn_{gate,up,down}_exps.
-    void moe(int il, const char* norm = "ffn_norm.weight");
+    // gated = false (nemotron_h_moe): the file has no ffn_gate_exps; the gate part is laid out as
+    // the up tensor again (see ExpertFfnWeights::relu_sqr).
+    void moe(int il, const char* norm = "ffn_norm.weight", bool gated = true);
     // The FFN norm (`norm`, ffn_norm in most archs) and dense ffn_{gate,up,down}.
     void dense_ffn(int il, const char* norm = "ffn_norm.weight");
     // qwen2moe's shared expert: ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp.
-    void shared_expert(int il);
+    // gated = false (nemotron_h_moe): only ffn_{up,down}_shexp.
+    void shared_expert(int il, bool gated = true);
 
     // The file name of file block `block`'s tensor `name` ("blk.N.name").
     static std::string block_name(int block, const char* name) {

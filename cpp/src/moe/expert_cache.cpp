@@ -106,6 +106,7 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
     where_[key(il, e)] = static_cast<int32_t>(s);
     for (int part = 0; part < kExpertParts; ++part) {
         const FileRange r = x.parts[part].range(e);
+        if (r.bytes == 0) continue;  // an ungated layer's gate: nothing to read
         ReadRequest req;
         req.tag = tag(s, part);
         req.file = r.file;
@@ -119,7 +120,7 @@ void ExpertCache::issue_reads(uint32_t s, int il, int32_t e, ReadPriority priori
             // The parts already submitted are cancelled, or (started) left to finish and free the
             // slot in process(); nobody may find the half-read expert meanwhile.
             for (int p = 0; p < part; ++p) {
-                if (reader_->cancel(tag(s, p))) slot.pending--;
+                if (x.parts[p].bytes > 0 && reader_->cancel(tag(s, p))) slot.pending--;
             }
             slot.dropped = true;
             where_[key(il, e)] = -1;
@@ -253,6 +254,7 @@ void ExpertCache::view_of(uint32_t s, ExpertView* view) const {
         const uint64_t skew = x.parts[part].range(slot.expert).offset % ExpertReader::kAlignment;
         *out[part] = x.parts[part].at(slot.mem + part_base_[part] + skew);
     }
+    if (!x.gated()) view->gate = view->up;
 }
 
 void ExpertCache::acquire(int il, const int32_t* experts, int n, ExpertView* views) {
@@ -321,8 +323,10 @@ void ExpertCache::acquire_pinned(int il, const int32_t* experts, int n, bool* pl
             ++(slot.state == State::ready ? ls.prefetch_timely : ls.prefetch_late);
         }
         if (slot.state == State::loading) {
-            for (int part = 0; part < kExpertParts; ++part)
-                reader_->promote(tag(static_cast<uint32_t>(s), part));
+            const ExpertLayerLayout& x = layout_.layers[static_cast<size_t>(il)];
+            for (int part = 0; part < kExpertParts; ++part) {
+                if (x.parts[part].bytes > 0) reader_->promote(tag(static_cast<uint32_t>(s), part));
+            }
         }
     }
     // Plugged: the layer's misses are all queued before the first starts, so they go out in one
@@ -451,7 +455,7 @@ void ExpertCache::drop_unselected(int il, const int32_t* selected, int n) {
         uint64_t wasted = slot.bytes;
         if (slot.state == State::loading) {
             for (int part = 0; part < kExpertParts; ++part) {
-                if (reader_->cancel(tag(s, part))) {
+                if (x.parts[part].bytes > 0 && reader_->cancel(tag(s, part))) {
                     slot.pending--;
                     wasted -= x.parts[part].bytes;
                 }

@@ -56,9 +56,12 @@ struct ExpertPart {
     }
 };
 
+// Ungated experts (nemotron_h_moe: down(relu(up x)^2)) have a gate part of 0 bytes: nothing is read
+// or cached for it, and an expert's gate view is its up view (ExpertFfnWeights::relu_sqr).
 struct ExpertLayerLayout {
     ExpertPart parts[kExpertParts];
-    bool present() const { return parts[kExpertGate].bytes > 0; }  // false: no routed experts
+    bool present() const { return parts[kExpertDown].bytes > 0; }  // false: no routed experts
+    bool gated() const { return parts[kExpertGate].bytes > 0; }
     uint64_t expert_bytes() const {
         return parts[kExpertGate].bytes + parts[kExpertUp].bytes + parts[kExpertDown].bytes;
     }

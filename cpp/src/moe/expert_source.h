@@ -49,8 +49,8 @@ class ResidentExperts final : public ExpertSource {
     void acquire(int il, const int32_t* experts, int n, ExpertView* views) override {
         const ExpertLayerLayout& x = layout_.layers[static_cast<size_t>(il)];
         for (int i = 0; i < n; ++i) {
-            views[i].gate = x.parts[kExpertGate].mapped(experts[i]);
             views[i].up = x.parts[kExpertUp].mapped(experts[i]);
+            views[i].gate = x.gated() ? x.parts[kExpertGate].mapped(experts[i]) : views[i].up;
             views[i].down = x.parts[kExpertDown].mapped(experts[i]);
         }
     }

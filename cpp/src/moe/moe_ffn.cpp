@@ -24,6 +24,7 @@ ExpertFfnWeights expert_weights(const ExpertView& v, const LayerWeights& L, int6
     if (!L.ffn_down_exps_b.empty()) w.down_b = L.ffn_down_exps_b.data() + e * n_embd;
     w.swiglu_limit = L.expert_swiglu_limit;
     w.swiglu_clamp = L.expert_swiglu_clamp;
+    w.relu_sqr = L.expert_relu_sqr;
     return w;
 }
 
@@ -46,7 +47,7 @@ void MoeFfn::experts_one_token(Forward& f, const Act& cur, const float* hidden, 
                                Act& out, int il, const std::function<void()>& overlap) {
     const HParams& h = f.hp();
     const LayerWeights& L = f.layer(il);
-    const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd;
+    const int64_t k = h.n_expert_used, n_ff = h.n_ff_exp, n_embd = h.n_embd_exp();
     std::vector<ExpertView> views(unique.size());
     experts_.acquire(il, unique.data(), static_cast<int>(unique.size()), views.data());
     ExpertLease lease{experts_, il};
@@ -112,7 +113,7 @@ void MoeFfn::experts_batch(Forward& f, const Act& cur, const Act& in, bool per_s
                            const std::vector<int32_t>& unique, Act& out, int il,
                            const std::function<void()>& overlap) {
     const HParams& h = f.hp();
-    const int64_t T = cur.n_tokens, k = h.n_expert_used, n_embd = h.n_embd;
+    const int64_t T = cur.n_tokens, k = h.n_expert_used, n_embd = h.n_embd_exp();
     const int64_t n_slots = T * k;
     // Slots i = t * k + j grouped by expert (counting sort, stable): members [begin[u], end[u]) of
     // unique[u] are rows of y; tokens[m] is member m's token, member_of[i] slot i's member.
@@ -288,11 +289,12 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
     // It is computed from `cur` alone and added last, so the bits do not depend on when it runs.
     Act shared;
     const auto shared_expert = [&] {
-        if (L.ffn_gate.present()) shared = shared_ffn(f, cur, il);
+        if (L.ffn_up.present()) shared = shared_ffn(f, cur, il);
     };
     // llama4: the router weight scales each slot's input row; the outputs then sum with weight 1
     // (an exact 1.0f * y, so every path still rounds alike).
     Act in = cur;
+    if (L.ffn_latent_down.present()) in = f.linear(cur, L.ffn_latent_down, "ffn_latent_down", il);
     const float* combine_weights = r.weights.data();
     std::vector<float> ones;
     if (L.expert_input_weighted) {
@@ -304,7 +306,7 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
         ones.assign(static_cast<size_t>(T * k), 1.0f);
         combine_weights = ones.data();
     }
-    Act out = f.alloc(T, h.n_embd);
+    Act out = f.alloc(T, h.n_embd_exp());
     // One token reads one input row unless its k slots each have their own (weighted, k > 1).
     if (T == 1 && in.n_tokens == 1) {
         experts_one_token(f, in, hidden, logits.data, r.ids.data(), combine_weights, unique, out, il,
@@ -314,7 +316,8 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
                       unique, out, il, shared_expert);
     }
     f.name(out, "ffn_moe_out", il);
-    if (!L.ffn_gate.present()) return out;
+    if (L.ffn_latent_up.present()) out = f.linear(out, L.ffn_latent_up, "ffn_latent_up", il);
+    if (!L.ffn_up.present()) return out;
     if (!shared.data) shared_expert();  // no expert was acquired (cannot happen with n_tokens > 0)
     return f.add(out, shared, "ffn_out", il);
 }

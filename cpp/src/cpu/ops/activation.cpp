@@ -25,4 +25,11 @@ void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float
     }
 }
 
+void relu_sqr(const float* x, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float r = x[i] > 0.0f ? x[i] : 0.0f;
+        out[i] = r * r;
+    }
+}
+
 }  // namespace sharpi::cpu

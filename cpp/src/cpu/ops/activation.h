@@ -16,6 +16,9 @@ void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, f
 
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 
+// nemotron_h_moe's squared ReLU: out[i] = max(x[i], 0)^2 (out may alias x).
+void relu_sqr(const float* x, float* out, int64_t n);
+
 inline float sigmoid(float x) {
     return 1.0f / (1.0f + __builtin_expf(-x));
 }

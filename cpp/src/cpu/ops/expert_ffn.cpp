@@ -44,7 +44,9 @@ void expert_glu(const ExpertFfnWeights& e, int64_t r0, float* gate, float* up, f
     if (e.up_b) {
         for (int64_t i = 0; i < n; ++i) up[i] += e.up_b[r0 + i];
     }
-    if (e.swiglu_clamp > 0.0f) {
+    if (e.relu_sqr) {
+        relu_sqr(up, act, n);  // no gate: its dots (the up matrix's again) are discarded
+    } else if (e.swiglu_clamp > 0.0f) {
         swiglu_clamped(gate, up, act, n, e.swiglu_clamp);
     } else if (e.swiglu_limit > 0.0f) {
         swiglu_oai(gate, up, act, n, kSwigluOaiAlpha, e.swiglu_limit);
@@ -75,7 +77,8 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
     }
     int64_t gate_up_bytes = 0, down_bytes = 0;
     for (int j = 0; j < k; ++j) {
-        gate_up_bytes += matrix_bytes(experts[j].gate) + matrix_bytes(experts[j].up);
+        gate_up_bytes +=
+            (experts[j].relu_sqr ? 0 : matrix_bytes(experts[j].gate)) + matrix_bytes(experts[j].up);
         down_bytes += matrix_bytes(experts[j].down);
     }
     std::vector<float> act(static_cast<size_t>(k * n_ff));
@@ -83,7 +86,7 @@ void expert_ffn_one_token(ThreadPool& pool, const ExpertFfnWeights* experts, con
         for (int64_t item = begin; item < end; ++item) {
             const int64_t j = item / n_ff, r = item % n_ff;
             const ExpertFfnWeights& e = experts[j];
-            float g = gate_dot[j](e.gate.data + r * e.gate.row_bytes);
+            float g = e.relu_sqr ? 0.0f : gate_dot[j](e.gate.data + r * e.gate.row_bytes);
             float u = up_dot[j](e.up.data + r * e.up.row_bytes);
             expert_glu(e, r, &g, &u, &act[static_cast<size_t>(item)], 1);
         }
@@ -159,7 +162,8 @@ void expert_ffn_batch_matmul(ThreadPool& pool, const ExpertFfnWeights* experts, 
         for (int64_t m = 0; m < n; ++m) {
             std::memcpy(xe.data() + m * n_embd, x + tokens[m0 + m] * ldx, sizeof(float) * n_embd);
         }
-        cpu::matmul(pool, experts[e].gate, xe.data(), n_embd, n, g.data(), n_ff, exact);
+        if (!experts[e].relu_sqr)
+            cpu::matmul(pool, experts[e].gate, xe.data(), n_embd, n, g.data(), n_ff, exact);
         cpu::matmul(pool, experts[e].up, xe.data(), n_embd, n, u.data(), n_ff, exact);
         for (int64_t m = 0; m < n; ++m) {
             expert_glu(experts[e], 0, g.data() + m * n_ff, u.data() + m * n_ff, g.data() + m * n_ff, n_ff);
@@ -226,7 +230,8 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
     int64_t gate_up_work = 0, down_work = 0;
     for (int e = 0; e < n_experts; ++e) {
         const int64_t n = std::max<int64_t>(0, member_end[e] - member_begin[e]);
-        gate_up_work += n * (matrix_bytes(experts[e].gate) + matrix_bytes(experts[e].up));
+        gate_up_work +=
+            n * ((experts[e].relu_sqr ? 0 : matrix_bytes(experts[e].gate)) + matrix_bytes(experts[e].up));
         down_work += n * matrix_bytes(experts[e].down);
     }
     std::vector<RowItem> items;
@@ -243,8 +248,11 @@ void expert_ffn_batch(ThreadPool& pool, const ExpertFfnWeights* experts, const i
                 const int64_t rows = item.r1 - item.r0;
                 if (up.size() < static_cast<size_t>(n * rows)) up.resize(static_cast<size_t>(n * rows));
                 float* g = act_data + m0 * n_ff;
-                quantized_rows(experts[item.e].gate, *kg, xq_gate_data + static_cast<size_t>(m0) * g_bytes,
-                               g_bytes, n, item.r0, item.r1, g, n_ff);
+                if (!experts[item.e].relu_sqr) {
+                    quantized_rows(experts[item.e].gate, *kg,
+                                   xq_gate_data + static_cast<size_t>(m0) * g_bytes, g_bytes, n, item.r0,
+                                   item.r1, g, n_ff);
+                }
                 // up rows r0..r1 (a view starting at row r0) land at up[m * rows + (r - r0)].
                 WeightView up_rows = experts[item.e].up;
                 up_rows.data += static_cast<size_t>(item.r0) * up_rows.row_bytes;
@@ -296,7 +304,7 @@ void expert_ffn_slots(ThreadPool& pool, const ExpertFfnWeights* experts, const i
         const ExpertFfnWeights& e = experts[i];
         gate_dot[i] = x_in.bind(e.gate.type);
         up_dot[i] = x_in.bind(e.up.type);
-        gate_up_bytes += static_cast<int64_t>(e.gate.row_bytes + e.up.row_bytes) * n_ff;
+        gate_up_bytes += static_cast<int64_t>((e.relu_sqr ? 0 : e.gate.row_bytes) + e.up.row_bytes) * n_ff;
         down_bytes += static_cast<int64_t>(e.down.row_bytes) * n_embd;
     }
     pool.parallel_for_bytes(n_slots * 2 * n_ff, gate_up_bytes, [&](int64_t begin, int64_t end, int) {
@@ -304,7 +312,7 @@ void expert_ffn_slots(ThreadPool& pool, const ExpertFfnWeights* experts, const i
             const int64_t i = item / (2 * n_ff), r = item % (2 * n_ff);
             const ExpertFfnWeights& e = experts[i];
             if (r < n_ff) {
-                g[i * n_ff + r] = gate_dot[i](e.gate.data + r * e.gate.row_bytes);
+                if (!e.relu_sqr) g[i * n_ff + r] = gate_dot[i](e.gate.data + r * e.gate.row_bytes);
             } else {
                 const int64_t ru = r - n_ff;
                 up[i * n_ff + ru] = up_dot[i](e.up.data + ru * e.up.row_bytes);

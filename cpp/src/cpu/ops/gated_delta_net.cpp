@@ -7,7 +7,7 @@
 namespace sharpi::cpu {
 
 void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
-                 int64_t kernel_size, const float* kernel, float* y, int64_t ldy) {
+                 int64_t kernel_size, const float* kernel, const float* bias, float* y, int64_t ldy) {
     const int64_t n_state = kernel_size - 1;
     // Row r of the virtual sequence xs = [state; x].
     auto xs = [&](int64_t r) { return r < n_state ? state + r * channels : x + (r - n_state) * ldx; };
@@ -17,6 +17,7 @@ void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, in
             const float* w = kernel + c * kernel_size;
             float sum = 0.0f;
             for (int64_t j = 0; j < kernel_size; ++j) sum += w[j] * xs(t + j)[c];
+            if (bias) sum += bias[c];
             out[c] = sum / (1.0f + std::exp(-sum));
         }
     }

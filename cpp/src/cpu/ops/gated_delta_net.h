@@ -31,8 +31,9 @@ using sharpi::GdnShape;
 //   y[t][c] = silu(sum_{j<K} kernel[c][j] * xs[t + j][c]),  xs = state rows (K-1) then x rows,
 // then state = the last K-1 rows of xs. x: [T, channels] (row stride ldx), y: [T, channels] (ldy),
 // kernel: [channels, K], state: [K-1, channels].
+// bias: [channels] added to each sum before the SiLU (Mamba-2's conv1d), or nullptr.
 void conv1d_silu(float* state, const float* x, int64_t ldx, int64_t n_tokens, int64_t channels,
-                 int64_t kernel_size, const float* kernel, float* y, int64_t ldy);
+                 int64_t kernel_size, const float* kernel, const float* bias, float* y, int64_t ldy);
 
 void gated_delta_rule_recurrent(ThreadPool& pool, const GdnInputs& in, int64_t n_tokens,
                                 const GdnShape& shape, float* state, float* out, int64_t ldo);

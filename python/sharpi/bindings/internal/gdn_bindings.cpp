@@ -62,7 +62,7 @@ FloatArray conv1d_silu(const FloatArray& x, const FloatArray& kernel,
     if (state.ndim() != 2 || state.shape(0) != K - 1 || state.shape(1) != C)
         throw InvalidArgument("[gdn] state has the wrong shape");
     FloatArray y({T, C});
-    cpu::conv1d_silu(state.mutable_data(), x.data(), C, T, C, K, kernel.data(), y.mutable_data(), C);
+    cpu::conv1d_silu(state.mutable_data(), x.data(), C, T, C, K, kernel.data(), nullptr, y.mutable_data(), C);
     return y;
 }
 
