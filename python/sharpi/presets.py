@@ -21,11 +21,9 @@ from ._core import InvalidArgument
 
 # Architectures make-model writes, as GGUF `general.architecture` strings.
 MOE_ARCHES = ("qwen2moe", "qwen3moe", "olmoe", "deepseek2", "qwen3next", "qwen35moe", "gpt-oss", "glm4moe",
-              "llama4", "minimax-m2", "deepseek4", "deepseek32",
-              "nemotron_h_moe")  # always MoE
+              "llama4", "minimax-m2", "deepseek4", "deepseek32", "nemotron_h_moe")  # always MoE
 # Multi-head latent attention: deepseek2, and deepseek32 (deepseek2 plus DeepSeek Sparse Attention).
-MLA_ARCHES = ("deepseek2", "deepseek32",
-              "nemotron_h_moe")
+MLA_ARCHES = ("deepseek2", "deepseek32")
 # Hybrid Gated DeltaNet + gated attention (every full_attention_interval-th layer is attention).
 HYBRID_ARCHES = ("qwen3next", "qwen35moe")
 DENSE_ARCHES = ("qwen2", "qwen3")  # never MoE
@@ -731,8 +729,8 @@ def validate(hp: HParams) -> None:
             bad("DSA needs indexer_n_head, indexer_top_k > 0 and indexer_head_dim >= n_rot")
         if hp.n_expert_group and (hp.n_expert % hp.n_expert_group or not 0 < hp.n_expert_group_used <= hp.n_expert_group):
             bad("n_expert must split into n_expert_group groups, of which 1..n_expert_group are used")
-    elif hp.indexer_n_head or hp.indexer_top_k or hp.n_expert_group:
-        bad("indexer_* and n_expert_group are deepseek32 fields")
+    elif hp.n_expert_group or (hp.arch != "deepseek4" and (hp.indexer_n_head or hp.indexer_top_k)):
+        bad("indexer_* are deepseek32 and deepseek4 fields, n_expert_group a deepseek32 one")
     if hp.arch in MLA_ARCHES + ("glm4moe",):  # leading dense layers, shared experts in expert units
         if not 0 <= hp.n_layer_dense_lead < hp.n_layer:
             bad(f"n_layer_dense_lead = {hp.n_layer_dense_lead} must be in 0..n_layer-1")
