@@ -370,6 +370,33 @@ void CudaBackend::ssm_scan(const SsmInputs&, int64_t, const SsmShape&, float*, f
     refuse(OpCall{"ssm_scan", GgmlType::F32, ""});
 }
 
+// ---- DeepSeek-V4: no kernels yet (the table says so) ----------------------------------------------
+
+void CudaBackend::rms_norm_unweighted(const float*, float*, int64_t, int64_t, int64_t, float) {
+    refuse(OpCall{"rms_norm_unweighted", GgmlType::F32, ""});
+}
+void CudaBackend::swiglu_clamped(const float*, const float*, float*, int64_t, float) {
+    refuse(OpCall{"swiglu_clamped", GgmlType::F32, ""});
+}
+void CudaBackend::hc_block_weights(const float*, int64_t, int64_t, const float*, const float*, float, int64_t,
+                                   float*, float*, float*) {
+    refuse(OpCall{"hc_block_weights", GgmlType::F32, ""});
+}
+void CudaBackend::hc_head_weights(const float*, int64_t, int64_t, const float*, const float*, float, float*) {
+    refuse(OpCall{"hc_head_weights", GgmlType::F32, ""});
+}
+void CudaBackend::hc_collapse(const float*, int64_t, int64_t, int64_t, const float*, float*) {
+    refuse(OpCall{"hc_collapse", GgmlType::F32, ""});
+}
+void CudaBackend::hc_expand(const float*, const float*, int64_t, int64_t, int64_t, const float*, const float*,
+                            float*) {
+    refuse(OpCall{"hc_expand", GgmlType::F32, ""});
+}
+void CudaBackend::compressed_attention(const CompressedAttentionInputs&, KvCache& kv, int, int64_t, int64_t,
+                                       const CompressedAttentionShape& shape, float*, int64_t) {
+    refuse(OpCall{"compressed_attention", kv.type_k(), "ratio=" + std::to_string(shape.ratio)});
+}
+
 void CudaBackend::relu_sqr(const float*, float*, int64_t) {
     refuse(OpCall{"relu_sqr", GgmlType::F32, ""});
 }

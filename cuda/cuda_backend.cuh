@@ -119,6 +119,21 @@ class CudaBackend final : public Backend {
                        float scale) override;
     void gated_delta_rule(const GdnInputs& in, int64_t n_tokens, const GdnShape& shape, int64_t chunk_size,
                           float* state, float* out, int64_t ldo) override;
+    void rms_norm_unweighted(const float* x, float* y, int64_t ld, int64_t n_rows, int64_t width,
+                             float eps) override;
+    void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) override;
+    void hc_block_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                          const float* scale, float eps, int64_t sinkhorn_iters, float* pre, float* post,
+                          float* comb) override;
+    void hc_head_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                         const float* scale, float eps, float* pre) override;
+    void hc_collapse(const float* x, int64_t n_tokens, int64_t n_hc, int64_t d, const float* pre,
+                     float* y) override;
+    void hc_expand(const float* x, const float* out, int64_t n_tokens, int64_t n_hc, int64_t d,
+                   const float* post, const float* comb, float* y) override;
+    void compressed_attention(const CompressedAttentionInputs& in, KvCache& kv, int il, int64_t n_tokens,
+                              int64_t pos0, const CompressedAttentionShape& shape, float* out,
+                              int64_t ldo) override;
     void ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state, float* out,
                   int64_t ldo) override;
 

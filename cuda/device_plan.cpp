@@ -121,6 +121,14 @@ std::vector<HostWeight> device_weights(const Model& model) {
         add_linear(out, il, "indexer_compressor_gate", L.idx_comp_wgate);
         add_linear(out, il, "indexer.attn_q_b", L.idx_q_b);
         add_linear(out, il, "indexer.proj", L.idx_proj);
+        add_vector(out, ModelLoader::block_name(il, "hc_attn_base.weight"), L.hc_attn_base);
+        add_vector(out, ModelLoader::block_name(il, "hc_attn_scale.weight"), L.hc_attn_scale);
+        add_vector(out, ModelLoader::block_name(il, "hc_ffn_base.weight"), L.hc_ffn_base);
+        add_vector(out, ModelLoader::block_name(il, "hc_ffn_scale.weight"), L.hc_ffn_scale);
+        add_vector(out, ModelLoader::block_name(il, "attn_compressor_ape.weight"), L.comp_ape);
+        add_vector(out, ModelLoader::block_name(il, "attn_compressor_norm.weight"), L.comp_norm);
+        add_vector(out, ModelLoader::block_name(il, "indexer_compressor_ape.weight"), L.idx_comp_ape);
+        add_vector(out, ModelLoader::block_name(il, "indexer_compressor_norm.weight"), L.idx_comp_norm);
         if (!moe) continue;
         for (int part = 0; part < kExpertParts; ++part) {
             const ExpertPart& p = model.experts.part(il, part);
@@ -131,6 +139,8 @@ std::vector<HostWeight> device_weights(const Model& model) {
     add_vector(out, "output_norm.weight", model.output_norm);
     add_view(out, "output.weight", model.output);
     add_view(out, "output_hc_fn.weight", model.hc_head_fn.w);
+    add_vector(out, "output_hc_base.weight", model.hc_head_base);
+    add_vector(out, "output_hc_scale.weight", model.hc_head_scale);
     return out;
 }
 

@@ -40,10 +40,13 @@ EXPECTED_BLOCKERS = {
     # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
     "llama4": {"attention", "route_topk", "scale_rows"},
     "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
-    # sqrt(softplus) routing with a weight scale, the V4 clamped SwiGLU of every expert. Its attention,
-    # hyper-connections and compressors are host code (model/archs/deepseek4.cpp), not backend ops:
-    # the device path refuses the architecture as a whole (cuda/device_plan.cpp).
-    "deepseek4": {"route_topk", "expert_ffn_batch", "expert_ffn_one_token"},
+    # sqrt(softplus) routing with a weight scale, the V4 clamped SwiGLU of every expert and of the
+    # shared one, the hyper-connections (their unweighted norm, weights, collapse and expansion) and
+    # the sliding-window / compressed sparse attention over its f32 state rows.
+    "deepseek4": {
+        "route_topk", "expert_ffn_batch", "expert_ffn_one_token", "swiglu_clamped", "rms_norm_unweighted",
+        "hc_block_weights", "hc_head_weights", "hc_collapse", "hc_expand", "compressed_attention",
+    },
     # MLA, plus DSA's indexer (its key LayerNorm and top-k), sigmoid routing with a selection bias.
     "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm", "route_topk"},
     # Mamba-2 (conv with its state, the scan, the gated norm), relu^2 experts and shared expert, and

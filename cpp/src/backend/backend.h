@@ -130,6 +130,33 @@ class Backend {
     virtual void ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state,
                           float* out, int64_t ldo) = 0;
 
+    // ---- DeepSeek-V4 (deepseek4) ---------------------------------------------------------------------
+    // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) over rows of `width` (stride ld for both; y may be x).
+    virtual void rms_norm_unweighted(const float* x, float* y, int64_t ld, int64_t n_rows, int64_t width,
+                                     float eps) = 0;
+    // out = silu(min(gate, limit)) * clamp(up, -limit, limit) over n elements (V4's clamped SwiGLU).
+    virtual void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) = 0;
+    // The hyper-connections' weights and stream mixing (cpu/ops/hyper_connection.h has the arithmetic):
+    // from a block's mixes [n_tokens, (2 + n_hc) * n_hc] its pre, post [n_tokens, n_hc] and comb
+    // [n_tokens, n_hc * n_hc]; from the head's mixes [n_tokens, n_hc] its pre. base, scale: weights.
+    virtual void hc_block_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                                  const float* scale, float eps, int64_t sinkhorn_iters, float* pre,
+                                  float* post, float* comb) = 0;
+    virtual void hc_head_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                                 const float* scale, float eps, float* pre) = 0;
+    // y[t] = sum_j pre[t, j] x[t, stream j] (x rows [n_hc * d], y rows [d]).
+    virtual void hc_collapse(const float* x, int64_t n_tokens, int64_t n_hc, int64_t d, const float* pre,
+                             float* y) = 0;
+    // y[t, k] = post[t, k] out[t] + sum_j comb[t, j, k] x[t, j] (x, y rows [n_hc * d]; out rows [d]).
+    virtual void hc_expand(const float* x, const float* out, int64_t n_tokens, int64_t n_hc, int64_t d,
+                           const float* post, const float* comb, float* y) = 0;
+    // Stores positions pos0 .. pos0 + n_tokens - 1 of layer il (their KV rows and the compressed
+    // entries their windows close: cpu/ops/compressed_attention.h) and writes each token's
+    // attention output [n_head * head_dim] to out (row stride ldo). The cache must be f32.
+    virtual void compressed_attention(const CompressedAttentionInputs& in, KvCache& kv, int il,
+                                      int64_t n_tokens, int64_t pos0, const CompressedAttentionShape& shape,
+                                      float* out, int64_t ldo) = 0;
+
     // ---- MoE --------------------------------------------------------------------------------------
     // Router: gating scores `probs` [n_tokens, n_expert] (backend) and each token's top-k expert ids
     // and weights in rank order ([n_tokens, k], host memory: the expert cache schedules on them).

@@ -112,6 +112,54 @@ struct IndexerShape {
     float weight_scale = 1.0f;  // multiplies each head weight: 1 / sqrt(n_head * head_dim)
 };
 
+// DeepSeek-V4's attention of one layer (cpu/ops/compressed_attention.h): shared-KV heads of head_dim
+// (the last n_rot dims rotated) over a sliding window of `window` positions and, on a compressed
+// layer (ratio 4: CSA, 128: HCA), the entries its compressors emit, one per closed window of `ratio`
+// positions; CSA's lightning indexer (indexer_n_head heads of indexer_head_dim) keeps the best
+// indexer_top_k of them.
+struct CompressedAttentionShape {
+    int64_t n_head = 0;
+    int64_t head_dim = 0;
+    int64_t window = 0;
+    int64_t ratio = 0;
+    int64_t indexer_n_head = 0;
+    int64_t indexer_head_dim = 0;
+    int64_t indexer_top_k = 0;
+    float scale = 1.0f;        // on q.k
+    float eps = 0.0f;          // the compressors' RMSNorm
+    RopeParams rope;           // the layer's: undone on the output's rope dims
+    RopeParams compress_rope;  // the entries'
+};
+
+// One step's rows of a sequence for CompressedAttentionShape (rows t = 0 .. n_tokens - 1, each with
+// its own stride). q [n_head * head_dim] and kv [head_dim] come normed and rotated; the compressor's
+// kv and gate rows are [coff * head_dim] (coff 2 on CSA, 1 on HCA) and the indexer's [2 *
+// indexer_head_dim], before the gate's absolute position embedding (ape: [ratio, width], the row
+// of p % ratio is added); idx_q [indexer_n_head * indexer_head_dim] comes rotated, idx_w
+// [indexer_n_head] is the indexer's head weights. Unused pointers (by the layer's ratio) may be null.
+// Weights: ape, norm [head_dim or indexer_head_dim], sinks [n_head], f32.
+struct CompressedAttentionInputs {
+    const float* q = nullptr;
+    int64_t ldq = 0;
+    const float* kv = nullptr;
+    int64_t ldkv = 0;
+    const float* comp_kv = nullptr;
+    const float* comp_gate = nullptr;
+    int64_t ld_comp = 0;
+    const float* comp_ape = nullptr;
+    const float* comp_norm = nullptr;
+    const float* idx_kv = nullptr;
+    const float* idx_gate = nullptr;
+    int64_t ld_idx = 0;
+    const float* idx_ape = nullptr;
+    const float* idx_norm = nullptr;
+    const float* idx_q = nullptr;
+    int64_t ld_idx_q = 0;
+    const float* idx_w = nullptr;
+    int64_t ld_idx_w = 0;
+    const float* sinks = nullptr;
+};
+
 // Gated DeltaNet heads (cpu/ops/gated_delta_net.h).
 struct GdnShape {
     int64_t n_k_heads = 0;

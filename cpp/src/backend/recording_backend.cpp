@@ -170,6 +170,52 @@ void RecordingBackend::ssm_scan(const SsmInputs& in, int64_t n_tokens, const Ssm
     inner_.ssm_scan(in, n_tokens, shape, state, out, ldo);
 }
 
+// ---- DeepSeek-V4 ----------------------------------------------------------------------------------
+
+void RecordingBackend::rms_norm_unweighted(const float* x, float* y, int64_t ld, int64_t n_rows,
+                                           int64_t width, float eps) {
+    record("rms_norm_unweighted");
+    inner_.rms_norm_unweighted(x, y, ld, n_rows, width, eps);
+}
+void RecordingBackend::swiglu_clamped(const float* gate, const float* up, float* out, int64_t n,
+                                      float limit) {
+    record("swiglu_clamped");
+    inner_.swiglu_clamped(gate, up, out, n, limit);
+}
+void RecordingBackend::hc_block_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                                        const float* scale, float eps, int64_t sinkhorn_iters, float* pre,
+                                        float* post, float* comb) {
+    record("hc_block_weights");
+    read_weight("hc_block_weights", base);
+    read_weight("hc_block_weights", scale);
+    inner_.hc_block_weights(mixes, n_tokens, n_hc, base, scale, eps, sinkhorn_iters, pre, post, comb);
+}
+void RecordingBackend::hc_head_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                                       const float* scale, float eps, float* pre) {
+    record("hc_head_weights");
+    read_weight("hc_head_weights", base);
+    read_weight("hc_head_weights", scale);
+    inner_.hc_head_weights(mixes, n_tokens, n_hc, base, scale, eps, pre);
+}
+void RecordingBackend::hc_collapse(const float* x, int64_t n_tokens, int64_t n_hc, int64_t d,
+                                   const float* pre, float* y) {
+    record("hc_collapse");
+    inner_.hc_collapse(x, n_tokens, n_hc, d, pre, y);
+}
+void RecordingBackend::hc_expand(const float* x, const float* out, int64_t n_tokens, int64_t n_hc, int64_t d,
+                                 const float* post, const float* comb, float* y) {
+    record("hc_expand");
+    inner_.hc_expand(x, out, n_tokens, n_hc, d, post, comb, y);
+}
+void RecordingBackend::compressed_attention(const CompressedAttentionInputs& in, KvCache& kv, int il,
+                                            int64_t n_tokens, int64_t pos0,
+                                            const CompressedAttentionShape& shape, float* out, int64_t ldo) {
+    record("compressed_attention", kv.type_k(), "ratio=" + std::to_string(shape.ratio));
+    for (const float* w : {in.comp_ape, in.comp_norm, in.idx_ape, in.idx_norm, in.sinks})
+        read_weight("compressed_attention", w);
+    inner_.compressed_attention(in, kv, il, n_tokens, pos0, shape, out, ldo);
+}
+
 void RecordingBackend::route_topk(const Act& logits, int64_t k, const RouterParams& params, const Act& probs,
                                   int32_t* ids, float* weights) {
     calls_.push_back(route_topk_call(params, logits.width));

@@ -5,8 +5,10 @@
 
 #include "cpu/ops/activation.h"
 #include "cpu/ops/attention.h"
+#include "cpu/ops/compressed_attention.h"
 #include "cpu/ops/expert_ffn.h"
 #include "cpu/ops/gated_delta_net.h"
+#include "cpu/ops/hyper_connection.h"
 #include "cpu/ops/layer_norm.h"
 #include "cpu/ops/lightning_indexer.h"
 #include "cpu/ops/matmul.h"
@@ -16,6 +18,7 @@
 #include "cpu/ops/router.h"
 #include "cpu/ops/ssm_scan.h"
 #include "cpu/quant/kernels.h"
+#include "sharpi/errors.h"
 
 namespace sharpi {
 
@@ -208,6 +211,43 @@ void CpuBackend::gated_delta_rule(const GdnInputs& in, int64_t n_tokens, const G
 void CpuBackend::ssm_scan(const SsmInputs& in, int64_t n_tokens, const SsmShape& shape, float* state,
                           float* out, int64_t ldo) {
     cpu::ssm_scan(pool_, in, n_tokens, shape, state, out, ldo);
+}
+
+// ---- DeepSeek-V4 ----------------------------------------------------------------------------------
+
+void CpuBackend::rms_norm_unweighted(const float* x, float* y, int64_t ld, int64_t n_rows, int64_t width,
+                                     float eps) {
+    cpu::rms_norm_unweighted(x, y, ld, n_rows, width, eps);
+}
+void CpuBackend::swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) {
+    cpu::swiglu_clamped(gate, up, out, n, limit);
+}
+void CpuBackend::hc_block_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                                  const float* scale, float eps, int64_t sinkhorn_iters, float* pre,
+                                  float* post, float* comb) {
+    cpu::hc_block_weights(mixes, n_tokens, n_hc, base, scale, eps, sinkhorn_iters, pre, post, comb);
+}
+void CpuBackend::hc_head_weights(const float* mixes, int64_t n_tokens, int64_t n_hc, const float* base,
+                                 const float* scale, float eps, float* pre) {
+    cpu::hc_head_weights(mixes, n_tokens, n_hc, base, scale, eps, pre);
+}
+void CpuBackend::hc_collapse(const float* x, int64_t n_tokens, int64_t n_hc, int64_t d, const float* pre,
+                             float* y) {
+    cpu::hc_collapse(x, n_tokens, n_hc, d, pre, y);
+}
+void CpuBackend::hc_expand(const float* x, const float* out, int64_t n_tokens, int64_t n_hc, int64_t d,
+                           const float* post, const float* comb, float* y) {
+    cpu::hc_expand(x, out, n_tokens, n_hc, d, post, comb, y);
+}
+void CpuBackend::compressed_attention(const CompressedAttentionInputs& in, KvCache& kv, int il,
+                                      int64_t n_tokens, int64_t pos0, const CompressedAttentionShape& shape,
+                                      float* out, int64_t ldo) {
+    if (kv.type_k() != GgmlType::F32)
+        throw UnsupportedError("[cpu] compressed_attention keeps its rows in an f32 cache, not " +
+                               std::string(ggml_type_traits(kv.type_k()).name));
+    const cpu::F32Rows rows{reinterpret_cast<float*>(kv.k_mutable(il)),
+                            static_cast<int64_t>(kv.row_bytes_k() / sizeof(float))};
+    cpu::compressed_attention(pool_, in, rows, n_tokens, pos0, shape, out, ldo);
 }
 
 // ---- MoE ----------------------------------------------------------------------------------------

@@ -21,10 +21,9 @@ extern const ArchSpec kArchDeepseek4;
 extern const ArchSpec kArchNemotronHMoe;
 
 static const ArchSpec* const kArchTable[] = {
-    &kArchLlama,   &kArchQwen2Moe,  &kArchQwen3Moe,  &kArchOlmoe,     &kArchQwen2,
-    &kArchQwen3,   &kArchDeepseek2, &kArchQwen3Next, &kArchQwen35Moe, &kArchGptOss,
-    &kArchGlm4Moe, &kArchLlama4,    &kArchMinimaxM2, &kArchDeepseek4, &kArchDeepseek32,
-    &kArchNemotronHMoe,
+    &kArchLlama,     &kArchQwen2Moe,  &kArchQwen3Moe,   &kArchOlmoe,        &kArchQwen2,   &kArchQwen3,
+    &kArchDeepseek2, &kArchQwen3Next, &kArchQwen35Moe,  &kArchGptOss,       &kArchGlm4Moe, &kArchLlama4,
+    &kArchMinimaxM2, &kArchDeepseek4, &kArchDeepseek32, &kArchNemotronHMoe,
 };
 
 const ArchSpec* find_arch(const std::string& name) {

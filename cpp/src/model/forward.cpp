@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu/ops/hyper_connection.h"
 #include "moe/moe_ffn.h"
 #include "sharpi/errors.h"
 
@@ -155,16 +154,16 @@ void Forward::output_head(const Act& x, int64_t first_row, float* logits) {
     if (n_out <= 0) return;
     const float* rows = x.row(first_row);
     if (h.hc_mult > 1) {
-        // The hc head (host memory: deepseek4 runs on the CPU backend only).
+        // The hc head: the streams collapse into one row before the final norm.
         const int64_t n_hc = h.hc_mult, width = h.n_embd_residual();
         Act flat = alloc(n_out, width);
-        cpu::rms_norm_unweighted(rows, flat.data, width, n_out, width, h.rms_eps);
+        backend_.rms_norm_unweighted(rows, flat.data, width, n_out, width, h.rms_eps);
         Act mixes = linear(flat, model_.hc_head_fn, "hc_head_mixes", -1);
-        std::vector<float> pre(static_cast<size_t>(n_out * n_hc));
-        cpu::hc_head_weights(mixes.data, n_out, n_hc, model_.hc_head_base.data(), model_.hc_head_scale.data(),
-                             h.hc_eps, pre.data());
+        Act pre = alloc(n_out, n_hc);
+        backend_.hc_head_weights(mixes.data, n_out, n_hc, model_.hc_head_base.data(),
+                                 model_.hc_head_scale.data(), h.hc_eps, pre.data);
         Act collapsed = alloc(n_out, h.n_embd);
-        cpu::hc_collapse(rows, n_out, n_hc, h.n_embd, pre.data(), collapsed.data);
+        backend_.hc_collapse(rows, n_out, n_hc, h.n_embd, pre.data, collapsed.data);
         name(collapsed, "hc_head_out", -1);
         rows = collapsed.data;
     }

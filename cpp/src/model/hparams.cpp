@@ -372,8 +372,7 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
     }
     if (hp.has_indexer() && hp.rope.n_rot > hp.indexer_head_dim) {
         throw fail("rope.dimension_count " + std::to_string(hp.rope.n_rot) + " exceeds indexer.key_length " +
-                   std::to_string(hp.indexer_head_dim) +
-                   " (the indexer rotates its first n_rot dimensions)");
+                   std::to_string(hp.indexer_head_dim) + " (the indexer rotates its first n_rot dimensions)");
     }
     hp.rope.freq_base = static_cast<float>(f.get_float_or(a + "rope.freq_base", 10000.0));
     const std::string scaling = f.get_string_or(a + "rope.scaling.type", "none");

@@ -94,6 +94,9 @@ class KvCache {
     // a forked sequence starts from its parent's prefix. Other layers are left untouched (no pages).
     void copy_prefix(const KvCache& src, int64_t n, const std::vector<bool>& layers);
     const uint8_t* k(int il) const { return k_[static_cast<size_t>(il)].get(); }
+    // Layer il's K rows for an op that writes them in place (deepseek4's compressed attention: f32
+    // rows, written exactly as store_k would).
+    uint8_t* k_mutable(int il) { return k_[static_cast<size_t>(il)].get(); }
     const uint8_t* v(int il) const { return v_[static_cast<size_t>(il)].get(); }
     GgmlType type_k() const { return type_k_; }
     GgmlType type_v() const { return type_v_; }

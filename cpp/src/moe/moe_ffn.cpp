@@ -5,7 +5,6 @@
 #include <functional>
 #include <string>
 
-#include "cpu/ops/activation.h"
 #include "sharpi/errors.h"
 
 namespace sharpi {
@@ -327,12 +326,11 @@ Act MoeFfn::forward(Forward& f, const Act& cur, const float* hidden, int il) {
 Act MoeFfn::shared_ffn(Forward& f, const Act& cur, int il) {
     const LayerWeights& L = f.layer(il);
     if (L.shexp_swiglu_clamp > 0.0f) {
-        // deepseek4: the shared expert's SwiGLU is clamped like its routed experts' (host memory:
-        // the arch runs on the CPU backend only).
+        // deepseek4: the shared expert's SwiGLU is clamped like its routed experts'.
         Act g = f.linear(cur, L.ffn_gate, "ffn_shexp_gate_proj", il);
         Act u = f.linear(cur, L.ffn_up, "ffn_shexp_up", il);
         Act a = f.alloc(cur.n_tokens, g.width);
-        cpu::swiglu_clamped(g.data, u.data, a.data, g.n_tokens * g.width, L.shexp_swiglu_clamp);
+        f.backend().swiglu_clamped(g.data, u.data, a.data, g.n_tokens * g.width, L.shexp_swiglu_clamp);
         return f.linear(a, L.ffn_down, "ffn_shexp", il);
     }
     Act shared = f.ffn(cur, L.ffn_gate, L.ffn_up, L.ffn_down, "ffn_shexp", il);
