@@ -267,6 +267,9 @@ def test_inspect_and_make_model_call_their_modules(monkeypatch, capsys, tmp_path
             f.write(b"\0" * 3 * 2**20)
 
     make_mod.write_model = write_model
+    from sharpi.make_model import parse_overrides
+
+    make_mod.parse_overrides = parse_overrides  # the real parser: --set is typed by HParams
     monkeypatch.setitem(sys.modules, "sharpi.inspect_model", inspect_mod)
     monkeypatch.setitem(sys.modules, "sharpi.make_model", make_mod)
 
@@ -288,6 +291,13 @@ def test_inspect_and_make_model_call_their_modules(monkeypatch, capsys, tmp_path
     run_main(argv, capsys)
     assert calls["make"] == (out_path, {"arch": "olmoe", "preset": "tiny", "quant": "q4_0", "seed": 3,
                                         "progress_bar": True})
+    # --set overrides a preset's hyper-parameters (typed by the field), --pure keeps one base type.
+    run_main(["make-model", "--preset", "glm-4.5-air", "--set", "n_layer=4", "--set", "expert_weights_scale=2.5",
+              "--pure", out_path], capsys)
+    assert calls["make"] == (out_path, {"preset": "glm-4.5-air", "pure": True, "progress_bar": True, "n_layer": 4,
+                                        "expert_weights_scale": 2.5})
+    code, _, err = run_main(["make-model", "--set", "n_layers=4", out_path], capsys)
+    assert code != 0 and "--set expects FIELD=VALUE" in err and "n_layer" in err
 
 
 def test_missing_optional_module_is_a_clean_error(monkeypatch, capsys, tmp_path):

@@ -341,8 +341,8 @@ def test_deepseek_v4_preset_plans_v4_flash():
 )
 def test_make_model_refuses_shapes_deepseek4_cannot_have(overrides, match):
     from sharpi import presets
-    from sharpi.make_model import _parse_overrides
+    from sharpi.make_model import parse_overrides
 
-    assert _parse_overrides(["compress_ratios=0,4,4,128"]) == {"compress_ratios": (0, 4, 4, 128)}
+    assert parse_overrides(["compress_ratios=0,4,4,128"]) == {"compress_ratios": (0, 4, 4, 128)}
     with pytest.raises(sharpi.InvalidArgument, match=match):
         presets.resolve("deepseek4", "tiny", **overrides)

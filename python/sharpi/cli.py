@@ -175,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--seed", type=int, default=None, help="weight seed")
     make.add_argument("--fim", action="store_true", default=None,
                       help="add fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|> <|fim_middle|>) to the vocabulary")
+    make.add_argument("--pure", action="store_true", default=None,
+                      help="every weight matrix in the quant's base type (no per-tensor mix)")
+    make.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="override a preset hyper-parameter, e.g. --set n_layer=4 (repeatable; "
+                           "tuples comma-separated: --set compress_ratios=0,4,4,128)")
     make.add_argument("out", metavar="OUT", help="output GGUF path")
 
     from . import bench
@@ -426,13 +431,15 @@ def _device_plan_line(path: str) -> str:
 
 
 def cmd_make_model(args, out: TextIO, err: TextIO) -> int:
-    from .make_model import write_model
+    from .make_model import parse_overrides, write_model
 
     # Only what the user gave: write_model's own defaults apply to the rest.
     options = {
-        k: getattr(args, k) for k in ("arch", "preset", "quant", "seed", "fim") if getattr(args, k) is not None
+        k: getattr(args, k)
+        for k in ("arch", "preset", "quant", "seed", "fim", "pure")
+        if getattr(args, k) is not None
     }
-    write_model(args.out, progress_bar=True, **options)
+    write_model(args.out, progress_bar=True, **options, **parse_overrides(args.set))
     size = os.path.getsize(args.out)
     out.write(f"sharpi: wrote {args.out} ({size / 2**20:.1f} MiB)\n")
     return 0

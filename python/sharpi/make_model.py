@@ -541,7 +541,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def _parse_overrides(items: list[str]) -> dict:
+def parse_overrides(items: list[str]) -> dict:
+    """`--set FIELD=VALUE` items as write_model keyword overrides, typed by HParams' fields."""
     types = {f.name: f.type for f in dataclasses.fields(HParams)}
     out = {}
     for item in items:
@@ -577,7 +578,7 @@ def run(args: argparse.Namespace) -> dict:
         fim=args.fim,
         progress=None if args.json else lambda msg: progress_write("  " + msg),
         progress_bar=True,
-        **_parse_overrides(args.set),
+        **parse_overrides(args.set),
     )
     if args.json:
         print(json.dumps(info, indent=2))
