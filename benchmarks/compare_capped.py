@@ -75,8 +75,19 @@ class CappedSharpiRunner(compare.SharpiRunner):
         s = sharpi.Session(spec["file"], threads=spec["threads"], n_ctx=spec["n_ctx"], ram_budget=o["ram_budget"],
                            reader=o["reader"], predictor=o["predictor"])
         load_s = time.perf_counter() - t0
-        r = compare.timed_greedy(lambda ids: s.decode(ids), lambda t: s.decode([t]), s.reset, spec["prompt_ids"],
-                                 spec["n_decode"])
+
+        def bytes_read() -> int:
+            return sum(x["bytes_read"] for x in s.expert_stats()["layers"])
+
+        after_prefill = []  # expert bytes read when each prefill returned: the last is the timed one's
+
+        def prefill(ids):
+            logits = s.decode(ids)
+            after_prefill.append(bytes_read())
+            return logits
+
+        r = compare.timed_greedy(prefill, lambda t: s.decode([t]), s.reset, spec["prompt_ids"], spec["n_decode"])
+        r["decode_bytes_read"] = bytes_read() - after_prefill[-1]
         st = s.expert_stats()
         lay = st["layers"]
         r.update(load_s=load_s, settings={"threads": spec["threads"], "n_ctx": spec["n_ctx"], **o},
@@ -203,6 +214,7 @@ def run(args) -> dict:
               "n_decode": args.decode, "threads": args.threads, "prompt_source": source,
               "sharpi_plan": plan, "sharpi_budget": budget, "sharpi_experts_share": share,
               "sharpi_budget_cut_to_cap": want > budget_cap, "fastllm_cache": fast_cache,
+              "read_bw": args.read_bw,
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
     for rep in range(args.repeats):
         for r in runners:  # A B C A B C ...
@@ -246,6 +258,19 @@ def render(report: dict) -> str:
             f"| {compare._fmt(x.get('prefill_s') if ok else None, '.1f')} "
             f"| {compare._fmt(peak / MiB if peak else None, '.0f')} | {c.get('failcnt', '–')} "
             f"| {c.get('oom_kills', '–')} | {x['loadavg_before']:.1f} |")
+    streamed = [x for x in report["runs"] if x["status"] == compare.STATUS_OK and "decode_bytes_read" in x]
+    if streamed:
+        bw = report["read_bw"]
+        lines += ["", (f"sharpi's decode against its IO lower bound: expert bytes read per decoded token ÷ "
+                       f"{bw / 1e9:.2f} GB/s (--read-bw, the reader's rate on this disk) is the least TPOT "
+                       f"the reads allow; TPOT ÷ that bound is 1.0 when decode is all IO."), "",
+                  "| round | MB read / token | IO bound ms | TPOT ms | TPOT ÷ IO bound |", "|---|---|---|---|---|"]
+        for x in streamed:
+            per_token = x["decode_bytes_read"] / x["n_decode"]
+            bound_ms = 1e3 * per_token / bw
+            tpot_ms = 1e3 / x["decode_tok_s"]
+            lines.append(f"| {x['round']} | {per_token / 1e6:.1f} | {bound_ms:.1f} | {tpot_ms:.1f} "
+                         f"| {compare._fmt(tpot_ms / bound_ms if bound_ms else None, '.2f')} |")
     lines += ["", "| engine | runs ok | median decode tok/s | sharpi ÷ engine |", "|---|---|---|---|"]
     med = {}
     for key in dict.fromkeys(x["engine"] for x in report["runs"]):
@@ -278,6 +303,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=compare.int_at_least(1), default=2)
     ap.add_argument("--threads", type=compare.int_at_least(1), default=2)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take")
+    ap.add_argument("--read-bw", type=float, default=1.2e9,
+                    help="bytes/s the expert reader reaches on this disk, for the IO lower bound "
+                         "(benchmarks/bench_readers.py measures it; default 1.2e9)")
     ap.add_argument("--out", default="bench-out/capped")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
