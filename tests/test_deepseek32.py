@@ -50,6 +50,7 @@ from reference.engine_checks import (
     check_greedy,
     check_prefill_and_stepwise,
     check_streams_like_resident,
+    session_opener,
 )
 from reference.numpy_forward import ReferenceModel, forward, relative_error_per_position
 from sharpi import make_model as mm
@@ -211,9 +212,7 @@ def test_streamed_equals_resident_at_a_quarter_budget(converted, outtype):
     path = str(converted.gguf[outtype])
     prompt = _prompt(converted, 5, 16)
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=THREADS, n_ctx=128, **budget)
+    open_session = session_opener(path, threads=THREADS, n_ctx=128)
 
     check_streams_like_resident(open_session, prompt, 16, f"deepseek32 {outtype}")
 
@@ -268,9 +267,7 @@ def test_q4_k_m_file_holds_a_mix_and_matches_the_reference(q4_k_m_file):
 def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
     prompt = hf_export.random_prompt(384, 16, seed=63)
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact)
 
     check_streams_like_resident(open_session, prompt, 16, f"deepseek32 Q4_K_M exact={exact}")
 

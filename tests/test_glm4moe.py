@@ -40,6 +40,7 @@ from reference.engine_checks import (
     check_exact_file_against_reference,
     check_streams_like_resident,
     greedy_logits,
+    session_opener,
 )
 from sharpi import _core
 from sharpi import make_model as mm
@@ -157,9 +158,7 @@ def test_declared_nextn_block_without_tensors_loads(files):
 def test_streamed_equals_resident_at_a_quarter_budget(files, name):
     path = str(files[name])
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=THREADS, n_ctx=128, **budget)
+    open_session = session_opener(path, threads=THREADS, n_ctx=128)
 
     check_streams_like_resident(open_session, PROMPT, 24, f"{name} f32")
 
@@ -250,9 +249,7 @@ def test_q4_k_m_exact_mode_matches_reference(q4_k_m_file):
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact)
 
     check_streams_like_resident(open_session, PROMPT, 24, f"glm4moe Q4_K_M exact={exact}")
 

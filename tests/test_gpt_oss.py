@@ -27,7 +27,12 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
-from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
+from reference.engine_checks import (
+    check_greedy,
+    check_prefill_and_stepwise,
+    check_streams_like_resident,
+    session_opener,
+)
 
 NAME = "gpt_oss"
 # YaRN: a GGUF file carries no `truncate` flag, and llama.cpp (ggml_rope_yarn_corr_dims), like
@@ -116,9 +121,7 @@ def test_yarn_truncation_is_the_only_gap(converted, tmp_path_factory):
 def test_streamed_equals_resident_at_a_quarter_budget(converted, exact):
     path = str(converted.gguf["f32"])
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=2, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(path, threads=2, n_ctx=128, exact=exact)
 
     prompt = _prompt(converted.exported.vocab_size, 2)
     check_streams_like_resident(open_session, prompt, 24, f"gpt-oss exact={exact}")

@@ -13,7 +13,12 @@ import gguf
 import numpy as np
 import pytest
 import sharpi
-from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
+from reference.engine_checks import (
+    check_greedy,
+    check_prefill_and_stepwise,
+    check_streams_like_resident,
+    session_opener,
+)
 from reference.numpy_forward import ReferenceModel, forward
 from sharpi.make_model import write_model
 
@@ -95,8 +100,6 @@ def test_each_iq_type_matches_reference_in_exact_mode(model_path, quant):
 def test_mix_streams_bit_identically_at_a_quarter_budget(model_path, exact):
     path = model_path("iq2_xxs_mix")
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=2, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(path, threads=2, n_ctx=128, exact=exact)
 
     check_streams_like_resident(open_session, list(range(5, 25)), 24, f"iq2_xxs_mix exact={exact}")

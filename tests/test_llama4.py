@@ -32,7 +32,12 @@ import sharpi
 from ci_policy import prerequisite_missing
 from llama_quantize import llama_quantize
 from reference import hf_export
-from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
+from reference.engine_checks import (
+    check_greedy,
+    check_prefill_and_stepwise,
+    check_streams_like_resident,
+    session_opener,
+)
 from reference.numpy_forward import ReferenceModel, forward, relative_error_per_position
 
 NAME = "llama4"
@@ -238,9 +243,7 @@ def test_q4_k_m_file_is_the_quantizer_mix(q4_k_m_file):
 def test_streamed_equals_resident_under_an_evicting_budget(converted, q4_k_m_file, quant, exact):
     path = _files(converted, q4_k_m_file, quant)
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=2, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(path, threads=2, n_ctx=128, exact=exact)
 
     prompt = _prompt(converted.exported.vocab_size, 5)
     check_streams_like_resident(open_session, prompt, 24, f"llama4 {quant} exact={exact}")

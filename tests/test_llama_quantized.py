@@ -26,7 +26,12 @@ import pytest
 import sharpi
 from ci_policy import prerequisite_missing, require_module
 from reference import hf_export
-from reference.engine_checks import check_greedy, check_prefill_and_stepwise, check_streams_like_resident
+from reference.engine_checks import (
+    check_greedy,
+    check_prefill_and_stepwise,
+    check_streams_like_resident,
+    session_opener,
+)
 from reference.numpy_forward import ReferenceModel, forward
 
 QT = gguf.GGMLQuantizationType
@@ -212,9 +217,7 @@ def test_exact_mode_matches_reference(quantized, recipe):
 def test_streams_bit_identically_at_a_quarter_budget(quantized, recipe, exact):
     path = quantized(recipe)
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=THREADS, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(path, threads=THREADS, n_ctx=128, exact=exact)
 
     n_vocab = int(_types_and_shapes(path)["token_embd.weight"][1][1])
     prompt = hf_export.random_prompt(n_vocab, 20, seed=25)

@@ -37,7 +37,11 @@ from ci_policy import require_llama_cpp
 from llama_quantize import llama_quantize
 from model_files import rewrite_gguf
 from reference import hf_export
-from reference.engine_checks import check_exact_file_against_reference, check_streams_like_resident
+from reference.engine_checks import (
+    check_exact_file_against_reference,
+    check_streams_like_resident,
+    session_opener,
+)
 from sharpi import make_model as mm
 from sharpi.inspect_model import inspect_report, inspect_summary
 
@@ -110,9 +114,7 @@ def test_inspect_describes_minimax_m2(files):
 def test_streamed_equals_resident_at_a_quarter_budget(files, outtype):
     path = str(files[outtype])
 
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(path, threads=THREADS, n_ctx=128, **budget)
+    open_session = session_opener(path, threads=THREADS, n_ctx=128)
 
     check_streams_like_resident(open_session, PROMPT, 24, f"minimax-m2 {outtype}")
 
@@ -255,8 +257,6 @@ def test_q4_k_m_exact_mode_matches_reference(q4_k_m_file):
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact)
 
     check_streams_like_resident(open_session, PROMPT, 24, f"minimax-m2 Q4_K_M exact={exact}")

@@ -40,6 +40,7 @@ from reference.engine_checks import (
     check_exact_file_against_reference,
     check_streams_like_resident,
     greedy_logits,
+    session_opener,
 )
 from reference.numpy_forward import ReferenceModel, forward
 from sharpi import make_model as mm
@@ -444,8 +445,6 @@ def test_q4_k_m_exact_mode_matches_reference(q4_k_m_file):
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_q4_k_m_streams_bit_identically_at_a_quarter_budget(q4_k_m_file, exact):
-    def open_session(ram_budget):
-        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
-        return sharpi.Session(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact, **budget)
+    open_session = session_opener(q4_k_m_file, threads=THREADS, n_ctx=128, exact=exact)
 
     check_streams_like_resident(open_session, PROMPT, 24, f"nemotron_h Q4_K_M exact={exact}")

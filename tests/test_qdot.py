@@ -487,6 +487,56 @@ def test_matmul_fast_equals_vec_dot_and_prefill_equals_decode(qtype, rng):
     np.testing.assert_array_equal(bits(y_exact[0]), bits(ref))
 
 
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def test_amx_runs_where_the_cpu_has_it():
+    # AMX prefill (qdot.h's AmxKernels) is on exactly where CPUID has AMX-INT8 and AVX-512 VNNI and
+    # the kernel (Linux, which lists the flags only when it supports the tile state) grants it;
+    # SHARPI_AMX=0 turns it off.
+    flags = _cpu_flags()
+    expected = sys.platform.startswith("linux") and {"amx_int8", "amx_tile", "avx512_vnni"} <= flags
+    assert _internal.amx_available() == expected, sorted(f for f in flags if "amx" in f or "vnni" in f)
+    from sharpi.inspect_model import inspect_summary
+
+    shipped = os.path.join(os.path.dirname(_internal.__file__), "models", "stdlib-moe-q8_0.gguf")
+    kernels = inspect_summary(shipped)["cpu_kernels"]  # what `sharpi inspect` prints
+    assert kernels == {"isa": _internal.active_isa(),
+                       "amx_prefill": expected and _internal.active_isa() == "avx512"}, kernels
+    off = subprocess.run([sys.executable, "-c", "from sharpi import _internal; print(_internal.amx_available())"],
+                         env=dict(os.environ, SHARPI_AMX="0"), capture_output=True, text=True, timeout=60, check=False)
+    assert off.stdout.strip() == "False", off.stderr[-2000:]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_prefill_tiles_give_each_row_and_token_its_vec_dot(qtype, rng):
+    # Where the CPU has AMX this is the tile path (16 rows x 16 tokens, partial tiles padded, chunks
+    # of 128 tokens, a last token tile under 8 tokens on vec_dot_tile); elsewhere vec_dot_tile's. Either way every (row,
+    # token) is the numpy model's vec_dot, bit for bit, whatever the thread count.
+    fmt = FORMAT[qtype]
+    for n_rows, n, n_tokens in ((37, 2 * 256, 16), (16, 256, 8), (21, 3 * 256, 40), (5, 256, 23), (33, 256, 9),
+                                (6, 256, 150)):  # fmt: skip
+        data = random_rows(qtype, n_rows, n, rng)
+        row_bytes = data.size // n_rows
+        x = np.stack([random_activations(rng, n) for _ in range(n_tokens)])
+        xq = [np_quantize(fmt, x[t]) for t in range(n_tokens)]
+        want = np.array(
+            [[model_vec_dot(qtype, data[r * row_bytes : (r + 1) * row_bytes], xq[t])[0] for r in range(n_rows)]
+             for t in range(n_tokens)],
+            F32,
+        )  # fmt: skip
+        for threads in (1, 2, 3):
+            y = _internal.matmul(int(qtype), data, n_rows, n, x, threads=threads, exact=False)
+            np.testing.assert_array_equal(
+                bits(y), bits(want), err_msg=f"{qtype.name} rows={n_rows} n={n} T={n_tokens} threads={threads}"
+            )
+
+
 @pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
 def test_plain_types_keep_f32_activations_in_fast_mode(qtype, rng):
     assert _internal.act_format(int(qtype)) == "f32"

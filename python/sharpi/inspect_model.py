@@ -166,6 +166,10 @@ def inspect_summary(path) -> dict:
         expert_reader=_internal.reader_choice(f.path),  # what --reader auto runs on this file, and why
         # The CUDA device here (cuda::describe: "no CUDA device (no NVIDIA driver)" on a machine without one).
         device=OrderedDict(present=_internal.cuda_available(), describe=_internal.cuda_describe()),
+        # The CPU kernels this process picks (SHARPI_ISA caps the ISA; AMX tiles serve fast-mode
+        # prefill of Q4_K / Q6_K weights where the CPU and OS allow, unless SHARPI_AMX=0).
+        cpu_kernels=OrderedDict(isa=_internal.active_isa(),
+                                amx_prefill=_internal.amx_available() and _internal.active_isa() == "avx512"),
         cufile_reader=_internal.cufile_probe(),  # whether --reader cufile could run here, and what is missing
         tensors=[
             OrderedDict(
@@ -468,6 +472,9 @@ def inspect_report(path, list_tensors: bool = True) -> str:
     # Said once: without a device the cuFile line only points back at it (no library hints, no CUDA errors).
     device = s["device"]
     w(f"device: {device['describe']}" + ("" if device["present"] else ": running on the CPU"))
+    kernels = s["cpu_kernels"]
+    w(f"CPU kernels: {kernels['isa']}"
+      + ("; fast-mode prefill of Q4_K / Q6_K weights on AMX-INT8 tiles" if kernels["amx_prefill"] else ""))
     cufile = s["cufile_reader"]
     if cufile["usable"]:
         w(f"cuFile reader (--reader cufile): {cufile['library']} loads and a device is present")

@@ -154,6 +154,18 @@ def check_greedy(
     return tokens
 
 
+def session_opener(path, **options):
+    """open_session for check_streams_like_resident: sharpi.Session(path, **options), under
+    ram_budget unless it is None (resident)."""
+    import sharpi
+
+    def open_session(ram_budget):
+        budget = {} if ram_budget is None else {"ram_budget": ram_budget}
+        return sharpi.Session(path, **options, **budget)
+
+    return open_session
+
+
 def check_streams_like_resident(open_session, prompt, n_decode: int, what: str):
     """The lossless invariant at a quarter budget: with RAM for a quarter of all experts (at least
     top-k), the streamed engine's logits (greedy_logits) are bit-identical to the resident engine's,

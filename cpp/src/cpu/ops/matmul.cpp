@@ -172,9 +172,36 @@ void quantized_rows(const WeightView& w, const QuantDotKernels& kernels, const u
     const VecDotTileFn tile = kernels.vec_dot_tile;
     const int64_t row_block =
         std::max<int64_t>(1, static_cast<int64_t>(kQuantRowBlockBytes / std::max<size_t>(1, w.row_bytes)));
+    // AMX (qdot.h): the tokens in tiles of kAmxTokens, packed once per tile for all the rows; a
+    // last tile of fewer than kAmxMinTokens tokens goes through vec_dot_tile (the same bits).
+    const AmxKernels* amx = n_tokens >= kAmxMinTokens ? amx_kernels(w.type, active_isa()) : nullptr;
+    int64_t amx_tokens = 0;
+    if (amx != nullptr) {
+        amx_tokens = n_tokens / kAmxTokens * kAmxTokens;
+        if (n_tokens - amx_tokens >= kAmxMinTokens) amx_tokens = n_tokens;
+        // Up to kAmxChunkTiles tiles (128 tokens) packed at a time: the rows' unpacked quants are
+        // shared by that many tokens while the packed activations stay a few MiB at most.
+        constexpr int64_t kAmxChunkTiles = 8;
+        thread_local std::vector<uint8_t> packed;
+        const size_t tile_bytes = amx->packed_bytes(w.n_cols);
+        if (packed.size() < tile_bytes * kAmxChunkTiles) packed.resize(tile_bytes * kAmxChunkTiles);
+        for (int64_t c0 = 0; c0 < amx_tokens; c0 += kAmxChunkTiles * kAmxTokens) {
+            const int64_t c1 = std::min(amx_tokens, c0 + kAmxChunkTiles * kAmxTokens);
+            for (int64_t t0 = c0; t0 < c1; t0 += kAmxTokens) {
+                const int nt = static_cast<int>(std::min<int64_t>(kAmxTokens, c1 - t0));
+                amx->pack(xq + static_cast<size_t>(t0) * xq_bytes, xq_bytes, nt, w.n_cols,
+                          packed.data() + static_cast<size_t>((t0 - c0) / kAmxTokens) * tile_bytes);
+            }
+            for (int64_t r = r0; r < r1; r += kAmxRows) {
+                const int nr = static_cast<int>(std::min<int64_t>(kAmxRows, r1 - r));
+                amx->gemm(w.data + static_cast<size_t>(r) * w.row_bytes, w.row_bytes, nr, packed.data(),
+                          c1 - c0, w.n_cols, y + c0 * ldy + r, ldy);
+            }
+        }
+    }
     for (int64_t b0 = r0; b0 < r1; b0 += row_block) {
         const int64_t b1 = std::min(r1, b0 + row_block);
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
+        for (int64_t t0 = amx_tokens; t0 < n_tokens; t0 += kMaxTileTokens) {
             const int nt = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n_tokens - t0));
             const uint8_t* xt = xq + static_cast<size_t>(t0) * xq_bytes;
             for (int64_t r = b0; r < b1; ++r) {

@@ -3,7 +3,15 @@
 // VNNI, else the AVX2 file: both give the same bits (qdot.h), so the choice never shows in results.
 #include "cpu/quant/qdot.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "cpu/quant/qdot_impl.h"
 #include "quant/blocks.h"
@@ -120,6 +128,35 @@ const QuantDotKernels* quant_dot_kernels(GgmlType weight, Isa isa) {
     if (id >= static_cast<uint32_t>(detail::kTypeTableSize)) return nullptr;
     const QuantDotKernels& k = quant_isa_kernels(isa).by_type[id];
     return k.vec_dot != nullptr ? &k : nullptr;
+}
+
+bool amx_available() {
+#if defined(__x86_64__) && defined(__linux__)
+    static const bool ok = [] {
+        const char* env = std::getenv("SHARPI_AMX");
+        if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+        if (!cpu_has_avx512vnni()) return false;
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+        if ((edx & (1u << 24)) == 0 || (edx & (1u << 25)) == 0) return false;  // AMX-TILE, AMX-INT8
+        if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 27)) == 0) return false;  // OSXSAVE
+        uint32_t xcr0_lo = 0, xcr0_hi = 0;
+        __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+        if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA enabled by the OS
+        // Linux hands the tile data state to a process only on request (ARCH_REQ_XCOMP_PERM,
+        // XFEATURE_XTILEDATA); every thread of the process may then use it.
+        constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    }();
+    return ok;
+#else
+    return false;
+#endif
+}
+
+const AmxKernels* amx_kernels(GgmlType weight, Isa isa) {
+    if (isa != Isa::avx512 || !amx_available()) return nullptr;
+    return detail::amx_kernels_for(weight);
 }
 
 QuantizeActFn quantize_act_kernel(ActFormat format, Isa isa) {

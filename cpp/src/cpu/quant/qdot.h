@@ -70,4 +70,25 @@ const QuantDotKernels* quant_dot_kernels(GgmlType weight, Isa isa);
 // Quantizer of a q8 format for `isa` (not for ActFormat::f32).
 QuantizeActFn quantize_act_kernel(ActFormat format, Isa isa);
 
+// Prefill on Intel AMX-INT8 tiles (cpu/quant/qdot_amx.cpp): the activation rows are packed in
+// tiles of up to kAmxTokens tokens (pack, each into packed_bytes(n) bytes, the tiles consecutive),
+// then blocks of up to kAmxRows weight rows are multiplied against all of them (gemm: y[t * ldy +
+// r] for r < n_rows, t < n_tokens; a block's quants are unpacked once for every tile), each (row,
+// token) bit-identical to vec_dot_tile. Worth it from about half a tile of tokens
+// (kAmxMinTokens); fewer go through vec_dot_tile.
+constexpr int kAmxTokens = 16;
+constexpr int kAmxRows = 16;
+constexpr int kAmxMinTokens = 8;
+struct AmxKernels {
+    size_t (*packed_bytes)(int64_t n);
+    void (*pack)(const void* xq, size_t xq_stride, int n_tokens, int64_t n, void* packed);
+    void (*gemm)(const void* w, size_t row_bytes, int n_rows, const void* packed, int64_t n_tokens, int64_t n,
+                 float* y, int64_t ldy);
+};
+// The AMX kernels of `weight` (Q4_K so far) on Isa::avx512 when the CPU has AMX-INT8 and AVX-512
+// VNNI, the OS grants the process the tile state, and SHARPI_AMX is not 0; else nullptr.
+const AmxKernels* amx_kernels(GgmlType weight, Isa isa);
+// Whether this process can run the AMX kernels (the conditions above but the type and the ISA).
+bool amx_available();
+
 }  // namespace sharpi::cpu

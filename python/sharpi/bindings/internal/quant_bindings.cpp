@@ -319,6 +319,10 @@ void bind_quant(py::module_& m) {
     m.def(
         "active_isa", [] { return std::string(cpu::isa_name(cpu::active_isa())); },
         "The ISA the kernels use: the best available, lowered by SHARPI_ISA (fixed at first use)");
+    m.def(
+        "amx_available", [] { return cpu::amx_available(); },
+        "Whether fast-mode prefill runs on AMX-INT8 tiles here (CPU, OS grant, SHARPI_AMX != 0; "
+        "with the avx512 ISA active)");
     m.def("dequantize", &dequantize, py::arg("type"), py::arg("data"), py::arg("n"), py::arg("isa") = "",
           "Dequantize one row of n elements of GGML type `type` (raw bytes) to float32[n]");
     m.def("dot", &dot, py::arg("type"), py::arg("data"), py::arg("x"), py::arg("isa") = "",
