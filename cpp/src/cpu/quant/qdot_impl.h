@@ -14,8 +14,8 @@ struct QuantIsaKernels {
 };
 
 const QuantIsaKernels& scalar_quant_kernels();
-const QuantIsaKernels& avx2_quant_kernels();        // call only when detect_isa() >= Isa::avx2
-const QuantIsaKernels& avx512vnni_quant_kernels();  // call only when the CPU has AVX-512 VNNI
+const QuantIsaKernels& avx2_quant_kernels();         // call only when detect_isa() >= Isa::avx2
+const QuantIsaKernels& avx512vnni_quant_kernels();   // call only when the CPU has AVX-512 VNNI
 const AmxKernels* amx_kernels_for(GgmlType weight);  // call only when amx_available()
 
 }  // namespace sharpi::cpu::detail
