@@ -21,9 +21,10 @@ How, so that the engines see the same machine:
     --repeats rounds, and the table shows medians;
   - inside a measurement, one untimed warm-up prompt of min(32, N) tokens runs before the timed one
     (first-touch page faults and thread-pool start are not prefill work).
-Next to the speeds: the machine's read bandwidth at the same thread count (threads summing disjoint
-slices of a 1 GiB buffer with numpy; numpy's loops are slower than a hand-written AVX-512 loop, so
-this limit is low rather than high) and the bytes of weights one decoded token touches (dense
+Next to the speeds: the machine's read bandwidth at the same thread count (the engine's own threads
+XOR-summing disjoint slices of a 1 GiB buffer in the widest vector loads the CPU has,
+cpu/ops/read_sweep.h; numpy's reductions, also recorded, are compute-bound on some machines and
+read low) and the bytes of weights one decoded token touches (dense
 weights + n_expert_used/n_expert of every expert tensor + one embedding row), so decode can be read
 as a fraction of the bandwidth limit (bytes/token × tok/s ÷ read bandwidth).
 
@@ -441,9 +442,12 @@ def worker(spec_path: str) -> int:
 
 
 def read_bandwidth_gbps(threads: int, size_bytes: int = 1 << 30, repeats: int = 3) -> dict:
-    """Bytes read per second by `threads` threads, each reducing its own slice of one buffer (numpy
-    releases the GIL in these loops). Best over two kernels (int64 sum, float32 dot) and the
-    repeats: a read loop, nothing written."""
+    """Bytes read per second by `threads` threads, each reading its own slice of one buffer: the
+    engine's SIMD read loop (the limit decode is divided by) and, for reference, numpy reductions
+    (numpy releases the GIL in these loops), best of the repeats each."""
+    from sharpi import _internal
+
+    simd = _internal.read_bandwidth(threads, size_bytes, max(repeats, 3))
     buf = np.ones(size_bytes // 8, dtype=np.int64)
     parts = np.array_split(buf, threads)
     kernels = {"int64 sum": lambda p: p.sum(),
@@ -459,10 +463,11 @@ def read_bandwidth_gbps(threads: int, size_bytes: int = 1 << 30, repeats: int = 
             for t in ths:
                 t.join()
             best = min(best, time.perf_counter() - t0)
-        per_kernel[name] = size_bytes / best / 1e9
+        per_kernel[f"numpy {name}"] = size_bytes / best / 1e9
     del buf, parts
-    return {"gbps": max(per_kernel.values()), "per_kernel_gbps": per_kernel, "threads": threads,
-            "buffer_bytes": size_bytes}
+    per_kernel[f"simd read loop ({simd['isa']})"] = simd["gbps"]
+    return {"gbps": simd["gbps"], "kernel": f"simd read loop ({simd['isa']})", "per_kernel_gbps": per_kernel,
+            "threads": threads, "buffer_bytes": size_bytes}
 
 
 def file_facts(path) -> dict:
@@ -657,8 +662,11 @@ def render_table(report: dict) -> str:
     plural = "s" if cfg["threads"] != 1 else ""
     title = (f"# sharpi vs peers — {cfg['threads']} thread{plural}, {cfg['n_decode']} decode tokens, "
              f"median of {cfg['repeats']} alternating runs")
-    machine = (f"read bandwidth ({bw['threads']} thread{plural}, numpy): {bw['gbps']:.1f} GB/s (best of "
-               f"{bw['start_gbps']:.1f} before and {bw['end_gbps']:.1f} after the runs); load average "
+    numpy_best = max((v for k, v in bw.get("per_kernel_gbps", {}).items() if k.startswith("numpy")), default=None)
+    numpy_note = f"; numpy's reductions {numpy_best:.1f} GB/s" if numpy_best is not None else ""
+    machine = (f"read bandwidth ({bw['threads']} thread{plural}, {bw.get('kernel', 'numpy')}): {bw['gbps']:.1f} "
+               f"GB/s (best of "
+               f"{bw['start_gbps']:.1f} before and {bw['end_gbps']:.1f} after the runs{numpy_note}); load average "
                f"{report['loadavg_start'][0]:.2f} at start, {report['loadavg_end'][0]:.2f} at end; "
                f"{report['machine']}")
     lines = [title, "", machine, ""]

@@ -19,8 +19,6 @@
 // The builders compute through the backend's ops only (rms_norm_unweighted, the hc_* ops,
 // compressed_attention, swiglu_clamped); the CUDA backend has no kernels for them yet and its
 // table names them (cuda/op_support.cpp).
-#include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "model/arch.h"
