@@ -326,45 +326,54 @@ void attend_block_all_heads_fast(const HeadKernels& kern, const detail::Attentio
     thread_local SplitScratch w;
     const int64_t hd = s.head_dim, group = s.n_head / s.n_head_kv, n_pairs = n_tokens * s.n_head;
     w.reserve(std::max(width_k, width_v), n_pairs, group);
-    // Rows [c0, c1) of K or V as f32: in place for f32, else decoded whole into w.rows.
+    // Rows [c0, c1) of K or V: in place for f32 and f16 (the f16 kernels convert as they read),
+    // else decoded whole to f32 into w.rows.
+    struct Chunk {
+        const float* f32 = nullptr;
+        const uint16_t* f16 = nullptr;
+        int64_t ld = 0;  // elements
+    };
     auto chunk_rows = [&](const KvRows& kv, bool is_f32, DequantRowFn dequant, int64_t width, int64_t c0,
-                          int64_t c1, int64_t* ld) -> const float* {
+                          int64_t c1) -> Chunk {
         const uint8_t* base = kv.data + static_cast<size_t>(c0) * kv.row_bytes;
-        if (is_f32) {
-            *ld = static_cast<int64_t>(kv.row_bytes / sizeof(float));
-            return reinterpret_cast<const float*>(base);
-        }
+        if (is_f32)
+            return {reinterpret_cast<const float*>(base), nullptr, static_cast<int64_t>(kv.row_bytes / 4)};
+        if (kv.type == GgmlType::F16)
+            return {nullptr, reinterpret_cast<const uint16_t*>(base), static_cast<int64_t>(kv.row_bytes / 2)};
         for (int64_t j = c0; j < c1; ++j)
             dequant(base + static_cast<size_t>(j - c0) * kv.row_bytes, w.rows.data() + (j - c0) * width,
                     width);
-        *ld = width;
-        return w.rows.data();
+        return {w.rows.data(), nullptr, width};
     };
     // Chunks of whole rows of K or V in order; for each, the (token, KV head) row groups reading it:
-    // f(rows, ld, c0, t, g, first, last), [first, last) the chunk-relative key range of token t.
+    // f(rows, c0, t, g, first, last), [first, last) the chunk-relative key range of token t.
     auto for_each_chunk = [&](const KvRows& kv, bool is_f32, DequantRowFn dequant, int64_t width, auto f) {
         for (int64_t c0 = j0; c0 < j1; c0 += kSplitChunkRows) {
             const int64_t c1 = std::min(c0 + kSplitChunkRows, j1);
-            int64_t ld;
-            const float* rows = chunk_rows(kv, is_f32, dequant, width, c0, c1, &ld);
+            const Chunk rows = chunk_rows(kv, is_f32, dequant, width, c0, c1);
             for (int64_t t = 0; t < n_tokens; ++t) {
                 int64_t lo, hi;
                 block_range(s, pos0, t, j0, j1, &lo, &hi);
                 const int64_t first = std::max(lo, c0 - j0) - (c0 - j0),
                               last = std::min(hi, c1 - j0) - (c0 - j0);
                 if (first >= last) continue;
-                for (int64_t g = 0; g < s.n_head_kv; ++g) f(rows, ld, c0, t, g, first, last);
+                for (int64_t g = 0; g < s.n_head_kv; ++g) f(rows, c0, t, g, first, last);
             }
         }
     };
-    for_each_chunk(
-        k, kern.k_is_f32, kern.dequant_k, width_k,
-        [&](const float* rows, int64_t ld, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
-            for (int64_t i = 0; i < group; ++i)
-                w.q[static_cast<size_t>(i)] = q + t * ldq + (g * group + i) * hd;
-            float* sc = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
-            bk.scores(w.q.data(), group, rows + g * hd, ld, first, last, hd, s.scale, sc, kAttentionBlock);
-        });
+    for_each_chunk(k, kern.k_is_f32, kern.dequant_k, width_k,
+                   [&](const Chunk& rows, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
+                       for (int64_t i = 0; i < group; ++i)
+                           w.q[static_cast<size_t>(i)] = q + t * ldq + (g * group + i) * hd;
+                       float* sc = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
+                       if (rows.f16 != nullptr) {
+                           bk.scores_f16(w.q.data(), group, rows.f16 + g * hd, rows.ld, first, last, hd,
+                                         s.scale, sc, kAttentionBlock);
+                       } else {
+                           bk.scores(w.q.data(), group, rows.f32 + g * hd, rows.ld, first, last, hd, s.scale,
+                                     sc, kAttentionBlock);
+                       }
+                   });
     for (int64_t pair = 0; pair < n_pairs; ++pair) {
         int64_t lo, hi;
         block_range(s, pos0, pair / s.n_head, j0, j1, &lo, &hi);
@@ -375,11 +384,15 @@ void attend_block_all_heads_fast(const HeadKernels& kern, const detail::Attentio
     }
     for_each_chunk(
         v, kern.v_is_f32, kern.dequant_v, width_v,
-        [&](const float* rows, int64_t ld, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
+        [&](const Chunk& rows, int64_t c0, int64_t t, int64_t g, int64_t first, int64_t last) {
             for (int64_t i = 0; i < group; ++i)
                 w.o[static_cast<size_t>(i)] = slot(t * s.n_head + g * group + i) + 2;
             const float* p = w.scores.data() + (t * s.n_head + g * group) * kAttentionBlock + (c0 - j0);
-            bk.pv(p, kAttentionBlock, group, rows + g * hd, ld, first, last, hd, w.o.data());
+            if (rows.f16 != nullptr) {
+                bk.pv_f16(p, kAttentionBlock, group, rows.f16 + g * hd, rows.ld, first, last, hd, w.o.data());
+            } else {
+                bk.pv(p, kAttentionBlock, group, rows.f32 + g * hd, rows.ld, first, last, hd, w.o.data());
+            }
         });
 }
 

@@ -34,7 +34,9 @@
 // kAttentionSplitMaxTokens tokens and its context spans several blocks, every block is a work item
 // over all heads, reading whole K then V rows in position order (a head's slice of consecutive
 // positions is a cache row apart, which memory latency, not bandwidth, would bound), and the
-// partials are merged afterwards (a buffer of at most kAttentionSplitMaxFloats); otherwise each
+// partials are merged afterwards (a buffer of at most kAttentionSplitMaxFloats; f16 rows, the
+// default cache type, are read in place by f16 twins of the kernels, not decoded to a copy first:
+// the conversion is exact, so the bits are the same); otherwise each
 // tile is one item that merges its blocks as it goes, the tiles of the last tokens (the most
 // blocks) first. Both run the merge above in the same order.
 #pragma once

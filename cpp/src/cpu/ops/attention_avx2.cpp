@@ -14,6 +14,14 @@ inline __m256i first_lanes(int64_t count) {
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+// Eight K or V elements as f32: f32 rows loaded, f16 rows converted (exactly, F16C).
+inline __m256 load8(const float* p) {
+    return _mm256_loadu_ps(p);
+}
+inline __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 void axpy_avx2(float a, const float* x, float* y, int64_t n) {
     const __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -60,15 +68,15 @@ inline float lane_tree1(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-template <int R, int C>
-inline void score_tile(const float* const* q, const float* k, int64_t ld_k, int64_t head_dim,
+template <int R, int C, typename T>
+inline void score_tile(const float* const* q, const T* k, int64_t ld_k, int64_t head_dim,
                        __m256 (&acc)[R][C]) {
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t d = 0; d < head_dim; d += 8) {
         __m256 kv[C];
 #pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) kv[c] = _mm256_loadu_ps(k + c * ld_k + d);
+        for (int c = 0; c < C; ++c) kv[c] = load8(k + c * ld_k + d);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
             const __m256 qv = _mm256_loadu_ps(q[r] + d);
@@ -78,8 +86,8 @@ inline void score_tile(const float* const* q, const float* k, int64_t ld_k, int6
     }
 }
 
-template <int R>
-void score_rows(const float* const* q, const float* k, int64_t ld_k, int64_t j_begin, int64_t j_end,
+template <int R, typename T>
+void score_rows(const float* const* q, const T* k, int64_t ld_k, int64_t j_begin, int64_t j_end,
                 int64_t head_dim, float scale, float* s, int64_t ld_s) {
     const __m128 vscale = _mm_set1_ps(scale);
     int64_t j = j_begin;
@@ -95,7 +103,8 @@ void score_rows(const float* const* q, const float* k, int64_t ld_k, int64_t j_b
     }
 }
 
-void scores_avx2(const float* const* q_rows, int64_t n_rows, const float* k, int64_t ld_k, int64_t j_begin,
+template <typename T>
+void scores_avx2(const float* const* q_rows, int64_t n_rows, const T* k, int64_t ld_k, int64_t j_begin,
                  int64_t j_end, int64_t head_dim, float scale, float* s, int64_t ld_s) {
     int64_t r = 0;
     for (; r + kScoreRows <= n_rows; r += kScoreRows)
@@ -148,13 +157,9 @@ float softmax_avx2(float* s, int64_t a, int64_t b, float* m_out) {
 
 // Written out per tile (named accumulators): an array of accumulators loaded from and stored to
 // o was kept in memory by GCC, a store per fma.
-template <int R, int V>
-inline void pv_tile(const float* p, int64_t ld_p, const float* v, int64_t ld_v, int64_t j_begin,
-                    int64_t j_end, float* const* o, int64_t d);
-
-template <>
-inline void pv_tile<3, 4>(const float* p, int64_t ld_p, const float* v, int64_t ld_v, int64_t j_begin,
-                          int64_t j_end, float* const* o, int64_t d) {
+template <typename T>
+inline void pv_tile_3x4(const float* p, int64_t ld_p, const T* v, int64_t ld_v, int64_t j_begin,
+                        int64_t j_end, float* const* o, int64_t d) {
     float* o0 = o[0] + d;
     float* o1 = o[1] + d;
     float* o2 = o[2] + d;
@@ -168,9 +173,8 @@ inline void pv_tile<3, 4>(const float* p, int64_t ld_p, const float* v, int64_t 
     const float* p1 = p + ld_p;
     const float* p2 = p + 2 * ld_p;
     for (int64_t j = j_begin; j < j_end; ++j) {
-        const float* vj = v + j * ld_v + d;
-        const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8), v2 = _mm256_loadu_ps(vj + 16),
-                     v3 = _mm256_loadu_ps(vj + 24);
+        const T* vj = v + j * ld_v + d;
+        const __m256 v0 = load8(vj), v1 = load8(vj + 8), v2 = load8(vj + 16), v3 = load8(vj + 24);
         __m256 pj = _mm256_broadcast_ss(p0 + j);
         a00 = _mm256_fmadd_ps(pj, v0, a00);
         a01 = _mm256_fmadd_ps(pj, v1, a01);
@@ -202,19 +206,19 @@ inline void pv_tile<3, 4>(const float* p, int64_t ld_p, const float* v, int64_t 
 }
 
 // The tails: one row, four vectors or one.
-template <>
-inline void pv_tile<1, 4>(const float* p, int64_t, const float* v, int64_t ld_v, int64_t j_begin,
-                          int64_t j_end, float* const* o, int64_t d) {
+template <typename T>
+inline void pv_tile_1x4(const float* p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
+                        float* const* o, int64_t d) {
     float* o0 = o[0] + d;
     __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8), a2 = _mm256_loadu_ps(o0 + 16),
            a3 = _mm256_loadu_ps(o0 + 24);
     for (int64_t j = j_begin; j < j_end; ++j) {
-        const float* vj = v + j * ld_v + d;
+        const T* vj = v + j * ld_v + d;
         const __m256 pj = _mm256_broadcast_ss(p + j);
-        a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
-        a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
-        a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
-        a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+        a0 = _mm256_fmadd_ps(pj, load8(vj), a0);
+        a1 = _mm256_fmadd_ps(pj, load8(vj + 8), a1);
+        a2 = _mm256_fmadd_ps(pj, load8(vj + 16), a2);
+        a3 = _mm256_fmadd_ps(pj, load8(vj + 24), a3);
     }
     _mm256_storeu_ps(o0, a0);
     _mm256_storeu_ps(o0 + 8, a1);
@@ -222,28 +226,37 @@ inline void pv_tile<1, 4>(const float* p, int64_t, const float* v, int64_t ld_v,
     _mm256_storeu_ps(o0 + 24, a3);
 }
 
-template <>
-inline void pv_tile<1, 1>(const float* p, int64_t, const float* v, int64_t ld_v, int64_t j_begin,
-                          int64_t j_end, float* const* o, int64_t d) {
+template <typename T>
+inline void pv_tile_1x1(const float* p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
+                        float* const* o, int64_t d) {
     float* o0 = o[0] + d;
     __m256 a0 = _mm256_loadu_ps(o0);
     for (int64_t j = j_begin; j < j_end; ++j)
-        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * ld_v + d), a0);
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load8(v + j * ld_v + d), a0);
     _mm256_storeu_ps(o0, a0);
 }
 
-template <int R>
-void pv_rows(const float* p, int64_t ld_p, const float* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
+// R rows (kPvRows or 1) over head_dim: tiles of kPvVecs vectors, then single vectors.
+template <int R, typename T>
+void pv_rows(const float* p, int64_t ld_p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
              int64_t head_dim, float* const* o) {
+    static_assert(R == kPvRows || R == 1, "pv tiles of kPvRows rows or one");
+    static_assert(kPvRows == 3 && kPvVecs == 4, "pv_tile_3x4 and pv_tile_1x4 are written for these");
     int64_t d = 0;
-    for (; d + 8 * kPvVecs <= head_dim; d += 8 * kPvVecs)
-        pv_tile<R, kPvVecs>(p, ld_p, v, ld_v, j_begin, j_end, o, d);
+    for (; d + 8 * kPvVecs <= head_dim; d += 8 * kPvVecs) {
+        if constexpr (R == kPvRows) {
+            pv_tile_3x4(p, ld_p, v, ld_v, j_begin, j_end, o, d);
+        } else {
+            pv_tile_1x4(p, v, ld_v, j_begin, j_end, o, d);
+        }
+    }
     for (; d < head_dim; d += 8) {
-        for (int r = 0; r < R; ++r) pv_tile<1, 1>(p + r * ld_p, ld_p, v, ld_v, j_begin, j_end, o + r, d);
+        for (int r = 0; r < R; ++r) pv_tile_1x1(p + r * ld_p, v, ld_v, j_begin, j_end, o + r, d);
     }
 }
 
-void pv_avx2(const float* p, int64_t ld_p, int64_t n_rows, const float* v, int64_t ld_v, int64_t j_begin,
+template <typename T>
+void pv_avx2(const float* p, int64_t ld_p, int64_t n_rows, const T* v, int64_t ld_v, int64_t j_begin,
              int64_t j_end, int64_t head_dim, float* const* o_rows) {
     int64_t r = 0;
     for (; r + kPvRows <= n_rows; r += kPvRows)
@@ -251,7 +264,8 @@ void pv_avx2(const float* p, int64_t ld_p, int64_t n_rows, const float* v, int64
     for (; r < n_rows; ++r) pv_rows<1>(p + r * ld_p, ld_p, v, ld_v, j_begin, j_end, head_dim, o_rows + r);
 }
 
-constexpr AttentionBlockKernels kBlockAvx2{&scores_avx2, &softmax_avx2, &pv_avx2};
+constexpr AttentionBlockKernels kBlockAvx2{&scores_avx2<float>, &softmax_avx2, &pv_avx2<float>,
+                                           &scores_avx2<uint16_t>, &pv_avx2<uint16_t>};
 
 }  // namespace
 

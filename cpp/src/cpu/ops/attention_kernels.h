@@ -48,6 +48,13 @@ struct AttentionBlockKernels {
     // o_rows[r][d] += p[r * ld_p + j] * v[j * ld_v + d] for j = j_begin .. j_end - 1 in order.
     void (*pv)(const float* p, int64_t ld_p, int64_t n_rows, const float* v, int64_t ld_v, int64_t j_begin,
                int64_t j_end, int64_t head_dim, float* const* o_rows);
+    // scores and pv reading f16 K / V rows (the KV cache's default type) as they go: f16 -> f32 is
+    // exact, so each gives the bits of its f32 twin on the rows dequantized first, without writing
+    // and re-reading a decoded copy (at long contexts decoding reads more KV bytes than weights).
+    void (*scores_f16)(const float* const* q_rows, int64_t n_rows, const uint16_t* k, int64_t ld_k,
+                       int64_t j_begin, int64_t j_end, int64_t head_dim, float scale, float* s, int64_t ld_s);
+    void (*pv_f16)(const float* p, int64_t ld_p, int64_t n_rows, const uint16_t* v, int64_t ld_v,
+                   int64_t j_begin, int64_t j_end, int64_t head_dim, float* const* o_rows);
 };
 
 const AttentionBlockKernels& attention_block_scalar();

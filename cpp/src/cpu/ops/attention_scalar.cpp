@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cpu/ops/attention_kernels.h"
+#include "quant/fp16.h"
 
 namespace sharpi::cpu::detail {
 namespace {
@@ -26,15 +27,25 @@ float lane_tree(const float* x) {
     return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
 }
 
-float score_scalar(const float* q, const float* k, int64_t head_dim, float scale) {
+// A K or V element as f32: f32 rows as they are, f16 rows converted (exactly).
+inline float element(const float* row, int64_t d) {
+    return row[d];
+}
+inline float element(const uint16_t* row, int64_t d) {
+    return fp16_to_fp32(row[d]);
+}
+
+template <typename T>
+float score_scalar(const float* q, const T* k, int64_t head_dim, float scale) {
     float lane[kLanes] = {};
     for (int64_t d = 0; d < head_dim; d += kLanes) {
-        for (int i = 0; i < kLanes; ++i) lane[i] = std::fma(q[d + i], k[d + i], lane[i]);
+        for (int i = 0; i < kLanes; ++i) lane[i] = std::fma(q[d + i], element(k, d + i), lane[i]);
     }
     return lane_tree(lane) * scale;
 }
 
-void scores_scalar(const float* const* q_rows, int64_t n_rows, const float* k, int64_t ld_k, int64_t j_begin,
+template <typename T>
+void scores_scalar(const float* const* q_rows, int64_t n_rows, const T* k, int64_t ld_k, int64_t j_begin,
                    int64_t j_end, int64_t head_dim, float scale, float* s, int64_t ld_s) {
     for (int64_t r = 0; r < n_rows; ++r) {
         for (int64_t j = j_begin; j < j_end; ++j)
@@ -77,17 +88,20 @@ float softmax_scalar(float* s, int64_t a, int64_t b, float* m_out) {
     return lane_tree(lane);
 }
 
-void pv_scalar(const float* p, int64_t ld_p, int64_t n_rows, const float* v, int64_t ld_v, int64_t j_begin,
+template <typename T>
+void pv_scalar(const float* p, int64_t ld_p, int64_t n_rows, const T* v, int64_t ld_v, int64_t j_begin,
                int64_t j_end, int64_t head_dim, float* const* o_rows) {
     for (int64_t r = 0; r < n_rows; ++r) {
         for (int64_t j = j_begin; j < j_end; ++j) {
             const float pj = p[r * ld_p + j];
-            for (int64_t d = 0; d < head_dim; ++d) o_rows[r][d] = std::fma(pj, v[j * ld_v + d], o_rows[r][d]);
+            for (int64_t d = 0; d < head_dim; ++d)
+                o_rows[r][d] = std::fma(pj, element(v + j * ld_v, d), o_rows[r][d]);
         }
     }
 }
 
-constexpr AttentionBlockKernels kBlockScalar{&scores_scalar, &softmax_scalar, &pv_scalar};
+constexpr AttentionBlockKernels kBlockScalar{&scores_scalar<float>, &softmax_scalar, &pv_scalar<float>,
+                                             &scores_scalar<uint16_t>, &pv_scalar<uint16_t>};
 
 }  // namespace
 
