@@ -22,15 +22,6 @@ inline __m256i dot_quads(__m256i u, __m256i x) {
 
 #include "cpu/quant/qdot_simd.h"
 
-template <typename D, int NT>
-void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
-    if constexpr (NT >= 2) {
-        k_dot_tokens_256_wide<D, NT>(w, xq, xq_stride, n, acc);
-    } else {
-        k_dot_tokens_256<D, NT>(w, xq, xq_stride, n, acc);
-    }
-}
-
 SHARPI_QDOT_TABLE(kAvx2QuantKernels)
 
 }  // namespace

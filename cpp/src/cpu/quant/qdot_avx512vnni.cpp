@@ -28,18 +28,6 @@ inline __m256i dot_quads(__m256i u, __m256i x) {
 
 #include "cpu/quant/qdot_simd.h"
 
-// K-quants stay on 256-bit vectors: a 512-bit version (two chunks per instruction, variable-shift
-// decoders) measured 15-20% slower on the dev machine's AMD EPYC (Zen 4 splits 512-bit operations
-// in two), so it was dropped.
-template <typename D, int NT>
-void k_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
-    if constexpr (NT >= 2) {
-        k_dot_tokens_256_wide<D, NT>(w, xq, xq_stride, n, acc);
-    } else {
-        k_dot_tokens_256<D, NT>(w, xq, xq_stride, n, acc);
-    }
-}
-
 SHARPI_QDOT_TABLE(kAvx512VnniQuantKernels)
 
 }  // namespace
