@@ -227,7 +227,8 @@ def _template_file(tmp_path, name: str):
 
 # template -> its family; every family's forced call, streamed, must be the whole reply's call.
 FAMILY_TEMPLATES = {"Qwen-Qwen3-0.6B": "hermes", "Qwen3-Coder": "qwen3_xml", "GLM-4.6": "glm45", "MiniMax-M2": "minimax_m2",
-                    "deepseek-ai-DeepSeek-V3.1": "deepseek",
+                    "deepseek-ai-DeepSeek-V3.1": "deepseek", "deepseek-ai-DeepSeek-V3.2": "deepseek_v32",
+                    "deepseek-ai-DeepSeek-V4": "deepseek_v4", "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
                     "mistralai-Mistral-Nemo-Instruct-2407": "mistral", "openai-gpt-oss-120b": "harmony",
                     "meta-llama-Llama-3.1-8B-Instruct": "llama3"}
 

@@ -87,7 +87,8 @@ def test_tool_round_trip_renders(tokenizer, name, arguments):
 def test_probe_finds_each_templates_form(tokenizer):
     """What each template family needs, known from reading the templates: DeepSeek-R1-Distill
     concatenates the arguments and writes calls only for content None; Qwen3-Coder iterates them
-    as a mapping; Qwen2.5 prints them with tojson; Qwen3 writes a string as it is."""
+    as a mapping; Qwen2.5 prints them with tojson; Qwen3 writes a string as it is; DeepSeek-V3.2's
+    and V4's read a string with from_json (llama.cpp's Jinja filter, which transformers lacks)."""
     root = Path(_template_dir())
 
     def form(name):
@@ -97,6 +98,7 @@ def test_probe_finds_each_templates_form(tokenizer):
     assert form("Qwen3-Coder")[1] == "object"
     assert form("Qwen-Qwen2.5-7B-Instruct")[1] == "object"
     assert form("Qwen-Qwen3-0.6B")[1] == "string"
+    assert form("deepseek-ai-DeepSeek-V3.2")[1] == form("deepseek-ai-DeepSeek-V4")[1] == "string"
     assert form("HuggingFaceTB-SmolLM3-3B") == ("", "content")  # expects the model's raw text
 
 

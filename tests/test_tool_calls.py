@@ -56,6 +56,24 @@ HAND_WRITTEN = [
                     '<parameter name="opts">{"k": [1, "</parameter>"]}</parameter>\n</invoke>\n'
                     '<invoke name="now">\n</invoke>\n</minimax:tool_call>'),
      "On it.", [("search", {"q": "a < b", "opts": {"k": [1, "</parameter>"]}}), ("now", {})]),
+    # DSML (DeepSeek-V3.2): string="true" keeps the text as it is (even "42"), string="false" is JSON
+    # (an object holding the closing tag, a list, a boolean); text before the section; two invokes.
+    ("deepseek_v32", ('On it.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="search">\n'
+                      '<｜DSML｜parameter name="q" string="true">42</｜DSML｜parameter>\n'
+                      '<｜DSML｜parameter name="opts" string="false">{"k": [1, "</｜DSML｜parameter>"]}</｜DSML｜parameter>\n'
+                      '<｜DSML｜parameter name="n" string="false">-3.5</｜DSML｜parameter>\n'
+                      '</｜DSML｜invoke>\n<｜DSML｜invoke name="toggle">\n'
+                      '<｜DSML｜parameter name="on" string="false">true</｜DSML｜parameter>\n'
+                      '<｜DSML｜parameter name="tags" string="false">["a", "b"]</｜DSML｜parameter>\n'
+                      '</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
+     "On it.", [("search", {"q": "42", "opts": {"k": [1, "</｜DSML｜parameter>"]}, "n": -3.5}),
+                ("toggle", {"on": True, "tags": ["a", "b"]})]),
+    # V4's section name; a call without arguments (V4's template writes an empty line); a string
+    # value over lines, with "<"; cut at EOS before the section's end.
+    ("deepseek_v4", ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="now">\n\n</｜DSML｜invoke>\n'
+                     '<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">a < b\n'
+                     '  {not json</｜DSML｜parameter>\n</｜DSML｜invoke>\n'),
+     "", [("now", {}), ("write", {"text": "a < b\n  {not json"})]),
     ("deepseek", ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                  '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
                  '```json\n{"tz": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'),
@@ -68,6 +86,8 @@ HAND_WRITTEN = [
     ("mistral", ('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}, "id": "abcdefghi"}, '
                 '{"name": "g", "arguments": {"b": "x"}}]</s>'), "", [("f", {"a": 1}), ("g", {"b": "x"})]),
     ("mistral", '[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{"b": [true]}', "", [("f", {"a": 1}), ("g", {"b": [True]})]),
+    ("nemotron_v2", 'Sure.\n<TOOLCALL>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": "x]"}}]</TOOLCALL>\n',
+     "Sure.", [("f", {"a": 1}), ("g", {"b": "x]"})]),
     ("harmony", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Lima"}<|call|>',
      "", [("get_weather", {"city": "Lima"})]),
 ]
@@ -95,6 +115,11 @@ def test_hand_written_replies(family, text, content, calls):
     ("qwen3_xml", "<tool_call>\n<oops>\n</tool_call>"),
     ("glm45", "<tool_call>f\n<arg_key>x</arg_key>\nno value\n</tool_call>"),
     ("minimax_m2", '<minimax:tool_call>\n<invoke name="f">\n<parameter name="x">1</parameter>\n</minimax:tool_call>'),
+    ("deepseek_v32", '<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜function_calls>'),  # unclosed invoke
+    ("deepseek_v4", ('<｜DSML｜tool_calls>\n<｜DSML｜parameter name="x" string="true">1</｜DSML｜parameter>\n'
+                     '</｜DSML｜tool_calls>')),  # a parameter outside any invoke
+    ("nemotron_v2", "<TOOLCALL>[not json]</TOOLCALL>"),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "f", "arguments": 1}]</TOOLCALL>'),
     ("harmony", "<|channel|>final<|message|>Just text."),
 ])
 def test_text_that_is_no_call_stays_content(family, text):
@@ -110,6 +135,18 @@ def test_qwen3_xml_reads_values_by_parameter_type():
     assert calls_of(parse_tool_calls(text, "qwen3_xml", tools)) == [("f", {"code": "42", "n": 42, "opts": {"a": [1]}})]
 
 
+def test_dsml_string_attribute_decides_how_a_value_is_read():
+    """string="true"/"false" beats the parameter's type; a parameter without it is read by its type."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string"}, "n": {"type": "integer"}, "m": {"type": "integer"}}}}}]
+    text = ('<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n'
+            '<｜DSML｜parameter name="code" string="false">7</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="n" string="true">7</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="m">7</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')
+    for family in ("deepseek_v32", "deepseek_v4"):
+        assert calls_of(parse_tool_calls(text, family, tools)) == [("f", {"code": 7, "n": "7", "m": 7})]
+
+
 def test_unknown_family_and_bad_tools_are_typed_errors():
     with pytest.raises(InvalidArgument):
         parse_tool_calls("x", "nope")
@@ -123,7 +160,8 @@ def test_unknown_family_and_bad_tools_are_typed_errors():
 
 def test_detect_family_without_template():
     assert detect_family(None) == "hermes" and detect_family("") == "hermes"
-    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "glm45", "minimax_m2", "deepseek", "llama3", "mistral", "harmony"}
+    assert set(FAMILIES) >= {"hermes", "qwen3_xml", "glm45", "minimax_m2", "deepseek", "deepseek_v32", "deepseek_v4",
+                             "llama3", "mistral", "nemotron_v2", "harmony"}
 
 
 # -- real templates ------------------------------------------------------------------------------
@@ -135,7 +173,8 @@ TOOLS = [{"type": "function", "function": {
 CALLS = [("get_weather", {"city": "Zürich", "days": 2}), ("get_weather", {"city": "Bern", "days": 1})]
 
 # template -> (family, arguments as the template wants them ("object" or "string": OpenAI's JSON
-# text, which the DeepSeek-R1 templates print as they get it), parallel calls rendered)
+# text, which the DeepSeek-R1 templates print as they get it and the V3.2 / V4 ones read with
+# from_json), parallel calls rendered)
 REAL_TEMPLATES = {
     "Qwen-Qwen2.5-7B-Instruct": ("hermes", "object", True),
     "Qwen-Qwen3-0.6B": ("hermes", "object", True),
@@ -148,6 +187,11 @@ REAL_TEMPLATES = {
     "GLM-4.7-Flash": ("glm45", "object", True),
     "MiniMax-M2": ("minimax_m2", "object", True),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": ("deepseek", "string", True),
+    "deepseek-ai-DeepSeek-V3.2": ("deepseek_v32", "string", True),
+    "deepseek-ai-DeepSeek-V4": ("deepseek_v4", "string", True),
+    "deepseek-ai-DeepSeek-V4-Flash-0731": ("deepseek_v4", "object", True),
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("qwen3_xml", "object", True),
+    "NVIDIA-Nemotron-Nano-v2": ("nemotron_v2", "object", True),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", "object", False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", "object", False),
     "meta-llama-Llama-3.3-70B-Instruct": ("llama3", "object", False),
@@ -219,7 +263,7 @@ def test_real_template_round_trip(tokenizer, name):
         # What is left is the template's own framing: end-of-turn tokens, an empty think block.
         leftover = reply.content
         for framing in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<think>", "</think>", "<|end|>",
-                        "<|return|>", "[e~["):
+                        "<|return|>", "[e~[", "<｜end▁of▁sentence｜>", "<SPECIAL_12>"):
             leftover = leftover.replace(framing, "")
         assert leftover.strip() == "", reply_text
 
@@ -269,6 +313,8 @@ def test_streamed_replies_give_the_whole_replies_calls(family, text, content, ca
     ("llama3", '{"name": "f", "parameters": [1]}'),
     ("mistral", "[TOOL_CALLS] nonsense"),
     ("harmony", "<|channel|>final<|message|>Just text."),
+    ("deepseek_v32", "a <｜DSML｜ tag that begins no section <｜DSML｜function_call"),
+    ("nemotron_v2", "<TOOL> is not <TOOLCALL"),
 ])
 def test_streamed_text_that_is_no_call_stays_content(family, text):
     for step in (1, 3, len(text)):
@@ -285,3 +331,48 @@ def test_real_template_replies_streamed(tokenizer, name):
     for calls in (CALLS[:1], CALLS) if parallel else (CALLS[:1],):
         reply_text = emitted_reply(tokenizer, source, calls, args_form, CALLS_ONLY_CONTENT.get(name, (None, "")))
         assert streamed(reply_text, family, 1, TOOLS)[1] == calls, reply_text
+
+
+# -- forced calls ----------------------------------------------------------------------------------
+
+# template -> the call section its turn writes (start, end): the forced-call grammar must accept it.
+# The families whose calls are written a parameter at a time, whose grammar follows the template's
+# spelling; the JSON families' grammars force compact JSON (tool_calls._compact), which the
+# templates' tojson spacing is not.
+GRAMMAR_TEMPLATES = {
+    "MiniMax-M2": ("<minimax:tool_call>", "</minimax:tool_call>"),
+    "deepseek-ai-DeepSeek-V3.2": ("<｜DSML｜function_calls>", "</｜DSML｜function_calls>"),
+    "deepseek-ai-DeepSeek-V4": ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+    "deepseek-ai-DeepSeek-V4-Flash-0731": ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMAR_TEMPLATES))
+def test_forced_call_grammar_accepts_what_the_template_writes(tokenizer, name):
+    """The grammar that forces a call (tool_choice "required") accepts the section the real template
+    writes for the same calls (one call; two where parallel calls are on): what the model was
+    trained on is what it may write. It refuses two calls where parallel calls are off, and a
+    parameter the tool does not declare. Oracle: llguidance (the matcher the server masks with)
+    walking the section's tokens."""
+    constrained = pytest.importorskip("sharpi.constrained")
+    pytest.importorskip("llguidance")
+    source = (Path(_template_dir()) / f"{name}.jinja").read_text(encoding="utf-8")
+    family, args_form, _ = REAL_TEMPLATES[name]
+    start, end = GRAMMAR_TEMPLATES[name]
+    one, two = (emitted_reply(tokenizer, source, calls, args_form, CALLS_ONLY_CONTENT.get(name, (None, "")))
+                for calls in (CALLS[:1], CALLS))
+    one, two = (reply[reply.index(start):reply.index(end) + len(end)] for reply in (one, two))
+
+    def accepts(section: str, parallel: bool) -> bool:
+        grammar = tool_call_grammar(family, TOOLS, constrained.marker_spelling(tokenizer), parallel=parallel)
+        mask = constrained.GrammarMask(tokenizer, constrained.lark_grammar(grammar))
+        try:
+            mask.allowed(tokenizer.encode(section, add_bos=False))
+        except InvalidArgument:  # a token the grammar refuses
+            return False
+        return mask.accepting
+
+    assert accepts(one, parallel=False) and accepts(one, parallel=True), one
+    assert accepts(two, parallel=True), two
+    assert not accepts(two, parallel=False), two
+    assert not accepts(one.replace("city", "town"), parallel=True), one

@@ -6,7 +6,9 @@ ReasoningSplitter works on streamed text: push(piece) returns the (reasoning, co
 already tell apart and holds back only a tail that may be the start of a marker split across
 pieces (a marker is several tokens), so a client sees each character once, in order, on the right
 side. Templates that open the think block in the generation prompt (Qwen3 with thinking on,
-DeepSeek-R1) make the model start inside it: start_in_reasoning=True.
+DeepSeek-R1) make the model start inside it: start_in_reasoning=True. DeepSeek-V3.2 and V4 may
+also end their reasoning by beginning a tool-call section without closing the think block (as
+llama.cpp reads them): the section's start ends the reasoning and stays in the answer.
 """
 
 from __future__ import annotations
@@ -15,19 +17,23 @@ from dataclasses import dataclass
 
 from ._core import InvalidArgument
 from .stop_text import held_prefix_len
+from .tool_calls import DSML_SECTION_STARTS
 
 
 @dataclass(frozen=True)
 class ReasoningMarkers:
     """open/close: the markers around reasoning; drop: markers removed from the answer's side
-    (gpt-oss's header of its final channel)."""
+    (gpt-oss's header of its final channel); answer_starts: texts that end the reasoning as close
+    does but belong to the answer (DeepSeek-V3.2's and V4's tool-call sections)."""
 
     open: str
     close: str
     drop: tuple = ()
+    answer_starts: tuple = ()
 
 
 THINK = ReasoningMarkers("<think>", "</think>")
+DSML_THINK = ReasoningMarkers("<think>", "</think>", answer_starts=DSML_SECTION_STARTS)
 # gpt-oss (harmony): <|channel|>analysis<|message|>REASONING<|end|><|start|>assistant<|channel|>final<|message|>ANSWER
 HARMONY = ReasoningMarkers("<|channel|>analysis<|message|>", "<|end|>",
                            ("<|start|>assistant<|channel|>final<|message|>", "<|channel|>final<|message|>",
@@ -40,6 +46,8 @@ def markers_for_template(template: str | None) -> ReasoningMarkers | None:
         return None
     if "<|channel|>" in template:
         return HARMONY
+    if "｜DSML｜" in template:
+        return DSML_THINK
     if "<think>" in template or "</think>" in template:
         return THINK
     return None
@@ -67,13 +75,15 @@ class ReasoningSplitter:
         reasoning, content = [], []
         while text:
             if self._in_reasoning:
-                at = text.find(self._m.close)
-                if at >= 0:
+                ends = (self._m.close, *self._m.answer_starts)
+                hits = [(at, m) for m in ends if (at := text.find(m)) >= 0]
+                if hits:
+                    at, marker = min(hits)
                     reasoning.append(text[:at])
-                    text = text[at + len(self._m.close):]
+                    text = text[at + len(marker):] if marker == self._m.close else text[at:]
                     self._in_reasoning = False
                     continue
-                keep = held_prefix_len(text, (self._m.close,))
+                keep = held_prefix_len(text, ends)
                 reasoning.append(text[: len(text) - keep])
                 self._held = text[len(text) - keep:]
                 break

@@ -433,7 +433,9 @@ def _chat_environment():
     render_jinja_template sets up its own (trim_blocks, lstrip_blocks, loop controls, a `tojson`
     that leaves non-ASCII and HTML characters alone, raise_exception, strftime_now), so every
     template renders to the same text. `{% generation %}...{% endgeneration %}` (which marks the
-    assistant's tokens for training masks) renders its body."""
+    assistant's tokens for training masks) renders its body. One filter transformers lacks:
+    `from_json`, which llama.cpp's Jinja engine has and its DeepSeek-V3.2 / V4 templates use to read
+    a tool call's arguments given as OpenAI's JSON text (transformers fails on those messages)."""
     global _CHAT_ENV
     if _CHAT_ENV is not None:
         return _CHAT_ENV
@@ -476,6 +478,7 @@ def _chat_environment():
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, "jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = tojson
+    env.filters["from_json"] = json.loads
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     _CHAT_ENV = env

@@ -18,6 +18,14 @@ text (detect_family), since the template is what taught the model the syntax:
   `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n</invoke>\n
   </minimax:tool_call>`; a value is read as qwen3_xml's are (its text for a string parameter, JSON
   otherwise: the template writes non-strings with tojson).
+- "deepseek_v32" (DeepSeek-V3.2) and "deepseek_v4" (DeepSeek-V4): minimax_m2's shape in DeepSeek's
+  DSML markup, each tag having ｜DSML｜ (fullwidth bars) after its "<" or "</" (a forced call spells
+  that as one control token where the vocabulary has it as one, as constrained.marker_spelling does):
+  `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY" string="true">
+  VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>` (V4's section is
+  `<｜DSML｜tool_calls>`; either family reads both). string="true": the value is its text as it is;
+  string="false": JSON (the template writes non-strings with tojson); a parameter without the
+  attribute is read as minimax_m2's are. The two differ only in the section a forced call writes.
 - "deepseek" (DeepSeek-V3/R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\nARGS\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1 drops the "function" type and
   the fence: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
@@ -25,6 +33,8 @@ text (detect_family), since the template is what taught the model the syntax:
   optionally after `<|python_tag|>`.
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the v11 tokenizer's
   `[TOOL_CALLS]NAME[ARGS]{...}` per call (Devstral: `NAME[CALL_ID]ID[ARGS]{...}`).
+- "nemotron_v2" (NVIDIA Nemotron-Nano v2): `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`.
+  (Nemotron-3-Nano writes qwen3_xml.)
 - "harmony" (gpt-oss): a commentary-channel message addressed to the function,
   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>` (the header's
   parts in either order, as the model and the template write them).
@@ -44,13 +54,21 @@ from dataclasses import dataclass, field
 from ._core import InvalidArgument
 from .stop_text import held_prefix_len
 
-FAMILIES = ("hermes", "qwen3_xml", "glm45", "minimax_m2", "deepseek", "llama3", "mistral", "harmony")
+FAMILIES = ("hermes", "qwen3_xml", "glm45", "minimax_m2", "deepseek", "deepseek_v32", "deepseek_v4", "llama3",
+            "mistral", "nemotron_v2", "harmony")
 
 _DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _LLAMA_PYTHON_TAG = "<|python_tag|>"
 _MINIMAX_CALLS, _MINIMAX_CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
+# DeepSeek-V3.2's and V4's markup: every tag begins with this text after its "<" or "</".
+_DSML = "｜DSML｜"
+_DSML_V32_CALLS, _DSML_V4_CALLS = f"<{_DSML}function_calls>", f"<{_DSML}tool_calls>"
+_DSML_SECTIONS = ((_DSML_V32_CALLS, f"</{_DSML}function_calls>"), (_DSML_V4_CALLS, f"</{_DSML}tool_calls>"))
+# What begins a DSML call section; a reply may begin one inside its open think block (reasoning.py).
+DSML_SECTION_STARTS = (_DSML_V32_CALLS, _DSML_V4_CALLS)
+_NEMOTRON_CALLS, _NEMOTRON_CALLS_END = "<TOOLCALL>", "</TOOLCALL>"
 
 
 def detect_family(template: str | None) -> str:
@@ -58,6 +76,8 @@ def detect_family(template: str | None) -> str:
     fallback) and for templates that show none of the others' markers."""
     if not template:
         return "hermes"
+    if _DSML in template:  # V4 renamed the section (llama.cpp tells them apart the same way)
+        return "deepseek_v32" if "function_calls" in template else "deepseek_v4"
     if "tool▁calls▁begin" in template:
         return "deepseek"
     if "<|channel|>" in template and "<|call|>" in template:
@@ -70,6 +90,8 @@ def detect_family(template: str | None) -> str:
         return "minimax_m2"
     if _MISTRAL_CALLS in template:
         return "mistral"
+    if _NEMOTRON_CALLS in template:
+        return "nemotron_v2"
     if "<tool_call>" in template:
         return "hermes"
     if _LLAMA_PYTHON_TAG in template or ("<|start_header_id|>" in template and "parameters" in template):
@@ -115,24 +137,35 @@ def _call_from_object(obj, args_keys=("arguments", "parameters")) -> dict | None
     return _call(obj.get("name"), args)
 
 
-def _parse_tagged_blocks(text: str, call_of) -> ParsedReply:
-    """The <tool_call>...</tool_call> blocks of `text` (the last may be unclosed: the model stopped at
-    EOS) turned into calls by `call_of(body)`; a block it returns None for stays in the content."""
+def _one(call: dict | None) -> list:
+    return [] if call is None else [call]
+
+
+def _calls_of_array(value) -> list:
+    """The calls of a JSON array of {"name": ..., "arguments": {...}} objects; [] unless it is a
+    non-empty array of calls only."""
+    calls = [_call_from_object(o) for o in value] if isinstance(value, list) else []
+    return calls if calls and None not in calls else []
+
+
+def _parse_tagged_blocks(text: str, calls_of, opening: str = "<tool_call>", closing: str = "</tool_call>") -> ParsedReply:
+    """The opening...closing blocks of `text` (the last may be unclosed: the model stopped at EOS)
+    turned into calls by `calls_of(body)`; a block it returns no calls for stays in the content."""
     content, calls, pos = [], [], 0
     while True:
-        start = text.find("<tool_call>", pos)
+        start = text.find(opening, pos)
         if start < 0:
             content.append(text[pos:])
             break
         content.append(text[pos:start])
-        end = text.find("</tool_call>", start)
+        end = text.find(closing, start)
         body_end = len(text) if end < 0 else end
-        after = len(text) if end < 0 else end + len("</tool_call>")
-        call = call_of(text[start + len("<tool_call>"):body_end])
-        if call is None:
-            content.append(text[start:after])
+        after = len(text) if end < 0 else end + len(closing)
+        found = calls_of(text[start + len(opening):body_end])
+        if found:
+            calls += found
         else:
-            calls.append(call)
+            content.append(text[start:after])
         pos = after
     return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
 
@@ -144,7 +177,17 @@ def _parse_hermes(text: str) -> ParsedReply:
         except ValueError:
             return None
 
-    return _parse_tagged_blocks(text, call_of)
+    return _parse_tagged_blocks(text, lambda body: _one(call_of(body)))
+
+
+def _parse_nemotron_v2(text: str) -> ParsedReply:
+    def calls_of(body: str):
+        try:
+            return _calls_of_array(json.loads(body))
+        except ValueError:
+            return []
+
+    return _parse_tagged_blocks(text, calls_of, _NEMOTRON_CALLS, _NEMOTRON_CALLS_END)
 
 
 _XML_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
@@ -188,36 +231,44 @@ def _parse_qwen3_xml(text: str, tools=None) -> ParsedReply:
         name = m.group(1).strip()
         return _call(name, _xml_arguments(m.group(2), params_of.get(name, {})))
 
-    return _parse_tagged_blocks(text, call_of)
+    return _parse_tagged_blocks(text, lambda body: _one(call_of(body)))
 
 
 _GLM_HEAD = re.compile(r"\A\s*([^\s<]+)\s*(?=<arg_key>|</tool_call>|\Z)")
 _GLM_KEY = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>", re.DOTALL)
+_GLM_VALUE_END = "</arg_value>"
 
 
-def _glm_arguments(text: str, pos: int, props: dict, complete: bool = True) -> tuple:
-    """(arguments, end) of the complete <arg_key>/<arg_value> pairs of a glm45 call from text[pos:]:
-    end is where the pairs stop. A value that opens a JSON object or array runs to its closing
-    bracket (so "</arg_value>" inside one of its strings does not end it), any other to the first
-    </arg_value>. complete=False (a call still streaming): a JSON value stops the pairs until its
-    closing bracket has arrived."""
+def _tagged_arguments(text: str, pos: int, props: dict, parameter: re.Pattern, parameter_end: str,
+                      complete: bool = True) -> tuple:
+    """(arguments, end) of the complete parameters of a call written one tag per parameter (glm45's
+    <arg_key>/<arg_value> pairs, minimax_m2's and DSML's <parameter> elements) from text[pos:]: end
+    is where they stop. `parameter` matches a parameter's head up to its value (group 1: the key;
+    group 2, DSML's only: its string="true|false"), `parameter_end` the text after the value.
+
+    A value is its text where DSML says string="true", JSON where it says "false", else read by
+    the schema (_xml_value). A value that opens a JSON object or array runs to its closing bracket
+    (so the closing tag inside one of its strings does not end it), any other to the first
+    parameter_end. complete=False (a call still streaming): a JSON value stops the parameters until
+    its closing bracket has arrived."""
     args = {}
-    while m := _GLM_KEY.match(text, pos):
-        start = m.end()
+    while m := parameter.match(text, pos):
+        key, start = m.group(1).strip(), m.end()
+        flag = m.group(2) if parameter.groups > 1 else None
         close = -1
-        if text[start:start + 1] in ("{", "["):
+        if flag != "true" and text[start:start + 1] in ("{", "["):
             end = _json_value_end(text, start)
-            if end is not None and text.startswith("</arg_value>", end):
+            if end is not None and text.startswith(parameter_end, end):
                 close = end
             elif not complete:
                 break
         if close < 0:
-            close = text.find("</arg_value>", start)
+            close = text.find(parameter_end, start)
             if close < 0:
                 break
-        key = m.group(1).strip()
-        args[key] = _xml_value(text[start:close], props.get(key))
-        pos = close + len("</arg_value>")
+        value = text[start:close]
+        args[key] = value if flag == "true" else _xml_value(value, None if flag == "false" else props.get(key))
+        pos = close + len(parameter_end)
     return args, pos
 
 
@@ -229,49 +280,44 @@ def _parse_glm45(text: str, tools=None) -> ParsedReply:
         if not head:
             return None
         name = head.group(1)
-        args, end = _glm_arguments(body, head.end(), params_of.get(name, {}))
+        args, end = _tagged_arguments(body, head.end(), params_of.get(name, {}), _GLM_KEY, _GLM_VALUE_END)
         return _call(name, args) if not body[end:].strip() else None
 
-    return _parse_tagged_blocks(text, call_of)
+    return _parse_tagged_blocks(text, lambda body: _one(call_of(body)))
 
 
-_MINIMAX_INVOKE = re.compile(r'\s*<invoke name="([^"\n]+)">')
-_MINIMAX_PARAMETER = re.compile(r'\s*<parameter name="([^"\n]+)">')
-_MINIMAX_INVOKE_END = re.compile(r"\s*</invoke>")
+@dataclass(frozen=True)
+class _InvokeSyntax:
+    """How a family that writes its calls as <invoke> elements in a call section spells them
+    (minimax_m2, deepseek_v32, deepseek_v4): the (start, end) markers of a section, the heads of an
+    invoke (group 1: the name) and of a parameter (as _tagged_arguments takes them), and the ends."""
+
+    sections: tuple
+    invoke: re.Pattern
+    parameter: re.Pattern
+    parameter_end: str
+    invoke_end: re.Pattern
 
 
-def _minimax_arguments(text: str, pos: int, props: dict, complete: bool = True) -> tuple:
-    """(arguments, end) of the complete <parameter name="KEY">VALUE</parameter> elements of a
-    minimax_m2 invoke from text[pos:], read as glm45's pairs are (_glm_arguments): a value opening a
-    JSON object or array runs to its closing bracket, any other to the first </parameter>."""
-    args = {}
-    while m := _MINIMAX_PARAMETER.match(text, pos):
-        start = m.end()
-        close = -1
-        if text[start:start + 1] in ("{", "["):
-            end = _json_value_end(text, start)
-            if end is not None and text.startswith("</parameter>", end):
-                close = end
-            elif not complete:
-                break
-        if close < 0:
-            close = text.find("</parameter>", start)
-            if close < 0:
-                break
-        args[m.group(1)] = _xml_value(text[start:close], props.get(m.group(1)))
-        pos = close + len("</parameter>")
-    return args, pos
+_MINIMAX = _InvokeSyntax(((_MINIMAX_CALLS, _MINIMAX_CALLS_END),), re.compile(r'\s*<invoke name="([^"\n]+)">'),
+                         re.compile(r'\s*<parameter name="([^"\n]+)">'), "</parameter>", re.compile(r"\s*</invoke>"))
+_DSML_SYNTAX = _InvokeSyntax(
+    _DSML_SECTIONS, re.compile(rf'\s*<{_DSML}invoke name="([^"\n]+)">'),
+    re.compile(rf'\s*<{_DSML}parameter name="([^"\n]+)"(?: string="(true|false)")?>'), f"</{_DSML}parameter>",
+    re.compile(rf"\s*</{_DSML}invoke>"))
+_INVOKE_SYNTAX = {"minimax_m2": _MINIMAX, "deepseek_v32": _DSML_SYNTAX, "deepseek_v4": _DSML_SYNTAX}
 
 
-def _minimax_invokes(body: str, params_of: dict, complete: bool = True) -> tuple:
-    """([(name, arguments, closed)], end) of the <invoke> elements at the start of a minimax_m2
-    call section's body (after <minimax:tool_call>); end is where they stop. Only the last one may
-    be unclosed (its </invoke> has not arrived, or what follows its parameters is not one)."""
+def _invokes(body: str, params_of: dict, syntax: _InvokeSyntax, complete: bool = True) -> tuple:
+    """([(name, arguments, closed)], end) of the invokes at the start of a call section's body
+    (after its start marker); end is where they stop. Only the last one may be unclosed (its end
+    has not arrived, or what follows its parameters is not one)."""
     invokes, pos = [], 0
-    while m := _MINIMAX_INVOKE.match(body, pos):
+    while m := syntax.invoke.match(body, pos):
         name = m.group(1)
-        args, pos = _minimax_arguments(body, m.end(), params_of.get(name, {}), complete)
-        closing = _MINIMAX_INVOKE_END.match(body, pos)
+        args, pos = _tagged_arguments(body, m.end(), params_of.get(name, {}), syntax.parameter, syntax.parameter_end,
+                                      complete)
+        closing = syntax.invoke_end.match(body, pos)
         invokes.append((name, args, closing is not None))
         if closing is None:
             break
@@ -279,27 +325,31 @@ def _minimax_invokes(body: str, params_of: dict, complete: bool = True) -> tuple
     return invokes, pos
 
 
-def _parse_minimax_m2(text: str, tools=None) -> ParsedReply:
-    """The <minimax:tool_call> sections of `text` (the last may be unclosed: the model stopped at
-    EOS), each one or more calls; a section that is not all well-formed invokes stays in the content."""
+def _section_start(text: str, pos: int, sections: tuple) -> tuple | None:
+    """(index, start marker, end marker) of the first call section in text[pos:], None if none."""
+    hits = [(at, start, end) for start, end in sections if (at := text.find(start, pos)) >= 0]
+    return min(hits) if hits else None
+
+
+def _parse_invoke_sections(text: str, tools, syntax: _InvokeSyntax) -> ParsedReply:
+    """The call sections of `text` (the last may be unclosed: the model stopped at EOS), each one or
+    more invokes; a section that is not all well-formed invokes stays in the content."""
     params_of = _parameter_schemas(tools)
     content, calls, pos = [], [], 0
-    while True:
-        start = text.find(_MINIMAX_CALLS, pos)
-        if start < 0:
-            content.append(text[pos:])
-            break
+    while (hit := _section_start(text, pos, syntax.sections)) is not None:
+        start, opening, closing = hit
         content.append(text[pos:start])
-        end = text.find(_MINIMAX_CALLS_END, start)
-        body = text[start + len(_MINIMAX_CALLS):len(text) if end < 0 else end]
-        after = len(text) if end < 0 else end + len(_MINIMAX_CALLS_END)
-        invokes, stop = _minimax_invokes(body, params_of)
+        end = text.find(closing, start)
+        body = text[start + len(opening):len(text) if end < 0 else end]
+        after = len(text) if end < 0 else end + len(closing)
+        invokes, stop = _invokes(body, params_of, syntax)
         found = [_call(name, args) for name, args, closed in invokes if closed]
         if invokes and len(found) == len(invokes) and None not in found and not body[stop:].strip():
             calls += found
         else:
             content.append(text[start:after])
         pos = after
+    content.append(text[pos:])
     return ParsedReply("".join(content).strip() if calls else "".join(content), calls)
 
 
@@ -385,9 +435,7 @@ def _parse_mistral(text: str) -> ParsedReply:
             arr, end = decoder.raw_decode(rest)
         except ValueError:
             return ParsedReply(text)
-        if not isinstance(arr, list):
-            return ParsedReply(text)
-        calls = [_call_from_object(o) for o in arr]
+        calls = _calls_of_array(arr)
         rest = rest[end:]
     else:  # v11: NAME[ARGS]{...}, repeated, each after its own [TOOL_CALLS]
         while rest:
@@ -411,17 +459,25 @@ def _parse_mistral(text: str) -> ParsedReply:
     return ParsedReply((text[:cut] + rest).strip(), calls)
 
 
+def _parse_invokes(family: str):
+    return lambda text, tools: _parse_invoke_sections(text, tools, _INVOKE_SYNTAX[family])
+
+
 _PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "glm45": _parse_glm45,
-            "minimax_m2": _parse_minimax_m2, "deepseek": _parse_deepseek,
-            "llama3": _parse_llama3, "mistral": _parse_mistral, "harmony": _parse_harmony}
+            "minimax_m2": _parse_invokes("minimax_m2"), "deepseek": _parse_deepseek,
+            "deepseek_v32": _parse_invokes("deepseek_v32"), "deepseek_v4": _parse_invokes("deepseek_v4"),
+            "llama3": _parse_llama3, "mistral": _parse_mistral, "nemotron_v2": _parse_nemotron_v2,
+            "harmony": _parse_harmony}
+# The families whose values are read by the parameter's type (the request's tools).
+_TYPED = ("qwen3_xml", "glm45", "minimax_m2", "deepseek_v32", "deepseek_v4")
 
 
 def parse_tool_calls(text: str, family: str, tools: list | None = None) -> ParsedReply:
     """The content and tool calls of a reply written in `family`'s syntax (see the module docstring).
-    tools (the request's): the parameter types qwen3_xml's, glm45's and minimax_m2's values are read with."""
+    tools (the request's): the parameter types the values of the families in _TYPED are read with."""
     if family not in _PARSERS:
         raise InvalidArgument(f"unknown tool-call family {family!r} (known: {', '.join(FAMILIES)})")
-    if family in ("qwen3_xml", "glm45", "minimax_m2"):
+    if family in _TYPED:
         return _PARSERS[family](text, tools)
     return _PARSERS[family](text)
 
@@ -432,9 +488,10 @@ def parse_tool_calls(text: str, family: str, tools: list | None = None) -> Parse
 # has none: its reply is a call only as a whole.
 _CALL_STARTS = {
     "hermes": ("<tool_call>",), "qwen3_xml": ("<tool_call>",), "glm45": ("<tool_call>",),
-    "minimax_m2": (_MINIMAX_CALLS,),
+    "minimax_m2": (_MINIMAX_CALLS,), "deepseek_v32": DSML_SECTION_STARTS,
+    "deepseek_v4": DSML_SECTION_STARTS,
     "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN),
-    "mistral": (_MISTRAL_CALLS,),
+    "mistral": (_MISTRAL_CALLS,), "nemotron_v2": (_NEMOTRON_CALLS,),
     "harmony": ("<|start|>assistant<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.",
                 "to=functions."),
 }
@@ -478,6 +535,25 @@ def _json_head(text: str, pos: int = 0) -> tuple | None:
     return name, text[m.end():end], None if end is None else _json_value_end(text, text.index("{", pos))
 
 
+def _array_calls(text: str) -> list:
+    """(name, arguments so far) of each call whose name is known in the JSON array of calls that
+    `text` begins (mistral's, nemotron_v2's)."""
+    calls = []
+    if not text.startswith("["):
+        return calls
+    pos = 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\n,":
+            pos += 1
+        head = _json_head(text, pos)
+        if head is None:
+            return calls
+        calls.append(head[:2])
+        if head[2] is None:
+            return calls
+        pos = head[2]
+
+
 def _partial_calls(section: str, family: str, params_of: dict) -> list:
     """(name, arguments so far) of each call in the call section `section` (from its start marker
     on) whose name is known. The arguments only ever grow as the section does, and are JSON once
@@ -505,13 +581,16 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
         if not head or head.end() == len(body) and "</tool_call>" not in body:
             return []
         name = head.group(1)
-        args, end = _glm_arguments(body, head.end(), params_of.get(name, {}), complete=False)
+        args, end = _tagged_arguments(body, head.end(), params_of.get(name, {}), _GLM_KEY, _GLM_VALUE_END,
+                                      complete=False)
         text = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
                                for k, v in args.items())
         closed = body[end:].lstrip().startswith("</tool_call>")
         return [(name, text + ("}" if closed else ""))]
-    if family == "minimax_m2":
-        invokes, _ = _minimax_invokes(section[len(_MINIMAX_CALLS):], params_of, complete=False)
+    if family in _INVOKE_SYNTAX:
+        syntax = _INVOKE_SYNTAX[family]
+        opening = next(start for start, _ in syntax.sections if section.startswith(start))
+        invokes, _ = _invokes(section[len(opening):], params_of, syntax, complete=False)
         return [(name, "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
                                        for k, v in args.items()) + ("}" if closed else ""))
                 for name, args, closed in invokes]
@@ -549,21 +628,13 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
             if not closed:
                 break
         return calls
+    if family == "nemotron_v2":  # <TOOLCALL> then a JSON array of calls
+        return _array_calls(section[len(_NEMOTRON_CALLS):].lstrip())
     # mistral: [TOOL_CALLS] then a JSON array of calls, or NAME[ARGS]{...} per call
     rest = section[len(_MISTRAL_CALLS):].lstrip()
-    calls = []
     if rest.startswith("["):
-        pos = 1
-        while True:
-            while pos < len(rest) and rest[pos] in " \t\n,":
-                pos += 1
-            head = _json_head(rest, pos)
-            if head is None:
-                return calls
-            calls.append(head[:2])
-            if head[2] is None:
-                return calls
-            pos = head[2]
+        return _array_calls(rest)
+    calls = []
     for part in rest.split(_MISTRAL_CALLS):
         name, sep, after = part.partition(_MISTRAL_ARGS)
         after = after.lstrip()
@@ -577,7 +648,9 @@ def _partial_calls(section: str, family: str, params_of: dict) -> list:
 def _section_end(section: str, family: str) -> int | None:
     """Where the call section `section` ends (the index just past it), None while it goes on."""
     closing = {"hermes": "</tool_call>", "qwen3_xml": "</tool_call>", "glm45": "</tool_call>", "deepseek": _DS_CALLS_END,
-               "harmony": "<|call|>", "minimax_m2": _MINIMAX_CALLS_END}.get(family)
+               "harmony": "<|call|>", "nemotron_v2": _NEMOTRON_CALLS_END}.get(family)
+    if family in _INVOKE_SYNTAX:  # the end of the section's own start marker (DSML has two)
+        closing = next(end for start, end in _INVOKE_SYNTAX[family].sections if section.startswith(start))
     if closing is None:  # mistral's calls (and llama3's whole reply) go on to the end
         return None
     at = section.find(closing)
@@ -741,8 +814,9 @@ def _compact(schema: dict) -> dict:
 
 
 def _keyed_call_rules(fns, rules: list, more: str, param_rule, call_rule) -> None:
-    """Grammar rules for calls written one parameter at a time (qwen3_xml, glm45): per function i
-    and parameter k, p{i}_{k} = param_rule(key, "v{i}_{k}") and v{i}_{k} its value by type; a call
+    """Grammar rules for calls written one parameter at a time (qwen3_xml, glm45, the invoke
+    families): per function i and parameter k, p{i}_{k} = param_rule(key, "v{i}_{k}", its schema)
+    and v{i}_{k} its value by type; a call
     is call_rule(i, fn, its parameters in order, the optional ones marked "?"); `more` repeats it."""
     names = []
     for i, fn in enumerate(fns):
@@ -751,7 +825,7 @@ def _keyed_call_rules(fns, rules: list, more: str, param_rule, call_rule) -> Non
         required = set(params.get("required") or [])
         parts = []
         for k, (key, schema) in enumerate(props.items()):
-            rules.append(f"p{i}_{k}: {param_rule(key, f'v{i}_{k}')}")
+            rules.append(f"p{i}_{k}: {param_rule(key, f'v{i}_{k}', schema)}")
             rules.append(f"v{i}_{k}: {_xml_value_rule(schema)}")
             parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
         rules.append(f"call{i}: {call_rule(i, fn, ' '.join(parts))}")
@@ -760,7 +834,7 @@ def _keyed_call_rules(fns, rules: list, more: str, param_rule, call_rule) -> Non
 
 
 def _xml_value_rule(schema) -> str:
-    """The Lark rule of a qwen3_xml or glm45 parameter value: text for a string (its enum, its pattern, or
+    """The Lark rule of a parameter value written as text (qwen3_xml, glm45, the invoke families): text for a string (its enum, its pattern, or
     any text without a tag, within its length bounds), JSON matching the schema otherwise."""
     schema = schema if isinstance(schema, dict) else {}
     if schema.get("type") != "string":
@@ -792,7 +866,7 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
                 "required": ["name", args_key], "additionalProperties": False}
 
     rules = []
-    if family in ("hermes", "llama3", "mistral"):
+    if family in ("hermes", "llama3", "mistral", "nemotron_v2"):
         one = {"anyOf": [call_object(fn) for fn in fns]} if len(fns) > 1 else call_object(fns[0])
         if family == "hermes":
             rules.append(f"start: call{more}\ncall: {marker('<tool_call>')} \"\\n\" obj \"\\n\" "
@@ -801,21 +875,26 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
         elif family == "llama3":
             rules.append("start: obj")
             rules.append(f"obj: %json {json.dumps(_compact(one))}")
-        else:
+        else:  # mistral, nemotron_v2: a JSON array of calls after the marker
             array = {"type": "array", "items": one, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-            rules.append(f"start: {marker(_MISTRAL_CALLS)} arr")
+            if family == "mistral":
+                rules.append(f"start: {marker(_MISTRAL_CALLS)} arr")
+            else:
+                rules.append(f"start: {marker(_NEMOTRON_CALLS)} arr {marker(_NEMOTRON_CALLS_END)}")
             rules.append(f"arr: %json {json.dumps(_compact(array))}")
     elif family == "qwen3_xml":
         def qwen_call(i, fn, body):
             return (f"{marker('<tool_call>')} {_lark_literal(chr(10) + '<function=' + fn['name'] + '>' + chr(10))} "
                     f"{body} \"</function>\\n\" {marker('</tool_call>')}")
 
-        _keyed_call_rules(fns, rules, more, lambda key, value: f"\"<parameter={key}>\\n\" {value} \"\\n</parameter>\\n\"",
-                          qwen_call)
+        def qwen_param(key, value, _schema):
+            return f"\"<parameter={key}>\\n\" {value} \"\\n</parameter>\\n\""
+
+        _keyed_call_rules(fns, rules, more, qwen_param, qwen_call)
     elif family == "glm45":
         # As the template writes a call: the name on the <tool_call> line, then one key/value pair
         # per line; parallel calls separated by a newline.
-        def glm_param(key, value):
+        def glm_param(key, value, _schema):
             return (f"{marker('<arg_key>')} {_lark_literal(key)} {marker('</arg_key>')} \"\\n\" "
                     f"{marker('<arg_value>')} {value} {marker('</arg_value>')} \"\\n\"")
 
@@ -823,21 +902,38 @@ def tool_call_grammar(family: str, tools: list, marker=_lark_literal, parallel: 
             return f"{marker('<tool_call>')} {_lark_literal(fn['name'] + chr(10))} {body} {marker('</tool_call>')}"
 
         _keyed_call_rules(fns, rules, more, glm_param, glm_call)
-    elif family == "minimax_m2":
-        # As the template writes calls: one section, an <invoke> per call, a parameter per line.
-        def minimax_param(key, value):
-            head = "<parameter name=" + json.dumps(key, ensure_ascii=False) + ">"
-            return f"{_lark_literal(head)} {value} \"</parameter>\\n\""
+    elif family in _INVOKE_SYNTAX:
+        # As the templates write calls: one section, an invoke per call, a parameter per line.
+        # DSML's tags have its marker after their "<" or "</", and its parameters say whether their
+        # value is a string (written as it is) or JSON.
+        dsml = family != "minimax_m2"
 
-        def minimax_call(i, fn, body):
+        def tag(text: str) -> str:
+            if not dsml:
+                return _lark_literal(text)
+            slash = "</" if text.startswith("</") else "<"
+            return f"{_lark_literal(slash)} {marker(_DSML)} {_lark_literal(text[len(slash):])}"
+
+        def invoke_param(key, value, schema):
+            head = "<parameter name=" + json.dumps(key, ensure_ascii=False)
+            if dsml:
+                is_string = isinstance(schema, dict) and schema.get("type") == "string"
+                head += ' string="true"' if is_string else ' string="false"'
+            return f"{tag(head + '>')} {value} {tag('</parameter>' + chr(10))}"
+
+        def invoke_call(i, fn, body):
             head = "<invoke name=" + json.dumps(fn["name"], ensure_ascii=False) + ">\n"
-            return f"{_lark_literal(head)} {body} \"</invoke>\\n\""
+            return f"{tag(head)} {body} {tag('</invoke>' + chr(10))}"
 
+        if dsml:
+            block = "function_calls" if family == "deepseek_v32" else "tool_calls"
+            opening, closing = tag(f"<{block}>"), tag(f"</{block}>")
+        else:
+            opening, closing = marker(_MINIMAX_CALLS), marker(_MINIMAX_CALLS_END)
         calls = " call*" if parallel else ""
-        _keyed_call_rules(fns, rules, calls, minimax_param, minimax_call)
+        _keyed_call_rules(fns, rules, calls, invoke_param, invoke_call)
         alternatives = rules[0].split("\n", 1)[1]
-        rules[0] = (f"start: {marker(_MINIMAX_CALLS)} \"\\n\" call{calls} {marker(_MINIMAX_CALLS_END)}\n"
-                    f"{alternatives}")
+        rules[0] = f"start: {opening} \"\\n\" call{calls} {closing}\n{alternatives}"
     elif family == "harmony":
         names = []
         for i, fn in enumerate(fns):
