@@ -383,48 +383,66 @@ inline __m256i chunk_scales(__m256i split, int c) {
     return _mm256_shuffle_epi8(split, pick);
 }
 
-// acc after one block (qdot.h): `lanes` holds the block's sum_s sc[s] * (sum u q) spread over 8
-// int32 lanes; the offset and min terms come from bsums; both reductions are exact, then the f32
-// operations in qdot.h's order.
+// One block of one token in integers: `pairs` holds, per 128-bit half, [pair sums of the block's
+// sum_s sc[s] * (sum u q) lanes (the offset term taken off), pair sums of its min products] for
+// the types with mins, else the eight lanes themselves; all exact (qdot.h).
+struct KBlockInts {
+    __m256i pairs;
+    __m128 d_dmin;
+};
+
 template <typename D>
-inline float k_block_update(float acc, __m256i lanes, __m256i sc16, __m256i mn16, const block_q8_K& xb,
-                            __m128 d_dmin) {
+inline KBlockInts k_block_ints(const typename D::Block* b, const block_q8_K& xb) {
+    KUnpacked k;
+    D::decode(b, k);
+    const __m256i split = split_scales(k.sc);
+    __m256i v = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c)
+        v = k_scaled_pairs<D>(v, k.u[c], load256(xb.qs + 32 * c), chunk_scales(split, c));
     const __m256i bsums = load256(xb.bsums);
     if constexpr (D::kOffsetShift >= 0) {
-        lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), D::kOffsetShift));
+        v = _mm256_sub_epi32(
+            v, _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(k.sc), bsums), D::kOffsetShift));
     }
+    if constexpr (D::kHasMin) v = _mm256_hadd_epi32(v, _mm256_madd_epi16(_mm256_cvtepu8_epi16(k.mn), bsums));
+    return {v, k.d_dmin};
+}
+
+// acc after one block: the reductions of k_block_ints' pairs, then the f32 operations in qdot.h's
+// order, acc + (dx * d) * float(isum), then - (dx * dmin) * float(imin) for the types with mins.
+template <typename D>
+inline float k_block_finish(float acc, const KBlockInts& block, float dx) {
     __m128i sums;  // [isum, imin, ...]
     if constexpr (D::kHasMin) {
-        const __m256i h = _mm256_hadd_epi32(lanes, _mm256_madd_epi16(mn16, bsums));
-        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        const __m128i q =
+            _mm_add_epi32(_mm256_castsi256_si128(block.pairs), _mm256_extracti128_si256(block.pairs, 1));
         sums = _mm_hadd_epi32(q, q);
     } else {
-        sums = _mm_cvtsi32_si128(hsum_epi32(lanes));
+        sums = _mm_cvtsi32_si128(hsum_epi32(block.pairs));
     }
-    // [(dx * d) * float(isum), (dx * dmin) * float(imin)]
-    const __m128 terms = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(xb.d), d_dmin), _mm_cvtepi32_ps(sums));
+    const __m128 terms = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dx), block.d_dmin), _mm_cvtepi32_ps(sums));
     acc = acc + _mm_cvtss_f32(terms);
     if constexpr (D::kHasMin) acc = acc - _mm_cvtss_f32(_mm_movehdup_ps(terms));
     return acc;
 }
 
-// The K-quant row loop for one token. (Two blocks per step, as iq_dot_one_token does, measured
-// the same here: 33 cycles per Q4_K block on Zen 3 either way, bound by issue, not latency.)
+// The K-quant row loop for one token, software-pipelined: each step computes block ib's integers
+// and only then finishes block ib - 1 (its reductions and float steps), so the instructions that
+// wait on a block's long chain (decode, products, reductions, int -> float, two multiplies, the
+// add) come a whole block after the ones that start it. In block order, the vector scheduler's
+// window (about one block of instructions) filled with the finishing block's waiting operations.
 template <typename D>
 inline float k_dot_one_token(const typename D::Block* blocks, const block_q8_K* x, int64_t n_blocks) {
     float acc = 0.0f;
-    for (int64_t ib = 0; ib < n_blocks; ++ib) {
+    if (n_blocks <= 0) return acc;
+    KBlockInts previous = k_block_ints<D>(blocks, x[0]);
+    for (int64_t ib = 1; ib < n_blocks; ++ib) {
         prefetch_ahead(blocks + ib, sizeof(typename D::Block));
-        KUnpacked k;
-        D::decode(blocks + ib, k);
-        const __m256i split = split_scales(k.sc);
-        __m256i v = _mm256_setzero_si256();
-        for (int c = 0; c < 8; ++c)
-            v = k_scaled_pairs<D>(v, k.u[c], load256(x[ib].qs + 32 * c), chunk_scales(split, c));
-        acc = k_block_update<D>(acc, v, _mm256_cvtepi8_epi16(k.sc), _mm256_cvtepu8_epi16(k.mn), x[ib],
-                                k.d_dmin);
+        const KBlockInts current = k_block_ints<D>(blocks + ib, x[ib]);
+        acc = k_block_finish<D>(acc, previous, x[ib - 1].d);
+        previous = current;
     }
-    return acc;
+    return k_block_finish<D>(acc, previous, x[n_blocks - 1].d);
 }
 
 // Eight int32 vectors -> one vector of their eight horizontal sums (lane t = sum of v[t]'s lanes).
@@ -677,23 +695,12 @@ struct HasChunks : std::false_type {};
 template <typename D>
 struct HasChunks<D, std::void_t<decltype(D::kChunks)>> : std::true_type {};
 
-// [sum of a's lanes, sum of b's lanes, the same two again] (exact int32 sums).
-inline __m128i hsum2_epi32(__m256i a, __m256i b) {
-    const __m256i pairs = _mm256_hadd_epi32(a, b);  // per half: [a01, a23, b01, b23]
-    const __m128i halves = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-    return _mm_hadd_epi32(halves, halves);
-}
-
-// One token, two blocks per step: the chunks of blocks ib and ib + 1 into two independent
-// accumulators, both horizontal sums in one reduction, converted in a vector register, then
-// qdot.h's float steps block by block (acc + (dx * d) * float(isum), each rounded as the scalar
-// reference rounds it). One block per step left each block's reduction, its int -> float trip
-// through a general register and the scalar multiplies as one long dependency chain at the end of
-// ~110 vector instructions: the out-of-order window held about two blocks, and the loop ran at
-// ~46 cycles per IQ4_XS block against ~27 cycles of issue (perf annotate, AVX2, Zen 3).
+// One token, software-pipelined as k_dot_one_token: block ib's chunk sums, then block ib - 1's
+// reduction and float steps (acc + (dx * d) * float(isum), each rounded as the scalar reference
+// rounds it). In block order the loop ran at ~46 cycles per IQ4_XS block against ~27 cycles of
+// issue (perf annotate, AVX2, Zen 3): each block ended in one long dependency chain.
 template <typename D>
 inline float iq_dot_one_token(const typename D::Block* blocks, const block_q8_K* x, int64_t n_blocks) {
-    float acc = 0.0f;
     const auto block_sum = [&](int64_t ib) {
         __m256i v = _mm256_setzero_si256();
         D::chunks(blocks + ib, [&](int c, __m256i u, __m256i sign, __m256i s16) {
@@ -702,23 +709,19 @@ inline float iq_dot_one_token(const typename D::Block* blocks, const block_q8_K*
         });
         return v;
     };
-    int64_t ib = 0;
-    for (; ib + 2 <= n_blocks; ib += 2) {
-        prefetch_ahead(blocks + ib, 2 * sizeof(typename D::Block));
-        const __m256i v0 = block_sum(ib), v1 = block_sum(ib + 1);
-        const __m128 sums = _mm_cvtepi32_ps(hsum2_epi32(v0, v1));
-        const __m128 scales =
-            _mm_mul_ps(_mm_setr_ps(x[ib].d, x[ib + 1].d, 0.0f, 0.0f),
-                       _mm_setr_ps(D::scale(blocks + ib), D::scale(blocks + ib + 1), 0.0f, 0.0f));
-        const __m128 terms = _mm_mul_ps(scales, sums);
-        acc = acc + _mm_cvtss_f32(terms);
-        acc = acc + _mm_cvtss_f32(_mm_movehdup_ps(terms));
+    const auto finish = [&](float acc, __m256i v, int64_t ib) {
+        return acc + mul_f(mul_f(x[ib].d, D::scale(blocks + ib)), static_cast<float>(hsum_epi32(v)));
+    };
+    float acc = 0.0f;
+    if (n_blocks <= 0) return acc;
+    __m256i previous = block_sum(0);
+    for (int64_t ib = 1; ib < n_blocks; ++ib) {
+        prefetch_ahead(blocks + ib, sizeof(typename D::Block));
+        const __m256i current = block_sum(ib);
+        acc = finish(acc, previous, ib - 1);
+        previous = current;
     }
-    if (ib < n_blocks) {
-        const __m256i v = block_sum(ib);
-        acc = acc + mul_f(mul_f(x[ib].d, D::scale(blocks + ib)), static_cast<float>(hsum_epi32(v)));
-    }
-    return acc;
+    return finish(acc, previous, n_blocks - 1);
 }
 
 // The row loop of the chunk decoders, for NT tokens: per block the chunks' exact int32 sums, then
