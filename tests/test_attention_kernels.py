@@ -77,7 +77,7 @@ def test_exp_matches_float64(isa):
 @pytest.mark.parametrize("hd", [32, 64, 128, 136])
 def test_simd_equals_scalar_reference(hd):
     rng, seed = fresh_rng()
-    for n_rows in (1, 2, 3, 7, 32):
+    for n_rows in (1, 2, 3, 4, 7, 8, 32):  # 4 and 8: pv tiles 2 + 2 and 3 + 3 + 2
         q, k, v, lo, hi = random_block(rng, n_rows, int(rng.integers(1, 257)), hd)
         ref = _internal.attention_block_kernels("scalar", q, k, v, lo, hi, 0.1)
         for isa in ISAS:
