@@ -155,164 +155,49 @@ float softmax_avx2(float* s, int64_t a, int64_t b, float* m_out) {
     return lane_tree1(l);
 }
 
-// Written out per tile (named accumulators): an array of accumulators loaded from and stored to
-// o was kept in memory by GCC, a store per fma.
-template <typename T>
-inline void pv_tile_3x4(const float* p, int64_t ld_p, const T* v, int64_t ld_v, int64_t j_begin,
-                        int64_t j_end, float* const* o, int64_t d) {
-    float* o0 = o[0] + d;
-    float* o1 = o[1] + d;
-    float* o2 = o[2] + d;
-    __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8), a02 = _mm256_loadu_ps(o0 + 16),
-           a03 = _mm256_loadu_ps(o0 + 24);
-    __m256 a10 = _mm256_loadu_ps(o1), a11 = _mm256_loadu_ps(o1 + 8), a12 = _mm256_loadu_ps(o1 + 16),
-           a13 = _mm256_loadu_ps(o1 + 24);
-    __m256 a20 = _mm256_loadu_ps(o2), a21 = _mm256_loadu_ps(o2 + 8), a22 = _mm256_loadu_ps(o2 + 16),
-           a23 = _mm256_loadu_ps(o2 + 24);
-    const float* p0 = p;
-    const float* p1 = p + ld_p;
-    const float* p2 = p + 2 * ld_p;
-    for (int64_t j = j_begin; j < j_end; ++j) {
-        const T* vj = v + j * ld_v + d;
-        const __m256 v0 = load8(vj), v1 = load8(vj + 8), v2 = load8(vj + 16), v3 = load8(vj + 24);
-        __m256 pj = _mm256_broadcast_ss(p0 + j);
-        a00 = _mm256_fmadd_ps(pj, v0, a00);
-        a01 = _mm256_fmadd_ps(pj, v1, a01);
-        a02 = _mm256_fmadd_ps(pj, v2, a02);
-        a03 = _mm256_fmadd_ps(pj, v3, a03);
-        pj = _mm256_broadcast_ss(p1 + j);
-        a10 = _mm256_fmadd_ps(pj, v0, a10);
-        a11 = _mm256_fmadd_ps(pj, v1, a11);
-        a12 = _mm256_fmadd_ps(pj, v2, a12);
-        a13 = _mm256_fmadd_ps(pj, v3, a13);
-        pj = _mm256_broadcast_ss(p2 + j);
-        a20 = _mm256_fmadd_ps(pj, v0, a20);
-        a21 = _mm256_fmadd_ps(pj, v1, a21);
-        a22 = _mm256_fmadd_ps(pj, v2, a22);
-        a23 = _mm256_fmadd_ps(pj, v3, a23);
-    }
-    _mm256_storeu_ps(o0, a00);
-    _mm256_storeu_ps(o0 + 8, a01);
-    _mm256_storeu_ps(o0 + 16, a02);
-    _mm256_storeu_ps(o0 + 24, a03);
-    _mm256_storeu_ps(o1, a10);
-    _mm256_storeu_ps(o1 + 8, a11);
-    _mm256_storeu_ps(o1 + 16, a12);
-    _mm256_storeu_ps(o1 + 24, a13);
-    _mm256_storeu_ps(o2, a20);
-    _mm256_storeu_ps(o2 + 8, a21);
-    _mm256_storeu_ps(o2 + 16, a22);
-    _mm256_storeu_ps(o2 + 24, a23);
-}
-
-// Two rows of four vectors (8 accumulators: 8 fmas per key keep both FMA pipes busy through the
-// 4-cycle latency, where two 1x4 tiles, 4 fmas per key each, waited on it): the tail of 2 rows,
-// and 4 rows as 2 + 2 rather than 3 + 1 (GQA groups of 8 and 4).
-template <typename T>
-inline void pv_tile_2x4(const float* p, int64_t ld_p, const T* v, int64_t ld_v, int64_t j_begin,
-                        int64_t j_end, float* const* o, int64_t d) {
-    float* o0 = o[0] + d;
-    float* o1 = o[1] + d;
-    __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8), a02 = _mm256_loadu_ps(o0 + 16),
-           a03 = _mm256_loadu_ps(o0 + 24);
-    __m256 a10 = _mm256_loadu_ps(o1), a11 = _mm256_loadu_ps(o1 + 8), a12 = _mm256_loadu_ps(o1 + 16),
-           a13 = _mm256_loadu_ps(o1 + 24);
-    const float* p0 = p;
-    const float* p1 = p + ld_p;
-    for (int64_t j = j_begin; j < j_end; ++j) {
-        const T* vj = v + j * ld_v + d;
-        const __m256 v0 = load8(vj), v1 = load8(vj + 8), v2 = load8(vj + 16), v3 = load8(vj + 24);
-        __m256 pj = _mm256_broadcast_ss(p0 + j);
-        a00 = _mm256_fmadd_ps(pj, v0, a00);
-        a01 = _mm256_fmadd_ps(pj, v1, a01);
-        a02 = _mm256_fmadd_ps(pj, v2, a02);
-        a03 = _mm256_fmadd_ps(pj, v3, a03);
-        pj = _mm256_broadcast_ss(p1 + j);
-        a10 = _mm256_fmadd_ps(pj, v0, a10);
-        a11 = _mm256_fmadd_ps(pj, v1, a11);
-        a12 = _mm256_fmadd_ps(pj, v2, a12);
-        a13 = _mm256_fmadd_ps(pj, v3, a13);
-    }
-    _mm256_storeu_ps(o0, a00);
-    _mm256_storeu_ps(o0 + 8, a01);
-    _mm256_storeu_ps(o0 + 16, a02);
-    _mm256_storeu_ps(o0 + 24, a03);
-    _mm256_storeu_ps(o1, a10);
-    _mm256_storeu_ps(o1 + 8, a11);
-    _mm256_storeu_ps(o1 + 16, a12);
-    _mm256_storeu_ps(o1 + 24, a13);
-}
-
-// The tails: one row, four vectors or one.
-template <typename T>
-inline void pv_tile_1x4(const float* p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
-                        float* const* o, int64_t d) {
-    float* o0 = o[0] + d;
-    __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8), a2 = _mm256_loadu_ps(o0 + 16),
-           a3 = _mm256_loadu_ps(o0 + 24);
-    for (int64_t j = j_begin; j < j_end; ++j) {
-        const T* vj = v + j * ld_v + d;
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        a0 = _mm256_fmadd_ps(pj, load8(vj), a0);
-        a1 = _mm256_fmadd_ps(pj, load8(vj + 8), a1);
-        a2 = _mm256_fmadd_ps(pj, load8(vj + 16), a2);
-        a3 = _mm256_fmadd_ps(pj, load8(vj + 24), a3);
-    }
-    _mm256_storeu_ps(o0, a0);
-    _mm256_storeu_ps(o0 + 8, a1);
-    _mm256_storeu_ps(o0 + 16, a2);
-    _mm256_storeu_ps(o0 + 24, a3);
-}
-
-// One row of eight vectors (8 accumulators, as pv_tile_2x4 and for the same reason): the
-// single-row tiles of multi-head attention (one query row per KV head).
-template <typename T>
-inline void pv_tile_1x8(const float* p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
-                        float* const* o, int64_t d) {
-    float* o0 = o[0] + d;
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(o0 + 8 * i);
-    for (int64_t j = j_begin; j < j_end; ++j) {
-        const T* vj = v + j * ld_v + d;
-        const __m256 pj = _mm256_broadcast_ss(p + j);
+// One tile: R rows x V vectors of 8 dims, R * V accumulators, per key V loads, R broadcasts and
+// R * V fmas. Tiles of 8 or 12 accumulators keep both FMA pipes busy through the 4-cycle fma
+// latency (a 1x4 tile, 4 fmas per key, waited on it). The loops over r and i are unrolled whole,
+// so the accumulators are registers.
+template <int R, int V, typename T>
+inline void pv_tile(const float* p, int64_t ld_p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
+                    float* const* o, int64_t d) {
+    __m256 a[R][V];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, load8(vj + 8 * i), a[i]);
+        for (int i = 0; i < V; ++i) a[r][i] = _mm256_loadu_ps(o[r] + d + 8 * i);
+    for (int64_t j = j_begin; j < j_end; ++j) {
+        const T* vj = v + j * ld_v + d;
+        __m256 vv[V];
+#pragma GCC unroll 8
+        for (int i = 0; i < V; ++i) vv[i] = load8(vj + 8 * i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m256 pj = _mm256_broadcast_ss(p + r * ld_p + j);
+#pragma GCC unroll 8
+            for (int i = 0; i < V; ++i) a[r][i] = _mm256_fmadd_ps(pj, vv[i], a[r][i]);
+        }
     }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o0 + 8 * i, a[i]);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int i = 0; i < V; ++i) _mm256_storeu_ps(o[r] + d + 8 * i, a[r][i]);
 }
 
-template <typename T>
-inline void pv_tile_1x1(const float* p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
-                        float* const* o, int64_t d) {
-    float* o0 = o[0] + d;
-    __m256 a0 = _mm256_loadu_ps(o0);
-    for (int64_t j = j_begin; j < j_end; ++j)
-        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load8(v + j * ld_v + d), a0);
-    _mm256_storeu_ps(o0, a0);
-}
-
-// R rows (kPvRows, 2 or 1) over head_dim: tiles of kPvVecs vectors, then single vectors.
+// R rows (kPvRows, 2 or 1) over head_dim: tiles of kPvVecs vectors (one row: of 8 while they
+// fit), then single vectors.
 template <int R, typename T>
 void pv_rows(const float* p, int64_t ld_p, const T* v, int64_t ld_v, int64_t j_begin, int64_t j_end,
              int64_t head_dim, float* const* o) {
     static_assert(R == kPvRows || R == 2 || R == 1, "pv tiles of kPvRows, 2 or 1 rows");
-    static_assert(kPvRows == 3 && kPvVecs == 4, "pv_tile_3x4, 2x4 and 1x4 are written for these");
     int64_t d = 0;
     if constexpr (R == 1) {
-        for (; d + 64 <= head_dim; d += 64) pv_tile_1x8(p, v, ld_v, j_begin, j_end, o, d);
+        for (; d + 64 <= head_dim; d += 64) pv_tile<1, 8>(p, ld_p, v, ld_v, j_begin, j_end, o, d);
     }
-    for (; d + 8 * kPvVecs <= head_dim; d += 8 * kPvVecs) {
-        if constexpr (R == kPvRows) {
-            pv_tile_3x4(p, ld_p, v, ld_v, j_begin, j_end, o, d);
-        } else if constexpr (R == 2) {
-            pv_tile_2x4(p, ld_p, v, ld_v, j_begin, j_end, o, d);
-        } else {
-            pv_tile_1x4(p, v, ld_v, j_begin, j_end, o, d);
-        }
-    }
-    for (; d < head_dim; d += 8) {
-        for (int r = 0; r < R; ++r) pv_tile_1x1(p + r * ld_p, v, ld_v, j_begin, j_end, o + r, d);
-    }
+    for (; d + 8 * kPvVecs <= head_dim; d += 8 * kPvVecs)
+        pv_tile<R, kPvVecs>(p, ld_p, v, ld_v, j_begin, j_end, o, d);
+    for (; d < head_dim; d += 8) pv_tile<R, 1>(p, ld_p, v, ld_v, j_begin, j_end, o, d);
 }
 
 template <typename T>
