@@ -453,12 +453,12 @@ inline __m256i hsum8_epi32(const __m256i* v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
-// The K-quant row loop for a tile of NT tokens (2..8) with the per-block epilogue of k_block_update
+// The K-quant row loop for a tile of NT tokens (2..8) with the per-block epilogue of k_block_finish
 // done for all the tokens at once: the integer sums of the NT tokens transposed into one vector
 // (hsum8_epi32), then qdot.h's float operations lane by lane, lane t being token t:
 //   acc[t] = acc[t] + (dx[t] * d) * float(isum[t]);  acc[t] = acc[t] - (dx[t] * dmin) * float(imin[t])
-// one rounding each, as in k_block_update (IEEE multiplication commutes), so every token gets
-// k_dot_tokens_256's bits while the horizontal reductions and scalar float steps per (block, token)
+// one rounding each, as in k_block_finish (IEEE multiplication commutes), so every token gets
+// k_dot_one_token's bits while the horizontal reductions and scalar float steps per (block, token)
 // become a handful of vector operations per block.
 template <typename D, int NT>
 inline void k_dot_tokens_256_wide(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
@@ -725,8 +725,8 @@ inline float iq_dot_one_token(const typename D::Block* blocks, const block_q8_K*
 }
 
 // The row loop of the chunk decoders, for NT tokens: per block the chunks' exact int32 sums, then
-// qdot.h's float steps, as k_block_update (one token) or k_dot_tokens_256_wide (a tile: the NT
-// sums transposed into one vector, lane t token t) does them, so both give the same bits.
+// qdot.h's float steps, as iq_dot_one_token (one token) or, for a tile, as k_dot_tokens_256_wide
+// does them (the NT sums transposed into one vector, lane t token t), so both give the same bits.
 template <typename D, int NT>
 inline void iq_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
     const typename D::Block* blocks = static_cast<const typename D::Block*>(w);
@@ -757,8 +757,7 @@ inline void iq_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64
     for (int t = 0; t < NT; ++t) acc[t] = all[t];
 }
 
-// The row loop of decoder D: the chunk loop for the chunk decoders, the including file's
-// k_dot_tokens for the others.
+// The row loop of decoder D: the chunk loop for the chunk decoders, k_dot_tokens for the others.
 template <typename D, int NT>
 inline void row_dot_tokens(const void* w, const void* xq, size_t xq_stride, int64_t n, float* acc) {
     if constexpr (HasChunks<D>::value) {
