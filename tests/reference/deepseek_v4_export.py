@@ -242,7 +242,53 @@ def _original_config(config, yarn: bool = False) -> dict:
     }
 
 
-def export(out_dir: Path, seed: int = 1234, yarn: bool = False) -> hf_export.ExportedModel:
+def _mtp_tensors(originals: dict, config, seed: int) -> dict:
+    """One multi-token-prediction block under DeepSeek's names (`mtp.0.*`): the tensors of one more
+    sliding-window layer (compress ratio 0, so no compressor or indexer) routed by score, not hashed,
+    plus the MTP's own e/h projections, their norms, its final norm and its own hc_head. Drawn from
+    seed + 1, after build(), so the trunk's tensors stay exactly those of export(mtp=False)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    rng = np.random.default_rng(seed + 1)
+    sliding = f"layers.{LAYER_TYPES.index('sliding_attention')}."  # not a hash layer (N_HASH = 1)
+    shapes = {
+        k[len(sliding) :]: v.shape
+        for k, v in originals.items()
+        if k.startswith(sliding) and not k.startswith(sliding + "ffn.experts.")
+    }
+    n_embd = config.hidden_size
+    for name in ("e_proj.weight", "h_proj.weight"):
+        shapes[name] = (n_embd, n_embd)
+    for name in ("enorm.weight", "hnorm.weight", "norm.weight"):
+        shapes[name] = (n_embd,)
+    for name in ("hc_head_fn", "hc_head_base", "hc_head_scale"):
+        shapes[name] = originals[name].shape
+    out = {}
+    for name, shape in sorted(shapes.items()):
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if "norm" in name:
+            out[name] = 1.0 + hf_export.NORM_WEIGHT_SPREAD * noise
+        elif name.endswith(("sink", "base")):
+            out[name] = 0.5 * noise
+        elif name.endswith("scale"):
+            out[name] = 1.0 + 0.2 * noise
+        elif name == "ffn.gate.bias":
+            out[name] = 0.05 * noise
+        else:
+            out[name] = hf_export.WEIGHT_STD * noise
+    n_ff = config.moe_intermediate_size
+    for e in range(config.n_routed_experts):
+        for tag, shape in (("w1", (n_ff, n_embd)), ("w3", (n_ff, n_embd)), ("w2", (n_embd, n_ff))):
+            _, packed, scale = _mxfp4(rng, shape)
+            out[f"ffn.experts.{e}.{tag}.weight"] = torch.from_numpy(packed)
+            out[f"ffn.experts.{e}.{tag}.scale"] = torch.from_numpy(scale)
+    return {"mtp.0." + k: v.contiguous() for k, v in out.items()}
+
+
+def export(out_dir: Path, seed: int = 1234, yarn: bool = False, mtp: bool = False) -> hf_export.ExportedModel:
+    """mtp: hf/ also holds one MTP block (mtp.0.*, which transformers has no module for, so hf_tf/
+    is the same model either way) and the config declares it."""
     from safetensors.torch import save_file
 
     tokenizer = hf_export.build_tokenizer(seed=seed)
@@ -253,8 +299,15 @@ def export(out_dir: Path, seed: int = 1234, yarn: bool = False) -> hf_export.Exp
     tokenizer.save_pretrained(tf_dir)
     hf_dir = Path(out_dir) / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
+    original_config = _original_config(model.config, yarn)
+    if mtp:
+        originals.update(_mtp_tensors(originals, model.config, seed))
+        # llama.cpp reads one compress ratio per block, the MTP block's (0: sliding window only)
+        # included; transformers' config keeps only the first num_hidden_layers of them.
+        original_config["num_nextn_predict_layers"] = 1
+        original_config["compress_ratios"].append(0)
     save_file(originals, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
-    (hf_dir / "config.json").write_text(json.dumps(_original_config(model.config, yarn), indent=1))
+    (hf_dir / "config.json").write_text(json.dumps(original_config, indent=1))
     tokenizer.save_pretrained(hf_dir)
     return hf_export.ExportedModel(name="deepseek_v4", gguf_arch="deepseek4", hf_dir=hf_dir, vocab_size=vocab_size)
 
@@ -273,6 +326,27 @@ def prepare(root: Path, converter: Path, outtypes=("f32",), seed: int = 1234, ya
         path = out_dir / f"deepseek_v4-{outtype}.gguf"
         files[outtype] = path if path.is_file() else hf_export.convert(hf_dir, path, outtype, converter)
     return hf_export.ConvertedModel(exported=exported, gguf=files)
+
+
+def prepare_mtp(root: Path, converter: Path, outtypes=("f32",), seed: int = 1234) -> dict:
+    """Export the checkpoint with an MTP block under root/deepseek_v4_mtp-seed<seed> once and convert
+    it twice per outtype (files reused): {outtype: (trunk GGUF, MTP sidecar GGUF)}. The plain
+    conversion drops mtp.*, so the trunk file holds prepare()'s weights; `--mtp` writes only the block,
+    as blk.<n_layer>, with the embeddings, output norm and head (and the MTP's hc_head as output_hc_*)."""
+    out_dir = Path(root) / f"deepseek_v4_mtp-seed{seed}"
+    hf_dir = out_dir / "hf"
+    if not (hf_dir / "config.json").is_file():
+        export(out_dir, seed=seed, mtp=True)
+    files = {}
+    for outtype in outtypes:
+        trunk = out_dir / f"deepseek_v4-{outtype}.gguf"
+        sidecar = out_dir / f"mtp-deepseek_v4-{outtype}.gguf"
+        if not trunk.is_file():
+            hf_export.convert(hf_dir, trunk, outtype, converter)
+        if not sidecar.is_file():
+            hf_export.convert(hf_dir, sidecar, outtype, converter, ["--mtp"])
+        files[outtype] = (trunk, sidecar)
+    return files
 
 
 def transformers_dir(converted) -> Path:
