@@ -239,7 +239,7 @@ def test_inspect_describes_deepseek4(f32):
 def test_refusals_are_typed_errors(f32, tmp_path):
     with pytest.raises(sharpi.SharpiError, match="f32 cache row"):
         sharpi.Session(f32, threads=THREADS, n_ctx=64, cache_type_k="f16", cache_type_v="f16")
-    with pytest.raises(sharpi.UnsupportedError, match="multi-token-prediction"):
+    with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
         sharpi.Session(f32, threads=THREADS, n_ctx=64, mtp=True)
     bad_ratio = tmp_path / "ratio8.gguf"
     rewrite_gguf(f32, str(bad_ratio), set_kv={"deepseek4.attention.compress_ratios": [8, 0, 128, 4]})

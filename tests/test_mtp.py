@@ -1,6 +1,7 @@
 """The file's multi-token-prediction block (Session(mtp=True), Session.draft_mtp, --spec-type draft-mtp)
-on qwen35moe, qwen3next, glm4moe and deepseek32 files (deepseek32's block is dense MLA, as llama.cpp
-runs it: the trunk selects with its indexer, the block does not).
+on qwen35moe, qwen3next, glm4moe, deepseek32 and deepseek4 files (deepseek32's block is dense MLA, as
+llama.cpp runs it: the trunk selects with its indexer, the block does not; deepseek4's takes and
+returns all hyper-connection streams).
 
 Oracle: tests/reference/numpy_forward.mtp_forward, a float64 numpy model of the block as DeepSeek-V3
 and Qwen3.5 define it (the trunk's output-normed hidden state and the next token's embedding, each
@@ -8,8 +9,11 @@ normed, concatenated and projected, one full-attention decoder block over the pa
 1.., the shared head norm and lm_head), on the dequantized weights of the same file, sharpi in exact
 mode. The trunk's hidden rows come from the numpy reference forward too, so every pair sharpi
 keeps in its MTP KV cache (written step by step, across rollbacks) is checked against one
-recomputation from scratch. Speculation with the block is checked as every draft source is: the
-output of plain decoding, token for token and logits bit for bit.
+recomputation from scratch. deepseek4's oracle is tests/reference/deepseek4_numpy.py's mtp (llama.cpp's
+deepseek4 graph_mtp: per stream eh_proj of [enorm(embed) | hnorm(stream)] of the trunk's raw last
+layer streams, the hyper-connected layer, the block file's hc head, shared_head_norm, lm_head).
+Speculation with the block is checked as every draft source is: the output of plain decoding, token
+for token and logits bit for bit.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import numpy as np
 import pytest
 import sharpi
 from gguf import GGUFReader
+from model_files import rewrite_gguf
+from reference.deepseek4_numpy import Deepseek4Reference
 from reference.numpy_forward import ReferenceModel, forward, mtp_forward
 from sharpi.make_model import write_model
 from sharpi.speculative import MtpDraft, Speculation, open_speculation
 
-ARCHS = ["qwen35moe", "qwen3next", "glm4moe", "deepseek32"]
+ARCHS = ["qwen35moe", "qwen3next", "glm4moe", "deepseek32", "deepseek4"]
 BUDGET = 1e-4  # relative L2, exact mode, same dequantized weights
 
 
@@ -47,16 +53,34 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def reference_drafts(ref: ReferenceModel, tokens: list, next_token: int, drafted: list) -> list:
+class Deepseek4Mtp:
+    """deepseek4's references: the trunk's, and the block's (a --mtp sidecar's, else the same file)."""
+
+    def __init__(self, trunk, block=None):
+        self.trunk = Deepseek4Reference(trunk)
+        self.block = Deepseek4Reference(block) if block else self.trunk
+
+
+def make_reference(path, block=None):
+    arch = GGUFReader(path).fields["general.architecture"].contents()
+    return Deepseek4Mtp(path, block) if arch == "deepseek4" else ReferenceModel(path)
+
+
+def reference_drafts(ref, tokens: list, next_token: int, drafted: list) -> list:
     """The block's logits at each draft position for the sequence `tokens`, `next_token` after it
     and the chain fed with `drafted` (sharpi's own drafts), recomputed from scratch each time."""
-    hidden = forward(ref, tokens).intermediates["result_norm"]
+    if isinstance(ref, Deepseek4Mtp):
+        hidden, block = ref.trunk.streams(tokens), ref.block.mtp
+    else:
+        hidden = forward(ref, tokens).intermediates["result_norm"]
+        def block(h, t):
+            return mtp_forward(ref, h, t)
     pair_tokens = list(tokens[1:]) + [next_token]
     out = []
     for i in range(len(drafted)):
-        logits, h_out = mtp_forward(ref, hidden, pair_tokens)
+        logits, h_out = block(hidden, pair_tokens)
         out.append(logits[-1])
-        hidden = np.vstack([hidden, h_out[-1:]])
+        hidden = np.concatenate([hidden, h_out[-1:]])
         pair_tokens.append(drafted[i])
     return out
 
@@ -80,7 +104,7 @@ def test_the_block_matches_the_float64_reference(files, arch, quant):
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     path = files[arch, quant]
-    ref = ReferenceModel(path)
+    ref = make_reference(path)
     s = sharpi.Session(path, threads=2, exact=True, mtp=True, max_draft_tokens=4)
     n_vocab = s.info["n_vocab"]
     prompt = [int(t) for t in rng.integers(0, n_vocab, 11)]
@@ -103,7 +127,7 @@ def test_pairs_are_right_after_a_rejected_draft_and_a_far_truncate(files, arch):
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     path = files[arch, "f32"]
-    ref = ReferenceModel(path)
+    ref = make_reference(path)
     s = sharpi.Session(path, threads=2, exact=True, mtp=True, max_draft_tokens=4)
     n_vocab = s.info["n_vocab"]
     def ids(n):
@@ -190,7 +214,7 @@ def test_the_budget_charges_the_block(files):
     assert fixed[True] - fixed[False] == weights + 2 * per_seq
 
 
-def test_bad_use_of_the_block_is_a_clear_error(files):
+def test_bad_use_of_the_block_is_a_clear_error(files, tmp_path):
     with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
         sharpi.Session(files["plain"], mtp=True)
     s = sharpi.Session(files["qwen35moe", "f32"], threads=1)
@@ -213,6 +237,14 @@ def test_bad_use_of_the_block_is_a_clear_error(files):
     with pytest.raises(sharpi.UnsupportedError, match="not on the device path"):
         sharpi.Session(files["qwen35moe", "f32"], mtp=True, device="cuda")
     assert Speculation(MtpDraft(m), n_max=2).draft([1, 2, 3, 4], 2, key=0)  # the happy path drafts
+    # deepseek4's block attends over pair rows, which keep relative positions only: a compressed
+    # block (its windows close at absolute positions) is refused, the trunk still opens.
+    compressed = tmp_path / "deepseek4-compressed-block.gguf"
+    rewrite_gguf(files["deepseek4", "f32"], str(compressed),
+                 set_kv={"deepseek4.attention.compress_ratios": [4, 0, 128, 4, 128]})  # fmt: skip
+    with pytest.raises(sharpi.UnsupportedError, match="compress ratio 128; only a sliding-window block"):
+        sharpi.Session(str(compressed), mtp=True)
+    sharpi.Session(str(compressed), threads=1).decode([1, 2, 3])
 
 
 # ---- files written by llama.cpp's converter (tiny random Hugging Face checkpoints whose mtp.*
@@ -315,6 +347,36 @@ def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path
         sharpi.Session(str(trunk), mtp=converted["qwen3next"]["f32"])
     with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
         sharpi.Session(str(trunk), mtp=True)
+
+
+def test_deepseek4s_block_from_the_converters_mtp_sidecar(model_dir):
+    """DeepSeek-V4's converter writes the block only with --mtp (a plain conversion drops mtp.*): the
+    sidecar's block, its own hc head included (the root output_hc_* of the sidecar), drafts on the
+    trunk file's streams as the float64 reference does. (`--outtype q8_0` keeps this checkpoint's
+    float32 tensors f32, and eh_proj is Q8_0 in every sidecar, so f32 covers both.)"""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers", minversion="5.0")
+    from reference import deepseek_v4_export, hf_export
+
+    try:
+        converter = hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp converter unavailable: {error}")
+    trunk, sidecar = (str(p) for p in deepseek_v4_export.prepare_mtp(model_dir, converter)["f32"])
+    ref = make_reference(trunk, sidecar)
+    assert not np.allclose(ref.block.t["output_hc_fn.weight"], ref.trunk.t["output_hc_fn.weight"])
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    s = sharpi.Session(trunk, threads=2, exact=True, mtp=sidecar, max_draft_tokens=4)
+    assert s.info["n_layer_nextn"] == 0 and s.info["mtp"]
+    n_vocab = s.info["n_vocab"]
+    prompt = [int(t) for t in rng.integers(0, n_vocab, 12)]
+    s.decode(prompt[:9])
+    for t in prompt[9:]:
+        s.decode([t])
+    check_drafts(s, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"deepseek_v4 sidecar seed {seed}")
+    with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
+        sharpi.Session(trunk, mtp=True)
 
 
 def test_the_shipped_models_head_matches_the_reference():

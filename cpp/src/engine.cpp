@@ -58,12 +58,6 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     n_ctx_ = plan.n_ctx;
     if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
     if (options.mtp) {
-        if (h.hc_mult > 1) {
-            throw UnsupportedError(
-                "mtp: " + h.arch +
-                "'s multi-token-prediction blocks (hyper-connection streams) are not run by "
-                "sharpi yet");
-        }
         mtp_ = std::make_unique<MtpHead>(*model_, options.mtp_file);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
     }
@@ -167,7 +161,7 @@ std::unique_ptr<Sequence> Engine::make_sequence() const {
         const KvLayout l = kv_layout(mtp_->model().hp, kv_shape_.type_k, kv_shape_.type_v);
         s->mtp_kv = std::make_unique<KvCache>(1, n_ctx_, l.width, l.head_dim, l.type_k, l.type_v, l.with_v);
         // new[] without (): pages are faulted in as positions fill, as the KV cache's.
-        s->mtp_hidden.reset(new float[static_cast<size_t>(n_ctx_ * model_->hp.n_embd)]);
+        s->mtp_hidden.reset(new float[static_cast<size_t>(n_ctx_ * MtpHead::hidden_width(model_->hp))]);
     }
     return s;
 }
@@ -246,7 +240,7 @@ int32_t Engine::fork_sequence(int32_t src, int64_t n_keep) {
     if (mtp_ && n_keep > 0) {
         // The MTP pairs of the kept positions (rows 0 .. n_keep - 2) and their hidden rows.
         s.mtp_kv->copy_prefix(*from.mtp_kv, n_keep - 1, {true});
-        std::copy_n(from.mtp_hidden.get(), n_keep * model_->hp.n_embd, s.mtp_hidden.get());
+        std::copy_n(from.mtp_hidden.get(), n_keep * MtpHead::hidden_width(model_->hp), s.mtp_hidden.get());
     }
     if (!from.recurrent->empty()) {
         *s.recurrent = *from.recurrent;
@@ -757,9 +751,9 @@ void Engine::forward_step(const std::vector<SequenceTokens>& entries,
 
 void Engine::forward_mtp_pairs(const std::vector<SequenceTokens>& entries) {
     const HParams& h = model_->hp;
-    const int64_t E = h.n_embd;
-    // Pair r of a sequence is (normed hidden of position r, token r + 1), in MTP KV row r. A step
-    // of positions [P, P + n) completes pairs [max(P - 1, 0), P + n - 1).
+    const int64_t W = MtpHead::hidden_width(h), n_residual = h.n_embd_residual();
+    // Pair r of a sequence is (hidden of position r, token r + 1), in MTP KV row r. A step of
+    // positions [P, P + n) completes pairs [max(P - 1, 0), P + n - 1).
     std::vector<token_t> tokens;
     std::vector<float> hidden;
     struct Pairs {
@@ -771,13 +765,18 @@ void Engine::forward_mtp_pairs(const std::vector<SequenceTokens>& entries) {
     for (const SequenceTokens& e : entries) {
         Sequence& s = sequences_->at(e.seq);
         const int64_t n = static_cast<int64_t>(e.tokens.size()), P = s.n_past;
-        backend_->rms_norm(residual_.data() + row * E, E, s.mtp_hidden.get() + P * E, E, n, E,
-                           model_->output_norm.data(), h.rms_eps);
+        const float* residual = residual_.data() + row * n_residual;
+        if (MtpHead::hidden_is_normed(h)) {
+            backend_->rms_norm(residual, n_residual, s.mtp_hidden.get() + P * W, W, n, W,
+                               model_->output_norm.data(), h.rms_eps);
+        } else {
+            std::copy_n(residual, n * W, s.mtp_hidden.get() + P * W);
+        }
         row += n;
         const int64_t r0 = std::max<int64_t>(P - 1, 0), r1 = P + n - 1;
         if (r1 <= r0) continue;
         for (int64_t r = r0; r < r1; ++r) tokens.push_back(e.tokens[static_cast<size_t>(r + 1 - P)]);
-        hidden.insert(hidden.end(), s.mtp_hidden.get() + r0 * E, s.mtp_hidden.get() + r1 * E);
+        hidden.insert(hidden.end(), s.mtp_hidden.get() + r0 * W, s.mtp_hidden.get() + r1 * W);
         runs.push_back(Pairs{&s, r0, r1 - r0});
     }
     // In chunks of at most kMaxBatch rows; a sequence's later pairs attend to the rows its earlier
@@ -804,7 +803,7 @@ void Engine::forward_mtp_pairs(const std::vector<SequenceTokens>& entries) {
         Forward f(mtp_->model(), *backend_, moe, nullptr);
         f.set_exact(exact_);
         f.set_spans(std::move(spans));
-        mtp_->forward(f, tokens.data() + first, hidden.data() + first * E, rows);
+        mtp_->forward(f, tokens.data() + first, hidden.data() + first * W, rows);
         first += rows;
     }
 }
@@ -823,8 +822,8 @@ std::vector<token_t> Engine::draft_mtp(int32_t seq, token_t next, int n, std::ve
         throw InvalidArgument("draft_mtp: the sequence is empty (the head drafts from its last position)");
     // Chained draft pairs take KV rows P - 1, P, ...: at most n_ctx rows.
     const int64_t steps = std::min<int64_t>(n, n_ctx_ - P + 1);
-    const int64_t E = h.n_embd;
-    std::vector<float> hidden(s.mtp_hidden.get() + (P - 1) * E, s.mtp_hidden.get() + P * E);
+    const int64_t W = MtpHead::hidden_width(h);
+    std::vector<float> hidden(s.mtp_hidden.get() + (P - 1) * W, s.mtp_hidden.get() + P * W);
     std::vector<float> row(static_cast<size_t>(h.n_vocab));
     std::vector<token_t> out;
     token_t x = next;
@@ -839,7 +838,7 @@ std::vector<token_t> Engine::draft_mtp(int32_t seq, token_t next, int n, std::ve
         x = static_cast<token_t>(std::max_element(row.begin(), row.end()) - row.begin());
         out.push_back(x);
         if (logits) logits->insert(logits->end(), row.begin(), row.end());
-        std::copy(o.row(0), o.row(0) + E, hidden.begin());
+        std::copy(o.row(0), o.row(0) + W, hidden.begin());
     }
     return out;
 }

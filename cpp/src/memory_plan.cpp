@@ -43,9 +43,9 @@ MemoryPlan plan_memory(const Model& model, const MemoryPlanRequest& r) {
         (KvCache::bytes(kv_layout(h, r.type_k, r.type_v), r.n_ctx) +
          static_cast<uint64_t>(1 + std::max<int64_t>(r.max_draft_tokens, 0)) * RecurrentState::bytes_for(h));
     if (r.mtp) {
-        p.mtp_bytes =
-            MtpHead::file_bytes(model, r.mtp_file) +
-            static_cast<uint64_t>(p.n_seq) * MtpHead::sequence_bytes(model, r.n_ctx, r.type_k, r.type_v);
+        p.mtp_bytes = MtpHead::file_bytes(model, r.mtp_file) +
+                      static_cast<uint64_t>(p.n_seq) *
+                          MtpHead::sequence_bytes(model, r.mtp_file, r.n_ctx, r.type_k, r.type_v);
     }
     p.latent_kv = h.is_mla();
     // Activations of one batch (the scratch arena's high-water mark, rounded up) plus its logits.

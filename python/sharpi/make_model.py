@@ -181,7 +181,7 @@ def _write_metadata(
 def _write_deepseek4_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
     """The keys DeepseekV4Model.set_gguf_parameters writes after the common ones (by key name: the
     installed gguf package may predate V4's writer methods)."""
-    a, n = hp.arch, hp.n_layer
+    a, n = hp.arch, hp.n_layer + hp.n_layer_nextn  # per-block arrays count the MTP blocks
     w.add_uint32(f"{a}.expert_gating_func", 4)  # sqrt(softplus) (llama.cpp's enum)
     w.add_rope_dimension_count(hp.n_rot)
     w.add_q_lora_rank(hp.n_lora_q)
@@ -197,13 +197,16 @@ def _write_deepseek4_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
     w.add_uint32(f"{a}.attention.indexer.top_k", hp.indexer_top_k)
     w.add_uint32(f"{a}.attention.output_group_count", hp.o_groups)
     w.add_uint32(f"{a}.attention.output_lora_rank", hp.o_lora_rank)
-    w.add_array(f"{a}.attention.compress_ratios", [int(r) for r in hp.compress_ratios])
+    # The MTP blocks are sliding-window only (ratio 0), as DeepSeek-V4's config lists its block.
+    w.add_array(f"{a}.attention.compress_ratios", [int(r) for r in hp.compress_ratios] + [0] * hp.n_layer_nextn)
     w.add_float32(f"{a}.attention.compress_rope_freq_base", hp.compress_rope_freq_base)
     w.add_uint32(f"{a}.hyper_connection.count", hp.hc_mult)
     w.add_uint32(f"{a}.hyper_connection.sinkhorn_iterations", hp.hc_sinkhorn_iters)
     w.add_float32(f"{a}.hyper_connection.epsilon", hp.hc_eps)
     w.add_uint32(f"{a}.hash_layer_count", hp.n_hash_layers)
     w.add_uint32(f"{a}.embedding_length_out", hp.n_embd * hp.hc_mult)
+    if hp.n_layer_nextn:  # as the converter's --mtp sidecar writes it
+        w.add_uint32(f"{a}.nextn_predict_layers", hp.n_layer_nextn)
 
 
 def _write_nemotron_h_moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:

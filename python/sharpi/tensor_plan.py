@@ -305,6 +305,12 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch == "glm4moe":
             specs += _glm4moe_layer(hp, il)
             continue
+        if hp.arch == "deepseek4":
+            # DeepSeek-V4's MTP block (mtp.0): a sliding-window, bias-routed layer of the trunk's kind
+            # and the nextn tensors. Its own hc head is the root output_hc_* of a --mtp sidecar; in one
+            # file llama.cpp's graph_mtp takes the trunk's, so none is written here.
+            specs += _deepseek4_layer(hp, il) + _nextn_tensors(hp, il)
+            continue
         if hp.arch == "deepseek32":
             # DeepSeek-V3.2's MTP block (model.layers.61): a MoE block of the trunk's kind (its own
             # indexer included), then the nextn tensors, which in DeepSeek's checkpoints include
@@ -341,7 +347,7 @@ def _deepseek4_layer(hp: HParams, il: int) -> list[TensorSpec]:
     E, D, H, R, F, X = hp.n_embd, hp.head_dim, hp.n_head, hp.n_lora_q, hp.n_ff_exp, hp.n_expert
     N, G, Ro = hp.hc_mult, hp.o_groups, hp.o_lora_rank
     M = (2 + N) * N
-    ratio = hp.compress_ratios[il]
+    ratio = hp.compress_ratios[il] if il < hp.n_layer else 0  # the MTP block: sliding window only
     t = [
         TensorSpec(b + "attn_norm.weight", (E,), il, "norm"),
         TensorSpec(b + "attn_sinks.weight", (H,), il, "bias"),

@@ -31,8 +31,10 @@ class Deepseek4Reference:
         self.n_rot = int(md[a + "rope.dimension_count"])
         self.eps = float(md[a + "attention.layer_norm_rms_epsilon"])
         self.window = int(md[a + "attention.sliding_window"])
+        # Per-block arrays also hold the MTP blocks' entries (a --mtp sidecar's, and a trunk file's
+        # when the checkpoint's config lists them): the trunk is block_count - nextn_predict_layers.
         self.ratios = [int(r) for r in md[a + "attention.compress_ratios"]]
-        self.n_layer = len(self.ratios)
+        self.n_layer = int(md[a + "block_count"]) - int(md.get(a + "nextn_predict_layers", 0))
         self.n_hc = int(md[a + "hyper_connection.count"])
         self.sinkhorn = int(md[a + "hyper_connection.sinkhorn_iterations"])
         self.hc_eps = float(md[a + "hyper_connection.epsilon"])
@@ -135,12 +137,13 @@ class Deepseek4Reference:
         out = block((pre[:, :, None] * X).sum(axis=1))
         return post[:, :, None] * out[:, None, :] + np.einsum("tjk,tjd->tkd", c, X)
 
-    def attention(self, il, x):
+    def attention(self, il, x, pos0=0):
         b = f"blk.{il}."
         T, H, D = x.shape[0], self.n_head, self.head_dim
         ratio = self.ratios[il]
         compressed = ratio > 0
-        pos = np.arange(T)
+        assert pos0 == 0 or not compressed, "compressed windows close at absolute positions"
+        pos = pos0 + np.arange(T)
         qr = self.rms(x @ self.t[b + "attn_q_a.weight"].T, self.t[b + "attn_q_a_norm.weight"])
         q = self.rms((qr @ self.t[b + "attn_q_b.weight"].T).reshape(T, H, D))
         q = self.rope(q, pos, compressed)
@@ -218,18 +221,48 @@ class Deepseek4Reference:
                      self.t[b + "ffn_down_shexp.weight"], self.clamp_shexp[il])  # fmt: skip
         return out + shared
 
-    def logits(self, tokens) -> np.ndarray:
-        """[n_tokens, n_vocab] float64 logits of one pass from position 0."""
+    def layer(self, il, X, tokens, pos0=0):
+        """Block il on the streams X [T, n_hc, n_embd] (positions pos0..)."""
+        b = f"blk.{il}."
+        attn_norm, ffn_norm = self.t[b + "attn_norm.weight"], self.t[b + "ffn_norm.weight"]
+        X = self.hyper(X, b + "hc_attn", lambda c: self.attention(il, self.rms(c, attn_norm), pos0))
+        return self.hyper(X, b + "hc_ffn", lambda c: self.moe(il, self.rms(c, ffn_norm), tokens))
+
+    def streams(self, tokens) -> np.ndarray:
+        """[n_tokens, n_hc, n_embd]: the trunk's last layer output (what the MTP block takes)."""
         e = self.t["token_embd.weight"][np.asarray(tokens)]
         X = np.repeat(e[:, None, :], self.n_hc, axis=1)
         for il in range(self.n_layer):
-            b = f"blk.{il}."
-            attn_norm, ffn_norm = self.t[b + "attn_norm.weight"], self.t[b + "ffn_norm.weight"]
-            X = self.hyper(X, b + "hc_attn", lambda c, il=il, w=attn_norm: self.attention(il, self.rms(c, w)))
-            X = self.hyper(X, b + "hc_ffn", lambda c, il=il, w=ffn_norm: self.moe(il, self.rms(c, w), tokens))
+            X = self.layer(il, X, tokens)
+        return X
+
+    def head(self, X, norm) -> np.ndarray:
+        """The hc head (this file's output_hc_*), `norm` and the lm_head on streams X."""
         T = X.shape[0]
         m = self.rms(X.reshape(T, -1)) @ self.t["output_hc_fn.weight"].T
         pre = sigmoid(m * self.t["output_hc_scale.weight"][0] + self.t["output_hc_base.weight"]) + self.hc_eps
-        h = self.rms((pre[:, :, None] * X).sum(axis=1), self.t["output_norm.weight"])
+        h = self.rms((pre[:, :, None] * X).sum(axis=1), norm)
         head = self.t["output.weight"] if "output.weight" in self.t else self.t["token_embd.weight"]
         return h @ head.T
+
+    def logits(self, tokens) -> np.ndarray:
+        """[n_tokens, n_vocab] float64 logits of one pass from position 0."""
+        return self.head(self.streams(tokens), self.t["output_norm.weight"])
+
+    def mtp(self, streams, next_tokens) -> tuple:
+        """The first MTP block (blk.<n_layer>) as llama.cpp's deepseek4 graph_mtp and DeepSeek's MTP
+        module define it, on the pairs (streams[i] [n_hc, n_embd], next_tokens[i]), pair i at
+        position i + 1, causal over the pairs: per stream z = eh_proj([enorm(embed(x)) | hnorm(h)]);
+        the hyper-connected layer; the head with this file's output_hc_* and the block's
+        shared_head_norm. Returns (logits [n, n_vocab], the block's streams [n, n_hc, n_embd])."""
+        il = self.n_layer
+        b = f"blk.{il}.nextn."
+        tokens = np.asarray(next_tokens)
+        embed = self.t.get(b + "embed_tokens.weight", self.t["token_embd.weight"])
+        e = self.rms(embed[tokens], self.t[b + "enorm.weight"])
+        h = self.rms(np.asarray(streams, dtype=np.float64), self.t[b + "hnorm.weight"])
+        e = np.repeat(e[:, None, :], self.n_hc, axis=1)
+        X = np.concatenate([e, h], axis=-1) @ self.t[b + "eh_proj.weight"].T
+        X = self.layer(il, X, tokens, pos0=1)
+        norm = self.t.get(b + "shared_head_norm.weight", self.t["output_norm.weight"])
+        return self.head(X, norm), X

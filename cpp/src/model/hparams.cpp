@@ -100,14 +100,16 @@ void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp
     }
     // hyper_connection.count >= 2: the engine widens the residual (and runs the hc head) exactly when
     // hc_mult > 1.
+    // Per-block arrays cover the nextn (MTP) blocks too (llama.cpp requires block_count entries; its
+    // converter's --mtp sidecar counts the block): MtpHead takes the block's entry.
+    const int64_t n_all = hp.n_layer + hp.n_layer_nextn;
     const GgufValue* ratios = f.find(a + "attention.compress_ratios");
     if (!ratios || ratios->type != GgufValueType::ARRAY ||
-        ratios->arr_int.size() < static_cast<size_t>(hp.n_layer)) {
-        throw fail("attention.compress_ratios must hold one ratio per block (" + std::to_string(hp.n_layer) +
-                   ")");
+        ratios->arr_int.size() < static_cast<size_t>(n_all)) {
+        throw fail("attention.compress_ratios must hold one ratio per block (" + std::to_string(n_all) + ")");
     }
     bool any_csa = false;
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
+    for (int64_t il = 0; il < n_all; ++il) {
         const int64_t r = ratios->arr_int[static_cast<size_t>(il)];
         if (r != 0 && r != 4 && r != 128) {
             throw UnsupportedError("[model] " + f.path() + ": deepseek4 layer " + std::to_string(il) +
@@ -151,17 +153,16 @@ void read_deepseek4_hparams(const GgufFile& f, const std::string& a, HParams& hp
         if (!v) return def;
         std::vector<float> out;
         if (v->type == GgufValueType::ARRAY) {
-            if (v->arr_float.size() < static_cast<size_t>(hp.n_layer))
-                throw fail(key + " must hold one value per block");
-            for (int64_t il = 0; il < hp.n_layer; ++il)
+            if (v->arr_float.size() < static_cast<size_t>(n_all))
+                throw fail(key + " must hold one value per block (" + std::to_string(n_all) + ")");
+            for (int64_t il = 0; il < n_all; ++il)
                 out.push_back(static_cast<float>(v->arr_float[static_cast<size_t>(il)]));
         } else {
-            out.assign(static_cast<size_t>(hp.n_layer), static_cast<float>(f.get_float_or(a + key, 0.0)));
+            out.assign(static_cast<size_t>(n_all), static_cast<float>(f.get_float_or(a + key, 0.0)));
         }
         return out;
     };
-    hp.swiglu_clamp_exp =
-        per_layer("swiglu_clamp_exp", std::vector<float>(static_cast<size_t>(hp.n_layer), 0.0f));
+    hp.swiglu_clamp_exp = per_layer("swiglu_clamp_exp", std::vector<float>(static_cast<size_t>(n_all), 0.0f));
     hp.swiglu_clamp_shexp = per_layer("swiglu_clamp_shexp", hp.swiglu_clamp_exp);
     hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
@@ -310,14 +311,19 @@ HParams read_hparams(const GgufFile& f, const ArchSpec& spec) {
             throw fail("expert_used_count " + std::to_string(hp.n_expert_used) + " not in [1, expert_count " +
                        std::to_string(hp.n_expert) + "]");
         }
-        // The first MoE layer's tensors (deepseek2's leading layers are dense).
-        const std::string moe_blk = "blk." + std::to_string(hp.n_layer_dense_lead) + ".";
+        // Widths the keys leave out, from the first MoE layer's tensors (deepseek2's leading layers
+        // are dense); a --mtp sidecar holds no trunk layer, so its nextn block's.
+        auto moe_dim = [&](const std::string& tensor) {
+            const int64_t d = tensor_dim(f, "blk." + std::to_string(hp.n_layer_dense_lead) + "." + tensor, 1);
+            if (d != 0 || hp.n_layer_nextn == 0) return d;
+            return tensor_dim(f, "blk." + std::to_string(hp.n_layer) + "." + tensor, 1);
+        };
         hp.n_ff_exp = get_or("expert_feed_forward_length", 0, kMaxFfn);
-        if (hp.n_ff_exp == 0) hp.n_ff_exp = tensor_dim(f, moe_blk + "ffn_gate_exps.weight", 1);
+        if (hp.n_ff_exp == 0) hp.n_ff_exp = moe_dim("ffn_gate_exps.weight");
         if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff;  // Mixtral: feed_forward_length is the expert width
         hp.n_ff_shexp = get_or("expert_shared_feed_forward_length", 0, kMaxFfn);
         hp.n_embd_latent = get_or("moe_latent_size", 0, kMaxEmbd);
-        if (hp.n_ff_shexp == 0) hp.n_ff_shexp = tensor_dim(f, moe_blk + "ffn_gate_shexp.weight", 1);
+        if (hp.n_ff_shexp == 0) hp.n_ff_shexp = moe_dim("ffn_gate_shexp.weight");
     }
     read_ssm_hparams(f, a, hp);
     if (!kv_per_layer.empty() || !ff_per_layer.empty()) {

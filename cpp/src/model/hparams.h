@@ -100,11 +100,12 @@ struct HParams {
     int64_t hc_mult = 1;
     int64_t hc_sinkhorn_iters = 0;
     float hc_eps = 0.0f;
-    std::vector<int64_t> compress_ratios;  // [n_layer]; empty: not deepseek4
+    // [n_layer + n_layer_nextn] (the nextn blocks' entries after the trunk's); empty: not deepseek4
+    std::vector<int64_t> compress_ratios;
     RopeParams compress_rope;
     int64_t o_groups = 0, o_lora_rank = 0;
     int64_t n_hash_layers = 0;
-    std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // [n_layer]
+    std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // [n_layer + n_layer_nextn]
     // deepseek4's KV row of one position in layer il (f32; model/archs/deepseek4.cpp lays it out):
     // the sliding-window kv [head_dim]; on a compressed layer the compressor's kv and gate+ape rows
     // [coff * head_dim each] and the entry the position's window emits [head_dim]; on a CSA layer

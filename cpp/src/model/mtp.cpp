@@ -12,8 +12,9 @@ bool MtpHead::supports(const std::string& arch) {
     // of each; qwen3moe: the shipped model's trained head, a sidecar): the layer builder runs them
     // unchanged.
     // deepseek32: its MLA decoder layer without DeepSeek Sparse Attention (block_hparams).
+    // deepseek4: its hyper-connected layer on all streams (mtp.h).
     return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe" || arch == "qwen3moe" ||
-           arch == "deepseek32";
+           arch == "deepseek32" || arch == "deepseek4";
 }
 
 HParams MtpHead::block_hparams(const HParams& file_hparams) {
@@ -26,6 +27,16 @@ HParams MtpHead::block_hparams(const HParams& file_hparams) {
     // the file carries the block's indexer tensors): no indexer here, so none of its tensors is read
     // and its KV rows hold the latent only.
     h.indexer_n_head = h.indexer_head_dim = h.indexer_top_k = 0;
+    if (file_hparams.n_layer_nextn > 0 && !file_hparams.compress_ratios.empty()) {
+        // deepseek4: the per-block arrays' entries of the first nextn block (read_hparams requires
+        // them), and no hash routing (llama.cpp's graph_mtp refuses a hash-routed block). Keeping
+        // the trunk's indexer shape above would not matter: the block is sliding-window only.
+        const size_t b = static_cast<size_t>(file_hparams.n_layer);
+        h.compress_ratios = {file_hparams.compress_ratios[b]};
+        h.swiglu_clamp_exp = {file_hparams.swiglu_clamp_exp[b]};
+        h.swiglu_clamp_shexp = {file_hparams.swiglu_clamp_shexp[b]};
+        h.n_hash_layers = 0;
+    }
     return h;
 }
 
@@ -45,9 +56,10 @@ HParams block_file_hparams(const Model& trunk, const GgufFile& file, const std::
     HParams h = read_hparams(file, *trunk.spec);
     if (h.n_embd != th.n_embd || h.n_vocab != th.n_vocab || h.n_head != th.n_head ||
         h.n_head_kv != th.n_head_kv || h.head_dim != th.head_dim || h.n_expert != th.n_expert ||
+        h.n_ff_exp != th.n_ff_exp || h.n_ff_shexp != th.n_ff_shexp || h.hc_mult != th.hc_mult ||
         h.n_layer != th.n_layer) {
         throw InvalidArgument("[mtp] " + sidecar + " describes another model than " + trunk.file->path() +
-                              " (its widths, heads, experts or layer count differ)");
+                              " (its widths, heads, experts, expert widths or layer count differ)");
     }
     return h;
 }
@@ -65,7 +77,13 @@ MtpHead::MtpHead(const Model& trunk, const std::string& sidecar) {
     if (!supports(th.arch)) {
         throw UnsupportedError("[mtp] " + path + ": the " + th.arch +
                                " multi-token-prediction block is not supported (supported: qwen35moe, "
-                               "qwen3next, glm4moe, qwen3moe, deepseek32)");
+                               "qwen3next, glm4moe, qwen3moe, deepseek32, deepseek4)");
+    }
+    if (!th.compress_ratios.empty() && th.compress_ratios[static_cast<size_t>(th.n_layer)] != 0) {
+        throw UnsupportedError("[mtp] " + path +
+                               ": the deepseek4 multi-token-prediction block has compress ratio " +
+                               std::to_string(th.compress_ratios[static_cast<size_t>(th.n_layer)]) +
+                               "; only a sliding-window block (ratio 0) is supported");
     }
     model_.spec = trunk.spec;
     HParams& h = model_.hp;
@@ -92,6 +110,15 @@ MtpHead::MtpHead(const Model& trunk, const std::string& sidecar) {
     model_.token_embd = embed_;  // Forward::embed reads the model's table
     head_ = ld.optional_matrix(ld.blk(0, "nextn.shared_head_head.weight"), h.n_embd, h.n_vocab);
     if (!head_.data) head_ = trunk.output;
+    if (h.hc_mult > 1) {
+        // The head runs as the trunk's (Forward::output_head) on the block model: its hc head is the
+        // block file's (llama.cpp's graph_mtp takes the draft model's), then head_norm and head.
+        model_.hc_head_fn.w = ld.matrix("output_hc_fn.weight", h.n_embd_residual(), h.hc_mult);
+        model_.hc_head_base = ld.vector("output_hc_base.weight", h.hc_mult);
+        model_.hc_head_scale = ld.vector("output_hc_scale.weight", 1);
+        model_.output_norm = head_norm_;
+        model_.output = head_;
+    }
     bytes_ = block_bytes(*model_.file, block);
     model_.file->check_mapping();
 }
@@ -109,36 +136,56 @@ uint64_t MtpHead::file_bytes(const Model& trunk, const std::string& sidecar) {
     return block_bytes(*GgufFile::open(sidecar, /*map_data=*/false), trunk.hp.n_layer);
 }
 
-uint64_t MtpHead::sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v) {
-    const KvLayout one = kv_layout(block_hparams(trunk.hp), type_k, type_v);
-    return KvCache::bytes(one, n_ctx) + static_cast<uint64_t>(n_ctx * trunk.hp.n_embd) * sizeof(float);
+uint64_t MtpHead::sequence_bytes(const Model& trunk, const std::string& sidecar, int64_t n_ctx,
+                                 GgmlType type_k, GgmlType type_v) {
+    const HParams file_hp =
+        sidecar.empty() ? trunk.hp
+                        : block_file_hparams(trunk, *GgufFile::open(sidecar, /*map_data=*/false), sidecar);
+    if (file_hp.n_layer_nextn == 0) return 0;  // no block: the head's constructor refuses the file
+    const KvLayout one = kv_layout(block_hparams(file_hp), type_k, type_v);
+    return KvCache::bytes(one, n_ctx) + static_cast<uint64_t>(n_ctx * hidden_width(trunk.hp)) * sizeof(float);
 }
 
 Act MtpHead::forward(Forward& f, const token_t* tokens, const float* h, int64_t n) const {
-    const int64_t e = model_.hp.n_embd;
+    const int64_t e = model_.hp.n_embd, n_hc = model_.hp.hc_mult;
     Backend& b = f.backend();
-    Act emb = f.alloc(n, e);
+    // Forward::embed repeats the row over the streams (as for the trunk's input), so llama.cpp's
+    // enorm row repeated over the streams is each stream's enorm.
+    Act emb = f.alloc(n, n_hc * e);
     f.embed(tokens, emb);
-    // [enorm(embed(x)) | hnorm(h)], 2 * n_embd per row, the order llama.cpp concatenates them in.
-    Act cat = f.alloc(n, 2 * e);
-    b.rms_norm(emb.data, e, cat.data, cat.width, n, e, enorm_.data(), model_.hp.rms_eps);
-    b.rms_norm(h, e, cat.data + e, cat.width, n, e, hnorm_.data(), model_.hp.rms_eps);
+    // [enorm(embed(x)) | hnorm(h)], 2 * n_embd per row (per stream: hc_mult rows of the
+    // concatenation per pair), the order llama.cpp concatenates them in.
+    Act cat = f.alloc(n * n_hc, 2 * e);
+    for (int64_t s = 0; s < n_hc; ++s) {
+        b.rms_norm(emb.data + s * e, emb.width, cat.row(s), n_hc * cat.width, n, e, enorm_.data(),
+                   model_.hp.rms_eps);
+        b.rms_norm(h + s * e, n_hc * e, cat.row(s) + e, n_hc * cat.width, n, e, hnorm_.data(),
+                   model_.hp.rms_eps);
+    }
     f.name(cat, "mtp_concat", 0);
     Act z = f.linear(cat, eh_proj_, {}, "mtp_eh_proj", 0);
+    // Row s of pair i's projection is its stream s: [n, hc_mult * n_embd] is the same memory.
+    z = Act{z.data, n, n_hc * e};
     Act out = model_.spec->build_layer(f, z, 0);
+    if (n_hc > 1) return out;
     return f.norm(out, head_norm_, "mtp_head_norm", 0);
 }
 
-void MtpHead::head(Forward& f, const Act& normed, int64_t row, float* logits) const {
+void MtpHead::head(Forward& f, const Act& out, int64_t row, float* logits) const {
     const HParams& h = model_.hp;
     Backend& b = f.backend();
-    if (b.host_memory()) {
-        b.matmul(head_, normed.row(row), h.n_embd, 1, logits, h.n_vocab, f.exact());
+    if (h.hc_mult > 1) {
+        f.output_head(Act{out.row(row), 1, out.width}, 0, logits);
         return;
     }
-    Act out = f.alloc(1, h.n_vocab);
-    b.matmul(head_, normed.row(row), h.n_embd, 1, out.data, out.width, f.exact());
-    b.read(out, logits);
+    // Elsewhere `out` is already head-normed.
+    if (b.host_memory()) {
+        b.matmul(head_, out.row(row), h.n_embd, 1, logits, h.n_vocab, f.exact());
+        return;
+    }
+    Act dev_logits = f.alloc(1, h.n_vocab);
+    b.matmul(head_, out.row(row), h.n_embd, 1, dev_logits.data, dev_logits.width, f.exact());
+    b.read(dev_logits, logits);
 }
 
 }  // namespace sharpi

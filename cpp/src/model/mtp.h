@@ -13,6 +13,15 @@
 // p + 1 (KV row p, so pair rows start at 0: SeqSpan::rope_shift = 1), as llama.cpp lays them out.
 // Drafting k tokens chains the block: h' and the drafted token form the next pair.
 //
+// DeepSeek-V4 (deepseek4, llama.cpp's graph_mtp there) keeps hc_mult residual streams: h_p is the
+// trunk's last layer output, all streams and not normed; hnorm and eh_proj apply per stream, the
+// embedding's enorm row is repeated over the streams, the block is the arch's hyper-connected layer,
+// its output (all streams) is what the next chained pair takes, and the head collapses it with the
+// block file's output_hc_* (a --mtp sidecar's are the block's own) before head_norm and the head.
+// Its block must be sliding-window only (compress ratio 0): pair rows then give its attention the
+// same relative positions as llama.cpp's (RoPE, with V rotated back, sees only differences), which
+// a compressed block's closing windows would not.
+//
 // The block is loaded as the one layer of its own Model over its own mapping of the file (so a
 // streamed trunk does not change it): its weights, experts included, stay resident and the
 // budget charges them (bytes()).
@@ -46,15 +55,23 @@ class MtpHead {
     static HParams block_hparams(const HParams& file_hparams);
     // Bytes of the first nextn block's tensors in `trunk`'s file or `sidecar` (what a head holds).
     static uint64_t file_bytes(const Model& trunk, const std::string& sidecar = "");
-    // Per sequence: the block's KV cache for n_ctx positions and the trunk's normed hidden rows.
-    static uint64_t sequence_bytes(const Model& trunk, int64_t n_ctx, GgmlType type_k, GgmlType type_v);
+    // Per sequence: the block's KV cache for n_ctx positions and the trunk's hidden rows (the block
+    // in `trunk`'s file or `sidecar`).
+    static uint64_t sequence_bytes(const Model& trunk, const std::string& sidecar, int64_t n_ctx,
+                                   GgmlType type_k, GgmlType type_v);
+    // Floats per hidden row a pair takes: n_embd (the output-normed row), deepseek4 all hc_mult
+    // streams (the raw residual).
+    static int64_t hidden_width(const HParams& h) { return h.hc_mult > 1 ? h.n_embd_residual() : h.n_embd; }
+    // Whether the trunk's hidden row is its residual after output_norm (else the raw residual).
+    static bool hidden_is_normed(const HParams& h) { return h.hc_mult == 1; }
 
-    // Runs the block on n pairs: tokens[i] with hidden row h + i * n_embd (the trunk's normed
+    // Runs the block on n pairs: tokens[i] with hidden row h + i * hidden_width (the trunk's
     // hidden, or a previous block output). `f` has the spans of the pairs (their MTP KV caches,
-    // rope_shift 1). Returns the head-normed output rows [n, n_embd] (a Forward allocation).
+    // rope_shift 1). Returns the rows [n, hidden_width] the next chained pair takes (a Forward
+    // allocation): the head-normed output, deepseek4 the block's streams.
     Act forward(Forward& f, const token_t* tokens, const float* h, int64_t n) const;
     // logits [n_vocab] of row `row` of forward()'s output.
-    void head(Forward& f, const Act& normed, int64_t row, float* logits) const;
+    void head(Forward& f, const Act& out, int64_t row, float* logits) const;
 
   private:
     static uint64_t block_bytes(const GgufFile& file, int64_t block);
