@@ -50,8 +50,9 @@ MOE_MODELS = {
 # _add_glm_nextn_layer): converted, it is a nextn block after the trunk that the trunk's logits must
 # not depend on. glm4moe_qknorm is left without one on purpose: its config still declares
 # num_nextn_predict_layers 1, so the converter writes nextn_predict_layers 1 and block_count 4 with
-# no blk.3 tensors (llama.cpp's "trunk only" file, which it loads too).
-MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256", "deepseek_v32"}
+# no blk.3 tensors (llama.cpp's "trunk only" file, which it loads too). nemotron_h_mtp gets Nemotron 3
+# Super's two-sub-layer block instead (_add_nemotron_h_mtp_layer).
+MTP_MODELS = {"qwen3next", "qwen35moe", "glm4moe", "glm4moe_256", "deepseek_v32", "nemotron_h_mtp"}
 # Hybrid Gated DeltaNet + gated-attention MoE models (also in MOE_MODELS).
 HYBRID_MODELS = {
     "qwen3next": "qwen3next",  # Qwen3NextForCausalLM
@@ -62,7 +63,7 @@ MOE_MODELS.update(HYBRID_MODELS)
 # rounding from position to position: quantized files are held to the reference on the same file,
 # not to transformers (nemotron_h's q8_0 file vs HF: 1.5e-1 at position 0 from the Mamba-2 dt and
 # decay, measured; f16 within 5e-3).
-RECURRENT_MODELS = set(HYBRID_MODELS) | {"nemotron_h", "nemotron_h_latent"}
+RECURRENT_MODELS = set(HYBRID_MODELS) | {"nemotron_h", "nemotron_h_latent", "nemotron_h_mtp"}
 # The dense architectures the reference also implements; cheap to check, so checked too.
 DENSE_MODELS = {
     "llama": "llama",  # LlamaForCausalLM
@@ -76,6 +77,9 @@ ENGINE_ONLY_MODELS = {
     "gpt_oss": "gpt-oss",  # GptOssForCausalLM: tests/test_gpt_oss.py
     "llama4": "llama4",  # Llama4ForCausalLM (text model): tests/test_llama4.py
     "deepseek_v32": "deepseek32",  # DeepseekV32ForCausalLM (DSA): tests/test_deepseek32.py
+    # nemotron_h plus an MTP block: the same trunk weights for the same seed, so the parametrized
+    # families would only repeat nemotron_h's checks; its tests are about the block.
+    "nemotron_h_mtp": "nemotron_h_moe",
 }
 # Models for llama.cpp's quantizer, checked by their own test file only (tests/test_llama_quantized.py):
 # every weight matrix's rows are a multiple of 256 wide, so that each of them can take a K or IQ type.
@@ -392,6 +396,12 @@ def make_config(name: str, vocab_size: int):
                 "mrope_interleaved": True,
             },
         )
+    if name == "nemotron_h_mtp":
+        # The config declares the block (the converter reads num_nextn_predict_layers; transformers
+        # builds no MTP modules, so the trunk is nemotron_h's parameter for parameter).
+        config = make_config("nemotron_h", vocab_size)
+        config.num_nextn_predict_layers = 1
+        return config
     if name == "nemotron_h_latent":
         # Nemotron 3 Super's latent MoE at a small size: the routed experts run in 64 of the 128
         # hidden dimensions (fc1_latent_proj / fc2_latent_proj around them).
@@ -543,6 +553,7 @@ def build_model(name: str, vocab_size: int, seed: int):
         "minimax_m2_256": transformers.MiniMaxM2ForCausalLM,
         "nemotron_h": transformers.NemotronHForCausalLM,
         "nemotron_h_latent": transformers.NemotronHForCausalLM,
+        "nemotron_h_mtp": transformers.NemotronHForCausalLM,
         "nemotron_h_256": transformers.NemotronHForCausalLM,
     }[name]
     torch.manual_seed(seed)
@@ -588,6 +599,8 @@ def export(name: str, out_dir: Path, seed: int = 1234) -> ExportedModel:
     model.save_pretrained(hf_dir, safe_serialization=True)
     if name in HYBRID_MODELS:
         _add_mtp_layer(hf_dir, seed)
+    elif name == "nemotron_h_mtp":
+        _add_nemotron_h_mtp_layer(hf_dir, seed)
     elif name in MTP_MODELS:
         # DeepSeek-V3.2's checkpoints hold their MTP block the same way (model.layers.61.*, with
         # eh_proj, enorm, hnorm, shared_head.norm), and the config declares it.
@@ -643,6 +656,41 @@ def _add_glm_nextn_layer(hf_dir: Path, seed: int) -> None:
     tensors[nextn + "eh_proj.weight"] = WEIGHT_STD * torch.randn((n_embd, 2 * n_embd), generator=generator)
     for norm in ("enorm", "hnorm", "shared_head.norm"):
         tensors[f"{nextn}{norm}.weight"] = 1.0 + NORM_WEIGHT_SPREAD * torch.randn((n_embd,), generator=generator)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _add_nemotron_h_mtp_layer(hf_dir: Path, seed: int) -> None:
+    """Nemotron 3 Super checkpoints ship their multi-token-prediction block as two sub-layers named
+    like trunk blocks (norm.weight, mixer.*), as config's mtp_layers_block_type lists them
+    (transformers ignores them): mtp.layers.0 = the NextN input fusion (enorm, hnorm, eh_proj
+    [n_embd, 2 * n_embd] on [enorm(embedding), hnorm(hidden)], copied as is) + attention,
+    mtp.layers.1 = MoE + final_layernorm. llama.cpp's converter folds both into one block,
+    blk.<n_layer> (mtp.layers.1.norm -> post_attention_norm). Add one:
+    the shapes of the first trunk block of each kind, with fresh seeded values (not copies, so that
+    a block read from the wrong layer shows)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    config = json.loads((hf_dir / "config.json").read_text())
+    n_embd = config["hidden_size"]
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def draw(name, shape):  # build_model's rules
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if "norm" in name:
+            return 1.0 + NORM_WEIGHT_SPREAD * noise
+        return (0.05 if name.endswith("bias") else WEIGHT_STD) * noise
+
+    for sub, kind in enumerate(config["mtp_layers_block_type"]):
+        trunk = f"backbone.layers.{config['layers_block_type'].index(kind)}."
+        for key in sorted(k for k in tensors if k.startswith(trunk)):
+            name = f"mtp.layers.{sub}.{key[len(trunk) :]}"
+            tensors[name] = draw(name, tensors[key].shape)
+    tensors["mtp.layers.0.eh_proj.weight"] = draw("eh_proj.weight", (n_embd, 2 * n_embd))
+    for name in ("mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.1.final_layernorm.weight"):
+        tensors[name] = draw(name, (n_embd,))
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
