@@ -1,7 +1,8 @@
 """The file's multi-token-prediction block (Session(mtp=True), Session.draft_mtp, --spec-type draft-mtp)
-on qwen35moe, qwen3next, glm4moe, deepseek32 and deepseek4 files (deepseek32's block is dense MLA, as
-llama.cpp runs it: the trunk selects with its indexer, the block does not; deepseek4's takes and
-returns all hyper-connection streams).
+on qwen35moe, qwen3next, glm4moe, deepseek32, deepseek4 and nemotron_h_moe files (deepseek32's block
+is dense MLA, as llama.cpp runs it: the trunk selects with its indexer, the block does not;
+deepseek4's takes and returns all hyper-connection streams; nemotron_h_moe's holds attention and MoE
+and norms its head with a LayerNorm).
 
 Oracle: tests/reference/numpy_forward.mtp_forward, a float64 numpy model of the block as DeepSeek-V3
 and Qwen3.5 define it (the trunk's output-normed hidden state and the next token's embedding, each
@@ -30,7 +31,7 @@ from reference.numpy_forward import ReferenceModel, forward, mtp_forward
 from sharpi.make_model import write_model
 from sharpi.speculative import MtpDraft, Speculation, open_speculation
 
-ARCHS = ["qwen35moe", "qwen3next", "glm4moe", "deepseek32", "deepseek4"]
+ARCHS = ["qwen35moe", "qwen3next", "glm4moe", "deepseek32", "deepseek4", "nemotron_h_moe"]
 BUDGET = 1e-4  # relative L2, exact mode, same dequantized weights
 
 
@@ -261,13 +262,13 @@ def converted(model_dir):
         converter = hf_export.converter_dir()
     except hf_export.ConverterUnavailable as error:
         pytest.skip(f"llama.cpp converter unavailable: {error}")
-    names = ("qwen35moe", "qwen3next", "glm4moe", "deepseek_v32")
+    names = ("qwen35moe", "qwen3next", "glm4moe", "deepseek_v32", "nemotron_h_mtp")
     return {name: {q: str(p) for q, p in hf_export.prepare(name, model_dir, converter,
                                                           outtypes=("f32", "q8_0")).gguf.items()}
             for name in names}
 
 
-@pytest.mark.parametrize("name", ["qwen35moe", "qwen3next", "glm4moe", "deepseek_v32"])
+@pytest.mark.parametrize("name", ["qwen35moe", "qwen3next", "glm4moe", "deepseek_v32", "nemotron_h_mtp"])
 @pytest.mark.parametrize("quant", ["f32", "q8_0"])
 def test_the_converters_block_matches_the_float64_reference(converted, name, quant):
     seed = secrets.randbits(32)
@@ -323,18 +324,19 @@ def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
     assert snap["draft_tokens"] > 0
 
 
-def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path):
+@pytest.mark.parametrize("name", ["qwen35moe", "nemotron_h_mtp"])
+def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path, name):
     """llama.cpp's converter writes the block apart (`--mtp`: the block with the embeddings, norm and
     head) and the trunk without it (`--no-mtp`): Session(mtp=sidecar) on the trunk drafts exactly what
     the whole file's block drafts, and a sidecar of another model is refused."""
     from reference import hf_export
 
     converter = hf_export.converter_dir()
-    hf_dir = hf_export.prepare("qwen35moe", model_dir, converter).exported.hf_dir
+    hf_dir = hf_export.prepare(name, model_dir, converter).exported.hf_dir
     trunk = hf_export.convert(hf_dir, tmp_path / "trunk.gguf", "f32", converter, extra_args=["--no-mtp"])
     sidecar = hf_export.convert(hf_dir, tmp_path / "mtp-only.gguf", "f32", converter, extra_args=["--mtp"])
     prompt = [int(t) for t in np.random.default_rng(secrets.randbits(32)).integers(0, 300, 9)]
-    whole = sharpi.Session(converted["qwen35moe"]["f32"], threads=2, mtp=True)
+    whole = sharpi.Session(converted[name]["f32"], threads=2, mtp=True)
     apart = sharpi.Session(str(trunk), threads=2, mtp=str(sidecar))
     assert apart.info["n_layer_nextn"] == 0 and apart.info["mtp"]
     for s in (whole, apart):

@@ -97,10 +97,12 @@ def _write_metadata(
     # dense width (unused by the MoE layers) for the Qwen MoE models.
     dense_ff_key = hp.arch in ("qwen2moe", "qwen3moe", "glm4moe", "llama4") + MLA_ARCHES or not hp.is_moe
     if hp.arch == "nemotron_h_moe":
-        # Per block: the expert width on MoE blocks, the KV heads on attention blocks, 0 elsewhere.
-        w.add_feed_forward_length([hp.n_ff_exp if c == "E" else 0 for c in hp.layer_pattern])
+        # Per block: the expert width on MoE blocks, the KV heads on attention blocks, 0 elsewhere;
+        # an MTP block ("B") holds both (the converter registers it as attention and MoE).
+        blocks = hp.layer_pattern + "B" * hp.n_layer_nextn
+        w.add_feed_forward_length([hp.n_ff_exp if c in "EB" else 0 for c in blocks])
         w.add_head_count(hp.n_head)
-        w.add_head_count_kv([hp.n_head_kv if c == "*" else 0 for c in hp.layer_pattern])
+        w.add_head_count_kv([hp.n_head_kv if c in "*B" else 0 for c in blocks])
     else:
         if hp.arch != "deepseek4":  # V4's config has no intermediate_size
             w.add_feed_forward_length(hp.n_ff if dense_ff_key else hp.n_ff_exp)
@@ -234,6 +236,8 @@ def _write_nemotron_h_moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:
     w.add_expert_shared_count(1)
     w.add_expert_weights_norm(True)
     w.add_expert_weights_scale(hp.expert_weights_scale)
+    if hp.n_layer_nextn:
+        w.add_nextn_predict_layers(hp.n_layer_nextn)
 
 
 def _write_glm4moe_metadata(w: gguf.GGUFWriter, hp: HParams) -> None:

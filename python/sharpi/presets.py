@@ -79,8 +79,8 @@ class HParams:
     # glm4moe: per-head q/k RMSNorm (use_qk_norm: GLM-4.5 / 4.6 / 4.7, not 4.5-Air).
     use_qk_norm: bool = False
     # Multi-token-prediction blocks after the trunk (nextn_predict_layers; glm4moe, qwen3next,
-    # qwen35moe, deepseek32, deepseek4): blk.<n_layer + i>, a full-attention block plus the nextn.* tensors
-    # (block_count = n_layer + n_layer_nextn).
+    # qwen35moe, deepseek32, deepseek4, nemotron_h_moe): blk.<n_layer + i>, a full-attention block plus
+    # the nextn.* tensors (block_count = n_layer + n_layer_nextn).
     n_layer_nextn: int = 0
     # llama4: MoE on layers (il + 1) % moe_layer_step == 0 (interleave_moe_layer_step), dense SwiGLU of
     # n_ff elsewhere; a shared expert of n_ff_exp on every MoE layer. Llama-3-style RoPE scaling
@@ -738,9 +738,9 @@ def validate(hp: HParams) -> None:
             bad("n_ff_shexp must be a whole number of experts (n_shared_experts * n_ff_exp)")
         if hp.n_layer_dense_lead and hp.n_ff <= 0:
             bad("the leading dense layers need n_ff > 0")
-    if hp.n_layer_nextn and hp.arch not in ("glm4moe", "deepseek32", "deepseek4") + HYBRID_ARCHES:
-        bad("make-model writes nextn (MTP) blocks for glm4moe, deepseek32, deepseek4, qwen3next and qwen35moe "
-            "only; set n_layer_nextn = 0")
+    if hp.n_layer_nextn and hp.arch not in ("glm4moe", "deepseek32", "deepseek4", "nemotron_h_moe") + HYBRID_ARCHES:
+        bad("make-model writes nextn (MTP) blocks for glm4moe, deepseek32, deepseek4, nemotron_h_moe, qwen3next "
+            "and qwen35moe only; set n_layer_nextn = 0")
     if hp.n_layer_nextn < 0:
         bad(f"n_layer_nextn = {hp.n_layer_nextn} must be >= 0")
     if hp.use_qk_norm and hp.arch != "glm4moe":

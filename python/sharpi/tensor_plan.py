@@ -305,6 +305,9 @@ def plan_tensors(hp: HParams, quant: str = "f32", pure: bool = False) -> list[Te
         if hp.arch == "glm4moe":
             specs += _glm4moe_layer(hp, il)
             continue
+        if hp.arch == "nemotron_h_moe":
+            specs += _nemotron_h_moe_layer(hp, il)
+            continue
         if hp.arch == "deepseek4":
             # DeepSeek-V4's MTP block (mtp.0): a sliding-window, bias-routed layer of the trunk's kind
             # and the nextn tensors. Its own hc head is the root output_hc_* of a --mtp sidecar; in one
@@ -642,9 +645,11 @@ def _hybrid_layer(hp: HParams, il: int, shexp_gate_ne: tuple, attention: bool = 
 def _nemotron_h_moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
     """One nemotron_h_moe block as the converter writes it (NemotronHModel): the block's norm, then
     its one mixer: Mamba-2 ("M"), ungated relu^2 experts with the selection bias and a shared expert
-    ("E"), or plain GQA attention ("*")."""
+    ("E"), or plain GQA attention ("*"). An MTP block (il >= n_layer, Nemotron 3 Super's mtp.layers.0
+    and .1 folded into one) holds the attention, post_attention_norm, the experts and the nextn
+    tensors."""
     E, Q, KV, b = hp.n_embd, hp.q_width, hp.kv_width, f"blk.{il}."
-    kind = hp.layer_pattern[il]
+    kind = hp.layer_pattern[il] if il < hp.n_layer else "B"
     t = []
     if kind == "M":
         H, V, G = hp.ssm_dt_rank, hp.ssm_d_inner, hp.ssm_n_group
@@ -659,7 +664,16 @@ def _nemotron_h_moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
             TensorSpec(b + "ssm_norm.weight", (V // G, G), il, "norm"),
             TensorSpec(b + "ssm_out.weight", (V, E), il, "out_linear"),
         ]
-    elif kind == "E":
+    if kind in "*B":
+        t += [
+            TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
+            TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
+            TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
+            TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
+        ]
+    if kind == "B":
+        t.append(TensorSpec(b + "post_attention_norm.weight", (E,), il, "norm"))
+    if kind in "EB":
         F, X, S = hp.n_ff_exp, hp.n_expert, hp.n_ff_shexp
         t += [
             TensorSpec(b + "ffn_down_exps.weight", (F, E, X), il, "out_linear"),
@@ -669,15 +683,8 @@ def _nemotron_h_moe_layer(hp: HParams, il: int) -> list[TensorSpec]:
             TensorSpec(b + "ffn_down_shexp.weight", (S, E), il, "out_linear"),
             TensorSpec(b + "ffn_up_shexp.weight", (E, S), il, "linear"),
         ]
-    else:
-        t += [
-            TensorSpec(b + "attn_k.weight", (E, KV), il, "linear"),
-            TensorSpec(b + "attn_output.weight", (Q, E), il, "out_linear"),
-            TensorSpec(b + "attn_q.weight", (E, Q), il, "linear"),
-            TensorSpec(b + "attn_v.weight", (E, KV), il, "linear"),
-        ]
     t.append(TensorSpec(b + "attn_norm.weight", (E,), il, "norm"))
-    return t
+    return t + (_nextn_tensors(hp, il) if kind == "B" else [])
 
 
 def quant_recipe(quant: str) -> QuantRecipe:

@@ -964,7 +964,7 @@ def top2_logit_gap(logits: np.ndarray) -> np.ndarray:
 def mtp_forward(model: ReferenceModel, hidden: np.ndarray, next_tokens) -> tuple:
     """The file's first multi-token-prediction block (blk.<n_layer>, "nextn") on the pairs
     (hidden[i], next_tokens[i]), pair i at RoPE position i + 1 and causal over the pairs, as
-    DeepSeek-V3's and Qwen3.5's MTP module defines it (llama.cpp's graph_mtp):
+    DeepSeek-V3's, Qwen3.5's and Nemotron 3 Super's MTP modules define it (llama.cpp's graph_mtp):
 
         z = eh_proj([enorm(embed(x)) | hnorm(h)]);  the arch's full-attention block on z;
         h' = shared_head_norm (else output_norm);  logits = h' @ head (nextn.shared_head_head, else
@@ -992,10 +992,19 @@ def mtp_forward(model: ReferenceModel, hidden: np.ndarray, next_tokens) -> tuple
     else:
         attn_out = attention_block(model, il, normed, positions, record)
     ffn_inp = x + attn_out
-    normed = rms_norm(ffn_inp, layer.w(ffn_norm_name(hp)), hp.rms_eps)
+    # Nemotron-H's block (Nemotron 3 Super's mtp.layers.0 and .1, one GGUF block): its MoE sub-layer
+    # norms with post_attention_norm, and the head norm is a LayerNorm without bias (llama.cpp's
+    # nemotron_h_moe graph_mtp, f_norm_eps: the file's layer_norm_epsilon).
+    nemotron = hp.arch == "nemotron_h_moe"
+    ffn_norm = "post_attention_norm" if nemotron else ffn_norm_name(hp)
+    normed = rms_norm(ffn_inp, layer.w(ffn_norm), hp.rms_eps)
     out = ffn_inp + moe_block(model, il, normed, ForwardResult(logits=np.empty(0)), record)
     head_norm = model.tensors.get(f"blk.{il}.nextn.shared_head_norm.weight", model.get("output_norm.weight"))
-    h_out = rms_norm(out, head_norm, hp.rms_eps)
+    if nemotron:
+        eps = float(model.metadata[f"{hp.arch}.attention.layer_norm_epsilon"])
+        h_out = layer_norm(out, head_norm, np.zeros_like(head_norm), eps)
+    else:
+        h_out = rms_norm(out, head_norm, hp.rms_eps)
     head = model.tensors.get(f"blk.{il}.nextn.shared_head_head.weight",
                              model.tensors.get("output.weight", model.get("token_embd.weight")))
     return h_out @ head.T, h_out

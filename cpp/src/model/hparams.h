@@ -89,6 +89,9 @@ struct HParams {
     }
     // Whether layer il writes KV rows (its token mixer is attention).
     bool has_kv(int il) const { return !is_recurrent(il) && !is_ffn_only(il); }
+    // nemotron_h_moe's MTP block (MtpHead::block_hparams): one block holding an attention sub-layer
+    // and a MoE sub-layer (llama.cpp's graph_mtp), where every trunk block holds one mixer.
+    bool attention_then_moe = false;
     int64_t ssm_head_v_dim() const { return ssm_dt_rank > 0 ? ssm_d_inner / ssm_dt_rank : 0; }
     int64_t ssm_conv_channels() const { return 2 * ssm_n_group * ssm_d_state + ssm_d_inner; }
 

@@ -13,8 +13,10 @@ bool MtpHead::supports(const std::string& arch) {
     // unchanged.
     // deepseek32: its MLA decoder layer without DeepSeek Sparse Attention (block_hparams).
     // deepseek4: its hyper-connected layer on all streams (mtp.h).
+    // nemotron_h_moe: attention then MoE in the one block (HParams::attention_then_moe), a
+    // LayerNorm head norm.
     return arch == "qwen35moe" || arch == "qwen3next" || arch == "glm4moe" || arch == "qwen3moe" ||
-           arch == "deepseek32" || arch == "deepseek4";
+           arch == "deepseek32" || arch == "deepseek4" || arch == "nemotron_h_moe";
 }
 
 HParams MtpHead::block_hparams(const HParams& file_hparams) {
@@ -23,6 +25,10 @@ HParams MtpHead::block_hparams(const HParams& file_hparams) {
     h.n_layer_nextn = 0;
     h.n_layer_dense_lead = 0;
     if (!h.recurrent_layers.empty()) h.recurrent_layers.assign(1, false);
+    if (!h.ffn_only_layers.empty()) {  // nemotron_h_moe: the block folds attention and its MoE
+        h.ffn_only_layers.assign(1, false);
+        h.attention_then_moe = true;
+    }
     // llama.cpp runs DeepSeek-V3.2's block as dense MLA (its graph_mtp builds no indexer, although
     // the file carries the block's indexer tensors): no indexer here, so none of its tensors is read
     // and its KV rows hold the latent only.
@@ -77,7 +83,7 @@ MtpHead::MtpHead(const Model& trunk, const std::string& sidecar) {
     if (!supports(th.arch)) {
         throw UnsupportedError("[mtp] " + path + ": the " + th.arch +
                                " multi-token-prediction block is not supported (supported: qwen35moe, "
-                               "qwen3next, glm4moe, qwen3moe, deepseek32, deepseek4)");
+                               "qwen3next, glm4moe, qwen3moe, deepseek32, deepseek4, nemotron_h_moe)");
     }
     if (!th.compress_ratios.empty() && th.compress_ratios[static_cast<size_t>(th.n_layer)] != 0) {
         throw UnsupportedError("[mtp] " + path +
@@ -104,6 +110,16 @@ MtpHead::MtpHead(const Model& trunk, const std::string& sidecar) {
     // Without block-own copies the embedding table, head norm and lm_head are the trunk's (its
     // views: the trunk outlives the head), so nothing is held twice.
     head_norm_ = ld.optional_vector(ld.blk(0, "nextn.shared_head_norm.weight"), h.n_embd);
+    if (h.attention_then_moe) {
+        // nemotron_h_moe's head norm is a LayerNorm (no bias) with the file's layer_norm_epsilon, and
+        // its own (llama.cpp's graph_mtp requires it).
+        if (head_norm_.empty()) {
+            throw MissingTensorError("[mtp] " + path + ": the nemotron_h_moe block has no " +
+                                     ld.blk(0, "nextn.shared_head_norm.weight"));
+        }
+        head_layer_norm_eps_ = static_cast<float>(
+            model_.file->get_float_or(th.arch + ".attention.layer_norm_epsilon", h.rms_eps));
+    }
     if (head_norm_.empty()) head_norm_ = trunk.output_norm;
     embed_ = ld.optional_matrix(ld.blk(0, "nextn.embed_tokens.weight"), h.n_embd, h.n_vocab);
     if (!embed_.data) embed_ = trunk.token_embd;
@@ -168,6 +184,13 @@ Act MtpHead::forward(Forward& f, const token_t* tokens, const float* h, int64_t 
     z = Act{z.data, n, n_hc * e};
     Act out = model_.spec->build_layer(f, z, 0);
     if (n_hc > 1) return out;
+    if (head_layer_norm_eps_ > 0.0f) {
+        Act normed = f.alloc(n, e);
+        b.layer_norm(out.data, out.width, normed.data, normed.width, n, e, head_norm_.data(), nullptr,
+                     head_layer_norm_eps_);
+        f.name(normed, "mtp_head_norm", 0);
+        return normed;
+    }
     return f.norm(out, head_norm_, "mtp_head_norm", 0);
 }
 

@@ -22,6 +22,9 @@
 // same relative positions as llama.cpp's (RoPE, with V rotated back, sees only differences), which
 // a compressed block's closing windows would not.
 //
+// Nemotron-H MoE (nemotron_h_moe) folds an attention sub-layer and a MoE sub-layer into its block
+// (HParams::attention_then_moe) and norms the head with a LayerNorm.
+//
 // The block is loaded as the one layer of its own Model over its own mapping of the file (so a
 // streamed trunk does not change it): its weights, experts included, stay resident and the
 // budget charges them (bytes()).
@@ -79,6 +82,7 @@ class MtpHead {
     Model model_;
     std::vector<float> enorm_, hnorm_, head_norm_;
     WeightView eh_proj_, embed_, head_;
+    float head_layer_norm_eps_ = 0.0f;  // > 0: the head norm is a LayerNorm (nemotron_h_moe)
     uint64_t bytes_ = 0;
 };
 

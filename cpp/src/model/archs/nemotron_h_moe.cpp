@@ -15,7 +15,10 @@
 // weighted sum goes through ffn_latent_up; the router and the shared expert read x.
 //
 // Refused (UnsupportedError) rather than approximated: group-limited routing (expert_group_count
-// > 1, which llama.cpp's graph ignores but transformers applies). The MTP head's blocks are not run.
+// > 1, which llama.cpp's graph ignores but transformers applies).
+//
+// The MTP block (Nemotron 3 Super; model/mtp.h) is one block of both kinds, attention then MoE, each
+// a residual sub-layer: x += attn(rms_norm(x, attn_norm)); x += moe(rms_norm(x, post_attention_norm)).
 #include "gguf/gguf_file.h"
 #include "model/arch.h"
 #include "model/forward.h"
@@ -24,6 +27,24 @@
 #include "sharpi/errors.h"
 
 namespace sharpi {
+
+// The routed and shared relu^2 experts of block il, whose input norm is `norm`.
+static void load_nemotron_moe(ModelLoader& ld, int il, const char* norm, const std::string& where) {
+    const HParams& h = ld.hp();
+    LayerWeights& L = ld.layer(il);
+    if (!h.is_moe()) throw FormatError(where + "nemotron_h_moe needs expert_count > 0");
+    if (h.n_embd_latent > 0) {
+        L.ffn_latent_down.w = ld.matrix(ld.blk(il, "ffn_latent_down.weight"), h.n_embd, h.n_embd_latent);
+        L.ffn_latent_up.w = ld.matrix(ld.blk(il, "ffn_latent_up.weight"), h.n_embd_latent, h.n_embd);
+    } else if (ld.model().file->find_tensor(ld.blk(il, "ffn_latent_down.weight"))) {
+        throw FormatError(where + "layer " + std::to_string(il) +
+                          " has latent MoE projections but no moe_latent_size");
+    }
+    ld.moe(il, norm, /*gated=*/false);
+    L.exp_probs_b = ld.vector(ld.blk(il, "exp_probs_b.bias"), h.n_expert);
+    ld.shared_expert(il, /*gated=*/false);
+    L.expert_relu_sqr = true;
+}
 
 static void load_nemotron_h_moe_layer(ModelLoader& ld, int il) {
     const HParams& h = ld.hp();
@@ -40,22 +61,12 @@ static void load_nemotron_h_moe_layer(ModelLoader& ld, int il) {
     if (h.is_recurrent(il)) {
         load_mamba2_layer(ld, il);
     } else if (h.is_ffn_only(il)) {
-        if (!h.is_moe()) throw FormatError(where + "nemotron_h_moe needs expert_count > 0");
-        if (h.n_embd_latent > 0) {
-            L.ffn_latent_down.w = ld.matrix(ld.blk(il, "ffn_latent_down.weight"), h.n_embd, h.n_embd_latent);
-            L.ffn_latent_up.w = ld.matrix(ld.blk(il, "ffn_latent_up.weight"), h.n_embd_latent, h.n_embd);
-        } else if (ld.model().file->find_tensor(ld.blk(il, "ffn_latent_down.weight"))) {
-            throw FormatError(where + "layer " + std::to_string(il) +
-                              " has latent MoE projections but no moe_latent_size");
-        }
-        ld.moe(il, "attn_norm.weight", /*gated=*/false);
+        load_nemotron_moe(ld, il, "attn_norm.weight", where);
         L.attn_norm = L.ffn_norm;
-        L.exp_probs_b = ld.vector(ld.blk(il, "exp_probs_b.bias"), h.n_expert);
-        ld.shared_expert(il, /*gated=*/false);
-        L.expert_relu_sqr = true;
     } else {
         ld.attention(il);
         L.attn_rope = false;
+        if (h.attention_then_moe) load_nemotron_moe(ld, il, "post_attention_norm.weight", where);
     }
 }
 
@@ -69,7 +80,10 @@ static Act build_nemotron_h_moe_layer(Forward& f, const Act& inp, int il) {
     } else {
         cur = f.self_attention(cur, il, QkNorm::none);
     }
-    return f.add(cur, inp, "l_out", il);
+    if (!h.attention_then_moe) return f.add(cur, inp, "l_out", il);
+    const Act x = f.add(cur, inp, "ffn_inp", il);
+    cur = f.norm(x, f.layer(il).ffn_norm, "ffn_norm", il);
+    return f.add(f.moe_ffn(cur, x.data, il), x, "l_out", il);
 }
 
 extern const ArchSpec kArchNemotronHMoe{"nemotron_h_moe",
