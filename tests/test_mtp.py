@@ -324,7 +324,7 @@ def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
     assert snap["draft_tokens"] > 0
 
 
-@pytest.mark.parametrize("name", ["qwen35moe", "nemotron_h_mtp"])
+@pytest.mark.parametrize("name", ["qwen35moe", "glm4moe", "deepseek_v32", "nemotron_h_mtp"])
 def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path, name):
     """llama.cpp's converter writes the block apart (`--mtp`: the block with the embeddings, norm and
     head) and the trunk without it (`--no-mtp`): Session(mtp=sidecar) on the trunk drafts exactly what
