@@ -410,15 +410,21 @@ void CudaBackend::route_topk(const Act& logits, int64_t k, const RouterParams& p
     const int64_t T = logits.n_tokens, n = T * k;
     auto* ids_dev = static_cast<int32_t*>(take(sizeof(int32_t) * static_cast<size_t>(n)));
     float* weights_dev = take_floats(n);
-    launch_router_softmax_topk(logits.data, T, logits.width, k, params.normalize_topk, ids_dev, weights_dev,
-                               stream_.get(), probs.data);
+    DeviceRouterSpec spec;
+    spec.gating = params.gating;
+    spec.normalize = params.normalize_topk;
+    spec.scale = params.weights_scale;
+    spec.selection_bias = params.selection_bias ? weight_f32(params.selection_bias, "route_topk") : nullptr;
+    spec.rank_logits = params.rank_logits;
+    launch_router_topk(logits.data, T, logits.width, k, spec, ids_dev, weights_dev, stream_.get(),
+                       probs.data);
     copy_to_host(ids, ids_dev, sizeof(int32_t) * static_cast<size_t>(n), stream_, "expert ids");
     copy_to_host(weights, weights_dev, sizeof(float) * static_cast<size_t>(n), stream_, "expert weights");
     stream_.synchronize("route_topk of " + std::to_string(T) + " tokens");
 }
 
 // Host arithmetic on host memory (route-trace replay): the CPU's rule, which the device router's
-// weights follow (softmax probabilities, renormalised per the arch).
+// weights follow (gating scores, renormalised and scaled per the arch).
 void CudaBackend::topk_weights(const float* probs, const int32_t* ids, int64_t k, const RouterParams& params,
                                float* weights) {
     check(OpCall{"topk_weights", GgmlType::F32, ""});

@@ -509,7 +509,9 @@ void CudaForward::layer(int il, int64_t T, int64_t pos, GateObserver* observer) 
         int32_t* ids = arena<int32_t>(layout_.routing) + static_cast<int64_t>(il) * plan_.max_batch * k;
         float* weights = arena(layout_.weights);
         linear(L.router, cur, T, logits);
-        launch_router_softmax_topk(logits, T, h.n_expert, k, h.router.normalize_topk, ids, weights, s);
+        DeviceRouterSpec router;  // softmax top-k: device_plan.cpp refuses the other routers here
+        router.normalize = h.router.normalize_topk;
+        launch_router_topk(logits, T, h.n_expert, k, router, ids, weights, s);
         void* scratch = arena<void>(layout_.experts);
         if (cache_) {
             streamed_experts(il, L, T, cur, ffn_inp, logits, ids, weights, tmp, observer);

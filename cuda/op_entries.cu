@@ -130,14 +130,23 @@ std::vector<float> op_silu_mul(const float* gate, const float* up, int64_t n) {
 }
 
 std::vector<float> op_router(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
-                             bool normalize) {
+                             const RouterParams& params) {
     require_device("router");
+    if (params.n_group > 1) throw UnsupportedError("[cuda] router: expert groups are not on the device");
     Stream stream;
     DeviceBuffer ld = upload(logits, sizeof(float) * n_tokens * n_expert, stream, "router logits");
+    DeviceBuffer bias = upload(params.selection_bias, params.selection_bias ? sizeof(float) * n_expert : 0,
+                               stream, "router selection bias");
     DeviceBuffer ids(sizeof(int32_t) * n_tokens * k, "router ids");
     DeviceBuffer weights(sizeof(float) * n_tokens * k, "router weights");
-    launch_router_softmax_topk(ld.as<float>(), n_tokens, n_expert, k, normalize, ids.as<int32_t>(),
-                               weights.as<float>(), stream.get());
+    DeviceRouterSpec spec;
+    spec.gating = params.gating;
+    spec.normalize = params.normalize_topk;
+    spec.scale = params.weights_scale;
+    spec.selection_bias = params.selection_bias ? bias.as<float>() : nullptr;
+    spec.rank_logits = params.rank_logits;
+    launch_router_topk(ld.as<float>(), n_tokens, n_expert, k, spec, ids.as<int32_t>(), weights.as<float>(),
+                       stream.get());
     const std::vector<int32_t> id_host =
         download<int32_t>(ids, static_cast<size_t>(n_tokens * k), stream, "router");
     std::vector<float> out(id_host.begin(), id_host.end());

@@ -120,8 +120,12 @@ std::string unsupported_op(const OpCall& call) {
             if (sized(tag, "n_expert") > kMaxExperts)
                 return no("the device router takes at most " + std::to_string(kMaxExperts) + " experts");
             if (sized(tag, "n_expert") >= 0) continue;
-            return no(
-                "the device router is softmax top-k (no sigmoid gating, groups, scale or selection bias)");
+            // ops/router.cu: softmax, sigmoid or sqrt(softplus) gating, a selection bias, ranking by
+            // the logits, a weight scale; not DeepSeek-V3's group-limited choice.
+            if (tag == "sigmoid" || tag == "sqrt_softplus" || tag == "scale" || tag == "selection_bias" ||
+                tag == "rank_logits")
+                continue;
+            return no("the device router has no expert groups (group-limited routing)");
         } else if (call.op.rfind("expert_ffn", 0) == 0) {
             return no("expert biases, the clamped SwiGLU and ungated relu^2 experts are not on the device");
         }

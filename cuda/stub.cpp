@@ -58,7 +58,7 @@ std::vector<float> op_rope(const float*, int64_t, int64_t, int64_t, int64_t, int
 std::vector<float> op_silu_mul(const float*, const float*, int64_t) {
     no_cuda("silu_mul");
 }
-std::vector<float> op_router(const float*, int64_t, int64_t, int64_t, bool) {
+std::vector<float> op_router(const float*, int64_t, int64_t, int64_t, const RouterParams&) {
     no_cuda("router");
 }
 std::vector<float> op_attention(const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,

@@ -36,28 +36,28 @@ EXPECTED_BLOCKERS = {
     "qwen3next": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
     "qwen35moe": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
     "gpt-oss": {"attention", "expert_ffn_batch", "expert_ffn_one_token"},
-    "glm4moe": {"route_topk"},  # sigmoid routing with a selection bias and a weight scale
-    # Chunked attention, the sigmoid router ranking logits, the router weight on the expert input.
-    "llama4": {"attention", "route_topk", "scale_rows"},
-    "minimax-m2": {"route_topk"},  # sigmoid routing with a selection bias
-    # sqrt(softplus) routing with a weight scale, the V4 clamped SwiGLU of every expert and of the
-    # shared one, the hyper-connections (their unweighted norm, weights, collapse and expansion) and
-    # the sliding-window / compressed sparse attention over its f32 state rows.
+    # Sigmoid routing with a selection bias and a weight scale (ops/router.cu) is on the device.
+    "glm4moe": set(),
+    # Chunked attention, the router weight on the expert input.
+    "llama4": {"attention", "scale_rows"},
+    "minimax-m2": set(),
+    # The V4 clamped SwiGLU of every expert and of the shared one, the hyper-connections (their
+    # unweighted norm, weights, collapse and expansion) and the sliding-window / compressed sparse
+    # attention over its f32 state rows.
     "deepseek4": {
-        "route_topk", "expert_ffn_batch", "expert_ffn_one_token", "swiglu_clamped", "rms_norm_unweighted",
+        "expert_ffn_batch", "expert_ffn_one_token", "swiglu_clamped", "rms_norm_unweighted",
         "hc_block_weights", "hc_head_weights", "hc_collapse", "hc_expand", "compressed_attention",
     },
-    # MLA, plus DSA's indexer (its key LayerNorm and top-k), sigmoid routing with a selection bias.
-    "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm", "route_topk"},
-    # Mamba-2 (conv with its state, the scan, the gated norm), relu^2 experts and shared expert, and
-    # sigmoid routing with a selection bias and a weight scale.
-    "nemotron_h_moe": {
-        "conv1d_silu", "ssm_scan", "mul_silu", "relu_sqr", "route_topk", "expert_ffn_batch", "expert_ffn_one_token",
-    },
+    # MLA, plus DSA's indexer (its key LayerNorm and top-k).
+    "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm"},
+    # Mamba-2 (conv with its state, the scan, the gated norm), relu^2 experts and shared expert.
+    "nemotron_h_moe": {"conv1d_silu", "ssm_scan", "mul_silu", "relu_sqr", "expert_ffn_batch", "expert_ffn_one_token"},
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
-# (deepseek2's V3-style sigmoid router with a selection bias is not on the device either).
-MAY_ALSO_BLOCK = {"deepseek2": {"route_topk"}, "gpt-oss": {"route_topk", "rope"}, "llama4": {"rope"}}
+# (DeepSeek-V3's group-limited routing is not on the device).
+MAY_ALSO_BLOCK = {
+    "deepseek2": {"route_topk"}, "deepseek32": {"route_topk"}, "gpt-oss": {"route_topk", "rope"}, "llama4": {"rope"},
+}
 
 
 def _interface_ops() -> set[str]:
@@ -133,7 +133,9 @@ def test_the_table_refuses_types_and_variants_the_kernels_lack():
     assert "YaRN" in _internal.cuda_unsupported_op("rope", GGML_F32, "yarn")
     assert _internal.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=512") == ""
     assert "512" in _internal.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=513")
-    assert "softmax" in _internal.cuda_unsupported_op("route_topk", GGML_F32, "sigmoid,n_expert=8")
+    for variant in ("sigmoid,scale,selection_bias", "sqrt_softplus,scale", "sigmoid,rank_logits"):
+        assert _internal.cuda_unsupported_op("route_topk", GGML_F32, variant + ",n_expert=8") == "", variant
+    assert "groups" in _internal.cuda_unsupported_op("route_topk", GGML_F32, "sigmoid,groups,n_expert=8")
 
 
 def test_recording_runs_the_forward_it_records(models):

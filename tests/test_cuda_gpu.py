@@ -189,6 +189,31 @@ def test_gpu_router_softmax_topk(normalize, rng):
     np.testing.assert_allclose(weights, want_w, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "gating, bias, scale, rank_logits",
+    [("sigmoid", True, 2.5, False), ("sigmoid", False, 1.0, True), ("sqrt_softplus", True, 1.5, False)],
+    ids=["sigmoid-bias-scale", "sigmoid-rank-logits", "sqrt-softplus-bias-scale"],
+)
+def test_gpu_router_gating_variants(gating, bias, scale, rank_logits, rng):
+    """glm4moe / minimax-m2 / nemotron_h_moe (sigmoid, selection bias, scale), llama4 (ranked by
+    the logits), deepseek4 (sqrt(softplus)) against a float64 numpy model of cpu/ops/router.cpp."""
+    n_tokens, n_expert, k = 5, 256, 8
+    logits = rng.standard_normal(n_tokens * n_expert).astype(F32) * 3
+    selection_bias = (rng.standard_normal(n_expert) * 0.5).astype(F32) if bias else None
+    out = _internal.cuda_op_router(logits, n_expert, k, True, gating=gating, scale=scale,
+                                   selection_bias=selection_bias, rank_logits=rank_logits)  # fmt: skip
+    ids = out[: n_tokens * k].reshape(n_tokens, k).astype(np.int64)
+    weights = out[n_tokens * k :].reshape(n_tokens, k)
+    ld = logits.reshape(n_tokens, n_expert).astype(np.float64)
+    gate = 1.0 / (1.0 + np.exp(-ld)) if gating == "sigmoid" else np.sqrt(np.logaddexp(0.0, ld))
+    sel = (ld if rank_logits else gate) + (selection_bias if bias else 0.0)
+    want_ids = np.argsort(-sel, axis=1, kind="stable")[:, :k]
+    assert np.array_equal(ids, want_ids)
+    want_w = np.take_along_axis(gate, want_ids, axis=1)
+    want_w = want_w / want_w.sum(axis=1, keepdims=True) * scale
+    np.testing.assert_allclose(weights, want_w, rtol=1e-5)
+
+
 def np_attention(q, k_cache, v_cache, n_tokens, pos0, n_head, n_head_kv, head_dim, scale):
     q = q.reshape(n_tokens, n_head, head_dim).astype(np.float64)
     kc = k_cache.reshape(-1, n_head_kv, head_dim).astype(np.float64)

@@ -168,9 +168,10 @@ std::vector<float> op_rms_norm(const float* x, const float* weight, int64_t n_to
 std::vector<float> op_rope(const float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
                            int64_t n_rot, bool neox, float freq_base, float freq_scale);
 std::vector<float> op_silu_mul(const float* gate, const float* up, int64_t n);
-// ids then weights, each [n_tokens, k], as floats (ids exact: they are < 2^24).
+// ids then weights, each [n_tokens, k], as floats (ids exact: they are < 2^24). params as the
+// CPU's route_topk takes them (selection_bias a host array of n_expert; no expert groups).
 std::vector<float> op_router(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
-                             bool normalize);
+                             const RouterParams& params);
 // k_cache / v_cache: [n_kv, n_head_kv * head_dim] with n_kv = pos0 + n_tokens.
 std::vector<float> op_attention(const float* q, const float* k_cache, const float* v_cache, int64_t n_tokens,
                                 int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim,

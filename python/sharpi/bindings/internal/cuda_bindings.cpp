@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -298,12 +299,31 @@ void bind_cuda(py::module_& m) {
         py::arg("gate"), py::arg("up"));
     m.def(
         "cuda_op_router",
-        [](const FloatArray& logits, int64_t n_expert, int64_t k, bool normalize) {
+        [](const FloatArray& logits, int64_t n_expert, int64_t k, bool normalize, const std::string& gating,
+           float scale, const std::optional<FloatArray>& selection_bias, bool rank_logits) {
             const int64_t n_tokens = n_expert > 0 ? static_cast<int64_t>(logits.size()) / n_expert : 0;
             check_size(logits, n_tokens * n_expert, "logits");
-            return to_array(cuda::op_router(logits.data(), n_tokens, n_expert, k, normalize));
+            RouterParams params;
+            if (gating == "sigmoid") {
+                params.gating = Gating::sigmoid;
+            } else if (gating == "sqrt_softplus") {
+                params.gating = Gating::sqrt_softplus;
+            } else if (gating != "softmax") {
+                throw InvalidArgument("gating must be softmax, sigmoid or sqrt_softplus, got '" + gating +
+                                      "'");
+            }
+            params.normalize_topk = normalize;
+            params.weights_scale = scale;
+            if (selection_bias) {
+                check_size(*selection_bias, n_expert, "selection_bias");
+                params.selection_bias = selection_bias->data();
+            }
+            params.rank_logits = rank_logits;
+            return to_array(cuda::op_router(logits.data(), n_tokens, n_expert, k, params));
         },
-        py::arg("logits"), py::arg("n_expert"), py::arg("k"), py::arg("normalize"));
+        py::arg("logits"), py::arg("n_expert"), py::arg("k"), py::arg("normalize"),
+        py::arg("gating") = "softmax", py::arg("scale") = 1.0f, py::arg("selection_bias") = py::none(),
+        py::arg("rank_logits") = false);
     m.def(
         "cuda_op_attention",
         [](const FloatArray& q, const FloatArray& k_cache, const FloatArray& v_cache, int64_t n_tokens,
