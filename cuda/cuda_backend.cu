@@ -259,8 +259,11 @@ void CudaBackend::mul_silu(float*, const float*, int64_t) {
     refuse(OpCall{"mul_silu", GgmlType::F32, ""});
 }
 
-void CudaBackend::scale_rows(const Act&, const float*) {
-    refuse(OpCall{"scale_rows", GgmlType::F32, ""});
+// scales: host memory (the routing weights, llama4's per-position attention temperature).
+void CudaBackend::scale_rows(const Act& x, const float* scales) {
+    check(OpCall{"scale_rows", GgmlType::F32, ""});
+    const float* s = upload(scales, x.n_tokens, "row scales");
+    launch_scale_rows(x.data, s, x.n_tokens, x.width, stream_.get());
 }
 
 void CudaBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
@@ -324,8 +327,12 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvCache& kv, int 
         qin = tmp;
     }
     float* o = ldo == width ? out : take_floats(n_tokens * width);
+    DeviceAttentionLimits limits;
+    limits.window = shape.window;
+    limits.chunk = shape.chunk;
+    limits.sinks = shape.sinks ? weight_f32(shape.sinks, "attention") : nullptr;
     launch_attention(qin, d.k.as<float>(), d.v.as<float>(), n_tokens, pos0, shape.n_head, shape.n_head_kv,
-                     shape.head_dim, shape.scale, o, stream_.get());
+                     shape.head_dim, shape.scale, o, stream_.get(), limits);
     if (o != out) copy_2d(o, width, out, ldo, n_tokens, width, "attention output");
 }
 

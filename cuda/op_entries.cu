@@ -158,16 +158,21 @@ std::vector<float> op_router(const float* logits, int64_t n_tokens, int64_t n_ex
 
 std::vector<float> op_attention(const float* q, const float* k_cache, const float* v_cache, int64_t n_tokens,
                                 int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                                float scale) {
+                                float scale, int64_t window, int64_t chunk, const float* sinks) {
     require_device("attention");
     const int64_t n_kv = pos0 + n_tokens, q_ld = n_head * head_dim, kv_ld = n_head_kv * head_dim;
     Stream stream;
     DeviceBuffer qd = upload(q, sizeof(float) * q_ld * n_tokens, stream, "q");
     DeviceBuffer kd = upload(k_cache, sizeof(float) * kv_ld * n_kv, stream, "k cache");
     DeviceBuffer vd = upload(v_cache, sizeof(float) * kv_ld * n_kv, stream, "v cache");
+    DeviceBuffer sd = upload(sinks, sinks ? sizeof(float) * n_head : 0, stream, "sinks");
     DeviceBuffer out(sizeof(float) * q_ld * n_tokens, "attention output");
+    DeviceAttentionLimits limits;
+    limits.window = window;
+    limits.chunk = chunk;
+    limits.sinks = sinks ? sd.as<float>() : nullptr;
     launch_attention(qd.as<float>(), kd.as<float>(), vd.as<float>(), n_tokens, pos0, n_head, n_head_kv,
-                     head_dim, scale, out.as<float>(), stream.get());
+                     head_dim, scale, out.as<float>(), stream.get(), limits);
     return download<float>(out, static_cast<size_t>(q_ld * n_tokens), stream, "attention");
 }
 

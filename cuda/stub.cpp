@@ -62,7 +62,7 @@ std::vector<float> op_router(const float*, int64_t, int64_t, int64_t, const Rout
     no_cuda("router");
 }
 std::vector<float> op_attention(const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
-                                int64_t, float) {
+                                int64_t, float, int64_t, int64_t, const float*) {
     no_cuda("attention");
 }
 std::vector<float> op_expert_ffn(const OpExperts&, const float*, int64_t, const int32_t*, const float*,

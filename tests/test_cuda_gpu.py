@@ -214,17 +214,24 @@ def test_gpu_router_gating_variants(gating, bias, scale, rank_logits, rng):
     np.testing.assert_allclose(weights, want_w, rtol=1e-5)
 
 
-def np_attention(q, k_cache, v_cache, n_tokens, pos0, n_head, n_head_kv, head_dim, scale):
+def np_attention(q, k_cache, v_cache, n_tokens, pos0, n_head, n_head_kv, head_dim, scale, window=0, chunk=0,
+                 sinks=None):  # fmt: skip
     q = q.reshape(n_tokens, n_head, head_dim).astype(np.float64)
     kc = k_cache.reshape(-1, n_head_kv, head_dim).astype(np.float64)
     vc = v_cache.reshape(-1, n_head_kv, head_dim).astype(np.float64)
     out = np.zeros_like(q)
     for t in range(n_tokens):
+        pos = pos0 + t
+        first = max(0, pos - window + 1) if window else 0
+        if chunk:
+            first = max(first, pos // chunk * chunk)
         for h in range(n_head):
             kvh = h // (n_head // n_head_kv)
-            s = kc[: pos0 + t + 1, kvh] @ q[t, h] * scale
-            p = np.exp(s - s.max())
-            out[t, h] = p @ vc[: pos0 + t + 1, kvh] / p.sum()
+            s = kc[first : pos + 1, kvh] @ q[t, h] * scale
+            mx = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - mx)
+            denominator = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - mx))
+            out[t, h] = p @ vc[first : pos + 1, kvh] / denominator
     return out.reshape(-1)
 
 
@@ -250,6 +257,32 @@ def test_gpu_attention_decode_and_prefill(head_dim, rng):
             for t in range(n_tokens)
         ]
     )
+    assert np.array_equal(bits(decode), bits(prefill))
+
+
+@pytest.mark.parametrize("window, chunk, with_sinks", [(8, 0, True), (0, 16, False), (0, 0, True)],
+                         ids=["window-sinks", "chunk", "sinks"])  # fmt: skip
+def test_gpu_attention_limits_and_sinks(window, chunk, with_sinks, rng):
+    """gpt-oss's sliding window and sinks, llama4's chunks: each token's first key and the sink's
+    denominator term as AttentionShape defines them; prefill equals decode bit for bit."""
+    n_head, n_head_kv, head_dim, pos0, n_tokens = 8, 2, 64, 29, 7
+    n_kv = pos0 + n_tokens
+    q = rng.standard_normal(n_tokens * n_head * head_dim).astype(F32)
+    kc = rng.standard_normal(n_kv * n_head_kv * head_dim).astype(F32)
+    vc = rng.standard_normal(n_kv * n_head_kv * head_dim).astype(F32)
+    sinks = rng.standard_normal(n_head).astype(F32) * 2 if with_sinks else None
+    scale = 1.0 / np.sqrt(head_dim)
+    args = (n_head, n_head_kv, head_dim, scale)
+    prefill = _internal.cuda_op_attention(q, kc, vc, n_tokens, pos0, *args, window=window, chunk=chunk, sinks=sinks)
+    want = np_attention(q, kc, vc, n_tokens, pos0, *args, window=window, chunk=chunk, sinks=sinks)
+    np.testing.assert_allclose(prefill, want, rtol=1e-4, atol=1e-5)
+    width, kv_width = n_head * head_dim, n_head_kv * head_dim
+    decode = np.concatenate([
+        _internal.cuda_op_attention(q[t * width : (t + 1) * width], kc[: (pos0 + t + 1) * kv_width],
+                                    vc[: (pos0 + t + 1) * kv_width], 1, pos0 + t, *args, window=window, chunk=chunk,
+                                    sinks=sinks)
+        for t in range(n_tokens)
+    ])  # fmt: skip
     assert np.array_equal(bits(decode), bits(prefill))
 
 

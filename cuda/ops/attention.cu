@@ -13,7 +13,8 @@ constexpr int kDimsPerLane = static_cast<int>(kMaxAttentionHeadDim / kWarp);
 
 __global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                                  const float* __restrict__ v_cache, int64_t pos0, int64_t n_head,
-                                 int64_t n_head_kv, int64_t head_dim, float scale, float* __restrict__ out) {
+                                 int64_t n_head_kv, int64_t head_dim, float scale,
+                                 DeviceAttentionLimits limits, float* __restrict__ out) {
     __shared__ float s_acc[kWarps][kMaxAttentionHeadDim];
     __shared__ float s_m[kWarps], s_l[kWarps];
     const int64_t head = blockIdx.x, t = blockIdx.y;
@@ -29,8 +30,12 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    const int64_t n_pos = pos0 + t + 1;
-    for (int64_t p = warp; p < n_pos; p += kWarps) {
+    const int64_t pos = pos0 + t, n_pos = pos + 1;
+    int64_t first = 0;
+    if (limits.window > 0 && pos - limits.window + 1 > first) first = pos - limits.window + 1;
+    if (limits.chunk > 0 && pos / limits.chunk * limits.chunk > first)
+        first = pos / limits.chunk * limits.chunk;
+    for (int64_t p = first + warp; p < n_pos; p += kWarps) {
         const float* kp = k_cache + p * kv_ld + kv_head * head_dim;
         const float* vp = v_cache + p * kv_ld + kv_head * head_dim;
         float s = 0.0f;
@@ -57,9 +62,11 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
         s_l[warp] = l;
     }
     __syncthreads();
-    float m_all = -INFINITY;
+    // The sink joins the denominator as one more logit with no value row.
+    const float sink = limits.sinks != nullptr ? limits.sinks[head] : -INFINITY;
+    float m_all = sink;
     for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_m[w]);
-    float l_all = 0.0f;
+    float l_all = limits.sinks != nullptr ? expf(sink - m_all) : 0.0f;
     for (int w = 0; w < kWarps; ++w) {
         if (s_l[w] > 0.0f) l_all += s_l[w] * expf(s_m[w] - m_all);
     }
@@ -77,7 +84,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 
 void launch_attention(const float* q, const float* k_cache, const float* v_cache, int64_t n_tokens,
                       int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale,
-                      float* out, cudaStream_t stream) {
+                      float* out, cudaStream_t stream, const DeviceAttentionLimits& limits) {
     if (head_dim > kMaxAttentionHeadDim || n_head_kv <= 0 || n_head % n_head_kv != 0) {
         throw UnsupportedError(
             "[cuda] attention: head_dim=" + std::to_string(head_dim) + ", n_head=" + std::to_string(n_head) +
@@ -87,7 +94,7 @@ void launch_attention(const float* q, const float* k_cache, const float* v_cache
     if (n_tokens <= 0) return;
     const dim3 grid(static_cast<unsigned int>(n_head), static_cast<unsigned int>(n_tokens));
     attention_kernel<<<grid, kWarps * kWarp, 0, stream>>>(q, k_cache, v_cache, pos0, n_head, n_head_kv,
-                                                          head_dim, scale, out);
+                                                          head_dim, scale, limits, out);
     SHARPI_CUDA_CHECK_LAUNCH("attention");
 }
 

@@ -22,6 +22,11 @@ __global__ void sigmoid_scale_kernel(float* y, const float* __restrict__ gate, i
     if (i < total) y[i] *= 1.0f / (1.0f + expf(-gate[i / n]));
 }
 
+__global__ void scale_rows_kernel(float* y, const float* __restrict__ scales, int64_t total, int64_t n) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < total) y[i] *= scales[i / n];
+}
+
 }  // namespace
 
 void launch_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) {
@@ -35,6 +40,13 @@ void launch_add_bias(float* y, const float* bias, int64_t n_tokens, int64_t n, c
     if (total <= 0) return;
     add_bias_kernel<<<div_up(total, kThreads), kThreads, 0, stream>>>(y, bias, total, n);
     SHARPI_CUDA_CHECK_LAUNCH("add_bias");
+}
+
+void launch_scale_rows(float* y, const float* scales, int64_t n_tokens, int64_t n, cudaStream_t stream) {
+    const int64_t total = n_tokens * n;
+    if (total <= 0) return;
+    scale_rows_kernel<<<div_up(total, kThreads), kThreads, 0, stream>>>(y, scales, total, n);
+    SHARPI_CUDA_CHECK_LAUNCH("scale_rows");
 }
 
 void launch_sigmoid_scale(float* y, const float* gate, int64_t n_tokens, int64_t n, cudaStream_t stream) {

@@ -14,6 +14,8 @@ namespace sharpi::cuda {
 void launch_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 // y: [n_tokens, n]; y[t, i] += bias[i].
 void launch_add_bias(float* y, const float* bias, int64_t n_tokens, int64_t n, cudaStream_t stream);
+// y: [n_tokens, n]; y[t, i] *= scales[t] with scales: [n_tokens] (on the device).
+void launch_scale_rows(float* y, const float* scales, int64_t n_tokens, int64_t n, cudaStream_t stream);
 // y: [n_tokens, n]; y[t, i] *= sigmoid(gate[t]) with gate: [n_tokens].
 void launch_sigmoid_scale(float* y, const float* gate, int64_t n_tokens, int64_t n, cudaStream_t stream);
 

@@ -173,9 +173,10 @@ std::vector<float> op_silu_mul(const float* gate, const float* up, int64_t n);
 std::vector<float> op_router(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
                              const RouterParams& params);
 // k_cache / v_cache: [n_kv, n_head_kv * head_dim] with n_kv = pos0 + n_tokens.
+// window / chunk / sinks (host [n_head], may be null) as AttentionShape's.
 std::vector<float> op_attention(const float* q, const float* k_cache, const float* v_cache, int64_t n_tokens,
                                 int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                                float scale);
+                                float scale, int64_t window, int64_t chunk, const float* sinks);
 // Stacked expert tensors (file layout) and the routing [n_tokens, k]: grouped = false runs the
 // decode kernels once per token, true the grouped prefill path over the whole batch.
 struct OpExperts {

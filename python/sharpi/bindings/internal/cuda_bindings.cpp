@@ -327,15 +327,19 @@ void bind_cuda(py::module_& m) {
     m.def(
         "cuda_op_attention",
         [](const FloatArray& q, const FloatArray& k_cache, const FloatArray& v_cache, int64_t n_tokens,
-           int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale) {
+           int64_t pos0, int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale, int64_t window,
+           int64_t chunk, const std::optional<FloatArray>& sinks) {
             check_size(q, n_tokens * n_head * head_dim, "q");
             check_size(k_cache, (pos0 + n_tokens) * n_head_kv * head_dim, "k_cache");
             check_size(v_cache, (pos0 + n_tokens) * n_head_kv * head_dim, "v_cache");
+            if (sinks) check_size(*sinks, n_head, "sinks");
             return to_array(cuda::op_attention(q.data(), k_cache.data(), v_cache.data(), n_tokens, pos0,
-                                               n_head, n_head_kv, head_dim, scale));
+                                               n_head, n_head_kv, head_dim, scale, window, chunk,
+                                               sinks ? sinks->data() : nullptr));
         },
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("n_tokens"), py::arg("pos0"),
-        py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"), py::arg("scale"));
+        py::arg("n_head"), py::arg("n_head_kv"), py::arg("head_dim"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("chunk") = 0, py::arg("sinks") = py::none());
     m.def("cuda_op_expert_ffn", &op_expert_ffn, py::arg("gate_type"), py::arg("gate"), py::arg("up_type"),
           py::arg("up"), py::arg("down_type"), py::arg("down"), py::arg("n_embd"), py::arg("n_ff"),
           py::arg("n_expert"), py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("int8") = false,
