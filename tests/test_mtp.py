@@ -143,9 +143,10 @@ def test_pairs_are_right_after_a_rejected_draft_and_a_far_truncate(files, arch):
     check_drafts(s, ref, kept, after[1], 2, f"{arch} after a rejected draft, seed {seed}")
 
 
-def test_a_forked_sequence_drafts_from_its_parents_pairs(files):
-    path = files["qwen35moe", "f32"]
-    ref = ReferenceModel(path)
+@pytest.mark.parametrize("arch", ["qwen35moe", "deepseek4"])
+def test_a_forked_sequence_drafts_from_its_parents_pairs(files, arch):
+    path = files[arch, "f32"]
+    ref = make_reference(path)
     s = sharpi.Session(path, threads=2, exact=True, mtp=True, n_seq=2)
     prompt = [int(t) for t in np.random.default_rng(secrets.randbits(32)).integers(0, 1000, 9)]
     s.decode(prompt)
@@ -200,8 +201,9 @@ def test_the_trunk_is_unchanged_by_the_block(files):
     np.testing.assert_array_equal(plain, with_mtp)
 
 
-def test_the_budget_charges_the_block(files):
-    path = files["qwen35moe", "q8_0"]
+@pytest.mark.parametrize("arch", ["qwen35moe", "deepseek4"])
+def test_the_budget_charges_the_block(files, arch):
+    path = files[arch, "q8_0"]
     n_ctx = 128
     fixed = {}
     for mtp in (False, True):
@@ -210,8 +212,14 @@ def test_the_budget_charges_the_block(files):
     info = probe.info
     block = f"blk.{info['n_layer']}."
     weights = sum(int(t.n_bytes) for t in GGUFReader(path).tensors if t.name.startswith(block))
-    kv_row = 2 * info["n_head_kv"] * info["head_dim"] * 2  # K and V rows, f16 (fast mode's default)
-    per_seq = n_ctx * kv_row + n_ctx * info["n_embd"] * 4
+    if arch == "deepseek4":
+        # The sliding-window block's f32 row (its kv, head_dim wide, K = V), and all 4 streams of the
+        # trunk's hidden row per position.
+        kv_row, hidden_row = info["head_dim"] * 4, 4 * info["n_embd"] * 4
+    else:
+        # K and V rows, f16 (fast mode's default); the output-normed hidden row.
+        kv_row, hidden_row = 2 * info["n_head_kv"] * info["head_dim"] * 2, info["n_embd"] * 4
+    per_seq = n_ctx * (kv_row + hidden_row)
     assert fixed[True] - fixed[False] == weights + 2 * per_seq
 
 
@@ -286,7 +294,8 @@ def test_the_converters_block_matches_the_float64_reference(converted, name, qua
 
 
 @pytest.mark.parametrize("n_slots", [1, 3])
-def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
+@pytest.mark.parametrize("arch", ["qwen35moe", "deepseek4", "nemotron_h_moe"])
+def test_the_server_drafts_with_the_block_per_slot(files, n_slots, arch):
     """The scheduler with draft-mtp: each slot's drafts come from its own sequence's pairs (the
     key is the sequence id) and join the batched step as rewindable entries of a hybrid model;
     every answer is plain decoding's."""
@@ -294,7 +303,7 @@ def test_the_server_drafts_with_the_block_per_slot(files, n_slots):
 
     from sharpi.server.scheduler import END, Engine
 
-    path = files["qwen35moe", "q8_0"]
+    path = files[arch, "q8_0"]
     s = sharpi.Session(path, threads=2, n_ctx=256, n_seq=n_slots, mtp=True, max_draft_tokens=3)
     plain = sharpi.Session(path, threads=2, n_ctx=256)
     rng = np.random.default_rng(secrets.randbits(32))
