@@ -71,6 +71,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture(scope="session")
+def converter() -> Path:
+    """The directory of llama.cpp's convert_hf_to_gguf.py (tools/fetch_converter.sh), with torch and
+    transformers >= 5 to build the checkpoints it converts; skips when any of them is unavailable."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers", minversion="5.0")
+    from reference import hf_export
+
+    try:
+        return hf_export.converter_dir()
+    except hf_export.ConverterUnavailable as error:
+        pytest.skip(f"llama.cpp converter unavailable: {error}")
+
+
+@pytest.fixture(scope="session")
 def vocab_fixtures_dir() -> Path:
     """llama.cpp's tokenizer fixtures (models/ggml-vocab-*.gguf with .inp/.out cases), unpacked by
     tools/fetch_converter.sh; skips when the llama-cpp-python source package cannot be fetched."""

@@ -261,15 +261,9 @@ def test_bad_use_of_the_block_is_a_clear_error(files, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def converted(model_dir):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers", minversion="5.0")
+def converted(model_dir, converter):
     from reference import hf_export
 
-    try:
-        converter = hf_export.converter_dir()
-    except hf_export.ConverterUnavailable as error:
-        pytest.skip(f"llama.cpp converter unavailable: {error}")
     names = ("qwen35moe", "qwen3next", "glm4moe", "deepseek_v32", "nemotron_h_mtp")
     return {name: {q: str(p) for q, p in hf_export.prepare(name, model_dir, converter,
                                                           outtypes=("f32", "q8_0")).gguf.items()}
@@ -279,18 +273,23 @@ def converted(model_dir):
 @pytest.mark.parametrize("name", ["qwen35moe", "qwen3next", "glm4moe", "deepseek_v32", "nemotron_h_mtp"])
 @pytest.mark.parametrize("quant", ["f32", "q8_0"])
 def test_the_converters_block_matches_the_float64_reference(converted, name, quant):
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
     path = converted[name][quant]
-    ref = ReferenceModel(path)
     s = sharpi.Session(path, threads=2, exact=True, mtp=True, max_draft_tokens=4)
     assert s.info["n_layer_nextn"] == 1
-    n_vocab = s.info["n_vocab"]
-    prompt = [int(t) for t in rng.integers(0, n_vocab, 10)]
-    s.decode(prompt[:7])
-    for t in prompt[7:]:
-        s.decode([t])
-    check_drafts(s, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"{name} {quant} converter seed {seed}")
+    decode_and_check_drafts(s, make_reference(path), 10, 7, f"{name} {quant} converter")
+
+
+def decode_and_check_drafts(session, ref, n_prompt, n_first, what):
+    """A random prompt decoded as one step of n_first tokens then token by token; then three drafts
+    against the reference."""
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    n_vocab = session.info["n_vocab"]
+    prompt = [int(t) for t in rng.integers(0, n_vocab, n_prompt)]
+    session.decode(prompt[:n_first])
+    for t in prompt[n_first:]:
+        session.decode([t])
+    check_drafts(session, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"{what} seed {seed}")
 
 
 @pytest.mark.parametrize("n_slots", [1, 3])
@@ -334,13 +333,12 @@ def test_the_server_drafts_with_the_block_per_slot(files, n_slots, arch):
 
 
 @pytest.mark.parametrize("name", ["qwen35moe", "glm4moe", "deepseek_v32", "nemotron_h_mtp"])
-def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path, name):
+def test_the_block_from_the_converters_mtp_export(converted, converter, model_dir, tmp_path, name):
     """llama.cpp's converter writes the block apart (`--mtp`: the block with the embeddings, norm and
     head) and the trunk without it (`--no-mtp`): Session(mtp=sidecar) on the trunk drafts exactly what
     the whole file's block drafts, and a sidecar of another model is refused."""
     from reference import hf_export
 
-    converter = hf_export.converter_dir()
     hf_dir = hf_export.prepare(name, model_dir, converter).exported.hf_dir
     trunk = hf_export.convert(hf_dir, tmp_path / "trunk.gguf", "f32", converter, extra_args=["--no-mtp"])
     sidecar = hf_export.convert(hf_dir, tmp_path / "mtp-only.gguf", "f32", converter, extra_args=["--mtp"])
@@ -360,32 +358,19 @@ def test_the_block_from_the_converters_mtp_export(converted, model_dir, tmp_path
         sharpi.Session(str(trunk), mtp=True)
 
 
-def test_deepseek4s_block_from_the_converters_mtp_sidecar(model_dir):
+def test_deepseek4s_block_from_the_converters_mtp_sidecar(model_dir, converter):
     """DeepSeek-V4's converter writes the block only with --mtp (a plain conversion drops mtp.*): the
     sidecar's block, its own hc head included (the root output_hc_* of the sidecar), drafts on the
     trunk file's streams as the float64 reference does. (`--outtype q8_0` keeps this checkpoint's
     float32 tensors f32, and eh_proj is Q8_0 in every sidecar, so f32 covers both.)"""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers", minversion="5.0")
-    from reference import deepseek_v4_export, hf_export
+    from reference import deepseek_v4_export
 
-    try:
-        converter = hf_export.converter_dir()
-    except hf_export.ConverterUnavailable as error:
-        pytest.skip(f"llama.cpp converter unavailable: {error}")
     trunk, sidecar = (str(p) for p in deepseek_v4_export.prepare_mtp(model_dir, converter)["f32"])
     ref = make_reference(trunk, sidecar)
     assert not np.allclose(ref.block.t["output_hc_fn.weight"], ref.trunk.t["output_hc_fn.weight"])
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
     s = sharpi.Session(trunk, threads=2, exact=True, mtp=sidecar, max_draft_tokens=4)
     assert s.info["n_layer_nextn"] == 0 and s.info["mtp"]
-    n_vocab = s.info["n_vocab"]
-    prompt = [int(t) for t in rng.integers(0, n_vocab, 12)]
-    s.decode(prompt[:9])
-    for t in prompt[9:]:
-        s.decode([t])
-    check_drafts(s, ref, prompt, int(rng.integers(0, n_vocab)), 3, f"deepseek_v4 sidecar seed {seed}")
+    decode_and_check_drafts(s, ref, 12, 9, "deepseek_v4 sidecar")
     with pytest.raises(sharpi.InvalidArgument, match="no multi-token-prediction layers"):
         sharpi.Session(trunk, mtp=True)
 
