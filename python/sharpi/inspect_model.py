@@ -466,7 +466,7 @@ def inspect_report(path, list_tensors: bool = True) -> str:
         n = s["nextn"]
         w(
             f"nextn (multi-token prediction): {n['n_layer']} block(s) {n['blocks']}, {n['tensors']} tensors, "
-            f"{_fmt_bytes(n['bytes'])}; loaded, not run"
+            f"{_fmt_bytes(n['bytes'])}; the first drafts with --spec-type draft-mtp (Session(mtp=True))"
         )
     w(f"expert reader (--reader auto): {s['expert_reader']['reader']} ({s['expert_reader']['why']})")
     # Said once: without a device the cuFile line only points back at it (no library hints, no CUDA errors).
