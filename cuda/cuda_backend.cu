@@ -62,10 +62,13 @@ size_t aligned(size_t bytes) {
     return (bytes + 255) / 256 * 256;
 }
 
-// Types and shape of a routed expert as the expert kernels take them (the rows come separately).
+// Types, shape and activation of a routed expert as the expert kernels take them (the rows and
+// biases come separately).
 ExpertWeights expert_shape(const ExpertFfnWeights& e) {
-    return ExpertWeights{nullptr,   nullptr,     nullptr,       e.gate.type,
-                         e.up.type, e.down.type, e.gate.n_cols, e.gate.n_rows};
+    return ExpertWeights{
+        nullptr,       nullptr,       nullptr,
+        e.gate.type,   e.up.type,     e.down.type,
+        e.gate.n_cols, e.gate.n_rows, expert_activation_for(e.relu_sqr, e.swiglu_clamp, e.swiglu_limit)};
 }
 
 void require_same_shape(const ExpertFfnWeights* experts, int64_t n, const char* op) {
@@ -73,9 +76,10 @@ void require_same_shape(const ExpertFfnWeights* experts, int64_t n, const char* 
         const ExpertFfnWeights& a = experts[0];
         const ExpertFfnWeights& b = experts[i];
         if (a.gate.type != b.gate.type || a.up.type != b.up.type || a.down.type != b.down.type ||
-            a.gate.n_rows != b.gate.n_rows || a.gate.n_cols != b.gate.n_cols) {
+            a.gate.n_rows != b.gate.n_rows || a.gate.n_cols != b.gate.n_cols || a.relu_sqr != b.relu_sqr ||
+            a.swiglu_clamp != b.swiglu_clamp || a.swiglu_limit != b.swiglu_limit) {
             throw InvalidArgument(std::string("[cuda] ") + op +
-                                  ": the experts of one call differ in type or shape");
+                                  ": the experts of one call differ in type, shape or activation");
         }
     }
 }
@@ -382,8 +386,12 @@ void CudaBackend::ssm_scan(const SsmInputs&, int64_t, const SsmShape&, float*, f
 void CudaBackend::rms_norm_unweighted(const float*, float*, int64_t, int64_t, int64_t, float) {
     refuse(OpCall{"rms_norm_unweighted", GgmlType::F32, ""});
 }
-void CudaBackend::swiglu_clamped(const float*, const float*, float*, int64_t, float) {
-    refuse(OpCall{"swiglu_clamped", GgmlType::F32, ""});
+void CudaBackend::swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) {
+    check(OpCall{"swiglu_clamped", GgmlType::F32, ""});
+    ExpertActivation act;
+    act.kind = ExpertActKind::swiglu_clamped;
+    act.limit = limit;
+    launch_expert_activation(act, gate, up, nullptr, nullptr, 1, n, out, stream_.get());
 }
 void CudaBackend::hc_block_weights(const float*, int64_t, int64_t, const float*, const float*, float, int64_t,
                                    float*, float*, float*) {
@@ -404,8 +412,11 @@ void CudaBackend::compressed_attention(const CompressedAttentionInputs&, KvCache
     refuse(OpCall{"compressed_attention", kv.type_k(), "ratio=" + std::to_string(shape.ratio)});
 }
 
-void CudaBackend::relu_sqr(const float*, float*, int64_t) {
-    refuse(OpCall{"relu_sqr", GgmlType::F32, ""});
+void CudaBackend::relu_sqr(const float* x, float* out, int64_t n) {
+    check(OpCall{"relu_sqr", GgmlType::F32, ""});
+    ExpertActivation act;
+    act.kind = ExpertActKind::relu_sqr;
+    launch_expert_activation(act, nullptr, x, nullptr, nullptr, 1, n, out, stream_.get());
 }
 
 // ---- MoE ----------------------------------------------------------------------------------------
@@ -449,14 +460,20 @@ void CudaBackend::expert_ffn_one_token(const ExpertFfnWeights* experts, const fl
     require_same_shape(experts, k, "expert_ffn_one_token");
     const ExpertWeights w = expert_shape(experts[0]);
     ExpertSlotTable table{};
-    for (int j = 0; j < k; ++j) {
-        table.gate[j] = weight(experts[j].gate.data, "expert_ffn_one_token");
-        table.up[j] = weight(experts[j].up.data, "expert_ffn_one_token");
-        table.down[j] = weight(experts[j].down.data, "expert_ffn_one_token");
-    }
+    for (int j = 0; j < k; ++j) set_slot(table, j, experts[j], "expert_ffn_one_token");
     const float* weights_dev = upload(weights, k, "expert weights");
     void* scratch = take(expert_ffn_scratch_bytes(w, 1, k, !exact));
     launch_expert_ffn_decode_slots(w, table, x, weights_dev, k, !exact, scratch, out, stream_.get());
+}
+
+// Slot j of a slot table: the expert's parts and its biases (device copies; null where none).
+void CudaBackend::set_slot(ExpertSlotTable& table, int j, const ExpertFfnWeights& e, const char* op) const {
+    table.gate[j] = weight(e.gate.data, op);
+    table.up[j] = weight(e.up.data, op);
+    table.down[j] = weight(e.down.data, op);
+    table.gate_b[j] = weight_f32(e.gate_b, op);
+    table.up_b[j] = weight_f32(e.up_b, op);
+    table.down_b[j] = weight_f32(e.down_b, op);
 }
 
 // Each slot alone through the fused kernel with the unit weight: its combine is 0 + 1 * row, the row
@@ -470,9 +487,7 @@ void CudaBackend::expert_ffn_slots(const ExpertFfnWeights* experts, const int64_
     void* scratch = take(expert_ffn_scratch_bytes(w, 1, 1, !exact));
     for (int64_t i = 0; i < n_slots; ++i) {
         ExpertSlotTable table{};
-        table.gate[0] = weight(experts[i].gate.data, "expert_ffn_slots");
-        table.up[0] = weight(experts[i].up.data, "expert_ffn_slots");
-        table.down[0] = weight(experts[i].down.data, "expert_ffn_slots");
+        set_slot(table, 0, experts[i], "expert_ffn_slots");
         launch_expert_ffn_decode_slots(w, table, x, one_.as<float>(), 1, !exact, scratch, y.row(slots[i]),
                                        stream_.get());
     }
@@ -514,9 +529,14 @@ void CudaBackend::expert_ffn_batch(const ExpertFfnWeights* experts, const int64_
         const int64_t b = member_begin[e], c = member_end[e] - b;
         if (c <= 0) continue;
         const ExpertFfnWeights& ex = experts[e];
+        ExpertBiases biases;
+        biases.gate = weight_f32(ex.gate_b, "expert_ffn_batch");
+        biases.up = weight_f32(ex.up_b, "expert_ffn_batch");
+        biases.down = weight_f32(ex.down_b, "expert_ffn_batch");
         launch_expert_rows(expert_shape(ex), weight(ex.gate.data, "expert_ffn_batch"),
                            weight(ex.up.data, "expert_ffn_batch"), weight(ex.down.data, "expert_ffn_batch"),
-                           xg + (b - lo) * n_embd, c, !exact, g, u, h, xq, hq, y + b * ldy, stream_.get());
+                           biases, xg + (b - lo) * n_embd, c, !exact, g, u, h, xq, hq, y + b * ldy,
+                           stream_.get());
     }
 }
 

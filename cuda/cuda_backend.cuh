@@ -34,6 +34,7 @@
 #include "backend/op_call.h"
 #include "device_memory.cuh"
 #include "device_plan.h"
+#include "ops/expert_ffn.cuh"
 
 namespace sharpi {
 struct Model;
@@ -167,6 +168,7 @@ class CudaBackend final : public Backend {
 
     const void* weight(const void* host, const char* op) const;
     const float* weight_f32(const float* host, const char* op) const;
+    void set_slot(ExpertSlotTable& table, int j, const ExpertFfnWeights& e, const char* op) const;
     // Arena scratch valid until reset_activations, 256-byte aligned.
     void* take(size_t bytes);
     float* take_floats(int64_t n) {

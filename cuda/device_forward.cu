@@ -217,7 +217,8 @@ CudaForward::CudaForward(const Model& model, DevicePlan plan, bool exact, const 
                                       u.view.type,
                                       dn.view.type,
                                       h.n_embd,
-                                      h.n_ff_exp};
+                                      h.n_ff_exp,
+                                      ExpertActivation{}};  // SwiGLU: device_plan refuses the others
             // The planner's bound holds the real scratch of the fused FFN (expert_ffn.cu's carve).
             if (expert_ffn_scratch_bytes(d.experts, plan_.max_batch, h.n_expert_used, int8_) >
                 layout_.expert_scratch_bytes) {

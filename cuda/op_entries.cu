@@ -199,8 +199,17 @@ std::vector<float> op_expert_ffn(const OpExperts& e, const float* x, int64_t n_t
     DeviceBuffer idd = upload(ids, sizeof(int32_t) * n_tokens * k, stream, "expert ids");
     DeviceBuffer wd = upload(weights, sizeof(float) * n_tokens * k, stream, "expert weights");
     DeviceBuffer out(sizeof(float) * e.n_embd * n_tokens, "expert output");
-    const ExpertWeights w{gate.data(), up.data(),   down.data(), e.gate_type,
-                          e.up_type,   e.down_type, e.n_embd,    e.n_ff};
+    DeviceBuffer gate_b =
+        upload(e.gate_b, e.gate_b ? sizeof(float) * e.n_expert * e.n_ff : 0, stream, "gate bias");
+    DeviceBuffer up_b = upload(e.up_b, e.up_b ? sizeof(float) * e.n_expert * e.n_ff : 0, stream, "up bias");
+    DeviceBuffer down_b =
+        upload(e.down_b, e.down_b ? sizeof(float) * e.n_expert * e.n_embd : 0, stream, "down bias");
+    ExpertWeights w{gate.data(), up.data(),   down.data(), e.gate_type,
+                    e.up_type,   e.down_type, e.n_embd,    e.n_ff};
+    w.act = expert_activation_for(e.relu_sqr, e.swiglu_clamp, e.swiglu_limit);
+    w.gate_b = e.gate_b ? gate_b.as<float>() : nullptr;
+    w.up_b = e.up_b ? up_b.as<float>() : nullptr;
+    w.down_b = e.down_b ? down_b.as<float>() : nullptr;
     DeviceBuffer scratch(expert_ffn_scratch_bytes(w, grouped ? n_tokens : 1, k, int8), "expert scratch");
     if (grouped) {
         launch_expert_ffn_grouped(w, xd.as<float>(), n_tokens, ids, wd.as<float>(), k, int8, scratch.data(),

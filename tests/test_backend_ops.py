@@ -35,26 +35,25 @@ EXPECTED_BLOCKERS = {
     "deepseek2": {"mla_attention"},
     "qwen3next": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
     "qwen35moe": {"gdn_gates", "conv1d_silu", "l2_norm_heads", "gated_delta_rule", "mul_sigmoid", "mul_silu"},
-    # Sinks and the sliding window are on the device (ops/attention.cuh); the experts' biases and
-    # clamped SwiGLU are not.
-    "gpt-oss": {"expert_ffn_batch", "expert_ffn_one_token"},
+    # Sinks and the sliding window (ops/attention.cuh), the experts' biases and clamped SwiGLU
+    # (ops/expert_ffn.cuh) are on the device.
+    "gpt-oss": set(),
     # Sigmoid routing with a selection bias and a weight scale (ops/router.cu) is on the device.
     "glm4moe": set(),
     # Chunked attention, the router weight on the expert input and the attention temperature
     # (scale_rows) are on the device.
     "llama4": set(),
     "minimax-m2": set(),
-    # The V4 clamped SwiGLU of every expert and of the shared one, the hyper-connections (their
-    # unweighted norm, weights, collapse and expansion) and the sliding-window / compressed sparse
-    # attention over its f32 state rows.
+    # The hyper-connections (their unweighted norm, weights, collapse and expansion) and the
+    # sliding-window / compressed sparse attention over its f32 state rows.
     "deepseek4": {
-        "expert_ffn_batch", "expert_ffn_one_token", "swiglu_clamped", "rms_norm_unweighted",
-        "hc_block_weights", "hc_head_weights", "hc_collapse", "hc_expand", "compressed_attention",
+        "rms_norm_unweighted", "hc_block_weights", "hc_head_weights", "hc_collapse", "hc_expand",
+        "compressed_attention",
     },
     # MLA, plus DSA's indexer (its key LayerNorm and top-k).
     "deepseek32": {"mla_attention", "lightning_indexer", "layer_norm"},
-    # Mamba-2 (conv with its state, the scan, the gated norm), relu^2 experts and shared expert.
-    "nemotron_h_moe": {"conv1d_silu", "ssm_scan", "mul_silu", "relu_sqr", "expert_ffn_batch", "expert_ffn_one_token"},
+    # Mamba-2 (conv with its state, the scan, the gated norm).
+    "nemotron_h_moe": {"conv1d_silu", "ssm_scan", "mul_silu"},
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (DeepSeek-V3's group-limited routing is not on the device).
@@ -105,14 +104,15 @@ def test_each_architecture_calls_only_interface_ops_and_the_cuda_table_names_eve
     assert set(blockers) <= expected | MAY_ALSO_BLOCK.get(arch, set()), blockers
 
 
-def test_gpt_oss_records_sinks_windows_and_expert_biases(models):
+def test_gpt_oss_records_sinks_windows_and_expert_biases_the_device_takes(models):
     calls = _internal.record_forward_ops(str(models["gpt-oss"]), [2, 5, 8], exact=True)
     attention = [v for op, _, v in calls if op == "attention"]
     assert any("sinks" in v for v in attention) and any("window" in v for v in attention)
     assert all("sinks" in v for v in attention)  # every layer has sinks; even layers add a window
     assert all(_internal.cuda_unsupported_op("attention", GGML_F32, v) == "" for v in attention)
-    experts = {v for op, _, v in calls if op.startswith("expert_ffn")}
-    assert experts and all("bias" in v and "clamped_swiglu" in v for v in experts)
+    experts = [(op, v) for op, _, v in calls if op.startswith("expert_ffn")]
+    assert experts and all("bias" in v and "clamped_swiglu" in v for _, v in experts)
+    assert all(_internal.cuda_unsupported_op(op, GGML_F32, v) == "" for op, v in experts)
 
 
 def test_the_table_covers_every_op_of_the_interface():

@@ -321,6 +321,59 @@ def test_gpu_expert_ffn_grouped_equals_decode_and_float64(qtype, int8, rng):
     assert err <= (3e-2 if int8 else 1e-5), f"relative error {err:.2e}"
 
 
+def np_expert_activation(activation, limit, g, u):
+    """cpu/ops/activation.cpp's expert activations in float64."""
+    if activation == "relu_sqr":
+        return np.maximum(u, 0.0) ** 2
+    if activation == "swiglu":
+        return g / (1 + np.exp(-g)) * u
+    g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+    if activation == "swiglu_clamped":
+        return g / (1 + np.exp(-g)) * u
+    return g / (1 + np.exp(-1.702 * g)) * (u + 1.0)  # swiglu_oai (gpt-oss)
+
+
+@pytest.mark.parametrize("activation, limit, biases", [("swiglu_oai", 7.0, True), ("swiglu_clamped", 0.3, False),
+                                                       ("relu_sqr", 0.0, False)])  # fmt: skip
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_gpu_expert_ffn_variants_grouped_equal_decode_and_float64(activation, limit, biases, int8, rng):
+    """gpt-oss's biased clamped SwiGLU, DeepSeek-V4's clamped SwiGLU, Nemotron-H's ungated relu^2 (of
+    up alone) through the stacked decode and the grouped path."""
+    qtype = Q.Q8_0
+    n_embd, n_ff, n_expert, k, n_tokens = 512, 256, 8, 4, 9
+    gate = random_rows(qtype, n_expert * n_ff, n_embd, rng)
+    up = random_rows(qtype, n_expert * n_ff, n_embd, rng)
+    down = random_rows(qtype, n_expert * n_embd, n_ff, rng)
+    x = (rng.standard_normal(n_tokens * n_embd) * 0.5).astype(F32)
+    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
+    weights = rng.uniform(0.1, 1.0, size=(n_tokens, k)).astype(F32)
+    bias = {}
+    if biases:
+        bias = {"gate_b": (rng.standard_normal(n_expert * n_ff) * 0.3).astype(F32),
+                "up_b": (rng.standard_normal(n_expert * n_ff) * 0.3).astype(F32),
+                "down_b": (rng.standard_normal(n_expert * n_embd) * 0.3).astype(F32)}  # fmt: skip
+    args = (int(qtype), gate, int(qtype), up, int(qtype), down, n_embd, n_ff, n_expert, x, ids.reshape(-1),
+            weights.reshape(-1))
+    kw = dict(int8=int8, activation=activation, limit=limit, **bias)
+    decode = _internal.cuda_op_expert_ffn(*args, grouped=False, **kw)
+    grouped = _internal.cuda_op_expert_ffn(*args, grouped=True, **kw)
+    assert np.array_equal(bits(decode), bits(grouped))
+    g = oracle_dequantize(qtype, gate, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
+    u = oracle_dequantize(qtype, up, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
+    d = oracle_dequantize(qtype, down, n_expert * n_embd, n_ff).reshape(n_expert, n_embd, n_ff).astype(np.float64)
+    bg, bu, bd = (bias[n].astype(np.float64).reshape(n_expert, -1) if biases else np.zeros((n_expert, m))
+                  for n, m in (("gate_b", n_ff), ("up_b", n_ff), ("down_b", n_embd)))  # fmt: skip
+    xd = x.reshape(n_tokens, n_embd).astype(np.float64)
+    want = np.zeros((n_tokens, n_embd))
+    for t in range(n_tokens):
+        for s in range(k):
+            e = ids[t, s]
+            h = np_expert_activation(activation, limit, g[e] @ xd[t] + bg[e], u[e] @ xd[t] + bu[e])
+            want[t] += weights[t, s] * (d[e] @ h + bd[e])
+    err = np.abs(decode.reshape(n_tokens, n_embd) - want).max() / np.abs(want).max()
+    assert err <= (3e-2 if int8 else 1e-5), f"{activation}: relative error {err:.2e}"
+
+
 # ---- the session entry ----------------------------------------------------------------------------------
 
 

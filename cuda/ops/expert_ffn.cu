@@ -1,15 +1,16 @@
-// Kernels: expert_gate_up (a warp per (ff row, slot): gate and up rows of the slot's expert, then
-// silu·mul), expert_matvec (a warp per (output row, slot) of the slot's expert), combine (the
-// weighted sum over slots in slot order). A slot's expert rows start where PartRows says: expert
-// ids[s] of the stacked tensor (resident) or the slot table's pointer (streamed); nothing else
-// differs. All dots go through warp_row_dot, and the grouped path through the matvec / matmul
-// launches that use the same per-row order, so prefill equals decode bit for bit.
+// Kernels: expert_gate_up (a warp per (ff row, slot): gate and up rows of the slot's expert, their
+// biases, then the activation), expert_matvec (a warp per (output row, slot) of the slot's expert), combine
+// (the weighted sum over slots in slot order). A slot's expert rows start where PartRows says: expert ids[s]
+// of the stacked tensor (resident) or the slot table's pointer (streamed); nothing else differs. All dots go
+// through warp_row_dot, and the grouped path through the matvec / matmul launches that use the same per-row
+// order, so prefill equals decode bit for bit.
 #include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "ops/activation.cuh"
 #include "ops/common.cuh"
+#include "ops/elementwise.cuh"
 #include "ops/expert_ffn.cuh"
 #include "ops/matvec.cuh"
 #include "ops/row_dot.cuh"
@@ -24,43 +25,63 @@ struct PartRows {
     const unsigned char* stacked;  // resident: the stacked tensor; null: read `slot`
     const int32_t* ids;            // resident: the device ids [k]
     size_t expert_bytes;           // resident: bytes of one expert in the stack
+    const float* stacked_bias;     // resident: the stacked biases [n_expert, bias_len], null: none
+    int64_t bias_len;
     const unsigned char* slot[kMaxSlotTable];
+    const float* bias[kMaxSlotTable];  // slot tables: each slot's bias row, null: none
     uint32_t skip;  // slots computed elsewhere (the CPU): not read, their outputs left alone
     __device__ bool skipped(int64_t s) const { return ((skip >> s) & 1u) != 0; }
+    // A product's row plus the slot's bias for it (the CPU adds the bias to the finished dot).
+    __device__ float biased(int64_t s, int64_t row, float dot) const {
+        const float* b =
+            stacked != nullptr
+                ? (stacked_bias != nullptr ? stacked_bias + static_cast<int64_t>(ids[s]) * bias_len : nullptr)
+                : bias[s];
+        return b != nullptr ? dot + b[row] : dot;
+    }
     __device__ const unsigned char* expert(int64_t s) const {
         return stacked != nullptr ? stacked + static_cast<size_t>(ids[s]) * expert_bytes : slot[s];
     }
 };
 
-PartRows stacked_rows(const void* w, const int32_t* ids, size_t expert_bytes) {
+PartRows stacked_rows(const void* w, const int32_t* ids, size_t expert_bytes, const float* bias,
+                      int64_t bias_len) {
     PartRows r{};
     r.stacked = static_cast<const unsigned char*>(w);
     r.ids = ids;
     r.expert_bytes = expert_bytes;
+    r.stacked_bias = bias;
+    r.bias_len = bias_len;
     return r;
 }
 
-PartRows table_rows(const void* const* pointers, int64_t k, uint32_t skip) {
+PartRows table_rows(const void* const* pointers, const float* const* biases, int64_t k, uint32_t skip) {
     PartRows r{};
-    for (int64_t s = 0; s < k; ++s) r.slot[s] = static_cast<const unsigned char*>(pointers[s]);
+    for (int64_t s = 0; s < k; ++s) {
+        r.slot[s] = static_cast<const unsigned char*>(pointers[s]);
+        r.bias[s] = biases[s];
+    }
     r.skip = skip;
     return r;
 }
 
 // x: one activation row shared by all slots (f32 or q8 as kInt8); h: [k, n_ff].
 template <typename Block, bool kInt8>
-__global__ void expert_gate_up_kernel(const PartRows gate, const PartRows up, int64_t n_ff, int64_t n_embd,
-                                      const void* __restrict__ x, float* __restrict__ h) {
+__global__ void expert_gate_up_kernel(const PartRows gate, const PartRows up, ExpertActivation act,
+                                      int64_t n_ff, int64_t n_embd, const void* __restrict__ x,
+                                      float* __restrict__ h) {
     constexpr int kBlock = BmBlockSize<Block>::value;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     const int64_t slot = blockIdx.y;
     if (row >= n_ff || gate.skipped(slot)) return;
     const int64_t at = row * (n_embd / kBlock);
-    const float g =
-        warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(gate.expert(slot)) + at, x, n_embd);
+    const float g = act.gated() ? warp_row_dot<Block, kInt8>(
+                                      reinterpret_cast<const Block*>(gate.expert(slot)) + at, x, n_embd)
+                                : 0.0f;
     const float u =
         warp_row_dot<Block, kInt8>(reinterpret_cast<const Block*>(up.expert(slot)) + at, x, n_embd);
-    if (threadIdx.x % kWarp == 0) h[slot * n_ff + row] = silu_mul(g, u);
+    if (threadIdx.x % kWarp == 0)
+        h[slot * n_ff + row] = expert_activation(act, gate.biased(slot, row, g), up.biased(slot, row, u));
 }
 
 // y[slot, row] = W_slot[row] . x_slot, x_slot at x + slot * x_row_bytes.
@@ -74,7 +95,7 @@ __global__ void expert_matvec_kernel(const PartRows w, int64_t n_rows, int64_t n
     const Block* wr = reinterpret_cast<const Block*>(w.expert(slot)) + row * (n_cols / kBlock);
     const void* xs = static_cast<const unsigned char*>(x) + slot * x_row_bytes;
     const float sum = warp_row_dot<Block, kInt8>(wr, xs, n_cols);
-    if (threadIdx.x % kWarp == 0) y[slot * n_rows + row] = sum;
+    if (threadIdx.x % kWarp == 0) y[slot * n_rows + row] = w.biased(slot, row, sum);
 }
 
 // out[t, r] = sum over slots s in order of weights[t * k + s] * partial[pos(t * k + s), r], where
@@ -180,17 +201,18 @@ void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& u
             if constexpr (bm_has_int8<Block>()) {
                 if (q8) {
                     expert_gate_up_kernel<Block, true><<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(
-                        gate_rows, up_rows, w.n_ff, w.n_embd, p.xq, p.h);
+                        gate_rows, up_rows, w.act, w.n_ff, w.n_embd, p.xq, p.h);
                     return;
                 }
             }
-            expert_gate_up_kernel<Block, false>
-                <<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(gate_rows, up_rows, w.n_ff, w.n_embd, x, p.h);
+            expert_gate_up_kernel<Block, false><<<ff_grid, kRowsPerBlock * kWarp, 0, stream>>>(
+                gate_rows, up_rows, w.act, w.n_ff, w.n_embd, x, p.h);
         });
         SHARPI_CUDA_CHECK_LAUNCH("expert gate/up");
     } else {
-        // Mixed gate / up types (rare): the two projections separately, then silu·mul.
-        for (int which = 0; which < 2; ++which) {
+        // Mixed gate / up types (rare): the two projections separately (their biases added), then the
+        // activation.
+        for (int which = w.act.gated() ? 0 : 1; which < 2; ++which) {
             const GgmlType type = which == 0 ? w.gate_type : w.up_type;
             const PartRows& rows = which == 0 ? gate_rows : up_rows;
             const bool q8 = uses_int8(type, int8);
@@ -210,7 +232,7 @@ void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& u
             });
             SHARPI_CUDA_CHECK_LAUNCH("expert gate/up");
         }
-        launch_silu_mul(p.g, p.u, k * w.n_ff, p.h, stream);
+        launch_expert_activation(w.act, p.g, p.u, nullptr, nullptr, k, w.n_ff, p.h, stream);
     }
     const bool q8_down = uses_int8(w.down_type, int8);
     if (q8_down) launch_quantize_act(w.down_type, p.h, w.n_ff, k, p.hq, stream);
@@ -243,10 +265,10 @@ void decode(const ExpertWeights& w, const PartRows& gate_rows, const PartRows& u
 void launch_expert_ffn_decode(const ExpertWeights& w, const float* x, const int32_t* ids,
                               const float* weights, int64_t k, bool int8, void* scratch, float* out,
                               cudaStream_t stream) {
-    decode(w, stacked_rows(w.gate, ids, row_bytes(w.gate_type, w.n_embd) * w.n_ff),
-           stacked_rows(w.up, ids, row_bytes(w.up_type, w.n_embd) * w.n_ff),
-           stacked_rows(w.down, ids, row_bytes(w.down_type, w.n_ff) * w.n_embd), nullptr, x, weights, k, int8,
-           scratch, out, stream);
+    decode(w, stacked_rows(w.gate, ids, row_bytes(w.gate_type, w.n_embd) * w.n_ff, w.gate_b, w.n_ff),
+           stacked_rows(w.up, ids, row_bytes(w.up_type, w.n_embd) * w.n_ff, w.up_b, w.n_ff),
+           stacked_rows(w.down, ids, row_bytes(w.down_type, w.n_ff) * w.n_embd, w.down_b, w.n_embd), nullptr,
+           x, weights, k, int8, scratch, out, stream);
 }
 
 void launch_expert_ffn_decode_slots(const ExpertWeights& w, const ExpertSlotTable& slots, const float* x,
@@ -257,8 +279,9 @@ void launch_expert_ffn_decode_slots(const ExpertWeights& w, const ExpertSlotTabl
                               std::to_string(kMaxSlotTable) + ")");
     }
     const uint32_t skip = slots.cpu_rows != nullptr ? slots.cpu_mask : 0u;
-    decode(w, table_rows(slots.gate, k, skip), table_rows(slots.up, k, skip), table_rows(slots.down, k, skip),
-           slots.cpu_rows, x, weights, k, int8, scratch, out, stream);
+    decode(w, table_rows(slots.gate, slots.gate_b, k, skip), table_rows(slots.up, slots.up_b, k, skip),
+           table_rows(slots.down, slots.down_b, k, skip), slots.cpu_rows, x, weights, k, int8, scratch, out,
+           stream);
 }
 
 GroupedExpertFfn::GroupedExpertFfn(const ExpertWeights& w, const float* x, int64_t n_tokens,
@@ -295,18 +318,23 @@ GroupedExpertFfn::GroupedExpertFfn(const ExpertWeights& w, const float* x, int64
 }
 
 void launch_expert_rows(const ExpertWeights& w, const void* gate, const void* up, const void* down,
-                        const float* x, int64_t n_rows, bool int8, float* g, float* u, float* h, void* xq,
-                        void* hq, float* y, cudaStream_t stream) {
-    launch_linear(w.gate_type, gate, w.n_ff, w.n_embd, x, n_rows, int8, xq, g, stream);
+                        const ExpertBiases& biases, const float* x, int64_t n_rows, bool int8, float* g,
+                        float* u, float* h, void* xq, void* hq, float* y, cudaStream_t stream) {
+    if (w.act.gated()) launch_linear(w.gate_type, gate, w.n_ff, w.n_embd, x, n_rows, int8, xq, g, stream);
     launch_linear(w.up_type, up, w.n_ff, w.n_embd, x, n_rows, int8, xq, u, stream);
-    launch_silu_mul(g, u, n_rows * w.n_ff, h, stream);
+    launch_expert_activation(w.act, g, u, biases.gate, biases.up, n_rows, w.n_ff, h, stream);
     launch_linear(w.down_type, down, w.n_embd, w.n_ff, h, n_rows, int8, hq, y, stream);
+    if (biases.down != nullptr) launch_add_bias(y, biases.down, n_rows, w.n_embd, stream);
 }
 
 void GroupedExpertFfn::run_expert(int32_t e, const void* gate, const void* up, const void* down) {
     const Pieces p = carve(w_, n_tokens_, k_, int8_, scratch_, nullptr);
     const int64_t o = start_[static_cast<size_t>(e)], c = start_[static_cast<size_t>(e) + 1] - o;
-    launch_expert_rows(w_, gate, up, down, p.xg + o * w_.n_embd, c, int8_, p.g + o * w_.n_ff,
+    ExpertBiases biases;
+    if (w_.gate_b != nullptr) biases.gate = w_.gate_b + static_cast<int64_t>(e) * w_.n_ff;
+    if (w_.up_b != nullptr) biases.up = w_.up_b + static_cast<int64_t>(e) * w_.n_ff;
+    if (w_.down_b != nullptr) biases.down = w_.down_b + static_cast<int64_t>(e) * w_.n_embd;
+    launch_expert_rows(w_, gate, up, down, biases, p.xg + o * w_.n_embd, c, int8_, p.g + o * w_.n_ff,
                        p.u + o * w_.n_ff, p.h + o * w_.n_ff, p.xq, p.hq, p.partial + o * w_.n_embd, stream_);
 }
 

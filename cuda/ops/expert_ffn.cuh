@@ -1,5 +1,9 @@
-// Fused routed-expert FFN on the device: out[t] = sum_slot weight[t, slot] * down_e(silu(gate_e x) * up_e x)
-// for the k experts e = ids[t, slot] a token selected, summed in slot order (as the CPU does).
+// Fused routed-expert FFN on the device: out[t] = sum_slot weight[t, slot] * down_e(act(gate_e x, up_e x))
+// for the k experts e = ids[t, slot] a token selected, summed in slot order (as the CPU does). act is
+// SiLU(gate) * up, or an expert variant (ops/activation.cuh: gpt-oss's and DeepSeek-V4's clamped
+// SwiGLU, Nemotron-H's ungated relu^2 of up, whose gate rows are never read); experts with biases
+// (gpt-oss) add them to the gate, up and down products as cpu/ops/expert_ffn.cpp does (stacked
+// beside the stacked weights, or per slot in a slot table).
 //
 // Weights are the file's expert-major stacks, resident in VRAM: gate / up: [n_expert, n_ff, n_embd],
 // down: [n_expert, n_embd, n_ff], each of its own type (a file may mix them). Decode
@@ -22,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/activation.cuh"
 #include "quant/ggml_type.h"
 
 namespace sharpi::cuda {
@@ -32,6 +37,12 @@ struct ExpertWeights {
     const void* down;
     GgmlType gate_type, up_type, down_type;
     int64_t n_embd, n_ff;
+    ExpertActivation act{};
+    // Stacked expert biases on the device ([n_expert, n_ff], [n_expert, n_ff], [n_expert, n_embd]),
+    // null where the experts have none; the stacked decode and grouped paths read expert e's row.
+    const float* gate_b = nullptr;
+    const float* up_b = nullptr;
+    const float* down_b = nullptr;
 };
 
 // The most experts one token selects that a slot table holds (the decode launch passes it by value).
@@ -46,6 +57,10 @@ struct ExpertSlotTable {
     const void* gate[kMaxSlotTable];
     const void* up[kMaxSlotTable];
     const void* down[kMaxSlotTable];
+    // Each slot's expert biases ([n_ff], [n_ff], [n_embd] on the device), null where it has none.
+    const float* gate_b[kMaxSlotTable];
+    const float* up_b[kMaxSlotTable];
+    const float* down_b[kMaxSlotTable];
     uint32_t cpu_mask;
     const float* cpu_rows;
 };
@@ -96,12 +111,18 @@ void launch_expert_ffn_grouped(const ExpertWeights& w, const float* x, int64_t n
                                void* scratch, float* out, cudaStream_t stream);
 
 // One expert over n_rows contiguous activation rows x [n_rows, n_embd] -> y [n_rows, n_embd]: gate
-// and up products, silu·mul, down product through launch_linear (the grouped path's arithmetic,
-// GroupedExpertFfn::run_expert). Scratch: g, u, h [n_rows, n_ff] f32; xq, hq: q8 rows of n_embd and
-// n_ff for the int8 path (q8_act_row_bytes each, n_rows of them).
+// and up products (gate skipped for relu^2), w.act with the biases (null: none), down product and
+// its bias, through launch_linear (the grouped path's arithmetic, GroupedExpertFfn::run_expert).
+// Scratch: g, u, h [n_rows, n_ff] f32; xq, hq: q8 rows of n_embd and n_ff for the int8 path
+// (q8_act_row_bytes each, n_rows of them).
+struct ExpertBiases {
+    const float* gate = nullptr;
+    const float* up = nullptr;
+    const float* down = nullptr;
+};
 void launch_expert_rows(const ExpertWeights& w, const void* gate, const void* up, const void* down,
-                        const float* x, int64_t n_rows, bool int8, float* g, float* u, float* h, void* xq,
-                        void* hq, float* y, cudaStream_t stream);
+                        const ExpertBiases& biases, const float* x, int64_t n_rows, bool int8, float* g,
+                        float* u, float* h, void* xq, void* hq, float* y, cudaStream_t stream);
 
 // out[i] = x[rows[i]], rows of n floats (rows: device int32 [n_rows]).
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t n, float* out,

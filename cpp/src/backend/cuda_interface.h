@@ -188,6 +188,13 @@ struct OpExperts {
     size_t down_bytes;
     GgmlType gate_type, up_type, down_type;
     int64_t n_embd, n_ff, n_expert;
+    // The activation and stacked biases of ExpertFfnWeights (host [n_expert, n_ff] / [n_expert,
+    // n_embd], null: none): relu_sqr, else swiglu_clamp (DeepSeek-V4), else swiglu_limit (gpt-oss).
+    bool relu_sqr = false;
+    float swiglu_clamp = 0.0f, swiglu_limit = 0.0f;
+    const float* gate_b = nullptr;
+    const float* up_b = nullptr;
+    const float* down_b = nullptr;
 };
 std::vector<float> op_expert_ffn(const OpExperts& experts, const float* x, int64_t n_tokens,
                                  const int32_t* ids, const float* weights, int64_t k, bool int8,

@@ -90,24 +90,45 @@ py::array_t<float> op_matmul(int type, const ByteArray& w, int64_t n_rows, int64
 py::array_t<float> op_expert_ffn(int gate_type, const ByteArray& gate, int up_type, const ByteArray& up,
                                  int down_type, const ByteArray& down, int64_t n_embd, int64_t n_ff,
                                  int64_t n_expert, const FloatArray& x, const IntArray& ids,
-                                 const FloatArray& weights, bool int8, bool grouped) {
+                                 const FloatArray& weights, bool int8, bool grouped,
+                                 const std::string& activation, float limit,
+                                 const std::optional<FloatArray>& gate_b,
+                                 const std::optional<FloatArray>& up_b,
+                                 const std::optional<FloatArray>& down_b) {
     const int64_t n_tokens = n_embd > 0 ? static_cast<int64_t>(x.size()) / n_embd : 0;
     check_size(x, n_tokens * n_embd, "x");
     const int64_t k = n_tokens > 0 ? static_cast<int64_t>(ids.size()) / n_tokens : 0;
     check_size(ids, n_tokens * k, "ids");
     check_size(weights, n_tokens * k, "weights");
-    const cuda::OpExperts e{gate.data(),
-                            static_cast<size_t>(gate.size()),
-                            up.data(),
-                            static_cast<size_t>(up.size()),
-                            down.data(),
-                            static_cast<size_t>(down.size()),
-                            type_arg(gate_type),
-                            type_arg(up_type),
-                            type_arg(down_type),
-                            n_embd,
-                            n_ff,
-                            n_expert};
+    cuda::OpExperts e{gate.data(),
+                      static_cast<size_t>(gate.size()),
+                      up.data(),
+                      static_cast<size_t>(up.size()),
+                      down.data(),
+                      static_cast<size_t>(down.size()),
+                      type_arg(gate_type),
+                      type_arg(up_type),
+                      type_arg(down_type),
+                      n_embd,
+                      n_ff,
+                      n_expert};
+    // activation: "swiglu", "swiglu_oai" (gpt-oss, limit), "swiglu_clamped" (DeepSeek-V4, limit), "relu_sqr".
+    if (activation == "relu_sqr") {
+        e.relu_sqr = true;
+    } else if (activation == "swiglu_clamped") {
+        e.swiglu_clamp = limit;
+    } else if (activation == "swiglu_oai") {
+        e.swiglu_limit = limit;
+    } else if (activation != "swiglu") {
+        throw InvalidArgument("activation must be swiglu, swiglu_oai, swiglu_clamped or relu_sqr, got '" +
+                              activation + "'");
+    }
+    if (gate_b) check_size(*gate_b, n_expert * n_ff, "gate_b");
+    if (up_b) check_size(*up_b, n_expert * n_ff, "up_b");
+    if (down_b) check_size(*down_b, n_expert * n_embd, "down_b");
+    e.gate_b = gate_b ? gate_b->data() : nullptr;
+    e.up_b = up_b ? up_b->data() : nullptr;
+    e.down_b = down_b ? down_b->data() : nullptr;
     return to_array(cuda::op_expert_ffn(e, x.data(), n_tokens, ids.data(), weights.data(), k, int8, grouped));
 }
 
@@ -343,7 +364,8 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_op_expert_ffn", &op_expert_ffn, py::arg("gate_type"), py::arg("gate"), py::arg("up_type"),
           py::arg("up"), py::arg("down_type"), py::arg("down"), py::arg("n_embd"), py::arg("n_ff"),
           py::arg("n_expert"), py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("int8") = false,
-          py::arg("grouped") = false);
+          py::arg("grouped") = false, py::arg("activation") = "swiglu", py::arg("limit") = 0.0f,
+          py::arg("gate_b") = py::none(), py::arg("up_b") = py::none(), py::arg("down_b") = py::none());
 }
 
 }  // namespace sharpi::py_bindings
