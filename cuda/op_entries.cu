@@ -110,13 +110,24 @@ std::vector<float> op_rms_norm(const float* x, const float* weight, int64_t n_to
 }
 
 std::vector<float> op_rope(const float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
-                           int64_t n_rot, bool neox, float freq_base, float freq_scale) {
+                           int64_t n_rot, bool neox, const RopeParams& p) {
     require_device("rope");
     const int64_t ld = n_heads * head_dim;
     Stream stream;
     DeviceBuffer xd = upload(x, sizeof(float) * ld * n_tokens, stream, "rope input");
-    launch_rope(xd.as<float>(), ld, n_tokens, n_heads, head_dim, pos0, n_rot, neox, freq_base, freq_scale,
-                stream.get());
+    DeviceBuffer ff = upload(p.freq_factors, p.freq_factors ? sizeof(float) * (n_rot / 2) : 0, stream,
+                             "rope frequency factors");
+    DeviceRope r;
+    r.n_rot = n_rot;
+    r.neox = neox;
+    r.freq_base = p.freq_base;
+    r.freq_scale = p.freq_scale;
+    r.ext_factor = p.ext_factor;
+    r.corr_low = p.corr_low;
+    r.corr_high = p.corr_high;
+    r.mscale = p.mscale;
+    r.freq_factors = p.freq_factors ? ff.as<float>() : nullptr;
+    launch_rope(xd.as<float>(), ld, n_tokens, n_heads, head_dim, pos0, r, stream.get());
     return download<float>(xd, static_cast<size_t>(ld * n_tokens), stream, "rope");
 }
 

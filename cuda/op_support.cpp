@@ -113,8 +113,7 @@ std::string unsupported_op(const OpCall& call) {
                 return no("device attention takes head_dim up to " + std::to_string(kMaxHeadDim));
             if (sized(tag, "head_dim") >= 0) continue;
         } else if (call.op == "rope") {
-            if (tag == "yarn") return no("YaRN RoPE is not on the device");
-            if (tag == "freq_factors") return no("RoPE frequency factors (rope_freqs) are not on the device");
+            if (tag == "yarn" || tag == "freq_factors") continue;  // ops/rope.cuh
         } else if (call.op == "route_topk") {
             if (sized(tag, "n_expert") > kMaxExperts)
                 return no("the device router takes at most " + std::to_string(kMaxExperts) + " experts");

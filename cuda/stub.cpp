@@ -52,7 +52,8 @@ std::vector<float> op_matmul(GgmlType, const void*, size_t, int64_t, int64_t, co
 std::vector<float> op_rms_norm(const float*, const float*, int64_t, int64_t, float) {
     no_cuda("rms_norm");
 }
-std::vector<float> op_rope(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, float) {
+std::vector<float> op_rope(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                           const RopeParams&) {
     no_cuda("rope");
 }
 std::vector<float> op_silu_mul(const float*, const float*, int64_t) {

@@ -57,9 +57,7 @@ EXPECTED_BLOCKERS = {
 }
 # Blockers an architecture may add beyond EXPECTED_BLOCKERS depending on its tiny preset's router
 # (DeepSeek-V3's group-limited routing is not on the device).
-MAY_ALSO_BLOCK = {
-    "deepseek2": {"route_topk"}, "deepseek32": {"route_topk"}, "gpt-oss": {"route_topk", "rope"}, "llama4": {"rope"},
-}
+MAY_ALSO_BLOCK = {"deepseek2": {"route_topk"}, "deepseek32": {"route_topk"}}
 
 
 def _interface_ops() -> set[str]:
@@ -134,7 +132,7 @@ def test_the_table_refuses_types_and_variants_the_kernels_lack():
     assert "f32" in _internal.cuda_unsupported_op("attention", GGML_F16, "head_dim=64")
     assert _internal.cuda_unsupported_op("attention", GGML_F32, "head_dim=256") == ""
     assert "256" in _internal.cuda_unsupported_op("attention", GGML_F32, "head_dim=288")
-    assert "YaRN" in _internal.cuda_unsupported_op("rope", GGML_F32, "yarn")
+    assert _internal.cuda_unsupported_op("rope", GGML_F32, "yarn,freq_factors") == ""
     assert _internal.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=512") == ""
     assert "512" in _internal.cuda_unsupported_op("route_topk", GGML_F32, "n_expert=513")
     for variant in ("sigmoid,scale,selection_bias", "sqrt_softplus,scale", "sigmoid,rank_logits"):

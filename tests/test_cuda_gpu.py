@@ -170,6 +170,42 @@ def test_gpu_rope(neox, rng):
     np.testing.assert_allclose(got, np_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, neox, 1e6), atol=2e-6 * 8)
 
 
+def np_rope_angles(n_tokens, pos0, n_rot, freq_base, freq_scale, ext_factor, corr_low, corr_high, freq_factors):
+    """[n_tokens, n_rot / 2] angles of cpu/ops/rope.cpp in float64: YaRN's ramp and the factors."""
+    i = np.arange(n_rot // 2, dtype=np.float64)
+    inv_freq = freq_base ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    pos = np.arange(pos0, pos0 + n_tokens, dtype=np.float64)[:, None]
+    theta = pos * freq_scale * inv_freq
+    if ext_factor:
+        mix = (1.0 - np.clip((i - corr_low) / max(0.001, corr_high - corr_low), 0.0, 1.0)) * ext_factor
+        theta = theta * (1.0 - mix) + pos * inv_freq * mix
+    return theta
+
+
+@pytest.mark.parametrize("yarn, factors", [(True, False), (False, True)], ids=["yarn", "freq-factors"])
+def test_gpu_rope_yarn_and_frequency_factors(yarn, factors, rng):
+    """gpt-oss's YaRN (ramp over [corr_low, corr_high], mscale on cos and sin) and llama4's rope_freqs."""
+    n_tokens, n_heads, head_dim, n_rot, pos0, base = 5, 3, 64, 64, 70000, 150000.0
+    x = rng.standard_normal(n_tokens * n_heads * head_dim).astype(F32)
+    yarn_kw = {"freq_scale": 1 / 32, "ext_factor": 1.0, "corr_low": 8.0, "corr_high": 24.0, "mscale": 1.35}
+    yarn_kw = yarn_kw if yarn else {}
+    freq_factors = rng.uniform(1.0, 8.0, n_rot // 2).astype(F32) if factors else None
+    got = _internal.cuda_op_rope(x, n_tokens, n_heads, head_dim, pos0, n_rot, True, base, freq_factors=freq_factors,
+                                 **yarn_kw)  # fmt: skip
+    theta = np_rope_angles(n_tokens, pos0, n_rot, base, yarn_kw.get("freq_scale", 1.0), yarn_kw.get("ext_factor", 0.0),
+                           yarn_kw.get("corr_low", 0.0), yarn_kw.get("corr_high", 0.0), freq_factors)  # fmt: skip
+    m = yarn_kw.get("mscale", 1.0)
+    cos, sin = (np.cos(theta) * m)[:, None, :], (np.sin(theta) * m)[:, None, :]
+    v = x.reshape(n_tokens, n_heads, head_dim).astype(np.float64)
+    half = n_rot // 2
+    want = v.copy()
+    want[..., :half] = v[..., :half] * cos - v[..., half:n_rot] * sin  # NeoX pairs (i, i + n_rot / 2)
+    want[..., half:n_rot] = v[..., :half] * sin + v[..., half:n_rot] * cos
+    np.testing.assert_allclose(got, want.reshape(-1), atol=2e-6 * 8)
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 def test_gpu_router_softmax_topk(normalize, rng):
     n_tokens, n_expert, k = 7, 128, 8

@@ -165,8 +165,9 @@ std::vector<uint8_t> op_quantize_act(GgmlType weight, const float* x, int64_t n_
 std::vector<float> op_matmul(GgmlType type, const void* w, size_t w_bytes, int64_t n_rows, int64_t n_cols,
                              const float* x, int64_t n_tokens, bool int8, bool tiled);
 std::vector<float> op_rms_norm(const float* x, const float* weight, int64_t n_tokens, int64_t n, float eps);
+// p: the angle's parameters (freq_base, freq_scale, YaRN, freq_factors: host [n_rot / 2] or null).
 std::vector<float> op_rope(const float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
-                           int64_t n_rot, bool neox, float freq_base, float freq_scale);
+                           int64_t n_rot, bool neox, const RopeParams& p);
 std::vector<float> op_silu_mul(const float* gate, const float* up, int64_t n);
 // ids then weights, each [n_tokens, k], as floats (ids exact: they are < 2^24). params as the
 // CPU's route_topk takes them (selection_bias a host array of n_expert; no expert groups).

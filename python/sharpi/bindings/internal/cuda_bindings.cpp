@@ -304,13 +304,26 @@ void bind_cuda(py::module_& m) {
     m.def(
         "cuda_op_rope",
         [](const FloatArray& x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
-           int64_t n_rot, bool neox, float freq_base, float freq_scale) {
+           int64_t n_rot, bool neox, float freq_base, float freq_scale, float ext_factor, float corr_low,
+           float corr_high, float mscale, const std::optional<FloatArray>& freq_factors) {
             check_size(x, n_tokens * n_heads * head_dim, "x");
-            return to_array(cuda::op_rope(x.data(), n_tokens, n_heads, head_dim, pos0, n_rot, neox, freq_base,
-                                          freq_scale));
+            RopeParams p;
+            p.freq_base = freq_base;
+            p.freq_scale = freq_scale;
+            p.ext_factor = ext_factor;
+            p.corr_low = corr_low;
+            p.corr_high = corr_high;
+            p.mscale = mscale;
+            if (freq_factors) {
+                check_size(*freq_factors, n_rot / 2, "freq_factors");
+                p.freq_factors = freq_factors->data();
+            }
+            return to_array(cuda::op_rope(x.data(), n_tokens, n_heads, head_dim, pos0, n_rot, neox, p));
         },
         py::arg("x"), py::arg("n_tokens"), py::arg("n_heads"), py::arg("head_dim"), py::arg("pos0"),
-        py::arg("n_rot"), py::arg("neox"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f);
+        py::arg("n_rot"), py::arg("neox"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f,
+        py::arg("ext_factor") = 0.0f, py::arg("corr_low") = 0.0f, py::arg("corr_high") = 0.0f,
+        py::arg("mscale") = 1.0f, py::arg("freq_factors") = py::none());
     m.def(
         "cuda_op_silu_mul",
         [](const FloatArray& gate, const FloatArray& up) {
