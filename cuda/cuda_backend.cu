@@ -279,18 +279,10 @@ void CudaBackend::scale_rows_sigmoid(const Act& x, const Act& s) {
 void CudaBackend::rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                        int64_t pos0, const RopeParams& p) {
     check(rope_call(p));
-    DeviceRope r;
-    r.n_rot = p.n_rot;
-    r.neox = p.type == RopeType::neox;
-    r.freq_base = p.freq_base;
-    r.freq_scale = p.freq_scale;
-    r.ext_factor = p.ext_factor;
-    r.corr_low = p.corr_low;
-    r.corr_high = p.corr_high;
-    r.mscale = p.mscale;
     // The factors are host floats of the model (rope_freqs), n_rot / 2 of them: copied per call.
-    r.freq_factors = p.freq_factors ? upload(p.freq_factors, p.n_rot / 2, "rope frequency factors") : nullptr;
-    launch_rope(x, ld, n_tokens, n_heads, head_dim, pos0, r, stream_.get());
+    const float* factors =
+        p.freq_factors ? upload(p.freq_factors, p.n_rot / 2, "rope frequency factors") : nullptr;
+    launch_rope(x, ld, n_tokens, n_heads, head_dim, pos0, device_rope(p, factors), stream_.get());
 }
 
 // ---- attention ----------------------------------------------------------------------------------

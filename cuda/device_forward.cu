@@ -494,11 +494,7 @@ void CudaForward::layer(int il, int64_t T, int64_t pos, GateObserver* observer) 
         launch_rms_norm(q, L.q_norm, T, n_q, h.rms_eps, q, s);
         launch_rms_norm(k_new, L.k_norm, T, n_kv, h.rms_eps, k_new, s);
     }
-    DeviceRope rope;  // plain RoPE: device_plan refuses YaRN and frequency factors here
-    rope.n_rot = h.rope.n_rot;
-    rope.neox = h.rope.type == RopeType::neox;
-    rope.freq_base = h.rope.freq_base;
-    rope.freq_scale = h.rope.freq_scale;
+    const DeviceRope rope = device_rope(h.rope, nullptr);  // device_plan refuses frequency factors here
     launch_rope(q, n_q, T, h.n_head, hd, pos, rope, s);
     launch_rope(k_new, n_kv, T, h.n_head_kv, hd, pos, rope, s);
     launch_attention(q, k_cache(il), v_cache(il), T, pos, h.n_head, h.n_head_kv, hd,

@@ -117,17 +117,11 @@ std::vector<float> op_rope(const float* x, int64_t n_tokens, int64_t n_heads, in
     DeviceBuffer xd = upload(x, sizeof(float) * ld * n_tokens, stream, "rope input");
     DeviceBuffer ff = upload(p.freq_factors, p.freq_factors ? sizeof(float) * (n_rot / 2) : 0, stream,
                              "rope frequency factors");
-    DeviceRope r;
-    r.n_rot = n_rot;
-    r.neox = neox;
-    r.freq_base = p.freq_base;
-    r.freq_scale = p.freq_scale;
-    r.ext_factor = p.ext_factor;
-    r.corr_low = p.corr_low;
-    r.corr_high = p.corr_high;
-    r.mscale = p.mscale;
-    r.freq_factors = p.freq_factors ? ff.as<float>() : nullptr;
-    launch_rope(xd.as<float>(), ld, n_tokens, n_heads, head_dim, pos0, r, stream.get());
+    RopeParams q = p;
+    q.n_rot = n_rot;
+    q.type = neox ? RopeType::neox : RopeType::normal;
+    launch_rope(xd.as<float>(), ld, n_tokens, n_heads, head_dim, pos0,
+                device_rope(q, p.freq_factors ? ff.as<float>() : nullptr), stream.get());
     return download<float>(xd, static_cast<size_t>(ld * n_tokens), stream, "rope");
 }
 

@@ -325,26 +325,38 @@ def test_gpu_attention_limits_and_sinks(window, chunk, with_sinks, rng):
 # ---- fused expert FFN ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
-def test_gpu_expert_ffn_grouped_equals_decode_and_float64(qtype, int8, rng):
-    if int8 and qtype == Q.F32:
-        pytest.skip("f32 weights have no int8 path (they take the exact one in both modes)")
-    n_embd, n_ff, n_expert, k, n_tokens = 512, 256, 8, 2, 11
+def random_expert_inputs(qtype, n_embd, n_ff, n_expert, k, n_tokens, rng):
+    """Stacked gate / up / down of qtype, the input rows, k distinct experts per token and their weights."""
     gate = random_rows(qtype, n_expert * n_ff, n_embd, rng)
     up = random_rows(qtype, n_expert * n_ff, n_embd, rng)
     down = random_rows(qtype, n_expert * n_embd, n_ff, rng)
     x = (rng.standard_normal(n_tokens * n_embd) * 0.5).astype(F32)
     ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
     weights = rng.uniform(0.1, 1.0, size=(n_tokens, k)).astype(F32)
+    return gate, up, down, x, ids, weights
+
+
+def dequantized_experts(qtype, gate, up, down, n_expert, n_ff, n_embd):
+    """The stacked gate, up [n_expert, n_ff, n_embd] and down [n_expert, n_embd, n_ff] in float64."""
+    g = oracle_dequantize(qtype, gate, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd)
+    u = oracle_dequantize(qtype, up, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd)
+    d = oracle_dequantize(qtype, down, n_expert * n_embd, n_ff).reshape(n_expert, n_embd, n_ff)
+    return g.astype(np.float64), u.astype(np.float64), d.astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_gpu_expert_ffn_grouped_equals_decode_and_float64(qtype, int8, rng):
+    if int8 and qtype == Q.F32:
+        pytest.skip("f32 weights have no int8 path (they take the exact one in both modes)")
+    n_embd, n_ff, n_expert, k, n_tokens = 512, 256, 8, 2, 11
+    gate, up, down, x, ids, weights = random_expert_inputs(qtype, n_embd, n_ff, n_expert, k, n_tokens, rng)
     args = (int(qtype), gate, int(qtype), up, int(qtype), down, n_embd, n_ff, n_expert, x, ids.reshape(-1),
             weights.reshape(-1))
     decode = _internal.cuda_op_expert_ffn(*args, int8=int8, grouped=False)
     grouped = _internal.cuda_op_expert_ffn(*args, int8=int8, grouped=True)
     assert np.array_equal(bits(decode), bits(grouped))
-    g = oracle_dequantize(qtype, gate, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
-    u = oracle_dequantize(qtype, up, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
-    d = oracle_dequantize(qtype, down, n_expert * n_embd, n_ff).reshape(n_expert, n_embd, n_ff).astype(np.float64)
+    g, u, d = dequantized_experts(qtype, gate, up, down, n_expert, n_ff, n_embd)
     xd = x.reshape(n_tokens, n_embd).astype(np.float64)
     want = np.zeros((n_tokens, n_embd))
     for t in range(n_tokens):
@@ -377,12 +389,7 @@ def test_gpu_expert_ffn_variants_grouped_equal_decode_and_float64(activation, li
     up alone) through the stacked decode and the grouped path."""
     qtype = Q.Q8_0
     n_embd, n_ff, n_expert, k, n_tokens = 512, 256, 8, 4, 9
-    gate = random_rows(qtype, n_expert * n_ff, n_embd, rng)
-    up = random_rows(qtype, n_expert * n_ff, n_embd, rng)
-    down = random_rows(qtype, n_expert * n_embd, n_ff, rng)
-    x = (rng.standard_normal(n_tokens * n_embd) * 0.5).astype(F32)
-    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
-    weights = rng.uniform(0.1, 1.0, size=(n_tokens, k)).astype(F32)
+    gate, up, down, x, ids, weights = random_expert_inputs(qtype, n_embd, n_ff, n_expert, k, n_tokens, rng)
     bias = {}
     if biases:
         bias = {"gate_b": (rng.standard_normal(n_expert * n_ff) * 0.3).astype(F32),
@@ -394,9 +401,7 @@ def test_gpu_expert_ffn_variants_grouped_equal_decode_and_float64(activation, li
     decode = _internal.cuda_op_expert_ffn(*args, grouped=False, **kw)
     grouped = _internal.cuda_op_expert_ffn(*args, grouped=True, **kw)
     assert np.array_equal(bits(decode), bits(grouped))
-    g = oracle_dequantize(qtype, gate, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
-    u = oracle_dequantize(qtype, up, n_expert * n_ff, n_embd).reshape(n_expert, n_ff, n_embd).astype(np.float64)
-    d = oracle_dequantize(qtype, down, n_expert * n_embd, n_ff).reshape(n_expert, n_embd, n_ff).astype(np.float64)
+    g, u, d = dequantized_experts(qtype, gate, up, down, n_expert, n_ff, n_embd)
     bg, bu, bd = (bias[n].astype(np.float64).reshape(n_expert, -1) if biases else np.zeros((n_expert, m))
                   for n, m in (("gate_b", n_ff), ("up_b", n_ff), ("down_b", n_embd)))  # fmt: skip
     xd = x.reshape(n_tokens, n_embd).astype(np.float64)

@@ -39,6 +39,20 @@ __global__ void rope_kernel(float* x, int64_t ld, int64_t n_tokens, int64_t n_he
 
 }  // namespace
 
+DeviceRope device_rope(const RopeParams& p, const float* freq_factors) {
+    DeviceRope r;
+    r.n_rot = p.n_rot;
+    r.neox = p.type == RopeType::neox;
+    r.freq_base = p.freq_base;
+    r.freq_scale = p.freq_scale;
+    r.ext_factor = p.ext_factor;
+    r.corr_low = p.corr_low;
+    r.corr_high = p.corr_high;
+    r.mscale = p.mscale;
+    r.freq_factors = freq_factors;
+    return r;
+}
+
 void launch_rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
                  const DeviceRope& rope, cudaStream_t stream) {
     const int64_t n = n_tokens * n_heads * (rope.n_rot / 2);

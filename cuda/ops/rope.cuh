@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "backend/op_types.h"
+
 namespace sharpi::cuda {
 
 // RopeParams (backend/op_types.h) with the frequency factors on the device.
@@ -19,6 +21,9 @@ struct DeviceRope {
     float ext_factor = 0.0f, corr_low = 0.0f, corr_high = 0.0f, mscale = 1.0f;
     const float* freq_factors = nullptr;  // [n_rot / 2] on the device; null: none
 };
+
+// p's angle as the kernel takes it, with its frequency factors already on the device (null: none).
+DeviceRope device_rope(const RopeParams& p, const float* freq_factors);
 
 // x: [n_tokens, n_heads * head_dim] with row stride ld; token t has position pos0 + t.
 void launch_rope(float* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0,
