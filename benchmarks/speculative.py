@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -123,9 +124,17 @@ def cmd_e2e(args) -> None:
             kw.update(ram_budget=budget_for(sharpi, path, fraction, args.threads, **kw), reader="pread")
         # Streamed, each --predictor at the same RAM budget (its staging slots come out of it): the
         # verify step's draft rows are predicted and prefetched layer by layer (docs/predictors.md).
-        for predictor in (args.predictor if fraction > 0 else ["none"]):
+        variants = [(p, e) for p in (args.predictor if fraction > 0 else ["none"])
+                    for e in (args.echo if p != "none" else ["on"])]
+        for predictor, echo in variants:
             name = label if predictor == "none" else f"{label} +{predictor}"
+            if echo == "off":
+                name += " echo-off"
+            # SHARPI_ECHO_PREFETCH is read when the session opens: off, a step's first MoE layers are
+            # not staged from its rows' earlier occurrences (the draft tokens' own experts).
+            os.environ["SHARPI_ECHO_PREFETCH"] = "0" if echo == "off" else "1"
             s = sharpi.Session(path, threads=args.threads, predictor=predictor, **kw)
+            os.environ.pop("SHARPI_ECHO_PREFETCH")
             engines[name] = lambda s=s: sharpi_run(s, None, prompts, args.n_gen)
             for kind, suffix in (("ngram-simple", " ngram"), ("draft-mtp", " mtp")):
                 if kind == "draft-mtp" and not mtp:
@@ -222,22 +231,26 @@ def token_stream(session, text: bool, rng):
 
 
 def cmd_verify_cost(args) -> None:
-    import os
-
     import sharpi
     from sharpi.models import default_model_path
 
     path = args.model or str(default_model_path())
     for fraction in args.budget_fraction:
-        variants = [(True, "none")]
+        variants = [(True, "none", False)]
         if fraction > 0:
-            variants += [(False, "none")] + [(True, p) for p in args.predictor if p != "none"]
-        for read_ahead, predictor in variants:
+            variants += [(False, "none", False)]
+            for p in args.predictor:
+                if p != "none":
+                    variants += [(True, p, False), (True, p, True)]
+        for read_ahead, predictor, echo in variants:
             rng = np.random.default_rng(1)
             # The verify step's draft rows: each next layer's experts guessed and read while a layer
             # computes (the engine's multi-token read-ahead, steps of 32 rows and more), or not
-            # (SHARPI_READ_AHEAD=0); with a predictor, each draft row's experts predicted layer by layer.
+            # (SHARPI_READ_AHEAD=0); with a predictor, each draft row's experts predicted layer by
+            # layer, and with echo the step's first MoE layers staged from each row's earlier
+            # occurrence before the step's first gate (SHARPI_ECHO_PREFETCH).
             os.environ["SHARPI_READ_AHEAD"] = "1" if read_ahead else "0"
+            os.environ["SHARPI_ECHO_PREFETCH"] = "1" if echo else "0"
             kw = {"threads": args.threads, "n_ctx": args.ctx, "max_draft_tokens": args.draft}
             if fraction > 0:
                 kw.update(ram_budget=budget_for(sharpi, path, fraction, args.threads, n_ctx=args.ctx,
@@ -255,7 +268,8 @@ def cmd_verify_cost(args) -> None:
             t, mib, stall, hit = ({k: statistics.median(r[i] for r in v) for k, v in per_round.items()}
                                   for i in range(4))
             label = ("resident" if fraction == 0 else
-                     f"{fraction:.0%} of experts, read-ahead {'on' if read_ahead else 'off'}, predictor {predictor}")
+                     f"{fraction:.0%} of experts, read-ahead {'on' if read_ahead else 'off'}, predictor {predictor}"
+                     + (f", echo {'on' if echo else 'off'}" if predictor != "none" else ""))
             print(f"\n{path} {label}: one token {t[0] * 1e3:.1f} ms, {mib[0]:.0f} MiB read, "
                   f"stall {stall[0]:.1f} ms, hit rate {hit[0]:.2f}")
             print("| k | verify ms | ÷ one token | MiB read | stall ms | hit rate | speedup a=0.6 | a=0.8 | a=0.9 |")
@@ -269,6 +283,7 @@ def cmd_verify_cost(args) -> None:
                       + " | ".join(cells) + " |")
             s.close()
     os.environ.pop("SHARPI_READ_AHEAD", None)
+    os.environ.pop("SHARPI_ECHO_PREFETCH", None)
 
 
 def main() -> None:
@@ -292,6 +307,8 @@ def main() -> None:
     e2e.add_argument("--mtp", default=None, help="a file holding the model's MTP block (default: the shipped head "
                      "for the shipped model, else none)")
     e2e.add_argument("--json", default=None)
+    e2e.add_argument("--echo", type=lambda s: s.split(","), default=["on"],
+                     help="streamed runs with a predictor: echo guesses on, off or on,off (side by side)")
     sub.choices["verify-cost"].add_argument("--iters", type=int, default=8)
     sub.choices["verify-cost"].add_argument("--text", action="store_true",
                                             help="steps take held-out text in order (a trained model), not random ids")

@@ -8,6 +8,7 @@
 #include "cpu/cpu_backend.h"
 #include "model/forward.h"
 #include "moe/cpu_miss.h"
+#include "predict/echo_guess.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
 
@@ -57,6 +58,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     kv_shape_ = kv_layout(h, plan.type_k, plan.type_v);
     n_ctx_ = plan.n_ctx;
     if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
+    if (const char* env = std::getenv("SHARPI_ECHO_PREFETCH")) echo_prefetch_ = std::string(env) != "0";
     if (options.mtp) {
         mtp_ = std::make_unique<MtpHead>(*model_, options.mtp_file);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
@@ -178,6 +180,7 @@ void Engine::reset(int32_t seq) {
         r.weights.clear();
     }
     s.selections.clear();
+    s.tokens.clear();
     s.replay_history = false;
 }
 
@@ -207,6 +210,7 @@ void Engine::truncate(int64_t n_keep, int32_t seq) {
     }
     if (prefetcher_) {
         s.selections.resize(static_cast<size_t>(n_keep * model_->hp.n_layer * model_->hp.n_expert_used));
+        s.tokens.resize(static_cast<size_t>(n_keep));
         s.replay_history = true;
     }
 }
@@ -251,6 +255,7 @@ int32_t Engine::fork_sequence(int32_t src, int64_t n_keep) {
         const size_t row = static_cast<size_t>(model_->hp.n_layer * model_->hp.n_expert_used);
         s.selections.assign(from.selections.begin(),
                             from.selections.begin() + static_cast<ptrdiff_t>(n_keep * row));
+        s.tokens.assign(from.tokens.begin(), from.tokens.begin() + static_cast<ptrdiff_t>(n_keep));
         s.replay_history = true;
     }
     return s.id;
@@ -279,6 +284,7 @@ void Engine::install_predictor(std::shared_ptr<Predictor> predictor) {
         for (int32_t id : sequences_->ids()) {
             Sequence& s = sequences_->at(id);
             s.selections.resize(static_cast<size_t>(s.n_past) * row, -1);
+            s.tokens.resize(static_cast<size_t>(s.n_past), -1);
             s.replay_history = s.n_past > 0;
         }
         PrefetchShape shape;
@@ -418,7 +424,7 @@ std::vector<std::vector<float>> Engine::decode_batch(const std::vector<SequenceT
             if (followed) forget_failed_step(s);
         } else {
             if (prefetcher_) {
-                record_selections(s, row0, n, step_rows);
+                record_selections(s, entries[e].tokens, row0, n, step_rows);
                 if (followed && n > 1) {
                     pass_step_context(s, n);
                 } else if (single && !followed && n > 1) {
@@ -470,8 +476,10 @@ void Engine::pass_batch_context(Sequence& s, int64_t n) {
     prefetcher_->observe_context(s.selections.data() + (s.n_past - lead) * row, lead + n - 1, new_sequence);
 }
 
-void Engine::record_selections(Sequence& s, int64_t row0, int64_t n, int64_t step_rows) {
+void Engine::record_selections(Sequence& s, const std::vector<token_t>& tokens, int64_t row0, int64_t n,
+                               int64_t step_rows) {
     const HParams& h = model_->hp;
+    s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.begin() + n);
     const int64_t k = h.n_expert_used, row = h.n_layer * k;
     const size_t first = s.selections.size();
     s.selections.resize(first + static_cast<size_t>(n * row), -1);
@@ -529,7 +537,80 @@ int64_t Engine::begin_prefetch_step(const std::vector<SequenceTokens>& entries,
         }
     }
     prefetcher_->begin_step(rows);
+    if (echo_prefetch_) stage_echo_guesses(entries, seqs);
     return followed;
+}
+
+void Engine::stage_echo_guesses(const std::vector<SequenceTokens>& entries,
+                                const std::vector<Sequence*>& seqs) {
+    const HParams& h = model_->hp;
+    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    std::vector<std::vector<int32_t>> guesses;  // per observed row, [row]
+    for (size_t e = 0; e < entries.size(); ++e) {
+        if (!observed_entry(entries[e])) continue;
+        const Sequence& s = *seqs[e];
+        const std::vector<token_t>& t = entries[e].tokens;
+        const std::vector<int32_t> g = echo_guess(s.tokens.data(), s.selections.data(), s.n_past, row,
+                                                  t.data(), static_cast<int64_t>(t.size()));
+        for (size_t r = 0; r < t.size(); ++r)
+            guesses.emplace_back(g.begin() + static_cast<ptrdiff_t>(r) * row,
+                                 g.begin() + static_cast<ptrdiff_t>(r + 1) * row);
+    }
+    // The first `lookahead` MoE layers, each for every row before the next layer's: the predictor
+    // covers the later ones from each layer's gate.
+    int staged = 0;
+    for (int il = 0; il < h.n_layer && staged < options_.lookahead; ++il) {
+        if (cache_->expert_bytes(il) == 0) continue;  // a dense layer
+        for (const std::vector<int32_t>& g : guesses) prefetcher_->stage_guesses(il, g.data() + il * k, k);
+        ++staged;
+    }
+}
+
+StepReadEstimate Engine::predict_step_reads(int32_t seq, const std::vector<token_t>& tokens) const {
+    const Sequence& s = sequences_->at(seq);
+    const HParams& h = model_->hp;
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] >= h.n_vocab)
+            throw InvalidArgument("predict_step_reads: token " + std::to_string(tokens[i]) + " at index " +
+                                  std::to_string(i) + " is outside the vocabulary [0, " +
+                                  std::to_string(h.n_vocab) + ")");
+    }
+    StepReadEstimate out;
+    out.bytes.assign(static_cast<size_t>(n), 0.0);
+    if (cache_ == nullptr || n == 0) return out;  // resident: a step reads nothing
+    out.bytes_per_ms = cache_->reader().bytes_per_ms();
+    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    std::vector<int32_t> guess(static_cast<size_t>(n * row), -1);
+    if (prefetcher_) {  // the history exists only with a prefetcher (record_selections)
+        guess = echo_guess(s.tokens.data(), s.selections.data(), s.n_past, row, tokens.data(), n);
+    }
+    std::vector<int32_t> missing;  // this layer's guessed experts not present, over the rows so far
+    for (int il = 0; il < h.n_layer; ++il) {
+        const double expert_bytes = static_cast<double>(cache_->expert_bytes(il));
+        if (expert_bytes == 0.0) continue;
+        int64_t held = 0;
+        for (int32_t e = 0; e < h.n_expert; ++e) held += cache_->present(il, e);
+        // A row without a guess: top_k experts, each absent as often as the layer's experts are.
+        const double unknown_misses = static_cast<double>(k) * (1.0 - static_cast<double>(held) / h.n_expert);
+        missing.clear();
+        double unknown = 0.0;
+        for (int64_t r = 0; r < n; ++r) {
+            const int32_t* g = guess.data() + r * row + il * k;
+            if (std::any_of(g, g + k, [](int32_t e) { return e >= 0; })) {
+                for (int64_t j = 0; j < k; ++j) {
+                    if (g[j] < 0 || cache_->present(il, g[j])) continue;
+                    if (std::find(missing.begin(), missing.end(), g[j]) == missing.end())
+                        missing.push_back(g[j]);
+                }
+            } else {
+                unknown += unknown_misses;
+            }
+            out.bytes[static_cast<size_t>(r)] +=
+                (static_cast<double>(missing.size()) + unknown) * expert_bytes;
+        }
+    }
+    return out;
 }
 
 void Engine::pass_step_context(Sequence& s, int64_t n) {

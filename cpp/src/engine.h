@@ -80,6 +80,8 @@ class Engine final : private GateObserver {
     // head, chained; with `logits`, each draft position's [n_vocab] logits appended. InvalidArgument
     // without SessionOptions::mtp, for an empty sequence, a token outside the vocabulary or n < 1.
     std::vector<token_t> draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits = nullptr);
+    // What a step of `tokens` on `seq` would read (Session::predict_step_reads).
+    StepReadEstimate predict_step_reads(int32_t seq, const std::vector<token_t>& tokens) const;
     // Asks the running decode(), or the next one, to stop: it throws CancelledError at its next
     // check (before each prefill chunk, each layer and each expert wave of a batch) and appends
     // nothing; the request is then consumed. reset() drops a request no decode has seen yet.
@@ -147,8 +149,13 @@ class Engine final : private GateObserver {
     // just before the batch (every kept token when its history is not s's), so history-keeping
     // predictors see a prompt as if decoded token by token.
     void pass_batch_context(Sequence& s, int64_t n);
-    // After a successful step of step_rows rows: rows [row0, row0 + n) of routing_ join s.selections.
-    void record_selections(Sequence& s, int64_t row0, int64_t n, int64_t step_rows);
+    // The observed rows' echo guesses (predict/echo_guess.h) of the first `lookahead` MoE layers, to
+    // the prefetcher at the step's start (begin_prefetch_step): no gate precedes those layers.
+    void stage_echo_guesses(const std::vector<SequenceTokens>& entries, const std::vector<Sequence*>& seqs);
+    // After a successful step of step_rows rows: rows [row0, row0 + n) of routing_ join s.selections
+    // and the entry's first n tokens s.tokens.
+    void record_selections(Sequence& s, const std::vector<token_t>& tokens, int64_t row0, int64_t n,
+                           int64_t step_rows);
     // A new Sequence with its KV cache and recurrent state (sequence_table.h's factory).
     std::unique_ptr<Sequence> make_sequence() const;
 
@@ -175,6 +182,9 @@ class Engine final : private GateObserver {
     // computes (docs/streaming_io.md): prefill, and a speculative verify step's draft rows.
     // SHARPI_READ_AHEAD=0 in the environment turns it off (benchmarks measure what it saves).
     bool read_ahead_ = true;
+    // With a prefetcher, each observed step's first MoE layers are staged from echo guesses
+    // (stage_echo_guesses). SHARPI_ECHO_PREFETCH=0 turns it off (benchmarks measure what it saves).
+    bool echo_prefetch_ = true;
     std::unique_ptr<MtpHead> mtp_;               // SessionOptions::mtp
     std::unique_ptr<ExpertSource> mtp_experts_;  // the head's experts, resident
     ExpertCache* cache_ = nullptr;               // experts_ when streaming, else nullptr

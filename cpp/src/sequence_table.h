@@ -19,6 +19,7 @@
 
 #include "model/kv_cache.h"
 #include "model/recurrent_state.h"
+#include "sharpi/types.h"
 
 namespace sharpi {
 
@@ -31,6 +32,9 @@ struct Sequence {
     // no routing), so the predictor's history can be handed over again (after a truncate(), a failed
     // token, or when another sequence used the predictor in between).
     std::vector<int32_t> selections;
+    // With a prefetcher: the kept tokens [n_past] beside `selections` (-1 where unknown), whose
+    // echo guesses (predict/echo_guess.h) stage a step's first MoE layers and price draft lengths.
+    std::vector<token_t> tokens;
     // The predictor's history must be rebuilt from `selections` before its next token.
     bool replay_history = false;
     // With an MTP head (SessionOptions::mtp): its KV cache (row p: the pair of position p's hidden

@@ -67,6 +67,10 @@ void Session::truncate(int32_t seq, int64_t n_keep) {
     engine_->truncate(n_keep, seq);
 }
 
+StepReadEstimate Session::predict_step_reads(int32_t seq, const std::vector<token_t>& tokens) const {
+    return engine_->predict_step_reads(seq, tokens);
+}
+
 std::vector<token_t> Session::draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits) {
     return engine_->draft_mtp(seq, next, n, logits);
 }

@@ -287,6 +287,18 @@ class Session:
         tokens, logits = self._core.draft_mtp(seq_id, int(next_token), int(n), bool(with_logits))
         return (tokens, logits) if with_logits else tokens
 
+    def predict_step_reads(self, tokens: list, seq: Union[int, "Sequence"] = 0) -> dict:
+        """What a step decoding `tokens` on `seq` next would read from the file, reading and
+        changing nothing: {"bytes": [bytes of a step of the first j + 1 tokens, for each j],
+        "bytes_per_ms": the reader's measured bandwidth (0 until measured)}. The experts each token
+        chose at its latest earlier occurrence in the sequence (after the same previous token when
+        there is one) count when the cache does not hold them; a token never seen counts top_k
+        experts per MoE layer, each missing as often as that layer's experts are now. All 0 when
+        every expert is resident; the history exists only with a predictor (else every token is
+        unseen). The residency-aware draft length (speculative.DraftLength) prices drafts with it."""
+        seq_id = seq.id if isinstance(seq, Sequence) else int(seq)
+        return self._core.predict_step_reads(seq_id, [int(t) for t in tokens])
+
     # -- several sequences (continuous batching) ----------------------------------------------
     def sequence(self, seq_id: int = 0) -> "Sequence":
         """The handle of a sequence the session holds (0: the one decode() and generate() use)."""

@@ -209,26 +209,36 @@ class SpecStats:
 
 class DraftLength:
     """The draft length chosen per step (--spec-draft-auto): the k in [0, n_max] with the most
-    expected tokens per second of verify step, from what the session has measured.
+    expected tokens per second of verify step.
 
     Model. With a_i the acceptance rate at draft position i (given every earlier one was kept:
     Generation.verify stops at the first miss), a verify step of k drafts yields
-    E(k) = 1 + sum_{j=1..k} a_1 ... a_j tokens and costs c(k) seconds; k = argmax E(k) / c(k), and
-    k = 0 is plain decoding (E = 1, c(0)). a_i: kept / drafted at position i, counts decayed by
-    `decay` per step, with one prior draft at 0.5. c(k): the running mean of the measured steps of k
-    drafts (observe()); a k not measured yet is interpolated between measured ones, or, above the
+    E(k) = 1 + sum_{j=1..k} a_1 ... a_j tokens and costs c(k) = compute(k) + read(k) seconds;
+    k = argmax E(k) / c(k), and k = 0 is plain decoding (E = 1, c(0)). a_i: kept / drafted at
+    position i, counts decayed by `decay` per step, with one prior draft at 0.5.
+
+    read(k): the expert bytes the step would read from the file at the reader's measured bandwidth,
+    predicted before the step from the draft tokens themselves (Session.predict_step_reads: the
+    experts each token chose at its latest earlier occurrence that the cache does not hold now).
+    compute(k): what the steps of k drafts took (observe()) less their predicted reads, as a
+    running mean; a k not measured yet is interpolated between measured ones, or, above the
     largest, extrapolated with the measured slope (at least the prior `slope` x c(0) per draft).
-    The cost is measured, not predicted: under a RAM budget a verify step that misses the expert
-    cache costs what its reads cost, and k shrinks; with every expert resident, it costs the extra
-    rows' compute. Every `explore`-th step tries a k around the choice, so costs stay measured.
+    Resident, read(k) = 0 and c(k) is the measured step time.
+
+    Two decisions per step: choose() bounds the draft before it exists (the mean predicted read of
+    a row so far stands in for read(k)); trim() then cuts the drafted tokens to the best prefix
+    under their own predicted reads, so a draft whose tokens' experts are not resident shrinks and
+    one whose experts are held (a repeated span) keeps its length. Every `explore`-th step tries a k
+    around the choice, so costs stay measured.
     """
 
     def __init__(self, n_max: int, decay: float = 0.99, slope: float = 0.25, explore: int = 16):
         self.n_max, self.decay, self.slope, self.explore = n_max, decay, slope, explore
         self.drafted = [1.0] * n_max  # the prior: one draft at each position, half of it kept
         self.kept = [0.5] * n_max
-        self.cost_sum = [0.0] * (n_max + 1)
+        self.cost_sum = [0.0] * (n_max + 1)  # compute seconds (measured less predicted reads)
         self.cost_n = [0] * (n_max + 1)
+        self.read_row_sum, self.read_n = 0.0, 0  # predicted read seconds per row of the steps seen
         self.steps = 0
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
@@ -239,11 +249,14 @@ class DraftLength:
             self.drafted[i] += 1.0
             self.kept[i] += 1.0 if i < n_accepted else 0.0
 
-    def observe(self, n_drafted: int, seconds: float) -> None:
-        self.cost_sum[n_drafted] += seconds
+    def observe(self, n_drafted: int, seconds: float, read_seconds: float = 0.0) -> None:
+        """A step of n_drafted drafts took `seconds`, of which `read_seconds` were its predicted reads."""
+        self.cost_sum[n_drafted] += seconds - read_seconds
         self.cost_n[n_drafted] += 1
+        self.read_row_sum += read_seconds / (n_drafted + 1)
+        self.read_n += 1
 
-    def cost(self, k: int) -> float | None:
+    def compute(self, k: int) -> float | None:
         measured = [(j, self.cost_sum[j] / self.cost_n[j]) for j in range(self.n_max + 1) if self.cost_n[j]]
         if not measured:
             return None
@@ -264,6 +277,15 @@ class DraftLength:
         j_last, c_last = (below or above)[-1 if below else 0]
         per_draft = max(per_draft, self.slope * (base if base is not None else c_last / (1 + self.slope * j_last)))
         return c_last + per_draft * (k - j_last)
+
+    def cost(self, k: int, read_seconds: float | None = None) -> float | None:
+        """c(k): compute(k) plus `read_seconds`, or the mean predicted read of k + 1 rows."""
+        compute = self.compute(k)
+        if compute is None:
+            return None
+        if read_seconds is None:
+            read_seconds = (k + 1) * self.read_row_sum / self.read_n if self.read_n else 0.0
+        return compute + read_seconds
 
     def expected_tokens(self, k: int) -> float:
         total, run = 1.0, 1.0
@@ -286,6 +308,15 @@ class DraftLength:
             best = min(limit, best + 1) if self.steps % (2 * self.explore) else max(0, best - 1)
         return best
 
+    def trim(self, read_seconds: list) -> int:
+        """The best number of drafts for a step whose prefix of j drafts would read
+        read_seconds[j] (j = 0 .. len - 1, the drafted ones): at most len(read_seconds) - 1.
+        An exploring step (choose()'s every `explore`-th) keeps its length."""
+        n = len(read_seconds) - 1
+        if n <= 0 or self.compute(0) is None or (self.explore and self.steps % self.explore == 0):
+            return max(n, 0)
+        return max(range(n + 1), key=lambda k: self.expected_tokens(k) / self.cost(k, read_seconds[k]))
+
 
 class Speculation:
     """A draft source and the draft length for Session.generate(speculative=...), the CLI and the
@@ -295,18 +326,24 @@ class Speculation:
     auto: each step's length is DraftLength's choice (the driver reports what steps cost through
     observe() and what they kept through record())."""
 
-    def __init__(self, source, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0, auto: bool = False):
+    def __init__(self, source, n_max: int = DEFAULT_DRAFT_N_MAX, n_min: int = 0, auto: bool = False,
+                 target=None):
         if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
             raise _core.InvalidArgument(f"speculative draft length n_max must be an integer >= 1, got {n_max!r}")
         if isinstance(n_min, bool) or not isinstance(n_min, int) or not 0 <= n_min <= n_max:
             raise _core.InvalidArgument(f"speculative n_min must be an integer in [0, n_max = {n_max}], got {n_min!r}")
         self.source, self.n_max, self.n_min = source, n_max, n_min
         self.length = DraftLength(n_max) if auto else None
+        # auto with a target session: each step's reads are predicted from its tokens
+        # (Session.predict_step_reads); the prediction for the step about to run, per key.
+        self.target = target if auto else None
+        self.pending_read_s: dict = {}
 
-    def observe(self, n_drafted: int, seconds: float) -> None:
-        """A decode step with n_drafted draft tokens (0: a plain one) took `seconds`."""
+    def observe(self, n_drafted: int, seconds: float, key: int = 0) -> None:
+        """A decode step of sequence `key` with n_drafted draft tokens (0: a plain one) took `seconds`."""
         if self.length is not None:
-            self.length.observe(n_drafted, seconds)
+            self.length.observe(n_drafted, seconds, self.pending_read_s.pop(key, 0.0))
+        self.pending_read_s.clear()  # older steps' predictions (slots that ran together, not timed)
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         """A verify step kept n_accepted of its n_drafted draft tokens."""
@@ -322,6 +359,7 @@ class Speculation:
 
     def forget(self, key: int) -> None:
         """The target sequence `key` was removed: a source that keeps state per key drops it."""
+        self.pending_read_s.pop(key, None)
         if hasattr(self.source, "forget"):
             self.source.forget(key)
 
@@ -329,10 +367,24 @@ class Speculation:
         """At most min(n_max, room) draft tokens after `context` (whose last id is the next token,
         not decoded yet); `key` is the id of the target sequence it drafts for (a server slot's)."""
         n = min(self.n_max, room) if self.length is None else self.length.choose(room)
-        if n < max(self.n_min, 1):
-            return []
-        out = self.source.draft(context, n, key)[:n]
-        return out if len(out) >= max(self.n_min, 1) else []
+        out = self.source.draft(context, n, key)[:n] if n >= max(self.n_min, 1) else []
+        if len(out) < max(self.n_min, 1):
+            out = []
+        if self.target is not None and context:
+            reads = self.read_seconds(context[-1], out, key)
+            if reads is not None:
+                j = self.length.trim(reads)
+                out = out[:j] if j >= max(self.n_min, 1) else []
+                self.pending_read_s[key] = reads[len(out)]
+        return out
+
+    def read_seconds(self, next_token: int, draft: list, key: int) -> list | None:
+        """[predicted read seconds of a step of next_token and the first j drafts, j = 0 ..
+        len(draft)], or None while the reader has no measured bandwidth (resident: all 0)."""
+        estimate = self.target.predict_step_reads([next_token, *draft], seq=key)
+        if estimate["bytes_per_ms"] <= 0.0:
+            return None
+        return [b / (estimate["bytes_per_ms"] * 1e3) for b in estimate["bytes"]]
 
     def close(self) -> None:
         self.source.close()
@@ -380,7 +432,7 @@ def open_speculation(target, spec_type: str | None, n_max: int = DEFAULT_DRAFT_N
             raise _core.InvalidArgument("--spec-type draft-simple needs a draft model (-md FILE)")
         source = ModelDraft(draft_model, target, threads=threads, n_seq=n_seq)
     try:
-        return Speculation(source, n_max, n_min, auto=auto)
+        return Speculation(source, n_max, n_min, auto=auto, target=target)
     except Exception:
         source.close()
         raise

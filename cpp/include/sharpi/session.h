@@ -83,6 +83,11 @@ class Session {
     // output. logits (optional): each draft position's [n_vocab] logits appended. The sequence is
     // unchanged. InvalidArgument without mtp, for an empty sequence, a bad token or n < 1.
     std::vector<token_t> draft_mtp(int32_t seq, token_t next, int n, std::vector<float>* logits = nullptr);
+    // What a step decoding `tokens` on `seq` next would read from the file (StepReadEstimate), for
+    // a speculative draft length chosen by what is resident. Reads and changes nothing; guesses
+    // need a prefetcher (a predictor while streaming), else every token counts as unknown.
+    // InvalidArgument for an unknown sequence or a token outside the vocabulary.
+    StepReadEstimate predict_step_reads(int32_t seq, const std::vector<token_t>& tokens) const;
     // The tokens of `seq` in the running (or next) decode_batch that holds it are not appended;
     // the others are. On a model with recurrent state the sequence must then be reset. Lock-free.
     void cancel_sequence(int32_t seq) noexcept;

@@ -55,6 +55,16 @@ struct SequenceTokens {
     bool rewindable = false;
 };
 
+// What a decode step would read from the model file (Session::predict_step_reads): bytes[j] for
+// a step of the first j + 1 tokens, the expert bytes its echo-guessed experts (the experts those
+// tokens chose at their latest earlier occurrences in the sequence) not held by the cache would
+// read; a token with no earlier occurrence counts top_k experts per MoE layer, each missing as
+// often as the layer's experts are absent now. All 0 with every expert resident.
+struct StepReadEstimate {
+    std::vector<double> bytes;
+    double bytes_per_ms = 0.0;  // the reader's measured bandwidth (0: not measured yet, or resident)
+};
+
 // One named activation captured during decode() when SessionOptions::dump_activations is set.
 // Name follows llama.cpp's convention with the layer appended: "ffn_moe_out-3", "result_norm".
 struct Activation {

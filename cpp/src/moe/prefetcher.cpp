@@ -177,6 +177,16 @@ void Prefetcher::issue(Row& row, int il, std::vector<PrefetchHint>& hints) {
     }
 }
 
+void Prefetcher::stage_guesses(int target_layer, const int32_t* experts, int64_t n) {
+    if (target_layer < 0 || target_layer >= n_layer_) return;
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t e = experts[i];
+        if (e < 0 || e >= n_expert_) continue;
+        cache_.hint(target_layer, e);
+        if (!cache_.present(target_layer, e)) start_read(target_layer, e);
+    }
+}
+
 bool Prefetcher::start_read(int t, int32_t e) {
     switch (cache_.prefetch(t, e)) {
         case ExpertCache::PrefetchOutcome::issued:

@@ -55,6 +55,11 @@ class Prefetcher final {
     // Layer il's gate fired for every row of the step (GateObserver::on_gate's layout).
     void on_gate(int il, int64_t n_rows, const float* hidden, const float* router_logits,
                  const int32_t* selected);
+    // Before the step's first gate: stages `experts` [n] guessed for layer `target_layer` (echo
+    // guesses, predict/echo_guess.h: the first MoE layers, which no gate precedes). Each is hinted
+    // to the cache and read into a staging slot unless present; none is scored as a prediction (the
+    // cache's prefetch_issued / prefetch_used count them). Ids outside [0, n_expert) are ignored.
+    void stage_guesses(int target_layer, const int32_t* experts, int64_t n);
     // A batched decode of n_tokens + 1 tokens finished: hands the first n_tokens tokens' selections
     // [n_tokens * n_layer * top_k] to the predictor (Predictor::observe_context). A throw is counted
     // and kept like observe()'s.

@@ -424,6 +424,19 @@ void bind_session(py::module_& m) {
             "Up to n greedy draft tokens after `next` from the MTP head (mtp=True): (tokens, logits "
             "[n, n_vocab] or None).")
         .def(
+            "predict_step_reads",
+            [](PySession& s, int32_t seq, const std::vector<token_t>& tokens) {
+                const StepReadEstimate r =
+                    locked(s, [&](Session& x) { return x.predict_step_reads(seq, tokens); });
+                py::dict d;
+                d["bytes"] = r.bytes;
+                d["bytes_per_ms"] = r.bytes_per_ms;
+                return d;
+            },
+            py::arg("seq"), py::arg("tokens"),
+            "What a step of `tokens` on sequence `seq` would read: {'bytes': [the bytes of a step of "
+            "the first j + 1 tokens, for each j], 'bytes_per_ms': the reader's measured bandwidth}.")
+        .def(
             "decode_batch",
             [](PySession& s,
                const std::vector<std::tuple<int32_t, std::vector<token_t>, bool, bool>>& entries) {

@@ -491,7 +491,9 @@ class Engine:
             outputs, error = [None] * len(entries), e
         if self.speculation is not None and len(entries) == 1 and not entries[0][0].todo and error is None:
             # A step of one decoding slot: what a verify step of its draft length costs alone.
-            self.speculation.observe(len(entries[0][0].draft), time.perf_counter() - t0)
+            slot = entries[0][0]
+            self.speculation.observe(len(slot.draft), time.perf_counter() - t0,
+                                     key=0 if slot.sequence is None else slot.sequence.id)
         self._step += 1
         n_tokens = sum(len(tokens) for _, tokens in entries)
         with self._state:

@@ -20,6 +20,7 @@
 #include "internal.h"
 #include "model/model.h"
 #include "moe/prefetch_sizing.h"
+#include "predict/echo_guess.h"
 #include "predict/predictor.h"
 #include "sharpi/errors.h"
 
@@ -265,6 +266,25 @@ void bind_predict(py::module_& m) {
         py::arg("queued_bytes"), py::arg("layer_ms"), py::arg("timeliness"), py::arg("free_slots"),
         "The prefetcher's byte-sized plan for one call's hints: {sets: [(t, [experts])], reads: [(t, e)] in "
         "issue order, skipped: [(t, e)]} (docs/predictors.md)");
+    m.def(
+        "echo_guess",
+        [](const std::vector<token_t>& history,
+           const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& selections,
+           const std::vector<token_t>& step) {
+            if (selections.ndim() != 2 || static_cast<size_t>(selections.shape(0)) != history.size())
+                throw InvalidArgument("echo_guess: selections must be [len(history), row], got " +
+                                      shape_of(selections));
+            const int64_t row = selections.shape(1);
+            std::vector<int32_t> out =
+                echo_guess(history.data(), selections.data(), static_cast<int64_t>(history.size()), row,
+                           step.data(), static_cast<int64_t>(step.size()));
+            py::array_t<int32_t> a({static_cast<py::ssize_t>(step.size()), static_cast<py::ssize_t>(row)});
+            std::copy(out.begin(), out.end(), a.mutable_data());
+            return a;
+        },
+        py::arg("history"), py::arg("selections"), py::arg("step"),
+        "predict/echo_guess.h on explicit inputs: int32 [len(step), row] guesses (-1: none) from the "
+        "history's tokens and their selections [len(history), row]");
 }
 
 }  // namespace sharpi::py_bindings
