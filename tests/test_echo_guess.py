@@ -221,3 +221,32 @@ def test_draft_length_trim_is_argmax_of_its_model():
     want = max(range(4), key=lambda j: length.expected_tokens(j) / (1.0 + 0.2 * j + reads[j]))
     assert length.trim(reads) == want
     assert length.trim(reads[:2]) <= 1 and length.trim([0.0]) == 0
+
+
+def test_mtp_drafts_stage_their_rows_and_stay_lossless(monkeypatch):
+    """The shipped model with its MTP head: draft_mtp stages each chained row's guesses while the
+    rest of the draft is computed; the output stays plain decoding's bit for bit."""
+    from sharpi.models import default_model_path, default_mtp_path
+    from sharpi.speculative import open_speculation
+
+    path = str(default_model_path())
+    resident = sharpi.Session(path, threads=2, n_ctx=256)
+    prompt = resident.tokenize("import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        print(")
+    want = generate_ids(resident, prompt, None)
+    probe = sharpi.Session(path, threads=1, n_ctx=256, ram_budget="4GiB", reader="pread", mtp=default_mtp_path())
+    st, k = probe.expert_stats(), probe.info["n_expert_used"]
+    budget = st["fixed_bytes"] + (4 * k + k) * st["slot_bytes"]
+    issued = {}
+    for echo in ("1", "0"):
+        monkeypatch.setenv("SHARPI_ECHO_PREFETCH", echo)
+        s = sharpi.Session(path, threads=2, n_ctx=256, ram_budget=budget, reader="pread", predictor="next_gate",
+                           mtp=default_mtp_path())
+        got = generate_ids(s, prompt, open_speculation(s, "draft-mtp", n_max=3))
+        assert got[0] == want[0], f"echo {echo}: tokens differ"
+        for i, (a, b) in enumerate(zip(got[1], want[1])):
+            np.testing.assert_array_equal(a, b, err_msg=f"echo {echo}: logits of token {i}")
+        assert s.last_stats.get("spec_drafted", 0) > 0
+        layers = s.expert_stats()["layers"]
+        assert sum(la["evictions"] for la in layers) > 0
+        issued[echo] = layers[0]["prefetch_issued"]
+    assert issued["0"] == 0 and issued["1"] > 0, issued

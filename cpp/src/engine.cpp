@@ -543,25 +543,30 @@ int64_t Engine::begin_prefetch_step(const std::vector<SequenceTokens>& entries,
 
 void Engine::stage_echo_guesses(const std::vector<SequenceTokens>& entries,
                                 const std::vector<Sequence*>& seqs) {
-    const HParams& h = model_->hp;
-    const int64_t k = h.n_expert_used, row = h.n_layer * k;
-    std::vector<std::vector<int32_t>> guesses;  // per observed row, [row]
+    const int64_t row = model_->hp.n_layer * model_->hp.n_expert_used;
+    std::vector<int32_t> guesses;  // [observed rows, row]
     for (size_t e = 0; e < entries.size(); ++e) {
         if (!observed_entry(entries[e])) continue;
         const Sequence& s = *seqs[e];
         const std::vector<token_t>& t = entries[e].tokens;
         const std::vector<int32_t> g = echo_guess(s.tokens.data(), s.selections.data(), s.n_past, row,
                                                   t.data(), static_cast<int64_t>(t.size()));
-        for (size_t r = 0; r < t.size(); ++r)
-            guesses.emplace_back(g.begin() + static_cast<ptrdiff_t>(r) * row,
-                                 g.begin() + static_cast<ptrdiff_t>(r + 1) * row);
+        guesses.insert(guesses.end(), g.begin(), g.end());
     }
+    stage_guessed_rows(guesses);
+}
+
+void Engine::stage_guessed_rows(const std::vector<int32_t>& guesses) {
+    const HParams& h = model_->hp;
+    const int64_t k = h.n_expert_used, row = h.n_layer * k;
+    const int64_t n_rows = static_cast<int64_t>(guesses.size()) / row;
     // The first `lookahead` MoE layers, each for every row before the next layer's: the predictor
     // covers the later ones from each layer's gate.
     int staged = 0;
     for (int il = 0; il < h.n_layer && staged < options_.lookahead; ++il) {
         if (cache_->expert_bytes(il) == 0) continue;  // a dense layer
-        for (const std::vector<int32_t>& g : guesses) prefetcher_->stage_guesses(il, g.data() + il * k, k);
+        for (int64_t r = 0; r < n_rows; ++r)
+            prefetcher_->stage_guesses(il, guesses.data() + r * row + il * k, k);
         ++staged;
     }
 }
@@ -907,6 +912,17 @@ std::vector<token_t> Engine::draft_mtp(int32_t seq, token_t next, int n, std::ve
     std::vector<float> hidden(s.mtp_hidden.get() + (P - 1) * W, s.mtp_hidden.get() + P * W);
     std::vector<float> row(static_cast<size_t>(h.n_vocab));
     std::vector<token_t> out;
+    // The verify step that follows decodes [next, drafts...]: each of its rows' echo guesses is
+    // staged as soon as the row's token exists, so those reads overlap the drafting.
+    std::vector<token_t> chain{next};
+    const int64_t guess_row = h.n_layer * h.n_expert_used;
+    const auto stage_last = [&] {
+        if (!prefetcher_ || !echo_prefetch_) return;
+        const std::vector<int32_t> g = echo_guess(s.tokens.data(), s.selections.data(), P, guess_row,
+                                                  chain.data(), static_cast<int64_t>(chain.size()));
+        stage_guessed_rows(std::vector<int32_t>(g.end() - guess_row, g.end()));
+    };
+    stage_last();
     token_t x = next;
     for (int64_t i = 0; i < steps; ++i) {
         backend_->reset_activations();
@@ -918,6 +934,10 @@ std::vector<token_t> Engine::draft_mtp(int32_t seq, token_t next, int n, std::ve
         mtp_->head(f, o, 0, row.data());
         x = static_cast<token_t>(std::max_element(row.begin(), row.end()) - row.begin());
         out.push_back(x);
+        if (i + 1 < steps) {  // the last draft's row is staged by the verify step itself
+            chain.push_back(x);
+            stage_last();
+        }
         if (logits) logits->insert(logits->end(), row.begin(), row.end());
         std::copy(o.row(0), o.row(0) + W, hidden.begin());
     }

@@ -152,6 +152,9 @@ class Engine final : private GateObserver {
     // The observed rows' echo guesses (predict/echo_guess.h) of the first `lookahead` MoE layers, to
     // the prefetcher at the step's start (begin_prefetch_step): no gate precedes those layers.
     void stage_echo_guesses(const std::vector<SequenceTokens>& entries, const std::vector<Sequence*>& seqs);
+    // Stages the first `lookahead` MoE layers of each guessed row (guesses: [rows, n_layer * top_k],
+    // -1 none), layer by layer. Needs a prefetcher.
+    void stage_guessed_rows(const std::vector<int32_t>& guesses);
     // After a successful step of step_rows rows: rows [row0, row0 + n) of routing_ join s.selections
     // and the entry's first n tokens s.tokens.
     void record_selections(Sequence& s, const std::vector<token_t>& tokens, int64_t row0, int64_t n,
