@@ -126,18 +126,23 @@ def generate_ids(session, prompt, spec) -> tuple:
     return ids, rows
 
 
-def test_a_verify_step_stages_its_first_moe_layer_and_stays_lossless(model, monkeypatch):
-    want_session = sharpi.Session(model, threads=2, n_ctx=128)
-    seed = secrets.randbits(32)
+def repeating_prompt(model: str, seed: int) -> tuple:
+    """(prompt, plain greedy generation) of a repeated phrase whose continuation repeats tokens:
+    prompt lookup drafts from the start, and echo guesses need tokens that occurred before."""
+    session = sharpi.Session(model, threads=2, n_ctx=128)
     rng = np.random.default_rng(seed)
     while True:
-        phrase = [int(t) for t in rng.integers(3, want_session.info["n_vocab"], 6)]
-        prompt = phrase * 3 + phrase[:2]  # prompt lookup drafts from the start
-        want = generate_ids(want_session, prompt, None)
-        # Echo guesses need tokens that occurred before: a continuation that repeats some.
+        phrase = [int(t) for t in rng.integers(3, session.info["n_vocab"], 6)]
+        prompt = phrase * 3 + phrase[:2]
+        want = generate_ids(session, prompt, None)
         seen = prompt + want[0]
         if sum(seen[i] in seen[:i] for i in range(len(prompt), len(seen))) >= 8:
-            break
+            return prompt, want
+
+
+def test_a_verify_step_stages_its_first_moe_layer_and_stays_lossless(model, monkeypatch):
+    seed = secrets.randbits(32)
+    prompt, want = repeating_prompt(model, seed)
     probe = sharpi.Session(model, threads=1, n_ctx=128, ram_budget="4GiB", reader="pread")
     st, k = probe.expert_stats(), probe.info["n_expert_used"]
     # k cache slots (each layer evicts the last one's experts) and k staging slots.
@@ -250,3 +255,70 @@ def test_mtp_drafts_stage_their_rows_and_stay_lossless(monkeypatch):
         assert sum(la["evictions"] for la in layers) > 0
         issued[echo] = layers[0]["prefetch_issued"]
     assert issued["0"] == 0 and issued["1"] > 0, issued
+
+
+class EchoRecorder(sharpi.Predictor):
+    """A plug-in that keeps each observed row's step.echo (at layer 0) and hints nothing."""
+
+    def __init__(self):
+        self.seen = []
+
+    def observe(self, layer, hidden, router_logits, history, prev, step=None):
+        if layer == 0:
+            self.seen.append((step.row, step.n_rows, None if step.echo is None else np.array(step.echo)))
+        return []
+
+
+def test_predictors_see_each_rows_echo(model):
+    probe = sharpi.Session(model, threads=1, n_ctx=128, ram_budget="4GiB", reader="pread")
+    st, info = probe.expert_stats(), probe.info
+    n_layer, k = info["n_layer"], info["n_expert_used"]
+    rec = EchoRecorder()
+    s = sharpi.Session(model, threads=2, n_ctx=128, ram_budget=st["fixed_bytes"] + 3 * k * st["slot_bytes"],
+                       reader="pread", predictor=rec)
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    vocab = [int(t) for t in rng.integers(3, info["n_vocab"], 5)]  # few tokens: they recur
+    tokens, selections = [], []
+
+    def decode(step, rewindable=False):
+        rec.seen.clear()
+        s.decode(step, all_logits=rewindable, rewindable=rewindable)
+        routing = s.last_routing()
+        want = numpy_echo(tokens, np.array(selections, np.int32).reshape(len(tokens), n_layer * k), step)
+        tokens.extend(step)
+        selections.extend(np.stack([routing[il] for il in range(n_layer)], 1).reshape(len(step), -1))
+        return want
+
+    decode([int(t) for t in rng.choice(vocab, 6)])  # a prompt: not observed
+    assert rec.seen == []
+    checked = 0
+    for _ in range(12):
+        step = [int(t) for t in rng.choice(vocab, int(rng.integers(1, 4)))]
+        want = decode(step, rewindable=len(step) > 1)
+        assert [(r, n) for r, n, _ in rec.seen] == [(r, len(step)) for r in range(len(step))], f"seed {seed}"
+        for r, _, echo in rec.seen:
+            if (want[r] < 0).all():
+                assert echo is None, f"seed {seed}"
+            else:
+                np.testing.assert_array_equal(echo.reshape(-1), want[r], err_msg=f"seed {seed} row {r}")
+                checked += 1
+    assert checked > 0
+
+
+def test_the_echo_predictor_reads_the_echo_and_stays_lossless(model):
+    seed = secrets.randbits(32)
+    prompt, want = repeating_prompt(model, seed)
+    probe = sharpi.Session(model, threads=1, n_ctx=128, ram_budget="4GiB", reader="pread")
+    st, k = probe.expert_stats(), probe.info["n_expert_used"]
+    s = sharpi.Session(model, threads=2, n_ctx=128, ram_budget=st["fixed_bytes"] + 2 * k * st["slot_bytes"],
+                       reader="pread", predictor="echo")
+    got = generate_ids(s, prompt, Speculation(NgramDraft(size_n=2), n_max=3))
+    assert got[0] == want[0], f"seed {seed}"
+    for i, (a, b) in enumerate(zip(got[1], want[1])):
+        np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}: logits of token {i}")
+    layers = s.expert_stats()["layers"]
+    assert sum(la["evictions"] for la in layers) > 0
+    # Layer 1 is predicted by the predictor from layer 0's gate (its echo's layer-1 experts).
+    assert layers[1]["predictions"] > 0 and layers[1]["prefetch_issued"] > 0
+    assert layers[1]["predicted_correct"] > 0, f"seed {seed}"

@@ -519,6 +519,26 @@ int64_t Engine::begin_prefetch_step(const std::vector<SequenceTokens>& entries,
         prefetcher_->observe_context(f.selections.data(), std::max<int64_t>(f.n_past - 1, 0), true);
     }
     predictor_seq_ = f.id;
+    // Every observed row's echo guess (predict/echo_guess.h), kept for the step: its predictors see
+    // it (PredictorInput::echo) and its first MoE layers are staged from it now.
+    step_echo_.clear();
+    std::vector<int64_t> echo_at;  // per row: its guess's offset in step_echo_, -1 none
+    for (size_t e = 0; e < entries.size(); ++e) {
+        const std::vector<token_t>& t = entries[e].tokens;
+        if (!observed_entry(entries[e])) {
+            echo_at.insert(echo_at.end(), t.size(), -1);
+            continue;
+        }
+        const Sequence& s = *seqs[e];
+        const std::vector<int32_t> g = echo_guess(s.tokens.data(), s.selections.data(), s.n_past, row,
+                                                  t.data(), static_cast<int64_t>(t.size()));
+        for (size_t i = 0; i < t.size(); ++i) {
+            const auto first = g.begin() + static_cast<ptrdiff_t>(i) * row;
+            const bool known = std::any_of(first, first + row, [](int32_t x) { return x >= 0; });
+            echo_at.push_back(known ? static_cast<int64_t>(step_echo_.size()) : -1);
+            if (known) step_echo_.insert(step_echo_.end(), first, first + row);
+        }
+    }
     std::vector<PrefetchRow> rows;
     for (size_t e = 0; e < entries.size(); ++e) {
         const Sequence& s = *seqs[e];
@@ -533,27 +553,14 @@ int64_t Engine::begin_prefetch_step(const std::vector<SequenceTokens>& entries,
                 r.prev_row = static_cast<int>(rows.size()) - 1;
             }
             r.updates_state = static_cast<int64_t>(e) == followed && i == 0;
+            const int64_t at = echo_at[rows.size()];
+            r.echo = at >= 0 ? step_echo_.data() + at : nullptr;
             rows.push_back(r);
         }
     }
     prefetcher_->begin_step(rows);
-    if (echo_prefetch_) stage_echo_guesses(entries, seqs);
+    if (echo_prefetch_) stage_guessed_rows(step_echo_);
     return followed;
-}
-
-void Engine::stage_echo_guesses(const std::vector<SequenceTokens>& entries,
-                                const std::vector<Sequence*>& seqs) {
-    const int64_t row = model_->hp.n_layer * model_->hp.n_expert_used;
-    std::vector<int32_t> guesses;  // [observed rows, row]
-    for (size_t e = 0; e < entries.size(); ++e) {
-        if (!observed_entry(entries[e])) continue;
-        const Sequence& s = *seqs[e];
-        const std::vector<token_t>& t = entries[e].tokens;
-        const std::vector<int32_t> g = echo_guess(s.tokens.data(), s.selections.data(), s.n_past, row,
-                                                  t.data(), static_cast<int64_t>(t.size()));
-        guesses.insert(guesses.end(), g.begin(), g.end());
-    }
-    stage_guessed_rows(guesses);
 }
 
 void Engine::stage_guessed_rows(const std::vector<int32_t>& guesses) {

@@ -149,11 +149,8 @@ class Engine final : private GateObserver {
     // just before the batch (every kept token when its history is not s's), so history-keeping
     // predictors see a prompt as if decoded token by token.
     void pass_batch_context(Sequence& s, int64_t n);
-    // The observed rows' echo guesses (predict/echo_guess.h) of the first `lookahead` MoE layers, to
-    // the prefetcher at the step's start (begin_prefetch_step): no gate precedes those layers.
-    void stage_echo_guesses(const std::vector<SequenceTokens>& entries, const std::vector<Sequence*>& seqs);
     // Stages the first `lookahead` MoE layers of each guessed row (guesses: [rows, n_layer * top_k],
-    // -1 none), layer by layer. Needs a prefetcher.
+    // -1 none), layer by layer: no gate precedes those layers. Needs a prefetcher.
     void stage_guessed_rows(const std::vector<int32_t>& guesses);
     // After a successful step of step_rows rows: rows [row0, row0 + n) of routing_ join s.selections
     // and the entry's first n tokens s.tokens.
@@ -202,6 +199,7 @@ class Engine final : private GateObserver {
     std::unique_ptr<Prefetcher> prefetcher_;  // streaming with a predictor only
     int32_t predictor_seq_ = 0;               // whose history the predictor holds; -1: nobody's
     int64_t followed_entry_ = -1;             // the running step's followed entry; -1: not observed
+    std::vector<int32_t> step_echo_;          // the running step's echo guesses (PrefetchRow::echo)
     double decode_ms_ = 0.0;
     Timeline timeline_;
     std::atomic<bool> cancel_requested_{false};

@@ -160,7 +160,7 @@ def add_streaming_arguments(p: argparse.ArgumentParser) -> None:
         "--predictor",
         default="none",
         metavar="NAME[:FILE]",
-        help="predictive expert prefetch while streaming: none (reactive, default), prev_token, next_gate, "
+        help="predictive expert prefetch while streaming: none (reactive, default), prev_token, echo, next_gate, "
         "pregate, or cooc/depthtime/learned/trajectory with a predictor file (NAME:FILE; docs/predictors.md)",
     )
     p.add_argument(

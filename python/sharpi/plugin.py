@@ -32,6 +32,7 @@ that sequence's last completed token (always for single-token decoding; in a mul
 the first row of the sequence the plug-in follows): a plug-in folding `prev` into its history may do
 so then, and otherwise predicts from the call's arguments and leaves its history alone. Another
 sequence's history is handed over as a new sequence (observe_context) before the plug-in follows it.
+echo is the row's echo guess: the selections of its token's latest earlier occurrence, or None.
 
 A plug-in that keeps per-sequence history overrides observe_context(selections, new_sequence): after
 a prompt batch it gets the selections int32 [n_tokens, n_layer, top_k] (read-only, valid during the
@@ -60,6 +61,11 @@ class StepRow(NamedTuple):
     row: int
     n_rows: int
     updates_state: bool
+    # int32 [n_layer, top_k] (read-only, valid during the call): the experts this token chose at its
+    # latest earlier occurrence in the sequence, after the same previous token when there is one
+    # (-1 where unknown); None when the token never occurred. The built-in "echo" predictor hints
+    # exactly this (docs/speculative.md).
+    echo: object = None
 
 
 def observe_takes_step(predictor: object) -> bool:

@@ -127,7 +127,7 @@ class Session:
         becomes expert slots streamed from the file (reader: "auto", "io_uring" (or "uring"), "pread", or "cufile",
         an UnsupportedError saying why where it cannot run).
 
-        predictor (streaming only, docs/predictors.md): "none", "prev_token", "next_gate", "pregate",
+        predictor (streaming only, docs/predictors.md): "none", "prev_token", "echo", "next_gate", "pregate",
         "cooc", "depthtime", "learned", "trajectory" (these read predictor_file; "cooc:FILE" also works),
         or a sharpi.Predictor instance. lookahead: predict layers L+1..L+lookahead (1..3).
         skip_late_prefetch=False issues predictions even when the measured bandwidth says they

@@ -80,7 +80,7 @@ struct SessionOptions {
     std::string cache_policy_file;
     std::string reader = "auto";  // "auto" (io_uring when available), "uring", "pread"
     // Predictive prefetch while streaming (docs/predictors.md): "none" (reactive: a layer's misses
-    // are read when its gate fires), "prev_token", "next_gate", "pregate", "cooc", "depthtime",
+    // are read when its gate fires), "prev_token", "echo", "next_gate", "pregate", "cooc", "depthtime",
     // "learned", "trajectory" (these read `predictor_file`), or "custom" (the host installs one with
     // Session::set_predictor). Predicted experts are read into lookahead * top_k staging slots that
     // never evict. Needs ram_budget, or a vram_budget under which the experts stream.

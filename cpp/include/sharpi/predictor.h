@@ -50,6 +50,10 @@ struct PredictorInput {
     // predictor follows. False: predict from this call's inputs and leave that state alone (the
     // engine hands the sequence's tokens over with observe_context() when it follows it again).
     bool updates_state = true;
+    // [n_layer * top_k]: the experts this row's token chose at its latest earlier occurrence in the
+    // sequence, after the same previous token when there is one (docs/speculative.md, "echo
+    // guesses"); -1 where unknown. nullptr when the token never occurred (or no history is kept).
+    const int32_t* echo = nullptr;
 };
 
 class Predictor {

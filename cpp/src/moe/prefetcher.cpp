@@ -115,6 +115,7 @@ void Prefetcher::observe_row(Row& row, int r, int il, const float* hidden, const
     in.row = r;
     in.n_rows = static_cast<int>(n_rows_);
     in.updates_state = row.source.updates_state;
+    in.echo = row.source.echo;
     hints_.clear();
     ++calls_;
     try {

@@ -42,6 +42,7 @@ struct PrefetchRow {
     int prev_row = -1;              // >= 0: the previous token is that earlier row of the step instead
     bool updates_state = true;      // PredictorInput::updates_state
     bool observed = true;           // false: a prompt row, shown to no predictor
+    const int32_t* echo = nullptr;  // PredictorInput::echo; valid until the next begin_step
 };
 
 class Prefetcher final {

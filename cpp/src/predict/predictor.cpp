@@ -64,19 +64,37 @@ void ScoringPredictor::observe(const PredictorInput& in, std::vector<PrefetchHin
 
 namespace {
 
-// Layer t's experts of the previous token, best rank first. Training-free, and the baseline the
-// other predictors are compared against.
+// Hints for layers layer+1 .. layer+lookahead: another token's selections there ([n_layer *
+// top_k], -1 unknown), best rank first.
+void append_selection_hints(const PredictorInput& in, const int32_t* selections,
+                            std::vector<PrefetchHint>& hints) {
+    for (int d = 1; d <= in.lookahead && in.layer + d < in.n_layer; ++d) {
+        const int32_t* row = selections + static_cast<int64_t>(in.layer + d) * in.top_k;
+        for (int j = 0; j < in.top_k; ++j) {
+            if (row[j] >= 0)
+                hints.push_back(PrefetchHint{in.layer + d, row[j], static_cast<float>(in.top_k - j)});
+        }
+    }
+}
+
+// Layer t's experts of the previous token. Training-free, and the baseline the other predictors
+// are compared against.
 class PrevTokenPredictor final : public Predictor {
   public:
     const char* name() const override { return "prev_token"; }
     void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
-        for (int d = 1; d <= in.lookahead && in.layer + d < in.n_layer; ++d) {
-            const int32_t* row = in.prev + static_cast<int64_t>(in.layer + d) * in.top_k;
-            for (int j = 0; j < in.top_k; ++j) {
-                if (row[j] >= 0)
-                    hints.push_back(PrefetchHint{in.layer + d, row[j], static_cast<float>(in.top_k - j)});
-            }
-        }
+        append_selection_hints(in, in.prev, hints);
+    }
+};
+
+// Layer t's experts of this token's latest earlier occurrence (PredictorInput::echo), nothing for a
+// token never seen. Training-free; a prompt-lookup draft's rows are spans the sequence already
+// decoded, so their echo is the very routing they were copied from.
+class EchoPredictor final : public Predictor {
+  public:
+    const char* name() const override { return "echo"; }
+    void observe(const PredictorInput& in, std::vector<PrefetchHint>& hints) override {
+        if (in.echo) append_selection_hints(in, in.echo, hints);
     }
 };
 
@@ -164,10 +182,11 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
     const HParams& h = model.hp;
     check_lookahead(lookahead);
     const bool sidecar = name == "cooc" || name == "depthtime" || name == "learned" || name == "trajectory";
-    if (!sidecar && name != "none" && name != "prev_token" && name != "next_gate" && name != "pregate") {
+    if (!sidecar && name != "none" && name != "prev_token" && name != "echo" && name != "next_gate" &&
+        name != "pregate") {
         throw InvalidArgument(
             "unknown predictor '" + name +
-            "' (none, prev_token, next_gate, pregate, cooc, depthtime, learned, trajectory)");
+            "' (none, prev_token, echo, next_gate, pregate, cooc, depthtime, learned, trajectory)");
     }
     if (sidecar && file.empty()) {
         throw InvalidArgument("predictor '" + name + "' needs a predictor file (--predictor " + name +
@@ -180,6 +199,7 @@ std::unique_ptr<Predictor> make_predictor(const std::string& name, const std::st
     if (!h.is_moe())
         throw InvalidArgument("predictor '" + name + "': " + model.file->path() + " has no routed experts");
     if (name == "prev_token") return std::make_unique<PrevTokenPredictor>();
+    if (name == "echo") return std::make_unique<EchoPredictor>();
     if (name == "next_gate") return std::make_unique<RouterPredictor>(model, false);
     if (name == "pregate") {
         int n_present = 0;

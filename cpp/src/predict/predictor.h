@@ -50,7 +50,7 @@ void gate_logits(const Model& model, int layer, bool pregate, const float* hidde
 // Throws InvalidArgument unless 1 <= lookahead <= 3 (the distances a prediction may reach).
 void check_lookahead(int lookahead);
 
-// Built-in predictors by name: "prev_token", "next_gate", "pregate" need only the model;
+// Built-in predictors by name: "prev_token", "echo", "next_gate", "pregate" need only the model;
 // "cooc", "depthtime", "learned", "trajectory" need a sidecar file (docs/predictors.md), `file` may be empty
 // otherwise. "none" returns nullptr. Throws InvalidArgument for an unknown name, a missing or
 // mismatched file (naming both shapes), or a model without pregate tensors for "pregate";

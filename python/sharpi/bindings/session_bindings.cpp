@@ -230,7 +230,9 @@ class PyPredictor final : public Predictor {
                 out = observe(in.layer, borrowed_view(in.hidden, {in.n_embd}),
                               borrowed_view(in.router_logits, {in.n_expert}), borrowed_view(in.history, rows),
                               borrowed_view(in.prev, rows),
-                              py::arg("step") = step_row_(in.sequence, in.row, in.n_rows, in.updates_state));
+                              py::arg("step") = step_row_(in.sequence, in.row, in.n_rows, in.updates_state,
+                                                          in.echo ? py::object(borrowed_view(in.echo, rows))
+                                                                  : py::object(py::none())));
             } else {
                 out = observe(in.layer, borrowed_view(in.hidden, {in.n_embd}),
                               borrowed_view(in.router_logits, {in.n_expert}), borrowed_view(in.history, rows),
