@@ -17,6 +17,13 @@
       PYTHONPATH=python python benchmarks/speculative.py verify-cost --text --budget-fraction 0.25 \
           --predictor none,next_gate          (the shipped model: the draft rows' experts prefetched)
 
+  vs-server    sharpi's speculation against llama-server's (prompt lookup and the file's MTP block;
+               the llama.cpp inside the llama-cpp-python sdist, built with --target llama-server) on
+               the same file and prompts, each engine's speedup over its own plain decoding,
+               alternating, median of --repeats; llama-server runs with --no-repack, one slot.
+
+      PYTHONPATH=python python benchmarks/speculative.py vs-server -m glm.gguf --llama-server PATH
+
 Prompts: the first --prompt-lines lines of held-out standard-library files (tools/train_moe/corpus.py's
 split, never trained on by the shipped model). Times are wall clock per request, prefill included
 (the prompts are short), measured the same way for every engine.
@@ -184,6 +191,96 @@ def cmd_e2e(args) -> None:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
+# ---------------------------------------------------------------------------------- vs-server
+
+
+def llama_server_run(port: int, prompts, n_gen) -> dict:
+    """Decode tok/s from llama-server's own timings (tokens generated over generation time, the
+    prompt's evaluation excluded), summed over the prompts; drafted / accepted from the same."""
+    import urllib.request
+
+    n, ms, drafted, accepted = 0, 0.0, 0, 0
+    for p in prompts:
+        body = json.dumps({"prompt": p, "n_predict": n_gen, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            t = json.loads(r.read())["timings"]
+        n += t["predicted_n"]
+        ms += t["predicted_ms"]
+        drafted += t.get("draft_n", 0)
+        accepted += t.get("draft_n_accepted", 0)
+    return {"tok_s": n / ms * 1e3, "tokens": n, "drafted": drafted, "accepted": accepted}
+
+
+def start_llama_server(binary: str, path: str, port: int, args, extra: list):
+    import subprocess
+    import urllib.request
+
+    cmd = [binary, "-m", path, "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.ctx), "-np", "1",
+           "--no-repack", "--host", "127.0.0.1", "--port", str(port), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+    proc.kill()
+    raise RuntimeError(f"llama-server did not come up: {' '.join(cmd)}")
+
+
+def cmd_vs_server(args) -> None:
+    """sharpi's speculation and llama-server's (the llama.cpp in the llama-cpp-python sdist, which
+    has prompt lookup and MTP) on the same file and prompts, each against its own plain decoding."""
+    import sharpi
+    from sharpi.speculative import open_speculation
+
+    prompts = heldout_prompts(args.prompts, args.prompt_lines)
+    plain = sharpi.Session(args.model, threads=args.threads, n_ctx=args.ctx)
+    engines, servers = {"sharpi": lambda: sharpi_run(plain, None, prompts, args.n_gen)}, []
+    extra = {"ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.ngram)],
+             "draft-mtp": ["--spec-type", "draft-mtp"]}
+    try:
+        port = args.port
+        servers.append(start_llama_server(args.llama_server, args.model, port, args, []))
+        engines["llama-server"] = lambda port=port: llama_server_run(port, prompts, args.n_gen)
+        for kind in args.spec_types:
+            # draft-mtp runs the file's block beside every step; plain decoding above does not.
+            s = sharpi.Session(args.model, threads=args.threads, n_ctx=args.ctx, mtp=True) if kind == "draft-mtp" \
+                else plain
+            sp = open_speculation(s, kind, n_max=args.draft, ngram_size_n=args.ngram)
+            engines[f"sharpi {kind}"] = lambda s=s, sp=sp: sharpi_run(s, sp, prompts, args.n_gen)
+            port += 1
+            servers.append(start_llama_server(args.llama_server, args.model, port, args,
+                                              extra[kind] + ["--spec-draft-n-max", str(args.draft)]))
+            engines[f"llama-server {kind}"] = lambda port=port: llama_server_run(port, prompts, args.n_gen)
+        for run in engines.values():  # warm
+            run()
+        results = {name: [] for name in engines}
+        for _ in range(args.repeats):
+            for name, run in engines.items():  # alternating
+                results[name].append(run())
+    finally:
+        for proc in servers:
+            proc.kill()
+            proc.wait()
+    print(f"file {args.model}, {len(prompts)} held-out prompts x {args.n_gen} tokens, {args.threads} threads, "
+          f"draft {args.draft}, n-gram {args.ngram}, median of {args.repeats}, engines alternating")
+    print("| engine | decode tok/s | ÷ own plain | draft tokens accepted |")
+    print("|---|---|---|---|")
+    med = {name: statistics.median(r["tok_s"] for r in rs) for name, rs in results.items()}
+    for name, rs in results.items():
+        base = "sharpi" if name.startswith("sharpi") else "llama-server"
+        d, a = rs[-1].get("drafted", 0), rs[-1].get("accepted", 0)
+        print(f"| {name} | {med[name]:.2f} | {med[name] / med[base]:.2f} | {f'{a}/{d}' if d else ''} |")
+
+
 # ------------------------------------------------------------------------------------ verify-cost
 
 
@@ -316,8 +413,21 @@ def main() -> None:
         sub.choices[name].add_argument(
             "--predictor", type=lambda s: s.split(","), default=["none"],
             help="streamed runs: also with these predictors (comma-separated, e.g. none,next_gate)")
+    vs = sub.add_parser("vs-server")
+    vs.add_argument("-m", "--model", required=True, help="a file both engines run (with an MTP block for draft-mtp)")
+    vs.add_argument("--llama-server", required=True, help="llama-server built from the llama-cpp-python sdist")
+    vs.add_argument("--spec-types", type=lambda s: s.split(","), default=["ngram-simple", "draft-mtp"])
+    vs.add_argument("--threads", type=int, default=2)
+    vs.add_argument("--ctx", type=int, default=2048)
+    vs.add_argument("--draft", type=int, default=3)
+    vs.add_argument("--ngram", type=int, default=3)
+    vs.add_argument("--prompts", type=int, default=4)
+    vs.add_argument("--prompt-lines", type=int, default=24)
+    vs.add_argument("--n-gen", type=int, default=64)
+    vs.add_argument("--repeats", type=int, default=3)
+    vs.add_argument("--port", type=int, default=18431)
     args = p.parse_args()
-    (cmd_e2e if args.cmd == "e2e" else cmd_verify_cost)(args)
+    {"e2e": cmd_e2e, "verify-cost": cmd_verify_cost, "vs-server": cmd_vs_server}[args.cmd](args)
 
 
 if __name__ == "__main__":

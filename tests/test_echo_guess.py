@@ -126,6 +126,18 @@ def generate_ids(session, prompt, spec) -> tuple:
     return ids, rows
 
 
+def speculate_streamed(s, prompt, want, spec, what: str) -> list:
+    """Generates with `spec` on the streamed session s; asserts plain decoding's tokens and logits
+    bit for bit and that the budget evicted; returns the per-layer expert stats."""
+    got = generate_ids(s, prompt, spec)
+    assert got[0] == want[0], f"{what}: tokens differ"
+    for i, (a, b) in enumerate(zip(got[1], want[1])):
+        np.testing.assert_array_equal(a, b, err_msg=f"{what}: logits of token {i}")
+    layers = s.expert_stats()["layers"]
+    assert sum(la["evictions"] for la in layers) > 0, what
+    return layers
+
+
 def repeating_prompt(model: str, seed: int) -> tuple:
     """(prompt, plain greedy generation) of a repeated phrase whose continuation repeats tokens:
     prompt lookup drafts from the start, and echo guesses need tokens that occurred before."""
@@ -151,13 +163,8 @@ def test_a_verify_step_stages_its_first_moe_layer_and_stays_lossless(model, monk
     for echo in ("1", "0"):
         monkeypatch.setenv("SHARPI_ECHO_PREFETCH", echo)
         s = sharpi.Session(model, threads=2, n_ctx=128, ram_budget=budget, reader="pread", predictor="prev_token")
-        got = generate_ids(s, prompt, Speculation(NgramDraft(size_n=2), n_max=3))
-        assert got[0] == want[0], f"seed {seed} echo {echo}: tokens differ"
-        for i, (a, b) in enumerate(zip(got[1], want[1])):
-            np.testing.assert_array_equal(a, b, err_msg=f"echo {echo}: logits of token {i}")
-        layers = s.expert_stats()["layers"]
-        assert sum(la["evictions"] for la in layers) > 0
-        first[echo] = layers[0]
+        spec = Speculation(NgramDraft(size_n=2), n_max=3)
+        first[echo] = speculate_streamed(s, prompt, want, spec, f"seed {seed} echo {echo}")[0]
     # The predictor reaches only layers after a gate: layer 0 is staged by echo guesses alone.
     assert first["0"]["prefetch_issued"] == 0
     assert first["1"]["prefetch_issued"] > 0 and first["1"]["prefetch_used"] > 0, (seed, first["1"])
@@ -246,13 +253,8 @@ def test_mtp_drafts_stage_their_rows_and_stay_lossless(monkeypatch):
         monkeypatch.setenv("SHARPI_ECHO_PREFETCH", echo)
         s = sharpi.Session(path, threads=2, n_ctx=256, ram_budget=budget, reader="pread", predictor="next_gate",
                            mtp=default_mtp_path())
-        got = generate_ids(s, prompt, open_speculation(s, "draft-mtp", n_max=3))
-        assert got[0] == want[0], f"echo {echo}: tokens differ"
-        for i, (a, b) in enumerate(zip(got[1], want[1])):
-            np.testing.assert_array_equal(a, b, err_msg=f"echo {echo}: logits of token {i}")
+        layers = speculate_streamed(s, prompt, want, open_speculation(s, "draft-mtp", n_max=3), f"echo {echo}")
         assert s.last_stats.get("spec_drafted", 0) > 0
-        layers = s.expert_stats()["layers"]
-        assert sum(la["evictions"] for la in layers) > 0
         issued[echo] = layers[0]["prefetch_issued"]
     assert issued["0"] == 0 and issued["1"] > 0, issued
 
@@ -313,12 +315,7 @@ def test_the_echo_predictor_reads_the_echo_and_stays_lossless(model):
     st, k = probe.expert_stats(), probe.info["n_expert_used"]
     s = sharpi.Session(model, threads=2, n_ctx=128, ram_budget=st["fixed_bytes"] + 2 * k * st["slot_bytes"],
                        reader="pread", predictor="echo")
-    got = generate_ids(s, prompt, Speculation(NgramDraft(size_n=2), n_max=3))
-    assert got[0] == want[0], f"seed {seed}"
-    for i, (a, b) in enumerate(zip(got[1], want[1])):
-        np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}: logits of token {i}")
-    layers = s.expert_stats()["layers"]
-    assert sum(la["evictions"] for la in layers) > 0
+    layers = speculate_streamed(s, prompt, want, Speculation(NgramDraft(size_n=2), n_max=3), f"seed {seed}")
     # Layer 1 is predicted by the predictor from layer 0's gate (its echo's layer-1 experts).
     assert layers[1]["predictions"] > 0 and layers[1]["prefetch_issued"] > 0
     assert layers[1]["predicted_correct"] > 0, f"seed {seed}"
