@@ -388,13 +388,17 @@ def test_run_with_prompt_lookup_prints_plain_decodings_text(shipped):
     assert accepted and int(accepted.group(1)) > 0, mtp.stderr
 
 
-@pytest.mark.parametrize("parallel", ["1", "3"])
-def test_serve_speculates_per_slot_and_answers_as_plain_decoding(shipped, parallel):
+# The last: streamed under a budget that evicts, each draft's length priced by its predicted reads
+# (--spec-draft-auto with the session's predict_step_reads), the echo predictor on.
+@pytest.mark.parametrize("extra", [("--parallel", "1"), ("--parallel", "3"),
+                                   ("--parallel", "2", "--spec-draft-auto", "--ram-budget", "48MiB",
+                                    "--predictor", "echo")])
+def test_serve_speculates_per_slot_and_answers_as_plain_decoding(shipped, extra):
     from concurrent.futures import ThreadPoolExecutor
 
     from test_serve import MODEL_ID, client, raw, start_server
 
-    server = start_server("--parallel", parallel, "--spec-type", "ngram-simple", "--spec-draft-n-max", "5",
+    server = start_server(*extra, "--spec-type", "ngram-simple", "--spec-draft-n-max", "5",
                           "--spec-ngram-simple-size-n", "2")
     port = next(server)
     try:
@@ -412,6 +416,8 @@ def test_serve_speculates_per_slot_and_answers_as_plain_decoding(shipped, parall
         assert got == wants
         st = raw("GET", port, "/v1/sharpi/stats")[1]
         assert 0 < st["draft_tokens_accepted"] <= st["draft_tokens"], st
+        if "--ram-budget" in extra:  # streamed: the budget misses
+            assert st["expert_hits"] < st["expert_accesses"], st
     finally:
         server.close()
 
