@@ -132,14 +132,14 @@ def cmd_e2e(args) -> None:
         # Streamed, each --predictor at the same RAM budget (its staging slots come out of it): the
         # verify step's draft rows are predicted and prefetched layer by layer (docs/predictors.md).
         variants = [(p, e) for p in (args.predictor if fraction > 0 else ["none"])
-                    for e in (args.echo if p != "none" else ["on"])]
+                    for e in (args.echo if p != "none" else ["off"])]
         for predictor, echo in variants:
             name = label if predictor == "none" else f"{label} +{predictor}"
-            if echo == "off":
-                name += " echo-off"
-            # SHARPI_ECHO_PREFETCH is read when the session opens: off, a step's first MoE layers are
-            # not staged from its rows' earlier occurrences (the draft tokens' own experts).
-            os.environ["SHARPI_ECHO_PREFETCH"] = "0" if echo == "off" else "1"
+            if echo == "on":
+                name += " echo-on"
+            # SHARPI_ECHO_PREFETCH is read when the session opens: on, a step's first MoE layers are
+            # staged from its rows' earlier occurrences (the draft tokens' own experts).
+            os.environ["SHARPI_ECHO_PREFETCH"] = "1" if echo == "on" else "0"
             s = sharpi.Session(path, threads=args.threads, predictor=predictor, **kw)
             os.environ.pop("SHARPI_ECHO_PREFETCH")
             engines[name] = lambda s=s: sharpi_run(s, None, prompts, args.n_gen)
@@ -404,8 +404,9 @@ def main() -> None:
     e2e.add_argument("--mtp", default=None, help="a file holding the model's MTP block (default: the shipped head "
                      "for the shipped model, else none)")
     e2e.add_argument("--json", default=None)
-    e2e.add_argument("--echo", type=lambda s: s.split(","), default=["on"],
-                     help="streamed runs with a predictor: echo guesses on, off or on,off (side by side)")
+    e2e.add_argument("--echo", type=lambda s: s.split(","), default=["off"],
+                     help="streamed runs with a predictor: staging echo guesses off (the default), on, or "
+                     "off,on (side by side)")
     sub.choices["verify-cost"].add_argument("--iters", type=int, default=8)
     sub.choices["verify-cost"].add_argument("--text", action="store_true",
                                             help="steps take held-out text in order (a trained model), not random ids")

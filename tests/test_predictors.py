@@ -175,9 +175,7 @@ def test_next_gate_metrics_match_the_engines_routing(models):
     assert sum(lay["predicted_experts"] for lay in layers) == 8 * (N_LAYER - 1) * k
 
 
-def test_python_plugin_gets_documented_inputs_and_its_hints_drive_reads(models, monkeypatch):
-    # Every read counted here is the plugin's: no echo guesses at a step's first layer.
-    monkeypatch.setenv("SHARPI_ECHO_PREFETCH", "0")
+def test_python_plugin_gets_documented_inputs_and_its_hints_drive_reads(models):
     path = models["olmoe"]
     _, _, k = plan(path)
     info = sharpi.Session(path, threads=1, n_ctx=16).info

@@ -172,9 +172,7 @@ class ScoredPredictor(sharpi.Predictor):
         return [(layer + 1, e, float(s)) for e, s in enumerate(scores)]
 
 
-def test_engine_sets_follow_the_rule_and_stay_lossless(olmoe, monkeypatch):
-    # The reads counted here are the predictor's alone: no echo guesses at a step's first layer.
-    monkeypatch.setenv("SHARPI_ECHO_PREFETCH", "0")
+def test_engine_sets_follow_the_rule_and_stay_lossless(olmoe):
     seed = int.from_bytes(os.urandom(4), "little")
     path = olmoe
     _, _, k = plan(path)

@@ -58,7 +58,7 @@ Engine::Engine(const std::string& path, const SessionOptions& options) : options
     kv_shape_ = kv_layout(h, plan.type_k, plan.type_v);
     n_ctx_ = plan.n_ctx;
     if (const char* env = std::getenv("SHARPI_READ_AHEAD")) read_ahead_ = std::string(env) != "0";
-    if (const char* env = std::getenv("SHARPI_ECHO_PREFETCH")) echo_prefetch_ = std::string(env) != "0";
+    if (const char* env = std::getenv("SHARPI_ECHO_PREFETCH")) echo_prefetch_ = std::string(env) == "1";
     if (options.mtp) {
         mtp_ = std::make_unique<MtpHead>(*model_, options.mtp_file);
         mtp_experts_ = std::make_unique<ResidentExperts>(mtp_->model().experts);
