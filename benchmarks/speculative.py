@@ -24,6 +24,11 @@
 
       PYTHONPATH=python python benchmarks/speculative.py vs-server -m glm.gguf --llama-server PATH
 
+  staging-ab   echo staging (SHARPI_ECHO_PREFETCH) on against off, two sessions alternating on the
+               same text under a budget (docs/speculative.md: why it ships off).
+
+      PYTHONPATH=python python benchmarks/speculative.py staging-ab -m olmoe.gguf --predictor echo
+
 Prompts: the first --prompt-lines lines of held-out standard-library files (tools/train_moe/corpus.py's
 split, never trained on by the shipped model). Times are wall clock per request, prefill included
 (the prompts are short), measured the same way for every engine.
@@ -383,6 +388,47 @@ def cmd_verify_cost(args) -> None:
     os.environ.pop("SHARPI_ECHO_PREFETCH", None)
 
 
+def cmd_staging_ab(args) -> None:
+    """Echo staging on against off (SHARPI_ECHO_PREFETCH), two sessions open at once and
+    alternating block by block on the same held-out text, so the disk's drift between runs cancels:
+    median ms, stall ms and demand hit rate of one-token steps and verify steps of k drafts."""
+    import os
+
+    import sharpi
+
+    budget = budget_for(sharpi, args.model, args.budget_fraction, args.threads, n_ctx=args.ctx,
+                        max_draft_tokens=args.draft)
+    sessions = {}
+    for echo in ("1", "0"):
+        os.environ["SHARPI_ECHO_PREFETCH"] = echo
+        s = sharpi.Session(args.model, threads=args.threads, n_ctx=args.ctx, max_draft_tokens=args.draft,
+                           ram_budget=budget, reader="auto", predictor=args.predictor)
+        stream = token_stream(s, True, np.random.default_rng(1))
+        s.decode(stream(32))
+        sessions["on" if echo == "1" else "off"] = (s, stream)
+    os.environ.pop("SHARPI_ECHO_PREFETCH")
+    ks = sorted({0, *args.k})
+    results = {(name, k): [] for name in sessions for k in ks}
+    for _ in range(args.rounds):
+        for k in ks:
+            for name, (s, stream) in sessions.items():  # alternating
+                if s.n_past + k + 1 > args.ctx - 8:
+                    s.reset()
+                    s.decode(stream(32))
+                results[(name, k)].append(step_times(s, stream, k, args.iters))
+    print(f"{args.model}, {args.budget_fraction:.0%} of experts, predictor {args.predictor}, "
+          f"{args.rounds} rounds x {args.iters} steps, sessions alternating")
+    print("| step | staging on: ms / stall ms / hit rate | staging off: ms / stall ms / hit rate |")
+    print("|---|---|---|")
+    for k in ks:
+        cells = []
+        for name in ("on", "off"):
+            r = results[(name, k)]
+            cells.append(" / ".join(f"{statistics.median(x[i] for x in r) * m:.{d}f}"
+                                    for i, m, d in ((0, 1e3, 1), (2, 1.0, 1), (3, 1.0, 2))))
+        print(f"| {'one token' if k == 0 else f'verify, {k} drafts'} | {cells[0]} | {cells[1]} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -427,8 +473,19 @@ def main() -> None:
     vs.add_argument("--n-gen", type=int, default=64)
     vs.add_argument("--repeats", type=int, default=3)
     vs.add_argument("--port", type=int, default=18431)
+    ab = sub.add_parser("staging-ab")
+    ab.add_argument("-m", "--model", required=True)
+    ab.add_argument("--predictor", default="echo")
+    ab.add_argument("--budget-fraction", type=float, default=0.25)
+    ab.add_argument("--threads", type=int, default=2)
+    ab.add_argument("--ctx", type=int, default=512)
+    ab.add_argument("--draft", type=int, default=4)
+    ab.add_argument("-k", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
+    ab.add_argument("--rounds", type=int, default=5)
+    ab.add_argument("--iters", type=int, default=4)
     args = p.parse_args()
-    {"e2e": cmd_e2e, "verify-cost": cmd_verify_cost, "vs-server": cmd_vs_server}[args.cmd](args)
+    {"e2e": cmd_e2e, "verify-cost": cmd_verify_cost, "vs-server": cmd_vs_server,
+     "staging-ab": cmd_staging_ab}[args.cmd](args)
 
 
 if __name__ == "__main__":
